@@ -1,0 +1,319 @@
+"""
+flops.py -- the exact parameter / FLOP / token accounting of the iso-depth looped transformer (stdlib only).
+
+Implements paper §3.2 (n_b, n_i, N_once, N_rec, Eq. 1), App. E (Table 6 grid), App. G.1 (Eq. 6 truncated BPTT,
+Eq. 7 hyperconnections), App. F.4 (N_eff example), Eq. 3's N_eff, and the inference-cost comparison of the earlier
+arXiv version (its App. D). Counting follows the authors' code: N includes every RMSNorm gain, the vocabulary is
+padded to a multiple of 64, attention costs 12·d·T per executed layer at the full T.
+Run:   python flops.py grid [--json] [--mfu 0.4 --peak-flops 989e12]
+       python flops.py costs --scale 34 --context 4096 [--json]
+       python flops.py params --scale 10 --n-loops 4 [--injection linear] [--json]
+Test:  pytest tests/test_flops.py
+Not here: the model (model.py builds what these formulas count), learning rates (optim.py), fits (fit.py).
+"""
+import argparse
+import json
+import math
+
+V_LLAMA = 32001            # Llama-2's 32,000 pieces + <|assistant_end|> (architecture §1); padded to 32,064
+SEQ_LEN = 2048             # T, Table 4
+BATCH_TOKENS = 262144      # B = 128 rows x 2048 tokens per optimizer step (App. D)
+ASPECT_RATIO = 64          # d_model = 64 s (§3.1)
+INJECTIONS = ("linear", "additive", "passthrough", "hyper")   # App. C.2 / G.1; "random" state init counts as linear
+
+# Table 6 (App. E): compute budget C (FLOPs) -> widths s swept at that budget. 29 cells x 4 values of r = 116 runs.
+GRID = {
+    4.64e17: (6, 8, 10, 12),
+    1e18: (6, 8, 10, 12, 14),
+    2.15e18: (8, 10, 12, 14, 16),
+    4.64e18: (10, 12, 14, 16, 18, 20),
+    1e19: (12, 16, 18, 20, 24),
+    2.15e19: (18, 24, 28, 34),
+}
+LOOPS = (1, 2, 4, 8)
+# Effective-depth variants (earlier arXiv version, App. G.4): l_eff -> (l_prelude, l_coda), keeping r·l_recur = 16.
+DEPTH_VARIANTS = {18: (1, 1), 20: (2, 2), 24: (4, 4)}
+
+
+def _check_int(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+# -----------------------------------------------------------------------------
+# Layout and parameters (§3.1, §3.2)
+
+def pad_vocab(vocab_size: int) -> int:
+    """Rows of wte / lm_head: vocab rounded up to a multiple of 64 (32,001 -> 32,064; Table 4)."""
+    _check_int("vocab_size", vocab_size, 1)
+    return -(-vocab_size // 64) * 64
+
+
+def layout(n_loops, n_layers_eff=20, n_layers_prelude=2, n_layers_coda=2):
+    """(prelude, recur, coda) block counts with l_eff = l_p + r·l_recur + l_c (§3.1, iso-depth)."""
+    _check_int("n_loops", n_loops, 1)
+    _check_int("n_layers_eff", n_layers_eff, 1)
+    _check_int("n_layers_prelude", n_layers_prelude, 0)
+    _check_int("n_layers_coda", n_layers_coda, 0)
+    if 16 % n_loops != 0:       # r must divide 16 (r_max = 16, §6): r in {1, 2, 4, 8, 16}
+        raise ValueError(f"n_loops={n_loops} must divide 16")
+    if n_loops == 1:            # the baseline: one plain stack of l_eff blocks, no prelude / coda / injection
+        return 0, n_layers_eff, 0
+    looped = n_layers_eff - n_layers_prelude - n_layers_coda
+    if looped <= 0 or looped % n_loops != 0:
+        raise ValueError(f"n_layers_eff - prelude - coda = {looped} must be a positive multiple of n_loops={n_loops}")
+    return n_layers_prelude, looped // n_loops, n_layers_coda
+
+
+def n_b(d_model):
+    """§3.2: one block's matrices, 4 d x d attention projections + d -> 4d -> d MLP = 12 d^2."""
+    return 12 * d_model * d_model
+
+
+def n_i(d_model):
+    """§3.2 / Eq. 5: the d x 2d linear injection W_inject = 2 d^2."""
+    return 2 * d_model * d_model
+
+
+def _check_mode(d_model, n_loops, injection, hc_lanes):
+    _check_int("d_model", d_model, 1)
+    if injection not in INJECTIONS:
+        raise ValueError(f"injection must be one of {INJECTIONS}, got {injection!r}")
+    if injection == "hyper" and n_loops > 1:
+        _check_int("hc_lanes", hc_lanes, 2)     # K >= 2 lanes (App. G.1); K = 1 would be a plain residual
+    return "passthrough" if n_loops == 1 else injection   # r = 1 never has an injection
+
+
+def param_split(d_model, n_loops, n_layers_eff=20, n_layers_prelude=2, n_layers_coda=2,
+                injection="linear", hc_lanes=2):
+    """(N_once, N_rec), non-embedding, norm gains included.
+
+    Convention (Table 6 / the authors' parameter count = all parameters - wte - lm_head): each block is n_b plus its
+    two RMSNorm gains (2d); the 3 model-level norms (after wte, end of every loop, before lm_head) add 3d. With this
+    N = N_once + N_rec reproduces all 44 N cells of Table 6; the §3.2 matrices alone miss 12 of them by 0.1M.
+    Split for Eq. 3 (architecture §8.1): N_once = prelude + coda blocks + 3 model norms + the r(K^2+2K) hc scalars
+    (each used once); N_rec = recur blocks + W_inject. For r = 1 the split is irrelevant (r^phi = 1); the same rule
+    gives N_once = 3d, N_rec = 20 blocks.
+    """
+    mode = _check_mode(d_model, n_loops, injection, hc_lanes)
+    p, rec, c = layout(n_loops, n_layers_eff, n_layers_prelude, n_layers_coda)
+    block = n_b(d_model) + 2 * d_model                               # matrices + 2 RMSNorm gains
+    n_once = (p + c) * block + 3 * d_model
+    n_rec = rec * block
+    if mode == "linear":
+        n_rec += n_i(d_model)                                        # W_inject, used every iteration
+    elif mode == "hyper":
+        n_once += n_loops * (hc_lanes ** 2 + 2 * hc_lanes)           # alpha_i, M_i, beta_i per iteration (Eq. 7)
+    return n_once, n_rec
+
+
+def effective_params(n_once, n_rec, n_loops, phi):
+    """Eq. 3: N_eff = N_once + r^phi · N_rec, the non-looped size a looped model matches at equal D."""
+    return n_once + n_loops ** phi * n_rec
+
+
+# -----------------------------------------------------------------------------
+# FLOPs per token and tokens per budget (Eq. 1, 6, 7; App. C.2)
+
+def flops_per_token(d_model, n_loops, n_layers_eff=20, n_layers_prelude=2, n_layers_coda=2, injection="linear",
+                    hc_lanes=2, n_loops_bwd=None, seq_len=SEQ_LEN, vocab_size=V_LLAMA):
+    """F_train per token, counted as the authors' code does (forward-only: forward_flops_per_token).
+
+    Eq. 1 (6 N_exec) + the terms §3.2 leaves out of the equation but includes in every reported FLOP count:
+      6·(prelude + coda blocks) + [2(r-k) + 6k]·(recur blocks + W_inject)       Eq. 1; Eq. 6 when k < r
+      + 12·d·T·(l_p + l_c) + [4(r-k) + 12k]·d·T·l_recur                         attention, full T (no causal /2)
+      + 6·d·V_pad                                                               unembedding, V padded to 64
+      + 6·r·(K^2 + 2K)·d                                                        hyperconnection mixing (Eq. 7)
+    Block gains count like weights (r times in the loop); wte and the 3 model norms are not counted. Detached loops
+    (k = n_loops_bwd < r, truncated BPTT) cost forward only, attention included: that gives D_trunc/D_full ~ 1.31.
+    """
+    mode = _check_mode(d_model, n_loops, injection, hc_lanes)
+    _check_int("seq_len", seq_len, 1)
+    p, rec, c = layout(n_loops, n_layers_eff, n_layers_prelude, n_layers_coda)
+    k = n_loops if n_loops_bwd is None else n_loops_bwd             # gradient window (App. G.1); None = full BPTT
+    _check_int("n_loops_bwd", k, 1)
+    if k > n_loops:
+        raise ValueError(f"n_loops_bwd={k} exceeds n_loops={n_loops}")
+    if mode == "hyper" and k != n_loops:
+        raise ValueError("hyperconnections use full BPTT (App. G.1); n_loops_bwd must be None or n_loops")
+    d, T = d_model, seq_len
+    block = n_b(d) + 2 * d
+    p_rec = rec * block + (n_i(d) if mode == "linear" else 0)        # charged every iteration (footnote 2)
+    mult = 2 * (n_loops - k) + 6 * k                                  # Eq. 6: fwd-only 2x, fwd+bwd 6x
+    flops = 6 * (p + c) * block + mult * p_rec
+    flops += 12 * d * T * (p + c) + (4 * (n_loops - k) + 12 * k) * d * T * rec
+    flops += 6 * d * pad_vocab(vocab_size)
+    if mode == "hyper":
+        flops += 6 * n_loops * (hc_lanes ** 2 + 2 * hc_lanes) * d
+    return flops
+
+
+def forward_flops_per_token(d_model, n_loops, n_layers_eff=20, n_layers_prelude=2, n_layers_coda=2,
+                            injection="linear", hc_lanes=2, seq_len=SEQ_LEN, vocab_size=V_LLAMA):
+    """F_fwd per token (Eq. 1): every term of the full-BPTT F_train is forward 2x + backward 4x, so F_train = 3 F_fwd.
+    At inference seq_len is the context the new token attends over (full-T convention, as in training)."""
+    full = flops_per_token(d_model, n_loops, n_layers_eff, n_layers_prelude, n_layers_coda, injection, hc_lanes,
+                           None, seq_len, vocab_size)
+    return full // 3
+
+
+def tokens_for_budget(flops_budget, flops_per_token, batch_tokens=BATCH_TOKENS):
+    """The authors' horizon rule: steps = round(C / (F·B)), D = steps·B (gives Table 5 exactly)."""
+    if not (isinstance(flops_budget, (int, float)) and flops_budget > 0 and math.isfinite(flops_budget)):
+        raise ValueError(f"flops_budget must be a positive finite number, got {flops_budget!r}")
+    if not (isinstance(flops_per_token, (int, float)) and flops_per_token > 0):
+        raise ValueError(f"flops_per_token must be positive, got {flops_per_token!r}")
+    _check_int("batch_tokens", batch_tokens, 1)
+    steps = round(flops_budget / (flops_per_token * batch_tokens))
+    if steps < 1:
+        raise ValueError(f"budget {flops_budget:.3g} is below one step ({flops_per_token * batch_tokens:.3g} FLOPs)")
+    return steps, steps * batch_tokens
+
+
+# -----------------------------------------------------------------------------
+# The grid (Table 6) and the F.4 example
+
+def grid_runs(loops=LOOPS, n_layers_eff=20, injection="linear", batch_tokens=BATCH_TOKENS, aspect_ratio=ASPECT_RATIO):
+    """One dict per (budget, r, s) run of Table 6 (116 for the default loops). n_layers_eff 18 / 24 gives the
+    effective-depth variants with (prelude, coda) from DEPTH_VARIANTS."""
+    if n_layers_eff not in DEPTH_VARIANTS:
+        raise ValueError(f"n_layers_eff must be one of {sorted(DEPTH_VARIANTS)}, got {n_layers_eff!r}")
+    p, c = DEPTH_VARIANTS[n_layers_eff]
+    runs = []
+    for budget, widths in GRID.items():
+        for r in loops:
+            for s in widths:
+                d = aspect_ratio * s
+                n_once, n_rec = param_split(d, r, n_layers_eff, p, c, injection)
+                f = flops_per_token(d, r, n_layers_eff, p, c, injection)
+                steps, tokens = tokens_for_budget(budget, f, batch_tokens)
+                runs.append(dict(flops_budget=budget, n_loops=r, scale=s, d_model=d, n_once=n_once, n_rec=n_rec,
+                                 n_params=n_once + n_rec, flops_per_token=f, tokens=tokens, steps=steps))
+    return runs
+
+
+def f4_example(n_loops=4, phi=0.46):
+    """App. F.4 in units of n_b (width-free ratios against the non-looped l_eff = 20 model).
+
+    unique: N(r)/N(1) with n_i (98/240 = 0.408, "~410M" per 1B). n_eff_no_ni: (4 + r^phi l_recur)/20 = 0.578, the
+    paper's "~580M": it drops n_i from N_rec. n_eff: the same with n_i in N_rec, as the joint fit defines it = 0.594.
+    """
+    eff = 20                                                           # the r=1 model: 20 n_b
+    p, rec, c = layout(n_loops, eff)
+    ni = n_i(1) / n_b(1)                                               # n_i = n_b / 6
+    return dict(unique=(p + rec + c + ni) / eff, unique_no_ni=(p + rec + c) / eff,
+                n_eff_no_ni=effective_params(p + c, rec, n_loops, phi) / eff,
+                n_eff=effective_params(p + c, rec + ni, n_loops, phi) / eff,
+                flops=(p + c + n_loops * (rec + ni)) / eff)             # Eq. 1 ratio: 1 + r/120
+
+
+# -----------------------------------------------------------------------------
+# Inference costs: iso-depth vs iso-parameter (earlier arXiv version, App. D)
+
+def inference_costs(scale, context=4096, loops=LOOPS, vocab_size=32000, aspect_ratio=ASPECT_RATIO):
+    """Per-architecture bf16 weight bytes (embeddings included), KV-cache bytes per sequence, forward FLOPs per
+    token at `context`; plus the iso-parameter model of the largest r (l_recur = 16, r x the layers, same N).
+    vocab_size defaults to the earlier version's 32,000 (a multiple of 64, so no padding)."""
+    _check_int("scale", scale, 1)
+    _check_int("context", context, 1)
+    if 1 not in loops:
+        raise ValueError("loops must include the r=1 baseline that the ratios are taken against")
+    d, v = aspect_ratio * scale, pad_vocab(vocab_size)
+    r_max = max(loops)
+    configs = [(f"r={r}", r, 20) for r in loops] + [(f"iso-param r={r_max}", r_max, 4 + 16 * r_max)]
+    rows = []
+    for name, r, eff in configs:
+        n_once, n_rec = param_split(d, r, eff)
+        rows.append(dict(model=name, n_loops=r, layers_exec=eff, n_params=n_once + n_rec,
+                         weight_bytes=2 * (n_once + n_rec + 2 * v * d),          # bf16; untied wte + lm_head
+                         kv_bytes=2 * eff * context * d * 2,                      # K and V, one slot per executed layer
+                         fwd_flops=forward_flops_per_token(d, r, eff, seq_len=context, vocab_size=v)))
+    base = rows[list(loops).index(1)]
+    for row in rows:
+        for key in ("layers_exec", "weight_bytes", "kv_bytes", "fwd_flops"):
+            row[key + "_x"] = row[key] / base[key]
+    return rows
+
+
+# -----------------------------------------------------------------------------
+# CLI
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("grid", help="Table 6 and the 116-run list")
+    g.add_argument("--n-layers-eff", type=int, default=20, choices=sorted(DEPTH_VARIANTS))
+    g.add_argument("--mfu", type=float, default=None, help="plan GPU-hours at this model FLOPs utilisation")
+    g.add_argument("--peak-flops", type=float, default=989e12, help="per-GPU peak (default H100 bf16 dense)")
+    k = sub.add_parser("costs", help="inference costs, iso-depth vs iso-parameter")
+    k.add_argument("--scale", type=int, default=34)
+    k.add_argument("--context", type=int, default=4096)
+    q = sub.add_parser("params", help="N_once, N_rec, F per token for one config")
+    q.add_argument("--injection", default="linear", choices=INJECTIONS)
+    q.add_argument("--flops-budget", type=float, default=1e18)
+    q.add_argument("--n-loops-bwd", type=int, default=None, help="truncated BPTT window (default: full BPTT)")
+    for name, default in (("scale", 10), ("n-loops", 4), ("n-layers-eff", 20), ("n-layers-prelude", 2),
+                          ("n-layers-coda", 2), ("hc-lanes", 2)):          # the ModelConfig defaults
+        q.add_argument("--" + name, type=int, default=default)
+    for sp in (g, k, q):
+        sp.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    try:
+        if a.cmd == "grid":
+            if a.mfu is not None and not (0 < a.mfu <= 1 and a.peak_flops > 0):
+                raise ValueError("--mfu must be in (0, 1] and --peak-flops > 0")
+            out = grid_runs(n_layers_eff=a.n_layers_eff)
+            if not a.json:
+                _print_grid(out, a.mfu, a.peak_flops)
+        elif a.cmd == "costs":
+            out = inference_costs(a.scale, a.context)
+            if not a.json:
+                print(f"inference at s={a.scale} (d={ASPECT_RATIO * a.scale}), context {a.context}, bf16, V=32000")
+                for r in out:
+                    print(f"{r['model']:>16} | layers {r['layers_exec']:3d} ({r['layers_exec_x']:.1f}x) | N "
+                          f"{r['n_params'] / 1e6:7.1f}M | weights {r['weight_bytes'] / 1e9:.2f} GB | KV "
+                          f"{r['kv_bytes'] / 1e6:6.0f} MB ({r['kv_bytes_x']:.1f}x) | fwd {r['fwd_flops'] / 1e9:.2f} "
+                          f"GFLOP/token ({r['fwd_flops_x']:.3f}x)")
+        else:
+            d = ASPECT_RATIO * a.scale
+            cfg = (d, a.n_loops, a.n_layers_eff, a.n_layers_prelude, a.n_layers_coda, a.injection, a.hc_lanes)
+            n_once, n_rec = param_split(*cfg)
+            f = flops_per_token(*cfg, n_loops_bwd=a.n_loops_bwd)
+            steps, tokens = tokens_for_budget(a.flops_budget, f)
+            out = dict(scale=a.scale, d_model=d, n_loops=a.n_loops, injection=a.injection,
+                       layout=layout(*cfg[1:5]), n_once=n_once, n_rec=n_rec, n_params=n_once + n_rec,
+                       flops_per_token=f, fwd_flops_per_token=forward_flops_per_token(*cfg),
+                       flops_budget=a.flops_budget, steps=steps, tokens=tokens)
+            if not a.json:
+                for key, val in out.items():
+                    print(f"{key:>20} {val:,}" if isinstance(val, int) else f"{key:>20} {val}")
+    except ValueError as err:
+        raise SystemExit(f"flops.py: {err}")
+    if a.json:
+        print(json.dumps(out, indent=1))
+    return 0
+
+
+def _print_grid(runs, mfu, peak_flops):
+    """Table 6: N (M) per (s, r) and r=1 tokens (B) per (s, C); then every run; then the GPU-hour plan."""
+    cell = {(x["flops_budget"], x["n_loops"], x["scale"]): x for x in runs}
+    widths = sorted({x["scale"] for x in runs})
+    loops = sorted({x["n_loops"] for x in runs})
+    print("   s      d " + "".join(f"  N r={r:<3}" for r in loops) + "".join(f"{'D@%.3g' % c:>11}" for c in GRID))
+    for s in widths:
+        row = {x["n_loops"]: x for x in runs if x["scale"] == s}
+        d = [cell.get((c, 1, s)) for c in GRID]
+        print(f"{s:4d} {row[loops[0]]['d_model']:6d} " + "".join(f"{row[r]['n_params'] / 1e6:9.1f}" for r in loops)
+              + "".join(f"{x['tokens'] / 1e9:11.2f}" if x else f"{'-':>11}" for x in d))
+    print(f"\n{len(runs)} runs: flops_budget n_loops scale d_model n_params tokens steps")
+    for x in runs:
+        print(f"{x['flops_budget']:9.3g} {x['n_loops']:2d} {x['scale']:3d} {x['d_model']:5d} {x['n_params']:12,d} "
+              f"{x['tokens']:15,d} {x['steps']:7d}")
+    if mfu is not None:   # planner: executed FLOPs = steps·B·F per run, at mfu x peak per GPU
+        total = sum(x["tokens"] * x["flops_per_token"] for x in runs)
+        print(f"\nplan: {total:.3e} FLOPs at MFU {mfu:.2f} x {peak_flops:.3g} FLOP/s = "
+              f"{total / (mfu * peak_flops) / 3600:,.0f} GPU-hours")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
