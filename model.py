@@ -1,0 +1,473 @@
+"""
+model.py -- the looped transformer of the paper, all of it, in one file.
+
+Implements paper §3.1 and App. C (the App. G.1 case-study variants included):
+    x = norm_emb(wte[idx]);  e = prelude(x)                        prelude runs once; e is fixed across loops
+    for t in 0 .. r-1:  u(t) = W_inject [e ; h(t)]                 Eq. 5, W_inject init [I | 0], h(0) = e
+                        h(t+1) = norm_recur(recur(u(t)))           one shared norm ends every iteration (App. C.1)
+    logits = 15 tanh(lm_head(norm_final(coda(h(r)))) / 15)         coda runs once; softcap in fp32 (Table 4)
+    l_eff = n_layers_prelude + n_loops * n_layers_recur + n_layers_coda = 20           iso-depth (§3.1)
+Variants: additive / passthrough injection (App. C.2), hyperconnection lanes (Eq. 7), truncated BPTT (Eq. 6),
+random state init (project ablation, after Huginn). r = 1 is the plain baseline: 0-20-0, no injection, 3 model norms.
+Run:   nothing to run; used by train.py / eval.py.   Test: pytest tests/test_model.py
+Read in this order: ModelConfig -> Block -> LoopedGPT.forward -> init_weights -> generate
+Precision: fp32 parameters and residual stream; on CUDA the trainer wraps forward in bf16 autocast (matmuls bf16);
+logits, softcap and loss are fp32 either way. The model never prints.
+Not here: parameter / FLOP formulas (flops.py; tests check they match this module), learning rates (optim.py).
+
+paper -> code:  r n_loops | s scale (d = 64 s) | l_prelude / l_recur / l_coda n_layers_prelude / _recur / _coda |
+                r_bwd n_loops_bwd | K hc_lanes | N_once / N_rec LoopedGPT.param_split()
+"""
+import itertools
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from flops import layout, pad_vocab
+
+INJECTIONS = ("linear", "additive", "passthrough", "hyper")   # App. C.2 (first three), App. G.1 (hyper)
+STATE_INITS = ("prelude", "random")                           # h(0) = e (App. C.1) | N(0, std^2) (project)
+
+# FlashAttention when importable (Table 4: FA-3 on H100, FA-2 on A100), else PyTorch SDPA. FlashAttention only takes
+# fp16/bf16 CUDA tensors, so CPU and fp32 inputs use SDPA even where it is installed (see attend()).
+try:
+    from flash_attn_interface import flash_attn_func as _flash_attn_func    # FlashAttention-3 (Hopper)
+    ATTN_BACKEND = "flash_attn_3"
+except (ImportError, OSError):
+    try:
+        from flash_attn import flash_attn_func as _flash_attn_func          # FlashAttention-2
+        ATTN_BACKEND = "flash_attn_2"
+    except (ImportError, OSError):
+        _flash_attn_func = None
+        ATTN_BACKEND = "sdpa"                                               # F.scaled_dot_product_attention
+
+
+# -----------------------------------------------------------------------------
+# Config
+
+@dataclass
+class ModelConfig:
+    scale: int = 10                     # s; d_model = aspect_ratio * s (§3.1; s = 10 is the App. C.2 reference)
+    aspect_ratio: int = 64              # d = 64 s (§3.1); the CPU mini study uses smaller values, e.g. 16
+    n_loops: int = 4                    # r, iterations of the shared recurrent block (§3.1; grid r in {1,2,4,8})
+    n_layers_eff: int = 20              # l_eff = l_prelude + r l_recur + l_coda (§3.1, iso-depth)
+    n_layers_prelude: int = 2           # l_prelude for r > 1 (§3.1); r = 1 is 0-20-0 (authors' code)
+    n_layers_coda: int = 2              # l_coda for r > 1 (§3.1)
+    head_dim: int = 128                 # Table 4; n_head = d_model / head_dim
+    vocab_size: int = 32001             # Llama-2's 32,000 + <|assistant_end|> (architecture §1); rows padded to 64
+    seq_len: int = 2048                 # T (Table 4); RoPE tables cover 10 T positions (authors' code)
+    injection: str = "linear"           # linear (Eq. 5) | additive | passthrough (App. C.2) | hyper (Eq. 7)
+    state_init: str = "prelude"         # h(0) = e (App. C.1) | random: h(0) ~ N(0, std^2) (project ablation)
+    state_init_std: float = 1.0         # sigma of the random state; 1 = the RMS of a normalised state (project)
+    hc_lanes: int = 2                   # K hyperconnection lanes (App. G.1)
+    n_loops_bwd: Optional[int] = None   # r_bwd: gradient window (Eq. 6); None = full BPTT (project default)
+    logit_softcap: float = 15.0         # z = 15 tanh(z / 15) (Table 4)
+    rope_base: float = 10000.0          # RoPE theta (Table 4)
+    norm_eps: float = 1e-6              # RMSNorm eps (Table 4)
+
+    def __post_init__(self):
+        def need(ok, msg):
+            if not ok:
+                raise ValueError(f"ModelConfig: {msg}")
+        for name in ("scale", "aspect_ratio", "n_loops", "n_layers_eff", "head_dim", "vocab_size", "seq_len",
+                     "hc_lanes", "n_layers_prelude", "n_layers_coda"):
+            v = getattr(self, name)
+            need(isinstance(v, int) and not isinstance(v, bool), f"{name} must be an int, got {v!r}")
+        need(self.n_loops >= 1 and 16 % self.n_loops == 0,
+             f"n_loops={self.n_loops} must divide 16 (r in {{1, 2, 4, 8, 16}}; §6)")
+        need(min(self.scale, self.aspect_ratio, self.vocab_size, self.seq_len) >= 1,
+             "scale, aspect_ratio, vocab_size and seq_len must be >= 1")
+        need(self.head_dim >= 2 and self.head_dim % 2 == 0, f"head_dim={self.head_dim} must be even (RoPE halves)")
+        need(self.d_model % self.head_dim == 0,
+             f"d_model={self.d_model} (= {self.aspect_ratio} x scale {self.scale}) is not a multiple of "
+             f"head_dim={self.head_dim}; pick another scale (the paper never rounds d)")
+        need(self.injection in INJECTIONS, f"injection={self.injection!r} not in {INJECTIONS}")
+        need(self.state_init in STATE_INITS, f"state_init={self.state_init!r} not in {STATE_INITS}")
+        need(self.state_init == "prelude" or self.injection in ("linear", "additive"),
+             f"state_init='random' needs injection linear or additive (with {self.injection!r} the prelude output "
+             "would never reach the recurrent block)")
+        need(self.state_init_std > 0, f"state_init_std must be > 0, got {self.state_init_std}")
+        need(self.hc_lanes >= 2, f"hc_lanes={self.hc_lanes} must be >= 2 (K = 1 is a plain residual; App. G.1)")
+        if self.n_loops_bwd is not None:
+            need(isinstance(self.n_loops_bwd, int) and 1 <= self.n_loops_bwd <= self.n_loops,
+                 f"n_loops_bwd={self.n_loops_bwd!r} must be None (full BPTT) or in [1, n_loops={self.n_loops}]")
+            need(self.injection != "hyper" or self.n_loops_bwd == self.n_loops,
+                 "hyperconnections use full BPTT (App. G.1); leave n_loops_bwd=None")
+        need(min(self.logit_softcap, self.rope_base, self.norm_eps) > 0,
+             "logit_softcap, rope_base and norm_eps must be > 0")
+        try:                                    # the recur block must divide evenly: (l_eff - p - c) % r == 0
+            layout(self.n_loops, self.n_layers_eff, self.n_layers_prelude, self.n_layers_coda)
+        except ValueError as err:
+            raise ValueError(f"ModelConfig: bad layer partition: {err}") from None
+
+    @property
+    def d_model(self) -> int:
+        return self.aspect_ratio * self.scale
+
+    @property
+    def n_head(self) -> int:
+        return self.d_model // self.head_dim
+
+    @property
+    def partition(self) -> tuple:
+        """(prelude, recur, coda) block counts; r = 1 gives (0, l_eff, 0) whatever prelude/coda say."""
+        return layout(self.n_loops, self.n_layers_eff, self.n_layers_prelude, self.n_layers_coda)
+
+    @property
+    def n_layers_recur(self) -> int:
+        return self.partition[1]
+
+    @property
+    def vocab_padded(self) -> int:
+        return pad_vocab(self.vocab_size)   # 32,001 -> 32,064 rows in wte / lm_head
+
+
+# -----------------------------------------------------------------------------
+# Building blocks: RMSNorm, RoPE, attention, ReLU^2 MLP, pre-norm Block (App. C.1, Table 4)
+
+class RMSNorm(nn.Module):
+    """RMSNorm with a learnable gain (init 1), eps 1e-6 (Table 4)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)
+
+
+def rope_tables(n_pos: int, head_dim: int, base: float):
+    """cos / sin of the RoPE angles pos * base^(-2j/D), each (n_pos, D/2); computed in fp64, stored fp32."""
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)   # (D/2,)
+    angles = torch.outer(torch.arange(n_pos, dtype=torch.float64), inv_freq)            # (n_pos, D/2)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x, cos, sin):
+    """Rotate the pairs (x_j, x_{j+D/2}) of every head (half-split RoPE). x (B, T, H, D); cos, sin (T, D/2)."""
+    x1, x2 = x.chunk(2, dim=-1)                                   # (B, T, H, D/2) each
+    cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def attend(q, k, v):
+    """Causal attention of Tq queries, the last Tq positions, over Tk >= Tq keys. q (B, Tq, H, D), k/v (B, Tk, H, D).
+
+    Full causal attention, no window, no dropout (Table 4). Returns (B, Tq, H, D)."""
+    Tq, Tk = q.size(1), k.size(1)
+    if _flash_attn_func is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+        out = _flash_attn_func(q, k, v, causal=True)              # causal mask is bottom-right aligned: Tq <= Tk ok
+        return out[0] if isinstance(out, tuple) else out          # FA-3 may also return the log-sum-exp
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))              # (B, H, T, D), SDPA's layout
+    if Tq == Tk:                                                  # training / prefill: plain causal mask
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    elif Tq == 1:                                                 # one decoded token sees every cached key
+        y = F.scaled_dot_product_attention(q, k, v)
+    else:                                                         # a chunk after a cache: query j sees keys <= Tk-Tq+j
+        mask = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(diagonal=Tk - Tq)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return y.transpose(1, 2)
+
+
+class CausalSelfAttention(nn.Module):
+    """Separate bias-free c_q, c_k, c_v, c_proj (d x d); RoPE, then parameter-free QK-norm (Table 4)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d = cfg.d_model
+        self.n_head, self.head_dim, self.eps = cfg.n_head, cfg.head_dim, cfg.norm_eps
+        self.c_q = nn.Linear(d, d, bias=False)
+        self.c_k = nn.Linear(d, d, bias=False)
+        self.c_v = nn.Linear(d, d, bias=False)
+        self.c_proj = nn.Linear(d, d, bias=False)
+
+    def forward(self, x, rope, kv=None):
+        B, T, _ = x.shape
+        q = self.c_q(x).view(B, T, self.n_head, self.head_dim)      # (B, T, H, D)
+        k = self.c_k(x).view(B, T, self.n_head, self.head_dim)
+        v = self.c_v(x).view(B, T, self.n_head, self.head_dim)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        # QK-norm after RoPE (they commute: RoPE is a rotation). Cast back so all three share v's (autocast) dtype.
+        q = F.rms_norm(q, (self.head_dim,), eps=self.eps).to(v.dtype)
+        k = F.rms_norm(k, (self.head_dim,), eps=self.eps).to(v.dtype)
+        if kv is not None:                                           # decoding: append to this layer's slot
+            cache, slot = kv
+            k, v = cache.update(slot, k, v)                          # (B, pos + T, H, D)
+        y = attend(q, k, v)                                          # (B, T, H, D)
+        return self.c_proj(y.reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    """d -> 4d -> d with squared ReLU (Table 4), no biases."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.d_model, 4 * cfg.d_model, bias=False)
+        self.c_proj = nn.Linear(4 * cfg.d_model, cfg.d_model, bias=False)
+
+    def forward(self, x):
+        return self.c_proj(F.relu(self.c_fc(x)).square())
+
+
+class Block(nn.Module):
+    """Pre-norm block (App. C.1): x^ = x + Attn(RMSNorm(x)), x_out = x^ + MLP(RMSNorm(x^)). 12d^2 + 2d params."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.norm_attn = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = CausalSelfAttention(cfg)
+        self.norm_mlp = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, rope, kv=None):
+        x = x + self.attn(self.norm_attn(x), rope, kv)
+        return x + self.mlp(self.norm_mlp(x))
+
+
+class KVCache:
+    """Keys/values for decoding, ONE slot per executed layer: [prelude | r x recur | coda] = l_eff slots.
+
+    Iteration i of the recur block writes its own slots, so a new token at iteration i attends to the earlier
+    tokens' iteration-i keys exactly as in the full forward (architecture §7; no shared slot, no warm start).
+    Tensors are allocated on the first write, in the activations' dtype/device. Inference only."""
+
+    def __init__(self, n_slots: int, n_loops: int, max_len: int):
+        self.n_slots, self.n_loops, self.max_len = n_slots, n_loops, max_len
+        self.pos = 0                                   # tokens already cached (advanced once per model call)
+        self.k = self.v = None                         # (n_slots, B, max_len, H, D) each
+
+    def update(self, slot, k, v):
+        B, T, H, D = k.shape
+        if self.k is None:
+            self.k = k.new_zeros(self.n_slots, B, self.max_len, H, D)
+            self.v = v.new_zeros(self.n_slots, B, self.max_len, H, D)
+        self.k[slot, :, self.pos:self.pos + T] = k
+        self.v[slot, :, self.pos:self.pos + T] = v
+        return self.k[slot, :, :self.pos + T], self.v[slot, :, :self.pos + T]
+
+
+# -----------------------------------------------------------------------------
+# The looped model
+
+class LoopedGPT(nn.Module):
+    """prelude -> (read, recur blocks, norm_recur, write) x r -> coda; untied wte / lm_head (App. C.1)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        d, (n_pre, n_rec, n_coda) = cfg.d_model, cfg.partition
+        # r = 1 is the plain 20-layer baseline: no injection and h(0) = e, whatever the config says (authors' code)
+        self.injection = "passthrough" if cfg.n_loops == 1 else cfg.injection
+        self.state_init = "prelude" if cfg.n_loops == 1 else cfg.state_init
+        self.wte = nn.Embedding(cfg.vocab_padded, d)
+        self.norm_emb = RMSNorm(d, cfg.norm_eps)                           # model norm 1: after the embedding
+        self.prelude = nn.ModuleList(Block(cfg) for _ in range(n_pre))
+        self.recur = nn.ModuleList(Block(cfg) for _ in range(n_rec))      # shared, run r times
+        self.coda = nn.ModuleList(Block(cfg) for _ in range(n_coda))
+        self.inject = nn.Linear(2 * d, d, bias=False) if self.injection == "linear" else None   # Eq. 5, [e ; h]
+        self.hc_alpha = self.hc_mix = self.hc_beta = None
+        if self.injection == "hyper":                                      # Eq. 7: per-iteration scalars, fp32
+            r, K = cfg.n_loops, cfg.hc_lanes
+            self.hc_alpha = nn.Parameter(torch.empty(r, K))               # read:  u = sum_k alpha_ik l_k
+            self.hc_mix = nn.Parameter(torch.empty(r, K, K))              # mix:   l <- M_i l ...
+            self.hc_beta = nn.Parameter(torch.empty(r, K))                # write: ... + beta_i (x) s
+        self.norm_recur = RMSNorm(d, cfg.norm_eps)                         # model norm 2: ends every iteration
+        self.norm_final = RMSNorm(d, cfg.norm_eps)                         # model norm 3: before lm_head
+        self.lm_head = nn.Linear(d, cfg.vocab_padded, bias=False)
+        cos, sin = rope_tables(10 * cfg.seq_len, cfg.head_dim, cfg.rope_base)   # (10 T, D/2); not in state_dict
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.init_weights()
+
+    def blocks(self):
+        return itertools.chain(self.prelude, self.recur, self.coda)
+
+    def hc_params(self):
+        return [p for p in (self.hc_alpha, self.hc_mix, self.hc_beta) if p is not None]
+
+    @torch.no_grad()
+    def init_weights(self):
+        """App. C.1 initialisation. Nothing is zero-initialised: MuonH keeps each matrix on a sphere of its init norm.
+
+        | tensor                                        | init                                              |
+        |-----------------------------------------------|---------------------------------------------------|
+        | wte (vocab_padded, d)                         | N(0, 1)  (bf16 storage on GPU is the trainer's)   |
+        | lm_head (vocab_padded, d)                     | N(0, sigma = 1e-3)                                |
+        | c_q, c_k, c_v, attn.c_proj, mlp.c_fc          | U(-a, a), a = sqrt(3)/sqrt(d): std 1/sqrt(d)      |
+        | mlp.c_proj (d, 4d)                            | U(-a', a'), a' = sqrt(3)/sqrt(4d): fan-in 4d      |
+        | inject (d, 2d), input [e ; h]                 | [I_d | 0], so u(t) = e at init for every t        |
+        | every RMSNorm gain                            | 1                                                 |
+        | hc alpha_i (K), M_i (K, K), beta_i (K)        | one-hot at i mod K, I_K, 1 (Zhu et al. cyclic)    |
+        """
+        d = self.cfg.d_model
+        a = (3.0 / d) ** 0.5
+        nn.init.normal_(self.wte.weight, mean=0.0, std=1.0)
+        nn.init.normal_(self.lm_head.weight, mean=0.0, std=1e-3)
+        for blk in self.blocks():
+            for lin in (blk.attn.c_q, blk.attn.c_k, blk.attn.c_v, blk.attn.c_proj, blk.mlp.c_fc):
+                nn.init.uniform_(lin.weight, -a, a)
+            nn.init.uniform_(blk.mlp.c_proj.weight, -a / 2, a / 2)        # sqrt(3)/sqrt(4d) = a / 2
+        for m in self.modules():
+            if isinstance(m, RMSNorm):
+                m.weight.fill_(1.0)
+        if self.inject is not None:
+            self.inject.weight.zero_()
+            self.inject.weight[:, :d].copy_(torch.eye(d))                 # identity on the e half
+        if self.hc_alpha is not None:
+            r, K = self.hc_alpha.shape
+            self.hc_alpha.copy_(F.one_hot(torch.arange(r) % K, K).float())
+            self.hc_mix.copy_(torch.eye(K).expand(r, K, K))
+            self.hc_beta.fill_(1.0)
+
+    def param_groups(self) -> dict:
+        """Optimizer labels (optimizer.md): block matrices + inject -> MuonH; the rest -> AdamW, one group each."""
+        matrix = [p for blk in self.blocks() for p in blk.parameters() if p.ndim == 2]
+        if self.inject is not None:
+            matrix.append(self.inject.weight)
+        norms = [m.weight for m in self.modules() if isinstance(m, RMSNorm)]
+        groups = dict(matrix=matrix, wte=[self.wte.weight], lm_head=[self.lm_head.weight], norm=norms,
+                      hc=self.hc_params())
+        labelled = [id(p) for g in groups.values() for p in g]
+        if sorted(labelled) != sorted(id(p) for p in self.parameters()):     # every parameter exactly once
+            raise RuntimeError("param_groups() does not cover every parameter exactly once")
+        return groups
+
+    def param_split(self) -> tuple:
+        """(N_once, N_rec) from module membership, as flops.param_split counts it (architecture §8.1):
+        once = prelude + coda blocks + the 3 model norms + hc scalars; rec = recur blocks + inject."""
+        count = lambda *mods: sum(p.numel() for m in mods if m is not None for p in m.parameters())
+        n_once = count(self.prelude, self.coda, self.norm_emb, self.norm_recur, self.norm_final)
+        n_once += sum(p.numel() for p in self.hc_params())
+        return n_once, count(self.recur, self.inject)
+
+    def _run(self, blocks, x, rope, kv_cache, first_slot):
+        """Apply `blocks` in order; block j uses KV slot first_slot + j (one slot per executed layer)."""
+        for j, blk in enumerate(blocks):
+            x = blk(x, rope, None if kv_cache is None else (kv_cache, first_slot + j))
+        return x
+
+    def _loops(self, n_loops, kv_cache):
+        """The r to run: the config's, an override (test-time loop extrapolation, App. A), or the cache's."""
+        if kv_cache is not None:
+            if n_loops is not None and n_loops != kv_cache.n_loops:
+                raise ValueError(f"n_loops={n_loops} differs from the KV cache's n_loops={kv_cache.n_loops}")
+            n_loops = kv_cache.n_loops
+        if n_loops is None:
+            return self.cfg.n_loops
+        if isinstance(n_loops, bool) or not isinstance(n_loops, int) or n_loops < 1:
+            raise ValueError(f"n_loops must be an int >= 1, got {n_loops!r}")
+        if self.injection == "hyper" and n_loops != self.cfg.n_loops:
+            raise ValueError(f"hyperconnections have alpha/M/beta for exactly {self.cfg.n_loops} iterations; "
+                             f"cannot run n_loops={n_loops}")
+        return n_loops
+
+    def forward(self, idx, targets=None, reduction="mean", n_loops=None, generator=None, kv_cache=None):
+        """idx (B, T) int64 -> loss if targets (B, T) are given (-1 = ignored), else logits (B, T, vocab_size) fp32.
+
+        reduction: "mean" | "sum" | "none" (then (B, T)). n_loops: run r' != r iterations (not for hyper).
+        generator: random source for state_init="random" (same device as the model), for deterministic eval.
+        kv_cache: a KVCache (from new_kv_cache) for incremental decoding; idx are the next tokens.
+        """
+        cfg = self.cfg
+        if idx.ndim != 2 or idx.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"idx must be a (B, T) integer tensor, got {tuple(idx.shape)} {idx.dtype}")
+        if targets is not None and targets.shape != idx.shape:
+            raise ValueError(f"targets shape {tuple(targets.shape)} != idx shape {tuple(idx.shape)}")
+        if reduction not in ("mean", "sum", "none"):
+            raise ValueError(f"reduction must be mean | sum | none, got {reduction!r}")
+        n = self._loops(n_loops, kv_cache)
+        B, T = idx.shape
+        pos = 0 if kv_cache is None else kv_cache.pos
+        if pos + T > self.rope_cos.size(0) or (kv_cache is not None and pos + T > kv_cache.max_len):
+            raise ValueError(f"positions up to {pos + T} exceed the RoPE table ({self.rope_cos.size(0)}) or cache")
+        rope = (self.rope_cos[pos:pos + T], self.rope_sin[pos:pos + T])     # (T, D/2) each
+        n_pre, n_layers_recur = len(self.prelude), len(self.recur)
+        k_bwd = n if cfg.n_loops_bwd is None else min(cfg.n_loops_bwd, n)   # gradient window r_bwd (Eq. 6)
+
+        # 1. embed + prelude (once)
+        # wte may be stored in bf16 on GPU (App. C.1); the residual stream starts in the norm gain's dtype (fp32)
+        x = self.norm_emb(self.wte(idx).to(self.norm_emb.weight.dtype))   # (B, T, d)
+        e = self._run(self.prelude, x, rope, kv_cache, 0)       # (B, T, d) prelude output, re-read every iteration
+        # 2. recurrent state at the start
+        mode = self.injection
+        if mode == "hyper":
+            lanes = [e] * cfg.hc_lanes                          # K lanes (B, T, d), copies of e (Eq. 7)
+        elif self.state_init == "random":                       # Huginn-style h(0) ~ N(0, std^2 I), fresh each call
+            h = torch.randn(e.shape, generator=generator, device=e.device, dtype=e.dtype) * cfg.state_init_std
+        elif mode == "additive":
+            h = torch.zeros_like(e)                             # h(0) = 0, so u(0) = e (App. C.2)
+        else:
+            h = e                                               # h(0) = e (App. C.1); passthrough / r = 1 too
+        # 3. r iterations of the shared block
+        for i in range(n):
+            # Truncated BPTT (Eq. 6): iterations i < r - r_bwd run without autograd, which equals detaching their
+            # normalised output s (their only output) and saves their activations. Full BPTT: k_bwd = n.
+            with torch.set_grad_enabled(torch.is_grad_enabled() and i >= n - k_bwd):
+                if mode == "linear":
+                    u = self.inject(torch.cat([e, h], dim=-1)).type_as(e)   # Eq. 5: W_inject [e ; h(i)]
+                elif mode == "additive":
+                    u = h + e                                               # App. C.2
+                elif mode == "passthrough":
+                    u = h                                                   # App. C.2; r = 1 baseline
+                else:
+                    u = sum(self.hc_alpha[i, kk] * lanes[kk] for kk in range(cfg.hc_lanes))   # Eq. 7 read
+                u = self._run(self.recur, u, rope, kv_cache, n_pre + i * n_layers_recur)
+                s = self.norm_recur(u)                                      # shared norm ends every iteration
+            if mode == "hyper":                   # Eq. 7 write: l_j <- sum_k M_i[j, k] l_k + beta_i[j] s (fp32)
+                s = s.float()
+                lanes = [sum(self.hc_mix[i, j, kk] * lanes[kk] for kk in range(cfg.hc_lanes)) + self.hc_beta[i, j] * s
+                         for j in range(cfg.hc_lanes)]
+            else:
+                h = s
+        # 4. coda (once) and the head; hc: the coda reads the plain lane sum
+        x = sum(lanes) if mode == "hyper" else h
+        x = self._run(self.coda, x, rope, kv_cache, n_pre + n * n_layers_recur)
+        if kv_cache is not None:
+            kv_cache.pos += T
+        logits = self.lm_head(self.norm_final(x))[..., :cfg.vocab_size].float()   # (B, T, V) drop pad columns
+        logits = cfg.logit_softcap * torch.tanh(logits / cfg.logit_softcap)      # softcap in fp32 (Table 4)
+        if targets is None:
+            return logits
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1,
+                               reduction=reduction)
+        return loss.view(B, T) if reduction == "none" else loss
+
+    # -------------------------------------------------------------------------
+    # Decoding
+
+    def new_kv_cache(self, max_len: int, n_loops: Optional[int] = None) -> KVCache:
+        """An empty cache for sequences up to max_len tokens, with one slot per executed layer at this r."""
+        n = self._loops(n_loops, None)
+        return KVCache(len(self.prelude) + n * len(self.recur) + len(self.coda), n, max_len)
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None, n_loops=None):
+        """Append max_new_tokens sampled tokens to idx (B, T0) with KV-cached decoding. temperature 0 = greedy.
+
+        generator (same device as the model) makes sampling and the random state init reproducible."""
+        if not (isinstance(max_new_tokens, int) and max_new_tokens >= 0):
+            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        if temperature < 0 or (top_k is not None and not (isinstance(top_k, int) and top_k >= 1)):
+            raise ValueError(f"need temperature >= 0 and top_k None or int >= 1, got {temperature}, {top_k}")
+        if max_new_tokens == 0:
+            return idx
+        cache = self.new_kv_cache(idx.size(1) + max_new_tokens, n_loops)
+        logits = self(idx, generator=generator, kv_cache=cache)[:, -1]      # prefill: (B, V)
+        out = [idx]
+        for t in range(max_new_tokens):
+            if temperature == 0:
+                nxt = logits.argmax(dim=-1, keepdim=True)                   # (B, 1)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]   # (B, 1)
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                nxt = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
+            out.append(nxt)
+            if t + 1 < max_new_tokens:
+                logits = self(nxt, generator=generator, kv_cache=cache)[:, -1]
+        return torch.cat(out, dim=1)

@@ -1,0 +1,434 @@
+"""
+optim.py -- MuonH for the matrices, AdamW for everything else, HyperP learning-rate transfer, the LR schedule.
+
+Implements paper §4.1 and App. D (recipe, LR sweep and transfer), following HyperP (arXiv:2603.28743):
+    MuonH, per matrix W with radius R = ||W_0||_F (its init):
+        m <- m + (1-mu)(g - m);  n = g + mu(m - g)          Nesterov momentum, mu = 0.95
+        O = PolarExpress_5(n / (1.02 ||n||_F))              ~ U V^T of n (Amsel et al. 2025, arXiv:2505.16932)
+        U = R O / ||O||_F;  W <- W - eta U;  W <- R W / ||W||_F     update and weights on the sphere ||.||_F = R
+    AdamW (betas 0.8/0.95, eps 1e-10, no weight decay) on wte, lm_head, RMSNorm gains, hyperconnection scalars.
+    HyperP peak LRs:  eta_MuonH = 0.014 b (D/D_ref)^-0.32;  wte 0.3 b w;  lm_head 0.004 b w;  norm 0.005 w;  hc 0.01 w
+        with w = (d/640)^-1/2 and b = (B/262,144)^0.558.  Schedule: lr_mult = 0.1 + 0.9 (N - step)/N.
+Run:   python optim.py --scale 10 --tokens 983315200 [--n-loops 1] [--batch-tokens 262144] [--json]
+       python optim.py --bench            # MuonH step time for the matrices of one s=10 model, on this CPU
+Test:  pytest tests/test_optim.py
+Read in this order: hyperp_lrs -> lr_multiplier -> polar_express -> muonh_update -> MuonHAdamW -> build_optimizer
+Not here: which parameter is a "matrix" (model.py param_groups), the token horizon (flops.py / train.py).
+Distributed: replicated. train.py wraps the model in DDP, so every rank steps on the same all-reduced gradients and
+the same weights; R is cached from those identical weights, so all ranks stay bit-identical without extra traffic.
+"""
+import argparse
+import json
+import math
+import numbers
+import time
+
+import torch
+
+# -----------------------------------------------------------------------------
+# Constants (paper §4.1 unless stated; "release" = kschwethelm/looped-lm-scaling at ad7d8f3)
+
+MUONH_LR = 0.014            # base LR fed to HyperP; shared optimum of the App. D.1 sweep for r=1 and r=4
+WTE_LR = 0.3                # AdamW embedding LR (§4.1)
+LM_HEAD_LR = 0.004          # AdamW unembedding LR (§4.1)
+NORM_LR = 0.005             # AdamW RMSNorm-gain LR (§4.1)
+HC_LR = 0.01                # AdamW hyperconnection-lane LR; the paper gives none (release gpt.py setup_optimizer)
+ADAM_BETAS = (0.8, 0.95)    # release setup_optimizer default (nanochat lineage)
+ADAM_EPS = 1e-10            # release setup_optimizer
+MUONH_MOMENTUM = 0.95       # constant from step 0: the release has no 0.85 -> 0.95 ramp (setup_optimizer)
+NS_STEPS = 5                # Polar Express iterations
+FINAL_LR_FRAC = 0.1         # "each LR linearly decayed to 10% of its peak" (§4.1)
+D_MODEL_REF = 640           # width of the s=10 reference model (release base_train.py: REF_SIZE * aspect_ratio)
+BATCH_REF = 262_144         # B_ref = 2^18 tokens, the App. D.1 batch-sweep winner
+BATCH_EXP = 0.558           # eta* ∝ B^0.558 (HyperP §5.4; the release uses it instead of nanochat's sqrt rule)
+DATA_EXP = 0.32             # eta* ∝ D^-0.32 (HyperP §3.4; paper App. D.2)
+REF_DATA_RATIO = 10         # D_ref = 10 x effective params of the reference (App. D.1: ratio 10, "~1B tokens")
+
+# Polar Express coefficients (a, b, c) of p(x) = a x + b x^3 + c x^5, one triple per iteration; the optimal
+# 5-step schedule of Amsel et al. 2025 (arXiv:2505.16932) for a safety factor of 2e-2 and cushion 2, the values
+# nanochat (and the release, nanochat/optim.py) use. Composed, they map every x in [1e-3, 1] into [0.859, 1.141].
+POLAR_EXPRESS_COEFFS = (
+    (8.156554524902461, -22.48329292557795, 15.878769915207462),
+    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+)
+
+# What the release (nanochat/optim.py muon_step_fused, nanochat/gpt.py setup_optimizer, scripts/base_train.py)
+# settles where the paper is silent, as read there:
+#   - momentum: buffer.lerp_(g, 1 - mu), then the direction g.lerp_(buffer, mu); mu = 0.95 with no ramp.
+#   - pre-scale by 1.02 ||X||_F + 1e-6 in bf16, 5 iterations, X^T X form for tall matrices; then rescale to R
+#     (norm clamped at 1e-10), W -= lr U, W *= R / ||W||_F (clamped). No shape factor, WD or second moment.
+#   - R = ||W||_F per matrix at the first step, cached (per shape group, in the first param's state) and saved.
+#     Here R lives in each parameter's own state: same numbers, and a checkpoint does not depend on the grouping.
+#   - LRs: MuonH gets batch x data factors, no width factor; wte / lm_head get batch x width; norm (0.005) and
+#     hc (0.01) get width only. D_ref from a meta-device reference model (0-20-0 for r=1, 2-4-2 r=4 for looped).
+#   - schedule: get_lr_multiplier with warmup 0 and a warmdown over all N steps to final_lr_frac 0.1.
+#   - the fused kernel rounds the update and eta to bf16 on GPU; here eta is applied in fp32 (project choice).
+
+# build_optimizer: contract group name -> (optimizer kind, key of its peak LR in the hyperp_lrs dict)
+GROUPS = {"matrix": ("muonh", "muonh_lr"), "wte": ("adamw", "wte_lr"), "lm_head": ("adamw", "lm_head_lr"),
+          "norm": ("adamw", "norm_lr"), "hc": ("adamw", "hc_lr")}
+
+
+def _positive(name, value):
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+# -----------------------------------------------------------------------------
+# HyperP learning-rate transfer (paper §4.1, App. D.2)
+
+def reference_tokens(n_loops, d_model=D_MODEL_REF, n_layers_eff=20, ratio=REF_DATA_RATIO, ref_loops=4):
+    """D_ref: `ratio` x the reuse-weighted, embedding-free parameter count of the family's reference model.
+
+    The release (base_train.py, build_reference_model + effective_params) fixes one reference per family at s=10:
+    r=1 -> the 0-20-0 passthrough model; any looped r -> the 2-4-2, r=4, linear-injection model. Counting each
+    parameter once per use (gains included, embeddings excluded):
+        r = 1:   l_eff (12 d^2 + 2 d) + 3 d             = 240 d^2 + 43 d -> D_ref =   983,315,200 at d = 640
+        looped:  same + ref_loops * 2 d^2 (W_inject)    = 248 d^2 + 43 d -> D_ref = 1,016,083,200
+    (12 d^2 per block: Q, K, V, O and the 4x MLP; 2 d: its two RMSNorm gains; 3 d: the three model norms.)
+    D_ref must stay an absolute constant: one that followed the current model would cancel the horizon correction.
+    A scaled-down study (other width or l_eff) may pass its own reference width/depth here, i.e. D_ref = 10 x the
+    effective params of its own reference model, and hand the result to hyperp_lrs(d_ref=...).
+    """
+    for name, v in (("n_loops", n_loops), ("d_model", d_model), ("n_layers_eff", n_layers_eff),
+                    ("ratio", ratio), ("ref_loops", ref_loops)):
+        _positive(name, v)
+    effective = n_layers_eff * (12 * d_model ** 2 + 2 * d_model) + 3 * d_model
+    if n_loops > 1:
+        effective += ref_loops * 2 * d_model ** 2     # W_inject (d x 2d) runs once per loop
+    return int(ratio * effective)
+
+
+def hyperp_factors(d_model, n_loops, tokens, batch_tokens=BATCH_REF, d_ref=None, d_model_ref=D_MODEL_REF):
+    """The three HyperP correction factors and the D_ref used; hyperp_lrs multiplies the base LRs by them."""
+    for name, v in (("d_model", d_model), ("n_loops", n_loops), ("tokens", tokens), ("batch_tokens", batch_tokens),
+                    ("d_model_ref", d_model_ref)):
+        _positive(name, v)
+    d_ref = reference_tokens(n_loops, d_model=d_model_ref) if d_ref is None else d_ref
+    _positive("d_ref", d_ref)
+    return {"width": (d_model / d_model_ref) ** -0.5,     # muP width rule on AdamW only (release setup_optimizer)
+            "batch": (batch_tokens / BATCH_REF) ** BATCH_EXP,
+            "data": (tokens / d_ref) ** -DATA_EXP,
+            "d_ref": d_ref}
+
+
+def hyperp_lrs(d_model, n_loops, tokens, batch_tokens=BATCH_REF, base_lr=MUONH_LR, d_ref=None,
+               d_model_ref=D_MODEL_REF):
+    """Peak LR of every group for a run of width d_model, r = n_loops, D = tokens, B = batch_tokens.
+
+    d_model_ref is the width of the s=10 reference (640 = 10 x aspect ratio 64). The release derives it, and the
+    default D_ref, from the run's aspect ratio (base_train.py: REF_SIZE * aspect_ratio), so a study at another
+    aspect ratio passes d_model_ref = 10 x its aspect ratio; d_ref overrides D_ref outright (see reference_tokens).
+
+    D is the run's token horizon: int(C / F_train) for grid runs (release base_train.py, target-FLOPs path).
+    MuonH gets no width factor: the sphere radius R ∝ sqrt(d_out) already transfers across width (HyperP Thm 2).
+    Only MuonH gets the data factor and only MuonH, wte and lm_head the batch factor (release base_train.py).
+    There is no depth factor: l_eff = 20 for every r.
+    """
+    _positive("base_lr", base_lr)
+    f = hyperp_factors(d_model, n_loops, tokens, batch_tokens, d_ref, d_model_ref)
+    w, b = f["width"], f["batch"]
+    return {"muonh_lr": base_lr * b * f["data"],     # eta = 0.014 b (D/D_ref)^-0.32 (App. D.2)
+            "wte_lr": WTE_LR * b * w,
+            "lm_head_lr": LM_HEAD_LR * b * w,
+            "norm_lr": NORM_LR * w,                   # hard-coded without b in the release
+            "hc_lr": HC_LR * w}
+
+
+# -----------------------------------------------------------------------------
+# Schedule: no warmup, linear decay to 10% (§4.1; release base_train.py with warmdown ratio 1, final frac 0.1)
+
+def lr_multiplier(step, total_steps):
+    """1 at step 0, falling linearly to 0.1 at step == total_steps (the loop's final, eval-only step)."""
+    if isinstance(total_steps, bool) or not isinstance(total_steps, numbers.Integral) or total_steps < 1:
+        raise ValueError(f"total_steps must be an int >= 1, got {total_steps!r} (an LR schedule needs a step)")
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral) or not 0 <= step <= total_steps:
+        raise ValueError(f"step must be an int in [0, {total_steps}], got {step!r}")
+    return FINAL_LR_FRAC + (1.0 - FINAL_LR_FRAC) * (total_steps - step) / total_steps
+
+
+def set_lr_multiplier(optimizer, mult):
+    """lr = initial_lr * mult for every group (the multiplier is shared by all groups; momentum is never scheduled)."""
+    if isinstance(mult, bool) or not isinstance(mult, numbers.Real) or not math.isfinite(mult) or mult < 0:
+        raise ValueError(f"LR multiplier must be a finite number >= 0, got {mult!r}")
+    for group in optimizer.param_groups:
+        group["lr"] = group["initial_lr"] * mult
+
+
+# -----------------------------------------------------------------------------
+# MuonH math (HyperP; release nanochat/optim.py muon_step_fused)
+
+def polar_express(G, steps=NS_STEPS):
+    """Approximate polar factor U V^T of each matrix in G (..., rows, cols), with singular values in [0.859, 1.141].
+
+    bf16 on CUDA (as the release), fp32 on CPU (fp64 stays fp64: the DDP test runs in fp64). The input is
+    pre-scaled by 1.02 ||G||_F so all singular values lie below 1, where the polynomials are designed to work. A tall
+    matrix is iterated on its transpose so the Gram matrix A is the small (min x min) one;
+    p(X) = a X + (b A + c A^2) X with A = X X^T is the odd quintic above.
+    """
+    if G.ndim < 2:
+        raise ValueError(f"polar_express needs matrices (..., rows, cols), got shape {tuple(G.shape)}")
+    if not 1 <= steps <= len(POLAR_EXPRESS_COEFFS):
+        raise ValueError(f"steps must be in [1, {len(POLAR_EXPRESS_COEFFS)}], got {steps}")
+    X = G.to(torch.bfloat16 if G.is_cuda else torch.promote_types(G.dtype, torch.float32))   # fp64 stays fp64
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) * 1.02 + 1e-6)     # ||X||_2 <= ||X||_F < 1
+    tall = X.size(-2) > X.size(-1)
+    if tall:
+        X = X.mT                                                    # (..., cols, rows): now wide
+    for a, b, c in POLAR_EXPRESS_COEFFS[:steps]:
+        A = X @ X.mT                                                # (..., k, k), k = min(rows, cols)
+        X = a * X + (b * A + c * (A @ A)) @ X
+    return X.mT if tall else X
+
+
+def muonh_update(grad, momentum_buffer, radius, momentum=MUONH_MOMENTUM, ns_steps=NS_STEPS):
+    """MuonH update U (K, rows, cols) with ||U_k||_F = R_k, for a stack of K same-shape matrices.
+
+    grad: (K, rows, cols); momentum_buffer: same shape, updated in place; radius: (K, 1, 1) fp32.
+    Any scalar on the orthogonalised direction (e.g. Muon's sqrt(max(1, rows/cols)) shape factor) cancels in the
+    rescale to R, so there is none: every matrix takes the same angular step eta.
+    """
+    momentum_buffer.lerp_(grad, 1 - momentum)                       # m <- mu m + (1-mu) g
+    nesterov = grad.lerp(momentum_buffer, momentum)                 # n = g + mu (m - g): Nesterov look-ahead
+    work = torch.promote_types(grad.dtype, torch.float32)          # fp32 (fp64 if the params are fp64)
+    O = polar_express(nesterov, ns_steps).to(work)                  # (K, rows, cols)
+    O_norm = O.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10)    # (K, 1, 1)
+    return (O * (radius / O_norm)).to(grad.dtype)                   # U: ||U||_F = R, so ||U||/||W|| = 1
+
+
+# -----------------------------------------------------------------------------
+# The optimizer: one object, MuonH groups + AdamW groups, so one state_dict holds everything
+
+class MuonHAdamW(torch.optim.Optimizer):
+    """MuonH on "muonh" groups, AdamW on "adamw" groups; one step(), one state_dict().
+
+    Each group dict: params, kind ("muonh" | "adamw"), lr, and optionally name, momentum/ns_steps (MuonH),
+    betas/eps (AdamW). initial_lr is set to lr. State per parameter:
+      MuonH: R (0-d fp32, ||W||_F at the first step, never recomputed so rounding cannot random-walk the radius),
+             momentum_buffer (like W), step (0-d fp32 on CPU).
+      AdamW: exp_avg, exp_avg_sq (like the param), step (0-d fp32 on CPU), as torch.optim.AdamW.
+    No weight decay anywhere (first-order no-op on the sphere, HyperP Thm 1; paper §4.1), no gradient clipping,
+    no NorMuon second moment (the release's docstring mentions one; its kernel has none).
+    """
+
+    def __init__(self, param_groups):
+        groups = []
+        for i, g in enumerate(param_groups):
+            g = dict(g)
+            g["params"] = list(g["params"])
+            kind = g.get("kind")
+            g.setdefault("name", f"{kind}{i}")
+            if kind not in ("muonh", "adamw"):
+                raise ValueError(f"group {g['name']!r}: kind must be 'muonh' or 'adamw', got {kind!r}")
+            lr = g.get("lr")
+            if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not math.isfinite(lr) or lr < 0:
+                raise ValueError(f"group {g['name']!r}: lr must be a finite number >= 0, got {lr!r}")
+            if kind == "muonh":
+                g.setdefault("momentum", MUONH_MOMENTUM)
+                g.setdefault("ns_steps", NS_STEPS)
+                if not 0 <= g["momentum"] < 1:
+                    raise ValueError(f"group {g['name']!r}: momentum must be in [0, 1), got {g['momentum']}")
+                if not 1 <= g["ns_steps"] <= len(POLAR_EXPRESS_COEFFS):
+                    raise ValueError(f"group {g['name']!r}: ns_steps must be in [1, 5], got {g['ns_steps']}")
+                for p in g["params"]:
+                    if p.ndim != 2:    # MuonH orthogonalises matrices; gains and vectors belong to AdamW
+                        raise ValueError(f"group {g['name']!r}: MuonH takes only 2-D matrices, got a parameter of "
+                                         f"shape {tuple(p.shape)}; put 1-D params (norm gains) in an AdamW group")
+            else:
+                g.setdefault("betas", ADAM_BETAS)
+                g.setdefault("eps", ADAM_EPS)
+                if not all(0 <= b < 1 for b in g["betas"]) or g["eps"] < 0:
+                    raise ValueError(f"group {g['name']!r}: need betas in [0, 1) and eps >= 0")
+            g["initial_lr"] = g["lr"]
+            groups.append(g)
+        super().__init__(groups, defaults={})   # raises if a parameter appears in two groups
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            (self._step_muonh if group["kind"] == "muonh" else self._step_adamw)(group)
+        return loss
+
+    def _step_muonh(self, group):
+        # Stack same-shape matrices (Q, K, V, O, fc, proj, inject of all blocks) so each Polar Express iteration is
+        # one batched matmul per shape; norms stay per slice, so this equals running every matrix on its own.
+        buckets = {}
+        for p in group["params"]:
+            if p.grad is not None:
+                buckets.setdefault((tuple(p.shape), p.dtype, p.device), []).append(p)
+        for params in buckets.values():
+            states = [self.state[p] for p in params]
+            new = [i for i, s in enumerate(states) if not s]
+            rdt = torch.promote_types(params[0].dtype, torch.float32)           # R in fp32 (fp64 for fp64 params)
+            radii = {i: torch.linalg.vector_norm(params[i], dtype=rdt) for i in new}
+            for i, R in radii.items():      # check all before touching any state, so an error leaves none behind
+                r = R.item()                # one host sync per matrix, at the first step only
+                if not (math.isfinite(r) and r > 0):
+                    idx = next(j for j, q in enumerate(group["params"]) if q is params[i])
+                    raise ValueError(f"group {group['name']!r}: matrix #{idx} ({params[i].shape[0]}x"
+                                     f"{params[i].shape[1]}) has Frobenius norm {r}; MuonH's radius R = ||W_0||_F "
+                                     f"must be > 0 or the matrix can never move (initialise it non-zero, App. C.1)")
+            for i, R in radii.items():      # first step: cache R from the init weights (fp32), zero momentum
+                states[i].update(R=R, momentum_buffer=torch.zeros_like(params[i]), step=torch.tensor(0.0))
+            W = torch.stack(params)                                            # (K, rows, cols)
+            G = torch.stack([p.grad for p in params])                          # (K, rows, cols)
+            M = torch.stack([s["momentum_buffer"] for s in states])            # (K, rows, cols)
+            R = torch.stack([s["R"] for s in states]).view(-1, 1, 1)           # (K, 1, 1) fp32
+            U = muonh_update(G, M, R, group["momentum"], group["ns_steps"])    # (K, rows, cols), ||U_k|| = R_k
+            W.sub_(U, alpha=group["lr"])             # W' = W - eta U, eta applied in fp32 (the release rounds it
+            #                                          to bf16: 0.014 -> 0.013977; a project choice)
+            W_norm = torch.linalg.vector_norm(W, dim=(-2, -1), keepdim=True, dtype=rdt).clamp_min(1e-10)
+            W.mul_((R / W_norm).to(W.dtype))         # retract: W = R W' / ||W'||_F
+            for p, s, w, m in zip(params, states, W.unbind(0), M.unbind(0)):
+                p.copy_(w)
+                s["momentum_buffer"].copy_(m)
+                s["step"] += 1
+
+    def _step_adamw(self, group):
+        # Single-tensor AdamW exactly as torch.optim.AdamW computes it (decoupled WD = 0, so no decay term).
+        beta1, beta2 = group["betas"]
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            g, s = p.grad, self.state[p]
+            if not s:
+                s.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+            s["step"] += 1
+            t = s["step"].item()
+            s["exp_avg"].lerp_(g, 1 - beta1)                                  # first moment
+            s["exp_avg_sq"].mul_(beta2).addcmul_(g, g, value=1 - beta2)       # second moment
+            step_size = group["lr"] / (1 - beta1 ** t)                        # bias corrections
+            denom = (s["exp_avg_sq"].sqrt() / math.sqrt(1 - beta2 ** t)).add_(group["eps"])
+            p.addcdiv_(s["exp_avg"], denom, value=-step_size)
+
+    def load_state_dict(self, state_dict):
+        """As torch's, but refuses a group layout that does not match and keeps R in fp32.
+
+        torch casts every floating state tensor to its parameter's dtype on load; R must stay fp32 (a bf16 radius
+        would move the sphere), so it is restored from the saved tensor afterwards.
+        """
+        saved = state_dict["param_groups"]
+        if [(g["name"], g["kind"]) for g in self.param_groups] != [(g.get("name"), g.get("kind")) for g in saved]:
+            raise ValueError("optimizer state_dict has a different group layout: "
+                             f"{[(g.get('name'), g.get('kind')) for g in saved]} vs "
+                             f"{[(g['name'], g['kind']) for g in self.param_groups]}")
+        super().load_state_dict(state_dict)
+        ids = [i for g in saved for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        for pid, p in zip(ids, params):
+            R = state_dict["state"].get(pid, {}).get("R")
+            if R is not None:
+                rdt = torch.promote_types(p.dtype, torch.float32)
+                self.state[p]["R"] = R.detach().to(device=p.device, dtype=rdt).clone()
+
+
+def build_optimizer(groups, lrs):
+    """One MuonHAdamW over the model's labelled groups (LoopedGPT.param_groups()) with peak LRs from hyperp_lrs.
+
+    "matrix" -> MuonH at lrs["muonh_lr"]; "wte", "lm_head", "norm", "hc" -> AdamW at lrs["<name>_lr"].
+    Empty groups are skipped (e.g. no "hc" without hyperconnections). Under DDP build it on every rank.
+    """
+    if not isinstance(groups, dict) or set(groups) - set(GROUPS):
+        raise ValueError(f"groups must be a dict with keys from {list(GROUPS)}, got "
+                         f"{list(groups) if isinstance(groups, dict) else type(groups).__name__}")
+    param_groups = []
+    for name, (kind, lr_key) in GROUPS.items():        # fixed order, so checkpoints line up
+        params = list(groups.get(name, []))
+        if not params:
+            continue
+        if lr_key not in lrs:
+            raise ValueError(f"group {name!r} has {len(params)} params but lrs has no {lr_key!r} "
+                             f"(keys: {sorted(lrs)})")
+        param_groups.append(dict(name=name, kind=kind, params=params, lr=lrs[lr_key]))
+    if not param_groups:
+        raise ValueError("build_optimizer got no parameters in any group")
+    return MuonHAdamW(param_groups)
+
+
+# -----------------------------------------------------------------------------
+# CLI: the peak-LR table of a run, and a MuonH step benchmark
+
+def bench(d_model=D_MODEL_REF, n_loops=1, steps=3, seed=0):
+    """Seconds per MuonH step (CPU, fp32) for every matrix of one model: 6 shapes per block, plus W_inject if r > 1."""
+    if n_loops < 1 or 16 % n_loops:
+        raise ValueError(f"n_loops must divide 16 (iso-depth layout, §3.1), got {n_loops}")
+    n_blocks = 20 if n_loops == 1 else 4 + 16 // n_loops        # 0-20-0, or 2-(16/r)-2 unique blocks
+    d = d_model
+    shapes = [(d, d)] * 4 + [(4 * d, d), (d, 4 * d)]            # c_q, c_k, c_v, attn.c_proj, mlp.c_fc, mlp.c_proj
+    gen = torch.Generator().manual_seed(seed)
+    params = [torch.nn.Parameter(torch.randn(*s, generator=gen) / s[1] ** 0.5) for s in shapes * n_blocks]
+    if n_loops > 1:
+        params.append(torch.nn.Parameter(torch.randn(d, 2 * d, generator=gen) / (2 * d) ** 0.5))
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=gen)
+    opt = MuonHAdamW([dict(kind="muonh", name="matrix", params=params, lr=MUONH_LR)])
+    opt.step()                                                  # warm-up: caches R, allocates momenta
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    return {"n_matrices": len(params), "n_blocks": n_blocks, "seconds_per_step": sum(times) / len(times),
+            "min_seconds": min(times), "threads": torch.get_num_threads()}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="optim.py",
+                                description="HyperP peak learning rates (paper §4.1, App. D) or a MuonH benchmark.")
+    p.add_argument("--scale", type=int, help="width scale s; d_model = aspect_ratio * s")
+    p.add_argument("--aspect-ratio", type=int, default=64, help="d_model per unit of scale (paper: 64)")
+    p.add_argument("--tokens", type=float, help="training tokens D (grid runs: int(C / F_train))")
+    p.add_argument("--n-loops", type=int, default=1, help="r; selects the D_ref family (r=1 vs looped)")
+    p.add_argument("--batch-tokens", type=int, default=BATCH_REF, help="tokens per optimizer step B")
+    p.add_argument("--base-lr", type=float, default=MUONH_LR, help="MuonH base LR fed to HyperP")
+    p.add_argument("--d-ref", type=float, default=None, help="override D_ref (default: the family constant)")
+    p.add_argument("--json", action="store_true", help="print the peak LRs as one JSON object")
+    p.add_argument("--bench", action="store_true", help="time one MuonH step over an s-scale model's matrices")
+    p.add_argument("--bench-steps", type=int, default=3, help="timed steps in --bench (after one warm-up)")
+    a = p.parse_args(argv)
+    if a.bench:
+        d = a.aspect_ratio * (a.scale or 10)
+        try:
+            r = bench(d, a.n_loops, a.bench_steps)
+        except ValueError as e:
+            p.error(str(e))
+        print(f"MuonH step, CPU fp32, d_model {d}, r={a.n_loops}: {r['n_matrices']} matrices "
+              f"({r['n_blocks']} blocks x 6 shapes{' + inject' if a.n_loops > 1 else ''}) | "
+              f"{r['seconds_per_step']:.3f} s/step (mean of {a.bench_steps}, min {r['min_seconds']:.3f}) | "
+              f"{r['threads']} threads")
+        return r
+    if a.scale is None or a.tokens is None:
+        p.error("--scale and --tokens are required (or pass --bench)")
+    d, d_model_ref = a.aspect_ratio * a.scale, a.aspect_ratio * 10     # the reference is s = 10 (release)
+    try:
+        lrs = hyperp_lrs(d, a.n_loops, int(a.tokens), a.batch_tokens, a.base_lr, a.d_ref, d_model_ref)
+        f = hyperp_factors(d, a.n_loops, int(a.tokens), a.batch_tokens, a.d_ref, d_model_ref)
+    except ValueError as e:
+        p.error(str(e))
+    if a.json:
+        print(json.dumps(lrs))
+        return lrs
+    family = "r=1 family: 0-20-0 ref" if a.n_loops == 1 else "looped family: 2-4-2 r=4 ref"
+    print(f"HyperP peak LRs | d_model {d} (s={a.scale}) | r={a.n_loops} | D {int(a.tokens):,} | B {a.batch_tokens:,}")
+    print(f"  w = (d/{d_model_ref})^-0.5 = {f['width']:.6f} | b = (B/{BATCH_REF})^{BATCH_EXP} = {f['batch']:.6f} | "
+          f"(D/D_ref)^-{DATA_EXP} = {f['data']:.6f}, D_ref {int(f['d_ref']):,} "
+          f"({'override' if a.d_ref else family})")
+    rules = {"muonh_lr": ("matrix", "MuonH", f"{a.base_lr} * b * (D/D_ref)^-0.32"),
+             "wte_lr": ("wte", "AdamW", f"{WTE_LR} * b * w"),
+             "lm_head_lr": ("lm_head", "AdamW", f"{LM_HEAD_LR} * b * w"),
+             "norm_lr": ("norm", "AdamW", f"{NORM_LR} * w"), "hc_lr": ("hc", "AdamW", f"{HC_LR} * w")}
+    print(f"  {'group':8s} {'optim':6s} {'rule':30s} peak LR")
+    for key, (group, opt, rule) in rules.items():
+        print(f"  {group:8s} {opt:6s} {rule:30s} {lrs[key]:.6f}")
+    return lrs
+
+
+if __name__ == "__main__":
+    main()

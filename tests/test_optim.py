@@ -1,0 +1,328 @@
+"""Tests for optim.py: MuonH on the Frobenius sphere, AdamW groups, HyperP LR transfer (paper §4.1, App. D).
+
+One test (or a few) per acceptance item of issue 3; each prints the number it measures. CPU, fp32, tiny shapes.
+Run: python -m pytest -q -s tests/test_optim.py
+"""
+import io
+import json
+import math
+import os
+import sys
+
+import pytest
+import torch
+
+import optim
+from optim import (MuonHAdamW, build_optimizer, hyperp_lrs, lr_multiplier, muonh_update, polar_express,
+                   reference_tokens, set_lr_multiplier)
+from conftest import run_torchrun
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ddp_optim_worker  # noqa: E402  (tests/ is not a package)
+
+
+def _matrices(shapes, seed=0):
+    """Fan-in-initialised matrices (std 1/sqrt(cols)), as App. C.1 gives the block weights."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(*s, generator=gen) / s[1] ** 0.5) for s in shapes]
+
+
+def _muonh(params, lr=0.05):
+    return MuonHAdamW([dict(kind="muonh", name="matrix", params=params, lr=lr)])
+
+
+# -----------------------------------------------------------------------------
+# 1. The sphere: ||W||_F = R after every step, and every update has norm eta R before retraction
+
+def test_muonh_keeps_every_matrix_on_its_sphere():
+    shapes = [(16, 16), (16, 16), (64, 16), (16, 64), (16, 32)]      # square, tall (c_fc), wide (c_proj, inject)
+    params = _matrices(shapes)
+    R0 = [p.detach().norm().item() for p in params]                 # the init norms = the radii
+    opt, lr = _muonh(params), 0.05
+    gen = torch.Generator().manual_seed(1)
+    worst_w, worst_u = 0.0, 0.0
+    for step in range(12):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=gen)
+        # predict this step's update from a copy of the state with the same function the step uses
+        olds = [p.detach().clone() for p in params]
+        moms = [opt.state[p]["momentum_buffer"].clone() if opt.state[p] else torch.zeros_like(p) for p in params]
+        U = [muonh_update(p.grad[None], m[None], torch.tensor(R).view(1, 1, 1))[0]
+             for p, m, R in zip(params, moms, R0)]
+        opt.step()
+        for p, W, u, R in zip(params, olds, U, R0):
+            worst_u = max(worst_u, abs((lr * u).norm().item() / (lr * R) - 1))   # ||eta U|| = eta R
+            W_pre = W - lr * u                                                   # before retraction
+            assert torch.allclose(p.detach(), W_pre * (R / W_pre.norm()), atol=1e-6)
+            worst_w = max(worst_w, abs(p.detach().norm().item() / R - 1))
+            assert opt.state[p]["R"].dtype == torch.float32 and opt.state[p]["R"].item() == pytest.approx(R, 1e-7)
+    print(f"\n[item 1] 12 steps, 5 shapes: max | ||W||/R - 1 | = {worst_w:.2e}, max | ||eta U||/(eta R) - 1 | = "
+          f"{worst_u:.2e}")
+    assert worst_w < 1e-5 and worst_u < 1e-5
+
+
+# -----------------------------------------------------------------------------
+# 2. The orthogonaliser: singular values inside the band the coefficients promise
+
+def _promised_band():
+    """The 5 composed Polar Express polynomials on [1e-3, 1] (the design interval), in fp64: [min, max] of p(x)."""
+    x = torch.logspace(-3, 0, 200_001, dtype=torch.float64)
+    for a, b, c in optim.POLAR_EXPRESS_COEFFS:
+        x = a * x + b * x ** 3 + c * x ** 5
+    return x.min().item(), x.max().item()
+
+
+def test_polar_express_singular_value_band():
+    # the published coefficients (Amsel et al. 2025, 5 steps), first and last triple
+    assert optim.POLAR_EXPRESS_COEFFS[0] == pytest.approx((8.156554524902461, -22.48329292557795, 15.878769915207462))
+    assert optim.POLAR_EXPRESS_COEFFS[-1] == pytest.approx((2.3465413258596377, -1.7097828382687081,
+                                                            0.42323551169305323))
+    lo, hi = _promised_band()
+    print(f"\n[item 2] promised band on [1e-3, 1]: [{lo:.4f}, {hi:.4f}]")
+    assert 0.85 < lo < 0.86 and 1.14 < hi < 1.15                  # the band is 1 +- 0.141
+    G = torch.randn(64, 256, generator=torch.Generator().manual_seed(0))
+    for name, M in (("wide 64x256", G), ("tall 256x64", G.T.contiguous())):
+        O = polar_express(M)
+        assert O.shape == M.shape and O.dtype == torch.float32
+        s = torch.linalg.svdvals(O)
+        print(f"[item 2] {name}: singular values in [{s.min():.4f}, {s.max():.4f}]")
+        assert lo - 1e-4 <= s.min() and s.max() <= hi + 1e-4
+        # same singular vectors as the input: O is close to the exact polar factor U V^T
+        U, _, Vh = torch.linalg.svd(M, full_matrices=False)
+        assert torch.linalg.matrix_norm(O - U @ Vh, ord=2) <= (hi - 1) + 1e-4
+    # the transpose trick: a tall matrix gives exactly the transpose of its wide twin's result
+    assert torch.allclose(polar_express(G.T.contiguous()), polar_express(G).T, atol=1e-6)
+
+
+# -----------------------------------------------------------------------------
+# 3. One MuonH step equals a straightforward fp64 reference written from the formulas
+
+def _reference_muonh(W, grads, lr, mu=0.95):
+    """Textbook MuonH in fp64: Nesterov momentum, pre-scale, 5 Polar Express steps, rescale to R, step, retract."""
+    W = W.double()
+    R = W.norm()                                          # radius from the init
+    m = torch.zeros_like(W)
+    out = []
+    for g in grads:
+        g = g.double()
+        m = mu * m + (1 - mu) * g                         # momentum buffer
+        n = (1 - mu) * g + mu * m                         # Nesterov direction g + mu (m - g)
+        X = n / (1.02 * n.norm() + 1e-6)
+        for a, b, c in optim.POLAR_EXPRESS_COEFFS:        # p(X) = a X + b (X X^T) X + c (X X^T)^2 X
+            XXt = X @ X.T
+            X = a * X + b * XXt @ X + c * XXt @ XXt @ X
+        U = R * X / X.norm()                              # update of norm R
+        W = W - lr * U
+        W = R * W / W.norm()                              # back on the sphere
+        out.append(W)
+    return out
+
+
+@pytest.mark.parametrize("shape", [(32, 48), (48, 32)])
+def test_muonh_step_matches_reference(shape):
+    gen = torch.Generator().manual_seed(7)
+    W0 = torch.randn(*shape, generator=gen) / shape[1] ** 0.5
+    grads = [torch.randn(*shape, generator=gen) for _ in range(3)]
+    want = _reference_muonh(W0, grads, lr=0.05)
+    p = torch.nn.Parameter(W0.clone())
+    opt = _muonh([p], lr=0.05)
+    for step, (g, w) in enumerate(zip(grads, want)):
+        p.grad = g.clone()
+        opt.step()
+        err = (p.detach().double() - w).abs().max().item()
+        print(f"\n[item 3] {shape[0]}x{shape[1]} step {step + 1}: max |W - W_ref| = {err:.2e}")
+        assert err < 1e-5
+
+
+# -----------------------------------------------------------------------------
+# 4. The AdamW path equals torch.optim.AdamW
+
+def test_adamw_matches_torch():
+    gen = torch.Generator().manual_seed(3)
+    shapes_lrs = [((50, 16), 0.3), ((50, 16), 0.004), ((16,), 0.005), ((2, 2, 2), 0.01)]   # wte, lm_head, norm, hc
+    ours = [torch.nn.Parameter(torch.randn(*s, generator=gen)) for s, _ in shapes_lrs]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    opt = MuonHAdamW([dict(kind="adamw", params=[p], lr=lr) for p, (_, lr) in zip(ours, shapes_lrs)])
+    ref = torch.optim.AdamW([dict(params=[p], lr=lr) for p, (_, lr) in zip(theirs, shapes_lrs)],
+                            betas=(0.8, 0.95), eps=1e-10, weight_decay=0.0, foreach=False)
+    for step in range(10):
+        mult = lr_multiplier(step, 10)
+        set_lr_multiplier(opt, mult)
+        for g_ref, (_, lr) in zip(ref.param_groups, shapes_lrs):
+            g_ref["lr"] = lr * mult
+        for a, b in zip(ours, theirs):
+            a.grad = torch.randn(a.shape, generator=gen)
+            b.grad = a.grad.clone()
+        opt.step()
+        ref.step()
+    err = max((a - b).abs().max().item() for a, b in zip(ours, theirs))
+    print(f"\n[item 4] 10 AdamW steps vs torch.optim.AdamW: max |diff| = {err:.2e}")
+    assert err <= 1e-7
+
+
+# -----------------------------------------------------------------------------
+# 5. HyperP LR table: the test vectors, the D^-0.32 rule, D_ref, the CLI
+
+def test_hyperp_test_vectors():
+    # D_ref: 10 x effective params of the s=10 references, 240 d^2 + 43 d and 248 d^2 + 43 d at d = 640
+    assert reference_tokens(1) == 983_315_200 and reference_tokens(2) == reference_tokens(8) == 1_016_083_200
+    # (d, r, D = int(C / F_train)) -> expected peak LRs (recomputed from the release's rules)
+    s10r1 = hyperp_lrs(640, 1, 973_069_181)
+    s20r2 = hyperp_lrs(1280, 2, 3_054_067_451)
+    s34r4 = hyperp_lrs(2176, 4, 2_519_233_577)
+    print(f"\n[item 5] s10 r1 1e18: {s10r1['muonh_lr']:.6f} | s20 r2 1e19: {s20r2['muonh_lr']:.6f} wte "
+          f"{s20r2['wte_lr']:.4f} lm_head {s20r2['lm_head_lr']:.6f} norm {s20r2['norm_lr']:.6f} | "
+          f"s34 r4 2.15e19: {s34r4['muonh_lr']:.6f}")
+    assert round(s10r1["muonh_lr"], 6) == 0.014047
+    assert (s10r1["wte_lr"], s10r1["lm_head_lr"], s10r1["norm_lr"], s10r1["hc_lr"]) == (0.3, 0.004, 0.005, 0.01)
+    assert round(s20r2["muonh_lr"], 6) == 0.009844 and round(s20r2["wte_lr"], 4) == 0.2121
+    assert round(s20r2["lm_head_lr"], 6) == 0.002828 and round(s20r2["norm_lr"], 6) == 0.003536
+    assert round(s20r2["hc_lr"], 6) == 0.007071
+    assert round(s34r4["muonh_lr"], 6) == 0.010470
+    # flagship: B = 524,288 -> b = 2^0.558 on MuonH, wte, lm_head; not on norm / hc
+    flag = hyperp_lrs(2176, 4, 46_999_797_760, batch_tokens=524_288)
+    assert round(flag["muonh_lr"], 6) == 0.006043 and round(flag["wte_lr"], 4) == 0.2395
+    assert round(flag["lm_head_lr"], 6) == 0.003194 and round(flag["norm_lr"], 6) == 0.002712
+
+
+def test_hyperp_data_rule_for_4x_tokens():
+    base = hyperp_lrs(640, 4, 1_000_000_000)
+    four = hyperp_lrs(640, 4, 4_000_000_000)
+    ratio = four["muonh_lr"] / base["muonh_lr"]
+    print(f"\n[item 5] eta(4D)/eta(D) = {ratio:.6f} (4^-0.32 = {4 ** -0.32:.6f})")
+    assert ratio == pytest.approx(4 ** -0.32, rel=1e-12)
+    assert all(four[k] == base[k] for k in ("wte_lr", "lm_head_lr", "norm_lr", "hc_lr"))   # data rule: MuonH only
+    # at D = D_ref (tokens-per-parameter 10 at s = 10) the data factor is exactly 1; width never touches MuonH
+    assert hyperp_lrs(640, 1, 983_315_200)["muonh_lr"] == pytest.approx(0.014, rel=1e-12)
+    assert hyperp_lrs(1280, 1, 983_315_200)["muonh_lr"] == pytest.approx(0.014, rel=1e-12)
+    # explicit D_ref override (a scaled-down study's own reference)
+    assert hyperp_lrs(64, 4, 5e6, d_ref=5e6)["muonh_lr"] == pytest.approx(0.014, rel=1e-12)
+    assert reference_tokens(4, d_model=32, n_layers_eff=4) == 10 * (4 * (12 * 32 ** 2 + 64) + 96 + 8 * 32 ** 2)
+    # another aspect ratio (16): the s=10 reference is d = 160, for the width rule and the default D_ref alike
+    mini = hyperp_lrs(160, 4, reference_tokens(4, d_model=160), d_model_ref=160)
+    assert mini["muonh_lr"] == pytest.approx(0.014, rel=1e-12) and mini["wte_lr"] == pytest.approx(0.3, rel=1e-12)
+
+
+def test_cli_lr_table(capsys):
+    got = optim.main(["--scale", "10", "--tokens", "983315200", "--json"])
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == got and set(printed) == {"muonh_lr", "wte_lr", "lm_head_lr", "norm_lr", "hc_lr"}
+    assert printed["muonh_lr"] == pytest.approx(0.014, rel=1e-12)
+    optim.main(["--scale", "20", "--n-loops", "2", "--tokens", "3054067451"])
+    table = capsys.readouterr().out
+    assert "0.009844" in table and "0.212132" in table and "D_ref 1,016,083,200" in table
+    with pytest.raises(SystemExit):
+        optim.main(["--scale", "10"])                          # no --tokens
+    with pytest.raises(SystemExit):
+        optim.main(["--scale", "10", "--tokens", "-5"])
+
+
+def test_schedule_and_bench():
+    assert lr_multiplier(0, 100) == 1.0 and lr_multiplier(100, 100) == pytest.approx(0.1)
+    assert lr_multiplier(50, 100) == pytest.approx(0.55)
+    r = optim.bench(d_model=16, n_loops=2, steps=1)
+    assert r["n_matrices"] == (2 + 8 + 2) * 6 + 1 and r["seconds_per_step"] > 0
+
+
+# -----------------------------------------------------------------------------
+# 6. Distributed: 2 gloo ranks (replicated optimizer on DDP-averaged grads) == 1 process, same global batch
+
+@pytest.mark.ddp
+def test_ddp_two_ranks_match_one_process(tmp_path):
+    run_torchrun(["tests/ddp_optim_worker.py", str(tmp_path)], nproc=2)
+    ranks = [torch.load(tmp_path / f"rank{k}.pt") for k in range(2)]
+    torch.manual_seed(0)                                                        # the worker's init
+    init = ddp_optim_worker.LoopedGPT(ddp_optim_worker.tiny_config()).double().state_dict()
+    matrices = {k for k, v in init.items() if v.ndim == 2 and "wte" not in k and "lm_head" not in k}   # MuonH
+    for dtype, tol_all in ((torch.float64, 1e-5), (torch.float32, 1e-3)):
+        name = str(dtype).split(".")[1]
+        one = ddp_optim_worker.train(rank=0, world=1, dtype=dtype)
+        two = [r[name] for r in ranks]
+        assert all(torch.equal(two[0][k], two[1][k]) for k in one)             # replicas stay bit-identical
+        err = {k: (two[0][k] - one[k]).abs().max().item() for k in one}
+        moved = max((one[k].double() - init[k]).abs().max().item() for k in one)
+        err_m = max(err[k] for k in matrices)
+        print(f"\n[item 6] {name}: 5 steps, 2 ranks vs 1 process: max |dW| = {max(err.values()):.2e} "
+              f"(MuonH matrices {err_m:.2e}; worst {max(err, key=err.get)}); weights moved up to {moved:.3f}")
+        assert moved > 1e-2 and err_m < 1e-5 and max(err.values()) < tol_all   # fp64: everything to 1e-5
+
+
+# -----------------------------------------------------------------------------
+# 7. state_dict round trip: 3 steps + save/load + 3 steps == 6 steps, bitwise
+
+def _tiny_model():
+    from model import LoopedGPT, ModelConfig
+    torch.manual_seed(0)
+    cfg = ModelConfig(scale=1, aspect_ratio=32, head_dim=16, n_loops=2, n_layers_eff=4, n_layers_prelude=1,
+                      n_layers_coda=1, vocab_size=64, seq_len=16, injection="hyper")     # all 5 groups, hc included
+    return LoopedGPT(cfg)
+
+
+def _train(model, opt, batches, steps):
+    for step in steps:
+        set_lr_multiplier(opt, lr_multiplier(step, 6))
+        model(batches[step, :, :-1], batches[step, :, 1:]).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def test_state_dict_round_trip_is_bitwise():
+    batches = torch.randint(0, 64, (6, 2, 17), generator=torch.Generator().manual_seed(5))
+    lrs = hyperp_lrs(32, 2, tokens=1000)
+    straight = _tiny_model()
+    opt = build_optimizer(straight.param_groups(), lrs)
+    _train(straight, opt, batches, range(6))
+    first = _tiny_model()
+    opt1 = build_optimizer(first.param_groups(), lrs)
+    _train(first, opt1, batches, range(3))
+    buf = io.BytesIO()
+    torch.save({"model": first.state_dict(), "optim": opt1.state_dict()}, buf)   # a real checkpoint round trip
+    buf.seek(0)
+    ckpt = torch.load(buf)
+    resumed = _tiny_model()
+    resumed.load_state_dict(ckpt["model"])
+    opt2 = build_optimizer(resumed.param_groups(), hyperp_lrs(32, 2, tokens=1000))
+    opt2.load_state_dict(ckpt["optim"])
+    p0 = resumed.param_groups()["matrix"][0]
+    assert opt2.state[p0]["R"].dtype == torch.float32 and opt2.state[p0]["step"].item() == 3
+    _train(resumed, opt2, batches, range(3, 6))
+    same_w = all(torch.equal(a, b) for a, b in zip(straight.state_dict().values(), resumed.state_dict().values()))
+    sa, sb = opt.state_dict()["state"], opt2.state_dict()["state"]
+    same_s = sa.keys() == sb.keys() and all(torch.equal(sa[i][k], sb[i][k]) for i in sa for k in sa[i])
+    n_diff = sum(not torch.equal(a, b) for a, b in zip(straight.state_dict().values(), resumed.state_dict().values()))
+    print(f"\n[item 7] 3 + save/load + 3 vs 6 straight: {n_diff} of {len(straight.state_dict())} weight tensors "
+          f"differ; optimizer state (R, momenta, Adam moments, steps) identical: {same_s}")
+    assert same_w and same_s
+
+
+# -----------------------------------------------------------------------------
+# 8. Clear errors on wrong inputs
+
+def test_errors():
+    with pytest.raises(ValueError, match="2-D"):                                   # a norm gain handed to MuonH
+        build_optimizer({"matrix": [torch.nn.Parameter(torch.ones(8))]}, {"muonh_lr": 0.014})
+    W = torch.nn.Parameter(torch.zeros(4, 6))                                      # R = 0: could never move
+    opt = build_optimizer({"matrix": [W]}, {"muonh_lr": 0.014})
+    W.grad = torch.ones(4, 6)
+    with pytest.raises(ValueError, match="Frobenius norm"):
+        opt.step()
+    assert not opt.state[W]                                                        # no half-initialised state
+    with pytest.raises(ValueError, match="total_steps"):
+        lr_multiplier(0, 0)                                                        # a schedule with 0 steps
+    with pytest.raises(ValueError):
+        lr_multiplier(11, 10)
+    with pytest.raises(ValueError, match="keys"):
+        build_optimizer({"embedding": [W]}, {"muonh_lr": 0.014})                   # unknown group name
+    with pytest.raises(ValueError, match="wte_lr"):
+        build_optimizer({"wte": [torch.nn.Parameter(torch.ones(3, 2))]}, {"muonh_lr": 0.014})
+    for bad in (dict(d_model=0, n_loops=1, tokens=1e9), dict(d_model=640, n_loops=1, tokens=-1.0),
+                dict(d_model=640, n_loops=1, tokens=1e9, batch_tokens=0), dict(d_model=640, n_loops=1, tokens=1e9,
+                                                                                d_ref=0)):
+        with pytest.raises(ValueError):
+            hyperp_lrs(**bad)
+    with pytest.raises(ValueError):
+        polar_express(torch.ones(3, 3), steps=6)                                   # only 5 coefficient triples
+    with pytest.raises(ValueError, match="group layout"):                          # checkpoint of another layout
+        build_optimizer({"wte": [torch.nn.Parameter(torch.ones(3, 2))]}, {"wte_lr": 0.3}).load_state_dict(
+            opt.state_dict())
+    assert math.isfinite(lr_multiplier(1, 1))
