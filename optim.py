@@ -102,21 +102,26 @@ def reference_tokens(n_loops, d_model=D_MODEL_REF, n_layers_eff=20, ratio=REF_DA
     return int(ratio * effective)
 
 
-def hyperp_factors(d_model, n_loops, tokens, batch_tokens=BATCH_REF, d_ref=None, d_model_ref=D_MODEL_REF):
-    """The three HyperP correction factors and the D_ref used; hyperp_lrs multiplies the base LRs by them."""
+def hyperp_factors(d_model, n_loops, tokens, batch_tokens=BATCH_REF, d_ref=None, d_model_ref=D_MODEL_REF,
+                   batch_ref=BATCH_REF):
+    """The three HyperP correction factors and the D_ref used; hyperp_lrs multiplies the base LRs by them.
+
+    batch_ref is the batch at which the base LRs were tuned (App. D.1: 2^18 tokens). A scaled-down study whose
+    batch is far below it (the CPU mini study runs ~2K-token steps) re-anchors here instead of extrapolating the
+    (B/B_ref)^0.558 rule two orders of magnitude outside the range it was fitted on."""
     for name, v in (("d_model", d_model), ("n_loops", n_loops), ("tokens", tokens), ("batch_tokens", batch_tokens),
-                    ("d_model_ref", d_model_ref)):
+                    ("d_model_ref", d_model_ref), ("batch_ref", batch_ref)):
         _positive(name, v)
     d_ref = reference_tokens(n_loops, d_model=d_model_ref) if d_ref is None else d_ref
     _positive("d_ref", d_ref)
     return {"width": (d_model / d_model_ref) ** -0.5,     # muP width rule on AdamW only (release setup_optimizer)
-            "batch": (batch_tokens / BATCH_REF) ** BATCH_EXP,
+            "batch": (batch_tokens / batch_ref) ** BATCH_EXP,
             "data": (tokens / d_ref) ** -DATA_EXP,
             "d_ref": d_ref}
 
 
 def hyperp_lrs(d_model, n_loops, tokens, batch_tokens=BATCH_REF, base_lr=MUONH_LR, d_ref=None,
-               d_model_ref=D_MODEL_REF):
+               d_model_ref=D_MODEL_REF, batch_ref=BATCH_REF):
     """Peak LR of every group for a run of width d_model, r = n_loops, D = tokens, B = batch_tokens.
 
     d_model_ref is the width of the s=10 reference (640 = 10 x aspect ratio 64). The release derives it, and the
@@ -129,7 +134,7 @@ def hyperp_lrs(d_model, n_loops, tokens, batch_tokens=BATCH_REF, base_lr=MUONH_L
     There is no depth factor: l_eff = 20 for every r.
     """
     _positive("base_lr", base_lr)
-    f = hyperp_factors(d_model, n_loops, tokens, batch_tokens, d_ref, d_model_ref)
+    f = hyperp_factors(d_model, n_loops, tokens, batch_tokens, d_ref, d_model_ref, batch_ref)
     w, b = f["width"], f["batch"]
     return {"muonh_lr": base_lr * b * f["data"],     # eta = 0.014 b (D/D_ref)^-0.32 (App. D.2)
             "wte_lr": WTE_LR * b * w,
