@@ -1,0 +1,671 @@
+r"""
+train.py -- pretrain one looped (or r=1 baseline) model on a FLOP budget, under torchrun, with exact resume.
+
+Implements paper §4.1 (recipe), App. D (HyperP LR transfer), App. E (iso-FLOP horizon), App. G.1 (case studies) and
+App. I (matched-token extrapolation): horizon from flops.py, peak LRs from optim.py, one record per run (done.json).
+Run:   single GPU   python train.py --flops-budget 1e18 --n-loops 4 --scale 10 --data DIR --out-dir out/s10_r4
+       one node     torchrun --standalone --nproc_per_node=8 train.py --flops-budget 1e18 --n-loops 4 --scale 10 ...
+       many nodes   sbatch --nodes=4 runs/slurm.sh --flops-budget 1e19 --n-loops 4 --scale 20 --out-dir ...
+       CPU (tiny)   python train.py --scale 1 --head-dim 32 --n-layers-eff 4 --n-layers-prelude 1 --n-layers-coda 1 \
+                        --n-loops 2 --seq-len 64 --batch-tokens 1024 --device-batch 8 --steps 200 \
+                        --eval-tokens 8192 --data DIR --out-dir out/cpu
+       throughput   python train.py --bench-steps 10 --scale 2 --n-loops 4 --seq-len 256 --batch-tokens 4096 ...
+       plan only    python train.py --flops-budget 1e18 --n-loops 4 --scale 10 --plan    (steps, tokens, LRs, cost)
+Test:  pytest tests/test_train.py tests/test_runs.py
+Read in this order: TrainConfig -> parse_args -> main (sections in the order they run) -> save_checkpoint.
+Not here: FLOP/token accounting (flops.py), LR rules and MuonH (optim.py), loader/packing (data.py),
+val_loss (eval.py), the model (model.py).
+
+Decisions (project, stated once here and printed at start-up):
+- Horizon: exactly one of --flops-budget C (steps = round(C / (F B)), the grid, App. E), --tokens D
+  (steps = round(D / B)), --tokens-per-param rho (D = int(rho (N_once + r N_rec)), the App. D LR sweep), --steps N
+  (D = N B, the App. I pair). The HyperP data factor uses the unrounded D: int(C/F), D, int(rho N_eff) or N B.
+- Vocabulary: if --vocab-size is left at ModelConfig's default (32,001, Llama-2 + 1), the model takes the data
+  meta's vocab_size (the authors' prepack records its tokenizer's 32,001, so paper runs keep V_pad = 32,064); an
+  explicit value must be >= the data's. seq_len must equal the data's (no silent re-packing).
+- BPTT: full unless --n-loops-bwd k is given (never truncated silently; the release's CLI defaulted to k = 4).
+- Resume: --resume continues from out_dir/ckpt.pt if it exists (else starts at step 0), bitwise on CPU. Without
+  --resume an existing checkpoint is an error. A finished run (done.json) is returned as is.
+- DDP: plain DDP with a replicated optimizer (optimizer.md §4); grads sync only on the last micro-step.
+- Fault hooks for tests (env NANOLOOP_FAULT, comma-separated): "nan@K" makes the loss of step K (1-based) NaN;
+  "kill@K" SIGKILLs this process right after step K (and its checkpoint, if one is due). Never set them otherwise.
+"""
+import argparse
+import dataclasses
+import functools
+import hashlib
+import inspect
+import json
+import math
+import os
+import random
+import re
+import resource
+import signal
+import subprocess
+import sys
+import time
+import typing
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import flops
+from data import PackedLoader, init_dist, load_tokenizer, print0, read_meta
+from eval import val_loss
+from model import LoopedGPT, ModelConfig
+from optim import build_optimizer, hyperp_lrs, lr_multiplier, set_lr_multiplier
+
+REPO_DIR = os.path.dirname(os.path.abspath(__file__))
+CKPT_NAME = "ckpt.pt"      # out_dir/ckpt.pt: the latest good checkpoint, replaced atomically
+DONE_NAME = "done.json"    # out_dir/done.json: the run's record, written last by rank 0
+LOG_NAME = "log.jsonl"     # out_dir/log.jsonl: one JSON object per step / eval (machine-readable log)
+
+# Dense bf16 peak per accelerator for the MFU column (vendor datasheets); matched by substring of the device name.
+# CPU: an assumed figure (~2 AVX2 cores, fp32), stated at start-up; pass --peak-flops for your machine.
+# First match wins, so the PCIe H100 (756 TFLOP/s) comes before the SXM default.
+PEAK_FLOPS = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "H800": 989e12, "A100": 312e12, "A800": 312e12,
+              "L40S": 362e12, "cpu": 1e11}
+PLAN_MFU = 0.4             # model FLOPs utilisation assumed for the device-hour estimate printed at start-up
+# The four ways to give the horizon, and the fields a resume must not change (the trajectory depends on them).
+HORIZONS = ("flops_budget", "tokens", "tokens_per_param", "steps")
+RESUME_KEYS = HORIZONS + ("batch_tokens", "muonh_lr", "d_ref", "seed")
+
+
+# -----------------------------------------------------------------------------
+# Config: everything that is not the architecture (ModelConfig lives in model.py). Defaults = the paper's grid runs.
+
+@dataclass
+class TrainConfig:
+    # horizon: exactly one of the four (bench mode may give none)
+    flops_budget: Optional[float] = None    # C in FLOPs; steps = round(C / (F B)) (App. E; architecture §8.3)
+    tokens: Optional[int] = None            # D; steps = round(D / B) (matched-token runs)
+    tokens_per_param: Optional[float] = None  # rho; D = int(rho (N_once + r N_rec)) (App. D.1 LR sweep: rho = 10)
+    steps: Optional[int] = None             # N optimizer steps; D = N B (App. I: 89,645 steps at B = 524,288)
+    # batch
+    batch_tokens: int = 262144              # B = 128 rows x 2048 per optimizer step (App. D.1: 256K is best)
+    device_batch: int = 0                   # rows per rank per micro-step; 0 = release rule 32 / 16 (s>=18) / 8 (s>=30)
+    # learning rates (optimizer.md §2)
+    muonh_lr: float = 0.014                 # eta_base fed to HyperP (§4.1, App. D.1); the LR-sweep knob
+    d_ref: Optional[float] = None           # HyperP D_ref override; None = the family constant (optimizer §2.3)
+    # data (data.md §2-4)
+    data: str = "data_cache/fineweb-edu-llama2"   # prepared dir: {train,val}-*.parquet + meta (python data.py prepare)
+    tokenizer: str = ""                     # optional tokenizer spec whose identity must equal the data's hash
+    # evaluation (data.md §4)
+    eval_every: int = 0                     # steps between val evals; 0 = final step only (the release)
+    eval_tokens: int = 70778880             # 34,560 val rows x 2048 = "70.8M" (release); -1 = the whole val split
+    # output and resume
+    out_dir: str = "out/run"                # ckpt.pt, log.jsonl, done.json go here
+    ckpt_every: int = 1000                  # steps between checkpoints (plus one at the end); 0 = only at the end
+    resume: bool = False                    # continue from out_dir/ckpt.pt if present (sweeps always pass it)
+    case: str = ""                          # label copied into done.json; fit.py groups case studies by it
+    # runtime
+    seed: int = 0                           # one seed for init and random state init, same on every rank
+    compile: Optional[bool] = None          # torch.compile the model; None = on for CUDA, off for CPU (style B11)
+    peak_flops: Optional[float] = None      # per-device peak FLOP/s for MFU; None = PEAK_FLOPS by device name
+    bench_steps: int = 0                    # >0: time this many steps on synthetic tokens, print tok/s, MFU, memory
+    plan: bool = False                      # print every derived quantity (steps, tokens, LRs, cost) and stop
+
+    def __post_init__(self):
+        horizons = [n for n in HORIZONS if getattr(self, n) is not None]
+        if len(horizons) > 1 or (not horizons and self.bench_steps <= 0):
+            raise ValueError(f"give exactly one horizon: --flops-budget, --tokens, --tokens-per-param or --steps "
+                             f"(got {['--' + n.replace('_', '-') for n in horizons] or 'none'})")
+        for name in horizons + ["batch_tokens", "muonh_lr"] + (["d_ref"] if self.d_ref is not None else []):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be a finite number > 0, got {v!r}")
+        for name in ("device_batch", "eval_every", "ckpt_every", "bench_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if self.eval_tokens == 0 or self.eval_tokens < -1:
+            raise ValueError(f"--eval-tokens must be > 0 or -1 (the whole val split), got {self.eval_tokens}")
+        if self.peak_flops is not None and not self.peak_flops > 0:
+            raise ValueError(f"--peak-flops must be > 0, got {self.peak_flops}")
+
+
+# -----------------------------------------------------------------------------
+# CLI: one flat parser generated from ModelConfig + TrainConfig (style B5). argparse itself rejects a field name
+# used in both classes (conflicting option string), and allow_abbrev=False makes every unknown flag an error.
+
+def _parse_bool(v: str) -> bool:
+    if v.lower() in ("1", "true", "yes", "on"):
+        return True
+    if v.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, got {v!r}")
+
+
+def _parse_int(v: str) -> int:
+    """Integers, also written in float notation when exact: --tokens 47e9, --batch-tokens 2.62144e5."""
+    try:
+        return int(v)
+    except ValueError:
+        f = float(v)                        # raises ValueError -> argparse reports "invalid value"
+        if not f.is_integer():
+            raise argparse.ArgumentTypeError(f"expected an integer, got {v!r}")
+        return int(f)
+
+
+def _field_comments(cls) -> dict:
+    """field name -> its trailing source comment, so --help shows every default with its provenance."""
+    try:
+        src = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return {}
+    out = {}
+    for line in src.splitlines():
+        m = re.match(r"\s+(\w+)\s*:[^=#]+=[^#]*#\s*(.+)$", line)
+        if m:
+            out[m.group(1)] = m.group(2).strip().replace("%", "%%")     # argparse formats help with %
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _parser() -> argparse.ArgumentParser:
+    """The generated parser, built once (reading the field comments is the slow part, ~50 ms)."""
+    p = argparse.ArgumentParser(prog="train.py", description=__doc__, allow_abbrev=False,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    for cls in (ModelConfig, TrainConfig):
+        hints, notes = typing.get_type_hints(cls), _field_comments(cls)
+        group = p.add_argument_group(cls.__name__)
+        for f in dataclasses.fields(cls):
+            tp, optional = hints[f.name], False
+            if typing.get_origin(tp) is typing.Union:              # Optional[X] = Union[X, None]
+                tp, optional = next(a for a in typing.get_args(tp) if a is not type(None)), True
+            conv = {bool: _parse_bool, int: _parse_int, float: float, str: str}[tp]
+            if optional:                                           # "none" restores the None default
+                conv = (lambda c: lambda v: None if v.lower() in ("none", "auto") else c(v))(conv)
+                conv.__name__ = tp.__name__                        # argparse names the type in its errors
+            kw = dict(type=conv, default=f.default, help=f"{notes.get(f.name, '')} (default: {f.default})")
+            if tp is bool:                                         # bare --resume means true
+                kw.update(nargs="?", const=True, metavar="BOOL")
+            group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, **kw)
+    return p
+
+
+def parse_args(argv=None) -> tuple:
+    """argv (list of str, None = sys.argv[1:]) -> (ModelConfig, TrainConfig). Bad values exit with a message."""
+    p = _parser()
+    args = vars(p.parse_args(argv))
+    try:
+        pick = lambda cls: cls(**{f.name: args[f.name] for f in dataclasses.fields(cls)})
+        return pick(ModelConfig), pick(TrainConfig)
+    except ValueError as err:                                      # e.g. r does not divide 16, two horizons
+        p.error(str(err))                                          # usage + message on stderr, exit status 2
+
+
+# -----------------------------------------------------------------------------
+# Small helpers: atomic writes, git provenance, RNG state, fault hooks
+
+def _atomic_write(path: str, write) -> None:
+    """write(f) into path.tmp, fsync, then os.replace: a crash at any point leaves the old file intact."""
+    # A kill mid-write leaves a partial path.tmp, which the next write simply overwrites; the real name only ever
+    # points at a complete file. fsync before the rename, so a power loss cannot reorder data and rename either.
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)                   # atomic on POSIX: readers see the old file or the new one, never half
+
+
+def save_checkpoint(path: str, state: dict) -> None:
+    """Atomic torch.save (tmp + fsync + rename). The previous checkpoint survives a kill during the write."""
+    _atomic_write(path, lambda f: torch.save(state, f))
+
+
+def write_json(path: str, obj: dict) -> None:
+    """Atomic JSON write (done.json, bench.json): readers such as fit.py never see half a record."""
+    _atomic_write(path, lambda f: f.write((json.dumps(obj, indent=1) + "\n").encode()))
+
+
+def git_info() -> dict:
+    """Commit, dirty flag and a hash of the uncommitted diff (style B9), or None where git is unavailable."""
+    def git(*args):
+        return subprocess.run(["git", "-C", REPO_DIR, *args], capture_output=True, text=True, timeout=30,
+                              check=True).stdout
+    try:
+        commit = git("rev-parse", "HEAD").strip()
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no").strip())
+        diff = hashlib.sha256(git("diff", "HEAD").encode()).hexdigest()[:16] if dirty else None
+        return {"git_commit": commit, "git_dirty": dirty, "git_diff_sha256": diff}
+    except (OSError, subprocess.SubprocessError):
+        return {"git_commit": None, "git_dirty": None, "git_diff_sha256": None}
+
+
+def rng_state() -> dict:
+    """All RNGs a step can touch, as plain types and tensors so the checkpoint loads with weights_only=True."""
+    # torch drives the random state init (state_init="random") and anything stochastic in the model; numpy and
+    # python are saved too, so a future use of them cannot silently break bitwise resume.
+    np_state = np.random.get_state()
+    return {"torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+            "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+            "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]]}
+
+
+def set_rng_state(s: dict) -> None:
+    """Inverse of rng_state(): restore every generator to the checkpointed position."""
+    torch.set_rng_state(s["torch"])
+    if s["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(s["cuda"])
+    np.random.set_state((s["numpy"][0], np.array(s["numpy"][1], dtype=np.uint32), *s["numpy"][2:]))
+    random.setstate((s["python"][0], tuple(s["python"][1]), s["python"][2]))
+
+
+def fault_steps() -> dict:
+    """NANOLOOP_FAULT="nan@K,kill@K" -> {"nan": K, "kill": K} (test hooks; see the module docstring)."""
+    out = {}
+    for item in filter(None, os.environ.get("NANOLOOP_FAULT", "").split(",")):
+        kind, _, k = item.partition("@")
+        if kind not in ("nan", "kill") or not k.isdigit():
+            raise ValueError(f"NANOLOOP_FAULT item {item!r} must be nan@K or kill@K")
+        out[kind] = int(k)
+    return out
+
+
+def peak_memory(device) -> tuple:
+    """(label, bytes): CUDA max allocated, else this process's peak RSS (Linux reports ru_maxrss in KiB)."""
+    if device.type == "cuda":
+        return "cuda_max_allocated", torch.cuda.max_memory_allocated(device)
+    return "peak_rss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+
+# -----------------------------------------------------------------------------
+# main: written top to bottom, in the order it runs (like nanochat's base_train)
+
+def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
+    """Train one run; return its record (the content of out_dir/done.json; the bench figures in bench mode)."""
+    t_start = time.time()
+    tc = train_cfg
+    # Every rank runs this same function; only rank 0 prints (print0) and writes files. The process group starts
+    # first because the batch geometry below depends on the world size.
+    rank, world, device = init_dist()       # torchrun env -> nccl (CUDA) / gloo (CPU); plain python -> (0, 1, dev)
+    master = rank == 0
+    bench = tc.bench_steps > 0              # bench mode: synthetic tokens, no data dir, no checkpoint, no done.json
+    no_data = bench or tc.plan              # plan mode stops after printing the derived quantities
+    faults = fault_steps()                  # test hooks (module docstring); empty in real runs
+
+    # ---- 1. Validate everything before any work ------------------------------------------------------------------
+    # A sweep relaunches every run with --resume: a finished run hands back its record, a preempted one continues.
+    # Without --resume an existing run is never overwritten.
+    out_dir = tc.out_dir
+    ckpt_path, done_path, log_path = (os.path.join(out_dir, n) for n in (CKPT_NAME, DONE_NAME, LOG_NAME))
+    if not no_data and os.path.exists(done_path):
+        if not tc.resume:
+            raise ValueError(f"{done_path} exists: this run is finished. Pick another --out-dir (or pass --resume "
+                             "to get its record back)")
+        print0(f"{done_path} exists: the run is finished; returning its record")
+        with open(done_path) as f:
+            return json.load(f)
+    if not no_data and not tc.resume and os.path.exists(ckpt_path):
+        raise ValueError(f"{ckpt_path} exists: pass --resume to continue that run, or pick another --out-dir")
+
+    # The data: seq_len and tokenizer must match the config; the vocabulary may be taken from it (module docstring).
+    vocab_default = next(f.default for f in dataclasses.fields(ModelConfig) if f.name == "vocab_size")
+    meta, val_rows, vocab_rule, tok_hash = None, 0, "--vocab-size", None
+    if not no_data:
+        if not os.path.isdir(tc.data):
+            raise ValueError(f"--data {tc.data!r} is not a directory; prepare one with `python data.py prepare "
+                             "--source default --tokenizer TOK.model --out DIR --seq-len T` (see data.py)")
+        meta, val_meta = read_meta(tc.data, "train"), read_meta(tc.data, "val")
+        for name, m in (("train", meta), ("val", val_meta)):
+            if m["seq_len"] != model_cfg.seq_len:
+                raise ValueError(f"data {tc.data} ({name}) was packed with seq_len {m['seq_len']} but the model has "
+                                 f"--seq-len {model_cfg.seq_len}; pass --seq-len {m['seq_len']} or re-pack")
+        tok_hash = meta.get("tokenizer_hash")     # the authors' published metas carry no hash (data.md §2)
+        if val_meta.get("tokenizer_hash") != tok_hash:
+            raise ValueError(f"data {tc.data}: train and val splits were tokenised differently "
+                             f"({tok_hash} vs {val_meta.get('tokenizer_hash')})")
+        if tc.tokenizer:                     # an explicit tokenizer must be the one the data was packed with
+            identity = load_tokenizer(tc.tokenizer).identity
+            if tok_hash is None:
+                raise ValueError(f"--tokenizer {tc.tokenizer!r} given, but {tc.data} records no tokenizer_hash to "
+                                 "check it against; drop --tokenizer or re-pack with data.py")
+            if identity != tok_hash:
+                raise ValueError(f"--tokenizer {tc.tokenizer!r} (identity {identity}) does not match the tokenizer "
+                                 f"data {tc.data} was packed with ({tok_hash})")
+        if model_cfg.vocab_size == vocab_default and meta["vocab_size"] != vocab_default:
+            model_cfg = dataclasses.replace(model_cfg, vocab_size=meta["vocab_size"])   # rule: see docstring
+            vocab_rule = f"the data meta's (--vocab-size left at its default {vocab_default})"
+        if meta["vocab_size"] > model_cfg.vocab_size:
+            raise ValueError(f"data {tc.data} has vocab_size {meta['vocab_size']} > the model's --vocab-size "
+                             f"{model_cfg.vocab_size}: token ids would index past the embedding")
+        val_rows = val_meta["total_rows"]
+    cfg = model_cfg
+    d, r = cfg.d_model, cfg.n_loops
+
+    # Batch geometry: B tokens = rows x seq_len; rows = device_batch x world x accum, exactly (style B8). Every
+    # optimizer step consumes the next batch_rows rows of the one global stream (data.md §3), so 1 GPU and 8 GPUs
+    # (or 4 nodes) train on the same tokens; device_batch only trades memory for accumulation steps.
+    if tc.batch_tokens % cfg.seq_len:
+        raise ValueError(f"--batch-tokens {tc.batch_tokens} is not a multiple of --seq-len {cfg.seq_len}")
+    batch_rows = tc.batch_tokens // cfg.seq_len
+    device_batch = tc.device_batch
+    if device_batch == 0:                   # release rule (architecture §8.4), capped at one micro-step per rank
+        device_batch = min(32 if cfg.scale < 18 else 16 if cfg.scale < 30 else 8, max(1, batch_rows // world))
+    if batch_rows % (device_batch * world):
+        raise ValueError(f"--batch-tokens {tc.batch_tokens} is not divisible by device_batch x seq_len x world = "
+                         f"{device_batch} x {cfg.seq_len} x {world} = {device_batch * cfg.seq_len * world}")
+    accum = batch_rows // (device_batch * world)
+
+    # Accounting of THIS config (flops.py is the single source; the model's structural count must agree with it).
+    # F depends on everything that changes executed FLOPs: width, layout, injection mode, hc lanes, the BPTT window
+    # (detached loops are forward-only, Eq. 6), T (attention 12 d T per layer) and the padded vocabulary.
+    layout = cfg.partition
+    mode_kw = dict(n_layers_eff=cfg.n_layers_eff, n_layers_prelude=cfg.n_layers_prelude,
+                   n_layers_coda=cfg.n_layers_coda, injection=cfg.injection, hc_lanes=cfg.hc_lanes)
+    n_once, n_rec = flops.param_split(d, r, **mode_kw)
+    F = flops.flops_per_token(d, r, **mode_kw, n_loops_bwd=cfg.n_loops_bwd, seq_len=cfg.seq_len,
+                              vocab_size=cfg.vocab_size)
+
+    # Horizon: total steps, tokens trained and the D that enters the HyperP data factor (optimizer §2.2). Tokens are
+    # always whole optimizer steps; the data factor keeps the unrounded D, as the release does, so our peak LRs
+    # match optimizer.md §3 to the printed digit (e.g. s=10 r=4 C=1e18: 3,642 steps, eta_MuonH 0.014281).
+    B = tc.batch_tokens
+    steps_given = tc.steps
+    if bench and all(getattr(tc, n) is None for n in HORIZONS):
+        steps_given = tc.bench_steps         # bench mode without a horizon: the schedule spans the timed steps
+    try:
+        if tc.flops_budget is not None:
+            total_steps, tokens = flops.tokens_for_budget(tc.flops_budget, F, B)
+            lr_tokens, horizon_rule = int(tc.flops_budget / F), "steps = round(C / (F B)); D_lr = int(C / F)"
+        elif steps_given is not None:
+            total_steps, tokens = steps_given, steps_given * B
+            lr_tokens, horizon_rule = tokens, "D = steps x B = D_lr"
+        else:
+            if tc.tokens is not None:
+                lr_tokens, horizon_rule = tc.tokens, "steps = round(D / B); D_lr = D"
+            else:                            # reuse-weighted params = the release's effective_params (optimizer §2.3)
+                lr_tokens = int(tc.tokens_per_param * (n_once + r * n_rec))
+                horizon_rule = "D_lr = int(rho (N_once + r N_rec)); steps = round(D_lr / B)"
+            total_steps = round(lr_tokens / B)
+            if total_steps < 1:
+                raise ValueError(f"{lr_tokens:,} tokens are less than half of one optimizer step of {B:,} tokens")
+            tokens = total_steps * B
+    except ValueError as err:
+        raise ValueError(f"horizon: {err} (one step of B = {B:,} tokens costs F B = {F * B:.4g} FLOPs)") from None
+    if bench:                                # the LR schedule must cover every timed step
+        total_steps = max(total_steps, tc.bench_steps)
+    # Peak LRs: eta_base through HyperP's width / batch / data corrections (App. D.2). Computed once, here, from
+    # (d, D, B, r); a resume restores the schedule position and never re-applies a factor (optimizer.md §6.7).
+    lrs = hyperp_lrs(d, r, tokens=lr_tokens, batch_tokens=B, base_lr=tc.muonh_lr, d_ref=tc.d_ref)
+
+    # Validation size: the first eval_tokens // seq_len val rows, which must exist (no silent shrinking).
+    eval_rows = val_rows if tc.eval_tokens == -1 else tc.eval_tokens // cfg.seq_len
+    if not no_data:
+        if eval_rows < 1 or eval_rows > val_rows:
+            raise ValueError(f"--eval-tokens {tc.eval_tokens:,} needs {eval_rows} val rows of {cfg.seq_len} tokens "
+                             f"but {tc.data} has {val_rows}; pass --eval-tokens <= {val_rows * cfg.seq_len:,} "
+                             "(or -1 for the whole val split)")
+
+    # A checkpoint to resume must come from the same model, horizon, LRs, seed and tokenizer.
+    ckpt = None
+    if not no_data and tc.resume and os.path.exists(ckpt_path):
+        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)   # tensors and plain types only
+        now = asdict(cfg)
+        diff = {k: (v, now.get(k)) for k, v in ckpt["model_config"].items() if now.get(k) != v}
+        if diff:
+            raise ValueError(f"{ckpt_path} was written by another model config: (checkpoint, now) = {diff}")
+        diff = {k: (ckpt["train_config"][k], getattr(tc, k)) for k in RESUME_KEYS
+                if ckpt["train_config"][k] != getattr(tc, k)}
+        if diff:
+            raise ValueError(f"{ckpt_path}: resuming with a different horizon/LR/seed: (checkpoint, now) = {diff}")
+        if ckpt["tokenizer_hash"] != tok_hash:
+            raise ValueError(f"{ckpt_path} was trained on data tokenised with {ckpt['tokenizer_hash']}, but "
+                             f"{tc.data} was tokenised with {tok_hash}")
+
+    # MFU peak: stated, never silently guessed.
+    dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    peak = tc.peak_flops or next((v for k, v in PEAK_FLOPS.items() if k.lower() in dev_name.lower()), None)
+    peak_rule = "--peak-flops" if tc.peak_flops else f"PEAK_FLOPS[{dev_name!r}]" if peak else "unknown device"
+    if peak is None:
+        peak, peak_rule = PEAK_FLOPS["H100"], f"unknown device {dev_name!r}: assuming H100 bf16 (pass --peak-flops)"
+    use_compile = (device.type == "cuda") if tc.compile is None else tc.compile
+    use_autocast = device.type == "cuda"     # bf16 autocast on CUDA only; CPU stays fp32 (README difference 6)
+
+    # ---- 2. Print every derived quantity once, with its rule -----------------------------------------------------
+    def show(name, value, rule=""):
+        print0(f"  {name:<22} {str(value):<28} {('# ' + rule) if rule else ''}")
+    mode = "bench" if bench else "plan" if tc.plan else "train"
+    print0(f"nanoloop {mode} | world {world} | device {dev_name} | out_dir {out_dir}")
+    show("vocab_size", cfg.vocab_size, vocab_rule)
+    show("d_model", d, f"aspect_ratio x scale = {cfg.aspect_ratio} x {cfg.scale}  (§3.1)")
+    show("n_head", cfg.n_head, f"d_model / head_dim = {d} / {cfg.head_dim}")
+    show("layout p-recur-c", "-".join(map(str, layout)),
+         f"l_eff = {layout[0]} + {r} x {layout[1]} + {layout[2]} = {cfg.n_layers_eff}  (§3.1, iso-depth)")
+    show("injection", cfg.injection if r > 1 else "none (r = 1)", "Eq. 5 linear default; App. C.2 / G.1 variants")
+    show("bptt", "full" if cfg.n_loops_bwd in (None, r) else f"truncated: last {cfg.n_loops_bwd} of {r} loops",
+         "Eq. 6; truncation only when --n-loops-bwd is given")
+    show("n_once / n_rec", f"{n_once:,} / {n_rec:,}", "flops.param_split, norm gains included (Table 6)")
+    show("n_params", f"{n_once + n_rec:,}", "N = N_once + N_rec, non-embedding")
+    show("flops_per_token", f"{F:,}", "F_train: 6 N_exec + attention 12 d T per layer + 6 d V_pad  (§3.2)")
+    show("batch", f"{B:,} tok = {batch_rows} rows", f"{device_batch} rows x {world} ranks x {accum} accum steps")
+    show("steps", f"{total_steps:,}", horizon_rule if not bench else "bench: --bench-steps")
+    show("tokens", f"{tokens:,}", "steps x B (whole optimizer steps)")
+    show("flops", f"{tokens * F:.4g}", f"tokens x F (budget {tc.flops_budget:.4g})" if tc.flops_budget else "tokens x F")
+    show("lr data tokens D", f"{lr_tokens:,}", "enters (D / D_ref)^-0.32 on MuonH  (App. D.2)")
+    for k, v in lrs.items():
+        show(k, f"{v:.6g}", {"muonh_lr": f"{tc.muonh_lr} b (D/D_ref)^-0.32", "wte_lr": "0.3 b w",
+                              "lm_head_lr": "0.004 b w", "norm_lr": "0.005 w", "hc_lr": "0.01 w"}[k]
+             + "; b = (B/262144)^0.558, w = (d/640)^-0.5  (optimizer §2)")
+    show("schedule", "lrm = 0.1 + 0.9 (N - step) / N", "no warmup, decay to 10% (§4.1)")
+    show("eval", f"{eval_rows * cfg.seq_len:,} val tokens", f"every {tc.eval_every} steps + final" if tc.eval_every
+         else "final step only (data.md §4)")
+    show("precision", "bf16 autocast" if use_autocast else "fp32", "CUDA only; CPU runs fp32 eager")
+    show("compile", use_compile, "default: on for CUDA, off for CPU")
+    show("mfu peak", f"{peak:.4g} FLOP/s per device", peak_rule)
+    gpu_hours = tokens * F / (PLAN_MFU * peak) / 3600
+    show("est. device-hours", f"{gpu_hours:,.4g}", f"tokens x F / ({PLAN_MFU:.0%} MFU x peak); eval excluded")
+    if tc.plan:                              # --plan: the numbers a launch would use, without building anything
+        return {"n_loops": r, "scale": cfg.scale, "d_model": d, "layout": list(layout), "n_once": n_once,
+                "n_rec": n_rec, "n_params": n_once + n_rec, "flops_budget": tc.flops_budget, "flops_per_token": F,
+                "flops": tokens * F, "tokens": tokens, "steps": total_steps, "lr_tokens": lr_tokens, "lrs": lrs,
+                "batch_tokens": B, "device_batch": device_batch, "accum": accum, "world": world,
+                "device_hours": gpu_hours}
+
+    # ---- 3. Model, optimizer, data -------------------------------------------------------------------------------
+    # Seed everything before building: every rank then holds the same init, and DDP's start-up broadcast is a no-op.
+    random.seed(tc.seed)
+    np.random.seed(tc.seed)
+    torch.manual_seed(tc.seed)               # same seed on every rank -> identical init (style B8)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True       # TF32 for the fp32 master-weight matmuls (architecture §9)
+        torch.backends.cudnn.allow_tf32 = True
+    raw_model = LoopedGPT(cfg).to(device)
+    if device.type == "cuda":
+        raw_model.wte.to(dtype=torch.bfloat16)             # App. C.1: embeddings drawn in fp32, then cast to bf16
+    if raw_model.param_split() != (n_once, n_rec):          # style B7: the module must be what flops.py counts
+        raise RuntimeError(f"model.param_split() {raw_model.param_split()} != flops.param_split {(n_once, n_rec)}")
+    # MuonH on the block matrices + W_inject, AdamW on wte / lm_head / norm gains / hc lanes (optimizer.md §0);
+    # replicated on every rank, each stepping on the same all-reduced gradients (optimizer.md §4, project choice).
+    optimizer = build_optimizer(raw_model.param_groups(), lrs)
+    if bench:
+        gen = torch.Generator(device=device).manual_seed(tc.seed)
+
+        def next_batch():                    # uniform random tokens: throughput does not depend on their values
+            xy = torch.randint(0, cfg.vocab_size, (device_batch, cfg.seq_len + 1), generator=gen, device=device)
+            return xy[:, :-1], xy[:, 1:]
+    else:                                    # the train stream and the fixed validation rows (data.md §3-4)
+        loader = PackedLoader(tc.data, "train", seq_len=cfg.seq_len, batch_rows=batch_rows, device_batch=device_batch,
+                              rank=rank, world=world, device=device, tokenizer_hash=tok_hash)
+        val_loader = PackedLoader(tc.data, "val", seq_len=cfg.seq_len, batch_rows=batch_rows,
+                                  device_batch=device_batch, rank=rank, world=world, device=device,
+                                  tokenizer_hash=tok_hash)
+        next_batch = loader.next_batch
+
+    # Resume: weights, optimizer (R, momenta, Adam moments), loader position, RNG, step, elapsed wall time. Together
+    # with deterministic CPU kernels this makes a resumed run bitwise equal to an uninterrupted one (tests).
+    start_step, wall_before, last_val = 0, 0.0, None
+    if ckpt is not None:
+        raw_model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        loader.load_state_dict(ckpt["loader"])
+        set_rng_state(ckpt["rng"])           # rank 0's state; every rank draws the same numbers (same seed, calls)
+        start_step, wall_before, last_val = ckpt["step"], ckpt["wall_time_s"], ckpt["val_loss"]
+        print0(f"resumed {ckpt_path} at step {start_step}/{total_steps}")
+        del ckpt
+    elif tc.resume and not bench:
+        print0(f"--resume: no {ckpt_path} yet; starting at step 0")
+    if master and not bench:
+        os.makedirs(out_dir, exist_ok=True)
+        records = []                         # keep the log up to the checkpoint; later lines are about to be redone
+        if os.path.exists(log_path) and start_step > 0:
+            with open(log_path) as f:
+                records = [ln for ln in f if json.loads(ln)["step"] <= start_step]
+        _atomic_write(log_path, lambda f: f.write("".join(records).encode()))
+
+    # Compile, then wrap: DDP all-reduces grads (mean over ranks); the optimizer is replicated (optimizer.md §4).
+    model = torch.compile(raw_model) if use_compile else raw_model
+    if world > 1:                            # RoPE tables are the only buffers and are constant: no re-broadcast
+        train_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+                          broadcast_buffers=False)
+    else:
+        train_model = model
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if use_autocast else nullcontext
+
+    def evaluate(step):
+        """Val loss in nats over the first eval_rows val rows (eval.val_loss: exact, fp64 sums, all-reduced; it
+        sets eval mode, no_grad and CUDA autocast itself)."""
+        v = val_loss(model, val_loader, eval_rows * cfg.seq_len)
+        print0(f"eval step {step:05d} | val_loss {v:.4f} nats | n_loops {r}", flush=True)
+        return v
+
+    def checkpoint(step, val):
+        """Rank 0 writes out_dir/ckpt.pt atomically; the other ranks wait, so nobody races ahead of a bad write."""
+        if master:
+            save_checkpoint(ckpt_path, {
+                "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                "loader": loader.state_dict(), "rng": rng_state(), "step": step, "val_loss": val,
+                "wall_time_s": wall_before + time.time() - t_loop, "tokenizer_hash": tok_hash,
+                "model_config": asdict(cfg), "train_config": asdict(tc)})
+        if world > 1:
+            dist.barrier()
+
+    # ---- 4. Training loop ----------------------------------------------------------------------------------------
+    # One optimizer step = accum micro-batches per rank; per step: LR multiplier, forward/backward with the gradient
+    # all-reduce only on the last micro-batch, NaN guard, optimizer step, one log line, then eval / checkpoint if due.
+    # No weight decay, no clipping, no warmup anywhere (§4.1): the loop has nothing else to do.
+    n_steps = tc.bench_steps if bench else total_steps
+    t_loop, dt_avg, bench_times = time.time(), None, []
+    log_file = open(log_path, "a") if master and not bench else None
+    for step in range(start_step, n_steps):
+        t0 = time.perf_counter()
+        lr_mult = lr_multiplier(step, total_steps)             # 0.1 + 0.9 (N - step) / N  (§4.1)
+        set_lr_multiplier(optimizer, lr_mult)
+        loss_sum = torch.zeros((), device=device)              # sum of micro-batch mean losses
+        for micro in range(accum):
+            x, y = next_batch()                                 # (device_batch, seq_len) int64 each
+            last = micro == accum - 1                           # grads all-reduce only on the last micro-step
+            with (train_model.no_sync() if world > 1 and not last else nullcontext()):
+                with autocast():
+                    loss = train_model(x, y)                    # mean cross entropy over this micro-batch
+                if faults.get("nan") == step + 1:
+                    loss = loss * float("nan")                  # test hook: a NaN loss at step K (1-based)
+                (loss / accum).backward()                       # optimizer.md §5: loss divided by accum steps
+            loss_sum += loss.detach()
+        if world > 1:
+            dist.all_reduce(loss_sum)                           # gloo has no AVG: sum over ranks, divide below
+        loss_val = loss_sum.item() / (accum * world)            # global-batch mean loss; syncs the device
+        if not math.isfinite(loss_val):                         # NaN guard: stop before the optimizer step
+            if log_file:
+                log_file.close()
+            kept = f"{ckpt_path} is the last good checkpoint" if os.path.exists(ckpt_path) else "no checkpoint yet"
+            raise FloatingPointError(f"non-finite training loss {loss_val} at step {step + 1}/{total_steps}; "
+                                     f"stopping without an optimizer step. {kept} (resume with --resume after "
+                                     f"fixing the cause, e.g. a lower --muonh-lr)")
+        optimizer.step()                                        # MuonH: momentum, Polar Express, rescale to R,
+        optimizer.zero_grad(set_to_none=True)                   # step, retract; AdamW on the rest
+        dt = time.perf_counter() - t0
+        done = step + 1                                         # steps completed
+        if step > start_step:                                   # the first step pays for allocation / compile
+            dt_avg = dt if dt_avg is None else 0.9 * dt_avg + 0.1 * dt
+            bench_times.append(dt)
+        # Throughput over the global batch; MFU counts the run's own F (the budget's FLOPs, backward included).
+        tok_s = B / dt
+        mfu = F * tok_s / (world * peak)                        # model FLOPs utilisation per device
+        eta = (n_steps - done) * (dt_avg or dt)
+        print0(f"step {done:05d}/{n_steps:05d} | loss {loss_val:.4f} | lr_mult {lr_mult:.3f} | dt {dt * 1e3:.0f}ms | "
+               f"tok/s {tok_s:,.0f} | mfu {100 * mfu:.1f}% | flops {done * B * F:.3g}/{n_steps * B * F:.3g} | "
+               f"eta {eta / 60:.1f}min", flush=True)
+        if bench:
+            continue
+        if log_file:
+            log_file.write(json.dumps({"step": done, "loss": loss_val, "lr_mult": lr_mult, "dt": dt,
+                                       "tok_per_s": tok_s, "mfu": mfu}) + "\n")
+            log_file.flush()
+        if done == total_steps or (tc.eval_every and done % tc.eval_every == 0):
+            last_val = evaluate(done)
+            if log_file:
+                log_file.write(json.dumps({"step": done, "val_loss": last_val}) + "\n")
+                log_file.flush()
+        # Eval before the checkpoint: a run killed after both resumes past this step and never re-evaluates it.
+        if done == total_steps or (tc.ckpt_every and done % tc.ckpt_every == 0):
+            checkpoint(done, last_val)
+        if faults.get("kill") == done:                          # test hook: die like a preempted job (no cleanup)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    # ---- 5. Bench summary (bench mode) ---------------------------------------------------------------------------
+    # Timing excludes the first step (allocation, compile). "executed-layer tok/s" = tok/s x l_eff compares r=1 with
+    # looped models per executed block (the same 20 for every r). Memory: CUDA max allocated, or peak RSS on CPU
+    # (whole process, so compare configs in fresh processes, one per config).
+    mem_label, mem = peak_memory(device)
+    if bench:
+        dt_mean = sum(bench_times) / len(bench_times) if bench_times else dt
+        tok_s = B / dt_mean
+        rec = {"bench_steps": tc.bench_steps, "n_loops": r, "scale": cfg.scale, "d_model": d,
+               "n_layers_eff": cfg.n_layers_eff, "n_loops_bwd": cfg.n_loops_bwd, "seq_len": cfg.seq_len,
+               "batch_tokens": B, "device_batch": device_batch, "world": world, "device": dev_name,
+               "compile": use_compile, "flops_per_token": F, "tok_per_s": tok_s,
+               "layer_tok_per_s": tok_s * cfg.n_layers_eff, "mfu": F * tok_s / (world * peak), "peak_flops": peak,
+               mem_label: mem, "timed_steps": len(bench_times) or 1}
+        print0(f"bench | n_loops {r} | d_model {d} | tok/s {tok_s:,.0f} | executed-layer tok/s "
+               f"{rec['layer_tok_per_s']:,.0f} | mfu {100 * rec['mfu']:.2f}% of {peak:.3g} | "
+               f"{mem_label} {mem / 2**20:,.0f} MiB | mean over {rec['timed_steps']} steps after the first")
+        if master:
+            os.makedirs(out_dir, exist_ok=True)
+            write_json(os.path.join(out_dir, "bench.json"), rec)
+        return rec
+
+    # ---- 6. The record: rank 0 writes done.json last, atomically -------------------------------------------------
+    # done.json is the run's only machine-readable result: fit.py and runs/*.sh read it and never the log (B9). Its
+    # existence means "finished", so it is written after everything else, and atomically.
+    if log_file:
+        log_file.close()
+    if last_val is None:                                        # resumed from a final checkpoint without a val loss
+        last_val = evaluate(total_steps)
+    record = {"config": {"model_config": asdict(cfg), "train_config": asdict(tc)},
+              "n_loops": r, "scale": cfg.scale, "d_model": d, "layout": list(layout), "injection": cfg.injection,
+              "n_loops_bwd": cfg.n_loops_bwd, "n_once": n_once, "n_rec": n_rec, "n_params": n_once + n_rec,
+              "flops_budget": tc.flops_budget, "flops_per_token": F, "flops": tokens * F, "tokens": tokens,
+              "steps": total_steps, "lr_tokens": lr_tokens, "lrs": lrs, "batch_tokens": B, "world": world,
+              "device_batch": device_batch, "val_loss": last_val, "eval_tokens": eval_rows * cfg.seq_len,
+              "wall_time_s": wall_before + time.time() - t_loop, "total_time_s": time.time() - t_start,
+              "tokenizer_hash": tok_hash, "data": tc.data, mem_label: mem, **git_info()}
+    if tc.case:
+        record["case"] = tc.case
+    if master:
+        write_json(done_path, record)
+        print0(f"done: val_loss {last_val:.4f} nats after {tokens:,} tokens -> {done_path}")
+    if world > 1:
+        dist.barrier()
+    return record
+
+
+if __name__ == "__main__":
+    mcfg, tcfg = parse_args()
+    try:
+        main(mcfg, tcfg)
+    except (ValueError, FloatingPointError) as err:            # bad config or NaN: message + non-zero exit
+        print(f"train.py: error: {err}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
