@@ -59,7 +59,7 @@ import flops
 from data import PackedLoader, init_dist, load_tokenizer, print0, read_meta
 from eval import val_loss
 from model import LoopedGPT, ModelConfig
-from optim import build_optimizer, hyperp_lrs, lr_multiplier, set_lr_multiplier
+from optim import build_optimizer, hyperp_lrs, lr_multiplier, reference_tokens, set_lr_multiplier
 
 REPO_DIR = os.path.dirname(os.path.abspath(__file__))
 CKPT_NAME = "ckpt.pt"      # out_dir/ckpt.pt: the latest good checkpoint, replaced atomically
@@ -74,7 +74,7 @@ PEAK_FLOPS = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "H800": 989e1
 PLAN_MFU = 0.4             # model FLOPs utilisation assumed for the device-hour estimate printed at start-up
 # The four ways to give the horizon, and the fields a resume must not change (the trajectory depends on them).
 HORIZONS = ("flops_budget", "tokens", "tokens_per_param", "steps")
-RESUME_KEYS = HORIZONS + ("batch_tokens", "muonh_lr", "d_ref", "seed")
+RESUME_KEYS = HORIZONS + ("batch_tokens", "muonh_lr", "d_ref", "lr_batch_ref", "seed")
 
 
 # -----------------------------------------------------------------------------
@@ -93,6 +93,8 @@ class TrainConfig:
     # learning rates (optimizer.md §2)
     muonh_lr: float = 0.014                 # eta_base fed to HyperP (§4.1, App. D.1); the LR-sweep knob
     d_ref: Optional[float] = None           # HyperP D_ref override; None = the family constant (optimizer §2.3)
+    lr_batch_ref: int = 262144              # B_ref of the batch rule b = (B/B_ref)^0.558 (App. D.1); small-batch
+                                            # studies (runs/mini.sh) re-anchor here instead of extrapolating 100x
     # data (data.md §2-4)
     data: str = "data_cache/fineweb-edu-llama2"   # prepared dir: {train,val}-*.parquet + meta (python data.py prepare)
     tokenizer: str = ""                     # optional tokenizer spec whose identity must equal the data's hash
@@ -116,7 +118,7 @@ class TrainConfig:
         if len(horizons) > 1 or (not horizons and self.bench_steps <= 0):
             raise ValueError(f"give exactly one horizon: --flops-budget, --tokens, --tokens-per-param or --steps "
                              f"(got {['--' + n.replace('_', '-') for n in horizons] or 'none'})")
-        for name in horizons + ["batch_tokens", "muonh_lr"] + (["d_ref"] if self.d_ref is not None else []):
+        for name in horizons + ["batch_tokens", "muonh_lr", "lr_batch_ref"] + (["d_ref"] if self.d_ref is not None else []):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be a finite number > 0, got {v!r}")
@@ -396,7 +398,14 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
         total_steps = max(total_steps, tc.bench_steps)
     # Peak LRs: eta_base through HyperP's width / batch / data corrections (App. D.2). Computed once, here, from
     # (d, D, B, r); a resume restores the schedule position and never re-applies a factor (optimizer.md §6.7).
-    lrs = hyperp_lrs(d, r, tokens=lr_tokens, batch_tokens=B, base_lr=tc.muonh_lr, d_ref=tc.d_ref)
+    # The reference model is s = 10 at the run's own aspect ratio and depth (the release builds it from the run's
+    # aspect ratio): d_ref_width = 10 x aspect and D_ref = 10 x its effective params. For the paper's grid (aspect
+    # 64, l_eff 20) these are the constants 640 and 983,315,200 / 1,016,083,200 (optimizer §2.3).
+    d_model_ref = 10 * cfg.aspect_ratio
+    d_ref = tc.d_ref if tc.d_ref is not None else reference_tokens(r, d_model=d_model_ref,
+                                                                   n_layers_eff=cfg.n_layers_eff)
+    lrs = hyperp_lrs(d, r, tokens=lr_tokens, batch_tokens=B, base_lr=tc.muonh_lr, d_ref=d_ref,
+                     d_model_ref=d_model_ref, batch_ref=tc.lr_batch_ref)
 
     # Validation size: the first eval_tokens // seq_len val rows, which must exist (no silent shrinking).
     eval_rows = val_rows if tc.eval_tokens == -1 else tc.eval_tokens // cfg.seq_len
@@ -452,10 +461,12 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     show("tokens", f"{tokens:,}", "steps x B (whole optimizer steps)")
     show("flops", f"{tokens * F:.4g}", f"tokens x F (budget {tc.flops_budget:.4g})" if tc.flops_budget else "tokens x F")
     show("lr data tokens D", f"{lr_tokens:,}", "enters (D / D_ref)^-0.32 on MuonH  (App. D.2)")
+    show("D_ref", f"{d_ref:,.0f}", "--d-ref" if tc.d_ref is not None else
+         f"10 x effective params of the s=10 reference (d={d_model_ref}, l_eff={cfg.n_layers_eff})  (optimizer §2.3)")
     for k, v in lrs.items():
         show(k, f"{v:.6g}", {"muonh_lr": f"{tc.muonh_lr} b (D/D_ref)^-0.32", "wte_lr": "0.3 b w",
                               "lm_head_lr": "0.004 b w", "norm_lr": "0.005 w", "hc_lr": "0.01 w"}[k]
-             + "; b = (B/262144)^0.558, w = (d/640)^-0.5  (optimizer §2)")
+             + f"; b = (B/{tc.lr_batch_ref})^0.558, w = (d/{d_model_ref})^-0.5  (optimizer §2)")
     show("schedule", "lrm = 0.1 + 0.9 (N - step) / N", "no warmup, decay to 10% (§4.1)")
     show("eval", f"{eval_rows * cfg.seq_len:,} val tokens", f"every {tc.eval_every} steps + final" if tc.eval_every
          else "final step only (data.md §4)")
