@@ -21,24 +21,14 @@ declare -A FLAGS=(                                        # variant -> train.py 
   [linear]="--injection linear" [additive]="--injection additive" [passthrough]="--injection passthrough"
   [hyper]="--injection hyper --hc-lanes 2" [random]="--injection linear --state-init random --state-init-std 1.0")
 
-DRY_RUN=0; [[ "${1:-}" == "--dry-run" ]] && DRY_RUN=1
-FAILED=()
-launch() {  # launch RUN_DIR TRAIN_ARGS...: skip a finished run; else train it (--dry-run: print the command)
-  local run=$1; shift
-  if [[ -f "$run/done.json" ]]; then echo "skip $run (done.json exists)"; return 0; fi
-  local cmd=(torchrun --standalone --nproc_per_node="$NPROC" train.py "$@" --out-dir "$run" --resume)
-  if (( DRY_RUN )); then echo "${cmd[*]}"; return 0; fi
-  mkdir -p "$run"
-  "${cmd[@]}" 2>&1 | tee -a "$run/train.log" || FAILED+=("$run")
-}
+source runs/launch.bash "$@"                              # launch / finish / --dry-run
 
 for v in "${VARIANTS[@]}"; do
   # shellcheck disable=SC2086  # FLAGS values are flag lists: split them on purpose
   launch "$OUT/$v" --flops-budget "$BUDGET" --scale "$SCALE" --n-loops "$LOOPS" ${FLAGS[$v]} --case injection
 done
 
-(( DRY_RUN )) && exit 0
-if (( ${#FAILED[@]} )); then printf 'FAILED: %s\n' "${FAILED[@]}" >&2; exit 1; fi
+finish "all runs done"
 for v in "${VARIANTS[@]}"; do
   python -c "import json,sys; r=json.load(open(sys.argv[1])); print(f\"{sys.argv[2]:>12} {r['tokens']/1e6:6.0f}M tokens  val_loss {r['val_loss']:.3f}\")" \
     "$OUT/$v/done.json" "$v"

@@ -20,16 +20,7 @@ declare -A WIDTHS=(                                       # Table 6 widths, +16 
   [4.64e17]="6 8 10 12" [1e18]="6 8 10 12 14 16" [2.15e18]="8 10 12 14 16 18" [4.64e18]="10 12 14 16 18 20 22")
 LOOPS=(2 4 8)                                             # r; r_bwd = ceil(r / 2) below
 
-DRY_RUN=0; [[ "${1:-}" == "--dry-run" ]] && DRY_RUN=1
-FAILED=()
-launch() {  # launch RUN_DIR TRAIN_ARGS...: skip a finished run; else train it (--dry-run: print the command)
-  local run=$1; shift
-  if [[ -f "$run/done.json" ]]; then echo "skip $run (done.json exists)"; return 0; fi
-  local cmd=(torchrun --standalone --nproc_per_node="$NPROC" train.py "$@" --out-dir "$run" --resume)
-  if (( DRY_RUN )); then echo "${cmd[*]}"; return 0; fi
-  mkdir -p "$run"
-  "${cmd[@]}" 2>&1 | tee -a "$run/train.log" || FAILED+=("$run")
-}
+source runs/launch.bash "$@"                              # launch / finish / --dry-run
 
 for C in "${BUDGETS[@]}"; do
   for r in "${LOOPS[@]}"; do
@@ -40,6 +31,4 @@ for C in "${BUDGETS[@]}"; do
   done
 done
 
-(( DRY_RUN )) && exit 0
-if (( ${#FAILED[@]} )); then printf 'FAILED: %s\n' "${FAILED[@]}" >&2; exit 1; fi
-echo "case study complete -> python fit.py out/grid --case bptt --out out/fit_bptt"
+finish "case study complete -> python fit.py out/grid --case bptt --out out/fit_bptt"

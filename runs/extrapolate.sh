@@ -20,22 +20,12 @@ STEPS=89645                                               # optimizer steps: 89,
 BATCH_TOKENS=524288                                       # B, raised from 256K "to reduce gradient variance"
 EVAL_EVERY=5000                                           # a val curve for a multi-day run
 
-DRY_RUN=0; [[ "${1:-}" == "--dry-run" ]] && DRY_RUN=1
-FAILED=()
-launch() {  # launch RUN_DIR TRAIN_ARGS...: skip a finished run; else train it (--dry-run: print the command)
-  local run=$1; shift
-  if [[ -f "$run/done.json" ]]; then echo "skip $run (done.json exists)"; return 0; fi
-  local cmd=(torchrun --standalone --nproc_per_node="$NPROC" train.py "$@" --out-dir "$run" --resume)
-  if (( DRY_RUN )); then echo "${cmd[*]}"; return 0; fi
-  mkdir -p "$run"
-  "${cmd[@]}" 2>&1 | tee -a "$run/train.log" || FAILED+=("$run")
-}
+source runs/launch.bash "$@"                              # launch / finish / --dry-run
 
 for r in "${LOOPS[@]}"; do
   launch "$OUT/s${SCALE}_r${r}" --scale "$SCALE" --n-loops "$r" --steps "$STEPS" --batch-tokens "$BATCH_TOKENS" \
     --eval-every "$EVAL_EVERY" --case extrapolate
 done
 
-(( DRY_RUN )) && exit 0
-if (( ${#FAILED[@]} )); then printf 'FAILED: %s\n' "${FAILED[@]}" >&2; exit 1; fi
+finish "all runs done"
 for r in "${LOOPS[@]}"; do echo "downstream suite (Table 10): python eval.py $OUT/s${SCALE}_r${r}"; done

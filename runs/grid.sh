@@ -20,16 +20,7 @@ declare -A WIDTHS=(                                       # C -> the widths s sw
   [4.64e18]="10 12 14 16 18 20" [1e19]="12 16 18 20 24" [2.15e19]="18 24 28 34")
 LOOPS=(1 2 4 8)                                           # r; n_layers_eff = 20 for every r (iso-depth, §3.1)
 
-DRY_RUN=0; [[ "${1:-}" == "--dry-run" ]] && DRY_RUN=1
-FAILED=()
-launch() {  # launch RUN_DIR TRAIN_ARGS...: skip a finished run; else train it (--dry-run: print the command)
-  local run=$1; shift
-  if [[ -f "$run/done.json" ]]; then echo "skip $run (done.json exists)"; return 0; fi
-  local cmd=(torchrun --standalone --nproc_per_node="$NPROC" train.py "$@" --out-dir "$run" --resume)
-  if (( DRY_RUN )); then echo "${cmd[*]}"; return 0; fi
-  mkdir -p "$run"
-  "${cmd[@]}" 2>&1 | tee -a "$run/train.log" || FAILED+=("$run")    # one failure does not stop the sweep
-}
+source runs/launch.bash "$@"                              # launch / finish / --dry-run
 
 for C in "${BUDGETS[@]}"; do
   for r in "${LOOPS[@]}"; do
@@ -39,6 +30,4 @@ for C in "${BUDGETS[@]}"; do
   done
 done
 
-(( DRY_RUN )) && exit 0
-if (( ${#FAILED[@]} )); then printf 'FAILED: %s\n' "${FAILED[@]}" >&2; exit 1; fi
-echo "grid complete -> fit the joint law with: python fit.py $OUT --out $OUT/fit"
+finish "grid complete -> fit the joint law with: python fit.py $OUT --out $OUT/fit"

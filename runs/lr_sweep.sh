@@ -26,16 +26,7 @@ CELLS=(                                                   # "scale tokens-per-pa
   "10 10 524288" "10 10 1048576")                         #   batch sweep (D.1)
 EVAL_EVERY=500                                            # steps between val evals (authors' sweep)
 
-DRY_RUN=0; [[ "${1:-}" == "--dry-run" ]] && DRY_RUN=1
-FAILED=()
-launch() {  # launch RUN_DIR TRAIN_ARGS...: skip a finished run; else train it (--dry-run: print the command)
-  local run=$1; shift
-  if [[ -f "$run/done.json" ]]; then echo "skip $run (done.json exists)"; return 0; fi
-  local cmd=(torchrun --standalone --nproc_per_node="$NPROC" train.py "$@" --out-dir "$run" --resume)
-  if (( DRY_RUN )); then echo "${cmd[*]}"; return 0; fi
-  mkdir -p "$run"
-  "${cmd[@]}" 2>&1 | tee -a "$run/train.log" || FAILED+=("$run")
-}
+source runs/launch.bash "$@"                              # launch / finish / --dry-run
 
 for cell in "${CELLS[@]}"; do
   read -r s rho B <<< "$cell"
@@ -47,6 +38,4 @@ for cell in "${CELLS[@]}"; do
   done
 done
 
-(( DRY_RUN )) && exit 0
-if (( ${#FAILED[@]} )); then printf 'FAILED: %s\n' "${FAILED[@]}" >&2; exit 1; fi
-echo "LR sweep complete: val_loss per (cell, r, eta_base) is in $OUT/*/done.json"
+finish "LR sweep complete: val_loss per (cell, r, eta_base) is in $OUT/*/done.json"

@@ -19,7 +19,7 @@ from conftest import ROOT
 SCRIPTS = sorted(glob.glob(os.path.join(ROOT, "runs", "*.sh")))
 # Runs per script under --dry-run (None: a script of another issue; it must still parse).
 COUNTS = {"grid.sh": 116, "case_bptt.sh": 69, "case_hc.sh": 63, "ablation_injection.sh": 5, "lr_sweep.sh": 112,
-          "depth.sh": 160, "extrapolate.sh": 2, "slurm.sh": 1}
+          "depth.sh": 160, "extrapolate.sh": 2, "slurm.sh": 1, "mini.sh": 44}
 # slurm.sh launches the one run it is given; the dry-run test hands it a grid cell.
 EXAMPLE_ARGS = {"slurm.sh": ["--flops-budget", "2.15e19", "--n-loops", "4", "--scale", "34",
                              "--out-dir", "out/grid/C2.15e19_r4_s34"]}

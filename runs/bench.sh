@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# nanoloop's performance figures in one run, each against its baseline where a ratio exists (issue 8):
+#   1. training tok/s and MFU on CPU, r = 1 vs r = 4 at the same width (per executed layer: looping must not cost
+#      speed), and peak memory for r = 1 vs r = 8 under full BPTT and truncated BPTT (Eq. 6);
+#   2. MuonH step time for the matrix stack of one s = 10 model (d = 640);
+#   3. tokenise + pack tokens/s on all cores vs a single-threaded encode loop;
+#   4. the full fit protocol (9 fits x 500 restarts + 200 bootstrap refits) vs naive serial scipy;
+#   5. batched vs one-at-a-time continuation scoring.
+# Usage: bash runs/bench.sh [--dry-run] [OUT]       (OUT defaults to out/bench; ~3-5 min on a 2-core CPU, no GPU)
+# Numbers are wall clock on whatever else the machine is doing: run it on an idle machine to compare commits.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DRY=0; OUT=""
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run) DRY=1 ;;
+    -*) echo "runs/bench.sh: unknown flag $arg (usage: bash runs/bench.sh [--dry-run] [OUT])" >&2; exit 2 ;;
+    *) OUT="$arg" ;;
+  esac
+done
+OUT=${OUT:-out/bench}
+
+# ---- parameters -----------------------------------------------------------------------------------------------
+# A CPU-sized model: d = 128 (aspect 32, s = 4), head_dim 32, l_eff = 10 as in the mini study, T = 256.
+TRAIN=(--aspect-ratio 32 --scale 4 --head-dim 32 --n-layers-eff 10 --n-layers-prelude 1 --n-layers-coda 1
+       --seq-len 256 --batch-tokens 4096 --device-batch 16 --vocab-size 2048)
+STEPS=6
+CASES=("--n-loops 1" "--n-loops 4" "--n-loops 8" "--n-loops 8 --n-loops-bwd 4" "--n-loops 8 --n-loops-bwd 1")
+
+if [[ $DRY == 1 ]]; then
+  for c in "${CASES[@]}"; do echo "python train.py ${TRAIN[*]} --bench-steps $STEPS $c --out-dir $OUT/train"; done
+  exit 0
+fi
+mkdir -p "$OUT"
+T0=$(date +%s)
+hdr() { printf '\n==== %s  [%ds]\n' "$*" "$(( $(date +%s) - T0 ))"; }
+
+hdr "1. training throughput and memory (CPU, fp32 eager, $STEPS timed steps each; tiny models run on 1 thread)"
+for c in "${CASES[@]}"; do
+  # shellcheck disable=SC2086
+  OMP_NUM_THREADS=1 python train.py "${TRAIN[@]}" --bench-steps "$STEPS" $c --out-dir "$OUT/train" | grep '^bench'
+done
+
+hdr "2. MuonH step (polar express + sphere retraction) for the 120 matrices of an s = 10 model"
+python optim.py --bench --bench-steps 2
+
+hdr "3. tokenise + pack, all cores vs one thread (default corpus, 1,024-piece BPE)"
+[[ -f "$OUT/tokenizer.model" ]] || python data.py tokenizer --corpus default --vocab-size 1024 --out "$OUT/tokenizer.model" >/dev/null
+python data.py prepare --source default --tokenizer "$OUT/tokenizer.model" --out "$OUT/unused" --seq-len 128 --bench
+
+hdr "4. fit protocol on the 116-run synthetic grid vs naive scipy"
+python fit.py --bench
+
+hdr "5. continuation scoring, batched vs one example at a time"
+OMP_NUM_THREADS=1 python eval.py bench
+
+hdr "done in $(( $(date +%s) - T0 )) s"

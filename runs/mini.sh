@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# The whole study on a laptop CPU, offline: corpus -> BPE tokenizer -> 2049-style packed rows -> a miniature
+# iso-FLOP grid over r in {1,2,4,8} at one effective depth -> validation loss -> the joint law fit -> phi with a
+# 95% block-bootstrap CI, the report and the figures. Paper §4.1 (grid), §4.2-4.3 and App. F (fit), scaled down.
+#
+# Usage: bash runs/mini.sh [--quick] [--dry-run] [OUT]      (OUT defaults to out/mini, or out/mini_quick)
+#   --quick    a smaller grid (2 budgets, 24 runs) and a lighter fit protocol: a ~3 minute smoke test
+#   --dry-run  print the launch list (one train.py line per run) and exit
+# Cost: 0 GPU-hours; ~15 minutes on a 2-core CPU (README states the measured time). JOBS=2 worker processes, one
+# thread each (tiny models use one core better than two). Resumable: a second invocation skips runs whose
+# done.json exists and resumes a killed run from its last checkpoint; fit.py reads only done.json, which train.py
+# writes atomically as its very last act, so a half-finished run never enters the fit.
+#
+# How the paper's setup is scaled down (README, "What the mini study can and cannot show"):
+#   - l_eff = 10 = 1 + r * l_recur + 1 for r > 1 (l_recur = 8 / r), and the 0-10-0 stack for r = 1 (paper: 20, 2-2);
+#   - d = 8 s (aspect ratio 8, head_dim 8) instead of 64 s, s in {1, 2, 3, 4}: at 1e11-3e11 FLOPs per run the
+#     compute-optimal models hold only ~10-40K non-embedding parameters (a first grid at d = 16-48 put every
+#     minimum at its smallest width; head_dim 4 to reach d = 12 cost more than the width gained), so the widths
+#     straddle d ~ 8-32 and the parabolas have their minimum inside the width range;
+#   - T = 128, B = 1,024 tokens (8 rows), a 1,024-piece BPE (small, so the unembedding does not dominate FLOPs,
+#     yet ~2.2 characters per token on Shakespeare);
+#   - HyperP transfer re-anchored at the mini study's own reference: batch rule B_ref = 1,024, width reference
+#     10 x aspect = 80, D_ref = 10 x the effective params of that s = 10 model (train.py prints all three). The
+#     base MuonH LR 0.01 came from a 3-point sweep {0.005, 0.01, 0.02} at s = 3, C = 2e11 for r = 1 and r = 4:
+#     all within 0.05 nats, 0.01 within 0.02 nats of the best for both (App. D: one LR serves every r).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+QUICK=0; DRY=0; OUT=""
+for arg in "$@"; do
+  case "$arg" in
+    --quick) QUICK=1 ;;
+    --dry-run) DRY=1 ;;
+    -*) echo "runs/mini.sh: unknown flag $arg (usage: bash runs/mini.sh [--quick] [--dry-run] [OUT])" >&2; exit 2 ;;
+    *) OUT="$arg" ;;
+  esac
+done
+JOBS=${JOBS:-2}
+
+# ---- parameters (the grid) ----------------------------------------------------------------------------------
+LOOPS=(1 2 4 8)
+VOCAB=1024; SEQ=128; DOC_CHARS=250; BATCH=1024; DEVICE_BATCH=8; LR=0.01; EVAL_TOKENS=65536
+ARCH=(--aspect-ratio 8 --head-dim 8 --n-layers-eff 10 --n-layers-prelude 1 --n-layers-coda 1
+      --seq-len "$SEQ" --batch-tokens "$BATCH" --device-batch "$DEVICE_BATCH" --lr-batch-ref "$BATCH"
+      --muonh-lr "$LR" --eval-tokens "$EVAL_TOKENS" --ckpt-every 100 --resume true)
+if [[ $QUICK == 1 ]]; then
+  OUT=${OUT:-out/mini_quick}
+  BUDGETS=(3e10 1e11)
+  declare -A SCALES=([3e10]="1 2 3" [1e11]="1 2 3")
+  FIT=(--restarts 100 --bootstrap 50)
+else
+  OUT=${OUT:-out/mini}
+  BUDGETS=(1e11 2e11 3e11)
+  declare -A SCALES=([1e11]="1 2 3" [2e11]="1 2 3 4" [3e11]="1 2 3 4")
+  FIT=()                                      # the paper's protocol: 500 restarts, 200 bootstrap resamples
+fi
+DATA="$OUT/data"; RUNS="$OUT/runs"
+
+# ---- the launch list: one train.py invocation per (budget, r, width) ---------------------------------------
+NAMES=(); ARGS=()
+for C in "${BUDGETS[@]}"; do for r in "${LOOPS[@]}"; do for s in ${SCALES[$C]}; do
+  NAMES+=("C${C}_r${r}_s${s}")
+  ARGS+=("--flops-budget $C --n-loops $r --scale $s --data $DATA --out-dir $RUNS/C${C}_r${r}_s${s}")
+done; done; done
+if [[ $DRY == 1 ]]; then
+  for i in "${!NAMES[@]}"; do echo "python train.py ${ARCH[*]} ${ARGS[$i]}"; done
+  exit 0
+fi
+
+T0=$(date +%s)
+say() { printf '[mini %4ds] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
+trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; echo "[mini] interrupted: rerun the same command to resume" >&2; exit 130' INT TERM
+mkdir -p "$OUT" "$RUNS"
+export OMP_NUM_THREADS=1
+
+# ---- 1. tokenizer and packed data (each step skipped when its output exists; both are written atomically) -----
+if [[ ! -f "$OUT/tokenizer.model" ]]; then
+  say "training a ${VOCAB}-piece BPE on the default corpus"
+  python data.py tokenizer --corpus default --vocab-size "$VOCAB" --doc-chars "$DOC_CHARS" --out "$OUT/tokenizer.model"
+fi
+if [[ ! -f "$DATA/meta_val.json" ]]; then
+  rm -rf "$DATA"                              # a prepare killed midway left no meta: start it over
+  say "packing the default corpus into rows of $((SEQ + 1)) tokens"
+  python data.py prepare --source default --doc-chars "$DOC_CHARS" --tokenizer "$OUT/tokenizer.model" \
+      --out "$DATA" --seq-len "$SEQ"
+fi
+
+# ---- 2. the iso-FLOP grid, JOBS worker processes ---------------------------------------------------------------
+# Each worker is one Python process that imports torch once and calls train.main() for the next unclaimed run of
+# the launch list -- the same code path as `python train.py <flags>`, minus ~5 s of start-up per run. A finished run
+# (done.json) is skipped; a killed one resumes from its ckpt.pt (--resume true).
+n_todo=0
+for i in "${!NAMES[@]}"; do [[ -f "$RUNS/${NAMES[$i]}/done.json" ]] || n_todo=$((n_todo + 1)); done
+say "grid: ${#NAMES[@]} runs (${n_todo} to train), budgets ${BUDGETS[*]}, r in {${LOOPS[*]}}, $JOBS workers"
+for (( i = ${#NAMES[@]} - 1; i >= 0; i-- )); do echo "${NAMES[$i]} ${ARCH[*]} ${ARGS[$i]}"; done > "$OUT/launch.txt"
+rm -rf "$RUNS"/*.claim                                      # claims of an interrupted invocation
+worker() {  # take the next unclaimed run of launch.txt (largest budget first) until none is left
+  python - "$OUT/launch.txt" "$RUNS" "$T0" <<'PY'
+import contextlib, os, sys, time
+import train
+launch, runs, t0 = sys.argv[1], sys.argv[2], int(sys.argv[3])
+for line in open(launch).read().splitlines():
+    name, *argv = line.split()
+    if os.path.exists(os.path.join(runs, name, "done.json")):
+        continue
+    try:
+        os.mkdir(os.path.join(runs, name + ".claim"))       # atomic: exactly one worker gets each run
+    except FileExistsError:
+        continue
+    t = time.time()
+    with open(os.path.join(runs, name + ".log"), "a") as log, contextlib.redirect_stdout(log), \
+            contextlib.redirect_stderr(log):
+        rec = train.main(*train.parse_args(argv))          # raises on any error: the worker and the study stop
+    print(f"[mini {time.time() - t0:5.0f}s] done {name}: val_loss {rec['val_loss']:.4f} nats ({time.time() - t:.0f} s)",
+          flush=True)
+PY
+}
+for k in $(seq 1 "$JOBS"); do worker & done
+while (( $(jobs -rp | wc -l) > 0 )); do wait -n; done      # a failed worker fails the script (set -e)
+
+# ---- 3. the joint fit: phi with its bootstrap CI, per-r laws, frontier, report.md and figures ------------------
+say "fitting (fit.py ${FIT[*]:-paper protocol})"
+python fit.py "$RUNS" --out "$OUT" "${FIT[@]}" | tee "$OUT/fit.log"
+
+# ---- 4. look at a model: a KV-cached sample from the r = 4 run at the middle width of the largest budget -------
+C=${BUDGETS[-1]}; S=$(echo ${SCALES[$C]} | cut -d' ' -f2)
+say "sample from $RUNS/C${C}_r4_s${S} (r = 4, KV-cached decoding):"
+python eval.py "$RUNS/C${C}_r4_s${S}" --sample "ROMEO." --max-new-tokens 48 --seed 0 || true
+say "report: $OUT/report.md | figures: $OUT/*.png | total $(( $(date +%s) - T0 )) s"
+grep -E '^phi = ' "$OUT/fit.log" || true
