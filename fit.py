@@ -1080,6 +1080,7 @@ def make_figures(res, runs, out_dir):
             if row["n_loops"] == r:
                 ax.plot(row["n_params"], row["loss"], "*", color=bcol[row["flops_budget"]], ms=10, mec="k", mew=0.5)
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(plt.NullFormatter())     # a narrow N range would label every minor tick
         ax.set(title=f"r = {r}", xlabel="unique parameters N")
     axes[0][0].set_ylabel("validation loss (nats)")
     axes[0][0].legend(title="C (FLOPs)", fontsize=7)
