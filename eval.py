@@ -738,9 +738,11 @@ def _cli_bench(argv):
     p.add_argument("--seq-len", type=int, default=128, help="prompts are 1/4 .. 1 x seq_len tokens")
     p.add_argument("--n-examples", type=int, default=256)
     p.add_argument("--batch-tokens", type=int, default=8192)
+    p.add_argument("--equal-length", type=int, default=0, help="every prompt this many tokens (batching's best case, "
+                   "the issue-6 target: >= 3x); 0 = mixed lengths 1/4 .. 1 x seq_len")
     a = p.parse_args(argv)
-    if min(a.seq_len, a.n_examples, a.batch_tokens) < 8:
-        raise SystemExit("--seq-len, --n-examples and --batch-tokens must be >= 8")
+    if min(a.seq_len, a.n_examples, a.batch_tokens) < 8 or not 0 <= a.equal_length <= a.seq_len:
+        raise SystemExit("--seq-len, --n-examples and --batch-tokens must be >= 8, --equal-length in [0, seq_len]")
     torch.manual_seed(0)
     cfg = ModelConfig(scale=a.scale, aspect_ratio=a.aspect_ratio, head_dim=a.head_dim, n_loops=a.n_loops,
                       n_layers_eff=a.n_layers_eff, n_layers_prelude=1, n_layers_coda=1, vocab_size=a.vocab_size,
@@ -749,7 +751,7 @@ def _cli_bench(argv):
     model = LoopedGPT(cfg).to(device).eval()
     print0(f"bench model: d_model {cfg.d_model}, r {cfg.n_loops}, l_eff {cfg.n_layers_eff}, vocab {cfg.vocab_size}, "
            f"{device.type}, {torch.get_num_threads()} threads")
-    lengths = tuple(range(a.seq_len // 4, a.seq_len + 1, max(1, a.seq_len // 8)))
+    lengths = (a.equal_length,) if a.equal_length else tuple(range(a.seq_len // 4, a.seq_len + 1, max(1, a.seq_len // 8)))
     return bench_scorer(model, synthetic_examples(a.n_examples, a.vocab_size, lengths), batch_tokens=a.batch_tokens)
 
 

@@ -637,7 +637,8 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
                "compile": use_compile, "flops_per_token": F, "tok_per_s": tok_s,
                "layer_tok_per_s": tok_s * cfg.n_layers_eff, "mfu": F * tok_s / (world * peak), "peak_flops": peak,
                mem_label: mem, "timed_steps": len(bench_times) or 1}
-        print0(f"bench | n_loops {r} | d_model {d} | tok/s {tok_s:,.0f} | executed-layer tok/s "
+        bptt = "full" if cfg.n_loops_bwd in (None, r) else f"last {cfg.n_loops_bwd}"
+        print0(f"bench | n_loops {r} | bptt {bptt} | d_model {d} | tok/s {tok_s:,.0f} | executed-layer tok/s "
                f"{rec['layer_tok_per_s']:,.0f} | mfu {100 * rec['mfu']:.2f}% of {peak:.3g} | "
                f"{mem_label} {mem / 2**20:,.0f} MiB | mean over {rec['timed_steps']} steps after the first")
         if master:

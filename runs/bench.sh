@@ -39,7 +39,19 @@ hdr "1. training throughput and memory (CPU, fp32 eager, $STEPS timed steps each
 for c in "${CASES[@]}"; do
   # shellcheck disable=SC2086
   OMP_NUM_THREADS=1 python train.py "${TRAIN[@]}" --bench-steps "$STEPS" $c --out-dir "$OUT/train" | grep '^bench'
-done
+done | tee "$OUT/train_bench.txt"
+python - "$OUT/train_bench.txt" <<'PY'
+import re, sys
+rows = [dict(re.findall(r"(n_loops|bptt|executed-layer tok/s|peak_rss|max_allocated) ([\w,. ]+?) (?=\||MiB)", l))
+        for l in open(sys.argv[1])]
+num = lambda row, k: float(row[k].replace(",", "").split()[0])
+r1, r4, r8, r8k4, r8k1 = rows
+print(f"ratio | executed-layer tok/s r=4 / r=1: {num(r4, 'executed-layer tok/s') / num(r1, 'executed-layer tok/s'):.2f} "
+      "(>= ~1: looping costs no speed per executed layer)")
+mem = "peak_rss" if "peak_rss" in r1 else "max_allocated"
+print(f"ratio | memory r=8 / r=1, full BPTT: {num(r8, mem) / num(r1, mem):.2f} | truncated (last 4 / last 1 of 8): "
+      f"{num(r8k4, mem) / num(r1, mem):.2f} / {num(r8k1, mem) / num(r1, mem):.2f}")
+PY
 
 hdr "2. MuonH step (polar express + sphere retraction) for the 120 matrices of an s = 10 model"
 python optim.py --bench --bench-steps 2
@@ -51,7 +63,8 @@ python data.py prepare --source default --tokenizer "$OUT/tokenizer.model" --out
 hdr "4. fit protocol on the 116-run synthetic grid vs naive scipy"
 python fit.py --bench
 
-hdr "5. continuation scoring, batched vs one example at a time"
-OMP_NUM_THREADS=1 python eval.py bench
+hdr "5. continuation scoring, batched vs one example at a time (equal-length prompts, then mixed lengths)"
+python eval.py bench --equal-length 64
+python eval.py bench
 
 hdr "done in $(( $(date +%s) - T0 )) s"
