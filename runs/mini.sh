@@ -95,7 +95,7 @@ say "grid: ${#NAMES[@]} runs (${n_todo} to train), budgets ${BUDGETS[*]}, r in {
 for (( i = ${#NAMES[@]} - 1; i >= 0; i-- )); do echo "${NAMES[$i]} ${ARCH[*]} ${ARGS[$i]}"; done > "$OUT/launch.txt"
 rm -rf "$RUNS"/*.claim                                      # claims of an interrupted invocation
 worker() {  # take the next unclaimed run of launch.txt (largest budget first) until none is left
-  python - "$OUT/launch.txt" "$RUNS" "$T0" <<'PY'
+  exec python - "$OUT/launch.txt" "$RUNS" "$T0" <<'PY'    # exec: the job pid is python itself, so a kill reaches it
 import contextlib, os, sys, time
 import train
 launch, runs, t0 = sys.argv[1], sys.argv[2], int(sys.argv[3])
