@@ -740,7 +740,7 @@ def equivalence(phi, arch, n_ref=1e9):
         d = max(np.roots(c - np.array([0.0, 0.0, n_ref])).real)             # N_1(d) = n_ref, the positive root
         n1 = float(np.polyval(c, d))
         nr_once, nr_rec = float(np.polyval(pr["once"], d)), float(np.polyval(pr["rec"], d))
-        neff = nr_once + r ** phi * nr_rec                                     # Eq. 3
+        neff = flops.effective_params(nr_once, nr_rec, r, phi)                # Eq. 3, flops.py owns it
         # flops_ratio: the per-token training cost relative to the r = 1 model (Eq. 1: 1 + r/120 on the matmuls)
         out[str(r)] = {"d_model": float(d), "n_nonlooped": n1, "n_unique": nr_once + nr_rec, "n_eff": neff,
                        "unique_ratio": (nr_once + nr_rec) / n1, "eff_ratio": neff / n1, "amplification": r ** phi,
