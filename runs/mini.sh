@@ -4,7 +4,7 @@
 # 95% block-bootstrap CI, the report and the figures. Paper §4.1 (grid), §4.2-4.3 and App. F (fit), scaled down.
 #
 # Usage: bash runs/mini.sh [--quick] [--dry-run] [OUT]      (OUT defaults to out/mini, or out/mini_quick)
-#   --quick    a smaller grid (2 budgets, 24 runs) and a lighter fit protocol: a ~3 minute smoke test
+#   --quick    a smaller grid (2 budgets, 24 runs) and a lighter fit protocol: a ~2.5 minute smoke test
 #   --dry-run  print the launch list (one train.py line per run) and exit
 # Cost: 0 GPU-hours; ~15 minutes on a 2-core CPU (README states the measured time). JOBS=2 worker processes, one
 # thread each (tiny models use one core better than two). Resumable: a second invocation skips runs whose
@@ -45,8 +45,8 @@ ARCH=(--aspect-ratio 8 --head-dim 8 --n-layers-eff 10 --n-layers-prelude 1 --n-l
       --muonh-lr "$LR" --eval-tokens "$EVAL_TOKENS" --ckpt-every 100 --resume true)
 if [[ $QUICK == 1 ]]; then
   OUT=${OUT:-out/mini_quick}
-  BUDGETS=(3e10 1e11)
-  declare -A SCALES=([3e10]="1 2 3" [1e11]="1 2 3")
+  BUDGETS=(3e10 6e10)
+  declare -A SCALES=([3e10]="1 2 3" [6e10]="1 2 3")
   FIT=(--restarts 100 --bootstrap 50)
 else
   OUT=${OUT:-out/mini}
