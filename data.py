@@ -166,7 +166,7 @@ def train_tokenizer(texts, vocab_size, out_path, num_threads=None):
                                        num_threads=num_threads or os.cpu_count() or 1, **SPM_SETTINGS)
     except RuntimeError as e:               # e.g. vocab too small for the 256 byte pieces, or too large
         raise ValueError(f"sentencepiece training failed (vocab_size={vocab_size}): {e}") from None
-    _atomic(out_path, lambda tmp: pathlib.Path(tmp).write_bytes(model.getvalue()))
+    atomic_write(out_path, lambda tmp: pathlib.Path(tmp).write_bytes(model.getvalue()))
     return Tokenizer(out_path)
 
 # -----------------------------------------------------------------------------
@@ -308,8 +308,9 @@ def _check_out_dir(out_dir):
         raise ValueError(f"{out_dir} already holds a prepared set (or parts of one); remove it or pick another --out")
 
 
-def _atomic(path, write):
-    """write(tmp_path), then rename onto path: an interrupted run never leaves a half file under the real name."""
+def atomic_write(path, write):
+    """write(tmp_path), then rename onto path: an interrupted run never leaves a half file under the real name.
+    eval.py writes through it too; train.py keeps its own fsync'd variant for checkpoints."""
     tmp = os.path.join(os.path.dirname(path), "." + os.path.basename(path) + ".tmp")   # hidden: no glob sees it
     try:
         write(tmp)
@@ -379,7 +380,7 @@ def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, 
         tok_name = "gpt2"
     elif tokenizer is not None:
         tok_name = "tokenizer.model"
-        _atomic(os.path.join(out_dir, tok_name), lambda tmp: shutil.copyfile(tokenizer, tmp))
+        atomic_write(os.path.join(out_dir, tok_name), lambda tmp: shutil.copyfile(tokenizer, tmp))
     metas = {}
     for split, (rows, n_docs, doc_tokens) in splits.items():
         files = {}
@@ -389,7 +390,7 @@ def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, 
             table = pa.table({"tokens": pa.ListArray.from_arrays(offsets, pa.array(chunk.reshape(-1)))})
             name = f"{split}-{k:05d}.parquet"
             path = os.path.join(out_dir, name)
-            _atomic(path, lambda tmp: pq.write_table(table, tmp))
+            atomic_write(path, lambda tmp: pq.write_table(table, tmp))
             files[name] = {"rows": len(chunk), "sha256": _sha256_file(path)}
         metas[split] = {
             # the release's keys (its meta_{split}.json), so the loader treats both kinds of directory alike
@@ -404,7 +405,7 @@ def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, 
         }
     for split, meta in metas.items():
         text = json.dumps(meta, indent=2) + "\n"
-        _atomic(os.path.join(out_dir, f"meta_{split}.json"), lambda tmp: pathlib.Path(tmp).write_text(text))
+        atomic_write(os.path.join(out_dir, f"meta_{split}.json"), lambda tmp: pathlib.Path(tmp).write_text(text))
     return metas
 
 # -----------------------------------------------------------------------------

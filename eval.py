@@ -33,6 +33,7 @@ import importlib.util
 import json
 import math
 import os
+import pathlib
 import random
 import string
 import sys
@@ -44,7 +45,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from data import PackedLoader, init_dist, load_tokenizer, print0
+from data import PackedLoader, atomic_write, init_dist, load_tokenizer, print0
 from model import LoopedGPT, ModelConfig
 
 # -----------------------------------------------------------------------------
@@ -605,10 +606,8 @@ def write_primitives(out_dir, n=1000) -> list:
     for name, recs in primitive_tasks(n).items():
         path = os.path.join(out_dir, TASKS[name].file)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            for r in recs:
-                f.write(json.dumps({k: v for k, v in r.items() if k != "kind"}) + "\n")
-        os.replace(path + ".tmp", path)                      # atomic: no half-written task file
+        text = "".join(json.dumps({k: v for k, v in r.items() if k != "kind"}) + "\n" for r in recs)
+        atomic_write(path, lambda tmp: pathlib.Path(tmp).write_text(text, encoding="utf-8"))   # no half task file
         paths.append(path)
     return paths
 
@@ -868,9 +867,7 @@ def _main(argv):
     result["wall_time_s"] = time.time() - t0
     if rank == 0:
         path = a.out or os.path.join(out_dir, "eval.json" if r_eval == cfg.n_loops else f"eval_r{r_eval}.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(result, f, indent=2)
-        os.replace(path + ".tmp", path)
+        atomic_write(path, lambda tmp: pathlib.Path(tmp).write_text(json.dumps(result, indent=2)))
         print0(f"wrote {path}")
     return result
 
