@@ -63,7 +63,8 @@ POLAR_EXPRESS_COEFFS = (
 #   - R = ||W||_F per matrix at the first step, cached (per shape group, in the first param's state) and saved.
 #     Here R lives in each parameter's own state: same numbers, and a checkpoint does not depend on the grouping.
 #   - LRs: MuonH gets batch x data factors, no width factor; wte / lm_head get batch x width; norm (0.005) and
-#     hc (0.01) get width only. D_ref from a meta-device reference model (0-20-0 for r=1, 2-4-2 r=4 for looped).
+#     hc (0.01) get width only. D_ref from a meta-device reference model (0-20-0 for r=1, 2-4-2 for looped),
+#     its effective params counted at the training run's r (base_train.py get_scaling_params uses the run's r).
 #   - schedule: get_lr_multiplier with warmup 0 and a warmdown over all N steps to final_lr_frac 0.1.
 #   - the fused kernel rounds the update and eta to bf16 on GPU; here eta is applied in fp32 (project choice).
 
@@ -80,26 +81,41 @@ def _positive(name, value):
 # -----------------------------------------------------------------------------
 # HyperP learning-rate transfer (paper §4.1, App. D.2)
 
-def reference_tokens(n_loops, d_model=D_MODEL_REF, n_layers_eff=20, ratio=REF_DATA_RATIO, ref_loops=4):
-    """D_ref: `ratio` x the reuse-weighted, embedding-free parameter count of the family's reference model.
+def reference_tokens(n_loops, d_model=D_MODEL_REF, n_layers_eff=20, n_layers_prelude=2, n_layers_coda=2,
+                     ratio=REF_DATA_RATIO, ref_loops=4):
+    """D_ref: `ratio` x the reuse-weighted, embedding-free parameter count of the family's s=10 reference model,
+    counted at the TRAINING run's r = n_loops (App. D.2; optimizer.md §2.3).
 
-    The release (base_train.py, build_reference_model + effective_params) fixes one reference per family at s=10:
-    r=1 -> the 0-20-0 passthrough model; any looped r -> the 2-4-2, r=4, linear-injection model. Counting each
-    parameter once per use (gains included, embeddings excluded):
-        r = 1:   l_eff (12 d^2 + 2 d) + 3 d             = 240 d^2 + 43 d -> D_ref =   983,315,200 at d = 640
-        looped:  same + ref_loops * 2 d^2 (W_inject)    = 248 d^2 + 43 d -> D_ref = 1,016,083,200
-    (12 d^2 per block: Q, K, V, O and the 4x MLP; 2 d: its two RMSNorm gains; 3 d: the three model norms.)
-    D_ref must stay an absolute constant: one that followed the current model would cancel the horizon correction.
-    A scaled-down study (other width or l_eff) may pass its own reference width/depth here, i.e. D_ref = 10 x the
-    effective params of its own reference model, and hand the result to hyperp_lrs(d_ref=...).
+    The release (scripts/base_train.py, build_reference_model + get_scaling_params) builds one reference per family
+    at s = 10 and takes its effective params with the run's own num_recur, not the reference's:
+        r = 1:   0-20-0 passthrough     l_eff (12 d^2 + 2 d) + 3 d                          -> 983,315,200 at d = 640
+        r > 1:   2-4-2 linear injection (p + c)(12 d^2 + 2 d) + 3 d + r [l_rec (12 d^2 + 2 d) + 2 d^2]
+                 = 19,667,840 + r 20,485,120 at d = 640  ->  D_ref = 606,380,800 (r=2), 1,016,083,200 (r=4),
+                   1,835,488,000 (r=8)
+    (12 d^2 per block: Q, K, V, O and the 4x MLP; 2 d: its two RMSNorm gains; 3 d: the three model norms; 2 d^2:
+    W_inject, run once per loop.) So the looped reference is NOT one constant: an r=2 run is referenced against a
+    smaller D_ref than an r=8 run, which moves its MuonH LR by (D_ref(r)/D_ref(4))^0.32 (1.18x less at r=2).
+    D_ref must not follow the current model's width: that would cancel the horizon correction.
+
+    Other depths / aspect ratios (a project generalisation; the paper's grid gives the release's numbers): the
+    reference keeps the run's l_eff and prelude/coda, with a recurrent block of (l_eff - p - c) / ref_loops layers
+    (the 2-4-2 shape at l_eff = 20; 1-2-1 for the CPU mini study's l_eff = 10; a fractional count is kept as it is,
+    it only sets a constant). d_model is the reference width,
+    s = 10 x the run's aspect ratio rounded up to a multiple of head_dim, as the release rounds it.
     """
     for name, v in (("n_loops", n_loops), ("d_model", d_model), ("n_layers_eff", n_layers_eff),
                     ("ratio", ratio), ("ref_loops", ref_loops)):
         _positive(name, v)
-    effective = n_layers_eff * (12 * d_model ** 2 + 2 * d_model) + 3 * d_model
-    if n_loops > 1:
-        effective += ref_loops * 2 * d_model ** 2     # W_inject (d x 2d) runs once per loop
-    return int(ratio * effective)
+    block = 12 * d_model ** 2 + 2 * d_model           # one transformer block, gains included (§3.2 n_b + norms)
+    if n_loops == 1:                                  # r=1 family: one plain stack, passthrough, no W_inject
+        return int(ratio * (n_layers_eff * block + 3 * d_model))
+    once = n_layers_prelude + n_layers_coda
+    l_rec = (n_layers_eff - once) / ref_loops         # 4 at the paper's 2-4-2
+    if l_rec <= 0:
+        raise ValueError(f"reference: l_eff {n_layers_eff} leaves no recurrent layers after prelude {n_layers_prelude}"
+                         f" + coda {n_layers_coda}")
+    effective = once * block + 3 * d_model + n_loops * (l_rec * block + 2 * d_model ** 2)   # counted at the run's r
+    return int(round(ratio * effective))
 
 
 def hyperp_factors(d_model, n_loops, tokens, batch_tokens=BATCH_REF, d_ref=None, d_model_ref=D_MODEL_REF,
@@ -390,7 +406,7 @@ def main(argv=None):
     p.add_argument("--scale", type=int, help="width scale s; d_model = aspect_ratio * s")
     p.add_argument("--aspect-ratio", type=int, default=64, help="d_model per unit of scale (paper: 64)")
     p.add_argument("--tokens", type=float, help="training tokens D (grid runs: int(C / F_train))")
-    p.add_argument("--n-loops", type=int, default=1, help="r; selects the D_ref family (r=1 vs looped)")
+    p.add_argument("--n-loops", type=int, default=1, help="r; selects the D_ref family and the r it is counted at")
     p.add_argument("--batch-tokens", type=int, default=BATCH_REF, help="tokens per optimizer step B")
     p.add_argument("--base-lr", type=float, default=MUONH_LR, help="MuonH base LR fed to HyperP")
     p.add_argument("--d-ref", type=float, default=None, help="override D_ref (default: the family constant)")
@@ -418,9 +434,11 @@ def main(argv=None):
     except ValueError as e:
         p.error(str(e))
     if a.json:
-        print(json.dumps(lrs))
-        return lrs
-    family = "r=1 family: 0-20-0 ref" if a.n_loops == 1 else "looped family: 2-4-2 r=4 ref"
+        out = {**lrs, "d_ref": int(f["d_ref"])}
+        print(json.dumps(out))
+        return out
+    family = ("r=1 family: 0-20-0 ref" if a.n_loops == 1 else
+              f"looped family: 2-4-2 ref counted at r={a.n_loops}")
     print(f"HyperP peak LRs | d_model {d} (s={a.scale}) | r={a.n_loops} | D {int(a.tokens):,} | B {a.batch_tokens:,}")
     print(f"  w = (d/{d_model_ref})^-0.5 = {f['width']:.6f} | b = (B/{BATCH_REF})^{BATCH_EXP} = {f['batch']:.6f} | "
           f"(D/D_ref)^-{DATA_EXP} = {f['data']:.6f}, D_ref {int(f['d_ref']):,} "

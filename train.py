@@ -18,8 +18,9 @@ val_loss (eval.py), the model (model.py).
 
 Decisions (project, stated once here and printed at start-up):
 - Horizon: exactly one of --flops-budget C (steps = round(C / (F B)), the grid, App. E), --tokens D
-  (steps = round(D / B)), --tokens-per-param rho (D = int(rho (N_once + r N_rec)), the App. D LR sweep), --steps N
-  (D = N B, the App. I pair). The HyperP data factor uses the unrounded D: int(C/F), D, int(rho N_eff) or N B.
+  (steps = round(D / B)), --tokens-per-param rho (D = int(rho (N_once + r N_rec)), steps = D // B as the release
+  floors it, the App. D LR sweep), --steps N (D = N B, the App. I pair). The HyperP data factor uses the unrounded
+  D: int(C/F), D, int(rho N_eff) or N B.
 - Vocabulary: if --vocab-size is left at ModelConfig's default (32,001, Llama-2 + 1), the model takes the data
   meta's vocab_size (the authors' prepack records its tokenizer's 32,001, so paper runs keep V_pad = 32,064); an
   explicit value must be >= the data's. seq_len must equal the data's (no silent re-packing).
@@ -85,7 +86,7 @@ class TrainConfig:
     # horizon: exactly one of the four (bench mode may give none)
     flops_budget: Optional[float] = None    # C in FLOPs; steps = round(C / (F B)) (App. E; architecture §8.3)
     tokens: Optional[int] = None            # D; steps = round(D / B) (matched-token runs)
-    tokens_per_param: Optional[float] = None  # rho; D = int(rho (N_once + r N_rec)) (App. D.1 LR sweep: rho = 10)
+    tokens_per_param: Optional[float] = None  # rho; D = int(rho (N_once + r N_rec)), steps = D // B (App. D.1: 10)
     steps: Optional[int] = None             # N optimizer steps; D = N B (App. I: 89,645 steps at B = 524,288)
     # batch
     batch_tokens: int = 262144              # B = 128 rows x 2048 per optimizer step (App. D.1: 256K is best)
@@ -385,12 +386,14 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
         else:
             if tc.tokens is not None:
                 lr_tokens, horizon_rule = tc.tokens, "steps = round(D / B); D_lr = D"
+                total_steps = round(lr_tokens / B)
             else:                            # reuse-weighted params = the release's effective_params (optimizer §2.3)
                 lr_tokens = int(tc.tokens_per_param * (n_once + r * n_rec))
-                horizon_rule = "D_lr = int(rho (N_once + r N_rec)); steps = round(D_lr / B)"
-            total_steps = round(lr_tokens / B)
+                horizon_rule = "D_lr = int(rho (N_once + r N_rec)); steps = D_lr // B"
+                total_steps = lr_tokens // B     # floor, as the release's data:param horizon (base_train.py)
             if total_steps < 1:
-                raise ValueError(f"{lr_tokens:,} tokens are less than half of one optimizer step of {B:,} tokens")
+                raise ValueError(f"{lr_tokens:,} tokens are " + ("less than half of" if tc.tokens is not None else
+                                 "less than") + f" one optimizer step of {B:,} tokens")
             tokens = total_steps * B
     except ValueError as err:
         raise ValueError(f"horizon: {err} (one step of B = {B:,} tokens costs F B = {F * B:.4g} FLOPs)") from None
@@ -399,11 +402,14 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     # Peak LRs: eta_base through HyperP's width / batch / data corrections (App. D.2). Computed once, here, from
     # (d, D, B, r); a resume restores the schedule position and never re-applies a factor (optimizer.md §6.7).
     # The reference model is s = 10 at the run's own aspect ratio and depth (the release builds it from the run's
-    # aspect ratio): d_ref_width = 10 x aspect and D_ref = 10 x its effective params. For the paper's grid (aspect
-    # 64, l_eff 20) these are the constants 640 and 983,315,200 / 1,016,083,200 (optimizer §2.3).
+    # aspect ratio): d_ref_width = 10 x aspect and D_ref = 10 x its effective params counted at THIS run's r. On the
+    # paper's grid (aspect 64, l_eff 20): 640 and D_ref = 983,315,200 (r=1), 606,380,800 / 1,016,083,200 /
+    # 1,835,488,000 (r = 2 / 4 / 8) (optimizer §2.3).
     d_model_ref = 10 * cfg.aspect_ratio
-    d_ref = tc.d_ref if tc.d_ref is not None else reference_tokens(r, d_model=d_model_ref,
-                                                                   n_layers_eff=cfg.n_layers_eff)
+    d_model_ref_rounded = -(-d_model_ref // cfg.head_dim) * cfg.head_dim      # the release rounds the ref's width up
+    d_ref = tc.d_ref if tc.d_ref is not None else reference_tokens(
+        r, d_model=d_model_ref_rounded, n_layers_eff=cfg.n_layers_eff, n_layers_prelude=cfg.n_layers_prelude,
+        n_layers_coda=cfg.n_layers_coda)     # counted at this run's r (optimizer §2.3)
     lrs = hyperp_lrs(d, r, tokens=lr_tokens, batch_tokens=B, base_lr=tc.muonh_lr, d_ref=d_ref,
                      d_model_ref=d_model_ref, batch_ref=tc.lr_batch_ref)
 

@@ -20,7 +20,8 @@
 #   - T = 128, B = 1,024 tokens (8 rows), a 1,024-piece BPE (small, so the unembedding does not dominate FLOPs,
 #     yet ~2.2 characters per token on Shakespeare);
 #   - HyperP transfer re-anchored at the mini study's own reference: batch rule B_ref = 1,024, width reference
-#     10 x aspect = 80, D_ref = 10 x the effective params of that s = 10 model (train.py prints all three). The
+#     10 x aspect = 80, D_ref = 10 x the effective params of that s = 10 model (1-2-1 for looped runs) counted at
+#     the run's own r, as the release counts its 2-4-2 reference (train.py prints all three). The
 #     base MuonH LR 0.01 came from a 3-point sweep {0.005, 0.01, 0.02} at s = 3, C = 2e11 for r = 1 and r = 4:
 #     all within 0.05 nats, 0.01 within 0.02 nats of the best for both (App. D: one LR serves every r).
 set -euo pipefail

@@ -164,8 +164,11 @@ def test_adamw_matches_torch():
 # 5. HyperP LR table: the test vectors, the D^-0.32 rule, D_ref, the CLI
 
 def test_hyperp_test_vectors():
-    # D_ref: 10 x effective params of the s=10 references, 240 d^2 + 43 d and 248 d^2 + 43 d at d = 640
-    assert reference_tokens(1) == 983_315_200 and reference_tokens(2) == reference_tokens(8) == 1_016_083_200
+    # D_ref: 10 x effective params of the s=10 references counted at the run's r (optimizer §2.3, issue 11):
+    # 0-20-0 (240 d^2 + 43 d) for r=1; 2-4-2 for looped r: 4 (12 d^2 + 2 d) + 3 d + r (4 (12 d^2 + 2 d) + 2 d^2)
+    assert reference_tokens(1) == 983_315_200
+    for r, want in ((2, 606_380_800), (4, 1_016_083_200), (8, 1_835_488_000)):
+        assert reference_tokens(r) == want == 10 * (19_667_840 + r * 20_485_120), r
     # (d, r, D = int(C / F_train)) -> expected peak LRs (recomputed from the release's rules)
     s10r1 = hyperp_lrs(640, 1, 973_069_181)
     s20r2 = hyperp_lrs(1280, 2, 3_054_067_451)
@@ -175,7 +178,7 @@ def test_hyperp_test_vectors():
           f"s34 r4 2.15e19: {s34r4['muonh_lr']:.6f}")
     assert round(s10r1["muonh_lr"], 6) == 0.014047
     assert (s10r1["wte_lr"], s10r1["lm_head_lr"], s10r1["norm_lr"], s10r1["hc_lr"]) == (0.3, 0.004, 0.005, 0.01)
-    assert round(s20r2["muonh_lr"], 6) == 0.009844 and round(s20r2["wte_lr"], 4) == 0.2121
+    assert round(s20r2["muonh_lr"], 6) == 0.008345 and round(s20r2["wte_lr"], 4) == 0.2121
     assert round(s20r2["lm_head_lr"], 6) == 0.002828 and round(s20r2["norm_lr"], 6) == 0.003536
     assert round(s20r2["hc_lr"], 6) == 0.007071
     assert round(s34r4["muonh_lr"], 6) == 0.010470
@@ -197,7 +200,15 @@ def test_hyperp_data_rule_for_4x_tokens():
     assert hyperp_lrs(1280, 1, 983_315_200)["muonh_lr"] == pytest.approx(0.014, rel=1e-12)
     # explicit D_ref override (a scaled-down study's own reference)
     assert hyperp_lrs(64, 4, 5e6, d_ref=5e6)["muonh_lr"] == pytest.approx(0.014, rel=1e-12)
-    assert reference_tokens(4, d_model=32, n_layers_eff=4) == 10 * (4 * (12 * 32 ** 2 + 64) + 96 + 8 * 32 ** 2)
+    # another depth: l_eff = 8 with 2 + 2 once-layers -> a 2-1-2 reference (l_rec = (8 - 4) / 4), counted at r
+    block = 12 * 32 ** 2 + 64
+    assert reference_tokens(4, d_model=32, n_layers_eff=8) == 10 * (4 * block + 96 + 4 * (block + 2 * 32 ** 2))
+    assert reference_tokens(2, d_model=32, n_layers_eff=8) == 10 * (4 * block + 96 + 2 * (block + 2 * 32 ** 2))
+    # the CPU mini study's l_eff = 10, 1-?-1: a 1-2-1 reference
+    assert reference_tokens(8, d_model=80, n_layers_eff=10, n_layers_prelude=1, n_layers_coda=1) == \
+        10 * (2 * (12 * 80 ** 2 + 160) + 240 + 8 * (2 * (12 * 80 ** 2 + 160) + 2 * 80 ** 2))
+    with pytest.raises(ValueError, match="no recurrent layers"):
+        reference_tokens(4, d_model=32, n_layers_eff=4)
     # another aspect ratio (16): the s=10 reference is d = 160, for the width rule and the default D_ref alike
     mini = hyperp_lrs(160, 4, reference_tokens(4, d_model=160), d_model_ref=160)
     assert mini["muonh_lr"] == pytest.approx(0.014, rel=1e-12) and mini["wte_lr"] == pytest.approx(0.3, rel=1e-12)
@@ -206,11 +217,17 @@ def test_hyperp_data_rule_for_4x_tokens():
 def test_cli_lr_table(capsys):
     got = optim.main(["--scale", "10", "--tokens", "983315200", "--json"])
     printed = json.loads(capsys.readouterr().out)
-    assert printed == got and set(printed) == {"muonh_lr", "wte_lr", "lm_head_lr", "norm_lr", "hc_lr"}
-    assert printed["muonh_lr"] == pytest.approx(0.014, rel=1e-12)
+    assert printed == got and set(printed) == {"muonh_lr", "wte_lr", "lm_head_lr", "norm_lr", "hc_lr", "d_ref"}
+    assert printed["muonh_lr"] == pytest.approx(0.014, rel=1e-12) and printed["d_ref"] == 983_315_200
+    # issue 11 acceptance: s20 r2 C=1e19 -> eta 0.008345 with D_ref 606,380,800; r=8 -> D_ref 1,835,488,000
+    got = optim.main(["--scale", "20", "--n-loops", "2", "--tokens", "3054067451", "--json"])
+    capsys.readouterr()
+    assert round(got["muonh_lr"], 6) == 0.008345 and got["d_ref"] == 606_380_800
+    optim.main(["--scale", "20", "--n-loops", "8", "--tokens", "3054067451"])
+    assert "D_ref 1,835,488,000" in capsys.readouterr().out
     optim.main(["--scale", "20", "--n-loops", "2", "--tokens", "3054067451"])
     table = capsys.readouterr().out
-    assert "0.009844" in table and "0.212132" in table and "D_ref 1,016,083,200" in table
+    assert "0.008345" in table and "0.212132" in table and "D_ref 606,380,800" in table
     with pytest.raises(SystemExit):
         optim.main(["--scale", "10"])                          # no --tokens
     with pytest.raises(SystemExit):
