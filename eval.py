@@ -18,6 +18,7 @@ Run:
     python eval.py out/run --n-loops 8                    # test-time r != trained r -> out/run/eval_r8.json
     python eval.py out/run --sample "To be, or not to be" --max-new-tokens 64
     python eval.py out/run --bench                        # batched vs one-at-a-time scorer tokens/s (same run)
+    python eval.py out/run --out res.json --overwrite     # --out replaces only eval.py's own file for this run
     python eval.py primitives --out eval_data             # write the 5 reasoning-primitive jsonl files
     python eval.py bench                                  # scorer benchmark on a random tiny model, no checkpoint
     torchrun --standalone --nproc_per_node=8 eval.py out/run    # examples and val rows sharded over ranks
