@@ -833,7 +833,12 @@ def _check_out(path, ident=None, overwrite=False):
                 old = json.loads(f.read(1 << 24))            # eval.json is KBs; a large file is not ours anyway
         except (OSError, ValueError):
             old = None
-    if not (isinstance(old, dict) and all(old.get(k) == v for k, v in ident.items())):
+    def same(k, v):                  # out/run, out/run/ckpt.pt and a link to either name the same checkpoint
+        if k != "checkpoint" or not isinstance(old.get(k), str):
+            return old.get(k) == v
+        run = lambda c: os.path.dirname(c) if os.path.basename(c) == "ckpt.pt" else c
+        return run(os.path.realpath(old[k])) == run(os.path.realpath(v))
+    if not (isinstance(old, dict) and all(same(k, v) for k, v in ident.items())):
         raise ValueError(f"{path} exists and was not written by eval.py for {ident['checkpoint']} at "
                          f"n_loops {ident['n_loops']}: pass --overwrite to replace it, or choose another --out")
 
@@ -949,6 +954,10 @@ def _main(argv):
     # Every task file is read and checked before the checkpoint is loaded: a malformed line at the end of the last
     # file fails now, not after the val loss and 19 tasks have been scored.
     loaded = {} if a.sample is not None else {name: load_task(name, a.task_dir) for name in names}
+    for name, (items, src, shots) in loaded.items():        # k-shot prompts draw k other items of the same file
+        if items is not None and len(items) < shots + 1:
+            raise ValueError(f"{src['source']}: {len(items)} item(s), but {name} is {shots}-shot (Table 8): it needs "
+                             f"at least {shots + 1}")
     if a.bench and not any(items is not None for items, _, _ in loaded.values()):
         raise ValueError("--bench needs at least one present task")
 

@@ -129,9 +129,17 @@ def test_foreign_out_file_refused_unless_overwrite(run_dir, capsys, tmp_path):
     for _ in range(2):
         assert cli([run_dir["out"], "--tasks", "none", "--val-tokens", "0", "--out", str(own)], capsys)[0] == 0
     assert json.loads(own.read_text())["checkpoint"] == os.path.abspath(run_dir["out"])
+    # ... also when the same run is named by its ckpt.pt this time
+    ckpt = os.path.join(run_dir["out"], "ckpt.pt")
+    assert cli([ckpt, "--tasks", "none", "--val-tokens", "0", "--out", str(own)], capsys)[0] == 0
     code, msg, _ = cli([run_dir["out"], "--tasks", "none", "--val-tokens", "0", "--out", str(notes), "--overwrite"],
                        capsys)
     assert code == 0 and json.loads(notes.read_text())["n_loops"] == 2
+    # another r is another request: eval_r4's file is not replaced by an r = 2 evaluation
+    r4 = tmp_path / "r4.json"
+    assert cli([run_dir["out"], "--tasks", "none", "--val-tokens", "0", "--n-loops", "4", "--out", str(r4)],
+               capsys)[0] == 0
+    refused([run_dir["out"], "--tasks", "none", "--out", str(r4)], capsys, 1, str(r4), "n_loops 2", roots=roots)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
@@ -173,6 +181,12 @@ def test_malformed_task_record_named_by_file_and_line(rec, culprit, run_dir, cap
     # arc_easy is listed last of all tasks on purpose: it still fails before the val loss and the other tasks
     refused([run_dir["out"], "--tasks", "reasoning_primitives", "arc_easy", "--task-dir", str(tmp_path / "tasks")],
             capsys, 1, f"{path}:12", culprit, roots=[os.path.dirname(run_dir["out"]), str(tmp_path)])
+
+
+def test_too_few_items_for_the_shots_refused_before_scoring(run_dir, capsys, tmp_path, tasks):
+    path = _arc(tmp_path / "tasks", [GOOD_MC] * 10)                  # arc_easy is 10-shot: 11 items at least
+    refused([run_dir["out"], "--tasks", "reasoning_primitives", "arc_easy", "--task-dir", str(tmp_path / "tasks")],
+            capsys, 1, path, "10-shot", "at least 11", roots=[os.path.dirname(run_dir["out"]), str(tmp_path)])
 
 
 def test_olmo_requests_bad_doc_id_and_truncated_gzip(tmp_path):
