@@ -179,8 +179,7 @@ def _schema(rec):
         opts = rec["context_options"]
         need(isinstance(opts, list) and len(opts) >= 2 and all(isinstance(o, str) for o in opts),
              "context_options must be a list of >= 2 strings")
-        need(isinstance(rec.get("continuation"), str) and rec["continuation"],
-             "schema record needs a non-empty string continuation")
+        need(isinstance(rec.get("continuation"), str), "schema record needs a string continuation")
         need(index(rec.get("gold"), len(opts)), f"gold must be an integer index into context_options, got "
              f"{rec.get('gold')!r}")
         return "schema"
@@ -497,17 +496,24 @@ def evaluate_task(model, tokenizer, items, *, shots, delimiter=" ", cap=CAP, seq
         raise ValueError("evaluate_task needs at least one item")
     items = shuffle_and_cap(items, cap)                      # the same order and subset on every rank
     mine = range(rank, len(items), world)                    # round-robin: ranks get near-equal work
-    examples = build_examples(items, mine, tokenizer, shots=shots, delimiter=delimiter, seq_len=seq_len, crop=crop)
-    nats, ntok, exact = score_examples(model, examples, batch_tokens=batch_tokens, n_loops=n_loops,
-                                       pad_id=tokenizer.bos_id)
+    err = None
+    try:
+        examples = build_examples(items, mine, tokenizer, shots=shots, delimiter=delimiter, seq_len=seq_len,
+                                  crop=crop)
+        nats, ntok, exact = score_examples(model, examples, batch_tokens=batch_tokens, n_loops=n_loops,
+                                           pad_id=tokenizer.bos_id)
+    except ValueError as e:          # e.g. one of this rank's items does not fit: the other ranks must still reach
+        err, examples, nats, ntok, exact = str(e), [], [], [], []     # the all-reduce below, then all raise
     # Sums, not means, cross the ranks (in fp64): the token-weighted loss and bpb are then exact under DDP.
     device = next(model.parameters()).device
     lm = items[0]["kind"] == "lm"
     sums = torch.tensor([sum(nats), sum(ntok), sum(e.n_bytes for e in examples), len(examples),
                          sum(exact) if lm else 0, sum(e.cropped > 0 for e in examples),
-                         sum(e.mismatch for e in examples), sum(e.start >= len(e.tokens) for e in examples)],
-                        dtype=torch.float64, device=device)
+                         sum(e.mismatch for e in examples), sum(e.start >= len(e.tokens) for e in examples),
+                         err is not None], dtype=torch.float64, device=device)
     s = _all_reduce_sum(sums).tolist()
+    if s[8]:
+        raise ValueError(err or "an item scored by another rank failed (its message is in that rank's output)")
     if s[1] == 0:                                            # the release would report nan; we refuse to
         raise ValueError(f"all {int(s[3])} scored items have an empty gold span (every gold choice is a token "
                          f"prefix of another choice): no loss can be computed")
@@ -546,7 +552,7 @@ def evaluate_suite(model, tokenizer, names, *, task_dir=None, seq_len=None, crop
                 rec.update(evaluate_task(model, tokenizer, items, shots=shots, delimiter=TASKS[name].delimiter,
                                          cap=TASKS[name].cap, seq_len=seq_len, crop=crop, batch_tokens=batch_tokens,
                                          n_loops=n_loops, rank=rank, world=world))
-            except ValueError as e:              # the same on every rank: the items and the checks are identical
+            except ValueError as e:              # raised on every rank alike (evaluate_task all-reduces a failure)
                 rec.update(status="error", error=str(e))
                 print0(f"task {name:<24s} | FAILED: {e}")
                 tasks[name] = rec
