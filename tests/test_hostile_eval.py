@@ -3,9 +3,10 @@
 Every case asserts the exit status, a one-line message that names the culprit (flag, file and line), no traceback,
 and that every file that existed before is byte-identical afterwards. Most cases run eval.main in-process: a
 SystemExit is what the shell would see (a str code = that line on stderr and status 1; an int = argparse's status
-with the line on stderr); any other exception escapes and fails the test, which is the "no traceback" check. Two
-cases run a real `python eval.py` to confirm the same from the outside. The fixtures are test_eval.py's tiny
-tokenizer and briefly trained run (d_model 32, seq_len 64: RoPE covers 640 positions)."""
+with the line on stderr); any other exception escapes and fails the test, which is the "no traceback" check. One
+case runs a real `python eval.py` to confirm the same from the outside. The fixtures are test_eval.py's tiny
+tokenizer and a run of its tiny model with random weights (d_model 32, seq_len 64: RoPE covers 640 positions)."""
+import dataclasses
 import gzip
 import json
 import os
@@ -13,11 +14,32 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import eval as E
-from test_eval import run_dir, tok  # noqa: F401  (module-scoped fixtures: the tiny tokenizer and run)
+import data
+from test_eval import SEQ_LEN, corpus_texts, tiny_model, tok  # noqa: F401  (tok: the module-scoped tokenizer)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, tok):
+    """A run in train.py's layout (ckpt.pt + done.json + a prepared data dir) with random weights: these cases test
+    what the CLI refuses, not what a model learned, so test_eval.py's few training steps are skipped."""
+    root = tmp_path_factory.mktemp("hostile_run")
+    data_dir, out = str(root / "data"), str(root / "out")
+    data.prepare_docs(tok.encode(corpus_texts(200, seed=11)), data_dir, seq_len=SEQ_LEN, vocab_size=tok.vocab_size,
+                      bos_id=tok.bos_id, tokenizer_hash=tok.identity, val_docs=40, seed=0,
+                      source="tests/test_hostile_eval.py", tokenizer=tok.spec)
+    model = tiny_model()
+    os.makedirs(out)
+    torch.save({"model": model.state_dict(), "model_config": dataclasses.asdict(model.cfg),
+                "train_config": {"data": data_dir, "eval_tokens": -1}, "tokenizer_hash": tok.identity},
+               os.path.join(out, "ckpt.pt"))
+    with open(os.path.join(out, "done.json"), "w") as f:
+        json.dump({"val_loss": None}, f)
+    return dict(out=out, data=data_dir)
 
 
 def cli(argv, capsys):
@@ -59,7 +81,7 @@ def refused(argv, capsys, status, *culprits, roots=()):
 
 @pytest.fixture()
 def tasks(tmp_path):
-    """A task dir with the five primitives (20 items each), a copy of the run's outputs is not needed."""
+    """A task dir holding the five reasoning-primitive files, 20 items each."""
     d = tmp_path / "tasks"
     E.write_primitives(str(d), n=20)
     return d
@@ -251,6 +273,18 @@ def test_failed_task_keeps_the_other_results(run_dir, capsys, tmp_path, tasks):
     assert saved["failed"] == ["webq"] and saved["tasks"]["webq"]["status"] == "error"
     assert saved["tasks"]["induction_head"]["status"] == "ok" and saved["tasks"]["induction_head"]["n"] == 20
     assert saved["axes"]["parametric_knowledge"]["complete"] is False
+
+
+def test_disk_full_at_the_end_prints_the_result_instead_of_losing_it(run_dir, capsys, tmp_path, tasks, monkeypatch):
+    def full(path, write):
+        raise OSError(28, "No space left on device", path)
+    monkeypatch.setattr(E, "atomic_write", full)
+    out = tmp_path / "e.json"
+    code, msg, stdout = cli([run_dir["out"], "--tasks", "induction_head", "--task-dir", str(tasks), "--out", str(out)],
+                            capsys)
+    assert code == 1 and "\n" not in msg and f"could not write {out}" in msg and "No space left" in msg
+    saved = json.loads(stdout[stdout.index("{\n"):])                        # the whole result, on stdout
+    assert saved["tasks"]["induction_head"]["n"] == 20 and saved["val_loss"] > 0 and not out.exists()
 
 
 # -----------------------------------------------------------------------------
