@@ -873,7 +873,7 @@ def _cli_bench(argv):
     p.add_argument("--n-loops", type=_number(int, 1, 1024), default=4)
     p.add_argument("--n-layers-eff", type=pos, default=10)
     p.add_argument("--vocab-size", type=_number(int, 8), default=2048)
-    p.add_argument("--seq-len", type=_number(int, 8), default=128, help="prompts are 1/4 .. 1 x seq_len tokens")
+    p.add_argument("--seq-len", type=_number(int, 8, 65536), default=128, help="prompts are 1/4 .. 1 x seq_len tokens")
     p.add_argument("--n-examples", type=_number(int, 8), default=256)
     p.add_argument("--batch-tokens", type=_number(int, 8), default=8192)
     p.add_argument("--equal-length", type=_number(int, 0), default=0, help="every prompt this many tokens "
@@ -885,6 +885,10 @@ def _cli_bench(argv):
     cfg = ModelConfig(scale=a.scale, aspect_ratio=a.aspect_ratio, head_dim=a.head_dim, n_loops=a.n_loops,
                       n_layers_eff=a.n_layers_eff, n_layers_prelude=1, n_layers_coda=1, vocab_size=a.vocab_size,
                       seq_len=a.seq_len)                     # its own checks (e.g. layout) raise ValueError
+    n_params = 12 * cfg.d_model ** 2 * sum(cfg.partition) + 2 * cfg.vocab_padded * cfg.d_model   # blocks + wte/head
+    if n_params > 1e9:                                       # refused before allocating, not an out-of-memory crash
+        raise ValueError(f"bench model of ~{n_params / 1e9:.1f}B parameters (d_model {cfg.d_model}): the scorer "
+                         f"benchmark is for small models; lower --scale / --aspect-ratio / --vocab-size")
     device = init_dist()[2]
     model = LoopedGPT(cfg).to(device).eval()
     print0(f"bench model: d_model {cfg.d_model}, r {cfg.n_loops}, l_eff {cfg.n_layers_eff}, vocab {cfg.vocab_size}, "
@@ -953,6 +957,11 @@ def _main(argv):
     for flag, path in (("--task-dir", a.task_dir), ("--data", a.data)):
         if path is not None and not os.path.isdir(path):
             raise ValueError(f"{flag} {path}: no such folder")
+    if a.sample is not None:
+        try:
+            a.sample.encode("utf-8")
+        except UnicodeEncodeError:                           # undecodable bytes on the command line
+            raise ValueError("--sample: the prompt is not valid UTF-8 text") from None
     if a.sample is not None and (a.out is not None or a.bench):
         raise ValueError("--sample prints a continuation and writes nothing: drop --out / --bench")
     if a.out is not None:                                    # folder checks now; ownership once r is known

@@ -114,6 +114,18 @@ def test_bench_and_primitives_flags_checked_at_parse(argv, flag, capsys, tmp_pat
     assert not os.path.exists(tmp_path / "x")
 
 
+def test_bench_model_checks_before_allocating(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    refused(["bench", "--scale", "4096"], capsys, 1, "parameters", "--scale", roots=[str(tmp_path)])
+    refused(["bench", "--head-dim", "3"], capsys, 1, "head_dim=3", roots=[str(tmp_path)])
+    refused(["bench", "--n-loops", "3"], capsys, 1, "n_loops=3", roots=[str(tmp_path)])
+
+
+def test_sample_prompt_not_utf8(run_dir, capsys):
+    refused([run_dir["out"], "--sample", "caf\udce9"], capsys, 1, "--sample", "UTF-8",
+            roots=[os.path.dirname(run_dir["out"])])
+
+
 # -----------------------------------------------------------------------------
 # 2. --out: a missing folder, a folder, --sample; a foreign file is refused unless --overwrite; eval's own replaced
 
