@@ -16,13 +16,14 @@ Run:
     python eval.py out/run --tasks var_assign_d0_math induction_head --task-dir eval_data
     python eval.py out/run --n-loops 8                    # test-time r != trained r -> out/run/eval_r8.json
     python eval.py out/run --sample "To be, or not to be" --max-new-tokens 64
+    python eval.py release_dir --step 5000 --data DIR     # an authors' checkpoint (model_<step>.pt + meta_<step>.json)
     python eval.py out/run --bench                        # batched vs one-at-a-time scorer tokens/s (same run)
     python eval.py primitives --out eval_data             # write the 5 reasoning-primitive jsonl files
     python eval.py bench                                  # scorer benchmark on a random tiny model, no checkpoint
     torchrun --standalone --nproc_per_node=8 eval.py out/run    # examples and val rows sharded over ranks
 Test:  pytest tests/test_eval.py
 Read in this order: TASKS -> val_loss -> load_task_file -> render_prompts -> build_examples -> score_examples ->
-    evaluate_task -> primitives -> main
+    evaluate_task -> primitives -> read_checkpoint / load_release -> main
 Not here: the model (model.py), the loader and tokenizers (data.py), training (train.py).
 """
 import argparse

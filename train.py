@@ -11,6 +11,7 @@ Run:   single GPU   python train.py --flops-budget 1e18 --n-loops 4 --scale 10 -
                         --eval-tokens 8192 --data DIR --out-dir out/cpu
        throughput   python train.py --bench-steps 10 --scale 2 --n-loops 4 --seq-len 256 --batch-tokens 4096 ...
        plan only    python train.py --flops-budget 1e18 --n-loops 4 --scale 10 --plan    (steps, tokens, LRs, cost)
+       fine-tune    python train.py --init-from RUN_OR_RELEASE_DIR --tokens 1e9 --data DIR --out-dir out/ft
 Test:  pytest tests/test_train.py tests/test_runs.py
 Read in this order: TrainConfig -> parse_args -> main (sections in the order they run) -> save_checkpoint.
 Not here: FLOP/token accounting (flops.py), LR rules and MuonH (optim.py), loader/packing (data.py),
