@@ -634,7 +634,8 @@ def read_checkpoint(path, keys=CKPT_KEYS) -> dict:
     """
     path = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
     if not os.path.isfile(path):
-        raise ValueError(f"no checkpoint at {path} (expected train.py's out_dir/ckpt.pt)")
+        raise ValueError(f"no checkpoint at {path} (expected train.py's out_dir/ckpt.pt, or an authors' release dir "
+                         "of model_<step>.pt + meta_<step>.json)")
     if os.path.getsize(path) == 0:
         raise ValueError(f"{path} is empty (0 bytes): an interrupted copy? Use another checkpoint")
     try:
@@ -645,7 +646,9 @@ def read_checkpoint(path, keys=CKPT_KEYS) -> dict:
         # PyTorch's own text suggests weights_only=False, which would execute whatever the file contains
         raise ValueError(f"{path} is not a PyTorch checkpoint of tensors and plain types (corrupt, or a pickle of "
                          "other objects, which is refused: loading it could run arbitrary code)") from None
-    except Exception as e:                                        # truncated zip, random bytes, I/O error, ...
+    except OSError as e:                                          # unreadable: permissions, I/O error
+        raise ValueError(f"{path}: cannot read it ({e.strerror or type(e).__name__})") from None
+    except Exception as e:                                        # truncated zip, random bytes, another format
         detail = str(e).split(". ")[0].splitlines()[0][:120] if str(e) else ""
         raise ValueError(f"{path} cannot be read as a PyTorch checkpoint: truncated or corrupt "
                          f"({type(e).__name__}{': ' + detail if detail else ''})") from None
@@ -924,7 +927,10 @@ def sample(model, tokenizer, prompt, max_new_tokens=64, temperature=0.8, top_k=5
     gen = torch.Generator(device=device).manual_seed(seed)
     out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen, n_loops=n_loops)
     new = out[0, idx.size(1):].tolist()                      # (max_new_tokens,) the continuation only
-    return tokenizer.decode(new), new
+    # An id past the tokenizer is a special token of the model's own vocabulary (the release's <|assistant_end|> =
+    # 32,000 after Llama-2's 32,000 pieces): it ends the text; the ids are returned whole.
+    end = next((i for i, t in enumerate(new) if t >= tokenizer.vocab_size), len(new))
+    return tokenizer.decode(new[:end]), new
 
 
 def bench_scorer(model, examples, *, batch_tokens=8192, n_loops=None, pad_id=0, repeats=2) -> dict:
@@ -1101,6 +1107,9 @@ def _main(argv):
                               device_batch=a.device_batch, rank=rank, world=world, device=device)
         if val_tokens == -1:                                 # train.py's convention: the whole val split
             val_tokens = loader.total_rows * cfg.seq_len
+        if val_tokens // cfg.seq_len > loader.total_rows:   # e.g. the release's 70.8M on a smaller val split
+            raise SystemExit(f"eval.py: {val_tokens:,} val tokens need {val_tokens // cfg.seq_len:,} rows but {data_dir} "
+                             f"has {loader.total_rows:,}; pass --val-tokens N (or -1 for the whole split)")
         result["val_loss"] = val_loss(model, loader, val_tokens, n_loops=a.n_loops)
         result["val_tokens"] = (val_tokens // cfg.seq_len) * cfg.seq_len
         print0(f"val_loss {result['val_loss']:.4f} nats | n_loops {r_eval} | {result['val_tokens']:,} tokens")

@@ -446,7 +446,7 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     # A checkpoint to resume must come from the same model, horizon, LRs, seed and tokenizer.
     ckpt = None
     if not no_data and tc.resume and os.path.exists(ckpt_path):
-        ckpt = read_checkpoint(ckpt_path, CKPT_KEYS)   # safe (weights_only), one-line errors, weights fit config
+        ckpt = read_checkpoint(ckpt_path, CKPT_KEYS)   # safe (weights_only), one-line errors for bad files
         now = asdict(cfg)
         diff = {k: (v, now.get(k)) for k, v in ckpt["model_config"].items() if now.get(k) != v}
         if diff:

@@ -343,6 +343,12 @@ def test_eval_cli_on_a_release_dir(tmp_path, corpus):
                    "--max-new-tokens", "5", "--temperature", "0"])
     assert text == tok.decode(loaded.generate(torch.tensor([[tok.bos_id] + tok.encode(["The cat"])[0]]), 5,
                                               temperature=0)[0, -5:].tolist())
+    # the release's default val set (70.8M tokens) does not fit this data: a one-line error with the fix
+    with pytest.raises(SystemExit, match=r"need 4,423,680 rows but .* pass --val-tokens N"):
+        E.main([root, "--data", data_dir, "--tasks", "none"])
+    # an id past the tokenizer (the release's <|assistant_end|> after Llama-2's pieces) ends the sampled text
+    loaded.generate = lambda idx, n, **kw: torch.cat([idx, torch.tensor([[5, 6, tok.vocab_size, 7]])], 1)
+    assert E.sample(loaded, tok, "The cat", 4) == (tok.decode([5, 6]), [5, 6, tok.vocab_size, 7])
 
 
 def _first_step_loss(model, data_dir, tok_hash):
