@@ -759,8 +759,9 @@ RELEASE_INJECTION = {"inject_init_prelude": "linear", "additive": "additive", "p
 RELEASE_EVAL_TOKENS = 34_560 * 2048       # the release's fixed validation set, 70.8M tokens (data.md §4)
 RELEASE_NEEDED = ("sequence_len", "vocab_size", "n_head", "n_kv_head", "n_embd", "n_prelude", "n_recur_block",
                   "n_coda", "num_recur", "input_injection")  # shape or function; the rest have release defaults
-RELEASE_DEFAULTS = dict(size=None, bptt_k=None, num_lanes=2, logit_softcap=15.0)   # GPTConfig defaults (bptt_k:
-                                                           # only training; size: only a label, see below)
+# Fields a meta may lack, with the release GPTConfig's defaults: bptt_k only affects training, size is only a label
+# (d is n_embd), num_lanes only shapes the hyperconnection tensors (checked), logit_softcap is Table 4's 15.
+RELEASE_DEFAULTS = dict(size=None, bptt_k=None, num_lanes=2, logit_softcap=15.0)
 
 
 def _release_steps(root) -> dict:
@@ -819,7 +820,8 @@ def load_release(root, step=None, device="cpu", release_rope=True):
         with open(meta_path, encoding="utf-8") as f:
             meta = json.load(f)
     except FileNotFoundError:
-        raise ValueError(f"{meta_path} not found: the release writes it beside {os.path.basename(steps[step])}") from None
+        raise ValueError(f"{meta_path} not found: the release writes it beside "
+                         f"{os.path.basename(steps[step])}") from None
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise ValueError(f"{meta_path}: not readable JSON ({str(e).splitlines()[0]})") from None
     mc = meta.get("model_config") if isinstance(meta, dict) else None
@@ -1108,8 +1110,8 @@ def _main(argv):
         if val_tokens == -1:                                 # train.py's convention: the whole val split
             val_tokens = loader.total_rows * cfg.seq_len
         if val_tokens // cfg.seq_len > loader.total_rows:   # e.g. the release's 70.8M on a smaller val split
-            raise SystemExit(f"eval.py: {val_tokens:,} val tokens need {val_tokens // cfg.seq_len:,} rows but {data_dir} "
-                             f"has {loader.total_rows:,}; pass --val-tokens N (or -1 for the whole split)")
+            raise SystemExit(f"eval.py: {val_tokens:,} val tokens need {val_tokens // cfg.seq_len:,} rows but "
+                             f"{data_dir} has {loader.total_rows:,}; pass --val-tokens N (or -1 for the whole split)")
         result["val_loss"] = val_loss(model, loader, val_tokens, n_loops=a.n_loops)
         result["val_tokens"] = (val_tokens // cfg.seq_len) * cfg.seq_len
         print0(f"val_loss {result['val_loss']:.4f} nats | n_loops {r_eval} | {result['val_tokens']:,} tokens")

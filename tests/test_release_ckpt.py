@@ -148,7 +148,8 @@ def test_rope_flip_matches_a_hand_computed_release_forward(tmp_path):
     blk = "transformer.recur.0."
     sd = {"transformer.wte.weight": rnd(64, d), "lm_head.weight": rnd(64, d) / 4,
           "norm_emb.weight": 1 + 0.3 * rnd(d), "norm_recur.weight": 1 + 0.3 * rnd(d),
-          "norm_final.weight": 1 + 0.3 * rnd(d), blk + "n1.weight": 1 + 0.3 * rnd(d), blk + "n3.weight": 1 + 0.3 * rnd(d),
+          "norm_final.weight": 1 + 0.3 * rnd(d), blk + "n1.weight": 1 + 0.3 * rnd(d),
+          blk + "n3.weight": 1 + 0.3 * rnd(d),
           blk + "mlp.c_fc.weight": rnd(4 * d, d) / 4, blk + "mlp.c_proj.weight": rnd(d, 4 * d) / 8}
     for n in "qkv":
         sd[blk + f"attn.c_{n}.weight"] = rnd(d, d) / 4
@@ -218,7 +219,8 @@ def _release(tmp_path, mutate_config=None, mutate_state=None, cfg=None, **meta):
     (dict(mutate_config=lambda c: c.update(sandwich_norm=True)), r"unknown fields \['sandwich_norm'\]"),
     (dict(mutate_config=lambda c: c.pop("num_recur")), r"missing fields \['num_recur'\]"),
     (dict(mutate_config=lambda c: c.update(input_injection="gated")), "input_injection 'gated' not in"),
-    (dict(mutate_config=lambda c: c.update(vocab_size=200)), r"2 with another shape: transformer\.wte\.weight \(64, 32\) vs \(256, 32\)"),
+    (dict(mutate_config=lambda c: c.update(vocab_size=200)),
+     r"2 with another shape: transformer\.wte\.weight \(64, 32\) vs \(256, 32\)"),
     (dict(mutate_state=lambda s: [s.update({k[len("transformer."):]: s.pop(k)}) for k in list(s)
                                   if k.startswith("transformer.wte")]), "holds nanoloop names \\(wte\\.weight\\)"),
 ])
@@ -280,7 +282,8 @@ def _corrupt_ckpts(root, cfg, extra=None):
 
 EXPECT = {"truncated": "truncated or corrupt", "random": "not a PyTorch checkpoint", "zero": "is empty",
           "text": "truncated or corrupt", "tensor": "holds a Tensor", "object": "refused",
-          "missing_key": r"no \['model_config'\] entry", "arch_mismatch": r"weights do not match.* unknown: prelude\.1\."}
+          "missing_key": r"no \['model_config'\] entry",
+          "arch_mismatch": r"weights do not match.* unknown: prelude\.1\."}
 
 
 def test_corrupt_ckpt_in_eval(tmp_path):
