@@ -17,6 +17,7 @@ Run:
     python eval.py out/run --tasks var_assign_d0_math induction_head --task-dir eval_data
     python eval.py out/run --n-loops 8                    # test-time r != trained r -> out/run/eval_r8.json
     python eval.py out/run --sample "To be, or not to be" --max-new-tokens 64
+    python eval.py release_dir --step 5000 --data DIR     # an authors' checkpoint (model_<step>.pt + meta_<step>.json)
     python eval.py out/run --bench                        # batched vs one-at-a-time scorer tokens/s (same run)
     python eval.py out/run --out res.json --overwrite     # --out replaces only eval.py's own file for this run
     python eval.py primitives --out eval_data             # write the 5 reasoning-primitive jsonl files
@@ -24,7 +25,7 @@ Run:
     torchrun --standalone --nproc_per_node=8 eval.py out/run    # examples and val rows sharded over ranks
 Test:  pytest tests/test_eval.py
 Read in this order: TASKS -> val_loss -> load_task_file -> render_prompts -> build_examples -> score_examples ->
-    evaluate_task -> primitives -> main
+    evaluate_task -> primitives -> read_checkpoint / load_release -> main
 Not here: the model (model.py), the loader and tokenizers (data.py), training (train.py).
 """
 import argparse
@@ -36,10 +37,13 @@ import json
 import math
 import os
 import pathlib
+import pickle
 import random
+import re
 import string
 import sys
 import time
+import warnings
 import zlib
 from dataclasses import dataclass
 from typing import Optional
@@ -679,33 +683,287 @@ def write_primitives(out_dir, n=1000, overwrite=False) -> list:
 # -----------------------------------------------------------------------------
 # Checkpoints, sampling, the scorer benchmark
 
-def load_checkpoint(path, device="cpu"):
-    """(model in eval mode, checkpoint dict) from out_dir/ckpt.pt (or the .pt path itself).
+CKPT_KEYS = ("model", "model_config")      # what eval needs from train.py's ckpt.pt; train.py's resume needs more
 
-    Assumes train.py's layout: {"model": state_dict, "model_config": asdict(ModelConfig),
-    "train_config": asdict(TrainConfig), ...}. Prefixes added by torch.compile / DDP are stripped."""
-    ckpt_path = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
-    if not os.path.isfile(ckpt_path):
-        raise SystemExit(f"no checkpoint at {ckpt_path} (expected train.py's out_dir/ckpt.pt)")
-    ck = torch.load(ckpt_path, map_location="cpu", weights_only=True)    # tensors + plain dicts only
-    for key in ("model", "model_config"):
-        if key not in ck:
-            raise SystemExit(f"{ckpt_path} has no '{key}' entry (keys: {sorted(ck)})")
-    fields = {f.name for f in dataclasses.fields(ModelConfig)}
-    unknown = sorted(set(ck["model_config"]) - fields)
-    if unknown:
-        raise SystemExit(f"{ckpt_path}: model_config has fields this model.py does not know: {unknown}")
-    cfg = ModelConfig(**ck["model_config"])
-    model = LoopedGPT(cfg)
-    # torch.compile wraps the module as _orig_mod, DDP as module: strip either so a raw LoopedGPT loads strictly
-    # (a missing or unexpected key is an error, never a silently random layer).
-    state = {}
-    for k, v in ck["model"].items():
-        for prefix in ("_orig_mod.", "module."):
-            k = k[len(prefix):] if k.startswith(prefix) else k
-        state[k] = v
+
+def read_checkpoint(path, keys=CKPT_KEYS) -> dict:
+    """Read a torch checkpoint safely: nanoloop's out_dir/ckpt.pt (or any .pt path) -> its dict, checked.
+
+    weights_only=True always: a checkpoint is tensors and plain Python types, and unpickling anything else could run
+    arbitrary code, so such a file is refused (never "retry with weights_only=False"). Every failure is a ValueError
+    with a one-line message naming the file: missing, empty, truncated or corrupt, not a checkpoint, a key of `keys`
+    missing. When the dict holds "model" and "model_config" (train.py's layout), the config must be a valid
+    ModelConfig and the weights a state dict; the _orig_mod. / module. prefixes of torch.compile / DDP are stripped.
+    Whether the weights fit the config (names, shapes) is checked where they are loaded: load_weights.
+    """
+    path = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
+    if not os.path.isfile(path):
+        raise ValueError(f"no checkpoint at {path} (expected train.py's out_dir/ckpt.pt, or an authors' release dir "
+                         "of model_<step>.pt + meta_<step>.json)")
+    if os.path.getsize(path) == 0:
+        raise ValueError(f"{path} is empty (0 bytes): an interrupted copy? Use another checkpoint")
+    try:
+        with warnings.catch_warnings():                           # old pickle protocols warn before failing
+            warnings.simplefilter("ignore")
+            ck = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        # PyTorch's own text suggests weights_only=False, which would execute whatever the file contains
+        raise ValueError(f"{path} is not a PyTorch checkpoint of tensors and plain types (corrupt, or a pickle of "
+                         "other objects, which is refused: loading it could run arbitrary code)") from None
+    except OSError as e:                                          # unreadable: permissions, I/O error
+        raise ValueError(f"{path}: cannot read it ({e.strerror or type(e).__name__})") from None
+    except Exception as e:                                        # truncated zip, random bytes, another format
+        detail = str(e).split(". ")[0].splitlines()[0][:120] if str(e) else ""
+        raise ValueError(f"{path} cannot be read as a PyTorch checkpoint: truncated or corrupt "
+                         f"({type(e).__name__}{': ' + detail if detail else ''})") from None
+    if not isinstance(ck, dict):
+        raise ValueError(f"{path} holds a {type(ck).__name__}, not a checkpoint dict")
+    missing = [k for k in keys if k not in ck]
+    if missing:
+        raise ValueError(f"{path} has no {missing} entr{'y' if len(missing) == 1 else 'ies'} (keys: {sorted(ck)}): "
+                         "not a complete train.py checkpoint")
+    if "model" in ck and "model_config" in ck:
+        mc = ck["model_config"]
+        if not isinstance(mc, dict):
+            raise ValueError(f"{path}: model_config is a {type(mc).__name__}, not a dict")
+        unknown = sorted(set(mc) - {f.name for f in dataclasses.fields(ModelConfig)})
+        if unknown:
+            raise ValueError(f"{path}: model_config has fields this model.py does not know: {unknown}")
+        try:
+            ModelConfig(**mc)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path}: invalid model_config: {e}") from None
+        if not isinstance(ck["model"], dict):
+            raise ValueError(f"{path}: the weights are a {type(ck['model']).__name__}, not a state dict")
+        ck["model"] = {_strip_prefix(k): v for k, v in ck["model"].items()}
+    return ck
+
+
+def _strip_prefix(key):
+    """torch.compile wraps a module as _orig_mod, DDP as module: their state-dict keys carry the prefix."""
+    for prefix in ("_orig_mod.", "module."):
+        key = key[len(prefix):] if isinstance(key, str) and key.startswith(prefix) else key
+    return key
+
+
+def load_weights(model, state, source, names=None):
+    """model.load_state_dict(state) after checking that state fits the model exactly, else a one-line ValueError.
+
+    A missing, unknown or non-float tensor or a wrong shape is an error naming them, never a silently random or
+    truncated layer (load_state_dict would raise a many-line RuntimeError). bf16 tensors are upcast exactly.
+    source: the file, for the message; names: key -> the name to show (a release's own names)."""
+    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}      # persistent tensors only (no RoPE)
+    show = lambda ks: ", ".join(str((names or {}).get(k, k)) for k in ks[:4]) + (" ..." if len(ks) > 4 else "")
+    is_float = lambda v: isinstance(v, torch.Tensor) and v.is_floating_point()
+    problems = []
+    for what, ks in (("missing", [k for k in want if k not in state]),
+                     ("unknown", [k for k in state if k not in want]),
+                     ("not a float tensor", [k for k in want if k in state and not is_float(state[k])]),
+                     ("with another shape", [k for k in want if is_float(state.get(k))
+                                             and tuple(state[k].shape) != want[k]])):
+        if ks:
+            if what == "with another shape":
+                ks = [f"{(names or {}).get(k, k)} {tuple(state[k].shape)} vs {want[k]}" for k in ks]
+            problems.append(f"{len(ks)} {what}: {show(ks)}")
+    if problems:
+        c = model.cfg
+        raise ValueError(f"{source}: the weights do not match the model config (d_model {c.d_model}, n_loops "
+                         f"{c.n_loops}, layout {'-'.join(map(str, c.partition))}, injection {c.injection}, vocab "
+                         f"{c.vocab_size}): {'; '.join(problems)}")
     model.load_state_dict(state)
+    return model
+
+
+def load_checkpoint(path, device="cpu", step=None):
+    """(model in eval mode, checkpoint dict) from a nanoloop run or an authors' release directory.
+
+    nanoloop: out_dir (holding ckpt.pt) or a .pt path, read by read_checkpoint. Release: a directory of
+    model_<step>.pt + meta_<step>.json (or one model_<step>.pt path), read by load_release; its dict is shaped like
+    train.py's (model_config, a train_config with the release's 70.8M val tokens) plus "release": the meta json.
+    step: the release step (default the latest); an error for a nanoloop run. Bad input raises ValueError."""
+    kind, root, step = _checkpoint_kind(path, step)
+    if kind == "release":
+        model, meta = load_release(root, step, device)
+        mc = meta["model_config"]
+        print0(f"release checkpoint {root} step {meta['step']}: s={mc.get('size')} d={model.cfg.d_model} "
+               f"r={model.cfg.n_loops} layout {'-'.join(map(str, model.cfg.partition))} {model.cfg.injection}"
+               + (f" | their val_loss {meta['val_loss']:.4f}" if isinstance(meta.get("val_loss"), float) else ""))
+        ck = dict(model_config=dataclasses.asdict(model.cfg), release=meta,
+                  train_config=dict(eval_tokens=RELEASE_EVAL_TOKENS))
+        return model, ck
+    ck = read_checkpoint(root)
+    source = os.path.join(root, "ckpt.pt") if os.path.isdir(root) else root
+    model = load_weights(LoopedGPT(ModelConfig(**ck["model_config"])), ck["model"], source)
     return model.to(device).eval(), ck
+
+
+def _checkpoint_kind(path, step):
+    """("nanoloop" | "release", the path to read, step): which layout `path` holds (see load_checkpoint)."""
+    name = os.path.basename(os.path.normpath(path))
+    m = re.fullmatch(r"model_(\d+)\.pt", name)
+    if os.path.isfile(path) and m:                                # one release file names its own step
+        if step is not None and step != int(m.group(1)):
+            raise ValueError(f"--step {step} contradicts the file name {name}")
+        return "release", os.path.dirname(os.path.abspath(path)), int(m.group(1))
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "ckpt.pt")) and _release_steps(path):
+        return "release", path, step
+    if step is not None:
+        raise ValueError(f"--step selects a step of a release directory (model_<step>.pt); {path} is a nanoloop run")
+    return "nanoloop", path, None
+
+
+# -----------------------------------------------------------------------------
+# The authors' release checkpoints (kschwethelm/looped-lm-scaling, nanochat/checkpoint_manager.py at v0.1.0)
+# DIR/model_<step:06d>.pt: the GPT's state_dict; DIR/meta_<step:06d>.json: {"step", "val_loss", "model_config":
+# the GPTConfig fields, "user_config": the CLI args, ...}. Mapped onto LoopedGPT exactly; anything nanoloop cannot
+# express is an error, never an approximation.
+
+RELEASE_INJECTION = {"inject_init_prelude": "linear", "additive": "additive", "passthrough": "passthrough",
+                     "hyperconnect": "hyper"}
+RELEASE_EVAL_TOKENS = 34_560 * 2048       # the release's fixed validation set, 70.8M tokens (data.md §4)
+RELEASE_NEEDED = ("sequence_len", "vocab_size", "n_head", "n_kv_head", "n_embd", "n_prelude", "n_recur_block",
+                  "n_coda", "num_recur", "input_injection")  # shape or function; the rest have release defaults
+# Fields a meta may lack, with the release GPTConfig's defaults: bptt_k only affects training, size is only a label
+# (d is n_embd), num_lanes only shapes the hyperconnection tensors (checked), logit_softcap is Table 4's 15.
+RELEASE_DEFAULTS = dict(size=None, bptt_k=None, num_lanes=2, logit_softcap=15.0)
+
+
+def _release_steps(root) -> dict:
+    """{step: model path} of root/model_<digits>.pt (aliases such as model_pre_warmdown.pt are not steps)."""
+    out = {}
+    for name in os.listdir(root):
+        m = re.fullmatch(r"model_(\d+)\.pt", name)
+        if m:
+            out[int(m.group(1))] = os.path.join(root, name)
+    return out
+
+
+def release_rope_tables(n_pos, head_dim, base):
+    """The release's RoPE cos / sin, each (n_pos, D/2): angles in fp32, then rounded to bf16 and kept there
+    (gpt.py _precompute_rotary_embeddings), returned as fp32 holding those bf16 values. nanoloop's own tables are
+    fp64-computed fp32; with the release's a loaded model computes the release's function to fp32 rounding."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))   # (D/2,)
+    angles = torch.outer(torch.arange(n_pos, dtype=torch.float32), inv_freq)                  # (n_pos, D/2)
+    return angles.cos().bfloat16().float(), angles.sin().bfloat16().float()
+
+
+def load_release(root, step=None, device="cpu", release_rope=True):
+    """An authors' release checkpoint -> (LoopedGPT in eval mode, meta dict with "step" set). ValueError if not.
+
+    root: the directory of model_<step:06d>.pt + meta_<step:06d>.json; step: which (default the latest).
+    The mapping (release -> nanoloop; every fact from the release's gpt.py / base_train.py at v0.1.0):
+      config   n_embd -> d_model = aspect_ratio x scale; head_dim = n_embd / n_head; num_recur -> n_loops;
+               n_prelude / n_recur_block / n_coda -> the layout, n_layers_eff = p + r l + c; input_injection ->
+               injection (inject_init_prelude = linear, hyperconnect = hyper); num_lanes -> hc_lanes; bptt_k < r ->
+               n_loops_bwd; sequence_len -> seq_len; vocab_size, logit_softcap as they are.
+               An odd s: the release rounds d up to a multiple of head_dim (s=15: 960 -> 1024), so d != 64 s; the
+               model is kept exact (d_model = 1024) and labelled scale = d / aspect_ratio (16 x 64).
+               r = 1 must be 0-L-0 passthrough (or additive, the same function at r = 1): nanoloop's baseline.
+               Refused: GQA (n_kv_head != n_head), r not dividing 16, r = 1 with a prelude / coda / inject layer /
+               lanes, unknown or missing config fields.
+      weights  transformer.wte -> wte (bf16 on CUDA runs: upcast, exact); transformer.{prelude,recur,coda}.i ->
+               the same blocks, n1 / n3 -> norm_attn / norm_mlp; lane_alpha / lane_mixing / lane_beta -> hc_alpha /
+               hc_mix / hc_beta; inject, norm_emb, norm_recur, norm_final, lm_head unchanged; a leading _orig_mod.
+               (torch.compile) is dropped. Strict: an unknown, missing or misshapen tensor is an error.
+      RoPE     the release rotates each pair (x_j, x_{j+D/2}) by -theta, nanoloop by +theta. Negating the second-half
+               output rows of every head of c_q and c_k gives q', k' = the release's q, k with their second halves
+               negated; QK-norm and every q.k are unchanged by that, so attention is the release's exactly.
+               release_rope: also install the release's bf16-rounded tables (eval; train.py --init-from keeps
+               nanoloop's own, so its resumes stay bitwise).
+    """
+    if not os.path.isdir(root):
+        raise ValueError(f"{root} is not a directory (expected a release checkpoint dir of model_<step>.pt files)")
+    steps = _release_steps(root)
+    if not steps:
+        raise ValueError(f"{root} holds no model_<step>.pt (and no ckpt.pt): not a checkpoint directory")
+    step = max(steps) if step is None else step
+    if step not in steps:
+        raise ValueError(f"{root} has no step {step}; steps: {sorted(steps)}")
+    meta_path = os.path.join(root, f"meta_{step:06d}.json")
+    try:
+        with open(meta_path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except FileNotFoundError:
+        raise ValueError(f"{meta_path} not found: the release writes it beside "
+                         f"{os.path.basename(steps[step])}") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{meta_path}: not readable JSON ({str(e).splitlines()[0]})") from None
+    mc = meta.get("model_config") if isinstance(meta, dict) else None
+    if not isinstance(mc, dict):
+        raise ValueError(f"{meta_path} has no model_config object")
+    where = f"{meta_path}: model_config"
+    unknown = sorted(set(mc) - set(RELEASE_NEEDED) - set(RELEASE_DEFAULTS))
+    missing = [k for k in RELEASE_NEEDED if k not in mc]
+    if unknown or missing:
+        raise ValueError(f"{where}: " + "; ".join(
+            s for s in (f"unknown fields {unknown} (a newer or older release?)" if unknown else "",
+                        f"missing fields {missing}" if missing else "") if s))
+    c = dict(RELEASE_DEFAULTS, **mc)
+    ints = [k for k in RELEASE_NEEDED if k != "input_injection"] + ["num_lanes"]
+    if any(isinstance(c[k], bool) or not isinstance(c[k], int) for k in ints):
+        raise ValueError(f"{where}: {', '.join(k for k in ints if not isinstance(c[k], int))} must be integers")
+    if c["input_injection"] not in RELEASE_INJECTION:
+        raise ValueError(f"{where}: input_injection {c['input_injection']!r} not in {sorted(RELEASE_INJECTION)}")
+    injection, r = RELEASE_INJECTION[c["input_injection"]], c["num_recur"]
+    d, H = c["n_embd"], c["n_head"]
+    if c["n_kv_head"] != H:
+        raise ValueError(f"{where}: grouped-query attention (n_kv_head {c['n_kv_head']} != n_head {H}); nanoloop's "
+                         "attention has one key/value head per query head")
+    if H < 1 or d % H:
+        raise ValueError(f"{where}: n_embd {d} is not a multiple of n_head {H}")
+    p, l, co = c["n_prelude"], c["n_recur_block"], c["n_coda"]
+    if r == 1 and (p or co or injection not in ("passthrough", "additive")):
+        raise ValueError(f"{where}: r = 1 with layout {p}-{l}-{co} and {c['input_injection']!r} is a layout nanoloop "
+                         "cannot express (its r = 1 baseline is 0-L-0 passthrough: one stack, no injection)")
+    # The width label: d = aspect x scale exactly. The run's own aspect ratio when the meta records it and it
+    # divides d (odd s rounds d up: s=15 -> 1024 = 16 x 64), else 64 (the paper's), else one head per unit.
+    user = meta["user_config"] if isinstance(meta.get("user_config"), dict) else {}
+    size = c["size"] if isinstance(c["size"], int) and c["size"] > 0 else None
+    candidates = (user.get("aspect_ratio"), d // size if size and d % size == 0 else None, 64, d // H)
+    aspect = next(a for a in candidates if type(a) is int and a > 0 and d % a == 0)     # d // H always divides d
+    bptt = c["bptt_k"]
+    try:
+        cfg = ModelConfig(scale=d // aspect, aspect_ratio=aspect, n_loops=r, n_layers_eff=p + r * l + co,
+                          n_layers_prelude=p, n_layers_coda=co, head_dim=d // H, vocab_size=c["vocab_size"],
+                          seq_len=c["sequence_len"], injection=injection, hc_lanes=c["num_lanes"] if injection ==
+                          "hyper" else 2, n_loops_bwd=bptt if isinstance(bptt, int) and 1 <= bptt < r else None,
+                          logit_softcap=float(c["logit_softcap"]))
+    except ValueError as e:
+        raise ValueError(f"{where}: a layout nanoloop cannot express ({e})") from None
+    if cfg.partition != (p, l, co):
+        raise ValueError(f"{where}: layout {p}-{l}-{co} at r={r} is not nanoloop's {'-'.join(map(str, cfg.partition))}")
+
+    # Weights: release names -> nanoloop names, checked strictly against LoopedGPT(cfg).
+    sd = read_checkpoint(steps[step], keys=())                    # the safe reader: a flat state dict here
+    state, names = {}, {}
+    for k, v in sd.items():
+        name = k[len("_orig_mod."):] if isinstance(k, str) and k.startswith("_orig_mod.") else k
+        m = re.fullmatch(r"transformer\.(prelude|recur|coda)\.(\d+)\.(.+)", str(name))
+        if m:
+            rest = {"n1.weight": "norm_attn.weight", "n3.weight": "norm_mlp.weight"}.get(m.group(3), m.group(3))
+            new = f"{m.group(1)}.{m.group(2)}.{rest}"
+        elif name == "transformer.wte.weight":
+            new = "wte.weight"
+        elif str(name).startswith(("wte.", "hc_", "prelude.", "recur.", "coda.")):   # would get its RoPE flipped
+            raise ValueError(f"{steps[step]} holds nanoloop names ({name}): a nanoloop state dict, not a release "
+                             "one (its RoPE rows must not be flipped); save it as train.py's ckpt.pt instead")
+        else:
+            new = {"lane_alpha": "hc_alpha", "lane_mixing": "hc_mix", "lane_beta": "hc_beta"}.get(name, name)
+        if new in state:
+            raise ValueError(f"{steps[step]}: two tensors map to {new} ({names[new]}, {k})")
+        state[new], names[new] = v, k
+    model = load_weights(LoopedGPT(cfg), state, steps[step], names)   # bf16 wte (CUDA runs) -> fp32: exact
+    D = cfg.head_dim
+    with torch.no_grad():                                         # the RoPE direction (docstring)
+        for blk in model.blocks():
+            for lin in (blk.attn.c_q, blk.attn.c_k):
+                lin.weight.view(H, D, d)[:, D // 2:] *= -1        # (H, D, d): second-half output rows of each head
+    if release_rope:
+        cos, sin = release_rope_tables(model.rope_cos.size(0), D, cfg.rope_base)
+        model.rope_cos.copy_(cos)
+        model.rope_sin.copy_(sin)
+    meta = dict(meta, step=step)
+    return model.to(device).eval(), meta
 
 
 def tokenizer_for(ck, data_dir=None, spec=None):
@@ -748,7 +1006,10 @@ def sample(model, tokenizer, prompt, max_new_tokens=64, temperature=0.8, top_k=5
     gen = torch.Generator(device=device).manual_seed(seed)
     out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen, n_loops=n_loops)
     new = out[0, idx.size(1):].tolist()                      # (max_new_tokens,) the continuation only
-    return tokenizer.decode(new), new
+    # An id past the tokenizer is a special token of the model's own vocabulary (the release's <|assistant_end|> =
+    # 32,000 after Llama-2's 32,000 pieces): it ends the text; the ids are returned whole.
+    end = next((i for i, t in enumerate(new) if t >= tokenizer.vocab_size), len(new))
+    return tokenizer.decode(new[:end]), new
 
 
 def bench_scorer(model, examples, *, batch_tokens=8192, n_loops=None, pad_id=0, repeats=2) -> dict:
@@ -916,7 +1177,10 @@ def _main(argv):
     if argv[:1] == ["bench"]:
         return _cli_bench(argv[1:])
     p = _Parser(prog="eval.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", help="train.py out_dir (holding ckpt.pt and done.json) or a .pt file")
+    p.add_argument("checkpoint", help="train.py out_dir (holding ckpt.pt and done.json), a .pt file, or an authors' "
+                   "release dir (model_<step>.pt + meta_<step>.json)")
+    p.add_argument("--step", type=_number(int, 0), default=None,
+                   help="release dir only: which step (default the latest)")
     p.add_argument("--tasks", nargs="+", default=["all"],
                    help="task names, axis names, 'all' or 'none' (default all; see TASKS)")
     p.add_argument("--task-dir", default=None, help="root of the task files (the bundles' layout)")
@@ -978,7 +1242,7 @@ def _main(argv):
 
     # The run: weights + configs from ckpt.pt; the tokenizer that prepared its data (checked by hash).
     rank, world, device = init_dist()
-    model, ck = load_checkpoint(a.checkpoint, device)
+    model, ck = load_checkpoint(a.checkpoint, device, a.step)
     cfg, tcfg = model.cfg, ck.get("train_config") or {}
     data_dir = a.data or tcfg.get("data")
     tokenizer = tokenizer_for(ck, data_dir, a.tokenizer)
@@ -994,13 +1258,20 @@ def _main(argv):
 
     t0 = time.time()
     out_dir = os.path.dirname(os.path.abspath(a.checkpoint)) if os.path.isfile(a.checkpoint) else a.checkpoint
-    path = a.out or os.path.join(out_dir, "eval.json" if r_eval == cfg.n_loops else f"eval_r{r_eval}.json")
+    release_step = ck["release"]["step"] if "release" in ck else None      # release dirs hold many steps
+    stem = "eval" if release_step is None else f"eval_{release_step:06d}"     # release: eval_<step>.json
+    path = a.out or os.path.join(out_dir, f"{stem}.json" if r_eval == cfg.n_loops else f"{stem}_r{r_eval}.json")
     ident = dict(checkpoint=os.path.abspath(a.checkpoint), n_loops=r_eval)    # who may replace `path` (rule 2)
+    if release_step is not None:
+        ident["step"] = release_step
     _check_out(path, ident, a.overwrite)
-    if not os.path.isfile(os.path.join(out_dir, "done.json")):
+    if release_step is None and not os.path.isfile(os.path.join(out_dir, "done.json")):
         print0(f"note: {out_dir}/done.json not found (run unfinished?); evaluating the checkpoint anyway")
     result = dict(ident, n_loops_trained=cfg.n_loops, crop=not a.no_crop, seq_len=cfg.seq_len,
                   tokenizer=tokenizer.identity)
+    if release_step is not None:         # the authors' own record of this checkpoint, beside ours
+        result["release"] = dict(step=release_step, val_loss=ck["release"].get("val_loss"),
+                                 model_config=ck["release"]["model_config"])
     if r_eval != cfg.n_loops:            # App. A: test-time loop extrapolation is not expected to help; we measure it
         result["note"] = "test-time n_loops differs from training: extrapolation, reported as measured"
 
@@ -1017,7 +1288,7 @@ def _main(argv):
         have = loader.total_rows * cfg.seq_len
         if val_tokens == -1:                                 # train.py's convention: the whole val split
             val_tokens = have
-        if not cfg.seq_len <= val_tokens <= have:
+        if not cfg.seq_len <= val_tokens <= have:       # e.g. the release's 70.8M on a smaller val split
             what = "--val-tokens" if a.val_tokens is not None else "the run's eval_tokens (set --val-tokens)"
             raise ValueError(f"{what} {val_tokens:,}: the val split of {data_dir} scores whole rows of "
                              f"{cfg.seq_len} tokens, {have:,} in all; use a value in [{cfg.seq_len}, {have}] or -1")

@@ -11,6 +11,7 @@ Run:   single GPU   python train.py --flops-budget 1e18 --n-loops 4 --scale 10 -
                         --eval-tokens 8192 --data DIR --out-dir out/cpu
        throughput   python train.py --bench-steps 10 --scale 2 --n-loops 4 --seq-len 256 --batch-tokens 4096 ...
        plan only    python train.py --flops-budget 1e18 --n-loops 4 --scale 10 --plan    (steps, tokens, LRs, cost)
+       fine-tune    python train.py --init-from RUN_OR_RELEASE_DIR --tokens 1e9 --data DIR --out-dir out/ft
 Test:  pytest tests/test_train.py tests/test_runs.py
 Read in this order: TrainConfig -> parse_args -> main (sections in the order they run) -> save_checkpoint.
 Not here: FLOP/token accounting (flops.py), LR rules and MuonH (optim.py), loader/packing (data.py),
@@ -58,7 +59,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import flops
 from data import PackedLoader, init_dist, load_tokenizer, print0, read_meta
-from eval import val_loss
+from eval import load_checkpoint, load_weights, read_checkpoint, val_loss
 from model import LoopedGPT, ModelConfig
 from optim import build_optimizer, hyperp_lrs, lr_multiplier, reference_tokens, set_lr_multiplier
 
@@ -76,6 +77,8 @@ PLAN_MFU = 0.4             # model FLOPs utilisation assumed for the device-hour
 # The four ways to give the horizon, and the fields a resume must not change (the trajectory depends on them).
 HORIZONS = ("flops_budget", "tokens", "tokens_per_param", "steps")
 RESUME_KEYS = HORIZONS + ("batch_tokens", "muonh_lr", "d_ref", "lr_batch_ref", "seed")
+CKPT_KEYS = ("model", "optimizer", "loader", "rng", "step", "val_loss", "wall_time_s", "tokenizer_hash",
+             "model_config", "train_config")     # what checkpoint() writes and a resume reads (eval.read_checkpoint)
 
 
 # -----------------------------------------------------------------------------
@@ -107,6 +110,8 @@ class TrainConfig:
     ckpt_every: int = 1000                  # steps between checkpoints (plus one at the end); 0 = only at the end
     resume: bool = False                    # continue from out_dir/ckpt.pt if present (sweeps always pass it)
     case: str = ""                          # label copied into done.json; fit.py groups case studies by it
+    init_from: str = ""                     # start from these weights: a run dir / .pt, or an authors' release dir
+                                            # (model_<step>.pt: the latest, or name the file); fresh optimizer
     # runtime
     seed: int = 0                           # one seed for init and random state init, same on every rank
     compile: Optional[bool] = None          # torch.compile the model; None = on for CUDA, off for CPU (style B11)
@@ -311,6 +316,29 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     if not no_data and not tc.resume and os.path.exists(ckpt_path):
         raise ValueError(f"{ckpt_path} exists: pass --resume to continue that run, or pick another --out-dir")
 
+    # --init-from: start from another run's weights, a nanoloop run or an authors' release (eval.load_checkpoint
+    # reads and checks either). What a fine-tuning researcher expects: the architecture is the checkpoint's. A model
+    # flag left at its default takes the checkpoint's value; one set to anything else must equal it (else an error
+    # naming both). n_loops_bwd stays this run's (a training choice: full BPTT unless --n-loops-bwd). The optimizer,
+    # LR schedule (HyperP LRs for this run's horizon) and step count start fresh; RoPE tables are nanoloop's.
+    init_state, init_hash = None, None
+    if tc.init_from:
+        init_model, init_ck = load_checkpoint(tc.init_from)       # ValueError (one line) for anything unreadable
+        defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+        clash = {k: (getattr(model_cfg, k), v) for k, v in asdict(init_model.cfg).items()
+                 if k != "n_loops_bwd" and getattr(model_cfg, k) not in (defaults[k], v)}
+        if clash:
+            raise ValueError(f"--init-from {tc.init_from}: model flags differ from the checkpoint's architecture "
+                             f"(flag, checkpoint) = {clash}; drop them (the architecture comes from the checkpoint)")
+        model_cfg = dataclasses.replace(init_model.cfg, n_loops_bwd=model_cfg.n_loops_bwd)
+        init_state, init_hash = init_model.state_dict(), init_ck.get("tokenizer_hash")
+        del init_model
+        c = model_cfg
+        print0(f"init-from {tc.init_from}: weights and architecture from the checkpoint (d_model {c.d_model} = "
+               f"{c.aspect_ratio} x {c.scale}, r {c.n_loops}, layout {'-'.join(map(str, c.partition))}, {c.injection}, "
+               f"vocab {c.vocab_size}, seq_len {c.seq_len}); bptt "
+               f"{'full' if c.n_loops_bwd is None else f'last {c.n_loops_bwd}'}; fresh optimizer, LRs and step 0")
+
     # The data: seq_len and tokenizer must match the config; the vocabulary may be taken from it (module docstring).
     vocab_default = next(f.default for f in dataclasses.fields(ModelConfig) if f.name == "vocab_size")
     meta, val_rows, vocab_rule, tok_hash = None, 0, "--vocab-size", None
@@ -335,7 +363,7 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
             if identity != tok_hash:
                 raise ValueError(f"--tokenizer {tc.tokenizer!r} (identity {identity}) does not match the tokenizer "
                                  f"data {tc.data} was packed with ({tok_hash})")
-        if model_cfg.vocab_size == vocab_default and meta["vocab_size"] != vocab_default:
+        if model_cfg.vocab_size == vocab_default and meta["vocab_size"] != vocab_default and not tc.init_from:
             model_cfg = dataclasses.replace(model_cfg, vocab_size=meta["vocab_size"])   # rule: see docstring
             vocab_rule = f"the data meta's (--vocab-size left at its default {vocab_default})"
         if meta["vocab_size"] > model_cfg.vocab_size:
@@ -424,13 +452,13 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     # A checkpoint to resume must come from the same model, horizon, LRs, seed and tokenizer.
     ckpt = None
     if not no_data and tc.resume and os.path.exists(ckpt_path):
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)   # tensors and plain types only
+        ckpt = read_checkpoint(ckpt_path, CKPT_KEYS)   # safe (weights_only), one-line errors for bad files
         now = asdict(cfg)
         diff = {k: (v, now.get(k)) for k, v in ckpt["model_config"].items() if now.get(k) != v}
         if diff:
             raise ValueError(f"{ckpt_path} was written by another model config: (checkpoint, now) = {diff}")
-        diff = {k: (ckpt["train_config"][k], getattr(tc, k)) for k in RESUME_KEYS
-                if ckpt["train_config"][k] != getattr(tc, k)}
+        saved = ckpt["train_config"] if isinstance(ckpt["train_config"], dict) else {}
+        diff = {k: (saved.get(k), getattr(tc, k)) for k in RESUME_KEYS if saved.get(k) != getattr(tc, k)}
         if diff:
             raise ValueError(f"{ckpt_path}: resuming with a different horizon/LR/seed: (checkpoint, now) = {diff}")
         if ckpt["tokenizer_hash"] != tok_hash:
@@ -496,7 +524,12 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True       # TF32 for the fp32 master-weight matmuls (architecture §9)
         torch.backends.cudnn.allow_tf32 = True
+    if init_hash is not None and not no_data and init_hash != tok_hash:
+        raise ValueError(f"--init-from {tc.init_from} was trained on data tokenised with {init_hash}, but {tc.data} "
+                         f"was tokenised with {tok_hash}")
     raw_model = LoopedGPT(cfg).to(device)
+    if init_state is not None:               # --init-from weights (checked against cfg when read); a resume below
+        raw_model.load_state_dict(init_state)  # replaces them with its checkpoint's
     if device.type == "cuda":
         raw_model.wte.to(dtype=torch.bfloat16)             # App. C.1: embeddings drawn in fp32, then cast to bf16
     if raw_model.param_split() != (n_once, n_rec):          # style B7: the module must be what flops.py counts
@@ -522,7 +555,7 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     # with deterministic CPU kernels this makes a resumed run bitwise equal to an uninterrupted one (tests).
     start_step, wall_before, last_val = 0, 0.0, None
     if ckpt is not None:
-        raw_model.load_state_dict(ckpt["model"])
+        load_weights(raw_model, ckpt["model"], ckpt_path)   # names and shapes checked: a one-line error if not
         optimizer.load_state_dict(ckpt["optimizer"])
         loader.load_state_dict(ckpt["loader"])
         set_rng_state(ckpt["rng"])           # rank 0's state; every rank draws the same numbers (same seed, calls)
