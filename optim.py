@@ -11,6 +11,7 @@ Implements paper §4.1 and App. D (recipe, LR sweep and transfer), following Hyp
         with w = (d/640)^-1/2 and b = (B/262,144)^0.558.  Schedule: lr_mult = 0.1 + 0.9 (N - step)/N.
 Run:   python optim.py --scale 10 --tokens 983315200 [--n-loops 1] [--batch-tokens 262144] [--json]
        python optim.py --bench            # MuonH step time for the matrices of one s=10 model, on this CPU
+       torchrun --standalone --nproc_per_node=2 optim.py --bench      # the same, sharded over 2 gloo CPU ranks
 Test:  pytest tests/test_optim.py
 Read in this order: hyperp_lrs -> lr_multiplier -> polar_express -> muonh_update -> MuonHAdamW -> build_optimizer
 Not here: which parameter is a "matrix" (model.py param_groups), the token horizon (flops.py / train.py).
@@ -24,6 +25,7 @@ import argparse
 import json
 import math
 import numbers
+import os
 import time
 
 import torch
@@ -465,7 +467,10 @@ def build_optimizer(groups, lrs, shard=True):
 # CLI: the peak-LR table of a run, and a MuonH step benchmark
 
 def bench(d_model=D_MODEL_REF, n_loops=1, steps=3, seed=0):
-    """Seconds per MuonH step (CPU, fp32) for every matrix of one model: 6 shapes per block, plus W_inject if r > 1."""
+    """Seconds per MuonH step (CPU, fp32) for every matrix of one model: 6 shapes per block, plus W_inject if r > 1.
+
+    Under an initialised process group (torchrun) the step is sharded: every rank draws the same gradients (what DDP
+    leaves behind), runs Polar Express on the matrices it owns and all-gathers the rest; the time includes that."""
     if n_loops < 1 or 16 % n_loops:
         raise ValueError(f"n_loops must divide 16 (iso-depth layout, §3.1), got {n_loops}")
     n_blocks = 20 if n_loops == 1 else 4 + 16 // n_loops        # 0-20-0, or 2-(16/r)-2 unique blocks
@@ -481,11 +486,13 @@ def bench(d_model=D_MODEL_REF, n_loops=1, steps=3, seed=0):
     opt.step()                                                  # warm-up: caches R, allocates momenta
     times = []
     for _ in range(steps):
+        if opt.world > 1:
+            dist.barrier()                                      # all ranks start the timed step together
         t0 = time.perf_counter()
         opt.step()
         times.append(time.perf_counter() - t0)
     return {"n_matrices": len(params), "n_blocks": n_blocks, "seconds_per_step": sum(times) / len(times),
-            "min_seconds": min(times), "threads": torch.get_num_threads()}
+            "min_seconds": min(times), "threads": torch.get_num_threads(), "world": opt.world, "rank": opt.rank}
 
 
 def main(argv=None):
@@ -504,14 +511,21 @@ def main(argv=None):
     a = p.parse_args(argv)
     if a.bench:
         d = a.aspect_ratio * (a.scale or 10)
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:         # under torchrun: sharded MuonH over gloo CPU ranks
+            dist.init_process_group("gloo")
         try:
             r = bench(d, a.n_loops, a.bench_steps)
         except ValueError as e:
             p.error(str(e))
-        print(f"MuonH step, CPU fp32, d_model {d}, r={a.n_loops}: {r['n_matrices']} matrices "
-              f"({r['n_blocks']} blocks x 6 shapes{' + inject' if a.n_loops > 1 else ''}) | "
-              f"{r['seconds_per_step']:.3f} s/step (mean of {a.bench_steps}, min {r['min_seconds']:.3f}) | "
-              f"{r['threads']} threads")
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        if r["rank"] == 0:
+            ranks = f"{r['world']} ranks (sharded, gloo)" if r["world"] > 1 else "1 rank"
+            print(f"MuonH step, CPU fp32, d_model {d}, r={a.n_loops}: {r['n_matrices']} matrices "
+                  f"({r['n_blocks']} blocks x 6 shapes{' + inject' if a.n_loops > 1 else ''}) | {ranks} | "
+                  f"{r['seconds_per_step']:.3f} s/step (mean of {a.bench_steps}, min {r['min_seconds']:.3f}) | "
+                  f"{r['threads']} threads per rank")
         return r
     if a.scale is None or a.tokens is None:
         p.error("--scale and --tokens are required (or pass --bench)")
