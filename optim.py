@@ -219,12 +219,15 @@ def muonh_update(grad, momentum_buffer, radius, momentum=MUONH_MOMENTUM, ns_step
 # backward (bucket by bucket, overlapped with it). An all-reduce is a reduce-scatter plus an all-gather, so every
 # rank already holds the mean gradients of the matrices it owns and simply slices them ("all-reduce + slice"): no
 # gradient traffic of the optimizer's own, no no_sync bookkeeping, AdamW untouched. Sharding then saves what it is
-# for: each rank runs 1/W of the Polar Express FLOPs and keeps 1/W of the momenta and radii. The price against the
-# release is one extra all-gather of gradient volume, hidden under the backward. It is exact by construction: the
-# owner computes from the same mean gradient and the same weights what the replicated optimizer computes, and the
-# all-gather copies bits (tests/test_optim.py: 2 and 3 gloo ranks vs 1 process and vs the replicated optimizer).
+# for: each rank runs 1/W of the Polar Express FLOPs and keeps 1/W of the momenta and radii. Against a replicated
+# optimizer it adds one fp32 all-gather of the matrices per step (launched per stack, overlapping the next stack and
+# AdamW; its receive buffers are one transient param-sized copy); against the release, that is one all-gather of
+# gradient volume more, hidden under the backward. It is exact by construction: the owner computes from the same
+# mean gradient and the same weights what the replicated optimizer computes, and the all-gather copies bits
+# (tests/test_optim.py: 2 and 3 gloo ranks vs 1 process and vs the replicated optimizer: bit-identical on CPU).
 # Ownership: a stack of K matrices is padded to P = ceil(K / W) W slots and rank k owns [k c, (k+1) c) ∩ [0, K),
-# c = P / W, as the release. K < W (the single W_inject) leaves ranks idle: correct, just unbalanced.
+# c = P / W, as the release. K < W (the single W_inject) leaves ranks idle: correct, just unbalanced. With W = 1
+# the one rank owns every matrix and no collective runs: the replicated optimizer, on the same code path.
 
 class MuonHAdamW(torch.optim.Optimizer):
     """MuonH on "muonh" groups, AdamW on "adamw" groups; one step(), one state_dict().
