@@ -63,9 +63,9 @@ OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=
   --bench-steps 3 2>"$OUT/optim_shard.err" | tee -a "$OUT/optim_shard.txt"
 python - "$OUT/optim_shard.txt" <<'PY'
 import re, sys
-one, two = (float(re.search(r"([\d.]+) s/step", l).group(1)) for l in open(sys.argv[1]))
-print(f"ratio | optimizer step 1 rank / 2 ranks: {one / two:.2f} (2 = a perfect split of the Polar Express work; "
-      "the all-gather and the stacking copies are the rest)")
+(w1, c1), (w2, c2) = (map(float, re.search(r"([\d.]+) s/step.*CPU ([\d.]+) s", l).groups()) for l in open(sys.argv[1]))
+print(f"ratio | optimizer step 1 rank / 2 ranks: wall {w1 / w2:.2f}, CPU per rank {c1 / c2:.2f} (2 = a perfect split "
+      "of the Polar Express work; the all-gather and the stacking copies are the rest; wall needs an idle machine)")
 PY
 
 hdr "3. tokenise + pack, all cores vs one thread (default corpus, 1,024-piece BPE)"
