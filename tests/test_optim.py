@@ -303,7 +303,8 @@ def test_sharded_matches_one_process(ddp_runs, world):
 @pytest.mark.ddp
 def test_checkpoint_portable_across_world_sizes(ddp_runs):
     """Saved at 1 -> resumed at 2, saved at 2 -> resumed at 3 and at 1: each equals the uninterrupted 1-process run
-    (fp64, weights and optimizer state). The 2-rank checkpoint has the replicated (1-process) format exactly."""
+    (fp64, weights and optimizer state). The 1-process checkpoint is today's replicated format (world size 1 runs the
+    replicated path, unchanged), and the 2-rank checkpoint has that format exactly."""
     one, runs, out = ddp_runs
     ck1, ck2 = (torch.load(p, weights_only=True) for p in (out / "ckpt_w1.pt", out / "w2" / "ckpt.pt"))
     fmt = _max_diff(ck2["optim"], ck1["optim"])                   # same keys, shapes, dtypes; values to rounding
