@@ -28,7 +28,8 @@ Decisions (project, stated once here and printed at start-up):
 - BPTT: full unless --n-loops-bwd k is given (never truncated silently; the release's CLI defaulted to k = 4).
 - Resume: --resume continues from out_dir/ckpt.pt if it exists (else starts at step 0), bitwise on CPU. Without
   --resume an existing checkpoint is an error. A finished run (done.json) is returned as is.
-- DDP: plain DDP with a replicated optimizer (optimizer.md §4); grads sync only on the last micro-step.
+- DDP: plain DDP (grads sync only on the last micro-step) with MuonH sharded by whole matrices: each rank runs Polar
+  Express on the matrices it owns from DDP's averaged grads and all-gathers them (optim.py, optimizer.md §4).
 - Fault hooks for tests (env NANOLOOP_FAULT, comma-separated): "nan@K" makes the loss of step K (1-based) NaN;
   "kill@K" SIGKILLs this process right after step K (and its checkpoint, if one is due). Never set them otherwise.
 """
@@ -535,7 +536,8 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     if raw_model.param_split() != (n_once, n_rec):          # style B7: the module must be what flops.py counts
         raise RuntimeError(f"model.param_split() {raw_model.param_split()} != flops.param_split {(n_once, n_rec)}")
     # MuonH on the block matrices + W_inject, AdamW on wte / lm_head / norm gains / hc lanes (optimizer.md §0);
-    # replicated on every rank, each stepping on the same all-reduced gradients (optimizer.md §4, project choice).
+    # every rank steps AdamW on DDP's all-reduced gradients, and MuonH on the matrices it owns, then all-gathers
+    # them (optim.py design note; optimizer.md §4). Its state_dict is world-size independent.
     optimizer = build_optimizer(raw_model.param_groups(), lrs)
     if bench:
         gen = torch.Generator(device=device).manual_seed(tc.seed)
@@ -572,7 +574,7 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
                 records = [ln for ln in f if json.loads(ln)["step"] <= start_step]
         _atomic_write(log_path, lambda f: f.write("".join(records).encode()))
 
-    # Compile, then wrap: DDP all-reduces grads (mean over ranks); the optimizer is replicated (optimizer.md §4).
+    # Compile, then wrap: DDP all-reduces grads (mean over ranks); the optimizer shards MuonH (optimizer.md §4).
     model = torch.compile(raw_model) if use_compile else raw_model
     if world > 1:                            # RoPE tables are the only buffers and are constant: no re-broadcast
         train_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
@@ -590,9 +592,10 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
 
     def checkpoint(step, val):
         """Rank 0 writes out_dir/ckpt.pt atomically; the other ranks wait, so nobody races ahead of a bad write."""
+        optim_state = optimizer.state_dict()   # every rank: gathers the sharded MuonH state (full, any world size)
         if master:
             save_checkpoint(ckpt_path, {
-                "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                "model": raw_model.state_dict(), "optimizer": optim_state,
                 "loader": loader.state_dict(), "rng": rng_state(), "step": step, "val_loss": val,
                 "wall_time_s": wall_before + time.time() - t_loop, "tokenizer_hash": tok_hash,
                 "model_config": asdict(cfg), "train_config": asdict(tc)})

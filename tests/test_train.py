@@ -250,6 +250,13 @@ def test_two_ranks_match_one_rank(tiny_data, tmp_path):
           f"val_loss {one['val_loss']:.7f} vs {two['val_loss']:.7f}")
     assert two["world"] == 2 and len(losses(tmp_path / "two")) == 6
     assert diff <= 1e-5 and abs(one["val_loss"] - two["val_loss"]) <= 1e-5
+    # The 2-rank checkpoint holds the full optimizer state (MuonH is sharded, its state_dict gathers), in the format
+    # of the 1-rank one: same entries and shapes, values to fp32 all-reduce rounding
+    a, b = (torch.load(tmp_path / n / "ckpt.pt", weights_only=True)["optimizer"]["state"] for n in ("one", "two"))
+    assert a.keys() == b.keys() and all(a[i].keys() == b[i].keys() for i in a)
+    state_diff = max((a[i][k].double() - b[i][k].double()).abs().max().item() for i in a for k in a[i])
+    print(f"optimizer state (R, momenta, Adam moments, steps), 2 ranks vs 1: max |diff| = {state_diff:.2e}")
+    assert state_diff <= 1e-5
 
 
 # -----------------------------------------------------------------------------
