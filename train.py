@@ -11,6 +11,7 @@ Run:   single GPU   python train.py --flops-budget 1e18 --n-loops 4 --scale 10 -
                         --eval-tokens 8192 --data DIR --out-dir out/cpu
        throughput   python train.py --bench-steps 10 --scale 2 --n-loops 4 --seq-len 256 --batch-tokens 4096 ...
        plan only    python train.py --flops-budget 1e18 --n-loops 4 --scale 10 --plan    (steps, tokens, LRs, cost)
+       GPU check    python train.py gpu-check [--cpu-smoke] [--out FILE]      (= bash runs/gpu_check.sh; see gpu_check)
 Test:  pytest tests/test_train.py tests/test_runs.py
 Read in this order: TrainConfig -> parse_args -> main (sections in the order they run) -> save_checkpoint.
 Not here: FLOP/token accounting (flops.py), LR rules and MuonH (optim.py), loader/packing (data.py),
@@ -117,7 +118,7 @@ class TrainConfig:
     resume: bool = False                    # continue from out_dir/ckpt.pt if present (sweeps always pass it)
     case: str = ""                          # label copied into done.json; fit.py groups case studies by it
     # runtime
-    seed: int = 0                           # one seed for init and random state init, same on every rank
+    seed: int = 0                           # init (same on every rank); random state init noise per global row
     compile: Optional[bool] = None          # torch.compile the model; None = on for CUDA, off for CPU (style B11)
     precision: Optional[str] = None         # fp32 | bf16 (autocast, bf16 wte, bf16 Polar Express); None = bf16 on CUDA
     attn: str = "auto"                      # auto | fa3 | fa2 | sdpa; auto: FA-3 on 9.x, FA-2 on >= 8.0, else SDPA
@@ -294,7 +295,8 @@ def default_device_batch(scale: int) -> int:
 
 
 def out_dir_view(out_dir: str) -> dict:
-    """What this process sees of out_dir: {".", done.json, ckpt.pt} -> (inode, size), or None where absent."""
+    """What this process sees of out_dir: {".", done.json, ckpt.pt} -> (inode, size), None where absent, or the
+    name of the error that stat raised."""
     view = {}
     for name in (".", DONE_NAME, CKPT_NAME):
         try:
@@ -302,6 +304,8 @@ def out_dir_view(out_dir: str) -> dict:
             view[name] = (st.st_ino, 0 if name == "." else st.st_size)
         except FileNotFoundError:
             view[name] = None
+        except OSError as err:               # e.g. not a directory: recorded, so every rank reaches the collective
+            view[name] = type(err).__name__
     return view
 
 

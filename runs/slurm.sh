@@ -32,8 +32,10 @@ cd "${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}"
 die() { echo "runs/slurm.sh: $*" >&2; exit 2; }
 if [[ -n "${NANOLOOP_ENV:-}" ]]; then                      # the user's environment hook (see the header)
   [[ -f "$NANOLOOP_ENV" ]] || die "NANOLOOP_ENV=$NANOLOOP_ENV is not a file"
+  set +u                                                  # activate scripts often read unset variables
   # shellcheck disable=SC1090
   source "$NANOLOOP_ENV"
+  set -u
 fi
 
 DRY_RUN=0; SWEEP=""

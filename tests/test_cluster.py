@@ -142,3 +142,68 @@ def test_gpu_check_cpu_smoke(tmp_path):
     for name, argv in train.gpu_check_plan(smoke=False).items():   # the GPU rows parse as real launches
         mcfg, tcfg = train.parse_args(argv)
         assert tcfg.batch_tokens == (262144 if name.startswith("rate") else 8 * 2048) and mcfg.seq_len == 2048
+
+
+# -----------------------------------------------------------------------------
+# §4 and issue 12: runs/slurm.sh (--out-dir=DIR, srun --cpus-per-task, --mem=0, the env hook, a sweep that skips)
+
+def slurm(*args, env=None):
+    return subprocess.run(["bash", "runs/slurm.sh", *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in dict(os.environ, **(env or {})).items()
+                               if not k.startswith("SLURM_") or (env and k in env)})
+
+
+def test_slurm_reads_both_out_dir_forms(tmp_path):
+    done = tmp_path / "finished"
+    done.mkdir()
+    (done / "done.json").write_text("{}")
+    for form in (["--out-dir", str(done)], [f"--out-dir={done}"]):       # issue 12: '=' form read as no out-dir
+        p = slurm("--dry-run", "--steps", "2", *form)
+        print(f"\n{form} -> {p.stdout.strip()}")
+        assert p.returncode == 0 and p.stdout.strip() == f"skip {done} (done.json exists)"
+    p = slurm("--dry-run", "--steps", "2", f"--out-dir={tmp_path / 'new'}")
+    assert p.returncode == 0 and p.stdout.startswith("torchrun ") and p.stdout.split()[-1] == "--resume"
+    train.parse_args(p.stdout.split("train.py ")[1].split())
+    p = slurm("--dry-run", "--steps", "2", "--out-dir=")
+    assert p.returncode == 2 and "needs a value" in p.stderr
+
+
+def test_slurm_srun_gets_cpus_and_the_job_all_memory():
+    env = {"SLURM_JOB_ID": "7", "SLURM_CPUS_PER_TASK": "32", "SLURM_NNODES": "2", "SLURM_GPUS_ON_NODE": "8"}
+    p = slurm("--dry-run", "--steps", "2", "--out-dir", "out/x", env=env)
+    print(f"\n{p.stdout.strip()}")
+    assert p.returncode == 0 and p.stdout.startswith(
+        "srun --ntasks-per-node=1 --kill-on-bad-exit=1 --cpus-per-task=32 torchrun --nnodes=2 --nproc_per_node=8 ")
+    assert "#SBATCH --mem=0\n" in open(os.path.join(ROOT, "runs", "slurm.sh")).read()
+
+
+def test_slurm_environment_hook(tmp_path):
+    hook = tmp_path / "activate"
+    hook.write_text("echo hook-sourced >&2\nexport NPROC=3\n")          # e.g. `source venv/bin/activate`
+    p = slurm("--dry-run", "--steps", "2", env={"NANOLOOP_ENV": str(hook)})
+    assert p.returncode == 0 and "hook-sourced" in p.stderr and "--nproc_per_node=3 " in p.stdout
+    p = slurm("--dry-run", "--steps", "2", env={"NANOLOOP_ENV": str(tmp_path / "missing")})
+    assert p.returncode == 2 and "is not a file" in p.stderr
+
+
+def test_slurm_sweep_submits_only_runs_to_do(tmp_path):
+    grid = tmp_path / "grid"
+    for cell in ("C1e18_r4_s10", "C4.64e17_r1_s6"):                    # two finished runs
+        os.makedirs(grid / cell)
+        (grid / cell / "done.json").write_text("{}")
+    fake = tmp_path / "bin"                                             # squeue: one run already queued
+    fake.mkdir()
+    queued = f"nl-{grid}/C1e19_r8_s24".replace("/", "-")
+    (fake / "squeue").write_text(f"#!/bin/sh\necho other-job\necho '{queued}'\n")
+    os.chmod(fake / "squeue", 0o755)
+    env = {"OUT": str(grid), "PATH": f"{fake}:{os.environ['PATH']}"}
+    p = slurm("--sweep", "runs/grid.sh", "--dry-run", env=env)
+    lines = p.stdout.splitlines()
+    print(f"\n{p.stderr.strip()}\n{lines[0]}")
+    assert p.returncode == 0 and len(lines) == 116 - 3 and "113 submitted (dry run), 2 finished" in p.stderr
+    assert "1 already queued" in p.stderr and not any("skip" in ln or "C1e19_r8_s24 " in ln for ln in lines)
+    for line in lines:                                                  # the issue-12 one-liner submitted "skip ..."
+        assert line.startswith("sbatch --job-name=nl-") and " runs/slurm.sh --flops-budget " in line
+        train.parse_args(line.split(" runs/slurm.sh ")[1].split())
+    p = slurm("--sweep", "runs/nope.sh", env=env)
+    assert p.returncode == 2 and "no such script" in p.stderr
