@@ -798,8 +798,9 @@ def gpu_check_plan(smoke: bool) -> dict:
 
 
 def _gpu_check_model(smoke, device, attn, use_bf16):
-    """An s=10 r=4 model (smoke: d = 32, 1-1x4-1) and one batch (B rows of seq_len tokens) for the forward checks."""
-    small = [*SMOKE_MODEL, "--scale", "2", "--n-layers-eff", "6"] if smoke else ["--scale", "10"]
+    """An s=10 r=4 model (smoke: d = 32, one block x 4) and one batch (B rows of seq_len tokens) for the forward checks."""
+    small = [*SMOKE_MODEL, "--scale", "2", "--n-layers-eff", "4", "--n-layers-prelude", "0", "--n-layers-coda", "0"] \
+        if smoke else ["--scale", "10"]
     cfg, _ = parse_args([*small, "--n-loops", "4", "--bench-steps", "1"])
     torch.manual_seed(0)
     model = LoopedGPT(cfg).to(device)

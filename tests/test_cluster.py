@@ -57,6 +57,18 @@ def test_bf16_on_cpu_matches_fp32(tiny_data, tmp_path, monkeypatch):
     assert abs(bf16["val_loss"] - fp32["val_loss"]) <= BF16_TOL
 
 
+def test_precision_and_attn_flags_fail_before_work(tiny_data, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(train, "LoopedGPT", None)                     # building a model would raise TypeError
+    with pytest.raises(ValueError, match="--attn fa3 cannot run here: fa3 needs a CUDA device, this is cpu"):
+        run(tiny_argv(tiny_data, tmp_path / "run", "--steps", "2", "--attn", "fa3"))
+    assert not (tmp_path / "run").exists()
+    for argv, msg in [(["--precision", "fp16"], "--precision must be fp32, bf16 or auto"),
+                      (["--attn", "flash"], "--attn must be one of auto, fa3, fa2, sdpa")]:
+        with pytest.raises(SystemExit) as exc:
+            train.parse_args(["--steps", "2", *argv])
+        assert exc.value.code == 2 and msg in capsys.readouterr().err
+
+
 # -----------------------------------------------------------------------------
 # §2/§5: torch.compile (inductor) on CPU equals eager; eval through the uncompiled module adds no graph
 
