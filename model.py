@@ -12,8 +12,7 @@ random state init (project ablation, after Huginn). r = 1 is the plain baseline:
 Run:   nothing to run; used by train.py / eval.py.   Test: pytest tests/test_model.py
 Read in this order: ModelConfig -> Block -> LoopedGPT.forward -> init_weights -> generate
 Precision: fp32 parameters and residual stream; under --precision bf16 (the CUDA default) the trainer wraps forward
-in bf16 autocast (matmuls bf16);
-logits, softcap and loss are fp32 either way. The model never prints.
+in bf16 autocast (matmuls bf16); logits, softcap and loss are fp32 either way. The model never prints.
 Not here: parameter / FLOP formulas (flops.py; tests check they match this module), learning rates (optim.py).
 
 paper -> code:  r n_loops | s scale (d = 64 s) | l_prelude / l_recur / l_coda n_layers_prelude / _recur / _coda |
