@@ -78,6 +78,7 @@ SMALLEST = ["--scale", "1", "--aspect-ratio", "32", "--head-dim", "16", "--n-lay
             "--device-batch", "4", "--eval-tokens", "256", "--steps", "2", "--eval-every", "1"]
 
 
+@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")), reason="inductor on CPU needs a C++ compiler")
 def test_compiled_cpu_step_matches_eager(tiny_data, tmp_path):
     from torch._dynamo.utils import counters
     eager = run([*SMALLEST, "--data", tiny_data, "--out-dir", str(tmp_path / "eager")])
