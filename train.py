@@ -827,8 +827,9 @@ def gpu_check(argv=None) -> dict:
     device = torch.device("cpu") if a.cpu_smoke else torch.device("cuda")
     if not a.cpu_smoke and not torch.cuda.is_available():
         p.error("no CUDA device visible; run `bash runs/gpu_check.sh --cpu-smoke` for the CPU smoke test")
-    if os.path.isdir(a.out) or not os.path.isdir(os.path.dirname(os.path.abspath(a.out))):
-        p.error(f"--out {a.out}: need a file path in an existing folder")
+    if os.path.isdir(a.out):
+        p.error(f"--out {a.out} is a folder; give a file path (e.g. out/gpu_check.json)")
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)    # out/ on a fresh clone
     t0 = time.time()
     out = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
            "torch": torch.__version__, "smoke": a.cpu_smoke, **git_info()}
