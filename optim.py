@@ -188,10 +188,11 @@ def set_lr_multiplier(optimizer, mult):
 # -----------------------------------------------------------------------------
 # MuonH math (HyperP; release nanochat/optim.py muon_step_fused)
 
-def polar_express(G, steps=NS_STEPS):
+def polar_express(G, steps=NS_STEPS, bf16=None):
     """Approximate polar factor U V^T of each matrix in G (..., rows, cols), with singular values in [0.859, 1.141].
 
-    bf16 on CUDA (as the release), fp32 on CPU (fp64 stays fp64: the DDP test runs in fp64). The input is
+    bf16 on CUDA (as the release), fp32 on CPU (fp64 stays fp64: the DDP test runs in fp64); bf16=True/False forces
+    it (train.py --precision: bf16 on CPU runs the CUDA numerics, fp32 on CUDA the CPU ones). The input is
     pre-scaled by 1.02 ||G||_F so all singular values lie below 1, where the polynomials are designed to work. A tall
     matrix is iterated on its transpose so the Gram matrix A is the small (min x min) one;
     p(X) = a X + (b A + c A^2) X with A = X X^T is the odd quintic above.
@@ -200,7 +201,8 @@ def polar_express(G, steps=NS_STEPS):
         raise ValueError(f"polar_express needs matrices (..., rows, cols), got shape {tuple(G.shape)}")
     if not 1 <= steps <= len(POLAR_EXPRESS_COEFFS):
         raise ValueError(f"steps must be in [1, {len(POLAR_EXPRESS_COEFFS)}], got {steps}")
-    X = G.to(torch.bfloat16 if G.is_cuda else torch.promote_types(G.dtype, torch.float32))   # fp64 stays fp64
+    bf16 = G.is_cuda if bf16 is None else bf16
+    X = G.to(torch.bfloat16 if bf16 else torch.promote_types(G.dtype, torch.float32))   # fp64 stays fp64
     X = X / (X.norm(dim=(-2, -1), keepdim=True) * 1.02 + 1e-6)     # ||X||_2 <= ||X||_F < 1
     tall = X.size(-2) > X.size(-1)
     if tall:
@@ -211,7 +213,7 @@ def polar_express(G, steps=NS_STEPS):
     return X.mT if tall else X
 
 
-def muonh_update(grad, momentum_buffer, radius, momentum=MUONH_MOMENTUM, ns_steps=NS_STEPS):
+def muonh_update(grad, momentum_buffer, radius, momentum=MUONH_MOMENTUM, ns_steps=NS_STEPS, bf16=None):
     """MuonH update U (K, rows, cols) with ||U_k||_F = R_k, for a stack of K same-shape matrices.
 
     grad: (K, rows, cols); momentum_buffer: same shape, updated in place; radius: (K, 1, 1) fp32.
@@ -221,7 +223,7 @@ def muonh_update(grad, momentum_buffer, radius, momentum=MUONH_MOMENTUM, ns_step
     momentum_buffer.lerp_(grad, 1 - momentum)                       # m <- mu m + (1-mu) g
     nesterov = grad.lerp(momentum_buffer, momentum)                 # n = g + mu (m - g): Nesterov look-ahead
     work = torch.promote_types(grad.dtype, torch.float32)          # fp32 (fp64 if the params are fp64)
-    O = polar_express(nesterov, ns_steps).to(work)                  # (K, rows, cols)
+    O = polar_express(nesterov, ns_steps, bf16).to(work)            # (K, rows, cols)
     O_norm = O.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10)    # (K, 1, 1)
     return (O * (radius / O_norm)).to(grad.dtype)                   # U: ||U||_F = R, so ||U||/||W|| = 1
 
@@ -262,7 +264,8 @@ class MuonHAdamW(torch.optim.Optimizer):
     and state_dict() (collectives) with identical, already averaged gradients, which DDP provides.
     """
 
-    def __init__(self, param_groups, shard=True):
+    def __init__(self, param_groups, shard=True, polar_bf16=None):
+        self.polar_bf16 = polar_bf16    # Polar Express in bf16: None = on CUDA only (see polar_express)
         groups = []
         for i, g in enumerate(param_groups):
             g = dict(g)
@@ -366,7 +369,8 @@ class MuonHAdamW(torch.optim.Optimizer):
             G = torch.stack([p.grad for p in act])                             # (k, rows, cols) mean gradients
             M = torch.stack([s["momentum_buffer"] for s in states])            # (k, rows, cols)
             R = torch.stack([s["R"] for s in states]).view(-1, 1, 1)           # (k, 1, 1) fp32
-            U = muonh_update(G, M, R, group["momentum"], group["ns_steps"])    # (k, rows, cols), ||U_i|| = R_i
+            U = muonh_update(G, M, R, group["momentum"], group["ns_steps"],
+                              self.polar_bf16)                       # (k, rows, cols), ||U_i|| = R_i
             W.sub_(U, alpha=group["lr"])             # W' = W - eta U, eta applied in fp32 (the release rounds it
             #                                          to bf16: 0.014 -> 0.013977; a project choice)
             W_norm = torch.linalg.vector_norm(W, dim=(-2, -1), keepdim=True, dtype=rdt).clamp_min(1e-10)
@@ -458,7 +462,7 @@ class MuonHAdamW(torch.optim.Optimizer):
                 self.state[p]["R"] = R.detach().to(device=p.device, dtype=rdt).clone()
 
 
-def build_optimizer(groups, lrs, shard=True):
+def build_optimizer(groups, lrs, shard=True, polar_bf16=None):
     """One MuonHAdamW over the model's labelled groups (LoopedGPT.param_groups()) with peak LRs from hyperp_lrs.
 
     "matrix" -> MuonH at lrs["muonh_lr"]; "wte", "lm_head", "norm", "hc" -> AdamW at lrs["<name>_lr"].
@@ -479,7 +483,7 @@ def build_optimizer(groups, lrs, shard=True):
         param_groups.append(dict(name=name, kind=kind, params=params, lr=lrs[lr_key]))
     if not param_groups:
         raise ValueError("build_optimizer got no parameters in any group")
-    return MuonHAdamW(param_groups, shard=shard)
+    return MuonHAdamW(param_groups, shard=shard, polar_bf16=polar_bf16)
 
 
 # -----------------------------------------------------------------------------
