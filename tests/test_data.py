@@ -322,7 +322,9 @@ def test_bad_input_raises_clearly_and_writes_nothing(tmp_path, bpe):
     assert sorted(os.listdir(tmp_path / "d")) == listing
     assert sorted(os.listdir(tmp_path / "hash")) == listing
 
-def test_interrupted_prepare_leaves_nothing_that_looks_valid(tmp_path, monkeypatch):
+def test_interrupted_prepare_resumes_to_the_same_bytes(tmp_path, monkeypatch):
+    """Issue 12 rule 3: a killed prepare leaves whole files and its state, nothing that looks valid, and the same
+    call resumes from the last whole file to the bytes of an uninterrupted prepare."""
     calls = []
 
     def write_then_die(table, path):                              # the 3rd parquet write is "killed" midway
@@ -336,9 +338,24 @@ def test_interrupted_prepare_leaves_nothing_that_looks_valid(tmp_path, monkeypat
     with pytest.raises(KeyboardInterrupt):
         prep(tmp_path, name="cut")
     left = sorted(os.listdir(tmp_path / "cut"))
-    assert left == ["train-00000.parquet", "train-00001.parquet"]  # whole files only: no tmp, no half file, no meta
+    # whole files only (no half file, no meta) and the state that lets the same request resume
+    assert left == [".prepare-state.npz", "train-00000.parquet", "train-00001.parquet"]
     with pytest.raises(ValueError, match="not a prepared data dir"):
         loader(str(tmp_path / "cut"))
+    monkeypatch.setattr(pq, "write_table", real_write)
+    with pytest.raises(ValueError, match="unfinished prepare of a different request"):
+        prep(tmp_path, name="cut", seed=1)                        # another request: refused, nothing touched
+    assert sorted(os.listdir(tmp_path / "cut")) == left
+    prep(tmp_path, name="cut")                                    # the same request: resumes
+    whole = prep(tmp_path, name="whole")
+    names = sorted(os.listdir(whole))
+    assert sorted(os.listdir(tmp_path / "cut")) == names and ".prepare-state.npz" not in names
+    for n in names:
+        assert open(os.path.join(whole, n), "rb").read() == open(tmp_path / "cut" / n, "rb").read(), n
+    before = {n: os.path.getmtime(os.path.join(whole, n)) for n in names}
+    prep(tmp_path, name="whole")                                  # done already: reused, nothing rewritten
+    assert before == {n: os.path.getmtime(os.path.join(whole, n)) for n in names}
+
 
 # -----------------------------------------------------------------------------
 # 6. Our sentencepiece BPE
