@@ -9,13 +9,18 @@ unchanged:
     DIR/meta_{split}.json           vocab_size, bos_token_id, seq_len, row_capacity, total_rows, ... (+ our hashes)
     DIR/tokenizer.model             copy of the sentencepiece model, so eval can decode (nanoloop only)
 Each document is BOS + tokens (no EOS); rows are filled by best-fit packing and every row starts with BOS.
+prepare streams (bounded memory for any corpus size: a best-fit window of 1,000 documents, batched encoding, one
+file of rows at a time), is resumable (rerun the same command after a kill), and writes only into a directory that
+is new, empty, or this same request's (--overwrite to replace another).
 
 Run:  python data.py tokenizer --corpus default --vocab-size 8192 --out out/tok8k.model
       python data.py prepare --source default --tokenizer out/tok8k.model --out data_cache/shakespeare --seq-len 512
       python data.py prepare --source 'fineweb/*.parquet' --tokenizer llama2/tokenizer.model --out DIR
       python data.py prepare --source default --tokenizer out/tok8k.model --out /tmp/x --bench   # tokens/s only
-Test: pytest tests/test_data.py
-Read in this order: default_corpus -> Tokenizer -> best_fit_plan -> prepare_docs -> PackedLoader.
+      python data.py check DIR                       # verify a prepared dir (ours or the authors'): files, rows, ids
+      python data.py stream-bench --mb 1000          # prepare on a generated 1 GB corpus: MB/s and peak RSS
+Test: pytest tests/test_data.py tests/test_hostile_data.py
+Read in this order: default_corpus -> Tokenizer -> iter_source -> BestFitWindow -> _pack_splits -> PackedLoader.
 Not here: the loss over validation rows (eval.py), the training loop (train.py).
 """
 import argparse
@@ -844,6 +849,11 @@ def prepare_source(source, tok, out_dir, *, seq_len, val_docs=None, seed=0, max_
         raise ValueError(f"--val-docs {val} must be in [1, {n_docs - 1}] for {n_docs} documents")
     if how == "overwrite":
         _clear_ours(out_dir)
+    if how == "resume":                                  # what a kill can leave: half-written temporaries
+        for name in sorted(os.listdir(out_dir)):
+            if OUR_TEMPS.fullmatch(name):
+                os.remove(os.path.join(out_dir, name))
+                log(f"removed {name}, a temporary file left by the interrupted prepare")
     stats = {"huge_docs": 0}
     capacity = seq_len + 1
     tok_file = None if tok.spec == "gpt2" else tok.spec

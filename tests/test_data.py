@@ -468,6 +468,45 @@ def test_external_sentencepiece_records_the_release_vocab(tmp_path, bpe, capsys)
     assert flops.pad_vocab(401) == 448 and rec is not None
 
 
+def test_streaming_prepare_is_bounded_deterministic_and_worker_independent(tmp_path, bpe, monkeypatch):
+    """Issue 13 §6: prepare streams. The best-fit window never holds more than buffer_size documents, each kept to
+    at most one row of tokens; rows are written file by file; the seed fixes the bytes, and tokenising in worker
+    processes gives the same bytes as one process."""
+    src = tmp_path / "docs.jsonl"
+    text = bpe["text"]
+    src.write_text("".join(json.dumps({"text": text[i:i + 50 + (i * 7) % 700]}) + "\n"
+                           for i in range(0, 200_000, 500)))                   # 400 docs, ~3-200 tokens each
+    tok = data.load_tokenizer(bpe["path"])
+    seen = {"window": 0, "prefix": 0}
+    real_add = data.BestFitWindow.add
+
+    def add(self, item, length):
+        real_add(self, item, length)
+        seen["window"] = max(seen["window"], len(self))
+        seen["prefix"] = max(seen["prefix"], len(item[0]))
+    monkeypatch.setattr(data.BestFitWindow, "add", add)
+    kw = dict(seq_len=32, val_docs=40, rows_per_file=16, buffer_size=24, log=lambda *a: None)
+    metas, how = data.prepare_source(str(src), tok, str(tmp_path / "a"), **kw)
+    assert how == "fresh" and seen["window"] == 24 and seen["prefix"] <= 33
+    monkeypatch.undo()
+    assert metas["train"]["num_shards"] > 3 and metas["train"]["cropped_docs"] > 0
+
+    def files(d):
+        return {n: open(os.path.join(d, n), "rb").read() for n in sorted(os.listdir(d))}
+    data.prepare_source(str(src), tok, str(tmp_path / "b"), workers=2, **kw)
+    assert files(tmp_path / "a") == files(tmp_path / "b")                     # 2 worker processes: same bytes
+    data.prepare_source(str(src), tok, str(tmp_path / "c"), seed=1, **kw)
+    assert files(tmp_path / "a") != files(tmp_path / "c")                     # the seed matters
+    # the packing is the release's best-fit, window by window: the rows equal best_fit_plan on the same lengths
+    docs = [d for d in data.iter_source(str(src))]
+    is_val = np.zeros(len(docs), dtype=bool)
+    is_val[np.random.default_rng(0).choice(len(docs), size=40, replace=False)] = True
+    train = [[BOS] + ids for ids, v in zip(tok.encode(docs), is_val) if not v]
+    want = sorted(tuple(np.concatenate([train[i][:take] for i, take in row]).tolist())
+                  for row in data.best_fit_plan([len(d) for d in train], 33, 24))
+    assert sorted(map(tuple, split_rows(str(tmp_path / "a"), "train"))) == want
+
+
 def test_gpt2_from_the_local_tiktoken_cache():
     """tiktoken's gpt2, read from the cache only (never downloaded); the error path is in the bad-input test."""
     try:
