@@ -1134,21 +1134,26 @@ class _Parser(argparse.ArgumentParser):
 
 
 def generate_corpus(path, mb, seed=0):
-    """Write a synthetic jsonl corpus of ~mb megabytes (made-up words, log-normal document lengths: median ~1.5k
-    characters, a tail past 20k, so packing both fits and crops), fast enough to make 1 GB in about a minute."""
+    """Write a synthetic jsonl corpus of ~mb megabytes: documents of made-up words (log-normal lengths: median ~250
+    words, a tail past 5,000, so packing both fits and crops), drawn from a pool of 50,000 random sentences so
+    that 1 GB takes about a minute of one core."""
     rng = np.random.default_rng(seed)
     syl = np.array(["th", "e", "an", "ing", "or", "st", "re", "ou", "al", "er", "ch", "ea", "in", "to", "ly", "qu"])
-    words = np.array(["".join(rng.choice(syl, rng.integers(1, 5))) for _ in range(5000)])
+    words = ["".join(rng.choice(syl, rng.integers(1, 5))) for _ in range(5000)]
+    pool = [" ".join(words[i] for i in rng.integers(0, len(words), rng.integers(4, 16))).capitalize() + "."
+            for _ in range(50_000)]                                               # sentences of 4-15 words
     target, size = int(mb * 1e6), 0
     with open(path, "w", encoding="utf-8") as f:
         while size < target:
-            n_words = (rng.lognormal(5.5, 1.0, size=256) + 5).astype(int)     # (256,) words per document
-            ids = rng.integers(0, len(words), size=int(n_words.sum()))
-            cuts = np.cumsum(n_words)[:-1]
-            lines = "".join(json.dumps({"text": " ".join(w).capitalize() + "."}) + "\n"
-                            for w in np.split(words[ids], cuts))
-            f.write(lines)
-            size += len(lines)
+            n_sent = (rng.lognormal(3.2, 1.0, size=512) + 1).astype(int)          # (512,) sentences per document
+            ids = rng.integers(0, len(pool), size=int(n_sent.sum())).tolist()
+            lines, i = [], 0
+            for n in n_sent.tolist():
+                lines.append(json.dumps({"text": " ".join(pool[j] for j in ids[i:i + n])}))
+                i += n
+            chunk = "\n".join(lines) + "\n"
+            f.write(chunk)
+            size += len(chunk)
     return size
 
 
@@ -1278,6 +1283,10 @@ def main(argv=None):
             print(f"wrote {a.out} in {time.time() - t0:.1f} s" + (" (resumed)" if how == "resume" else ""))
     except ValueError as e:                       # bad input: a clear message, no traceback
         raise SystemExit(f"error: {e}")
+    except KeyboardInterrupt:
+        print(f"interrupted: rerun the same command to {'resume' if a.cmd == 'prepare' else 'start over'}",
+              file=sys.stderr)
+        raise SystemExit(130)
     except OSError as e:                          # missing or read-only folder, disk full, ...
         raise SystemExit(f"error: {e.filename or ''}{': ' if e.filename else ''}{e.strerror or e}")
 

@@ -205,8 +205,9 @@ def test_cli_prepare_killed_midway_resumes_by_itself(tmp_path, tok, capsys, monk
             raise KeyboardInterrupt
         real(table, path)
     monkeypatch.setattr(pq, "write_table", die_on_third)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(SystemExit) as exc:
         data.main(args(tmp_path / "cut"))
+    assert exc.value.code == 130 and "rerun the same command to resume" in capsys.readouterr().err
     monkeypatch.setattr(pq, "write_table", real)
     (tmp_path / "cut" / ".train-00002.parquet.tmp").write_bytes(b"PAR1 half")    # as a kill -9 would leave
     capsys.readouterr()
