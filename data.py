@@ -555,6 +555,7 @@ _OURS = r"(?:train|val)-\d{5}\.parquet|meta_(?:train|val)\.json|tokenizer\.model
 OUR_TEMPS = re.compile(rf"\.(?:{_OURS})\S*\.tmp")   # atomic_write's hidden temporaries of those names
 OUR_NAMES = re.compile(rf"{_OURS}|{OUR_TEMPS.pattern}")
 HUGE_DOC_CHARS = 1 << 20            # longer documents are encoded in ~1 MB pieces (bounded encode memory)
+MAX_FILE_TOKENS = 1 << 27           # tokens per parquet file (256 MiB as uint16, below int32 list offsets)
 BATCH_CHARS = 4 << 20               # characters per encode batch (one call on all cores, or one worker task)
 
 
@@ -629,6 +630,13 @@ def _clear_ours(out_dir):
     for name in os.listdir(out_dir):
         if OUR_NAMES.fullmatch(name):
             os.remove(os.path.join(out_dir, name))
+
+
+def _check_file_size(rows_per_file, seq_len):
+    """One file of rows is held in memory while it fills, and parquet list offsets are int32: cap its tokens."""
+    if rows_per_file * (seq_len + 1) > MAX_FILE_TOKENS:
+        raise ValueError(f"--rows-per-file {rows_per_file:,} x (seq_len+1) = {rows_per_file * (seq_len + 1):,} "
+                         f"tokens per file; keep it <= {MAX_FILE_TOKENS:,} (the release: 15,000 x 2,049)")
 
 
 def _write_rows_file(path, rows):
@@ -830,6 +838,7 @@ def prepare_source(source, tok, out_dir, *, seq_len, val_docs=None, seed=0, max_
                         ("buffer_size", buffer_size, 1), ("seed", seed, 0), ("workers", workers, 0)):
         if v < lo:
             raise ValueError(f"{name}={v} must be >= {lo}")
+    _check_file_size(rows_per_file, seq_len)
     desc, fingerprint = describe_source(source, doc_chars)
     request = json.loads(json.dumps(dict(
         version=PREPARE_VERSION, source=fingerprint, max_docs=max_docs, tokenizer=tok.identity,
@@ -881,6 +890,7 @@ def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, 
     # --- validate everything first: a bad input writes nothing
     if seq_len < 1 or buffer_size < 1 or rows_per_file < 1:
         raise ValueError(f"seq_len ({seq_len}), buffer_size, rows_per_file must be >= 1")
+    _check_file_size(rows_per_file, seq_len)
     _dtype_for(vocab_size)
     if not 0 <= bos_id < vocab_size:
         raise ValueError(f"bos_id {bos_id} outside the vocabulary [0, {vocab_size})")
@@ -1135,17 +1145,18 @@ class _Parser(argparse.ArgumentParser):
 
 def generate_corpus(path, mb, seed=0):
     """Write a synthetic jsonl corpus of ~mb megabytes: documents of made-up words (log-normal lengths: median ~250
-    words, a tail past 5,000, so packing both fits and crops), drawn from a pool of 50,000 random sentences so
+    words, a tail past 5,000, so packing both fits and crops), drawn from a pool of 10,000 random sentences so
     that 1 GB takes about a minute of one core."""
     rng = np.random.default_rng(seed)
     syl = np.array(["th", "e", "an", "ing", "or", "st", "re", "ou", "al", "er", "ch", "ea", "in", "to", "ly", "qu"])
     words = ["".join(rng.choice(syl, rng.integers(1, 5))) for _ in range(5000)]
-    pool = [" ".join(words[i] for i in rng.integers(0, len(words), rng.integers(4, 16))).capitalize() + "."
-            for _ in range(50_000)]                                               # sentences of 4-15 words
+    n_words = rng.integers(4, 16, size=10_000)                                    # (10,000,) words per sentence
+    flat, cuts = rng.integers(0, len(words), size=int(n_words.sum())).tolist(), np.cumsum(n_words).tolist()
+    pool = [" ".join(words[i] for i in flat[a:b]).capitalize() + "." for a, b in zip([0] + cuts[:-1], cuts)]
     target, size = int(mb * 1e6), 0
     with open(path, "w", encoding="utf-8") as f:
         while size < target:
-            n_sent = (rng.lognormal(3.2, 1.0, size=512) + 1).astype(int)          # (512,) sentences per document
+            n_sent = (rng.lognormal(3.2, 1.0, size=64) + 1).astype(int)           # (64,) sentences per document
             ids = rng.integers(0, len(pool), size=int(n_sent.sum())).tolist()
             lines, i = [], 0
             for n in n_sent.tolist():
@@ -1227,7 +1238,7 @@ def main(argv=None):
     q.add_argument("--out", required=True, help="output directory: new, empty, or this same request's (resumed or "
                    "reused); anything else is refused without --overwrite")
     q.add_argument("--overwrite", action="store_true", help="replace the prepare files in --out (others are kept)")
-    q.add_argument("--seq-len", type=_count(1, 1 << 20), default=2048)
+    q.add_argument("--seq-len", type=_count(1, 1 << 17), default=2048)
     q.add_argument("--val-docs", type=_count(1), default=None, help="held-out documents (default: 5%%, at least 1)")
     q.add_argument("--seed", type=_count(0, 2 ** 63 - 1), default=0)
     q.add_argument("--max-docs", type=_count(1), default=None, help="use only the first N documents")
@@ -1242,7 +1253,7 @@ def main(argv=None):
     c.add_argument("--seq-len", type=_count(1), default=None, help="expected seq_len (default: the meta's)")
     b = sub.add_parser("stream-bench", help="prepare on a generated corpus: MB/s and peak RSS (runs/bench.sh)")
     b.add_argument("--mb", type=float, default=64.0, help="corpus size in MB (1000 for the issue-13 figure)")
-    b.add_argument("--seq-len", type=_count(1), default=2048)
+    b.add_argument("--seq-len", type=_count(1, 1 << 17), default=2048)
     b.add_argument("--workers", type=_count(0, 256), default=0)
     b.add_argument("--out", default=None, help="keep the corpus, tokenizer and output here (default: a temp dir, "
                    "removed after)")

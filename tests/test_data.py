@@ -507,6 +507,17 @@ def test_streaming_prepare_is_bounded_deterministic_and_worker_independent(tmp_p
     assert sorted(map(tuple, split_rows(str(tmp_path / "a"), "train"))) == want
 
 
+def test_stream_bench_corpus_is_sized_seeded_and_varied(tmp_path):
+    """The generated corpus of `data.py stream-bench` (runs/bench.sh): the size asked, the same bytes per seed, and
+    documents both shorter and longer than a 2,049-token row (~4 chars a token), so the bench packs and crops."""
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    assert abs(data.generate_corpus(str(a), 2) - 2e6) < 2e5 and abs(a.stat().st_size - 2e6) < 2e5
+    data.generate_corpus(str(b), 2)
+    assert a.read_bytes() == b.read_bytes()
+    lens = [len(t) for t in data.iter_source(str(a))]
+    assert min(lens) < 500 and max(lens) > 4 * 2049 and len(lens) > 300
+
+
 def test_gpt2_from_the_local_tiktoken_cache():
     """tiktoken's gpt2, read from the cache only (never downloaded); the error path is in the bad-input test."""
     try:

@@ -148,6 +148,8 @@ def test_val_docs_larger_than_the_corpus_fails_before_any_work(tmp_path, tok, ca
     src = write_jsonl(tmp_path / "src.jsonl", good_records(20))
     line = cli(prepare_args(src, tok, tmp_path / "out", "--val-docs", "20"), tmp_path, capsys, 1)
     assert "--val-docs 20 must be in [1, 19]" in line and not (tmp_path / "out").exists()
+    line = cli(prepare_args(src, tok, tmp_path / "out", "--rows-per-file", "10000000"), tmp_path, capsys, 1)
+    assert "--rows-per-file 10,000,000" in line and not (tmp_path / "out").exists()     # no 1 GB row buffer
 
 
 def test_missing_source_and_foreign_tokenizer(tmp_path, tok, capsys):
