@@ -1171,7 +1171,10 @@ def generate_corpus(path, mb, seed=0):
 def _stream_bench(a):
     """prepare's throughput and peak memory on a generated corpus of --mb megabytes: the corpus and a 1,024-piece
     BPE (trained on its first ~2 MB) are made first, then `data.py prepare` runs as a child process, so the peak RSS
-    printed is the prepare's own (getrusage of the child)."""
+    printed is the prepare's own (getrusage of the child).
+    Measured once (2-core CPU shared with ~8 jobs, so wall time is not comparable, CPU time is): --mb 1000 -> 1,001
+    MB, 269M tokens, peak RSS 602 MiB, 276 cpu-s = 0.276 cpu-s/MB. The in-memory prepare it replaced, on 50 MB of
+    the same kind of text: 0.32 cpu-s/MB and 1,031 MiB (~87 bytes/token, i.e. ~22 GB at 1 GB of text)."""
     import resource
     import subprocess
     work = a.out or tempfile.mkdtemp(prefix="nanoloop-stream-bench-")

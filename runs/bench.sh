@@ -60,7 +60,7 @@ python optim.py --bench --bench-steps 2
 hdr "3. tokenise + pack, all cores vs one thread (default corpus, 1,024-piece BPE)"
 [[ -f "$OUT/tokenizer.model" ]] || python data.py tokenizer --corpus default --vocab-size 1024 --out "$OUT/tokenizer.model" >/dev/null
 python data.py prepare --source default --tokenizer "$OUT/tokenizer.model" --out "$OUT/unused" --seq-len 128 --bench
-python data.py stream-bench --mb 16   # streaming prepare: MB/s, peak RSS; the issue-13 figure: --mb 1000 (~10 min idle)
+python data.py stream-bench --mb 16   # streaming prepare: MB/s, peak RSS; the issue-13 1 GB figure: --mb 1000 (~5 min idle)
 
 hdr "4. fit protocol on the 116-run synthetic grid vs naive scipy"
 python fit.py --bench
