@@ -156,6 +156,10 @@ def load_records(runs_dir):
             # the architecture the run trained (mini study: small d, vocab ~2k, seq_len 128) -- used for the N check
             # and by the compute-optimal solver, so the frontier never assumes the paper's constants
             rec["arch"] = {k: mcfg[k] for k in FLOP_KEYS if k in mcfg}
+            for k, v in rec["arch"].items():          # counts flops.py multiplies: plain, bounded integers
+                if k != "injection" and v is not None and (isinstance(v, bool) or not isinstance(v, int)
+                                                           or not 0 <= v <= 10 ** 7):
+                    raise ValueError(f"{path}: config {k}={v!r} must be an integer in [0, 1e7]")
             rec["aspect_ratio"] = _count(path, "aspect_ratio", mcfg.get("aspect_ratio", flops.ASPECT_RATIO))
             if "d_model" not in rec and "scale" in rec:
                 rec["d_model"] = rec["aspect_ratio"] * _count(path, "scale", rec["scale"])
@@ -342,7 +346,7 @@ def _check_accounting(rows, runs):
         seen.add(key)
         try:
             flops.flops_per_token(64, key[0], **kw)         # any width: the layout and mode checks do not depend on d
-        except (ValueError, TypeError) as err:
+        except (ValueError, TypeError, OverflowError) as err:
             arch = f" with {kw}" if kw else ""
             raise ValueError(f"{row['source']}: n_loops={key[0]}{arch} is not an architecture flops.py can count "
                              f"({err})") from None

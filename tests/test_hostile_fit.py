@@ -176,6 +176,9 @@ def test_malformed_and_foreign_done_json(tmp_path):
     del rec["d_model"]
     (runs / "run3" / "done.json").write_text(json.dumps(rec))
     _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")], "scale='wide' must be a positive integer", tmp_path)
+    rec["scale"], rec["config"] = 6, {"n_layers_eff": 10 ** 400}          # a count flops.py cannot multiply
+    (runs / "run3" / "done.json").write_text(json.dumps(rec))
+    _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")], "config n_layers_eff=", tmp_path)
 
 
 def test_only_unfinished_runs_is_an_error_that_names_them(tmp_path):
