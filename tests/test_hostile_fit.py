@@ -374,20 +374,21 @@ def test_single_budget_and_few_runs_are_flagged(tmp_path):
 
 def test_assess_flags_each_condition_once():
     # assess() on hand-made fit blocks: each condition is one named flag; a clean result has none
-    blk = {"on_bounds": [], "r2": 0.99, "n": 40, "theta": [0.0] * 6}
+    th = [3.0, 7.0, 0.5, 0.3, 0.3, 0.5]                               # a, b, e, alpha, beta, phi: inside the box
+    blk = {"on_bounds": [], "r2": 0.99, "n": 40, "theta": th}
     runs = {"flops_budget": np.array([1e18] * 20 + [2e18] * 20), "n_loops": np.array([1, 4] * 20),
             "tokens": np.arange(40.0) + 1, "val_loss": np.linspace(2, 3, 40), "group": ["x"] * 40}
-    res = {"joint": dict(blk), "per_arch": {"1": dict(blk, n=20, theta=[0.0] * 5), "4": dict(blk, n=20,
-                                                                                         theta=[0.0] * 5)},
+    res = {"joint": dict(blk), "per_arch": {"1": dict(blk, n=20, theta=th[:5]), "4": dict(blk, n=20, theta=th[:5])},
            "bootstrap": {"phi": [0.5] * 200, "n_resamples": 200}}
     assert fit.assess(res, runs) == []
     res["joint"]["on_bounds"], res["per_arch"]["4"]["on_bounds"] = ["phi"], ["e"]
+    res["per_arch"]["1"]["theta"] = [3.0, 7.0, 0.5, 0.0005, 0.3]         # alpha a hair above 0: counts as on it
     res["joint"]["r2"], res["per_arch"]["1"]["r2"] = -0.01, float("nan")
     res["per_arch"]["4"]["n"] = 6
     res["bootstrap"] = {"phi": [3.0] * 10 + [0.5] * 40, "n_resamples": 50}
     flags = {f["name"]: f["message"] for f in fit.assess(res, runs)}
     assert sorted(flags) == ["few_resamples", "few_runs", "low_r2", "on_bound"]
-    assert "joint fit: phi; r=4 fit: e; bootstrap: 10 of 50" in flags["on_bound"]
+    assert "joint fit: phi; r=1 fit: alpha; r=4 fit: e; bootstrap: 10 of 50" in flags["on_bound"]
     assert "joint fit R² = -0.010; r=1 fit R² = nan" in flags["low_r2"]
     assert "r=4 fit: 6 runs for 5 parameters" in flags["few_runs"]
 
