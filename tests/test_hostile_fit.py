@@ -284,12 +284,15 @@ def test_overwrite_removes_the_earlier_outputs_and_nothing_else(noise_fit, tmp_p
     out = tmp_path / "out"
     shutil.copytree(first, out)
     (out / "notes.txt").write_text("the user's own file\n")
+    (out / ".phi.png.k1ll3d.tmp").write_bytes(b"half a figure")       # a temporary left by a killed fit.py
+    (out / "mine.tmp").write_text("not ours\n")
     # a different request (--law chinchilla) into the folder of a joint fit: refused, then allowed with --overwrite
     _refused(fit.main, ["--csv", csv_path, "--law", "chinchilla", "--out", str(out)] + LIGHT, "--overwrite", tmp_path)
     rc, stdout, err = _cli(fit.main, ["--csv", csv_path, "--law", "chinchilla", "--out", str(out), "--overwrite"]
                            + LIGHT)
     assert rc == 0, err
-    assert sorted(os.listdir(out)) == ["fit.json", "notes.txt", "pred_vs_actual.png", "report.md"]  # no stale phi.png
+    # no stale phi.png (the joint fit's) and no stale temporary of ours; the user's files stay
+    assert sorted(os.listdir(out)) == ["fit.json", "mine.tmp", "notes.txt", "pred_vs_actual.png", "report.md"]
     assert (out / "notes.txt").read_text() == "the user's own file\n"
     assert "chinchilla" in json.load(open(out / "fit.json"))
     # the same request again rewrites its own outputs without --overwrite (a resumed runs/mini.sh does this)
