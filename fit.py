@@ -17,9 +17,19 @@ Run:
     python fit.py --csv c.csv --law chinchilla --out out/c   # plain Eq. 2 fits on n_params,tokens,val_loss[,group]
     python fit.py --synthetic synth.csv --phi 0.46 --noise 0.01 --seed 0   # the 116-run grid drawn from Eq. 3
     python fit.py --bench                                    # full-protocol time vs a naive scipy baseline
-Test: python -m pytest -q tests/test_fit.py
-Read in this order: objective -> _screen -> fit_law -> bootstrap_phi -> optimal_width -> run_protocol -> main.
+    add --overwrite to replace a different earlier fit in --out (the same request may always rewrite its own)
+Test: python -m pytest -q tests/test_fit.py tests/test_hostile_fit.py
+Read in this order: objective -> _screen -> fit_law -> bootstrap_phi -> optimal_width -> run_protocol -> assess
+-> main.
 Not here: parameter / FLOP / token accounting (flops.py), training (train.py).
+
+What it promises (issue 12): bad input (a value out of range, a malformed CSV or done.json, an n_loops flops.py cannot
+count, an --out that is a file) is one error line naming file and line, before any fit. A fit the data cannot
+support is flagged -- on_bound, low_r2, single_budget, few_runs, few_resamples, unfinished_runs, ... -- on the phi
+line, at the top of report.md and in fit.json["flags"]; where no fit is meaningful (equal losses, one r for the joint
+law) it is refused. --out is written as one set (figures and report rendered in memory first, fit.json renamed in
+last); a folder holding a different fit's outputs is refused unless --overwrite, which also removes that fit's
+outputs the new one does not write. Only the files in OUTPUTS are ever replaced or removed.
 
 Speed (paper protocol = 9 point fits x 500 restarts + 200 bootstrap refits; naively ~20 min of serial scipy): all
 500 starts of a fit run at once in a vectorised projected BFGS (the "screen"), then scipy L-BFGS-B polishes the best
@@ -34,10 +44,12 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
 
 import argparse
+import contextlib
 import csv
 import json
 import math
 import sys
+import tempfile
 import time
 import warnings
 
@@ -69,6 +81,19 @@ REQUIRED = ("flops_budget", "n_loops", "n_once", "n_rec", "tokens", "val_loss") 
 CHIN_REQUIRED = ("n_params", "tokens", "val_loss")                                # --law chinchilla inputs
 ARCH_KEYS = ("n_layers_eff", "n_layers_prelude", "n_layers_coda", "injection", "hc_lanes")   # flops.param_split
 FLOP_KEYS = ARCH_KEYS + ("n_loops_bwd", "seq_len", "vocab_size")                             # flops.flops_per_token
+# Plausible ranges of the inputs (project, rule 5 of issue 12): far beyond any training run (frontier runs are
+# ~1e26 FLOPs, ~3e13 tokens, ~2e12 parameters; a final loss is a few nats), yet they catch a column in the wrong unit
+# or a typo (tokens = 1e300) before it reaches a logarithm
+RANGES = {"flops_budget": (0.0, 1e30), "tokens": (1.0, 1e16), "N": (1.0, 1e15), "val_loss": (0.0, 100.0)}
+MAX_LOOPS = 1024
+# When a fit is flagged (rule 6 of issue 12): the flags go next to phi on stdout, in report.md and in fit.json
+R2_LOW = 0.9                      # R^2 (raw nats) below this: the law explains too little (paper: 0.97-0.99)
+NEAR_BOUND = 1e-3                 # a parameter within this fraction of its box width of a bound counts as on it
+RUNS_PER_PARAM = 2                # fewer runs than 2 per fitted parameter: the optimum is barely determined
+MIN_CI_RESAMPLES = 100            # a 95% interval from fewer resamples rests on its 2-3 most extreme draws
+UNFINISHED = ("ckpt.pt", "log.jsonl")   # train.py's files: a folder holding one of them but no done.json never finished
+# Every file fit.py writes into --out; only these are ever replaced or removed there (a new figure is added here)
+OUTPUTS = ("fit.json", "report.md", "iso_flops.png", "pred_vs_actual.png", "frontier.png", "phi.png")
 
 # Synthetic truth (fitting.md §7-8): alpha, beta, E and phi are the paper's joint fit (Table 2); A and B are not
 # printed there, so they are chosen (derived) to put the grid's losses at 2.29-2.98 nats like Fig. 2, with the r=1
@@ -102,55 +127,120 @@ def _model_config(rec):
     return {}
 
 
+def _walk_error(err):
+    """os.walk skips unreadable folders silently by default; a run hidden that way would vanish from the fit."""
+    raise ValueError(f"{err.filename}: cannot read ({err.strerror})")
+
+
 def load_records(runs_dir):
     """Every done.json under runs_dir (recursively), as dicts with a "source" key. ValueError if none."""
     if not os.path.isdir(runs_dir):
-        raise ValueError(f"runs directory {runs_dir!r} does not exist")
+        raise ValueError(f"runs directory {runs_dir!r} does not exist" if not os.path.exists(runs_dir) else
+                         f"runs directory {runs_dir!r} is not a folder")
     recs = []
-    for root, _, files in sorted(os.walk(runs_dir)):
+    for root, _, files in sorted(os.walk(runs_dir, onerror=_walk_error)):
         if "done.json" in files:
             path = os.path.join(root, "done.json")
             try:
-                with open(path) as fh:
+                with open(path, encoding="utf-8") as fh:
                     rec = json.load(fh)
             except json.JSONDecodeError as err:
-                raise ValueError(f"{path}: not valid JSON ({err})") from None
+                raise ValueError(f"{path}:{err.lineno}: not valid JSON ({err.msg}, column {err.colno})") from None
+            except UnicodeDecodeError as err:
+                raise ValueError(f"{path}: not UTF-8 text (byte {err.start})") from None
+            except OSError as err:
+                raise ValueError(f"{path}: cannot read ({err.strerror})") from None
             if not isinstance(rec, dict):
-                raise ValueError(f"{path}: expected a JSON object")
+                raise ValueError(f"{path}: expected a JSON object, got {type(rec).__name__}")
             rec["source"] = path                   # named in every error message about this run
             mcfg = _model_config(rec)
             # the architecture the run trained (mini study: small d, vocab ~2k, seq_len 128) -- used for the N check
             # and by the compute-optimal solver, so the frontier never assumes the paper's constants
             rec["arch"] = {k: mcfg[k] for k in FLOP_KEYS if k in mcfg}
+            for k, v in rec["arch"].items():          # counts flops.py multiplies: plain, bounded integers
+                if k != "injection" and v is not None and (isinstance(v, bool) or not isinstance(v, int)
+                                                           or not 0 <= v <= 10 ** 7):
+                    raise ValueError(f"{path}: config {k}={v!r} must be an integer in [0, 1e7]")
+            rec["aspect_ratio"] = _count(path, "aspect_ratio", mcfg.get("aspect_ratio", flops.ASPECT_RATIO))
             if "d_model" not in rec and "scale" in rec:
-                rec["d_model"] = int(mcfg.get("aspect_ratio", flops.ASPECT_RATIO)) * int(rec["scale"])
-            rec["aspect_ratio"] = mcfg.get("aspect_ratio", flops.ASPECT_RATIO)
+                rec["d_model"] = rec["aspect_ratio"] * _count(path, "scale", rec["scale"])
             recs.append(rec)
     if not recs:
-        raise ValueError(f"no done.json found under {runs_dir!r}")
+        left = unfinished_runs(runs_dir)
+        raise ValueError(f"no done.json found under {runs_dir!r}"
+                         + (f" ({len(left)} unfinished run folders: {', '.join(left[:3])}"
+                            f"{', ...' if len(left) > 3 else ''})" if left else ""))
     return recs
 
 
+def unfinished_runs(runs_dir):
+    """Run folders under runs_dir that hold a checkpoint or a log but no done.json: killed, failed or still
+    training. fit.py reads only done.json, so these are silently absent from the fit unless they are named."""
+    out = []
+    for root, _, files in sorted(os.walk(runs_dir, onerror=_walk_error)):
+        if "done.json" not in files and any(f in files for f in UNFINISHED):
+            out.append(os.path.relpath(root, runs_dir))
+    return out
+
+
+def _count(source, key, val):
+    """A positive integer config value (scale, d_model, aspect_ratio) of a record or row, or a one-line error."""
+    try:
+        x = float(val)
+        if isinstance(val, bool) or not (x >= 1 and x == int(x) and x < 1e9):
+            raise ValueError
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{source}: {key}={val!r} must be a positive integer") from None
+    return int(x)
+
+
 def load_csv(path):
-    """Rows of a CSV file as dicts (values still strings) with a "source" key. ValueError if empty."""
+    """Rows of a CSV file as dicts (values still strings) with a "source" key naming file and line. ValueError if
+    the file is missing, not text, malformed (a row with more or fewer fields than the header) or empty."""
     if not os.path.isfile(path):
-        raise ValueError(f"CSV file {path!r} does not exist")
-    with open(path, newline="") as fh:
-        rows = list(csv.DictReader(fh))     # columns by header name, in any order; extra columns are ignored
+        raise ValueError(f"CSV file {path!r} does not exist" if not os.path.exists(path) else
+                         f"CSV file {path!r} is not a file")
+    rows = []
+    try:
+        # utf-8-sig: a spreadsheet's byte-order mark would otherwise glue itself to the first column's name
+        with open(path, newline="", encoding="utf-8-sig") as fh:
+            reader = csv.reader(fh, strict=True)   # a stray quote is an error, not a silently merged field
+            header = next(reader, None)
+            if not header or not any(h.strip() for h in header):
+                raise ValueError(f"{path}:1: no header row")
+            header = [h.strip() for h in header]
+            dup = sorted({h for h in header if h and header.count(h) > 1})
+            if dup:
+                raise ValueError(f"{path}:1: column {dup[0]!r} appears twice in the header")
+            for fields in reader:
+                if not fields or not any(f.strip() for f in fields):
+                    continue                                # blank lines carry no run
+                src = f"{path}:{reader.line_num}"           # the physical line (quoted fields may span lines)
+                if len(fields) != len(header):
+                    raise ValueError(f"{src}: {len(fields)} fields, but the header has {len(header)}")
+                row = dict(zip(header, (f.strip() for f in fields)))   # columns by name, any order; extras ignored
+                row["source"] = src
+                row["arch"] = {}                            # CSV rows use the paper's architecture (flops.py defaults)
+                rows.append(row)
+    except csv.Error as err:
+        raise ValueError(f"{path}:{reader.line_num}: malformed CSV ({err})") from None
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text (byte {err.start})") from None
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read ({err.strerror})") from None
     if not rows:
         raise ValueError(f"{path}: no data rows")
-    for i, row in enumerate(rows):
-        row["source"] = f"{path}:{i + 2}"   # line number in the file (header is line 1)
-        row["arch"] = {}                    # CSV rows use the paper's architecture (flops.py defaults)
     return rows
 
 
 def _number(row, key):
-    """float(row[key]) with a clear error for blanks, text, NaN and inf."""
+    """float(row[key]) with a clear error for blanks, text, booleans, NaN and inf."""
     val = row.get(key)
     try:
+        if isinstance(val, bool):
+            raise TypeError                     # JSON true/false is not a count or a loss
         x = float(val)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ValueError(f"{row['source']}: {key}={val!r} is not a number") from None
     if not math.isfinite(x):
         raise ValueError(f"{row['source']}: {key}={val!r} is NaN or infinite")
@@ -188,9 +278,10 @@ def runs_from_rows(rows, law="joint"):
         # the joint law needs r itself (r^phi), N split into its once-used and looped parts, and the budget for the
         # (budget, r) bootstrap cells and the compute-optimal frontier
         r = cols["n_loops"]
-        if np.any(r < 1) or np.any(r != np.round(r)):
-            bad = rows[int(np.flatnonzero((r < 1) | (r != np.round(r)))[0])]
-            raise ValueError(f"{bad['source']}: n_loops must be a positive integer, got {bad['n_loops']!r}")
+        if np.any(r < 1) or np.any(r != np.round(r)) or np.any(r > MAX_LOOPS):
+            bad = rows[int(np.flatnonzero((r < 1) | (r != np.round(r)) | (r > MAX_LOOPS))[0])]
+            raise ValueError(f"{bad['source']}: n_loops must be a positive integer (at most {MAX_LOOPS}), got "
+                             f"{bad['n_loops']!r}")
         out = {k: cols[k] for k in ("flops_budget", "n_once", "n_rec", "tokens", "val_loss")}
         out["n_loops"] = r.astype(int)
         out["group"] = [f"r={int(x)}" for x in r]
@@ -211,6 +302,15 @@ def runs_from_rows(rows, law="joint"):
             row = rows[int(np.flatnonzero(arr < 1)[0])]
             raise ValueError(f"{row['source']}: {key} = {arr[arr < 1][0]!r} is below 1; N and tokens are counts "
                              f"(not millions or billions)")
+    # upper ends of RANGES: a value no training run can have is a typo or a unit slip, not a data point
+    for key, arr in (("flops_budget", out["flops_budget"]), ("N", out["n_once"] + out["n_rec"]),
+                     ("tokens", out["tokens"]), ("val_loss", out["val_loss"])):
+        hi = RANGES[key][1]
+        if np.any(arr > hi):
+            i = int(np.flatnonzero(arr > hi)[0])
+            unit = {"val_loss": " nats", "flops_budget": " FLOPs"}.get(key, "")
+            raise ValueError(f"{rows[i]['source']}: {key} = {arr[i]:.6g} is out of range (at most {hi:g}{unit}); "
+                             f"check the column's unit")
     out["case"] = [row.get("case") or None for row in rows]      # "" and missing both mean the main grid
     out["source"] = [row["source"] for row in rows]
     # Duplicates (same budget, r, N and D; same N, D and group in chinchilla mode) double-weight one configuration in
@@ -224,12 +324,33 @@ def runs_from_rows(rows, law="joint"):
                           f"(same {', '.join(k for k in need if k != 'val_loss')}); both are kept")
         seen.setdefault(k, i)
     if not chin_cols:
+        _check_accounting(rows, out)
         _check_param_counts(rows, out)
     # per-run architecture (flops kwargs) and aspect ratio: the frontier inverts the accounting of the runs' own
     # model family; CSV rows get the paper's (flops.py defaults)
     out["arch"] = [row["arch"] for row in rows]
-    out["aspect"] = [int(row.get("aspect_ratio") or flops.ASPECT_RATIO) for row in rows]
+    out["aspect"] = [_count(row["source"], "aspect_ratio", row.get("aspect_ratio") or flops.ASPECT_RATIO)
+                     for row in rows]
     return out
+
+
+def _check_accounting(rows, runs):
+    """Error on a run whose (n_loops, architecture) flops.py cannot count (n_loops = 3 does not divide the 16 looped
+    layers; an unknown injection). The frontier inverts that accounting after every fit; checking it here keeps a
+    bad row from failing only after the fits and the bootstrap."""
+    seen = set()
+    for i, row in enumerate(rows):
+        kw = {k: v for k, v in row["arch"].items() if k in FLOP_KEYS and v is not None}
+        key = (int(runs["n_loops"][i]), json.dumps(kw, sort_keys=True, default=str))
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            flops.flops_per_token(64, key[0], **kw)         # any width: the layout and mode checks do not depend on d
+        except (ValueError, TypeError, OverflowError) as err:
+            arch = f" with {kw}" if kw else ""
+            raise ValueError(f"{row['source']}: n_loops={key[0]}{arch} is not an architecture flops.py can count "
+                             f"({err})") from None
 
 
 def _check_param_counts(rows, runs):
@@ -241,16 +362,17 @@ def _check_param_counts(rows, runs):
     for i, row in enumerate(rows):
         d = row.get("d_model")
         if d in (None, "") and row.get("scale") not in (None, ""):
-            d = flops.ASPECT_RATIO * int(float(row["scale"]))
+            d = flops.ASPECT_RATIO * _count(row["source"], "scale", row["scale"])
         if d in (None, ""):
             continue                      # nothing to check against (a hand-written CSV without widths)
+        d = _count(row["source"], "d_model", d)
         kw = {k: v for k, v in row["arch"].items() if k in ARCH_KEYS}
         r = int(runs["n_loops"][i])
-        want = sum(flops.param_split(int(float(d)), r, **kw))
+        want = sum(flops.param_split(d, r, **kw))
         got = runs["n_once"][i] + runs["n_rec"][i]
         if got != want:
             raise ValueError(f"{row['source']}: n_once + n_rec = {got:.0f} but flops.param_split("
-                             f"d_model={int(float(d))}, n_loops={r}, {kw}) gives {want} -- record and accounting "
+                             f"d_model={d}, n_loops={r}, {kw}) gives {want} -- record and accounting "
                              f"disagree")
 
 
@@ -281,7 +403,26 @@ def subset(runs, mask):
 def make_problem(runs, phi=None):
     """Pack runs for the objective. phi=None: free phi (p = 6, Eq. 3); a float: phi fixed (p = 5; phi = 0 makes
     N_eff = N_once + N_rec = N, i.e. plain Eq. 2). Each row of theta is (a, b, e, alpha, beta[, phi]).
-    Logs are taken once here: the objective only ever needs ln D, ln L and ln r."""
+    Logs are taken once here: the objective only ever needs ln D, ln L and ln r. Refuses runs that determine no
+    fit (fewer runs than parameters, equal losses)."""
+    prob = _pack(runs, phi)
+    # fewer runs than parameters: the optimum is a manifold, not a point -- refuse instead of reporting one of them
+    if len(prob["ln_l"]) < prob["p"]:
+        raise ValueError(f"{len(prob['ln_l'])} runs cannot determine {prob['p']} parameters; need at least "
+                         f"{prob['p']} runs")
+    # equal losses (or one configuration repeated): every law with A = B = 0 fits exactly, so no parameter, phi
+    # included, is determined -- any number reported would be an artefact of the start points
+    if np.ptp(prob["ln_l"]) == 0:
+        raise ValueError(f"all {len(prob['ln_l'])} runs have the same val_loss ({prob['val_loss'][0]:g}); a scaling "
+                         f"law cannot be fitted to a constant")
+    n_tot = prob["n_once"] + prob["n_rec"]
+    if np.ptp(n_tot) == 0 and np.ptp(prob["ln_d"]) == 0 and np.ptp(prob["ln_r"]) == 0:
+        raise ValueError(f"all {len(n_tot)} runs have the same N, D and n_loops; nothing varies for a law to fit")
+    return prob
+
+
+def _pack(runs, phi=None):
+    """make_problem without its checks: predict() on any runs (a figure may show fewer runs than a fit needs)."""
     prob = {"ln_d": np.log(runs["tokens"]), "ln_l": np.log(runs["val_loss"]),
             "n_once": runs["n_once"].astype(float), "n_rec": runs["n_rec"].astype(float),
             "ln_r": np.log(runs["n_loops"].astype(float)), "n_loops": runs["n_loops"], "phi_fixed": phi,
@@ -291,10 +432,6 @@ def make_problem(runs, phi=None):
     if phi is not None:
         # N_eff = N_once + r^phi N_rec is data once phi is fixed (Eq. 3)
         prob["ln_n"] = np.log(prob["n_once"] + np.exp(phi * prob["ln_r"]) * prob["n_rec"])
-    # fewer runs than parameters: the optimum is a manifold, not a point -- refuse instead of reporting one of them
-    if len(prob["ln_l"]) < prob["p"]:
-        raise ValueError(f"{len(prob['ln_l'])} runs cannot determine {prob['p']} parameters; need at least "
-                         f"{prob['p']} runs")
     return prob
 
 
@@ -799,10 +936,15 @@ def run_protocol(runs, restarts=RESTARTS, n_boot=N_BOOT, seed=0, boot_restarts=B
     out["halves"] = {}
     for name, sel in (("low", budgets[:len(budgets) // 2]), ("high", budgets[len(budgets) // 2:])):
         sub = subset(runs, np.isin(runs["flops_budget"], sel))
-        if not sel or len(set(sub["n_loops"])) < 2 or len(sub["val_loss"]) < 6:
-            out["halves"][name] = {"skipped": f"needs >= 2 architectures and >= 6 runs (budgets {sel})"}
+        if len(budgets) < 2 or len(set(sub["n_loops"])) < 2 or len(sub["val_loss"]) < 6:
+            out["halves"][name] = {"skipped": f"needs >= 2 budgets in all, and >= 2 architectures and >= 6 runs "
+                                              f"per half (budgets {sel})"}
             continue
-        blk = fit_block(sub, None, restarts, seed)
+        try:
+            blk = fit_block(sub, None, restarts, seed)
+        except ValueError as err:          # a half can be degenerate (equal losses) where the whole is not
+            out["halves"][name] = {"skipped": str(err)}
+            continue
         blk["budgets"] = [float(c) for c in sel]
         out["halves"][name] = blk
     # App. F.2: block bootstrap of the free-phi fit (the restricted variants are not bootstrapped, as in the paper)
@@ -811,6 +953,7 @@ def run_protocol(runs, restarts=RESTARTS, n_boot=N_BOOT, seed=0, boot_restarts=B
     # §4.2 / App. G.3 / F.4: compute-optimal allocation from the records' own architecture
     out["frontier"] = frontier(out["per_arch"], out["joint"], runs)
     out["seconds"] = time.perf_counter() - t0
+    out["flags"] = assess(out, runs)
     return out
 
 
@@ -857,7 +1000,97 @@ def run_case(runs, case, loops=None, **kw):
     bblk = fit_block(base, None, kw.get("restarts", RESTARTS), kw.get("seed", 0))
     out["case"] = {"name": case, "budgets": budgets, "baseline": bblk, "variant": out["joint"],
                    "delta_phi": out["joint"]["phi"] - bblk["phi"], "n_variant": out["n_runs"], "n_baseline": bblk["n"]}
+    out["flags"] = assess(out, variant)   # again, now with the refitted baseline that delta-phi depends on
     return out
+
+
+# -----------------------------------------------------------------------------
+# Flags: when the numbers must not be read at face value (issue 12, rule 6)
+
+# what each flag means; its message is this text followed by the fits (or runs) it concerns
+FLAG_TEXT = {
+    "on_bound": "parameters sit on their App. F box bound, so the data do not pin them inside the box",
+    "low_r2": f"R² on raw nats is below {R2_LOW}: the law explains little of the variance of these losses",
+    "single_budget": "one compute budget (one D): N and D are not varied independently, so the N and D terms "
+                     "(A, alpha against B, beta, E) are not separately identified",
+    "few_runs": f"fewer than {RUNS_PER_PARAM} runs per fitted parameter",
+    "few_resamples": f"the 95% CI rests on fewer than {MIN_CI_RESAMPLES} bootstrap resamples (App. F.2 uses 200)",
+    "unfinished_runs": "run folders with a checkpoint or log but no done.json (killed, failed or still training) "
+                       "are not in this fit",
+    "single_hit": "only one restart reached the best objective, so the optimum may not be reproducible",
+    "duplicate_runs": "runs repeat a configuration and count twice in Eq. 4",
+    "frontier_edge": "a compute optimum sits on the edge of the width range (the law has no interior optimum)",
+    "fit_warning": "the fitter warned",
+}
+
+
+def _add_flag(flags, name, item):
+    """One flag per condition; a second finding of the same kind adds an item to its message."""
+    flag = next((f for f in flags if f["name"] == name), None)
+    if flag is None:
+        flag = {"name": name, "items": []}
+        flags.append(flag)
+    if item not in flag["items"]:
+        flag["items"].append(item)
+    flag["message"] = f"{FLAG_TEXT[name]}: {'; '.join(flag['items'])}"
+
+
+def assess(res, runs):
+    """The flags of a result: [{"name", "message"}], empty when nothing is amiss. fit.json stores them, report.md
+    lists them first, and the CLI prints their names on the phi line. Conditions (one flag each):
+        on_bound        a fitted parameter (or >2.5% of the bootstrap's phi) sits on the App. F box
+        low_r2          R^2 on raw nats below R2_LOW (or undefined): the law does not describe these losses
+        single_budget   one compute budget (one D in chinchilla mode): the N and D terms are not separately identified
+        few_runs        fewer than RUNS_PER_PARAM runs per fitted parameter
+        few_resamples   a bootstrap CI from fewer than MIN_CI_RESAMPLES resamples
+    main() adds unfinished_runs (run folders without done.json) and the fitter's own warnings (single_hit,
+    duplicate_runs, frontier_edge)."""
+    flags = []
+    # each fit block with the runs it was fitted on
+    if "chinchilla" in res:
+        blocks = {("fit" if g == "all" else f"group {g}"): (b, np.array([x == g for x in runs["group"]]))
+                  for g, b in _chin_groups(res).items()}
+    else:
+        blocks = {"joint": (res["joint"], np.ones(len(runs["val_loss"]), dtype=bool))}
+        blocks.update({f"r={r}": (b, runs["n_loops"] == int(r)) for r, b in res["per_arch"].items()})
+        if "case" in res:
+            blocks["case baseline"] = (res["case"]["baseline"], None)
+    for name, (b, _) in blocks.items():
+        # fit_law's on_bounds is exact (1e-6 of the box); a polish stopped in a flat valley a hair inside the
+        # bound (phi = 2.9997) is the same finding, so 1e-3 of the box counts here
+        p = len(b["theta"])
+        lo, hi = _box(p)
+        near = [PARAM_NAMES[j] for j in range(p) if min(b["theta"][j] - lo[j], hi[j] - b["theta"][j])
+                <= NEAR_BOUND * (hi[j] - lo[j])]
+        names = [k for k in PARAM_NAMES if k in b["on_bounds"] or k in near]
+        if names:
+            _add_flag(flags, "on_bound", f"{name} fit: {', '.join(names)}")
+    bs = res.get("bootstrap")
+    if bs:
+        at = int(np.sum(np.abs(np.abs(np.asarray(bs["phi"])) - BOX_HI[5]) <= NEAR_BOUND * (BOX_HI[5] - BOX_LO[5])))
+        if at > 0.025 * bs["n_resamples"]:
+            _add_flag(flags, "on_bound", f"bootstrap: {at} of {bs['n_resamples']} resamples at phi = ±{BOX_HI[5]:g}, "
+                                         f"the CI is cut by the box")
+    for name, (b, _) in blocks.items():
+        if not b["r2"] >= R2_LOW:                       # NaN (no variance) counts as low
+            _add_flag(flags, "low_r2", f"{name} fit R² = {b['r2']:.3f}")
+    for name, (b, m) in blocks.items():
+        if m is None:
+            continue
+        C, D = runs["flops_budget"][m], runs["tokens"][m]
+        if np.all(np.isfinite(C)) and len(set(C)) == 1:
+            _add_flag(flags, "single_budget", f"{name} fit: every run at C = {C[0]:.3g}")
+            if name == "joint":
+                break                                    # every per-architecture fit shares it: said once
+        elif not np.all(np.isfinite(C)) and len(set(D)) == 1:
+            _add_flag(flags, "single_budget", f"{name} fit: every run at D = {D[0]:.3g} tokens")
+    for name, (b, _) in blocks.items():
+        p = len(b["theta"])
+        if b["n"] < RUNS_PER_PARAM * p:
+            _add_flag(flags, "few_runs", f"{name} fit: {b['n']} runs for {p} parameters")
+    if bs and bs["n_resamples"] < MIN_CI_RESAMPLES:
+        _add_flag(flags, "few_resamples", f"{bs['n_resamples']} resamples")
+    return flags
 
 
 # -----------------------------------------------------------------------------
@@ -888,14 +1121,26 @@ def synthetic_runs(phi=0.46, noise=0.01, seed=0, truth=None):
     return runs_from_rows(synthetic_rows(phi, noise, seed, truth))
 
 
-def write_synthetic(path, phi, noise, seed):
-    """python fit.py --synthetic OUT.csv: write the grid as a CSV that --csv reads back."""
+def write_synthetic(path, phi, noise, seed, overwrite=False):
+    """python fit.py --synthetic OUT.csv: write the grid as a CSV that --csv reads back. An existing different file
+    is refused unless overwrite (the same bytes again are fine: that is this same request)."""
+    import io
     rows = synthetic_rows(phi, noise, seed)
-    with open(path, "w", newline="") as fh:
-        wr = csv.writer(fh)
-        wr.writerow(SYNTH_COLUMNS)
-        for row in rows:
-            wr.writerow([repr(row[k]) if isinstance(row[k], float) else row[k] for k in SYNTH_COLUMNS])
+    buf = io.StringIO(newline="")
+    wr = csv.writer(buf)
+    wr.writerow(SYNTH_COLUMNS)
+    for row in rows:
+        wr.writerow([repr(row[k]) if isinstance(row[k], float) else row[k] for k in SYNTH_COLUMNS])
+    data = buf.getvalue().encode()
+    _check_target_dir(os.path.dirname(os.path.abspath(path)), "--synthetic")
+    if os.path.lexists(path):
+        if os.path.isdir(path):
+            raise ValueError(f"--synthetic {path!r} is a folder, not a file name")
+        with open(path, "rb") as fh:
+            same = fh.read() == data
+        if not same and not overwrite:
+            raise ValueError(f"--synthetic {path!r} exists and holds something else; pass --overwrite to replace it")
+    _atomic_write(path, data)
     return rows
 
 
@@ -918,16 +1163,30 @@ def _table1(blocks, title):
     return lines
 
 
+def _flag_names(res):
+    """The flag names as the phi line and the tables show them, e.g. " -- WARNING: low_r2, on_bound"."""
+    names = [f["name"] for f in res.get("flags", [])]
+    return f" -- WARNING: {', '.join(names)}" if names else ""
+
+
 def write_report(res, path):
-    """report.md: Table 1 (per-arch), Table 2 (joint + restricted), Table 7 (per-r residuals), halves, Table 3
-    (case study), frontier and F.4 equivalence; or the chinchilla table."""
+    """Write report_text(res) to path atomically."""
+    _atomic_write(path, report_text(res).encode())
+
+
+def report_text(res):
+    """report.md: the flags first, then Table 1 (per-arch), Table 2 (joint + restricted), Table 7 (per-r
+    residuals), halves, Table 3 (case study), frontier and F.4 equivalence; or the chinchilla table."""
     L = ["# fit.py report", "", f"runs: {res.get('n_runs')} | seed {res.get('seed')} | restarts {res.get('restarts')}"
          f" | {res.get('seconds', 0):.1f} s", ""]
+    # rule 6 of issue 12: what limits these numbers comes before the numbers
+    if res.get("flags"):
+        L += ["## Warnings: read the numbers below with these in mind", ""]
+        L += [f"- **{f['name']}**: {f['message']}" for f in res["flags"]]
+        L.append("")
     if "chinchilla" in res:
         L += _table1(_chin_groups(res), "## Chinchilla fits (Eq. 2; layout of Table 1)")
-        with open(path, "w") as fh:
-            fh.write("\n".join(L) + "\n")
-        return
+        return "\n".join(L) + "\n"
     # Table 1: the per-architecture exponents are not comparable across r (N means different things under sharing,
     # §4.2); the frontier below is the comparable quantity
     L += _table1({f"r={k}": v for k, v in res["per_arch"].items()},
@@ -938,7 +1197,7 @@ def write_report(res, path):
     ci = f" [{bs['phi_lo']:.2f}, {bs['phi_hi']:.2f}]" if bs else ""
     L += ["", "## Table 2: joint law (Eq. 3)", "", "| Form | α | β | E | φ | R² | Huber (×10⁻⁵) | hits |",
           "|---|---|---|---|---|---|---|---|"]
-    for name, key, phi_txt in (("Joint, φ free", "joint", f"{res['joint']['phi']:.3f}{ci}"),
+    for name, key, phi_txt in (("Joint, φ free", "joint", f"{res['joint']['phi']:.3f}{ci}{_flag_names(res)}"),
                                ("Restricted (φ = 0, pure sharing cost)", "phi0", "0.00"),
                                ("Restricted (φ = 1, non-looped equivalence)", "phi1", "1.00")):
         b = res[key]
@@ -1000,8 +1259,7 @@ def write_report(res, path):
             L.append(f"| {r} | {e['n_nonlooped']:.3g} | {e['n_unique']:.3g} | {e['n_eff']:.3g} | "
                      f"{e['unique_ratio']:.3f} | {e['eff_ratio']:.3f} | {e['amplification']:.2f} | "
                      f"{e['flops_ratio']:.3f} |")
-    with open(path, "w") as fh:
-        fh.write("\n".join(L) + "\n")
+    return "\n".join(L) + "\n"
 
 
 def _jsonable(x):
@@ -1016,44 +1274,66 @@ def _jsonable(x):
         return None if not math.isfinite(float(x)) else float(x)
     if isinstance(x, np.integer):
         return int(x)
+    if isinstance(x, np.bool_):
+        return bool(x)
     return x
 
 
 # -----------------------------------------------------------------------------
 # Figures (matplotlib, Agg: renders without a display)
 
-def make_figures(res, runs, out_dir):
+def _lim(*arrays):
+    """[lo, hi] of the finite values (a diagonal or an axis range); padded when they are all equal, [0, 1] when none
+    is finite -- degenerate data must still draw (issue 12, rule 6)."""
+    v = np.concatenate([np.ravel(np.asarray(a, dtype=float)) for a in arrays])
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return [0.0, 1.0]
+    lo, hi = float(v.min()), float(v.max())
+    pad = 0.05 * (hi - lo) if hi > lo else 0.05 * max(abs(lo), 1.0)
+    return [lo - pad, hi + pad]
+
+
+def make_figures(res, runs):
     """iso_flops.png (Fig. 2 style, one panel per r), pred_vs_actual.png (Fig. 8 / 10), frontier.png (Fig. 3:
-    L*, N*, D* vs C), phi.png (restricted fits + bootstrap histogram). Returns the written paths."""
+    L*, N*, D* vs C), phi.png (restricted fits + bootstrap histogram). Returns {file name: PNG bytes}: nothing is
+    written here, so a figure that fails leaves no file behind (main writes the whole set at once)."""
     # imported here, not at the top: the fits need no plotting, and pyplot costs ~1 s to import; Agg renders to
     # files with no display (clusters, CI)
+    import io
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    paths = []
+    figs = {}
     rs = sorted(set(int(r) for r in runs["n_loops"]))
     colors = {r: plt.cm.tab10(i) for i, r in enumerate(rs)}
 
     def save(fig, name):
-        path = os.path.join(out_dir, name)
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
+        assert name in OUTPUTS, f"add {name} to OUTPUTS so --overwrite can manage it"
+        buf = io.BytesIO()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")          # tight_layout's "not compatible" notes on odd axes
+                fig.tight_layout()
+                fig.savefig(buf, format="png", dpi=110)
+        finally:
+            plt.close(fig)
+        figs[name] = buf.getvalue()
 
     if "chinchilla" in res:
         # Chinchilla mode has no FLOPs model and no phi: only the predicted-vs-actual scatter applies
         fig, ax = plt.subplots(figsize=(5, 5))
         for grp, b in _chin_groups(res).items():
             m = np.array([g == grp for g in runs["group"]])
-            pred = predict(b["theta"], make_problem(subset(runs, m), 0.0))
+            pred = predict(b["theta"], _pack(subset(runs, m), 0.0))
             ax.scatter(runs["val_loss"][m], pred, s=14, label=grp)
-        lim = [runs["val_loss"].min(), runs["val_loss"].max()]
+        lim = _lim(runs["val_loss"])
         ax.plot(lim, lim, "k--", lw=0.8)
-        ax.set(xlabel="actual loss (nats)", ylabel="predicted loss (nats)", title="Chinchilla fits (Eq. 2)")
+        ax.set(xlabel="actual loss (nats)", ylabel="predicted loss (nats)", title="Chinchilla fits (Eq. 2)",
+               xlim=lim, ylim=lim)
         ax.legend(fontsize=7)
         save(fig, "pred_vs_actual.png")
-        return paths
+        return figs
 
     budgets = sorted(set(float(c) for c in runs["flops_budget"]))
     bcol = {c: plt.cm.viridis(i / max(len(budgets) - 1, 1)) for i, c in enumerate(budgets)}
@@ -1088,17 +1368,17 @@ def make_figures(res, runs, out_dir):
     # predicted vs actual (Fig. 8 and Fig. 10 style): per-arch laws (20 parameters in all) next to the joint law
     # (6 parameters); points on the diagonal = a good fit, colour = architecture
     fig, axes = plt.subplots(1, 2, figsize=(9, 4.4), sharey=True)
-    pj = predict(res["joint"]["theta"], make_problem(runs))
+    pj = predict(res["joint"]["theta"], _pack(runs))
     for r in rs:
         m = runs["n_loops"] == r
-        pa = predict(res["per_arch"][str(r)]["theta"], make_problem(subset(runs, m), 0.0))
+        pa = predict(res["per_arch"][str(r)]["theta"], _pack(subset(runs, m), 0.0))
         axes[0].scatter(runs["val_loss"][m], pa, s=14, color=colors[r], label=f"r={r}")
         axes[1].scatter(runs["val_loss"][m], pj[m], s=14, color=colors[r], label=f"r={r}")
-    lim = [runs["val_loss"].min(), runs["val_loss"].max()]
+    lim = _lim(runs["val_loss"])           # the actual losses set the frame; a wild prediction is clipped
     for ax, title in zip(axes, ("per-architecture (Eq. 2)", f"joint (Eq. 3), φ = {res['joint']['phi']:.3f}, "
                                                             f"RMSE {res['joint']['rmse']:.3f}")):
         ax.plot(lim, lim, "k--", lw=0.8)
-        ax.set(xlabel="actual loss (nats)", title=title)
+        ax.set(xlabel="actual loss (nats)", title=title, xlim=lim, ylim=lim)
     axes[0].set_ylabel("predicted loss (nats)")
     axes[0].legend(fontsize=7)
     save(fig, "pred_vs_actual.png")
@@ -1122,18 +1402,21 @@ def make_figures(res, runs, out_dir):
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
     names = [f"φ free ({res['joint']['phi']:.2f})", "φ = 0", "φ = 1"]
     r2 = [res[k]["r2"] for k in ("joint", "phi0", "phi1")]
+    r2 = [v if v is not None and math.isfinite(v) else 0.0 for v in r2]   # undefined R^2 draws as an empty bar
     axes[0].bar(names, r2, color=["C0", "C1", "C2"])
     axes[0].set_ylim(min(r2) - 0.2 * (max(r2) - min(r2) + 1e-4), 1.0)    # R^2 near 1: zoom on the differences
-    axes[0].set(ylabel="R² (raw nats)", title="joint law: free vs restricted φ")
+    axes[0].set(ylabel="R² (raw nats)", title="joint law: free vs restricted φ" + (" (flagged)" if res.get("flags")
+                                                                                   else ""))
     if "bootstrap" in res:
         bs = res["bootstrap"]
-        axes[1].hist(bs["phi"], bins=30, color="C0", alpha=0.8)
+        phis = np.asarray(bs["phi"], dtype=float)
+        axes[1].hist(phis[np.isfinite(phis)], bins=30, range=tuple(_lim(phis)), color="C0", alpha=0.8)
         for v, ls in ((bs["phi_lo"], "--"), (bs["phi_hi"], "--"), (res["joint"]["phi"], "-")):
             axes[1].axvline(v, color="k", ls=ls, lw=1)
         axes[1].set(xlabel="φ", ylabel="resamples",
                     title=f"block bootstrap: [{bs['phi_lo']:.2f}, {bs['phi_hi']:.2f}]")
     save(fig, "phi.png")
-    return paths
+    return figs
 
 
 # -----------------------------------------------------------------------------
@@ -1157,6 +1440,7 @@ def run_chinchilla(runs, restarts=RESTARTS, seed=0):
     if groups == ["all"]:
         out["chinchilla"] = out["chinchilla"]["all"]          # no group column: the block is the one fit
     out["seconds"] = time.perf_counter() - t0
+    out["flags"] = assess(out, runs)
     return out
 
 
@@ -1198,38 +1482,169 @@ def bench(seed=0, restarts=RESTARTS, n_boot=N_BOOT):
 
 
 # -----------------------------------------------------------------------------
+# Output files: checked before the fit, written as one set after it (issue 12, rules 2 and 3)
+
+def _write_temp(folder, name, data):
+    """A temporary ".NAME.xxxx.tmp" created exclusively in folder (O_EXCL: never an existing path, never a link),
+    holding data; returns its path. The caller renames it into place."""
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.fchmod(fh.fileno(), 0o666 & ~umask)          # mkstemp's 0600 would hide results from co-workers
+            fh.write(data)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return tmp
+
+
+def _atomic_write(path, data):
+    """Write bytes through a temporary in the target folder, then rename: a reader sees the old file or the new one,
+    never half of one."""
+    os.replace(_write_temp(os.path.dirname(os.path.abspath(path)), os.path.basename(path), data), path)
+
+
+def _check_target_dir(path, flag):
+    """The folder path, or its nearest existing ancestor, must be a writable folder; else a one-line error."""
+    probe = os.path.abspath(path)
+    while not os.path.lexists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise ValueError(f"{flag} {path!r}: {probe!r} is a file, not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path!r}: {probe!r} is not writable")
+
+
+def _request(args):
+    """What this invocation asks for: the same request may rewrite its own outputs without --overwrite."""
+    inp = os.path.abspath(args.csv or args.runs_dir)
+    return {"input": inp, "csv": bool(args.csv), "law": args.law, "case": args.case, "loops": args.loops,
+            "seed": args.seed, "restarts": args.restarts, "bootstrap": args.bootstrap,
+            "boot_restarts": args.boot_restarts}
+
+
+def check_out(out, request, overwrite=False):
+    """Before any fit: --out must be a folder fit.py can write, and must not hold the outputs of a different request
+    (a previous fit with other inputs or settings, or files that merely share our names) unless overwrite."""
+    if os.path.lexists(out) and not os.path.isdir(out):
+        raise ValueError(f"--out {out!r} is a file, not a folder")
+    _check_target_dir(out, "--out")
+    present = [n for n in OUTPUTS if os.path.lexists(os.path.join(out, n))]
+    odd = [n for n in present if not os.path.isfile(os.path.join(out, n))]
+    if odd:
+        raise ValueError(f"--out {out!r}: {odd[0]} there is not a file; fit.py will not replace it")
+    if not present or overwrite:
+        return
+    try:
+        with open(os.path.join(out, "fit.json"), encoding="utf-8") as fh:
+            prev = json.load(fh).get("request")
+    except (OSError, ValueError, AttributeError):
+        prev = None
+    if prev != _jsonable(request):
+        raise ValueError(f"--out {out!r} already holds {', '.join(present)} from "
+                         f"{'a different fit' if prev else 'something other than this fit'}; pass --overwrite to "
+                         f"replace them, or choose another --out")
+
+
+def write_outputs(out, files):
+    """Write {name: bytes} into out as one set. Every temporary is written first (a full disk fails here, with the
+    old outputs untouched); then the old fit.json goes, outputs of an earlier invocation that this one does not
+    write are removed (only names in OUTPUTS), the new files are renamed in, and fit.json comes last: a folder with
+    a fit.json holds that fit's complete set."""
+    try:
+        os.makedirs(out, exist_ok=True)
+        # temporaries of an earlier invocation killed mid-write (".phi.png.x1y2.tmp"): ours, never renamed, stale
+        for f in os.listdir(out):
+            if f.endswith(".tmp") and any(f.startswith(f".{n}.") for n in OUTPUTS):
+                os.unlink(os.path.join(out, f))
+    except OSError as err:
+        raise ValueError(f"--out {out!r}: {err.strerror}") from None
+    tmps = {}
+    try:
+        for name, data in files.items():
+            tmps[name] = _write_temp(out, name, data)
+    except BaseException as err:          # a full disk, or Ctrl-C: no temporary stays, the old set is untouched
+        for tmp in tmps.values():
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        if isinstance(err, OSError):
+            raise ValueError(f"--out {out!r}: cannot write ({err.strerror}); nothing was changed") from None
+        raise
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(out, "fit.json"))
+    for name in OUTPUTS:
+        if name not in files:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(out, name))
+    for name in sorted(files, key=lambda n: n == "fit.json"):
+        os.replace(tmps[name], os.path.join(out, name))
+
+
+# -----------------------------------------------------------------------------
 # CLI
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (rule 5 of issue 12): the usage block would bury the message."""
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def _int_list(text):
-    """argparse type for --loops: "1,4,8" -> [1, 4, 8]."""
+    """argparse type for --loops: "1,4,8" -> [1, 4, 8], each a valid n_loops."""
     try:
-        return [int(x) for x in text.split(",")]
+        out = [int(x) for x in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if any(not 1 <= r <= MAX_LOOPS for r in out):
+        raise argparse.ArgumentTypeError(f"n_loops values must be in [1, {MAX_LOOPS}], got {text!r}")
+    return out
+
+
+def _ranged(kind, lo, hi):
+    """argparse type: a finite int / float in [lo, hi], checked when parsed (nan, inf and -1 never reach a fit)."""
+    def parse(text):
+        try:
+            x = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got "
+                                             f"{text!r}") from None
+        if not (math.isfinite(x) and lo <= x <= hi):
+            raise argparse.ArgumentTypeError(f"must be in [{lo:g}, {hi:g}], got {text!r}")
+        return x
+    return parse
 
 
 def parse_args(argv=None):
     # defaults are the paper's protocol (App. F: 500 restarts, 200 resamples); tests pass smaller numbers
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="fit.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs_dir", nargs="?", help="folder tree of done.json run records")
     p.add_argument("--csv", help="CSV of runs instead of a runs folder")
     p.add_argument("--law", choices=("joint", "chinchilla"), default="joint", help="joint law (Eq. 3) or Eq. 2 only")
     p.add_argument("--case", help="fit the runs with this case label (§5) and report delta-phi vs the baseline")
     p.add_argument("--loops", type=_int_list, help="keep only these n_loops, e.g. 1,4,8 (Table 3's refit without r=2)")
     p.add_argument("--out", help="output folder for fit.json, report.md and the figures")
-    p.add_argument("--seed", type=int, default=0, help="seed of the restarts and the bootstrap")
-    p.add_argument("--restarts", type=int, default=RESTARTS, help="uniform starts per fit (App. F: 500)")
-    p.add_argument("--bootstrap", type=int, default=N_BOOT, help="block-bootstrap resamples (App. F.2: 200)")
-    p.add_argument("--boot-restarts", type=int, default=BOOT_RESTARTS, help="random starts per resample besides "
-                                                                              "the warm start")
+    p.add_argument("--overwrite", action="store_true", help="replace the outputs of a different earlier fit in --out "
+                                                            "(and a different --synthetic file)")
+    p.add_argument("--seed", type=_ranged(int, 0, 2 ** 63 - 1), default=0, help="seed of the restarts and the "
+                                                                                "bootstrap")
+    p.add_argument("--restarts", type=_ranged(int, 1, 100_000), default=RESTARTS,
+                   help="uniform starts per fit (App. F: 500)")
+    p.add_argument("--bootstrap", type=_ranged(int, 0, 100_000), default=N_BOOT,
+                   help="block-bootstrap resamples (App. F.2: 200)")
+    p.add_argument("--boot-restarts", type=_ranged(int, 0, 1000), default=BOOT_RESTARTS,
+                   help="random starts per resample besides the warm start")
     p.add_argument("--synthetic", metavar="OUT.csv", help="write the synthetic 116-run grid and exit")
-    p.add_argument("--phi", type=float, default=SYNTH_TRUTH["phi"], help="--synthetic: true phi")
-    p.add_argument("--noise", type=float, default=0.01, help="--synthetic: Gaussian noise in nats")
+    p.add_argument("--phi", type=_ranged(float, BOX_LO[5], BOX_HI[5]), default=SYNTH_TRUTH["phi"],
+                   help="--synthetic: true phi")
+    p.add_argument("--noise", type=_ranged(float, 0.0, 1.0), default=0.01, help="--synthetic: Gaussian noise in nats")
     p.add_argument("--bench", action="store_true", help="time the full protocol and a naive scipy baseline")
     args = p.parse_args(argv)
-    if args.restarts < 1 or args.bootstrap < 0 or args.boot_restarts < 0 or args.noise < 0:
-        p.error("--restarts must be >= 1; --bootstrap, --boot-restarts and --noise >= 0")
     if args.synthetic or args.bench:             # these two need no input and write no fit folder
+        if args.runs_dir or args.csv or args.out:
+            p.error("--synthetic and --bench take no RUNS_DIR, --csv or --out")
         return args
     if (args.runs_dir is None) == (args.csv is None):
         p.error("give exactly one input: RUNS_DIR or --csv FILE")
@@ -1238,39 +1653,75 @@ def parse_args(argv=None):
     return args
 
 
+def _fit_warning_flags(flags, caught):
+    """Add the fitter's own warnings (warnings.warn) to flags, one flag per kind, so fit.json keeps them too."""
+    for w in caught:
+        msg = str(w.message)
+        if msg.startswith("fit over"):                  # "fit over 29 runs: only one of 40 restarts ..."
+            _add_flag(flags, "single_hit", msg.split(":")[0])
+        elif msg.startswith("duplicate run: "):
+            _add_flag(flags, "duplicate_runs", msg[len("duplicate run: "):])
+        elif msg.startswith("compute optimum at "):    # "... at C=2.15e+19 sits on the edge ... (alpha=.., beta=..)"
+            _add_flag(flags, "frontier_edge", f"{msg.split()[3]} {msg[msg.rfind('('):]}")
+        else:
+            _add_flag(flags, "fit_warning", msg)
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.bench:
         bench(args.seed, args.restarts, args.bootstrap)
         return None
     if args.synthetic:
-        rows = write_synthetic(args.synthetic, args.phi, args.noise, args.seed)
+        try:
+            rows = write_synthetic(args.synthetic, args.phi, args.noise, args.seed, args.overwrite)
+        except (ValueError, OSError) as err:
+            raise SystemExit(f"fit.py: error: {err}") from None
         print(f"wrote {len(rows)} synthetic runs (phi={args.phi}, noise={args.noise}, seed={args.seed}) to "
               f"{args.synthetic}")
         return None
-    # every input problem surfaces as ValueError before any fit runs; the CLI turns it into one clear line
+    # every input or output problem surfaces as ValueError before any fit runs; the CLI turns it into one clear
+    # line. The outputs are rendered in memory and written as one set at the end, so a failure anywhere leaves
+    # --out as it was
+    request = _request(args)
     try:
-        rows = load_csv(args.csv) if args.csv else load_records(args.runs_dir)
-        runs = runs_from_rows(rows, args.law)
-        if args.law == "chinchilla":
-            runs = select_runs(runs, args.case, args.loops)
-            res = run_chinchilla(runs, args.restarts, args.seed)
-        elif args.case:
-            res = run_case(runs, args.case, args.loops, restarts=args.restarts, n_boot=args.bootstrap,
-                           seed=args.seed, boot_restarts=args.boot_restarts)
-            runs = select_runs(runs, args.case, args.loops)           # what the figures show: the variant's runs
-        else:
-            runs = select_runs(runs, None, args.loops)
-            res = run_protocol(runs, args.restarts, args.bootstrap, args.seed, args.boot_restarts)
+        check_out(args.out, request, args.overwrite)
+        try:
+            import matplotlib  # noqa: F401  (the figures need it: fail now, not after the fit)
+        except ImportError:
+            raise ValueError("matplotlib is not installed (pip install -r requirements.txt)") from None
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", UserWarning)     # the fitter's own warnings become flags (below)
+            rows = load_csv(args.csv) if args.csv else load_records(args.runs_dir)
+            unfinished = [] if args.csv else unfinished_runs(args.runs_dir)
+            runs = runs_from_rows(rows, args.law)
+            if args.law == "chinchilla":
+                runs = select_runs(runs, args.case, args.loops)
+                res = run_chinchilla(runs, args.restarts, args.seed)
+            elif args.case:
+                res = run_case(runs, args.case, args.loops, restarts=args.restarts, n_boot=args.bootstrap,
+                               seed=args.seed, boot_restarts=args.boot_restarts)
+                runs = select_runs(runs, args.case, args.loops)           # what the figures show: the variant's runs
+            else:
+                runs = select_runs(runs, None, args.loops)
+                res = run_protocol(runs, args.restarts, args.bootstrap, args.seed, args.boot_restarts)
+        if unfinished:
+            _add_flag(res["flags"], "unfinished_runs", f"{len(unfinished)} under {args.runs_dir} "
+                      f"({', '.join(unfinished[:5])}{', ...' if len(unfinished) > 5 else ''})")
+        _fit_warning_flags(res["flags"], [w for w in caught if issubclass(w.category, UserWarning)])
+        res["input"] = args.csv or args.runs_dir
+        res["request"] = request
+        try:
+            files = make_figures(res, runs)
+        except Exception as err:         # a plotting bug must not cost the fit a traceback or a half-written folder
+            raise ValueError(f"drawing the figures failed ({type(err).__name__}: {err}); nothing was written") \
+                from None
+        files["report.md"] = report_text(res).encode()
+        res["outputs"] = sorted(files) + ["fit.json"]
+        files["fit.json"] = json.dumps(_jsonable(res), indent=1).encode()
+        write_outputs(args.out, files)
     except ValueError as err:
         raise SystemExit(f"fit.py: error: {err}") from None
-    # outputs: fit.json (every number, machine-readable), report.md (the paper's tables), figures
-    os.makedirs(args.out, exist_ok=True)
-    res["input"] = args.csv or args.runs_dir
-    with open(os.path.join(args.out, "fit.json"), "w") as fh:
-        json.dump(_jsonable(res), fh, indent=1)
-    write_report(res, os.path.join(args.out, "report.md"))
-    make_figures(res, runs, args.out)
     if "chinchilla" in res:
         for grp, b in _chin_groups(res).items():
             print(f"{grp}: E={b['E']:.3f} A={_sig2(b['A'])} alpha={b['alpha']:.3f} B={_sig2(b['B'])} "
@@ -1284,11 +1735,15 @@ def main(argv=None):
         if "case" in res:
             print(f"case {res['case']['name']}: delta phi = {res['case']['delta_phi']:+.3f} "
                   f"(baseline phi {res['case']['baseline']['phi']:.3f} on the same budgets)")
-        # the one line a user reads: point estimate and 95% block-bootstrap CI (Table 2 style)
-        bs = res.get("bootstrap")
-        ci = f" [{bs['phi_lo']:.2f}, {bs['phi_hi']:.2f}]" if bs else ""
-        print(f"phi = {res['joint']['phi']:.2f}{ci}")
+    # rule 6: every flag, then (last, where a user looks) the phi line carrying the flag names
+    for f in res["flags"]:
+        print(f"WARNING [{f['name']}]: {f['message']}")
     print(f"wrote {args.out}/fit.json, report.md and figures")
+    if "chinchilla" not in res:
+        # the one line a user reads: point estimate and 95% block-bootstrap CI (Table 2 style), and its flags
+        bs = res.get("bootstrap")
+        ci = f" [{bs['phi_lo']:.2f}, {bs['phi_hi']:.2f}]" if bs else " (no bootstrap CI)"
+        print(f"phi = {res['joint']['phi']:.2f}{ci}{_flag_names(res)}")
     return res
 
 

@@ -238,30 +238,56 @@ def inference_costs(scale, context=4096, loops=LOOPS, vocab_size=32000, aspect_r
 # -----------------------------------------------------------------------------
 # CLI
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (the usage block would bury the message); subcommands inherit it."""
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _number(kind, lo, hi=math.inf, lo_open=False):
+    """argparse type: a finite int / float in [lo, hi] ((lo, hi] with lo_open), checked when the flag is parsed --
+    --peak-flops inf would otherwise plan "0 GPU-hours", and nan passes every comparison."""
+    def parse(text):
+        try:
+            x = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got "
+                                             f"{text!r}") from None
+        if not (math.isfinite(x) and (x > lo if lo_open else x >= lo) and x <= hi):
+            what = "an integer" if kind is int else "a finite number"
+            rng = f"in {'(' if lo_open else '['}{lo:g}, {hi:g}]" if math.isfinite(hi) else \
+                f"{'>' if lo_open else '>='} {lo:g}"
+            raise argparse.ArgumentTypeError(f"must be {what} {rng}, got {text!r}")
+        return x
+    return parse
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = _Parser(prog="flops.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("grid", help="Table 6 and the 116-run list")
     g.add_argument("--n-layers-eff", type=int, default=20, choices=sorted(DEPTH_VARIANTS))
-    g.add_argument("--mfu", type=float, default=None, help="plan GPU-hours at this model FLOPs utilisation")
-    g.add_argument("--peak-flops", type=float, default=989e12, help="per-GPU peak (default H100 bf16 dense)")
+    g.add_argument("--mfu", type=_number(float, 0, 1, lo_open=True), default=None,
+                   help="plan GPU-hours at this model FLOPs utilisation, in (0, 1]")
+    g.add_argument("--peak-flops", type=_number(float, 0, lo_open=True), default=989e12,
+                   help="per-GPU peak FLOP/s (default H100 bf16 dense)")
     k = sub.add_parser("costs", help="inference costs, iso-depth vs iso-parameter")
-    k.add_argument("--scale", type=int, default=34)
-    k.add_argument("--context", type=int, default=4096)
+    k.add_argument("--scale", type=_number(int, 1), default=34)
+    k.add_argument("--context", type=_number(int, 1), default=4096)
     q = sub.add_parser("params", help="N_once, N_rec, F per token for one config")
     q.add_argument("--injection", default="linear", choices=INJECTIONS)
-    q.add_argument("--flops-budget", type=float, default=1e18)
-    q.add_argument("--n-loops-bwd", type=int, default=None, help="truncated BPTT window (default: full BPTT)")
-    for name, default in (("scale", 10), ("n-loops", 4), ("n-layers-eff", 20), ("n-layers-prelude", 2),
-                          ("n-layers-coda", 2), ("hc-lanes", 2)):          # the ModelConfig defaults
-        q.add_argument("--" + name, type=int, default=default)
+    q.add_argument("--flops-budget", type=_number(float, 0, 1e30, lo_open=True), default=1e18,
+                   help="training FLOPs C, in (0, 1e30]")
+    q.add_argument("--n-loops-bwd", type=_number(int, 1), default=None,
+                   help="truncated BPTT window (default: full BPTT)")
+    for name, default, lo in (("scale", 10, 1), ("n-loops", 4, 1), ("n-layers-eff", 20, 1),
+                              ("n-layers-prelude", 2, 0), ("n-layers-coda", 2, 0), ("hc-lanes", 2, 1)):
+        q.add_argument("--" + name, type=_number(int, lo), default=default)    # the ModelConfig defaults
     for sp in (g, k, q):
         sp.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     try:
         if a.cmd == "grid":
-            if a.mfu is not None and not (0 < a.mfu <= 1 and a.peak_flops > 0):
-                raise ValueError("--mfu must be in (0, 1] and --peak-flops > 0")
             out = grid_runs(n_layers_eff=a.n_layers_eff)
             if not a.json:
                 _print_grid(out, a.mfu, a.peak_flops)
@@ -288,7 +314,7 @@ def main(argv=None):
                 for key, val in out.items():
                     print(f"{key:>20} {val:,}" if isinstance(val, int) else f"{key:>20} {val}")
     except ValueError as err:
-        raise SystemExit(f"flops.py: {err}")
+        raise SystemExit(f"flops.py: error: {err}")
     if a.json:
         print(json.dumps(out, indent=1))
     return 0

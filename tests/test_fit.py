@@ -453,6 +453,8 @@ def test_cli_writes_json_report_and_figures_headless(cli_run):
     print(line)
     assert len(line) == 1 and "[" in line[0]
     res = json.load(open(out / "fit.json"))
+    # clean paper-grid data raises no rule-6 flag beyond the light protocol's own (20 resamples, few restarts)
+    assert {f["name"] for f in res["flags"]} <= {"few_resamples", "single_hit"}, res["flags"]
     for block in ("per_arch", "joint", "phi0", "phi1", "halves", "bootstrap", "frontier"):
         assert block in res, block
     for k in ("E", "A", "B", "alpha", "beta", "phi", "r2", "rmse", "max_abs_resid", "huber", "hits", "n"):

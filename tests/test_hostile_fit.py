@@ -1,0 +1,435 @@
+"""Hostile input for fit.py and flops.py (issue 12): every user error is one line naming its culprit, exits non-zero
+before any fit, prints no traceback and leaves every pre-existing file byte-identical; outputs are never mixed or
+half-written; and a fit the data cannot support says so next to phi (rule 6).
+Fits here use the lightest protocol (2 restarts, 0-5 bootstrap resamples) on 20-28 runs: the flags are what is
+tested, not the estimates.
+Run: python -m pytest -q tests/test_hostile_fit.py
+"""
+import contextlib
+import csv
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import fit
+import flops
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIGHT = ["--restarts", "2", "--bootstrap", "0"]          # the lightest protocol: flags, not estimates, are tested
+COLS = ("flops_budget", "n_loops", "d_model", "n_once", "n_rec", "tokens", "val_loss")
+
+
+# -----------------------------------------------------------------------------
+# Helpers
+
+def _rows(budgets=(4.64e17, 1e18, 2.15e18), loops=(1, 4), noise=0.01, truth=None, seed=0):
+    """Synthetic runs of Eq. 3 (fit.synthetic_rows) at a few budgets and loops: 28 runs by default."""
+    return [r for r in fit.synthetic_rows(0.46, noise, seed, truth) if r["flops_budget"] in budgets
+            and r["n_loops"] in loops]
+
+
+def _write_csv(path, rows, cols=COLS):
+    with open(path, "w", newline="") as fh:
+        wr = csv.writer(fh)
+        wr.writerow(cols)
+        for row in rows:
+            wr.writerow([repr(row[k]) if isinstance(row[k], float) else row[k] for k in cols])
+    return str(path)
+
+
+def _write_records(root, rows):
+    """One folder with a done.json per run, as runs/grid.sh leaves them."""
+    for i, row in enumerate(rows):
+        os.makedirs(root / f"run{i}", exist_ok=True)
+        rec = {k: row[k] for k in COLS}
+        (root / f"run{i}" / "done.json").write_text(json.dumps(rec))
+    return str(root)
+
+
+def _snapshot(root):
+    """{relative path: bytes} of every file under root (folders included as None)."""
+    out = {}
+    for dirpath, dirs, files in os.walk(root):
+        for d in dirs:
+            out[os.path.relpath(os.path.join(dirpath, d), root)] = None
+        for f in files:
+            p = os.path.join(dirpath, f)
+            out[os.path.relpath(p, root)] = open(p, "rb").read()
+    return out
+
+
+def _cli(main, argv):
+    """Run main(argv) in-process; returns (exit code, stdout, stderr + the SystemExit message)."""
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(argv)
+        except SystemExit as e:
+            if isinstance(e.code, str):          # raise SystemExit("msg"): Python prints msg, exit status 1
+                err.write(e.code + "\n")
+                code = 1
+            else:
+                code = e.code or 0
+    return code, out.getvalue(), err.getvalue()
+
+
+def _refused(main, argv, culprit, root, code=None):
+    """main(argv) must fail with one line naming culprit, no traceback, and root unchanged."""
+    before = _snapshot(root)
+    rc, out, err = _cli(main, argv)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc != 0 and (code is None or rc == code), (rc, out, err)
+    assert len(lines) == 1, err
+    assert "Traceback" not in err and "Traceback" not in out
+    assert culprit in lines[0], (culprit, lines[0])
+    assert _snapshot(root) == before, "a pre-existing file changed or a new one appeared"
+    return lines[0]
+
+
+@pytest.fixture
+def good_csv(tmp_path):
+    return _write_csv(tmp_path / "runs.csv", _rows())
+
+
+# -----------------------------------------------------------------------------
+# fit.py: bad values, named by file and line, refused before any fit
+
+@pytest.mark.parametrize("col,value,culprit", [
+    ("tokens", "1e300", "tokens = 1e+300 is out of range"),
+    ("tokens", "-5", "tokens must be positive"),
+    ("val_loss", "nan", "val_loss='nan' is NaN or infinite"),
+    ("val_loss", "1e308", "val_loss = 1e+308 is out of range"),
+    ("flops_budget", "inf", "flops_budget='inf' is NaN or infinite"),
+    ("n_loops", "3", "n_loops=3 is not an architecture flops.py can count"),
+    ("n_loops", "1e300", "n_loops must be a positive integer"),
+])
+def test_bad_value_named_by_file_and_line(tmp_path, col, value, culprit):
+    rows = _rows()
+    path = tmp_path / "runs.csv"
+    _write_csv(path, rows)
+    text = path.read_text().splitlines()
+    header = text[0].split(",")
+    fields = text[3].split(",")
+    fields[header.index(col)] = value
+    text[3] = ",".join(fields)
+    if col == "n_loops":                    # no widths: nothing but flops.py's layout can reject r = 3
+        text = [",".join(f for h, f in zip(header, ln.split(",")) if h != "d_model") for ln in text]
+    path.write_text("\n".join(text) + "\n")
+    line = _refused(fit.main, ["--csv", str(path), "--out", str(tmp_path / "out")] + LIGHT, culprit, tmp_path)
+    assert f"{path}:4:" in line                                   # file and line of the bad row
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_n_loops_3_without_widths_fails_before_the_fit(tmp_path, monkeypatch):
+    rows = _rows()
+    for row in rows[:14]:
+        row["n_loops"] = 3                                         # half the grid claims r = 3
+    path = _write_csv(tmp_path / "r3.csv", rows, cols=tuple(c for c in COLS if c != "d_model"))
+    monkeypatch.setattr(fit, "fit_law", lambda *a, **k: pytest.fail("a fit ran before the input was checked"))
+    _refused(fit.main, ["--csv", path, "--out", str(tmp_path / "o")] + LIGHT, "n_loops=3", tmp_path)
+
+
+@pytest.mark.parametrize("text,culprit", [
+    ("flops_budget,n_loops,n_once,n_rec,tokens,val_loss\n1e18,1,0,1000,1000,2.5\n1e18,1,0,1000,1000,2.5,9\n",
+     ":3: 7 fields, but the header has 6"),
+    ("flops_budget,n_loops,n_once,n_rec,tokens,val_loss\n1e18,1,0,1000\n", ":2: 4 fields, but the header has 6"),
+    ("val_loss,val_loss,tokens\n1,2,3\n", ":1: column 'val_loss' appears twice"),
+    ("", ":1: no header row"),
+    ("flops_budget,n_loops,n_once,n_rec,tokens,val_loss\n", "no data rows"),
+    ("a,b\n\"1,2\n", "malformed CSV"),
+])
+def test_malformed_csv_named_by_file_and_line(tmp_path, text, culprit):
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    line = _refused(fit.main, ["--csv", str(path), "--out", str(tmp_path / "o")], culprit, tmp_path)
+    assert str(path) in line
+
+
+def test_csv_not_utf8_and_missing(tmp_path):
+    path = tmp_path / "bin.csv"
+    path.write_bytes(b"flops_budget,val_loss\n\xff\xfe\x00junk\n")
+    _refused(fit.main, ["--csv", str(path), "--out", str(tmp_path / "o")], "not UTF-8 text", tmp_path)
+    _refused(fit.main, ["--csv", str(tmp_path / "nope.csv"), "--out", str(tmp_path / "o")], "does not exist", tmp_path)
+    _refused(fit.main, ["--csv", str(tmp_path), "--out", str(tmp_path / "o")], "is not a file", tmp_path)
+
+
+def test_malformed_and_foreign_done_json(tmp_path):
+    runs = tmp_path / "runs"
+    _write_records(runs, _rows())
+    (runs / "run3" / "done.json").write_text('{\n "n_loops": 1,\n "val_loss": 2.5,,\n}')
+    line = _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")], "not valid JSON", tmp_path)
+    assert os.path.join("run3", "done.json") + ":3:" in line                  # file and line
+    (runs / "run3" / "done.json").write_text("[1, 2]")
+    _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")], "expected a JSON object", tmp_path)
+    rec = {k: _rows()[3][k] for k in COLS}
+    rec["val_loss"] = True                                                  # JSON true is not a loss
+    (runs / "run3" / "done.json").write_text(json.dumps(rec))
+    _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")], "val_loss=True is not a number", tmp_path)
+    rec["val_loss"], rec["scale"] = 2.5, "wide"
+    del rec["d_model"]
+    (runs / "run3" / "done.json").write_text(json.dumps(rec))
+    _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")], "scale='wide' must be a positive integer", tmp_path)
+    rec["scale"], rec["config"] = 6, {"n_layers_eff": 10 ** 400}          # a count flops.py cannot multiply
+    (runs / "run3" / "done.json").write_text(json.dumps(rec))
+    _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")], "config n_layers_eff=", tmp_path)
+
+
+def test_only_unfinished_runs_is_an_error_that_names_them(tmp_path):
+    for name in ("C1e18_r1_s6", "C1e18_r4_s6"):
+        os.makedirs(tmp_path / "runs" / name)
+        (tmp_path / "runs" / name / "ckpt.pt").write_bytes(b"\0" * 16)
+    _refused(fit.main, [str(tmp_path / "runs"), "--out", str(tmp_path / "o")], "2 unfinished run folders", tmp_path)
+
+
+def test_no_meaningful_fit_is_refused(tmp_path):
+    rows = _rows()
+    for row in rows:
+        row["val_loss"] = 3.0                                    # all losses equal: every law with A = B = 0 fits
+    path = _write_csv(tmp_path / "flat.csv", rows)
+    _refused(fit.main, ["--csv", path, "--out", str(tmp_path / "o")] + LIGHT, "same val_loss (3)", tmp_path)
+    path = _write_csv(tmp_path / "r4.csv", _rows(loops=(4,)))     # one r: phi is not identified
+    _refused(fit.main, ["--csv", path, "--out", str(tmp_path / "o")] + LIGHT, "at least two architectures", tmp_path)
+    _refused(fit.main, ["--csv", str(tmp_path / "flat.csv"), "--law", "chinchilla", "--out", str(tmp_path / "o")]
+             + LIGHT, "same val_loss", tmp_path)
+
+
+@pytest.mark.parametrize("flag,value", [("--restarts", "0"), ("--bootstrap", "-1"), ("--seed", "-1"),
+                                        ("--noise", "nan"), ("--phi", "inf"), ("--loops", "1,x"),
+                                        ("--restarts", "1e9"), ("--boot-restarts", "abc")])
+def test_bad_flags_one_line_at_parse(tmp_path, good_csv, flag, value):
+    _refused(fit.main, ["--csv", good_csv, "--out", str(tmp_path / "o"), flag, value], f"argument {flag}", tmp_path,
+             code=2)
+
+
+# -----------------------------------------------------------------------------
+# fit.py --out: checked before the fit, never replaced without --overwrite, never mixed
+
+def test_out_naming_a_file_or_unwritable_fails_before_the_fit(tmp_path, good_csv, monkeypatch):
+    monkeypatch.setattr(fit, "fit_law", lambda *a, **k: pytest.fail("a fit ran before --out was checked"))
+    (tmp_path / "afile").write_text("mine\n")
+    _refused(fit.main, ["--csv", good_csv, "--out", str(tmp_path / "afile")] + LIGHT, "is a file, not a folder",
+             tmp_path)
+    _refused(fit.main, ["--csv", good_csv, "--out", str(tmp_path / "afile" / "sub")] + LIGHT,
+             "is a file, not a folder", tmp_path)
+    os.makedirs(tmp_path / "o" / "phi.png")                       # one of our names, but a folder
+    _refused(fit.main, ["--csv", good_csv, "--out", str(tmp_path / "o"), "--overwrite"] + LIGHT, "not a file",
+             tmp_path)
+
+
+def test_out_holding_another_fit_is_refused(tmp_path, good_csv, monkeypatch):
+    monkeypatch.setattr(fit, "fit_law", lambda *a, **k: pytest.fail("a fit ran before --out was checked"))
+    out = tmp_path / "o"
+    os.makedirs(out)
+    (out / "fit.json").write_text(json.dumps({"request": {"input": "/elsewhere.csv"}}))
+    (out / "phi.png").write_bytes(b"old figure")
+    (out / "notes.txt").write_text("the user's own file\n")
+    _refused(fit.main, ["--csv", good_csv, "--out", str(out)] + LIGHT, "already holds fit.json, phi.png from a "
+             "different fit; pass --overwrite", tmp_path)
+    (out / "fit.json").unlink()                                   # a stray phi.png alone is not ours either
+    _refused(fit.main, ["--csv", good_csv, "--out", str(out)] + LIGHT, "from something other than this fit",
+             tmp_path)
+
+
+def test_synthetic_never_replaces_a_different_file(tmp_path):
+    (tmp_path / "s.csv").write_text("my data\n")
+    _refused(fit.main, ["--synthetic", str(tmp_path / "s.csv")], "exists and holds something else", tmp_path)
+    _refused(fit.main, ["--synthetic", str(tmp_path)], "is a folder", tmp_path)
+    _refused(fit.main, ["--synthetic", str(tmp_path / "s.csv" / "x.csv")], "is a file, not a folder", tmp_path)
+    assert _cli(fit.main, ["--synthetic", str(tmp_path / "s.csv"), "--overwrite"])[0] == 0
+    assert len(fit.load_csv(str(tmp_path / "s.csv"))) == 116
+    assert _cli(fit.main, ["--synthetic", str(tmp_path / "s.csv")])[0] == 0          # same bytes: same request
+
+
+@pytest.fixture(scope="module")
+def noise_fit(tmp_path_factory):
+    """Uniform-noise losses in [2, 6] (issue 12's example), fitted through the CLI; returns (csv, out, stdout)."""
+    tmp = tmp_path_factory.mktemp("noise")
+    rows = _rows()
+    rng = np.random.default_rng(0)
+    for row in rows:
+        row["val_loss"] = float(rng.uniform(2, 6))
+    path = _write_csv(tmp / "noise.csv", rows)
+    rc, out, err = _cli(fit.main, ["--csv", path, "--out", str(tmp / "out"), "--restarts", "2", "--bootstrap", "5",
+                                   "--boot-restarts", "0"])
+    assert rc == 0 and "Traceback" not in err, err
+    return path, tmp / "out", out
+
+
+def test_uniform_noise_does_not_print_a_confident_phi(noise_fit):
+    _, out, stdout = noise_fit
+    phi_line = [ln for ln in stdout.splitlines() if ln.startswith("phi = ")]
+    print(phi_line)
+    assert len(phi_line) == 1 and "WARNING:" in phi_line[0] and "low_r2" in phi_line[0]
+    assert "few_resamples" in phi_line[0]                           # 5 resamples make no 95% CI
+    assert "WARNING [low_r2]" in stdout
+    res = json.load(open(out / "fit.json"))
+    names = [f["name"] for f in res["flags"]]
+    assert "low_r2" in names and len(names) == len(set(names))     # one flag per condition
+    assert all(f["message"] for f in res["flags"])
+    report = open(out / "report.md").read()
+    assert "## Warnings" in report and "**low_r2**" in report
+    assert "WARNING: " in [ln for ln in report.splitlines() if ln.startswith("| Joint, φ free")][0]
+    assert sorted(res["outputs"]) == sorted(os.listdir(out))        # exactly the listed set, no temporaries
+
+
+def test_overwrite_removes_the_earlier_outputs_and_nothing_else(noise_fit, tmp_path):
+    csv_path, first, _ = noise_fit
+    out = tmp_path / "out"
+    shutil.copytree(first, out)
+    (out / "notes.txt").write_text("the user's own file\n")
+    (out / ".phi.png.k1ll3d.tmp").write_bytes(b"half a figure")       # a temporary left by a killed fit.py
+    (out / "mine.tmp").write_text("not ours\n")
+    # a different request (--law chinchilla) into the folder of a joint fit: refused, then allowed with --overwrite
+    _refused(fit.main, ["--csv", csv_path, "--law", "chinchilla", "--out", str(out)] + LIGHT, "--overwrite", tmp_path)
+    rc, stdout, err = _cli(fit.main, ["--csv", csv_path, "--law", "chinchilla", "--out", str(out), "--overwrite"]
+                           + LIGHT)
+    assert rc == 0, err
+    # no stale phi.png (the joint fit's) and no stale temporary of ours; the user's files stay
+    assert sorted(os.listdir(out)) == ["fit.json", "mine.tmp", "notes.txt", "pred_vs_actual.png", "report.md"]
+    assert (out / "notes.txt").read_text() == "the user's own file\n"
+    assert "chinchilla" in json.load(open(out / "fit.json"))
+    # the same request again rewrites its own outputs without --overwrite (a resumed runs/mini.sh does this)
+    rc, _, err = _cli(fit.main, ["--csv", csv_path, "--law", "chinchilla", "--out", str(out)] + LIGHT)
+    assert rc == 0, err
+
+
+def test_failed_figures_or_full_disk_leave_the_folder_as_it_was(noise_fit, tmp_path, monkeypatch):
+    csv_path, first, _ = noise_fit
+    out = tmp_path / "out"
+    shutil.copytree(first, out)
+    argv = ["--csv", csv_path, "--law", "chinchilla", "--out", str(out), "--overwrite"] + LIGHT
+
+    def boom(*a, **k):
+        raise RuntimeError("renderer exploded")
+    monkeypatch.setattr(fit, "make_figures", boom)
+    _refused(fit.main, argv, "drawing the figures failed (RuntimeError: renderer exploded); nothing was written",
+             tmp_path)
+    monkeypatch.undo()
+    real, calls = fit.tempfile.mkstemp, []
+
+    def full_disk(*a, **k):
+        calls.append(1)
+        if len(calls) > 2:                                      # two temporaries written, then the disk is full
+            raise OSError(28, "No space left on device")
+        return real(*a, **k)
+    monkeypatch.setattr(fit.tempfile, "mkstemp", full_disk)
+    _refused(fit.main, argv, "cannot write (No space left on device); nothing was changed", tmp_path)
+
+
+def test_figures_draw_degenerate_data(noise_fit):
+    # figures never crash: one point per (budget, r) cell, an undefined R^2, a loss of 1e308, a NaN in the bootstrap
+    _, out, _ = noise_fit
+    res = json.load(open(out / "fit.json"))
+    runs = fit.runs_from_rows(fit.load_csv(noise_fit[0]))
+    for blk in res["per_arch"].values():
+        blk["theta"] = np.array(blk["theta"])
+    first = np.unique(np.stack([runs["flops_budget"], runs["n_loops"]]), axis=1, return_index=True)[1]
+    one = fit.subset(runs, np.isin(np.arange(len(runs["val_loss"])), first))        # one point per cell
+    one["val_loss"][0] = 1e308
+    res["joint"]["r2"], res["phi0"]["r2"] = float("nan"), None
+    res["bootstrap"]["phi"][0] = float("nan")
+    figs = fit.make_figures(res, one)
+    assert set(figs) == {"iso_flops.png", "pred_vs_actual.png", "frontier.png", "phi.png"}
+    assert all(v[:8] == b"\x89PNG\r\n\x1a\n" for v in figs.values())
+
+
+# -----------------------------------------------------------------------------
+# Rule 6: bound, low R^2, single budget, too few runs, unfinished runs -> flags next to phi
+
+def test_bound_and_unfinished_runs_are_flagged(tmp_path):
+    # E = 0.01 lies below the App. F box (e >= -3, E >= 0.0498): the fit parks e on its bound; two run folders
+    # were killed (a checkpoint, a log) and have no done.json
+    runs = tmp_path / "runs"
+    _write_records(runs, _rows(noise=0.0, truth={"E": 0.01}))
+    for name, f in (("killed_a", "ckpt.pt"), ("killed_b", "log.jsonl")):
+        os.makedirs(runs / name)
+        (runs / name / f).write_bytes(b"x")
+    rc, stdout, err = _cli(fit.main, [str(runs), "--out", str(tmp_path / "out")] + LIGHT)
+    assert rc == 0, err
+    phi_line = [ln for ln in stdout.splitlines() if ln.startswith("phi = ")][0]
+    print(phi_line)
+    assert "on_bound" in phi_line and "unfinished_runs" in phi_line and "(no bootstrap CI)" in phi_line
+    flags = {f["name"]: f["message"] for f in json.load(open(tmp_path / "out" / "fit.json"))["flags"]}
+    assert "joint fit: e" in flags["on_bound"]
+    assert "2 under" in flags["unfinished_runs"] and "killed_a" in flags["unfinished_runs"]
+    assert "**unfinished_runs**" in open(tmp_path / "out" / "report.md").read()
+
+
+def test_single_budget_and_few_runs_are_flagged(tmp_path):
+    path = _write_csv(tmp_path / "one.csv", _rows(budgets=(1e18,), loops=(1, 2, 4, 8)))   # 5 widths x 4 r
+    # one restart: a single-budget optimum lies in a flat valley where every polish runs thousands of iterations
+    rc, stdout, err = _cli(fit.main, ["--csv", path, "--out", str(tmp_path / "out"), "--restarts", "1",
+                                      "--bootstrap", "0"])
+    assert rc == 0, err
+    phi_line = [ln for ln in stdout.splitlines() if ln.startswith("phi = ")][0]
+    assert "single_budget" in phi_line and "few_runs" in phi_line
+    flags = {f["name"]: f["message"] for f in json.load(open(tmp_path / "out" / "fit.json"))["flags"]}
+    assert "every run at C = 1e+18" in flags["single_budget"]
+    assert "r=1 fit: 5 runs for 5 parameters" in flags["few_runs"]
+
+
+def test_assess_flags_each_condition_once():
+    # assess() on hand-made fit blocks: each condition is one named flag; a clean result has none
+    th = [3.0, 7.0, 0.5, 0.3, 0.3, 0.5]                               # a, b, e, alpha, beta, phi: inside the box
+    blk = {"on_bounds": [], "r2": 0.99, "n": 40, "theta": th}
+    runs = {"flops_budget": np.array([1e18] * 20 + [2e18] * 20), "n_loops": np.array([1, 4] * 20),
+            "tokens": np.arange(40.0) + 1, "val_loss": np.linspace(2, 3, 40), "group": ["x"] * 40}
+    res = {"joint": dict(blk), "per_arch": {"1": dict(blk, n=20, theta=th[:5]), "4": dict(blk, n=20, theta=th[:5])},
+           "bootstrap": {"phi": [0.5] * 200, "n_resamples": 200}}
+    assert fit.assess(res, runs) == []
+    res["joint"]["on_bounds"], res["per_arch"]["4"]["on_bounds"] = ["phi"], ["e"]
+    res["per_arch"]["1"]["theta"] = [3.0, 7.0, 0.5, 0.0005, 0.3]         # alpha a hair above 0: counts as on it
+    res["joint"]["r2"], res["per_arch"]["1"]["r2"] = -0.01, float("nan")
+    res["per_arch"]["4"]["n"] = 6
+    res["bootstrap"] = {"phi": [3.0] * 10 + [0.5] * 40, "n_resamples": 50}
+    flags = {f["name"]: f["message"] for f in fit.assess(res, runs)}
+    assert sorted(flags) == ["few_resamples", "few_runs", "low_r2", "on_bound"]
+    assert "joint fit: phi; r=1 fit: alpha; r=4 fit: e; bootstrap: 10 of 50" in flags["on_bound"]
+    assert "joint fit R² = -0.010; r=1 fit R² = nan" in flags["low_r2"]
+    assert "r=4 fit: 6 runs for 5 parameters" in flags["few_runs"]
+
+
+# -----------------------------------------------------------------------------
+# flops.py: every numeric flag finite and in range when parsed
+
+@pytest.mark.parametrize("argv,culprit", [
+    (["grid", "--mfu", "0.4", "--peak-flops", "inf"], "argument --peak-flops"),
+    (["grid", "--peak-flops", "0"], "argument --peak-flops"),
+    (["grid", "--peak-flops", "nan"], "argument --peak-flops"),
+    (["grid", "--peak-flops", "-1e15"], "argument --peak-flops"),
+    (["grid", "--mfu", "nan"], "argument --mfu"),
+    (["grid", "--mfu", "1.5"], "argument --mfu"),
+    (["params", "--flops-budget", "nan"], "argument --flops-budget"),
+    (["params", "--flops-budget", "1e300"], "argument --flops-budget"),
+    (["params", "--scale", "0"], "argument --scale"),
+    (["params", "--n-loops-bwd", "-2"], "argument --n-loops-bwd"),
+    (["params", "--n-layers-prelude", "x"], "argument --n-layers-prelude"),
+    (["costs", "--context", "-1"], "argument --context"),
+])
+def test_flops_flags_validated_at_parse(tmp_path, argv, culprit):
+    line = _refused(flops.main, argv, culprit, tmp_path, code=2)
+    assert line.startswith("flops.py ")
+
+
+def test_flops_semantic_errors_are_one_line(tmp_path):
+    _refused(flops.main, ["params", "--n-loops", "3"], "n_loops=3 must divide 16", tmp_path, code=1)
+    _refused(flops.main, ["params", "--injection", "hyper", "--hc-lanes", "1"], "hc_lanes", tmp_path, code=1)
+
+
+def test_cli_subprocess_exit_status_and_one_line(tmp_path):
+    # the real entry points: exit status, one stderr line, no traceback
+    for cmd, code, culprit in ((["flops.py", "grid", "--mfu", "0.4", "--peak-flops", "inf"], 2, "--peak-flops"),
+                               (["fit.py", "--csv", str(tmp_path / "none.csv"), "--out", str(tmp_path / "o")], 1,
+                                "does not exist")):
+        p = subprocess.run([sys.executable, *cmd], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == code and len(lines) == 1 and culprit in lines[0], (p.returncode, p.stderr)
+        assert "Traceback" not in p.stderr and p.stdout == ""
+    assert os.listdir(tmp_path) == []
