@@ -102,6 +102,17 @@ def _model_config(rec):
     return {}
 
 
+def _read_sweep(path):
+    """The test-time loop sweep eval.py --n-loops-sweep wrote beside a run ([{n_loops, val_loss}, ...]), or None."""
+    try:
+        with open(path) as fh:
+            curve = json.load(fh).get("n_loops_sweep")
+    except (OSError, ValueError, AttributeError):
+        return None                               # no eval.json, or one without a sweep: nothing to report
+    ok = isinstance(curve, list) and all(isinstance(p, dict) and {"n_loops", "val_loss"} <= set(p) for p in curve)
+    return curve if ok and curve else None
+
+
 def load_records(runs_dir):
     """Every done.json under runs_dir (recursively), as dicts with a "source" key. ValueError if none."""
     if not os.path.isdir(runs_dir):
@@ -125,6 +136,7 @@ def load_records(runs_dir):
             if "d_model" not in rec and "scale" in rec:
                 rec["d_model"] = int(mcfg.get("aspect_ratio", flops.ASPECT_RATIO)) * int(rec["scale"])
             rec["aspect_ratio"] = mcfg.get("aspect_ratio", flops.ASPECT_RATIO)
+            rec["n_loops_sweep"] = _read_sweep(os.path.join(root, "eval.json"))
             recs.append(rec)
     if not recs:
         raise ValueError(f"no done.json found under {runs_dir!r}")
@@ -229,6 +241,7 @@ def runs_from_rows(rows, law="joint"):
     # model family; CSV rows get the paper's (flops.py defaults)
     out["arch"] = [row["arch"] for row in rows]
     out["aspect"] = [int(row.get("aspect_ratio") or flops.ASPECT_RATIO) for row in rows]
+    out["sweep"] = [row.get("n_loops_sweep") for row in rows]       # test-time loop curves (eval.py), or None
     return out
 
 
@@ -576,20 +589,22 @@ def fit_block(runs, phi=None, restarts=RESTARTS, seed=0, engine="batched"):
 # -----------------------------------------------------------------------------
 # Block bootstrap over (budget, r) cells (App. F.2)
 
-def bootstrap_phi(runs, theta_hat, n_boot=N_BOOT, seed=0, boot_restarts=BOOT_RESTARTS, progress=True):
+def bootstrap_phi(runs, theta_hat, n_boot=N_BOOT, seed=0, boot_restarts=BOOT_RESTARTS, progress=True, cells=None):
     """Refit free phi on n_boot resamples of the (budget, r) cells drawn with replacement.
 
     A run's weight is the number of times its cell was drawn (the objective is a sum, so this equals duplicating
     rows). Each resample starts from the full-data optimum theta_hat plus boot_restarts uniform starts, all screened
     in one batch; the best is polished with scipy at tight tolerances. Returns phi_lo/phi_hi (2.5/97.5 pct), median,
-    n_le0, n_ge1 and the list of phi values.
+    n_le0, n_ge1 and the list of phi values. cells: the (budget, r) keys to resample (default: the runs' own). Two
+    calls with the same seed and the same cells draw identical resamples: that pairs a case study with its baseline.
     """
     prob = make_problem(runs)
     rng = np.random.default_rng([seed, 1])      # its own stream: the point fits' starts stay unchanged
     # a cell groups every width trained at one (budget, r): resampling cells respects the experiment's block
     # structure instead of treating the widths of one sweep as independent draws (App. F.2)
-    cells = sorted(set(zip(runs["flops_budget"], runs["n_loops"])))
-    cell_id = np.array([cells.index(c) for c in zip(runs["flops_budget"], runs["n_loops"])])
+    own = [(float(c), int(r)) for c, r in zip(runs["flops_budget"], runs["n_loops"])]
+    cells = sorted(set(own)) if cells is None else [(float(c), int(r)) for c, r in cells]
+    cell_id = np.array([cells.index(c) for c in own])     # ValueError if a run's cell is not in the given list
     draws = rng.integers(0, len(cells), size=(n_boot, len(cells)))            # (B, n_cells) cell indices
     counts = np.stack([np.bincount(row, minlength=len(cells)) for row in draws])
     W = counts[:, cell_id].astype(float)                                        # (B, n) run weights
@@ -810,8 +825,29 @@ def run_protocol(runs, restarts=RESTARTS, n_boot=N_BOOT, seed=0, boot_restarts=B
         out["bootstrap"] = bootstrap_phi(runs, out["joint"]["theta"], n_boot, seed, boot_restarts, progress)
     # §4.2 / App. G.3 / F.4: compute-optimal allocation from the records' own architecture
     out["frontier"] = frontier(out["per_arch"], out["joint"], runs)
+    sweeps = loop_sweeps(runs)
+    if sweeps:
+        out["loop_sweep"] = sweeps
     out["seconds"] = time.perf_counter() - t0
     return out
+
+
+def loop_sweeps(runs):
+    """Test-time loop extrapolation (App. A): the runs that carry an eval.py --n-loops-sweep curve, as
+    [{n_loops (trained r), flops_budget, n_params, val_loss (at r), curve: [{n_loops: r', val_loss}], gain}], where
+    gain = L(largest r') - L(r' = r) in nats (negative: more loops at test time help)."""
+    out = []
+    for i, curve in enumerate(runs.get("sweep") or []):
+        if not curve:
+            continue
+        r = int(runs["n_loops"][i])
+        at = {int(p["n_loops"]): float(p["val_loss"]) for p in curve}
+        top = max(at)
+        out.append({"n_loops": r, "flops_budget": float(runs["flops_budget"][i]), "source": runs["source"][i],
+                    "n_params": float(runs["n_once"][i] + runs["n_rec"][i]), "val_loss": float(runs["val_loss"][i]),
+                    "curve": [{"n_loops": k, "val_loss": at[k]} for k in sorted(at)],
+                    "gain": at[top] - at[r] if (r in at and top > r) else None})
+    return sorted(out, key=lambda e: (e["flops_budget"], e["n_loops"], e["n_params"]))
 
 
 def select_runs(runs, case=None, loops=None):
@@ -857,7 +893,29 @@ def run_case(runs, case, loops=None, **kw):
     bblk = fit_block(base, None, kw.get("restarts", RESTARTS), kw.get("seed", 0))
     out["case"] = {"name": case, "budgets": budgets, "baseline": bblk, "variant": out["joint"],
                    "delta_phi": out["joint"]["phi"] - bblk["phi"], "n_variant": out["n_runs"], "n_baseline": bblk["n"]}
+    n_boot = kw.get("n_boot", N_BOOT)
+    if n_boot > 0:
+        out["case"].update(paired_delta_bootstrap(variant, base, out, bblk, n_boot, kw.get("seed", 0),
+                                                  kw.get("boot_restarts", BOOT_RESTARTS), kw.get("progress", True)))
     return out
+
+
+def paired_delta_bootstrap(variant, base, vres, bblk, n_boot, seed, boot_restarts, progress=True):
+    """The CI of delta-phi: one block bootstrap over the (budget, r) cells, the SAME resamples for the variant and
+    the baseline (a drawn cell brings its variant runs and its baseline runs; the shared r = 1 cells are identical),
+    so the budget-to-budget noise both fits share cancels in phi_variant - phi_baseline (paper §5 compares the two
+    on the same budgets). Returns delta_phi_lo/hi/median and the baseline's own bootstrap CI."""
+    key = lambda runs: {(float(c), int(r)) for c, r in zip(runs["flops_budget"], runs["n_loops"])}
+    cells = sorted(key(variant) | key(base))
+    boot = vres.get("bootstrap")
+    if boot is None or key(variant) != set(cells):          # run_protocol's bootstrap drew over other cells
+        boot = bootstrap_phi(variant, vres["joint"]["theta"], n_boot, seed, boot_restarts, progress, cells)
+    bboot = bootstrap_phi(base, bblk["theta"], n_boot, seed, boot_restarts, progress, cells)
+    delta = np.array(boot["phi"]) - np.array(bboot["phi"])                  # (n_boot,) paired differences
+    return {"delta_phi_lo": float(np.percentile(delta, 2.5)), "delta_phi_hi": float(np.percentile(delta, 97.5)),
+            "delta_phi_median": float(np.median(delta)), "n_delta_le0": int(np.sum(delta <= 0)),
+            "paired_cells": len(cells), "baseline_phi_lo": bboot["phi_lo"], "baseline_phi_hi": bboot["phi_hi"],
+            "delta_phi_boot": [float(v) for v in delta]}
 
 
 # -----------------------------------------------------------------------------
@@ -970,7 +1028,23 @@ def write_report(res, path):
         for name, b in (("Baseline (refitted on the same budgets)", c["baseline"]), (c["name"], c["variant"])):
             L.append(f"| {name} | {b['alpha']:.3f} | {b['beta']:.3f} | {b['E']:.2f} | {b['phi']:.3f} | "
                      f"{b['r2']:.4f} | {b['n']} |")
-        L += ["", f"Δφ = {c['delta_phi']:+.3f}"]
+        ci = (f" [{c['delta_phi_lo']:+.3f}, {c['delta_phi_hi']:+.3f}] (paired block bootstrap, "
+              f"{len(c['delta_phi_boot'])} resamples of {c['paired_cells']} cells; {c['n_delta_le0']} at Δφ ≤ 0)"
+              if "delta_phi_lo" in c else "")
+        L += ["", f"Δφ = {c['delta_phi']:+.3f}{ci}"]
+    if res.get("loop_sweep"):
+        # App. A: a looped model run for r' != r iterations at test time; Huginn-style random state init is the
+        # design expected to extrapolate, the prelude-initialised state of the paper is not
+        sw = res["loop_sweep"]
+        rps = sorted({p["n_loops"] for e in sw for p in e["curve"]})
+        L += ["", "## Test-time loop extrapolation (App. A; eval.py --n-loops-sweep, figure loop_sweep.png)", "",
+              "| trained r | C | N | " + " | ".join(f"r'={k}" for k in rps) + " | L(r'max) − L(r) |",
+              "|---" * (len(rps) + 4) + "|"]
+        for e in sw:
+            at = {p["n_loops"]: p["val_loss"] for p in e["curve"]}
+            L.append(f"| {e['n_loops']} | {e['flops_budget']:.3g} | {e['n_params']:.3g} | "
+                     + " | ".join(f"{at[k]:.3f}" if k in at else "-" for k in rps)
+                     + f" | {'-' if e['gain'] is None else format(e['gain'], '+.3f')} |")
     if "frontier" in res:
         # §4.2: the frontier L*_r(C) is comparable across r; gap = L*_r - L*_1 at the same budget
         fr = res["frontier"]
@@ -1133,6 +1207,129 @@ def make_figures(res, runs, out_dir):
         axes[1].set(xlabel="φ", ylabel="resamples",
                     title=f"block bootstrap: [{bs['phi_lo']:.2f}, {bs['phi_hi']:.2f}]")
     save(fig, "phi.png")
+    if res.get("loop_sweep"):
+        # App. A: val loss vs test-time r' for each swept model; the trained r is marked
+        fig, ax = plt.subplots(figsize=(5.2, 3.8))
+        for e in res["loop_sweep"]:
+            x = [p["n_loops"] for p in e["curve"]]
+            y = [p["val_loss"] for p in e["curve"]]
+            c = colors.get(e["n_loops"], "k")
+            ax.plot(x, y, "o-", ms=3, color=c, label=f"trained r={e['n_loops']} (C={e['flops_budget']:.3g})")
+            if e["n_loops"] in x:
+                ax.plot(e["n_loops"], y[x.index(e["n_loops"])], "*", ms=12, color=c, mec="k", mew=0.5)
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="test-time loops r'", ylabel="validation loss (nats)", title="test-time loop extrapolation")
+        ax.legend(fontsize=7)
+        save(fig, "loop_sweep.png")
+    return paths
+
+
+# -----------------------------------------------------------------------------
+# Case-study summary (--cases DIR): one table and two figures over the baseline fit and every case fit beside it
+
+CASES_MARK = "<!-- case studies: written by fit.py --cases; everything below is regenerated -->"
+
+
+def _top_gap(res, r=8):
+    """L*_r - L*_1 of the frontier at the largest budget (§4.2), or None."""
+    rows = [row for row in (res.get("frontier") or {}).get("rows", []) if row["n_loops"] == r]
+    rows = [row for row in rows if row["gap"] is not None]
+    return max(rows, key=lambda row: row["flops_budget"])["gap"] if rows else None
+
+
+def case_summary(out_dir):
+    """Collect OUT/fit.json (the baseline study) and OUT/case_*/fit.json (runs/mini.sh --case NAME, or fit.py --case
+    with --out OUT/case_NAME): rows of phi [CI], delta-phi [paired CI], R^2, the r=8 frontier gap at the top budget
+    and the mean test-time extrapolation gain per case. Returns {"rows": [...], "sweeps": {name: loop_sweep}}."""
+    found = [("baseline", os.path.join(out_dir, "fit.json"))]
+    for name in sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []:
+        if name.startswith("case_") and os.path.isfile(os.path.join(out_dir, name, "fit.json")):
+            found.append((name[len("case_"):], os.path.join(out_dir, name, "fit.json")))
+    rows, sweeps = [], {}
+    for name, path in found:
+        if not os.path.isfile(path):
+            continue
+        with open(path) as fh:
+            res = json.load(fh)
+        if "joint" not in res:
+            continue                                  # a chinchilla fit: no phi to compare
+        bs, c = res.get("bootstrap") or {}, res.get("case") or {}
+        gains = [e["gain"] for e in res.get("loop_sweep") or [] if e.get("gain") is not None]
+        rows.append({"name": name, "phi": res["joint"]["phi"], "phi_lo": bs.get("phi_lo"), "phi_hi": bs.get("phi_hi"),
+                     "r2": res["joint"]["r2"], "n": res["joint"]["n"], "delta_phi": c.get("delta_phi"),
+                     "delta_phi_lo": c.get("delta_phi_lo"), "delta_phi_hi": c.get("delta_phi_hi"),
+                     "baseline_phi": (c.get("baseline") or {}).get("phi"), "gap8": _top_gap(res),
+                     "extrapolation_gain": float(np.mean(gains)) if gains else None})
+        if res.get("loop_sweep"):
+            sweeps[name] = res["loop_sweep"]
+    if not rows:
+        raise ValueError(f"no fit.json with a joint fit in {out_dir!r} or its case_*/ folders")
+    return {"rows": rows, "sweeps": sweeps}
+
+
+def write_case_summary(summary, out_dir):
+    """Append (or regenerate) the case-study section of OUT/report.md; write cases.png and cases_loops.png."""
+    f = lambda x, fmt: "-" if x is None else format(x, fmt)
+    L = [CASES_MARK, "", "## Case studies (§5, Table 3; runs/mini.sh --case NAME)", "",
+         "Δφ = φ(case) − φ(baseline refitted on the same budgets); its CI is a paired block bootstrap over the (budget, r)"
+         " cells. Gap: L*(r=8) − L*(r=1) of the compute-optimal frontier at the top budget (nats). Extrapolation: mean "
+         "over the swept models of L(largest r') − L(trained r), nats (negative: more test-time loops help).", "",
+         "| case | φ [95% CI] | Δφ [95% CI] | R² | n | r=8 gap | extrapolation |", "|---|---|---|---|---|---|---|"]
+    for row in summary["rows"]:
+        ci = f" [{row['phi_lo']:.2f}, {row['phi_hi']:.2f}]" if row["phi_lo"] is not None else ""
+        dci = (f" [{row['delta_phi_lo']:+.2f}, {row['delta_phi_hi']:+.2f}]" if row["delta_phi_lo"] is not None else "")
+        L.append(f"| {row['name']} | {row['phi']:.3f}{ci} | {f(row['delta_phi'], '+.3f')}{dci} | {row['r2']:.4f} | "
+                 f"{row['n']} | {f(row['gap8'], '+.3f')} | {f(row['extrapolation_gain'], '+.3f')} |")
+    L += ["", "Figures: cases.png (φ and its CI per case), cases_loops.png (val loss vs test-time r' per case)."]
+    paths = _case_figures(summary, out_dir)
+    report = os.path.join(out_dir, "report.md")
+    head = ""
+    if os.path.isfile(report):
+        with open(report) as fh:
+            head = fh.read().split(CASES_MARK)[0].rstrip("\n") + "\n\n"
+    tmp = report + ".tmp"
+    with open(tmp, "w") as fh:                        # atomic: a reader never sees half a report
+        fh.write(head + "\n".join(L) + "\n")
+    os.replace(tmp, report)
+    return [report] + paths
+
+
+def _case_figures(summary, out_dir):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows, paths = summary["rows"], []
+    fig, ax = plt.subplots(figsize=(1.2 * len(rows) + 2.5, 3.6))
+    for i, row in enumerate(rows):
+        lo = row["phi"] - row["phi_lo"] if row["phi_lo"] is not None else 0
+        hi = row["phi_hi"] - row["phi"] if row["phi_hi"] is not None else 0
+        ax.errorbar(i, row["phi"], yerr=[[max(lo, 0)], [max(hi, 0)]], fmt="o", capsize=4,
+                    color="k" if row["name"] == "baseline" else f"C{i}")
+    for v, ls in ((0, ":"), (1, ":")):
+        ax.axhline(v, color="grey", ls=ls, lw=0.8)
+    ax.set_xticks(range(len(rows)), [r["name"] for r in rows])
+    ax.set(ylabel="φ (95% block-bootstrap CI)", title="recurrence exponent per case (§5)")
+    fig.tight_layout()
+    paths.append(os.path.join(out_dir, "cases.png"))
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    if summary["sweeps"]:
+        rs = sorted({e["n_loops"] for sw in summary["sweeps"].values() for e in sw})
+        fig, axes = plt.subplots(1, len(rs), figsize=(4 * len(rs), 3.6), squeeze=False)
+        for ax, r in zip(axes[0], rs):
+            for i, (name, sw) in enumerate(summary["sweeps"].items()):
+                for e in (e for e in sw if e["n_loops"] == r):
+                    ax.plot([p["n_loops"] for p in e["curve"]], [p["val_loss"] for p in e["curve"]], "o-", ms=3,
+                            color="k" if name == "baseline" else f"C{i}", label=name)
+            ax.axvline(r, color="grey", ls=":", lw=0.8)
+            ax.set_xscale("log", base=2)
+            ax.set(title=f"trained r = {r}", xlabel="test-time loops r'")
+        axes[0][0].set_ylabel("validation loss (nats)")
+        axes[0][0].legend(fontsize=7)
+        fig.tight_layout()
+        paths.append(os.path.join(out_dir, "cases_loops.png"))
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
     return paths
 
 
@@ -1222,6 +1419,7 @@ def parse_args(argv=None):
     p.add_argument("--bootstrap", type=int, default=N_BOOT, help="block-bootstrap resamples (App. F.2: 200)")
     p.add_argument("--boot-restarts", type=int, default=BOOT_RESTARTS, help="random starts per resample besides "
                                                                               "the warm start")
+    p.add_argument("--cases", metavar="DIR", help="summarise DIR/fit.json and DIR/case_*/fit.json into DIR/report.md")
     p.add_argument("--synthetic", metavar="OUT.csv", help="write the synthetic 116-run grid and exit")
     p.add_argument("--phi", type=float, default=SYNTH_TRUTH["phi"], help="--synthetic: true phi")
     p.add_argument("--noise", type=float, default=0.01, help="--synthetic: Gaussian noise in nats")
@@ -1229,7 +1427,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.restarts < 1 or args.bootstrap < 0 or args.boot_restarts < 0 or args.noise < 0:
         p.error("--restarts must be >= 1; --bootstrap, --boot-restarts and --noise >= 0")
-    if args.synthetic or args.bench:             # these two need no input and write no fit folder
+    if args.synthetic or args.bench or args.cases:     # these need no runs input and write no fit folder
         return args
     if (args.runs_dir is None) == (args.csv is None):
         p.error("give exactly one input: RUNS_DIR or --csv FILE")
@@ -1243,6 +1441,17 @@ def main(argv=None):
     if args.bench:
         bench(args.seed, args.restarts, args.bootstrap)
         return None
+    if args.cases:
+        try:
+            summary = case_summary(args.cases)
+        except ValueError as err:
+            raise SystemExit(f"fit.py: error: {err}") from None
+        paths = write_case_summary(summary, args.cases)
+        for row in summary["rows"]:
+            d = "" if row["delta_phi"] is None else f" | delta_phi {row['delta_phi']:+.3f}"
+            print(f"{row['name']:>10}: phi {row['phi']:.3f}{d}")
+        print(f"wrote {', '.join(paths)}")
+        return summary
     if args.synthetic:
         rows = write_synthetic(args.synthetic, args.phi, args.noise, args.seed)
         print(f"wrote {len(rows)} synthetic runs (phi={args.phi}, noise={args.noise}, seed={args.seed}) to "
@@ -1282,12 +1491,17 @@ def main(argv=None):
         for key in ("phi0", "phi1"):
             print(f"{key}: R2={res[key]['r2']:.4f} (free phi: {res['joint']['r2']:.4f})")
         if "case" in res:
-            print(f"case {res['case']['name']}: delta phi = {res['case']['delta_phi']:+.3f} "
-                  f"(baseline phi {res['case']['baseline']['phi']:.3f} on the same budgets)")
+            c = res["case"]
+            print(f"case {c['name']}: phi {c['variant']['phi']:.3f} vs baseline phi {c['baseline']['phi']:.3f} "
+                  f"refitted on the same budgets")
         # the one line a user reads: point estimate and 95% block-bootstrap CI (Table 2 style)
         bs = res.get("bootstrap")
         ci = f" [{bs['phi_lo']:.2f}, {bs['phi_hi']:.2f}]" if bs else ""
         print(f"phi = {res['joint']['phi']:.2f}{ci}")
+        if "case" in res:                     # the case study's one line (runs/mini.sh --case greps it)
+            c = res["case"]
+            dci = f" [{c['delta_phi_lo']:+.3f}, {c['delta_phi_hi']:+.3f}]" if "delta_phi_lo" in c else ""
+            print(f"delta_phi({c['name']}) = {c['delta_phi']:+.3f}{dci}")
     print(f"wrote {args.out}/fit.json, report.md and figures")
     return res
 
