@@ -877,15 +877,22 @@ def select_runs(runs, case=None, loops=None):
     return subset(runs, sel)
 
 
+def _canonical_order(runs):
+    """The runs sorted by (budget, r, N, D): a fit then does not depend on the order the folders were walked in, and
+    a variant whose runs equal the baseline's gives the baseline's fit and bootstrap bit for bit (delta-phi = 0)."""
+    idx = np.lexsort((runs["tokens"], runs["n_once"] + runs["n_rec"], runs["n_loops"], runs["flops_budget"]))
+    return {k: (v[idx] if isinstance(v, np.ndarray) else [v[i] for i in idx]) for k, v in runs.items()}
+
+
 def run_case(runs, case, loops=None, **kw):
     """§5 / Table 3: the full protocol on the variant's runs, the baseline refitted on the same budgets (and the same
     n_loops), and delta_phi = phi_variant - phi_baseline."""
-    variant = select_runs(runs, case, loops)
+    variant = _canonical_order(select_runs(runs, case, loops))
     budgets = sorted(set(float(c) for c in variant["flops_budget"]))
     # Table 3's baseline is refitted on the case's budgets only: phi drifts little with budget (App. F.3), but a
     # delta-phi between different budget windows would still mix that drift into the comparison
     base = select_runs(runs, None, loops)
-    base = subset(base, np.isin(base["flops_budget"], budgets))
+    base = _canonical_order(subset(base, np.isin(base["flops_budget"], budgets)))
     if len(set(base["n_loops"])) < 2:
         raise ValueError(f"case {case!r}: the baseline (runs without a case label) has fewer than two architectures "
                          f"at budgets {budgets}; cannot refit it for delta-phi")
@@ -1271,9 +1278,10 @@ def write_case_summary(summary, out_dir):
     """Append (or regenerate) the case-study section of OUT/report.md; write cases.png and cases_loops.png."""
     f = lambda x, fmt: "-" if x is None else format(x, fmt)
     L = [CASES_MARK, "", "## Case studies (§5, Table 3; runs/mini.sh --case NAME)", "",
-         "Δφ = φ(case) − φ(baseline refitted on the same budgets); its CI is a paired block bootstrap over the (budget, r)"
-         " cells. Gap: L*(r=8) − L*(r=1) of the compute-optimal frontier at the top budget (nats). Extrapolation: mean "
-         "over the swept models of L(largest r') − L(trained r), nats (negative: more test-time loops help).", "",
+         "Δφ = φ(case) − φ(baseline refitted on the same budgets); its CI is a paired block bootstrap over the "
+         "(budget, r) cells. Gap: L*(r=8) − L*(r=1) of the compute-optimal frontier at the top budget (nats). "
+         "Extrapolation: mean over the swept models of L(largest r') − L(trained r), nats (negative: more test-time "
+         "loops help).", "",
          "| case | φ [95% CI] | Δφ [95% CI] | R² | n | r=8 gap | extrapolation |", "|---|---|---|---|---|---|---|"]
     for row in summary["rows"]:
         ci = f" [{row['phi_lo']:.2f}, {row['phi_hi']:.2f}]" if row["phi_lo"] is not None else ""

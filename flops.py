@@ -100,8 +100,8 @@ def param_split(d_model, n_loops, n_layers_eff=20, n_layers_prelude=2, n_layers_
     two RMSNorm gains (2d); the 3 model-level norms (after wte, end of every loop, before lm_head) add 3d. With this
     N = N_once + N_rec reproduces all 44 N cells of Table 6; the §3.2 matrices alone miss 12 of them by 0.1M.
     Split for Eq. 3 (architecture §8.1): N_once = prelude + coda blocks + 3 model norms + the r(K^2+2K) hc scalars
-    (each used once); N_rec = recur blocks + the injection (n_inject: W_inject, or diagonal B, A_log, dt_bias). For r = 1 the split is irrelevant (r^phi = 1); the same rule
-    gives N_once = 3d, N_rec = 20 blocks.
+    (each used once); N_rec = recur blocks + the injection (n_inject: W_inject, or diagonal B, A_log, dt_bias).
+    For r = 1 the split is irrelevant (r^phi = 1); the same rule gives N_once = 3d, N_rec = 20 blocks.
     """
     mode = _check_mode(d_model, n_loops, injection, hc_lanes)
     p, rec, c = layout(n_loops, n_layers_eff, n_layers_prelude, n_layers_coda)

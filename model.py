@@ -8,7 +8,8 @@ Implements paper §3.1 and App. C (the App. G.1 case-study variants included):
     logits = 15 tanh(lm_head(norm_final(coda(h(r)))) / 15)         coda runs once; softcap in fp32 (Table 4)
     l_eff = n_layers_prelude + n_loops * n_layers_recur + n_layers_coda = 20           iso-depth (§3.1)
 Variants: additive / passthrough injection (App. C.2), hyperconnection lanes (Eq. 7), truncated BPTT (Eq. 6),
-random state init (project ablation, after Huginn), diagonal injection (App. A, after Parcae; untested in the paper). r = 1 is the plain baseline: 0-20-0, no injection, 3 model norms.
+random state init (project ablation, after Huginn), diagonal injection (App. A, after Parcae; untested in the paper).
+r = 1 is the plain baseline: 0-20-0, no injection, 3 model norms.
 Run:   nothing to run; used by train.py / eval.py.   Test: pytest tests/test_model.py
 Read in this order: ModelConfig -> Block -> LoopedGPT.forward -> init_weights -> generate
 Precision: fp32 parameters and residual stream; on CUDA the trainer wraps forward in bf16 autocast (matmuls bf16);
@@ -443,7 +444,7 @@ class LoopedGPT(nn.Module):
         elif mode == "additive":
             h = torch.zeros_like(e)                             # h(0) = 0, so u(0) = e (App. C.2)
         else:
-            h = e                                               # h(0) = e (App. C.1); passthrough / r = 1 too
+            h = e                                               # h(0) = e (App. C.1); passthrough, diagonal, r = 1
         # 3. r iterations of the shared block
         for i in range(n):
             # Truncated BPTT (Eq. 6): iterations i < r - r_bwd run without autograd, which equals detaching their

@@ -86,7 +86,8 @@ for C in "${BUDGETS[@]}"; do for r in "${LOOPS[@]}"; do for s in ${SCALES[$C]}; 
   if [[ -n $CASE && $r != 1 ]]; then         # the case's looped cell beside the baseline's (same C, r, s)
     flags=${CASES[$CASE]}; [[ $CASE == bptt ]] && flags="--n-loops-bwd $(( (r + 1) / 2 ))"
     NAMES+=("case_${CASE}/C${C}_r${r}_s${s}")
-    ARGS+=("--flops-budget $C --n-loops $r --scale $s --data $DATA --out-dir $RUNS/case_${CASE}/C${C}_r${r}_s${s} $flags --case $CASE")
+    ARGS+=("--flops-budget $C --n-loops $r --scale $s --data $DATA --out-dir $RUNS/case_${CASE}/C${C}_r${r}_s${s}")
+    ARGS[-1]+=" $flags --case $CASE"
   fi
 done; done; done
 if [[ $DRY == 1 ]]; then
