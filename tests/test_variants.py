@@ -284,7 +284,13 @@ def test_case_delta_phi_ci_is_paired(tmp_path):
             with open(os.path.join(d, "done.json"), "w") as fh:
                 json.dump(dict({k: v for k, v in rec.items() if k not in ("source", "arch")}, case="copy"), fh)
     runs = fit.runs_from_rows(fit.load_records(str(tmp_path)))
-    c = fit.run_case(runs, "copy", restarts=10, n_boot=6, boot_restarts=0, progress=False)["case"]
+    # run_case's inputs: the case with the baseline's r = 1 runs, and the baseline, each in canonical order
+    variant = fit._canonical_order(fit.select_runs(runs, "copy"))
+    base = fit._canonical_order(fit.select_runs(runs, None))
+    vblk, bblk = fit.fit_block(variant, None, restarts=10), fit.fit_block(base, None, restarts=10)
+    c = fit.paired_delta_bootstrap(variant, base, {"joint": vblk}, bblk, n_boot=6, seed=0, boot_restarts=0,
+                                   progress=False)
+    c["delta_phi"] = vblk["phi"] - bblk["phi"]
     print(f"\ncopy case: delta {c['delta_phi']:+.4f} [{c['delta_phi_lo']:+.4f}, {c['delta_phi_hi']:+.4f}]; "
           f"baseline phi CI [{c['baseline_phi_lo']:.3f}, {c['baseline_phi_hi']:.3f}]")
     assert c["paired_cells"] == 8 and c["delta_phi"] == 0 and c["delta_phi_lo"] == c["delta_phi_hi"] == 0
@@ -297,10 +303,13 @@ def test_case_delta_phi_recovers_shift_with_ci_and_summary(tmp_path, capsys):
     _records(str(tmp_path / "runs"), 0.46, (1, 2, 4, 8))
     _records(str(tmp_path / "runs"), 0.66, (2, 4, 8), case="diagonal", injection="diagonal", seed=1)
     out = tmp_path / "study"
-    assert fit.main([str(tmp_path / "runs"), "--out", str(out), "--restarts", "20", "--bootstrap", "0"])
     res = fit.main([str(tmp_path / "runs"), "--case", "diagonal", "--out", str(out / "case_diagonal"),
-                    "--restarts", "20", "--bootstrap", "12", "--boot-restarts", "0"])
+                    "--restarts", "10", "--bootstrap", "8", "--boot-restarts", "0"])
     c = res["case"]
+    # the baseline study's outputs as runs/mini.sh leaves them (its fit.json and report.md), from the refit above
+    with open(out / "fit.json", "w") as fh:
+        json.dump(fit._jsonable({"joint": c["baseline"]}), fh)
+    (out / "report.md").write_text("# fit.py report\n\n## Table 2: joint law (Eq. 3)\n")
     line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("delta_phi(diagonal) = ")]
     print(f"\n{line}")
     assert line and line[0] == f"delta_phi(diagonal) = {c['delta_phi']:+.3f} [{c['delta_phi_lo']:+.3f}, " \
