@@ -14,6 +14,7 @@ Run:
     python fit.py out/grid --out out/fit                     # a tree of done.json run records (runs/grid.sh)
     python fit.py --csv runs.csv --out out/fit               # columns flops_budget,n_loops,n_once,n_rec,tokens,val_loss
     python fit.py out/grid --case hc --out out/fit_hc        # case study: delta-phi against the refitted baseline
+    python fit.py --cases out/mini                           # case table + figures of out/mini/case_*/ in report.md
     python fit.py --csv c.csv --law chinchilla --out out/c   # plain Eq. 2 fits on n_params,tokens,val_loss[,group]
     python fit.py --synthetic synth.csv --phi 0.46 --noise 0.01 --seed 0   # the 116-run grid drawn from Eq. 3
     python fit.py --bench                                    # full-protocol time vs a naive scipy baseline
