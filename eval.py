@@ -16,6 +16,7 @@ Run:
     python eval.py out/run                                # val loss + every task found -> out/run/eval.json
     python eval.py out/run --tasks var_assign_d0_math induction_head --task-dir eval_data
     python eval.py out/run --n-loops 8                    # test-time r != trained r -> out/run/eval_r8.json
+    python eval.py out/run --n-loops-sweep 1,2,4,8,16 --tasks none   # val loss at every r' -> eval.json (App. A)
     python eval.py out/run --sample "To be, or not to be" --max-new-tokens 64
     python eval.py release_dir --step 5000 --data DIR     # an authors' checkpoint (model_<step>.pt + meta_<step>.json)
     python eval.py out/run --bench                        # batched vs one-at-a-time scorer tokens/s (same run)
@@ -1012,6 +1013,18 @@ def sample(model, tokenizer, prompt, max_new_tokens=64, temperature=0.8, top_k=5
     return tokenizer.decode(new[:end]), new
 
 
+def loop_sweep(model, loader, tokens, loops, seed=0) -> list:
+    """Test-time loop extrapolation (App. A; Huginn): val loss of one checkpoint at every r' in loops, on the same
+    held-out rows. [{"n_loops": r', "val_loss": nats}, ...]. The global RNG is reseeded before each r' so a random
+    state init draws the same noise stream at every r' and on every rerun."""
+    curve = []
+    for r in loops:
+        torch.manual_seed(seed)
+        curve.append({"n_loops": int(r), "val_loss": val_loss(model, loader, tokens, n_loops=r)})
+        print0(f"n_loops_sweep r'={r:<3d} | val_loss {curve[-1]['val_loss']:.4f} nats")
+    return curve
+
+
 def bench_scorer(model, examples, *, batch_tokens=8192, n_loops=None, pad_id=0, repeats=2) -> dict:
     """Tokens/s of the batched scorer vs one example at a time, on the same examples in the same run (best of
     `repeats` timings each, alternating, so a noisy shared CPU hurts both alike). Also checks that both give the
@@ -1186,6 +1199,9 @@ def _main(argv):
     p.add_argument("--task-dir", default=None, help="root of the task files (the bundles' layout)")
     p.add_argument("--n-loops", type=_number(int, 1, 1024), default=None,
                    help="evaluate at r' != trained r (test-time; not for hyper)")
+    p.add_argument("--n-loops-sweep", default=None, metavar="R1,R2,...",
+                   help="val loss at every test-time r' (App. A loop extrapolation), written into eval.json "
+                        "as n_loops_sweep; refused for modes that cannot run r' != r (hyper)")
     p.add_argument("--no-crop", action="store_true", help="authors' behaviour: never left-crop long prompts")
     p.add_argument("--data", default=None, help="prepared data dir (default: the run's train_config['data'])")
     p.add_argument("--tokenizer", default=None, help="tokenizer spec (default: the one named in the data meta)")
@@ -1239,6 +1255,18 @@ def _main(argv):
                              f"at least {shots + 1}")
     if a.bench and not any(items is not None for items, _, _ in loaded.values()):
         raise ValueError("--bench needs at least one present task")
+    sweep = None
+    if a.n_loops_sweep is not None:
+        try:
+            sweep = [int(x) for x in a.n_loops_sweep.split(",") if x.strip()]
+        except ValueError:
+            sweep = []
+        if not sweep or min(sweep) < 1 or max(sweep) > 1024 or len(set(sweep)) != len(sweep):
+            raise ValueError(f"--n-loops-sweep wants distinct integers in [1, 1024] like 1,2,4,8,16, got "
+                             f"{a.n_loops_sweep!r}")
+        if a.n_loops is not None or a.sample is not None or a.val_tokens == 0:
+            raise ValueError("--n-loops-sweep sets r' itself and needs the val loss: drop --n-loops / --sample / "
+                             "--val-tokens 0")
 
     # The run: weights + configs from ckpt.pt; the tokenizer that prepared its data (checked by hash).
     rank, world, device = init_dist()
@@ -1251,6 +1279,14 @@ def _main(argv):
     r_eval = cfg.n_loops if a.n_loops is None else a.n_loops
     if cfg.injection == "hyper" and r_eval != cfg.n_loops and cfg.n_loops > 1:
         raise SystemExit(f"--n-loops {r_eval}: hyperconnection scalars exist for exactly r={cfg.n_loops} iterations")
+    if sweep and not (data_dir and os.path.isdir(data_dir)):
+        raise SystemExit(f"--n-loops-sweep needs the validation split: data dir {data_dir!r} not found (pass --data)")
+    for r_test in sweep or ():                               # refuse before any work: the model says what it can run
+        try:
+            model.check_n_loops(r_test)
+        except ValueError as err:
+            raise SystemExit(f"eval.py: --n-loops-sweep: injection {cfg.injection!r} cannot run r'={r_test} "
+                             f"(trained r={cfg.n_loops}): {err}") from None
     if a.sample is not None:                                 # a quick look at the model, nothing written
         text, _ = sample(model, tokenizer, a.sample, a.max_new_tokens, a.temperature, a.top_k, a.seed, a.n_loops)
         print0(f"sample (r={r_eval}) | {a.sample}{text}")
@@ -1295,6 +1331,8 @@ def _main(argv):
         result["val_loss"] = val_loss(model, loader, val_tokens, n_loops=a.n_loops)
         result["val_tokens"] = (val_tokens // cfg.seq_len) * cfg.seq_len
         print0(f"val_loss {result['val_loss']:.4f} nats | n_loops {r_eval} | {result['val_tokens']:,} tokens")
+        if sweep:
+            result["n_loops_sweep"] = loop_sweep(model, loader, val_tokens, sweep, a.seed)
 
     # downstream continuation loss (App. H)
     suite = evaluate_suite(model, tokenizer, names, task_dir=a.task_dir, seq_len=cfg.seq_len, crop=not a.no_crop,

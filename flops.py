@@ -19,7 +19,8 @@ V_LLAMA = 32001            # Llama-2's 32,000 pieces + <|assistant_end|> (archit
 SEQ_LEN = 2048             # T, Table 4
 BATCH_TOKENS = 262144      # B = 128 rows x 2048 tokens per optimizer step (App. D)
 ASPECT_RATIO = 64          # d_model = 64 s (§3.1)
-INJECTIONS = ("linear", "additive", "passthrough", "hyper")   # App. C.2 / G.1; "random" state init counts as linear
+INJECTIONS = ("linear", "additive", "passthrough", "hyper", "diagonal")   # App. C.2 / G.1 / A (Parcae); "random"
+                                                                          # state init counts as its injection
 
 # Table 6 (App. E): compute budget C (FLOPs) -> widths s swept at that budget. 29 cells x 4 values of r = 116 runs.
 GRID = {
@@ -75,6 +76,13 @@ def n_i(d_model):
     return 2 * d_model * d_model
 
 
+def n_inject(d_model, injection):
+    """Parameters of the state injection, all recurrent (used every iteration): W_inject 2 d^2 (Eq. 5, linear);
+    diagonal (Parcae, App. A: u = exp(-Delta A) h + Delta (B e)): B d^2 + A_log d + dt_bias d; the other modes 0
+    (hc's per-iteration scalars are counted once, in N_once). The one place a new injection adds its count."""
+    return {"linear": n_i(d_model), "diagonal": d_model * d_model + 2 * d_model}.get(injection, 0)
+
+
 def _check_mode(d_model, n_loops, injection, hc_lanes):
     _check_int("d_model", d_model, 1)
     if injection not in INJECTIONS:
@@ -92,17 +100,15 @@ def param_split(d_model, n_loops, n_layers_eff=20, n_layers_prelude=2, n_layers_
     two RMSNorm gains (2d); the 3 model-level norms (after wte, end of every loop, before lm_head) add 3d. With this
     N = N_once + N_rec reproduces all 44 N cells of Table 6; the §3.2 matrices alone miss 12 of them by 0.1M.
     Split for Eq. 3 (architecture §8.1): N_once = prelude + coda blocks + 3 model norms + the r(K^2+2K) hc scalars
-    (each used once); N_rec = recur blocks + W_inject. For r = 1 the split is irrelevant (r^phi = 1); the same rule
-    gives N_once = 3d, N_rec = 20 blocks.
+    (each used once); N_rec = recur blocks + the injection (n_inject: W_inject, or diagonal B, A_log, dt_bias).
+    For r = 1 the split is irrelevant (r^phi = 1); the same rule gives N_once = 3d, N_rec = 20 blocks.
     """
     mode = _check_mode(d_model, n_loops, injection, hc_lanes)
     p, rec, c = layout(n_loops, n_layers_eff, n_layers_prelude, n_layers_coda)
     block = n_b(d_model) + 2 * d_model                               # matrices + 2 RMSNorm gains
     n_once = (p + c) * block + 3 * d_model
-    n_rec = rec * block
-    if mode == "linear":
-        n_rec += n_i(d_model)                                        # W_inject, used every iteration
-    elif mode == "hyper":
+    n_rec = rec * block + n_inject(d_model, mode)                    # W_inject / diagonal, used every iteration
+    if mode == "hyper":
         n_once += n_loops * (hc_lanes ** 2 + 2 * hc_lanes)           # alpha_i, M_i, beta_i per iteration (Eq. 7)
     return n_once, n_rec
 
@@ -120,7 +126,7 @@ def flops_per_token(d_model, n_loops, n_layers_eff=20, n_layers_prelude=2, n_lay
     """F_train per token, counted as the authors' code does (forward-only: forward_flops_per_token).
 
     Eq. 1 (6 N_exec) + the terms §3.2 leaves out of the equation but includes in every reported FLOP count:
-      6·(prelude + coda blocks) + [2(r-k) + 6k]·(recur blocks + W_inject)       Eq. 1; Eq. 6 when k < r
+      6·(prelude + coda blocks) + [2(r-k) + 6k]·(recur blocks + injection)      Eq. 1; Eq. 6 when k < r
       + 12·d·T·(l_p + l_c) + [4(r-k) + 12k]·d·T·l_recur                         attention, full T (no causal /2)
       + 6·d·V_pad                                                               unembedding, V padded to 64
       + 6·r·(K^2 + 2K)·d                                                        hyperconnection mixing (Eq. 7)
@@ -138,7 +144,11 @@ def flops_per_token(d_model, n_loops, n_layers_eff=20, n_layers_prelude=2, n_lay
         raise ValueError("hyperconnections use full BPTT (App. G.1); n_loops_bwd must be None or n_loops")
     d, T = d_model, seq_len
     block = n_b(d) + 2 * d
-    p_rec = rec * block + (n_i(d) if mode == "linear" else 0)        # charged every iteration (footnote 2)
+    # The injection is charged in every iteration (footnote 2), its loop-invariant half included: W_e e of the linear
+    # injection and B e of the diagonal one could be hoisted out of the loop (computed once: 6 d^2 instead of
+    # 6 r d^2 per token for B e), but the paper charges W_inject r times and model.py computes both per iteration,
+    # so one convention covers every mode. The diagonal's elementwise decay / scale count like gains (6x per use).
+    p_rec = rec * block + n_inject(d, mode)
     mult = 2 * (n_loops - k) + 6 * k                                  # Eq. 6: fwd-only 2x, fwd+bwd 6x
     flops = 6 * (p + c) * block + mult * p_rec
     flops += 12 * d * T * (p + c) + (4 * (n_loops - k) + 12 * k) * d * T * rec

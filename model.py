@@ -8,7 +8,8 @@ Implements paper §3.1 and App. C (the App. G.1 case-study variants included):
     logits = 15 tanh(lm_head(norm_final(coda(h(r)))) / 15)         coda runs once; softcap in fp32 (Table 4)
     l_eff = n_layers_prelude + n_loops * n_layers_recur + n_layers_coda = 20           iso-depth (§3.1)
 Variants: additive / passthrough injection (App. C.2), hyperconnection lanes (Eq. 7), truncated BPTT (Eq. 6),
-random state init (project ablation, after Huginn). r = 1 is the plain baseline: 0-20-0, no injection, 3 model norms.
+random state init (project ablation, after Huginn), diagonal injection (App. A, after Parcae; untested in the paper).
+r = 1 is the plain baseline: 0-20-0, no injection, 3 model norms.
 Run:   nothing to run; used by train.py / eval.py.   Test: pytest tests/test_model.py
 Read in this order: ModelConfig -> Block -> LoopedGPT.forward -> init_weights -> generate
 Precision: fp32 parameters and residual stream; under --precision bf16 (the CUDA default) the trainer wraps forward
@@ -19,6 +20,7 @@ paper -> code:  r n_loops | s scale (d = 64 s) | l_prelude / l_recur / l_coda n_
                 r_bwd n_loops_bwd | K hc_lanes | N_once / N_rec LoopedGPT.param_split()
 """
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -28,7 +30,7 @@ import torch.nn.functional as F
 
 from flops import layout, pad_vocab
 
-INJECTIONS = ("linear", "additive", "passthrough", "hyper")   # App. C.2 (first three), App. G.1 (hyper)
+INJECTIONS = ("linear", "additive", "passthrough", "hyper", "diagonal")   # App. C.2, App. G.1 (hyper), App. A
 STATE_INITS = ("prelude", "random")                           # h(0) = e (App. C.1) | N(0, std^2) (project)
 
 # Attention backends (Table 4: FA-3 on H100, FA-2 on A100). Which one runs is decided once per run by
@@ -103,7 +105,7 @@ class ModelConfig:
     head_dim: int = 128                 # Table 4; n_head = d_model / head_dim
     vocab_size: int = 32001             # Llama-2's 32,000 + <|assistant_end|> (architecture §1); rows padded to 64
     seq_len: int = 2048                 # T (Table 4); RoPE tables cover 10 T positions (authors' code)
-    injection: str = "linear"           # linear (Eq. 5) | additive | passthrough (App. C.2) | hyper (Eq. 7)
+    injection: str = "linear"           # linear (Eq. 5) | additive | passthrough (App. C.2) | hyper (Eq. 7) | diagonal
     state_init: str = "prelude"         # h(0) = e (App. C.1) | random: h(0) ~ N(0, std^2) (project ablation)
     state_init_std: float = 1.0         # sigma of the random state; 1 = the RMS of a normalised state (project)
     hc_lanes: int = 2                   # K hyperconnection lanes (App. G.1)
@@ -130,9 +132,9 @@ class ModelConfig:
              f"head_dim={self.head_dim}; pick another scale (the paper never rounds d)")
         need(self.injection in INJECTIONS, f"injection={self.injection!r} not in {INJECTIONS}")
         need(self.state_init in STATE_INITS, f"state_init={self.state_init!r} not in {STATE_INITS}")
-        need(self.state_init == "prelude" or self.injection in ("linear", "additive"),
-             f"state_init='random' needs injection linear or additive (with {self.injection!r} the prelude output "
-             "would never reach the recurrent block)")
+        need(self.state_init == "prelude" or self.injection in ("linear", "additive", "diagonal"),
+             f"state_init='random' needs injection linear, additive or diagonal (with {self.injection!r} the prelude "
+             "output would never reach the recurrent block)")
         need(self.state_init_std > 0, f"state_init_std must be > 0, got {self.state_init_std}")
         need(self.hc_lanes >= 2, f"hc_lanes={self.hc_lanes} must be >= 2 (K = 1 is a plain residual; App. G.1)")
         if self.n_loops_bwd is not None:
@@ -280,6 +282,30 @@ class Block(nn.Module):
         return x + self.mlp(self.norm_mlp(x))
 
 
+DIAG_DECAY = 0.2 ** 0.5     # diagonal injection: exp(-Delta A) = sqrt(1/5) per channel at init (Parcae's default)
+
+
+class DiagonalInjection(nn.Module):
+    """Parcae's SSM-style injection (App. A; sandyresearch/parcae DiagonalInjection), d^2 + 2d parameters:
+
+        u = exp(-Delta * A) * h + Delta * (B e),   A = exp(A_log) > 0,  Delta = softplus(dt_bias) > 0   (per channel)
+
+    The decay exp(-Delta A) lies in (0, 1) for any parameter values, so the state's weight stays a contraction.
+    It is the linear injection W_inject [e ; h] with W_inject = [diag(Delta) B | diag(exp(-Delta A))]: a full map of
+    e but only a per-channel map of h (tests/test_variants.py checks this identity)."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.B = nn.Linear(d, d, bias=False)            # B (d, d): a matrix, so MuonH (param_groups)
+        self.A_log = nn.Parameter(torch.empty(d))       # (d,) vectors: AdamW
+        self.dt_bias = nn.Parameter(torch.empty(d))     # (d,)
+
+    def forward(self, e, h):
+        dt = F.softplus(self.dt_bias)                   # (d,) Delta > 0
+        decay = torch.exp(-dt * torch.exp(self.A_log))  # (d,) exp(-Delta A) in (0, 1)
+        return (decay * h + dt * self.B(e)).type_as(e)  # (B, T, d); B e in the autocast dtype, the sum in fp32
+
+
 class KVCache:
     """Keys/values for decoding, ONE slot per executed layer: [prelude | r x recur | coda] = l_eff slots.
 
@@ -321,6 +347,7 @@ class LoopedGPT(nn.Module):
         self.recur = nn.ModuleList(Block(cfg) for _ in range(n_rec))      # shared, run r times
         self.coda = nn.ModuleList(Block(cfg) for _ in range(n_coda))
         self.inject = nn.Linear(2 * d, d, bias=False) if self.injection == "linear" else None   # Eq. 5, [e ; h]
+        self.diag = DiagonalInjection(d) if self.injection == "diagonal" else None                 # Parcae (App. A)
         self.hc_alpha = self.hc_mix = self.hc_beta = None
         if self.injection == "hyper":                                      # Eq. 7: per-iteration scalars, fp32
             r, K = cfg.n_loops, cfg.hc_lanes
@@ -361,6 +388,7 @@ class LoopedGPT(nn.Module):
         | inject (d, 2d), input [e ; h]                 | [I_d | 0], so u(t) = e at init for every t        |
         | every RMSNorm gain                            | 1                                                 |
         | hc alpha_i (K), M_i (K, K), beta_i (K)        | one-hot at i mod K, I_K, 1 (Zhu et al. cyclic)    |
+        | diagonal B (d, d), A_log (d), dt_bias (d)     | I_d, 0 (A = 1), softplus^-1(-ln DIAG_DECAY) (Parcae)|
         """
         d = self.cfg.d_model
         a = (3.0 / d) ** 0.5
@@ -381,13 +409,23 @@ class LoopedGPT(nn.Module):
             self.hc_alpha.copy_(F.one_hot(torch.arange(r) % K, K).float())
             self.hc_mix.copy_(torch.eye(K).expand(r, K, K))
             self.hc_beta.fill_(1.0)
+        if self.diag is not None:                                         # Delta = -ln(decay) makes exp(-Delta A) =
+            dt = -math.log(DIAG_DECAY)                                    # DIAG_DECAY at A = 1; dt_bias is its
+            self.diag.B.weight.copy_(torch.eye(d))                        # inverse softplus, ln(e^dt - 1)
+            self.diag.A_log.zero_()
+            self.diag.dt_bias.fill_(math.log(math.expm1(dt)))
 
     def param_groups(self) -> dict:
-        """Optimizer labels (optimizer.md): block matrices + inject -> MuonH; the rest -> AdamW, one group each."""
+        """Optimizer labels (optimizer.md): block matrices + inject -> MuonH; the rest -> AdamW, one group each.
+        Diagonal injection: B -> MuonH; A_log, dt_bias -> AdamW at the norm LR (per-channel vectors like the gains,
+        no width-free radius for MuonH to keep; Parcae trains them with AdamW too)."""
         matrix = [p for blk in self.blocks() for p in blk.parameters() if p.ndim == 2]
         if self.inject is not None:
             matrix.append(self.inject.weight)
         norms = [m.weight for m in self.modules() if isinstance(m, RMSNorm)]
+        if self.diag is not None:
+            matrix.append(self.diag.B.weight)
+            norms += [self.diag.A_log, self.diag.dt_bias]
         groups = dict(matrix=matrix, wte=[self.wte.weight], lm_head=[self.lm_head.weight], norm=norms,
                       hc=self.hc_params())
         labelled = [id(p) for g in groups.values() for p in g]
@@ -397,11 +435,11 @@ class LoopedGPT(nn.Module):
 
     def param_split(self) -> tuple:
         """(N_once, N_rec) from module membership, as flops.param_split counts it (architecture §8.1):
-        once = prelude + coda blocks + the 3 model norms + hc scalars; rec = recur blocks + inject."""
+        once = prelude + coda blocks + the 3 model norms + hc scalars; rec = recur blocks + inject (or diag)."""
         count = lambda *mods: sum(p.numel() for m in mods if m is not None for p in m.parameters())
         n_once = count(self.prelude, self.coda, self.norm_emb, self.norm_recur, self.norm_final)
         n_once += sum(p.numel() for p in self.hc_params())
-        return n_once, count(self.recur, self.inject)
+        return n_once, count(self.recur, self.inject, self.diag)
 
     def _run(self, blocks, x, rope, kv_cache, first_slot):
         """Apply `blocks` in order; block j uses KV slot first_slot + j (one slot per executed layer)."""
@@ -423,6 +461,11 @@ class LoopedGPT(nn.Module):
             raise ValueError(f"hyperconnections have alpha/M/beta for exactly {self.cfg.n_loops} iterations; "
                              f"cannot run n_loops={n_loops}")
         return n_loops
+
+    def check_n_loops(self, n_loops: int) -> int:
+        """n_loops if this model can run that many iterations, else ValueError saying why (hyper: exactly r).
+        A new mode whose parameters exist per iteration adds its refusal in _loops; eval.py asks here."""
+        return self._loops(n_loops, None)
 
     def forward(self, idx, targets=None, reduction="mean", n_loops=None, generator=None, kv_cache=None,
                 state_noise=None):
@@ -467,7 +510,7 @@ class LoopedGPT(nn.Module):
         elif mode == "additive":
             h = torch.zeros_like(e)                             # h(0) = 0, so u(0) = e (App. C.2)
         else:
-            h = e                                               # h(0) = e (App. C.1); passthrough / r = 1 too
+            h = e                                               # h(0) = e (App. C.1); passthrough, diagonal, r = 1
         # 3. r iterations of the shared block
         for i in range(n):
             # Truncated BPTT (Eq. 6): iterations i < r - r_bwd run without autograd, which equals detaching their
@@ -477,6 +520,8 @@ class LoopedGPT(nn.Module):
                     u = self.inject(torch.cat([e, h], dim=-1)).type_as(e)   # Eq. 5: W_inject [e ; h(i)]
                 elif mode == "additive":
                     u = h + e                                               # App. C.2
+                elif mode == "diagonal":
+                    u = self.diag(e, h)                                     # exp(-Delta A) h + Delta B e (App. A)
                 elif mode == "passthrough":
                     u = h                                                   # App. C.2; r = 1 baseline
                 else:

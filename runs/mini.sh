@@ -3,9 +3,18 @@
 # iso-FLOP grid over r in {1,2,4,8} at one effective depth -> validation loss -> the joint law fit -> phi with a
 # 95% block-bootstrap CI, the report and the figures. Paper §4.1 (grid), §4.2-4.3 and App. F (fit), scaled down.
 #
-# Usage: bash runs/mini.sh [--quick] [--dry-run] [OUT]      (OUT defaults to out/mini, or out/mini_quick)
-#   --quick    a smaller grid (2 budgets, 24 runs) and a lighter fit protocol: a ~2.5 minute smoke test
-#   --dry-run  print the launch list (one train.py line per run) and exit
+# Usage: bash runs/mini.sh [--quick] [--dry-run] [--case NAME] [OUT]   (OUT defaults to out/mini, or out/mini_quick)
+#   --quick      a smaller grid (2 budgets, 24 runs) and a lighter fit protocol: a ~2.5 minute smoke test
+#   --dry-run    print the launch list (one train.py line per run) and exit
+#   --case NAME  a case study (§5, Table 3) at mini scale, NAME in CASES below: trains the looped cells (r = 2, 4, 8)
+#                of the same grid with the case's flags into OUT/runs/case_NAME/, reuses the baseline runs already in
+#                OUT/runs (training any that are missing: the baseline's r = 1 runs join the case's fit and the whole
+#                baseline is refitted for the paired comparison), fits with `fit.py --case NAME` into OUT/case_NAME,
+#                and ends with `delta_phi(NAME) = X [lo, hi]` (paired block-bootstrap CI); OUT/report.md then gets
+#                the case-study table of every case fitted so far (fit.py --cases OUT). Point OUT at a copy of a
+#                finished baseline study (cp -a out/mini out/mini_cases) to train only the case's 33 runs.
+# After the fit, the lowest-loss model of each looped r at the largest budget is evaluated at test-time loop
+# counts r' in SWEEP (eval.py --n-loops-sweep; App. A loop extrapolation) and the report gets loop_sweep.png.
 # Cost: 0 GPU-hours; ~15 minutes on a 2-core CPU (README states the measured time). JOBS=2 worker processes, one
 # thread each (tiny models use one core better than two). Resumable: a second invocation skips runs whose
 # done.json exists and resumes a killed run from its last checkpoint; fit.py reads only done.json, which train.py
@@ -27,16 +36,28 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-QUICK=0; DRY=0; OUT=""
-for arg in "$@"; do
-  case "$arg" in
+# case -> train.py flags of its looped runs (bptt's window is per r: r_bwd = ceil(r / 2), §5.1). A new variant is
+# one more line here; its Delta-phi is then `bash runs/mini.sh --case NAME`.
+declare -A CASES=([bptt]="" [hc]="--injection hyper --hc-lanes 2" [diagonal]="--injection diagonal"
+                  [additive]="--injection additive" [random]="--state-init random --state-init-std 1.0")
+QUICK=0; DRY=0; OUT=""; CASE=""
+while (( $# )); do
+  case "$1" in
     --quick) QUICK=1 ;;
     --dry-run) DRY=1 ;;
-    -*) echo "runs/mini.sh: unknown flag $arg (usage: bash runs/mini.sh [--quick] [--dry-run] [OUT])" >&2; exit 2 ;;
-    *) OUT="$arg" ;;
+    --case) (( $# >= 2 )) || { echo "runs/mini.sh: --case needs a NAME (one of: ${!CASES[*]})" >&2; exit 2; }
+            CASE=$2; shift ;;
+    -*) echo "runs/mini.sh: unknown flag $1 (usage: bash runs/mini.sh [--quick] [--dry-run] [--case NAME] [OUT])" >&2
+        exit 2 ;;
+    *) OUT="$1" ;;
   esac
+  shift
 done
+if [[ -n $CASE && ! -v CASES[$CASE] ]]; then
+  echo "runs/mini.sh: --case wants one of: ${!CASES[*]} (got '${CASE}')" >&2; exit 2
+fi
 JOBS=${JOBS:-2}
+SWEEP=1,2,4,8,16                              # test-time loop counts r' (App. A)
 
 # ---- parameters (the grid) ----------------------------------------------------------------------------------
 LOOPS=(1 2 4 8)
@@ -62,6 +83,12 @@ NAMES=(); ARGS=()
 for C in "${BUDGETS[@]}"; do for r in "${LOOPS[@]}"; do for s in ${SCALES[$C]}; do
   NAMES+=("C${C}_r${r}_s${s}")
   ARGS+=("--flops-budget $C --n-loops $r --scale $s --data $DATA --out-dir $RUNS/C${C}_r${r}_s${s}")
+  if [[ -n $CASE && $r != 1 ]]; then         # the case's looped cell beside the baseline's (same C, r, s)
+    flags=${CASES[$CASE]}; [[ $CASE == bptt ]] && flags="--n-loops-bwd $(( (r + 1) / 2 ))"
+    NAMES+=("case_${CASE}/C${C}_r${r}_s${s}")
+    ARGS+=("--flops-budget $C --n-loops $r --scale $s --data $DATA --out-dir $RUNS/case_${CASE}/C${C}_r${r}_s${s}")
+    ARGS[-1]+=" $flags --case $CASE"
+  fi
 done; done; done
 if [[ $DRY == 1 ]]; then
   for i in "${!NAMES[@]}"; do echo "python train.py ${ARCH[*]} ${ARGS[$i]}"; done
@@ -71,7 +98,7 @@ fi
 T0=$(date +%s)
 say() { printf '[mini %4ds] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
 trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; echo "[mini] interrupted: rerun the same command to resume" >&2; exit 130' INT TERM
-mkdir -p "$OUT" "$RUNS"
+mkdir -p "$OUT" "$RUNS" ${CASE:+"$RUNS/case_$CASE"}
 export OMP_NUM_THREADS=1
 
 # ---- 1. tokenizer and packed data (each step skipped when its output exists; both are written atomically) -----
@@ -94,7 +121,7 @@ n_todo=0
 for i in "${!NAMES[@]}"; do [[ -f "$RUNS/${NAMES[$i]}/done.json" ]] || n_todo=$((n_todo + 1)); done
 say "grid: ${#NAMES[@]} runs (${n_todo} to train), budgets ${BUDGETS[*]}, r in {${LOOPS[*]}}, $JOBS workers"
 for (( i = ${#NAMES[@]} - 1; i >= 0; i-- )); do echo "${NAMES[$i]} ${ARCH[*]} ${ARGS[$i]}"; done > "$OUT/launch.txt"
-rm -rf "$RUNS"/*.claim                                      # claims of an interrupted invocation
+rm -rf "$RUNS"/*.claim "$RUNS"/case_*/*.claim                # claims of an interrupted invocation
 worker() {  # take the next unclaimed run of launch.txt (largest budget first) until none is left
   exec python - "$OUT/launch.txt" "$RUNS" "$T0" <<'PY'    # exec: the job pid is python itself, so a kill reaches it
 import contextlib, os, sys, time
@@ -119,12 +146,46 @@ PY
 for k in $(seq 1 "$JOBS"); do worker & done
 while (( $(jobs -rp | wc -l) > 0 )); do wait -n; done      # a failed worker fails the script (set -e)
 
-# ---- 3. the joint fit: phi with its bootstrap CI, per-r laws, frontier, report.md and figures ------------------
+# ---- 3. test-time loop extrapolation (App. A): the lowest-loss model of each looped r at the largest budget ----
+# is evaluated at every r' in SWEEP; fit.py picks the curves up from eval.json (skipped when already there)
+C=${BUDGETS[-1]}
+for SWEEP_DIR in "$RUNS" ${CASE:+"$RUNS/case_$CASE"}; do    # the baseline's models, and the case's
+  if [[ $SWEEP_DIR == */case_hc ]]; then
+    say "loop sweep skipped for hc: its scalars exist for exactly the trained r (eval.py refuses r' != r)"; continue
+  fi
+  for r in 2 4 8; do
+    best=$(python -c 'import json, sys, os
+d, C, r, scales = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split()
+runs = [os.path.join(d, f"C{C}_r{r}_s{s}") for s in scales]
+print(min(runs, key=lambda p: json.load(open(os.path.join(p, "done.json")))["val_loss"]))' \
+      "$SWEEP_DIR" "$C" "$r" "${SCALES[$C]}")
+    if ! python -c 'import json, sys; sys.exit("n_loops_sweep" not in json.load(open(sys.argv[1])))' \
+        "$best/eval.json" 2>/dev/null; then
+      say "loop sweep r' in {$SWEEP} of $best"
+      python eval.py "$best" --n-loops-sweep "$SWEEP" --tasks none > "$best/sweep.log"
+    fi
+  done
+done
+
+# ---- 4. the joint fit: phi with its bootstrap CI, per-r laws, frontier, report.md and figures ------------------
+if [[ -n $CASE ]]; then                       # §5: the case's looped runs in place of the baseline's, paired CI
+  say "fitting case $CASE (fit.py --case $CASE ${FIT[*]:-paper protocol})"
+  python fit.py "$RUNS" --case "$CASE" --out "$OUT/case_$CASE" "${FIT[@]}" | tee "$OUT/case_$CASE/fit.log"
+  if ! python -c 'import json, sys; sys.exit("loop_sweep" not in json.load(open(sys.argv[1])))' "$OUT/fit.json" \
+      2>/dev/null; then                       # the baseline's fit, with its loop sweep, for the case table
+    say "refitting the baseline (its fit.json is missing or has no loop sweep)"
+    python fit.py "$RUNS" --out "$OUT" "${FIT[@]}" > "$OUT/fit.log"
+  fi
+  python fit.py --cases "$OUT" > /dev/null    # the case-study table of every case so far -> OUT/report.md
+  say "report: $OUT/case_$CASE/report.md | case table: $OUT/report.md | total $(( $(date +%s) - T0 )) s"
+  grep -E '^delta_phi\(' "$OUT/case_$CASE/fit.log"
+  exit 0
+fi
 say "fitting (fit.py ${FIT[*]:-paper protocol})"
 python fit.py "$RUNS" --out "$OUT" "${FIT[@]}" | tee "$OUT/fit.log"
 
-# ---- 4. look at a model: a KV-cached sample from the r = 4 run at the middle width of the largest budget -------
-C=${BUDGETS[-1]}; S=$(echo ${SCALES[$C]} | cut -d' ' -f2)
+# ---- 5. look at a model: a KV-cached sample from the r = 4 run at the middle width of the largest budget -------
+S=$(echo ${SCALES[$C]} | cut -d' ' -f2)
 say "sample from $RUNS/C${C}_r4_s${S} (r = 4, KV-cached decoding):"
 python eval.py "$RUNS/C${C}_r4_s${S}" --sample "ROMEO." --max-new-tokens 48 --seed 0 || true
 say "report: $OUT/report.md | figures: $OUT/*.png | total $(( $(date +%s) - T0 )) s"
