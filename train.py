@@ -408,13 +408,13 @@ def write_failure(err: BaseException, path: str) -> str:
         if isinstance(e, OSError) and e.errno:
             return os.strerror(e.errno)
         e = e.__cause__ or e.__context__
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     try:
         st = os.statvfs(os.path.dirname(path) or ".")
-        if st.f_bavail * st.f_frsize < 64 * 2**20:
-            return f"{os.strerror(errno.ENOSPC)} ({st.f_bavail * st.f_frsize:,} bytes free)"
     except OSError:
-        pass
-    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return first
+    free = st.f_bavail * st.f_frsize
+    return f"{os.strerror(errno.ENOSPC)} ({free:,} bytes free)" if free < 64 * 2**20 else f"{first} ({free:,} bytes free)"
 
 
 # -----------------------------------------------------------------------------
