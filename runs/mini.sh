@@ -6,8 +6,8 @@
 # Usage: bash runs/mini.sh [--quick] [--dry-run] [OUT]      (OUT defaults to out/mini, or out/mini_quick)
 #   --quick    a smaller grid (2 budgets, 24 runs) and a lighter fit protocol: a ~2.5 minute smoke test
 #   --dry-run  print the launch list (one train.py line per run) and exit
-# OUT is mini.sh's own folder: a new or empty one is adopted (marked with OUT/.nanoloop-mini), a folder mini.sh
-# made before is resumed, anything else is refused; mini.sh deletes only files it wrote there. JOBS=N workers.
+# OUT is mini.sh's own folder: a new or empty one is adopted (OUT/.nanoloop-mini records its grid), a folder mini.sh
+# made for the same grid is resumed, anything else is refused; mini.sh deletes only files it wrote. JOBS=N workers.
 # Cost: 0 GPU-hours; ~15 minutes on a 2-core CPU (README states the measured time). JOBS=2 worker processes, one
 # thread each (tiny models use one core better than two). Resumable: a second invocation skips runs whose
 # done.json exists and resumes a killed run from its last checkpoint; fit.py reads only done.json, which train.py
@@ -86,7 +86,14 @@ if [[ -d "$OUT" && ! -f "$MARK" ]]; then
     die "OUT $OUT exists and was not made by mini.sh (it holds: $foreign): pick a new or empty OUT"
   fi
 fi
-mkdir -p "$OUT" "$RUNS" && touch "$MARK"
+# The marker records which grid OUT holds: a --quick study and a full one (or two versions of the grid) never mix
+# in one runs/ folder, where fit.py would fit them together.
+GRID="grid $(printf '%s\n' "${ARCH[*]}" "${NAMES[*]}" | cksum | cut -d' ' -f1) ($([[ $QUICK == 1 ]] && echo quick || echo full))"
+if [[ -s "$MARK" && "$(cat "$MARK")" != "$GRID" ]]; then
+  die "OUT $OUT holds another mini study ($(cat "$MARK"); this one is $GRID): pick another OUT"
+fi
+mkdir -p "$OUT" "$RUNS"
+[[ -s "$MARK" ]] || { printf '%s\n' "$GRID" > "$MARK.$$.tmp" && mv -f "$MARK.$$.tmp" "$MARK"; }
 if command -v flock >/dev/null; then             # one mini.sh per OUT; the kernel drops the lock when we exit
   exec 9<"$OUT"
   flock -n 9 || die "OUT $OUT is in use by another runs/mini.sh: wait for it, or pick another OUT"
@@ -96,6 +103,12 @@ T0=$(date +%s)
 say() { printf '[mini %4ds] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
 trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; echo "[mini] interrupted: rerun the same command to resume" >&2; exit 130' INT TERM
 export OMP_NUM_THREADS=1
+
+for tmp in "$OUT"/.*.tmp; do                  # temporaries of an interrupted atomic write (never complete files)
+  if [[ -f "$tmp" && "$(basename "$tmp")" =~ ^\..+\.[0-9a-f]{8}\.tmp$ ]]; then
+    rm -f "$tmp"; say "removed $tmp, a temporary file left by an interrupted write"
+  fi
+done
 
 # ---- 1. tokenizer and packed data (each step skipped when its output exists; both are written atomically) -----
 if [[ ! -f "$OUT/tokenizer.model" ]]; then

@@ -340,6 +340,18 @@ def test_mini_out_is_a_file_or_empty(case, tmp_path):
     assert_untouched(before, snapshot(tmp_path))
 
 
+def test_mini_never_mixes_two_grids_in_one_out(tmp_path):
+    """A --quick study and a full one (or two versions of the grid) in one OUT would be fitted together."""
+    out = tmp_path / "study"
+    (out / "runs" / "C3e10_r1_s1").mkdir(parents=True)
+    (out / "runs" / "C3e10_r1_s1" / "done.json").write_text("{}\n")
+    (out / ".nanoloop-mini").write_text("grid 380655468 (quick)\n")
+    before = snapshot(tmp_path)
+    proc = mini(str(out))                                            # the full grid into the quick study's folder
+    mini_error(proc, 1, str(out), "holds another mini study", "(quick)", "(full)")
+    assert_untouched(before, snapshot(tmp_path))
+
+
 def test_mini_out_with_a_space_reaches_train_as_one_path(tmp_path):
     out = str(tmp_path / "my study")
     proc = mini("--quick", "--dry-run", out)
