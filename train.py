@@ -536,7 +536,9 @@ def _main(model_cfg: ModelConfig, train_cfg: TrainConfig, held: list) -> dict:
         now = asdict(model_cfg)
         if now["vocab_size"] == vocab_default:           # the default means "the data's": any recorded value fits
             now["vocab_size"] = was_m.get("vocab_size")
-        diff = {k: (was_m.get(k), v) for k, v in now.items() if was_m.get(k) != v}
+        # a field newer than the record counts as recorded at its default (the record predates the field)
+        defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+        diff = {k: (was_m.get(k, defaults[k]), v) for k, v in now.items() if was_m.get(k, defaults[k]) != v}
         diff.update({k: (was_t.get(k), getattr(tc, k)) for k in RESUME_KEYS
                      if was_t.get(k) != getattr(tc, k)})
         if diff:
@@ -658,8 +660,9 @@ def _main(model_cfg: ModelConfig, train_cfg: TrainConfig, held: list) -> dict:
     # killed predecessor may have left: temporaries of an interrupted write (the torn log tail is handled below).
     if master and not no_data:
         held.append((acquire_lock(out_dir), out_dir))
-        if os.path.exists(done_path):        # finished while we were checking the config
-            return finished_record()
+        if os.path.exists(done_path) or (not tc.resume and os.path.exists(ckpt_path)):
+            raise ValueError(f"another trainer wrote {out_dir} while this one was starting; rerun the same command "
+                             "(with --resume) once it is done")
         remove_stale_temps(out_dir)
 
     # A checkpoint to resume must come from the same model, horizon, LRs, seed and tokenizer.
@@ -946,6 +949,10 @@ if __name__ == "__main__":
         main(mcfg, tcfg)
     except (ValueError, FloatingPointError, OSError) as err:   # bad input, NaN, disk: one line + non-zero exit
         print(f"train.py: error: {err}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    except torch.cuda.OutOfMemoryError:
+        print("train.py: error: out of GPU memory: lower --device-batch (gradient accumulation keeps the global batch "
+              "and the tokens per step identical), then rerun with --resume", file=sys.stderr, flush=True)
         sys.exit(1)
     except KeyboardInterrupt:
         print("train.py: interrupted; rerun the same command with --resume to continue from the last checkpoint",
