@@ -26,6 +26,9 @@ Decisions (project, stated once here and printed at start-up):
 - BPTT: full unless --n-loops-bwd k is given (never truncated silently; the release's CLI defaulted to k = 4).
 - Resume: --resume continues from out_dir/ckpt.pt if it exists (else starts at step 0), bitwise on CPU. Without
   --resume an existing checkpoint is an error. A finished run (done.json) is returned as is.
+- Run directory (README "Guarantees"): rank 0 holds out_dir/train.lock (an flock; "pid P host H") while it writes, so
+  a second trainer refuses; what a kill leaves (a dead holder's lock, a temporary of an interrupted write, a torn last
+  log line) is named and repaired on the next start. Every numeric flag is checked against LIMITS when parsed.
 - DDP: plain DDP with a replicated optimizer (optimizer.md §4); grads sync only on the last micro-step.
 - Fault hooks for tests (env NANOLOOP_FAULT, comma-separated): "nan@K" makes the loss of step K (1-based) NaN;
   "kill@K" SIGKILLs this process right after step K (and its checkpoint, if one is due). Never set them otherwise.
