@@ -368,8 +368,7 @@ def test_mini_failed_worker_stops_the_others_and_is_named(tmp_path, tiny_data):
     """A grid whose data does not fit (seq_len 32 vs the grid's 128): the first worker to fail names its run and
     log, the other worker is stopped, the script exits 1; the OUT path has a space in it."""
     out = tmp_path / "mini study"
-    (out / "runs").mkdir(parents=True)
-    (out / ".nanoloop-mini").write_text("")
+    (out / "runs").mkdir(parents=True)                           # the layout an earlier mini.sh leaves: adopted
     (out / "tokenizer.model").write_text("(unused: the data below exists)\n")
     shutil.copytree(tiny_data, out / "data")
     before = snapshot(tmp_path)
