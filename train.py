@@ -494,12 +494,14 @@ def peak_memory(device) -> tuple:
 def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     """Train one run; return its record (the content of out_dir/done.json; the bench figures in bench mode).
     The run's writer lock (rule 4), taken by _main once the config is checked, is released however it ends."""
-    held = []                                # [(fd, out_dir)] of the lock _main takes
+    held = []                                # [(fd, out_dir, created)] of the lock _main takes
     try:
         return _main(model_cfg, train_cfg, held)
     finally:
-        for fd, folder in held:
+        for fd, folder, created in held:
             release_lock(fd, folder)
+            if created and not os.listdir(folder):   # a start that failed leaves no empty folder behind
+                os.rmdir(folder)
 
 
 def _main(model_cfg: ModelConfig, train_cfg: TrainConfig, held: list) -> dict:
@@ -662,7 +664,8 @@ def _main(model_cfg: ModelConfig, train_cfg: TrainConfig, held: list) -> dict:
     # From here on this process writes out_dir: take its lock (one writer per run directory), then repair what a
     # killed predecessor may have left: temporaries of an interrupted write (the torn log tail is handled below).
     if master and not no_data:
-        held.append((acquire_lock(out_dir), out_dir))
+        created = not os.path.isdir(out_dir)
+        held.append((acquire_lock(out_dir), out_dir, created))
         if os.path.exists(done_path) or (not tc.resume and os.path.exists(ckpt_path)):
             raise ValueError(f"another trainer wrote {out_dir} while this one was starting; rerun the same command "
                              "(with --resume) once it is done")
@@ -779,12 +782,19 @@ def _main(model_cfg: ModelConfig, train_cfg: TrainConfig, held: list) -> dict:
     elif tc.resume and not bench:
         print0(f"--resume: no {ckpt_path} yet; starting at step 0")
     if master and not bench:
-        # A full checkpoint write needs room for the new file beside the previous one: say so now, not at step 1000.
-        need = 4 * sum(p.numel() * p.element_size() for p in raw_model.parameters())  # weights + optimizer state
+        # A checkpoint is written beside the previous one, then replaces it: if the disk cannot hold the writes to
+        # come, say so now rather than at step 1000. A checkpoint is at most weights + two optimizer moments each
+        # (AdamW; MuonH keeps one); with two or more writes ahead the disk must hold two checkpoints at once.
+        ce = tc.ckpt_every
+        writes = 0 if start_step >= total_steps else (
+            (total_steps // ce - start_step // ce if ce else 0) + (0 if ce and total_steps % ce == 0 else 1))
+        est = 3 * sum(p.numel() * p.element_size() for p in raw_model.parameters()) + 2**16
+        old = os.path.getsize(ckpt_path) if os.path.exists(ckpt_path) else 0
+        need = 0 if writes == 0 else est if writes == 1 else 2 * est - min(old, est)
         st = os.statvfs(out_dir)
         if st.f_bavail * st.f_frsize < need:
-            raise ValueError(f"--out-dir {out_dir!r} has {st.f_bavail * st.f_frsize:,} bytes free, but a checkpoint "
-                             f"needs about {need:,}: free some space or pick another --out-dir")
+            raise ValueError(f"--out-dir {out_dir!r} has {st.f_bavail * st.f_frsize:,} bytes free, but its {writes} "
+                             f"checkpoint write(s) need about {need:,}: free some space or pick another --out-dir")
         # Keep the log up to the checkpoint (later lines are about to be redone); a torn last line is dropped.
         records = read_log(log_path, start_step)
         atomic_write(log_path, lambda tmp: pathlib.Path(tmp).write_text("".join(records)))

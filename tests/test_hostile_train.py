@@ -174,7 +174,7 @@ def test_disk_too_full_for_a_checkpoint_fails_before_training(tmp_path, capsys, 
                         if str(p).startswith(str(tmp_path)) else real(p))
     code, out, err = cli(tiny(tiny_data, tmp_path / "run", "--steps", "2"), capsys, monkeypatch)
     one_error_line(code, out, err, 1, "--out-dir", "4,096 bytes free")
-    assert "step 00001" not in out and not (tmp_path / "run" / "ckpt.pt").exists()
+    assert "step 00001" not in out and not (tmp_path / "run").exists()      # not even an empty folder left
 
 
 def test_disk_full_during_checkpoint_keeps_the_previous_one(tmp_path, capsys, monkeypatch, tiny_data):
