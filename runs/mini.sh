@@ -105,7 +105,7 @@ trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; echo "[mini] interrupted: r
 export OMP_NUM_THREADS=1
 
 for tmp in "$OUT"/.*.tmp; do                  # temporaries of an interrupted atomic write (never complete files)
-  if [[ -f "$tmp" && "$(basename "$tmp")" =~ ^\..+\.[0-9a-f]{8}\.tmp$ ]]; then
+  if [[ -f "$tmp" && "$(basename "$tmp")" =~ ^\..+\.([0-9a-f]{8}|[0-9]+)\.tmp$ ]]; then
     rm -f "$tmp"; say "removed $tmp, a temporary file left by an interrupted write"
   fi
 done
@@ -133,7 +133,8 @@ fi
 n_todo=0
 for i in "${!NAMES[@]}"; do [[ -f "$RUNS/${NAMES[$i]}/done.json" ]] || n_todo=$((n_todo + 1)); done
 say "grid: ${#NAMES[@]} runs (${n_todo} to train), budgets ${BUDGETS[*]}, r in {${LOOPS[*]}}, $JOBS workers"
-for (( i = ${#NAMES[@]} - 1; i >= 0; i-- )); do echo "${NAMES[$i]} ${ARCH[*]} ${ARGS[$i]}"; done > "$OUT/launch.txt"
+for (( i = ${#NAMES[@]} - 1; i >= 0; i-- )); do echo "${NAMES[$i]} ${ARCH[*]} ${ARGS[$i]}"; done > "$OUT/.launch.txt.$$.tmp"
+mv -f "$OUT/.launch.txt.$$.tmp" "$OUT/launch.txt"           # atomic, like every file nanoloop writes
 for n in "${NAMES[@]}"; do                                 # claims of an interrupted invocation (empty folders)
   if [[ -d "$RUNS/$n.claim" ]]; then rmdir "$RUNS/$n.claim"; fi
 done
