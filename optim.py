@@ -11,19 +11,25 @@ Implements paper §4.1 and App. D (recipe, LR sweep and transfer), following Hyp
         with w = (d/640)^-1/2 and b = (B/262,144)^0.558.  Schedule: lr_mult = 0.1 + 0.9 (N - step)/N.
 Run:   python optim.py --scale 10 --tokens 983315200 [--n-loops 1] [--batch-tokens 262144] [--json]
        python optim.py --bench            # MuonH step time for the matrices of one s=10 model, on this CPU
+       torchrun --standalone --nproc_per_node=2 optim.py --bench      # the same, sharded over 2 gloo CPU ranks
 Test:  pytest tests/test_optim.py
 Read in this order: hyperp_lrs -> lr_multiplier -> polar_express -> muonh_update -> MuonHAdamW -> build_optimizer
 Not here: which parameter is a "matrix" (model.py param_groups), the token horizon (flops.py / train.py).
-Distributed: replicated. train.py wraps the model in DDP, so every rank steps on the same all-reduced gradients and
-the same weights; R is cached from those identical weights, so all ranks stay bit-identical without extra traffic.
+Distributed: sharded MuonH (optimizer.md §4). train.py wraps the model in DDP, so after backward every rank holds the
+same all-reduced (mean) gradients. Each rank then runs MuonH only on the whole matrices it owns (a contiguous chunk of
+every same-shape stack), keeps momentum and R only for those, and all-gathers the updated weights; AdamW's small
+tensors stay replicated. state_dict() gathers a full, world-size-independent state; load_state_dict() keeps the
+owned part. World size 1 owns everything and gathers nothing: the replicated optimizer, bit for bit.
 """
 import argparse
 import json
 import math
 import numbers
+import os
 import time
 
 import torch
+import torch.distributed as dist
 
 # -----------------------------------------------------------------------------
 # Constants (paper §4.1 unless stated; "release" = kschwethelm/looped-lm-scaling at ad7d8f3)
@@ -63,7 +69,8 @@ POLAR_EXPRESS_COEFFS = (
 #   - R = ||W||_F per matrix at the first step, cached (per shape group, in the first param's state) and saved.
 #     Here R lives in each parameter's own state: same numbers, and a checkpoint does not depend on the grouping.
 #   - LRs: MuonH gets batch x data factors, no width factor; wte / lm_head get batch x width; norm (0.005) and
-#     hc (0.01) get width only. D_ref from a meta-device reference model (0-20-0 for r=1, 2-4-2 r=4 for looped).
+#     hc (0.01) get width only. D_ref from a meta-device reference model (0-20-0 for r=1, 2-4-2 for looped),
+#     its effective params counted at the training run's r (base_train.py get_scaling_params uses the run's r).
 #   - schedule: get_lr_multiplier with warmup 0 and a warmdown over all N steps to final_lr_frac 0.1.
 #   - the fused kernel rounds the update and eta to bf16 on GPU; here eta is applied in fp32 (project choice).
 
@@ -80,26 +87,41 @@ def _positive(name, value):
 # -----------------------------------------------------------------------------
 # HyperP learning-rate transfer (paper §4.1, App. D.2)
 
-def reference_tokens(n_loops, d_model=D_MODEL_REF, n_layers_eff=20, ratio=REF_DATA_RATIO, ref_loops=4):
-    """D_ref: `ratio` x the reuse-weighted, embedding-free parameter count of the family's reference model.
+def reference_tokens(n_loops, d_model=D_MODEL_REF, n_layers_eff=20, n_layers_prelude=2, n_layers_coda=2,
+                     ratio=REF_DATA_RATIO, ref_loops=4):
+    """D_ref: `ratio` x the reuse-weighted, embedding-free parameter count of the family's s=10 reference model,
+    counted at the TRAINING run's r = n_loops (App. D.2; optimizer.md §2.3).
 
-    The release (base_train.py, build_reference_model + effective_params) fixes one reference per family at s=10:
-    r=1 -> the 0-20-0 passthrough model; any looped r -> the 2-4-2, r=4, linear-injection model. Counting each
-    parameter once per use (gains included, embeddings excluded):
-        r = 1:   l_eff (12 d^2 + 2 d) + 3 d             = 240 d^2 + 43 d -> D_ref =   983,315,200 at d = 640
-        looped:  same + ref_loops * 2 d^2 (W_inject)    = 248 d^2 + 43 d -> D_ref = 1,016,083,200
-    (12 d^2 per block: Q, K, V, O and the 4x MLP; 2 d: its two RMSNorm gains; 3 d: the three model norms.)
-    D_ref must stay an absolute constant: one that followed the current model would cancel the horizon correction.
-    A scaled-down study (other width or l_eff) may pass its own reference width/depth here, i.e. D_ref = 10 x the
-    effective params of its own reference model, and hand the result to hyperp_lrs(d_ref=...).
+    The release (scripts/base_train.py, build_reference_model + get_scaling_params) builds one reference per family
+    at s = 10 and takes its effective params with the run's own num_recur, not the reference's:
+        r = 1:   0-20-0 passthrough     l_eff (12 d^2 + 2 d) + 3 d                          -> 983,315,200 at d = 640
+        r > 1:   2-4-2 linear injection (p + c)(12 d^2 + 2 d) + 3 d + r [l_rec (12 d^2 + 2 d) + 2 d^2]
+                 = 19,667,840 + r 20,485,120 at d = 640  ->  D_ref = 606,380,800 (r=2), 1,016,083,200 (r=4),
+                   1,835,488,000 (r=8)
+    (12 d^2 per block: Q, K, V, O and the 4x MLP; 2 d: its two RMSNorm gains; 3 d: the three model norms; 2 d^2:
+    W_inject, run once per loop.) So the looped reference is NOT one constant: an r=2 run is referenced against a
+    smaller D_ref than an r=8 run, which moves its MuonH LR by (D_ref(r)/D_ref(4))^0.32 (1.18x less at r=2).
+    D_ref must not follow the current model's width: that would cancel the horizon correction.
+
+    Other depths / aspect ratios (a project generalisation; the paper's grid gives the release's numbers): the
+    reference keeps the run's l_eff and prelude/coda, with a recurrent block of (l_eff - p - c) / ref_loops layers
+    (the 2-4-2 shape at l_eff = 20; 1-2-1 for the CPU mini study's l_eff = 10; a fractional count is kept as it is,
+    it only sets a constant). d_model is the reference width,
+    s = 10 x the run's aspect ratio rounded up to a multiple of head_dim, as the release rounds it.
     """
     for name, v in (("n_loops", n_loops), ("d_model", d_model), ("n_layers_eff", n_layers_eff),
                     ("ratio", ratio), ("ref_loops", ref_loops)):
         _positive(name, v)
-    effective = n_layers_eff * (12 * d_model ** 2 + 2 * d_model) + 3 * d_model
-    if n_loops > 1:
-        effective += ref_loops * 2 * d_model ** 2     # W_inject (d x 2d) runs once per loop
-    return int(ratio * effective)
+    block = 12 * d_model ** 2 + 2 * d_model           # one transformer block, gains included (§3.2 n_b + norms)
+    if n_loops == 1:                                  # r=1 family: one plain stack, passthrough, no W_inject
+        return int(ratio * (n_layers_eff * block + 3 * d_model))
+    once = n_layers_prelude + n_layers_coda
+    l_rec = (n_layers_eff - once) / ref_loops         # 4 at the paper's 2-4-2
+    if l_rec <= 0:
+        raise ValueError(f"reference: l_eff {n_layers_eff} leaves no recurrent layers after prelude {n_layers_prelude}"
+                         f" + coda {n_layers_coda}")
+    effective = once * block + 3 * d_model + n_loops * (l_rec * block + 2 * d_model ** 2)   # counted at the run's r
+    return int(round(ratio * effective))
 
 
 def hyperp_factors(d_model, n_loops, tokens, batch_tokens=BATCH_REF, d_ref=None, d_model_ref=D_MODEL_REF,
@@ -166,10 +188,11 @@ def set_lr_multiplier(optimizer, mult):
 # -----------------------------------------------------------------------------
 # MuonH math (HyperP; release nanochat/optim.py muon_step_fused)
 
-def polar_express(G, steps=NS_STEPS):
+def polar_express(G, steps=NS_STEPS, bf16=None):
     """Approximate polar factor U V^T of each matrix in G (..., rows, cols), with singular values in [0.859, 1.141].
 
-    bf16 on CUDA (as the release), fp32 on CPU (fp64 stays fp64: the DDP test runs in fp64). The input is
+    bf16 on CUDA (as the release), fp32 on CPU (fp64 stays fp64: the DDP test runs in fp64); bf16=True/False forces
+    it (train.py --precision: bf16 on CPU runs the CUDA numerics, fp32 on CUDA the CPU ones). The input is
     pre-scaled by 1.02 ||G||_F so all singular values lie below 1, where the polynomials are designed to work. A tall
     matrix is iterated on its transpose so the Gram matrix A is the small (min x min) one;
     p(X) = a X + (b A + c A^2) X with A = X X^T is the odd quintic above.
@@ -178,7 +201,8 @@ def polar_express(G, steps=NS_STEPS):
         raise ValueError(f"polar_express needs matrices (..., rows, cols), got shape {tuple(G.shape)}")
     if not 1 <= steps <= len(POLAR_EXPRESS_COEFFS):
         raise ValueError(f"steps must be in [1, {len(POLAR_EXPRESS_COEFFS)}], got {steps}")
-    X = G.to(torch.bfloat16 if G.is_cuda else torch.promote_types(G.dtype, torch.float32))   # fp64 stays fp64
+    bf16 = G.is_cuda if bf16 is None else bf16
+    X = G.to(torch.bfloat16 if bf16 else torch.promote_types(G.dtype, torch.float32))   # fp64 stays fp64
     X = X / (X.norm(dim=(-2, -1), keepdim=True) * 1.02 + 1e-6)     # ||X||_2 <= ||X||_F < 1
     tall = X.size(-2) > X.size(-1)
     if tall:
@@ -189,7 +213,7 @@ def polar_express(G, steps=NS_STEPS):
     return X.mT if tall else X
 
 
-def muonh_update(grad, momentum_buffer, radius, momentum=MUONH_MOMENTUM, ns_steps=NS_STEPS):
+def muonh_update(grad, momentum_buffer, radius, momentum=MUONH_MOMENTUM, ns_steps=NS_STEPS, bf16=None):
     """MuonH update U (K, rows, cols) with ||U_k||_F = R_k, for a stack of K same-shape matrices.
 
     grad: (K, rows, cols); momentum_buffer: same shape, updated in place; radius: (K, 1, 1) fp32.
@@ -199,13 +223,29 @@ def muonh_update(grad, momentum_buffer, radius, momentum=MUONH_MOMENTUM, ns_step
     momentum_buffer.lerp_(grad, 1 - momentum)                       # m <- mu m + (1-mu) g
     nesterov = grad.lerp(momentum_buffer, momentum)                 # n = g + mu (m - g): Nesterov look-ahead
     work = torch.promote_types(grad.dtype, torch.float32)          # fp32 (fp64 if the params are fp64)
-    O = polar_express(nesterov, ns_steps).to(work)                  # (K, rows, cols)
+    O = polar_express(nesterov, ns_steps, bf16).to(work)            # (K, rows, cols)
     O_norm = O.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10)    # (K, 1, 1)
     return (O * (radius / O_norm)).to(grad.dtype)                   # U: ||U||_F = R, so ||U||/||W|| = 1
 
 
 # -----------------------------------------------------------------------------
 # The optimizer: one object, MuonH groups + AdamW groups, so one state_dict holds everything
+#
+# Distributed step (optimizer.md §4). The release has no DDP: its optimizer reduce-scatters every same-shape gradient
+# stack, so rank k receives the mean gradients of whole matrices [k c, (k+1) c), orthogonalises only those, and
+# all-gathers the results. nanoloop keeps DDP in train.py, and DDP has already all-reduced every gradient during the
+# backward (bucket by bucket, overlapped with it). An all-reduce is a reduce-scatter plus an all-gather, so every
+# rank already holds the mean gradients of the matrices it owns and simply slices them ("all-reduce + slice"): no
+# gradient traffic of the optimizer's own, no no_sync bookkeeping, AdamW untouched. Sharding then saves what it is
+# for: each rank runs 1/W of the Polar Express FLOPs and keeps 1/W of the momenta and radii. Against a replicated
+# optimizer it adds one fp32 all-gather of the matrices per step (launched per stack, overlapping the next stack and
+# AdamW; its receive buffers are one transient param-sized copy); against the release, that is one all-gather of
+# gradient volume more, hidden under the backward. It is exact by construction: the owner computes from the same
+# mean gradient and the same weights what the replicated optimizer computes, and the all-gather copies bits
+# (tests/test_optim.py: 2 and 3 gloo ranks vs 1 process and vs the replicated optimizer: bit-identical on CPU).
+# Ownership: a stack of K matrices is padded to P = ceil(K / W) W slots and rank k owns [k c, (k+1) c) ∩ [0, K),
+# c = P / W, as the release. K < W (the single W_inject) leaves ranks idle: correct, just unbalanced. With W = 1
+# the one rank owns every matrix and no collective runs: the replicated optimizer, on the same code path.
 
 class MuonHAdamW(torch.optim.Optimizer):
     """MuonH on "muonh" groups, AdamW on "adamw" groups; one step(), one state_dict().
@@ -217,9 +257,15 @@ class MuonHAdamW(torch.optim.Optimizer):
       AdamW: exp_avg, exp_avg_sq (like the param), step (0-d fp32 on CPU), as torch.optim.AdamW.
     No weight decay anywhere (first-order no-op on the sphere, HyperP Thm 1; paper §4.1), no gradient clipping,
     no NorMuon second moment (the release's docstring mentions one; its kernel has none).
+
+    shard=True under an initialised torch.distributed splits MuonH over the default group's ranks (the design note
+    above): MuonH state then exists only for owned matrices. Without a process group, or with shard=False, every rank
+    owns every matrix: the replicated optimizer, with no collective anywhere. Sharded, every rank must call step()
+    and state_dict() (collectives) with identical, already averaged gradients, which DDP provides.
     """
 
-    def __init__(self, param_groups):
+    def __init__(self, param_groups, shard=True, polar_bf16=None):
+        self.polar_bf16 = polar_bf16    # Polar Express in bf16: None = on CUDA only (see polar_express)
         groups = []
         for i, g in enumerate(param_groups):
             g = dict(g)
@@ -250,6 +296,28 @@ class MuonHAdamW(torch.optim.Optimizer):
             g["initial_lr"] = g["lr"]
             groups.append(g)
         super().__init__(groups, defaults={})   # raises if a parameter appears in two groups
+        distributed = shard and dist.is_available() and dist.is_initialized()
+        self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+        # The ownership plan, fixed here and identical on every rank: per group, its same-shape MuonH stacks.
+        self._stacks = [self._plan(g) if g["kind"] == "muonh" else [] for g in self.param_groups]
+        self._not_owned = {id(p) for stacks in self._stacks for params, lo, hi, _ in stacks
+                           for i, p in enumerate(params) if not lo <= i < hi}
+        self._checked = set()    # stacks whose init norms every rank has checked (first step)
+
+    def _plan(self, group):
+        """[(params, lo, hi, c)] per same-shape stack of a MuonH group: this rank owns params[lo:hi], c per rank.
+
+        Stacking same-shape matrices (Q, K, V, O, fc, proj, inject of all blocks) makes each Polar Express iteration
+        one batched matmul per shape; norms stay per slice, so it equals running every matrix on its own."""
+        buckets = {}
+        for p in group["params"]:
+            buckets.setdefault((tuple(p.shape), p.dtype, p.device), []).append(p)
+        plan = []
+        for params in buckets.values():
+            c = -(-len(params) // self.world)                      # ceil(K / W) slots per rank
+            lo = min(self.rank * c, len(params))
+            plan.append((params, lo, min(lo + c, len(params)), c))
+        return plan
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -257,44 +325,66 @@ class MuonHAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
-            (self._step_muonh if group["kind"] == "muonh" else self._step_adamw)(group)
+        gathers = []        # MuonH all-gathers in flight while the next stack and AdamW compute
+        for group, stacks in zip(self.param_groups, self._stacks):
+            if group["kind"] == "muonh":
+                for stack in stacks:
+                    gathers += self._step_muonh(group, *stack)
+            else:
+                self._step_adamw(group)                            # replicated: small tensors, every rank
+        for handle, full, params, lo, hi in gathers:               # finish: copy in the matrices others own
+            handle.wait()
+            for i, p in enumerate(params):
+                if not lo <= i < hi:
+                    p.copy_(full[i])
         return loss
 
-    def _step_muonh(self, group):
-        # Stack same-shape matrices (Q, K, V, O, fc, proj, inject of all blocks) so each Polar Express iteration is
-        # one batched matmul per shape; norms stay per slice, so this equals running every matrix on its own.
-        buckets = {}
-        for p in group["params"]:
-            if p.grad is not None:
-                buckets.setdefault((tuple(p.shape), p.dtype, p.device), []).append(p)
-        for params in buckets.values():
-            states = [self.state[p] for p in params]
-            new = [i for i, s in enumerate(states) if not s]
-            rdt = torch.promote_types(params[0].dtype, torch.float32)           # R in fp32 (fp64 for fp64 params)
-            radii = {i: torch.linalg.vector_norm(params[i], dtype=rdt) for i in new}
-            for i, R in radii.items():      # check all before touching any state, so an error leaves none behind
-                r = R.item()                # one host sync per matrix, at the first step only
-                if not (math.isfinite(r) and r > 0):
-                    idx = next(j for j, q in enumerate(group["params"]) if q is params[i])
-                    raise ValueError(f"group {group['name']!r}: matrix #{idx} ({params[i].shape[0]}x"
-                                     f"{params[i].shape[1]}) has Frobenius norm {r}; MuonH's radius R = ||W_0||_F "
-                                     f"must be > 0 or the matrix can never move (initialise it non-zero, App. C.1)")
-            for i, R in radii.items():      # first step: cache R from the init weights (fp32), zero momentum
-                states[i].update(R=R, momentum_buffer=torch.zeros_like(params[i]), step=torch.tensor(0.0))
-            W = torch.stack(params)                                            # (K, rows, cols)
-            G = torch.stack([p.grad for p in params])                          # (K, rows, cols)
-            M = torch.stack([s["momentum_buffer"] for s in states])            # (K, rows, cols)
-            R = torch.stack([s["R"] for s in states]).view(-1, 1, 1)           # (K, 1, 1) fp32
-            U = muonh_update(G, M, R, group["momentum"], group["ns_steps"])    # (K, rows, cols), ||U_k|| = R_k
+    def _step_muonh(self, group, params, lo, hi, c):
+        """MuonH on the owned matrices params[lo:hi] of one same-shape stack (their gradients are already the mean
+        over ranks: DDP), then launch the all-gather of the owned chunk. Returns the pending gathers ([] if W = 1)."""
+        live = [p for p in params if p.grad is not None]           # same on every rank: DDP grads every param
+        if not live:
+            return []
+        own = params[lo:hi]
+        rdt = torch.promote_types(params[0].dtype, torch.float32)             # R in fp32 (fp64 for fp64 params)
+        new = [p for p in own if p.grad is not None and not self.state[p]]
+        # First step of this stack: every rank checks every matrix, so a zero init fails on all ranks at once
+        # instead of leaving the others waiting in the all-gather. Checked before any state is touched.
+        check = new if id(params[0]) in self._checked else live
+        radii = {id(p): torch.linalg.vector_norm(p, dtype=rdt) for p in check + new}
+        for p in check:
+            r = radii[id(p)].item()         # one host sync per matrix, at the first step only
+            if not (math.isfinite(r) and r > 0):
+                idx = next(j for j, q in enumerate(group["params"]) if q is p)
+                raise ValueError(f"group {group['name']!r}: matrix #{idx} ({p.shape[0]}x{p.shape[1]}) has Frobenius "
+                                 f"norm {r}; MuonH's radius R = ||W_0||_F must be > 0 or the matrix can never move "
+                                 f"(initialise it non-zero, App. C.1)")
+        self._checked.add(id(params[0]))
+        for p in new:                       # first step: cache R from the init weights (fp32), zero momentum
+            self.state[p].update(R=radii[id(p)], momentum_buffer=torch.zeros_like(p), step=torch.tensor(0.0))
+        act = [p for p in own if p.grad is not None]
+        if act:
+            states = [self.state[p] for p in act]
+            W = torch.stack(act)                                               # (k, rows, cols), k <= c owned
+            G = torch.stack([p.grad for p in act])                             # (k, rows, cols) mean gradients
+            M = torch.stack([s["momentum_buffer"] for s in states])            # (k, rows, cols)
+            R = torch.stack([s["R"] for s in states]).view(-1, 1, 1)           # (k, 1, 1) fp32
+            U = muonh_update(G, M, R, group["momentum"], group["ns_steps"],
+                              self.polar_bf16)                       # (k, rows, cols), ||U_i|| = R_i
             W.sub_(U, alpha=group["lr"])             # W' = W - eta U, eta applied in fp32 (the release rounds it
             #                                          to bf16: 0.014 -> 0.013977; a project choice)
             W_norm = torch.linalg.vector_norm(W, dim=(-2, -1), keepdim=True, dtype=rdt).clamp_min(1e-10)
             W.mul_((R / W_norm).to(W.dtype))         # retract: W = R W' / ||W'||_F
-            for p, s, w, m in zip(params, states, W.unbind(0), M.unbind(0)):
+            for p, s, w, m in zip(act, states, W.unbind(0), M.unbind(0)):
                 p.copy_(w)
                 s["momentum_buffer"].copy_(m)
                 s["step"] += 1
+        if self.world == 1:                  # owns the whole stack: nothing to gather (the replicated optimizer)
+            return []
+        # Every rank sends its c owned slots (zero-padded past K) and receives the whole padded stack.
+        send = torch.stack(own + [torch.zeros_like(params[0])] * (c - len(own)))         # (c, rows, cols)
+        full = send.new_empty((c * self.world, *params[0].shape))                      # (P, rows, cols)
+        return [(dist.all_gather_into_tensor(full, send, async_op=True), full, params, lo, hi)]
 
     def _step_adamw(self, group):
         # Single-tensor AdamW exactly as torch.optim.AdamW computes it (decoupled WD = 0, so no decay term).
@@ -313,8 +403,42 @@ class MuonHAdamW(torch.optim.Optimizer):
             denom = (s["exp_avg_sq"].sqrt() / math.sqrt(1 - beta2 ** t)).add_(group["eps"])
             p.addcdiv_(s["exp_avg"], denom, value=-step_size)
 
+    def state_dict(self):
+        """torch's state_dict, in the replicated format whatever the world size: every MuonH matrix's R, momentum
+        and step, gathered from their owners (a collective when sharded; every rank gets the full state).
+
+        So a checkpoint does not depend on the world size it was written at: load_state_dict at any world size keeps
+        the part it owns. The full momenta exist on every rank only during this call (one param-sized copy)."""
+        sd = super().state_dict()                  # AdamW and owned MuonH state; positions index the params
+        if self.world == 1:
+            return sd
+        index = {id(p): i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
+        for params, lo, hi, c in (stack for stacks in self._stacks for stack in stacks):
+            p0 = params[0]
+            M = torch.zeros((c, *p0.shape), dtype=p0.dtype, device=p0.device)     # (c, rows, cols) owned momenta
+            meta = torch.zeros((c, 3), dtype=torch.float64, device=p0.device)     # (has state, R, step): fp64
+            for j, p in enumerate(params[lo:hi]):                                 # holds fp32 R and counts exactly
+                s = self.state.get(p)
+                if s:
+                    M[j] = s["momentum_buffer"]
+                    meta[j, 0], meta[j, 1], meta[j, 2] = 1.0, s["R"], s["step"]
+            M_all, meta_all = M.new_empty((c * self.world, *p0.shape)), meta.new_empty((c * self.world, 3))
+            dist.all_gather_into_tensor(M_all, M)
+            dist.all_gather_into_tensor(meta_all, meta)
+            meta_all = meta_all.cpu()
+            rdt = torch.promote_types(p0.dtype, torch.float32)
+            for i, p in enumerate(params):
+                sd["state"].pop(index[id(p)], None)
+                if meta_all[i, 0]:                  # same keys, dtypes and devices as the replicated optimizer's
+                    sd["state"][index[id(p)]] = {"R": meta_all[i, 1].to(device=p.device, dtype=rdt),
+                                                 "momentum_buffer": M_all[i].clone(),
+                                                 "step": meta_all[i, 2].to(torch.float32)}
+        sd["state"] = dict(sorted(sd["state"].items()))
+        return sd
+
     def load_state_dict(self, state_dict):
-        """As torch's, but refuses a group layout that does not match and keeps R in fp32.
+        """As torch's, but refuses a group layout that does not match, keeps R in fp32, and keeps only the MuonH
+        state of owned matrices (any full-format state_dict loads at any world size, including replicated ones).
 
         torch casts every floating state tensor to its parameter's dtype on load; R must stay fp32 (a bf16 radius
         would move the sphere), so it is restored from the saved tensor afterwards.
@@ -324,21 +448,26 @@ class MuonHAdamW(torch.optim.Optimizer):
             raise ValueError("optimizer state_dict has a different group layout: "
                              f"{[(g.get('name'), g.get('kind')) for g in saved]} vs "
                              f"{[(g['name'], g['kind']) for g in self.param_groups]}")
-        super().load_state_dict(state_dict)
         ids = [i for g in saved for i in g["params"]]
         params = [p for g in self.param_groups for p in g["params"]]
+        if len(ids) != len(params):
+            raise ValueError(f"optimizer state_dict holds {len(ids)} parameters, this optimizer {len(params)}")
+        keep = {pid: state_dict["state"][pid] for pid, p in zip(ids, params)
+                if pid in state_dict["state"] and id(p) not in self._not_owned}
+        super().load_state_dict({**state_dict, "state": keep})
         for pid, p in zip(ids, params):
-            R = state_dict["state"].get(pid, {}).get("R")
+            R = keep.get(pid, {}).get("R")
             if R is not None:
                 rdt = torch.promote_types(p.dtype, torch.float32)
                 self.state[p]["R"] = R.detach().to(device=p.device, dtype=rdt).clone()
 
 
-def build_optimizer(groups, lrs):
+def build_optimizer(groups, lrs, shard=True, polar_bf16=None):
     """One MuonHAdamW over the model's labelled groups (LoopedGPT.param_groups()) with peak LRs from hyperp_lrs.
 
     "matrix" -> MuonH at lrs["muonh_lr"]; "wte", "lm_head", "norm", "hc" -> AdamW at lrs["<name>_lr"].
-    Empty groups are skipped (e.g. no "hc" without hyperconnections). Under DDP build it on every rank.
+    Empty groups are skipped (e.g. no "hc" without hyperconnections). Under DDP build it on every rank; shard
+    splits MuonH over the ranks (MuonHAdamW), shard=False keeps a replicated optimizer.
     """
     if not isinstance(groups, dict) or set(groups) - set(GROUPS):
         raise ValueError(f"groups must be a dict with keys from {list(GROUPS)}, got "
@@ -354,14 +483,17 @@ def build_optimizer(groups, lrs):
         param_groups.append(dict(name=name, kind=kind, params=params, lr=lrs[lr_key]))
     if not param_groups:
         raise ValueError("build_optimizer got no parameters in any group")
-    return MuonHAdamW(param_groups)
+    return MuonHAdamW(param_groups, shard=shard, polar_bf16=polar_bf16)
 
 
 # -----------------------------------------------------------------------------
 # CLI: the peak-LR table of a run, and a MuonH step benchmark
 
 def bench(d_model=D_MODEL_REF, n_loops=1, steps=3, seed=0):
-    """Seconds per MuonH step (CPU, fp32) for every matrix of one model: 6 shapes per block, plus W_inject if r > 1."""
+    """Seconds per MuonH step (CPU, fp32) for every matrix of one model: 6 shapes per block, plus W_inject if r > 1.
+
+    Under an initialised process group (torchrun) the step is sharded: every rank draws the same gradients (what DDP
+    leaves behind), runs Polar Express on the matrices it owns and all-gathers the rest; the time includes that."""
     if n_loops < 1 or 16 % n_loops:
         raise ValueError(f"n_loops must divide 16 (iso-depth layout, §3.1), got {n_loops}")
     n_blocks = 20 if n_loops == 1 else 4 + 16 // n_loops        # 0-20-0, or 2-(16/r)-2 unique blocks
@@ -375,13 +507,17 @@ def bench(d_model=D_MODEL_REF, n_loops=1, steps=3, seed=0):
         p.grad = torch.randn(p.shape, generator=gen)
     opt = MuonHAdamW([dict(kind="muonh", name="matrix", params=params, lr=MUONH_LR)])
     opt.step()                                                  # warm-up: caches R, allocates momenta
-    times = []
+    times, cpu = [], []
     for _ in range(steps):
-        t0 = time.perf_counter()
+        if opt.world > 1:
+            dist.barrier()                                      # all ranks start the timed step together
+        t0, c0 = time.perf_counter(), time.process_time()
         opt.step()
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)                    # this rank's CPU time: robust on a shared machine
     return {"n_matrices": len(params), "n_blocks": n_blocks, "seconds_per_step": sum(times) / len(times),
-            "min_seconds": min(times), "threads": torch.get_num_threads()}
+            "cpu_seconds_per_step": sum(cpu) / len(cpu),
+            "min_seconds": min(times), "threads": torch.get_num_threads(), "world": opt.world, "rank": opt.rank}
 
 
 def main(argv=None):
@@ -390,7 +526,7 @@ def main(argv=None):
     p.add_argument("--scale", type=int, help="width scale s; d_model = aspect_ratio * s")
     p.add_argument("--aspect-ratio", type=int, default=64, help="d_model per unit of scale (paper: 64)")
     p.add_argument("--tokens", type=float, help="training tokens D (grid runs: int(C / F_train))")
-    p.add_argument("--n-loops", type=int, default=1, help="r; selects the D_ref family (r=1 vs looped)")
+    p.add_argument("--n-loops", type=int, default=1, help="r; selects the D_ref family and the r it is counted at")
     p.add_argument("--batch-tokens", type=int, default=BATCH_REF, help="tokens per optimizer step B")
     p.add_argument("--base-lr", type=float, default=MUONH_LR, help="MuonH base LR fed to HyperP")
     p.add_argument("--d-ref", type=float, default=None, help="override D_ref (default: the family constant)")
@@ -400,14 +536,21 @@ def main(argv=None):
     a = p.parse_args(argv)
     if a.bench:
         d = a.aspect_ratio * (a.scale or 10)
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:         # under torchrun: sharded MuonH over gloo CPU ranks
+            dist.init_process_group("gloo")
         try:
             r = bench(d, a.n_loops, a.bench_steps)
         except ValueError as e:
             p.error(str(e))
-        print(f"MuonH step, CPU fp32, d_model {d}, r={a.n_loops}: {r['n_matrices']} matrices "
-              f"({r['n_blocks']} blocks x 6 shapes{' + inject' if a.n_loops > 1 else ''}) | "
-              f"{r['seconds_per_step']:.3f} s/step (mean of {a.bench_steps}, min {r['min_seconds']:.3f}) | "
-              f"{r['threads']} threads")
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        if r["rank"] == 0:
+            ranks = f"{r['world']} ranks (sharded, gloo)" if r["world"] > 1 else "1 rank"
+            print(f"MuonH step, CPU fp32, d_model {d}, r={a.n_loops}: {r['n_matrices']} matrices "
+                  f"({r['n_blocks']} blocks x 6 shapes{' + inject' if a.n_loops > 1 else ''}) | {ranks} | "
+                  f"{r['seconds_per_step']:.3f} s/step (mean of {a.bench_steps}, min {r['min_seconds']:.3f}; "
+                  f"rank-0 CPU {r['cpu_seconds_per_step']:.3f} s) | {r['threads']} threads per rank")
         return r
     if a.scale is None or a.tokens is None:
         p.error("--scale and --tokens are required (or pass --bench)")
@@ -418,9 +561,11 @@ def main(argv=None):
     except ValueError as e:
         p.error(str(e))
     if a.json:
-        print(json.dumps(lrs))
-        return lrs
-    family = "r=1 family: 0-20-0 ref" if a.n_loops == 1 else "looped family: 2-4-2 r=4 ref"
+        out = {**lrs, "d_ref": int(f["d_ref"])}
+        print(json.dumps(out))
+        return out
+    family = ("r=1 family: 0-20-0 ref" if a.n_loops == 1 else
+              f"looped family: 2-4-2 ref counted at r={a.n_loops}")
     print(f"HyperP peak LRs | d_model {d} (s={a.scale}) | r={a.n_loops} | D {int(a.tokens):,} | B {a.batch_tokens:,}")
     print(f"  w = (d/{d_model_ref})^-0.5 = {f['width']:.6f} | b = (B/{BATCH_REF})^{BATCH_EXP} = {f['batch']:.6f} | "
           f"(D/D_ref)^-{DATA_EXP} = {f['data']:.6f}, D_ref {int(f['d_ref']):,} "

@@ -11,6 +11,8 @@ Run:   single GPU   python train.py --flops-budget 1e18 --n-loops 4 --scale 10 -
                         --eval-tokens 8192 --data DIR --out-dir out/cpu
        throughput   python train.py --bench-steps 10 --scale 2 --n-loops 4 --seq-len 256 --batch-tokens 4096 ...
        plan only    python train.py --flops-budget 1e18 --n-loops 4 --scale 10 --plan    (steps, tokens, LRs, cost)
+       fine-tune    python train.py --init-from RUN_OR_RELEASE_DIR --tokens 1e9 --data DIR --out-dir out/ft
+       GPU check    python train.py gpu-check [--cpu-smoke] [--out FILE]      (= bash runs/gpu_check.sh; see gpu_check)
 Test:  pytest tests/test_train.py tests/test_runs.py
 Read in this order: TrainConfig -> parse_args -> main (sections in the order they run) -> save_checkpoint.
 Not here: FLOP/token accounting (flops.py), LR rules and MuonH (optim.py), loader/packing (data.py),
@@ -18,8 +20,9 @@ val_loss (eval.py), the model (model.py).
 
 Decisions (project, stated once here and printed at start-up):
 - Horizon: exactly one of --flops-budget C (steps = round(C / (F B)), the grid, App. E), --tokens D
-  (steps = round(D / B)), --tokens-per-param rho (D = int(rho (N_once + r N_rec)), the App. D LR sweep), --steps N
-  (D = N B, the App. I pair). The HyperP data factor uses the unrounded D: int(C/F), D, int(rho N_eff) or N B.
+  (steps = round(D / B)), --tokens-per-param rho (D = int(rho (N_once + r N_rec)), steps = D // B as the release
+  floors it, the App. D LR sweep), --steps N (D = N B, the App. I pair). The HyperP data factor uses the unrounded
+  D: int(C/F), D, int(rho N_eff) or N B.
 - Vocabulary: if --vocab-size is left at ModelConfig's default (32,001, Llama-2 + 1), the model takes the data
   meta's vocab_size (the authors' prepack records its tokenizer's 32,001, so paper runs keep V_pad = 32,064); an
   explicit value must be >= the data's. seq_len must equal the data's (no silent re-packing).
@@ -29,7 +32,17 @@ Decisions (project, stated once here and printed at start-up):
 - Run directory (README "Guarantees"): rank 0 holds out_dir/train.lock (an flock; "pid P host H") while it writes, so
   a second trainer refuses; what a kill leaves (a dead holder's lock, a temporary of an interrupted write, a torn last
   log line) is named and repaired on the next start. Every numeric flag is checked against LIMITS when parsed.
-- DDP: plain DDP with a replicated optimizer (optimizer.md §4); grads sync only on the last micro-step.
+- DDP: plain DDP (grads sync only on the last micro-step) with MuonH sharded by whole matrices: each rank runs Polar
+  Express on the matrices it owns from DDP's averaged grads and all-gathers them (optim.py, optimizer.md §4). DDP
+  wraps first and torch.compile compiles the wrapped module (DDPOptimizer splits the graph at bucket boundaries, so
+  the all-reduce overlaps the compiled backward); eval runs the uncompiled module (no recompile of the training graph).
+- Precision: --precision bf16 (default on CUDA) = bf16 autocast, bf16 wte and its Adam state, bf16 Polar Express;
+  fp32 (default on CPU) = none of them. bf16 on CPU runs the CUDA code path (CI covers the GPU numerics).
+- Attention: --attn auto picks FA-3 on compute capability 9.x, FA-2 on >= 8.0, SDPA otherwise; a forced backend
+  that cannot run is an error. Printed at start-up and recorded in done.json.
+- Many ranks: rank 0's view of out_dir (done.json, ckpt.pt) decides finish/resume; every rank must see the same
+  files (one shared filesystem) or all abort. The random state init draws one noise tensor per global batch row
+  (seeded by seed and row index), so ranks differ and results do not depend on the world size.
 - Fault hooks for tests (env NANOLOOP_FAULT, comma-separated): "nan@K" makes the loss of step K (1-based) NaN;
   "kill@K" SIGKILLs this process right after step K (and its checkpoint, if one is due). Never set them otherwise.
 """
@@ -64,8 +77,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import flops
 from data import PackedLoader, atomic_write, init_dist, load_tokenizer, print0, read_meta, stale_temps
-from eval import val_loss
-from model import LoopedGPT, ModelConfig
+from eval import load_checkpoint, load_weights, read_checkpoint, val_loss
+from model import ATTN_BACKENDS, LoopedGPT, ModelConfig, resolve_attention
 from optim import build_optimizer, hyperp_lrs, lr_multiplier, reference_tokens, set_lr_multiplier
 
 REPO_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -83,6 +96,8 @@ PLAN_MFU = 0.4             # model FLOPs utilisation assumed for the device-hour
 # The four ways to give the horizon, and the fields a resume must not change (the trajectory depends on them).
 HORIZONS = ("flops_budget", "tokens", "tokens_per_param", "steps")
 RESUME_KEYS = HORIZONS + ("batch_tokens", "muonh_lr", "d_ref", "lr_batch_ref", "seed")
+CKPT_KEYS = ("model", "optimizer", "loader", "rng", "step", "val_loss", "wall_time_s", "tokenizer_hash",
+             "model_config", "train_config")     # what checkpoint() writes and a resume reads (eval.read_checkpoint)
 
 
 # -----------------------------------------------------------------------------
@@ -93,7 +108,7 @@ class TrainConfig:
     # horizon: exactly one of the four (bench mode may give none)
     flops_budget: Optional[float] = None    # C in FLOPs; steps = round(C / (F B)) (App. E; architecture §8.3)
     tokens: Optional[int] = None            # D; steps = round(D / B) (matched-token runs)
-    tokens_per_param: Optional[float] = None  # rho; D = int(rho (N_once + r N_rec)) (App. D.1 LR sweep: rho = 10)
+    tokens_per_param: Optional[float] = None  # rho; D = int(rho (N_once + r N_rec)), steps = D // B (App. D.1: 10)
     steps: Optional[int] = None             # N optimizer steps; D = N B (App. I: 89,645 steps at B = 524,288)
     # batch
     batch_tokens: int = 262144              # B = 128 rows x 2048 per optimizer step (App. D.1: 256K is best)
@@ -114,9 +129,13 @@ class TrainConfig:
     ckpt_every: int = 1000                  # steps between checkpoints (plus one at the end); 0 = only at the end
     resume: bool = False                    # continue from out_dir/ckpt.pt if present (sweeps always pass it)
     case: str = ""                          # label copied into done.json; fit.py groups case studies by it
+    init_from: str = ""                     # start from these weights: a run dir / .pt, or an authors' release dir
+                                            # (model_<step>.pt: the latest, or name the file); fresh optimizer
     # runtime
-    seed: int = 0                           # one seed for init and random state init, same on every rank
+    seed: int = 0                           # init (same on every rank); random state init noise per global row
     compile: Optional[bool] = None          # torch.compile the model; None = on for CUDA, off for CPU (style B11)
+    precision: Optional[str] = None         # fp32 | bf16 (autocast, bf16 wte, bf16 Polar Express); None = bf16 on CUDA
+    attn: str = "auto"                      # auto | fa3 | fa2 | sdpa; auto: FA-3 on 9.x, FA-2 on >= 8.0, else SDPA
     peak_flops: Optional[float] = None      # per-device peak FLOP/s for MFU; None = PEAK_FLOPS by device name
     bench_steps: int = 0                    # >0: time this many steps on synthetic tokens, print tok/s, MFU, memory
     plan: bool = False                      # print every derived quantity (steps, tokens, LRs, cost) and stop
@@ -137,6 +156,10 @@ class TrainConfig:
             raise ValueError(f"--eval-tokens must be > 0 or -1 (the whole val split), got {self.eval_tokens}")
         if self.peak_flops is not None and not self.peak_flops > 0:
             raise ValueError(f"--peak-flops must be > 0, got {self.peak_flops}")
+        if self.precision not in (None, "fp32", "bf16"):
+            raise ValueError(f"--precision must be fp32, bf16 or auto, got {self.precision!r}")
+        if self.attn not in ATTN_BACKENDS:
+            raise ValueError(f"--attn must be one of {', '.join(ATTN_BACKENDS)}, got {self.attn!r}")
 
 
 # -----------------------------------------------------------------------------
@@ -480,6 +503,47 @@ def fault_steps() -> dict:
     return out
 
 
+def default_device_batch(scale: int) -> int:
+    """Rows per rank per micro-step when --device-batch is 0: the release's 32 / 16 (s >= 18) / 8 (s >= 30)."""
+    return 32 if scale < 18 else 16 if scale < 30 else 8
+
+
+def out_dir_view(out_dir: str) -> dict:
+    """What this process sees of out_dir: {".", done.json, ckpt.pt} -> (inode, size), None where absent, or the
+    name of the error that stat raised."""
+    view = {}
+    for name in (".", DONE_NAME, CKPT_NAME):
+        try:
+            st = os.stat(os.path.join(out_dir, name))
+            view[name] = (st.st_ino, 0 if name == "." else st.st_size)
+        except FileNotFoundError:
+            view[name] = None
+        except OSError as err:               # e.g. not a directory: recorded, so every rank reaches the collective
+            view[name] = type(err).__name__
+    return view
+
+
+def agree_on_out_dir(out_dir: str, world: int) -> dict:
+    """Rank 0's view of out_dir (finish / resume / fresh start is decided from it), once every rank has the same.
+
+    A rank that saw other files (node-local disks, a stale copy) would skip a run the others train, or resume from
+    another step, and the ranks would diverge or hang. So all views are gathered and compared (inode and size of
+    out_dir, done.json and ckpt.pt: equal on one shared filesystem), and on any difference every rank raises the
+    same error, naming the first rank and host that differ."""
+    view = out_dir_view(out_dir)
+    if world == 1:
+        return view
+    views = [None] * world
+    dist.all_gather_object(views, (socket.gethostname(), view))       # one small collective, before any work
+    host0, view0 = views[0]
+    for k, (host, v) in enumerate(views):
+        if v != view0:
+            raise ValueError(f"rank {k} on {host} sees {out_dir} differently from rank 0 on {host0} (name -> "
+                             f"(inode, size), None = absent; rank {k}: {v}, rank 0: {view0}); every rank must see "
+                             "one shared filesystem: put --out-dir on storage that all nodes mount")
+    return view0
+
+
 def peak_memory(device) -> tuple:
     """(label, bytes): CUDA max allocated, else this process's peak RSS (Linux reports ru_maxrss in KiB)."""
     if device.type == "cuda":
@@ -525,6 +589,8 @@ def _main(model_cfg: ModelConfig, train_cfg: TrainConfig, held: list) -> dict:
     if not tc.plan:
         check_out_dir(out_dir)
     ckpt_path, done_path, log_path = (os.path.join(out_dir, n) for n in (CKPT_NAME, DONE_NAME, LOG_NAME))
+    seen = agree_on_out_dir(out_dir, world) if not no_data else {}   # rank 0 decides; all ranks must agree
+    has_done, has_ckpt = seen.get(DONE_NAME) is not None, seen.get(CKPT_NAME) is not None
 
     def finished_record():
         """The record of a finished run, if it is the run asked for (rule 1: never hand back another run's)."""
@@ -543,7 +609,8 @@ def _main(model_cfg: ModelConfig, train_cfg: TrainConfig, held: list) -> dict:
             now["vocab_size"] = was_m.get("vocab_size")
         # a field newer than the record counts as recorded at its default (the record predates the field)
         defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
-        diff = {k: (was_m.get(k, defaults[k]), v) for k, v in now.items() if was_m.get(k, defaults[k]) != v}
+        diff = {k: (was_m.get(k, defaults[k]), v) for k, v in now.items() if was_m.get(k, defaults[k]) != v
+                and not (tc.init_from and v == defaults[k])}   # --init-from: a default flag took the checkpoint's
         diff.update({k: (was_t.get(k), getattr(tc, k)) for k in RESUME_KEYS
                      if was_t.get(k) != getattr(tc, k)})
         if diff:
@@ -552,10 +619,33 @@ def _main(model_cfg: ModelConfig, train_cfg: TrainConfig, held: list) -> dict:
         print0(f"{done_path} exists: the run is finished; returning its record")
         return rec
     vocab_default = next(f.default for f in dataclasses.fields(ModelConfig) if f.name == "vocab_size")
-    if not no_data and os.path.exists(done_path):
+    if not no_data and has_done:
         return finished_record()
-    if not no_data and not tc.resume and os.path.exists(ckpt_path):
+    if not no_data and not tc.resume and has_ckpt:
         raise ValueError(f"{ckpt_path} exists: pass --resume to continue that run, or pick another --out-dir")
+
+    # --init-from: start from another run's weights, a nanoloop run or an authors' release (eval.load_checkpoint
+    # reads and checks either). What a fine-tuning researcher expects: the architecture is the checkpoint's. A model
+    # flag left at its default takes the checkpoint's value; one set to anything else must equal it (else an error
+    # naming both). n_loops_bwd stays this run's (a training choice: full BPTT unless --n-loops-bwd). The optimizer,
+    # LR schedule (HyperP LRs for this run's horizon) and step count start fresh; RoPE tables are nanoloop's.
+    init_state, init_hash = None, None
+    if tc.init_from:
+        init_model, init_ck = load_checkpoint(tc.init_from)       # ValueError (one line) for anything unreadable
+        defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+        clash = {k: (getattr(model_cfg, k), v) for k, v in asdict(init_model.cfg).items()
+                 if k != "n_loops_bwd" and getattr(model_cfg, k) not in (defaults[k], v)}
+        if clash:
+            raise ValueError(f"--init-from {tc.init_from}: model flags differ from the checkpoint's architecture "
+                             f"(flag, checkpoint) = {clash}; drop them (the architecture comes from the checkpoint)")
+        model_cfg = dataclasses.replace(init_model.cfg, n_loops_bwd=model_cfg.n_loops_bwd)
+        init_state, init_hash = init_model.state_dict(), init_ck.get("tokenizer_hash")
+        del init_model
+        c = model_cfg
+        print0(f"init-from {tc.init_from}: weights and architecture from the checkpoint (d_model {c.d_model} = "
+               f"{c.aspect_ratio} x {c.scale}, r {c.n_loops}, layout {'-'.join(map(str, c.partition))}, {c.injection}, "
+               f"vocab {c.vocab_size}, seq_len {c.seq_len}); bptt "
+               f"{'full' if c.n_loops_bwd is None else f'last {c.n_loops_bwd}'}; fresh optimizer, LRs and step 0")
 
     # The data: seq_len and tokenizer must match the config; the vocabulary may be taken from it (module docstring).
     meta, val_rows, vocab_rule, tok_hash = None, 0, "--vocab-size", None
@@ -580,7 +670,7 @@ def _main(model_cfg: ModelConfig, train_cfg: TrainConfig, held: list) -> dict:
             if identity != tok_hash:
                 raise ValueError(f"--tokenizer {tc.tokenizer!r} (identity {identity}) does not match the tokenizer "
                                  f"data {tc.data} was packed with ({tok_hash})")
-        if model_cfg.vocab_size == vocab_default and meta["vocab_size"] != vocab_default:
+        if model_cfg.vocab_size == vocab_default and meta["vocab_size"] != vocab_default and not tc.init_from:
             model_cfg = dataclasses.replace(model_cfg, vocab_size=meta["vocab_size"])   # rule: see docstring
             vocab_rule = f"the data meta's (--vocab-size left at its default {vocab_default})"
         if meta["vocab_size"] > model_cfg.vocab_size:
@@ -598,7 +688,7 @@ def _main(model_cfg: ModelConfig, train_cfg: TrainConfig, held: list) -> dict:
     batch_rows = tc.batch_tokens // cfg.seq_len
     device_batch = tc.device_batch
     if device_batch == 0:                   # release rule (architecture §8.4), capped at one micro-step per rank
-        device_batch = min(32 if cfg.scale < 18 else 16 if cfg.scale < 30 else 8, max(1, batch_rows // world))
+        device_batch = min(default_device_batch(cfg.scale), max(1, batch_rows // world))
     if batch_rows % (device_batch * world):
         raise ValueError(f"--batch-tokens {tc.batch_tokens} is not divisible by device_batch x seq_len x world = "
                          f"{device_batch} x {cfg.seq_len} x {world} = {device_batch * cfg.seq_len * world}")
@@ -631,12 +721,14 @@ def _main(model_cfg: ModelConfig, train_cfg: TrainConfig, held: list) -> dict:
         else:
             if tc.tokens is not None:
                 lr_tokens, horizon_rule = tc.tokens, "steps = round(D / B); D_lr = D"
+                total_steps = round(lr_tokens / B)
             else:                            # reuse-weighted params = the release's effective_params (optimizer §2.3)
                 lr_tokens = int(tc.tokens_per_param * (n_once + r * n_rec))
-                horizon_rule = "D_lr = int(rho (N_once + r N_rec)); steps = round(D_lr / B)"
-            total_steps = round(lr_tokens / B)
+                horizon_rule = "D_lr = int(rho (N_once + r N_rec)); steps = D_lr // B"
+                total_steps = lr_tokens // B     # floor, as the release's data:param horizon (base_train.py)
             if total_steps < 1:
-                raise ValueError(f"{lr_tokens:,} tokens are less than half of one optimizer step of {B:,} tokens")
+                raise ValueError(f"{lr_tokens:,} tokens are " + ("less than half of" if tc.tokens is not None else
+                                 "less than") + f" one optimizer step of {B:,} tokens")
             tokens = total_steps * B
     except ValueError as err:
         raise ValueError(f"horizon: {err} (one step of B = {B:,} tokens costs F B = {F * B:.4g} FLOPs)") from None
@@ -645,11 +737,14 @@ def _main(model_cfg: ModelConfig, train_cfg: TrainConfig, held: list) -> dict:
     # Peak LRs: eta_base through HyperP's width / batch / data corrections (App. D.2). Computed once, here, from
     # (d, D, B, r); a resume restores the schedule position and never re-applies a factor (optimizer.md §6.7).
     # The reference model is s = 10 at the run's own aspect ratio and depth (the release builds it from the run's
-    # aspect ratio): d_ref_width = 10 x aspect and D_ref = 10 x its effective params. For the paper's grid (aspect
-    # 64, l_eff 20) these are the constants 640 and 983,315,200 / 1,016,083,200 (optimizer §2.3).
+    # aspect ratio): d_ref_width = 10 x aspect and D_ref = 10 x its effective params counted at THIS run's r. On the
+    # paper's grid (aspect 64, l_eff 20): 640 and D_ref = 983,315,200 (r=1), 606,380,800 / 1,016,083,200 /
+    # 1,835,488,000 (r = 2 / 4 / 8) (optimizer §2.3).
     d_model_ref = 10 * cfg.aspect_ratio
-    d_ref = tc.d_ref if tc.d_ref is not None else reference_tokens(r, d_model=d_model_ref,
-                                                                   n_layers_eff=cfg.n_layers_eff)
+    d_model_ref_rounded = -(-d_model_ref // cfg.head_dim) * cfg.head_dim      # the release rounds the ref's width up
+    d_ref = tc.d_ref if tc.d_ref is not None else reference_tokens(
+        r, d_model=d_model_ref_rounded, n_layers_eff=cfg.n_layers_eff, n_layers_prelude=cfg.n_layers_prelude,
+        n_layers_coda=cfg.n_layers_coda)     # counted at this run's r (optimizer §2.3)
     lrs = hyperp_lrs(d, r, tokens=lr_tokens, batch_tokens=B, base_lr=tc.muonh_lr, d_ref=d_ref,
                      d_model_ref=d_model_ref, batch_ref=tc.lr_batch_ref)
 
@@ -673,14 +768,14 @@ def _main(model_cfg: ModelConfig, train_cfg: TrainConfig, held: list) -> dict:
 
     # A checkpoint to resume must come from the same model, horizon, LRs, seed and tokenizer.
     ckpt = None
-    if not no_data and tc.resume and os.path.exists(ckpt_path):
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)   # tensors and plain types only
+    if not no_data and tc.resume and has_ckpt:
+        ckpt = read_checkpoint(ckpt_path, CKPT_KEYS)   # safe (weights_only), one-line errors for bad files
         now = asdict(cfg)
         diff = {k: (v, now.get(k)) for k, v in ckpt["model_config"].items() if now.get(k) != v}
         if diff:
             raise ValueError(f"{ckpt_path} was written by another model config: (checkpoint, now) = {diff}")
-        diff = {k: (ckpt["train_config"][k], getattr(tc, k)) for k in RESUME_KEYS
-                if ckpt["train_config"][k] != getattr(tc, k)}
+        saved = ckpt["train_config"] if isinstance(ckpt["train_config"], dict) else {}
+        diff = {k: (saved.get(k), getattr(tc, k)) for k in RESUME_KEYS if saved.get(k) != getattr(tc, k)}
         if diff:
             raise ValueError(f"{ckpt_path}: resuming with a different horizon/LR/seed: (checkpoint, now) = {diff}")
         if ckpt["tokenizer_hash"] != tok_hash:
@@ -694,7 +789,9 @@ def _main(model_cfg: ModelConfig, train_cfg: TrainConfig, held: list) -> dict:
     if peak is None:
         peak, peak_rule = PEAK_FLOPS["H100"], f"unknown device {dev_name!r}: assuming H100 bf16 (pass --peak-flops)"
     use_compile = (device.type == "cuda") if tc.compile is None else tc.compile
-    use_autocast = device.type == "cuda"     # bf16 autocast on CUDA only; CPU stays fp32 (README difference 6)
+    # bf16 = the paper's GPU numerics (autocast, bf16 wte + Adam state, bf16 Polar Express), also on CPU when asked
+    use_bf16 = (device.type == "cuda") if tc.precision is None else tc.precision == "bf16"
+    attn, attn_rule = resolve_attention(tc.attn, device, use_bf16)   # a forced backend that cannot run: error here
 
     # ---- 2. Print every derived quantity once, with its rule -----------------------------------------------------
     def show(name, value, rule=""):
@@ -726,8 +823,10 @@ def _main(model_cfg: ModelConfig, train_cfg: TrainConfig, held: list) -> dict:
     show("schedule", "lrm = 0.1 + 0.9 (N - step) / N", "no warmup, decay to 10% (§4.1)")
     show("eval", f"{eval_rows * cfg.seq_len:,} val tokens", f"every {tc.eval_every} steps + final" if tc.eval_every
          else "final step only (data.md §4)")
-    show("precision", "bf16 autocast" if use_autocast else "fp32", "CUDA only; CPU runs fp32 eager")
-    show("compile", use_compile, "default: on for CUDA, off for CPU")
+    show("precision", "bf16 (autocast, wte, Polar Express)" if use_bf16 else "fp32",
+         "--precision" if tc.precision else "default: bf16 on CUDA, fp32 on CPU")
+    show("attention", attn, attn_rule)
+    show("compile", use_compile, "default: on for CUDA, off for CPU" + ("; after DDP wraps" if world > 1 else ""))
     show("mfu peak", f"{peak:.4g} FLOP/s per device", peak_rule)
     gpu_hours = tokens * F / (PLAN_MFU * peak) / 3600
     show("est. device-hours", f"{gpu_hours:,.4g}", f"tokens x F / ({PLAN_MFU:.0%} MFU x peak); eval excluded")
@@ -746,16 +845,23 @@ def _main(model_cfg: ModelConfig, train_cfg: TrainConfig, held: list) -> dict:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True       # TF32 for the fp32 master-weight matmuls (architecture §9)
         torch.backends.cudnn.allow_tf32 = True
+    if init_hash is not None and not no_data and init_hash != tok_hash:
+        raise ValueError(f"--init-from {tc.init_from} was trained on data tokenised with {init_hash}, but {tc.data} "
+                         f"was tokenised with {tok_hash}")
     raw_model = LoopedGPT(cfg).to(device)
-    if device.type == "cuda":
+    if init_state is not None:               # --init-from weights (checked against cfg when read); a resume below
+        raw_model.load_state_dict(init_state)  # replaces them with its checkpoint's
+    raw_model.set_attention(attn)
+    if use_bf16:
         raw_model.wte.to(dtype=torch.bfloat16)             # App. C.1: embeddings drawn in fp32, then cast to bf16
     if raw_model.param_split() != (n_once, n_rec):          # style B7: the module must be what flops.py counts
         raise RuntimeError(f"model.param_split() {raw_model.param_split()} != flops.param_split {(n_once, n_rec)}")
     # MuonH on the block matrices + W_inject, AdamW on wte / lm_head / norm gains / hc lanes (optimizer.md §0);
-    # replicated on every rank, each stepping on the same all-reduced gradients (optimizer.md §4, project choice).
-    optimizer = build_optimizer(raw_model.param_groups(), lrs)
+    # every rank steps AdamW on DDP's all-reduced gradients, and MuonH on the matrices it owns, then all-gathers
+    # them (optim.py design note; optimizer.md §4). Its state_dict is world-size independent.
+    optimizer = build_optimizer(raw_model.param_groups(), lrs, polar_bf16=use_bf16)
     if bench:
-        gen = torch.Generator(device=device).manual_seed(tc.seed)
+        gen = torch.Generator(device=device).manual_seed(tc.seed + rank)   # each rank its own synthetic rows
 
         def next_batch():                    # uniform random tokens: throughput does not depend on their values
             xy = torch.randint(0, cfg.vocab_size, (device_batch, cfg.seq_len + 1), generator=gen, device=device)
@@ -772,7 +878,7 @@ def _main(model_cfg: ModelConfig, train_cfg: TrainConfig, held: list) -> dict:
     # with deterministic CPU kernels this makes a resumed run bitwise equal to an uninterrupted one (tests).
     start_step, wall_before, last_val = 0, 0.0, None
     if ckpt is not None:
-        raw_model.load_state_dict(ckpt["model"])
+        load_weights(raw_model, ckpt["model"], ckpt_path)   # names and shapes checked: a one-line error if not
         optimizer.load_state_dict(ckpt["optimizer"])
         loader.load_state_dict(ckpt["loader"])
         set_rng_state(ckpt["rng"])           # rank 0's state; every rank draws the same numbers (same seed, calls)
@@ -799,28 +905,47 @@ def _main(model_cfg: ModelConfig, train_cfg: TrainConfig, held: list) -> dict:
         records = read_log(log_path, start_step)
         atomic_write(log_path, lambda tmp: pathlib.Path(tmp).write_text("".join(records)))
 
-    # Compile, then wrap: DDP all-reduces grads (mean over ranks); the optimizer is replicated (optimizer.md §4).
-    model = torch.compile(raw_model) if use_compile else raw_model
+    # Wrap, then compile: DDP all-reduces grads (mean over ranks); the optimizer shards MuonH (optimizer.md §4).
+    # Compiling the DDP module lets DDPOptimizer split the graph at bucket boundaries so each bucket's all-reduce
+    # overlaps the rest of the compiled backward; compiling first would hide the buckets inside one opaque graph.
+    # gradient_as_bucket_view: .grad are views into the all-reduce buckets (one gradient-sized copy less).
+    train_model = raw_model
     if world > 1:                            # RoPE tables are the only buffers and are constant: no re-broadcast
-        train_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-                          broadcast_buffers=False)
-    else:
-        train_model = model
-    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if use_autocast else nullcontext
+        train_model = DDP(raw_model, device_ids=[device.index] if device.type == "cuda" else None,
+                          broadcast_buffers=False, gradient_as_bucket_view=True)
+    if use_compile:
+        train_model = torch.compile(train_model)
+    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else nullcontext
+
+    def state_noise(step, micro):
+        """(device_batch, T, d) N(0, 1) for the random state init: one draw per global batch row, seeded by
+        (seed, row), so every row of the global batch gets its own noise and the run does not depend on world."""
+        if raw_model.state_init != "random":
+            return None
+        first = step * batch_rows + rank * (batch_rows // world) + micro * device_batch   # data.md §3 row order
+        gen = torch.Generator(device=device)
+        rows = []
+        for g in range(first, first + device_batch):
+            gen.manual_seed(int.from_bytes(hashlib.sha256(f"{tc.seed}:{g}".encode()).digest()[:8], "little"))
+            rows.append(torch.randn(cfg.seq_len, d, generator=gen, device=device))   # (T, d)
+        return torch.stack(rows)                                                     # (device_batch, T, d)
 
     def evaluate(step):
-        """Val loss in nats over the first eval_rows val rows (eval.val_loss: exact, fp64 sums, all-reduced; it
-        sets eval mode, no_grad and CUDA autocast itself)."""
-        v = val_loss(model, val_loader, eval_rows * cfg.seq_len)
+        """Val loss in nats over the first eval_rows val rows (eval.val_loss: exact, fp64 sums, all-reduced).
+        Runs the uncompiled module (eval shapes and no_grad never touch the compiled training graph) under the
+        run's precision."""
+        with autocast():
+            v = val_loss(raw_model, val_loader, eval_rows * cfg.seq_len)
         print0(f"eval step {step:05d} | val_loss {v:.4f} nats | n_loops {r}", flush=True)
         return v
 
     def checkpoint(step, val):
         """Rank 0 writes out_dir/ckpt.pt atomically; the other ranks wait, so nobody races ahead of a bad write."""
+        optim_state = optimizer.state_dict()   # every rank: gathers the sharded MuonH state (full, any world size)
         if master:
             try:
                 save_checkpoint(ckpt_path, {
-                    "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "model": raw_model.state_dict(), "optimizer": optim_state,
                     "loader": loader.state_dict(), "rng": rng_state(), "step": step, "val_loss": val,
                     "wall_time_s": wall_before + time.time() - t_loop, "tokenizer_hash": tok_hash,
                     "model_config": asdict(cfg), "train_config": asdict(tc)})
@@ -846,7 +971,7 @@ def _main(model_cfg: ModelConfig, train_cfg: TrainConfig, held: list) -> dict:
     # all-reduce only on the last micro-batch, NaN guard, optimizer step, one log line, then eval / checkpoint if due.
     # No weight decay, no clipping, no warmup anywhere (§4.1): the loop has nothing else to do.
     n_steps = tc.bench_steps if bench else total_steps
-    t_loop, dt_avg, bench_times = time.time(), None, []
+    t_loop, dt_avg, bench_times, opt_times = time.time(), None, [], []
     log_file = open(log_path, "a") if master and not bench else None
     for step in range(start_step, n_steps):
         t0 = time.perf_counter()
@@ -857,8 +982,9 @@ def _main(model_cfg: ModelConfig, train_cfg: TrainConfig, held: list) -> dict:
             x, y = next_batch()                                 # (device_batch, seq_len) int64 each
             last = micro == accum - 1                           # grads all-reduce only on the last micro-step
             with (train_model.no_sync() if world > 1 and not last else nullcontext()):
+                noise = state_noise(step, micro)                # None unless state_init="random"
                 with autocast():
-                    loss = train_model(x, y)                    # mean cross entropy over this micro-batch
+                    loss = train_model(x, y, state_noise=noise)     # mean cross entropy over this micro-batch
                 if faults.get("nan") == step + 1:
                     loss = loss * float("nan")                  # test hook: a NaN loss at step K (1-based)
                 (loss / accum).backward()                       # optimizer.md §5: loss divided by accum steps
@@ -878,13 +1004,18 @@ def _main(model_cfg: ModelConfig, train_cfg: TrainConfig, held: list) -> dict:
                 cause = "after fixing the cause (a diverging run: e.g. a lower --muonh-lr), rerun with --resume"
             raise FloatingPointError(f"non-finite training loss {loss_val} at step {step + 1}/{total_steps}; "
                                      f"stopping without an optimizer step. {kept}; {cause}")
+        t_opt = time.perf_counter()                             # loss_val.item() above synced the device
         optimizer.step()                                        # MuonH: momentum, Polar Express, rescale to R,
         optimizer.zero_grad(set_to_none=True)                   # step, retract; AdamW on the rest
+        if bench and device.type == "cuda":
+            torch.cuda.synchronize(device)                      # bench: time the optimizer step on its own
+        dt_opt = time.perf_counter() - t_opt
         dt = time.perf_counter() - t0
         done = step + 1                                         # steps completed
         if step > start_step:                                   # the first step pays for allocation / compile
             dt_avg = dt if dt_avg is None else 0.9 * dt_avg + 0.1 * dt
             bench_times.append(dt)
+            opt_times.append(dt_opt)
         # Throughput over the global batch; MFU counts the run's own F (the budget's FLOPs, backward included).
         tok_s = B / dt
         mfu = F * tok_s / (world * peak)                        # model FLOPs utilisation per device
@@ -915,13 +1046,16 @@ def _main(model_cfg: ModelConfig, train_cfg: TrainConfig, held: list) -> dict:
         rec = {"bench_steps": tc.bench_steps, "n_loops": r, "scale": cfg.scale, "d_model": d,
                "n_layers_eff": cfg.n_layers_eff, "n_loops_bwd": cfg.n_loops_bwd, "seq_len": cfg.seq_len,
                "batch_tokens": B, "device_batch": device_batch, "world": world, "device": dev_name,
-               "compile": use_compile, "flops_per_token": F, "tok_per_s": tok_s,
+               "compile": use_compile, "precision": "bf16" if use_bf16 else "fp32", "attn": attn,
+               "optim_step_s": sum(opt_times) / len(opt_times) if opt_times else dt_opt,
+               "flops_per_token": F, "tok_per_s": tok_s,
                "layer_tok_per_s": tok_s * cfg.n_layers_eff, "mfu": F * tok_s / (world * peak), "peak_flops": peak,
                mem_label: mem, "timed_steps": len(bench_times) or 1}
         bptt = "full" if cfg.n_loops_bwd in (None, r) else f"last {cfg.n_loops_bwd}"
         print0(f"bench | n_loops {r} | bptt {bptt} | d_model {d} | tok/s {tok_s:,.0f} | executed-layer tok/s "
                f"{rec['layer_tok_per_s']:,.0f} | mfu {100 * rec['mfu']:.2f}% of {peak:.3g} | "
-               f"{mem_label} {mem / 2**20:,.0f} MiB | mean over {rec['timed_steps']} steps after the first")
+               f"{mem_label} {mem / 2**20:,.0f} MiB | optimizer step {rec['optim_step_s'] * 1e3:,.1f} ms | "
+               f"{rec['precision']} {attn} | mean over {rec['timed_steps']} steps after the first")
         if master:
             os.makedirs(out_dir, exist_ok=True)
             write_json(os.path.join(out_dir, "bench.json"), rec)
@@ -941,7 +1075,8 @@ def _main(model_cfg: ModelConfig, train_cfg: TrainConfig, held: list) -> dict:
               "steps": total_steps, "lr_tokens": lr_tokens, "lrs": lrs, "batch_tokens": B, "world": world,
               "device_batch": device_batch, "val_loss": last_val, "eval_tokens": eval_rows * cfg.seq_len,
               "wall_time_s": wall_before + time.time() - t_loop, "total_time_s": time.time() - t_start,
-              "tokenizer_hash": tok_hash, "data": tc.data, mem_label: mem, **git_info()}
+              "tokenizer_hash": tok_hash, "data": tc.data, mem_label: mem, "attn": attn,
+              "precision": "bf16" if use_bf16 else "fp32", "compile": use_compile, **git_info()}
     if tc.case:
         record["case"] = tc.case
     if master:
@@ -956,7 +1091,162 @@ def _main(model_cfg: ModelConfig, train_cfg: TrainConfig, held: list) -> dict:
     return record
 
 
-if __name__ == "__main__":
+# -----------------------------------------------------------------------------
+# gpu-check: the one-shot check to run the first time a GPU is available (runs/gpu_check.sh, issue 13 §7)
+# Every figure comes from the code paths a grid run uses: the bench rows are main() in bench mode with the printed
+# train.py flags, so `--dry-run` lists them as launch lines. --cpu-smoke runs all of it with tiny sizes on CPU.
+
+GPU_CHECK_RATE = [(10, 1), (10, 4), (20, 1), (20, 4)]    # (s, r): tok/s, MFU, optimizer step time at B = 262,144
+GPU_CHECK_MEMORY = [(34, 1), (34, 8)]                    # (s, r): the largest grid cells, peak memory
+SMOKE_MODEL = ["--aspect-ratio", "16", "--head-dim", "16", "--n-layers-eff", "10", "--n-layers-prelude", "1",
+               "--n-layers-coda", "1", "--vocab-size", "256", "--seq-len", "64"]   # mini-study shapes (CPU)
+
+
+def gpu_check_plan(smoke: bool) -> dict:
+    """name -> train.py argv of every bench row. GPU: real seq 2048, B = 262,144 by accumulation at the default
+    device batch; memory rows run one micro-step per step (accumulation adds no memory). Smoke: tiny, eager."""
+    if smoke:                                  # 4 rows of 64 tokens, 2 steps: every code path, none of the size
+        rate, memory, fixed = [(1, 1), (1, 4), (2, 1), (2, 4)], [(3, 1), (3, 8)], SMOKE_MODEL
+        rows = lambda kind, s: (4, 4)          # (device batch, rows per step)
+        steps = lambda kind: 2
+    else:
+        rate, memory, fixed = GPU_CHECK_RATE, GPU_CHECK_MEMORY, []
+        rows = lambda kind, s: (default_device_batch(s), 128 if kind == "rate" else default_device_batch(s))
+        steps = lambda kind: 4 if kind == "rate" else 3      # the first step (compile) is not timed
+    seq = 64 if smoke else 2048
+    plan = {}
+    for kind, cells in (("rate", rate), ("memory", memory)):
+        for s, r in cells:
+            device_batch, batch_rows = rows(kind, s)
+            plan[f"{kind}_s{s}_r{r}"] = [*fixed, "--scale", str(s), "--n-loops", str(r), "--device-batch",
+                                         str(device_batch), "--batch-tokens", str(batch_rows * seq),
+                                         "--bench-steps", str(steps(kind))]
+    return plan
+
+
+def _gpu_check_model(smoke, device, attn, use_bf16):
+    """An s=10 r=4 model (smoke: d = 32, one block x 4) and one batch (B rows of seq_len tokens) for the forward checks."""
+    small = [*SMOKE_MODEL, "--scale", "2", "--n-layers-eff", "4", "--n-layers-prelude", "0", "--n-layers-coda", "0"] \
+        if smoke else ["--scale", "10"]
+    cfg, _ = parse_args([*small, "--n-loops", "4", "--bench-steps", "1"])
+    torch.manual_seed(0)
+    model = LoopedGPT(cfg).to(device)
+    model.set_attention(attn)
+    if use_bf16:
+        model.wte.to(dtype=torch.bfloat16)
+    xy = torch.randint(0, cfg.vocab_size, (2 if smoke else 8, cfg.seq_len + 1), device=device)
+    return model, xy[:, :-1], xy[:, 1:]
+
+
+def gpu_check(argv=None) -> dict:
+    """python train.py gpu-check [--cpu-smoke] [--dry-run] [--out FILE]: print every figure, then write FILE."""
+    p = argparse.ArgumentParser(prog="train.py gpu-check", allow_abbrev=False,
+                                description="one-shot GPU check (runs/gpu_check.sh; README 'Running on a cluster')")
+    p.add_argument("--cpu-smoke", action="store_true", help="tiny sizes on CPU (CI): every step, none of the scale")
+    p.add_argument("--dry-run", action="store_true", help="print the bench rows as train.py lines and stop")
+    p.add_argument("--out", default="out/gpu_check.json", help="where the JSON goes (default: %(default)s)")
+    a = p.parse_args(argv)
+    plan = gpu_check_plan(a.cpu_smoke)
+    if a.dry_run:
+        for argv_row in plan.values():
+            print("python train.py " + " ".join(argv_row))
+        return {}
+    device = torch.device("cpu") if a.cpu_smoke else torch.device("cuda")
+    if not a.cpu_smoke and not torch.cuda.is_available():
+        p.error("no CUDA device visible; run `bash runs/gpu_check.sh --cpu-smoke` for the CPU smoke test")
+    if os.path.isdir(a.out):
+        p.error(f"--out {a.out} is a folder; give a file path (e.g. out/gpu_check.json)")
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)    # out/ on a fresh clone
+    t0 = time.time()
+    out = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+           "torch": torch.__version__, "smoke": a.cpu_smoke, **git_info()}
+    say = lambda msg: print(f"gpu-check [{time.time() - t0:5.0f}s] {msg}", flush=True)
+    sync = lambda: torch.cuda.synchronize(device) if device.type == "cuda" else None
+    amp = lambda: torch.autocast(device.type, dtype=torch.bfloat16)
+
+    # 1. attention backend (what --attn auto picks here, and why)
+    attn, why = resolve_attention("auto", device, True)
+    out["attention"] = {"backend": attn, "reason": why}
+    say(f"attention: {attn} ({why})")
+
+    # 2. FlashAttention vs SDPA on one bf16 forward of an s=10 r=4 model (logits, fp32 softcapped); bf16 SDPA vs
+    #    fp32 SDPA gives the scale of plain bf16 rounding to read it against.
+    model, x, y = _gpu_check_model(a.cpu_smoke, device, "sdpa", True)
+    with torch.no_grad():
+        with amp():
+            ref = model(x)                                          # (B, T, V) bf16 matmuls, SDPA
+            model.set_attention(attn)
+            fast = model(x)                                         # the same with the auto backend
+        model.set_attention("sdpa")
+        full = model(x)                                             # fp32 matmuls (wte stays bf16)
+    out["fa_vs_sdpa"] = {"backend": attn, "max_abs_diff_logits": (fast - ref).abs().max().item(),
+                         "bf16_vs_fp32_sdpa_max_abs_diff_logits": (ref - full).abs().max().item(),
+                         "note": "no FlashAttention here: the backend compared with itself" if attn == "sdpa" else ""}
+    say(f"FA vs SDPA (bf16 forward, logits): max |diff| {out['fa_vs_sdpa']['max_abs_diff_logits']:.3g} "
+        f"({attn}); bf16 vs fp32 SDPA {out['fa_vs_sdpa']['bf16_vs_fp32_sdpa_max_abs_diff_logits']:.3g}")
+    del ref, fast, full
+
+    # 3. compiled vs eager loss (+ gradient) of the same model and batch, bf16 autocast as in training. Smoke:
+    #    backend aot_eager (dynamo + AOTAutograd without inductor's C++ build, which takes minutes on CPU).
+    model.set_attention(attn)
+    backend = "aot_eager" if a.cpu_smoke else "inductor"
+    losses, grads = [], []
+    for m in (model, torch.compile(model, backend=backend)):
+        model.zero_grad(set_to_none=True)
+        t = time.time()
+        with amp():
+            loss = m(x, y)
+        loss.backward()
+        sync()
+        losses.append(loss.item())
+        grads.append(torch.cat([q.grad.float().flatten() for q in model.parameters()]))
+        say(f"{'compiled (' + backend + ')' if m is not model else 'eager'} loss {loss.item():.6f} "
+            f"(first call {time.time() - t:.1f}s)")
+    out["compile_vs_eager"] = {"backend": backend, "loss_eager": losses[0], "loss_compiled": losses[1],
+                               "abs_diff": abs(losses[0] - losses[1]),
+                               "grad_max_abs_diff": (grads[0] - grads[1]).abs().max().item(),
+                               "grad_max_abs": grads[0].abs().max().item()}
+    del model, x, y, grads
+    torch._dynamo.reset()
+
+    # 4-6. bench rows: tok/s, MFU, optimizer (MuonH + AdamW) step time, peak memory; each in a clean state.
+    runs_dir = os.path.join(os.path.dirname(os.path.abspath(a.out)), "gpu_check_runs")
+    out["bench"] = {}
+    for name, row in plan.items():
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+        mcfg, tcfg = parse_args([*row, "--out-dir", os.path.join(runs_dir, name)]
+                                + (["--compile", "false"] if a.cpu_smoke else []))   # smoke: fp32 eager (fast)
+        t = time.time()
+        rec = main(mcfg, tcfg)
+        rec["wall_s"] = time.time() - t
+        out["bench"][name] = rec
+        torch._dynamo.reset()                                       # the next model compiles from scratch
+        say(f"{name}: " + ("" if name.startswith("memory") else
+                           f"{rec['tok_per_s']:,.0f} tok/s | MFU {100 * rec['mfu']:.1f}% | ")
+            + f"optimizer step {1e3 * rec['optim_step_s']:,.1f} ms | "
+            + " ".join(f"{k} {rec[k] / 2**30:.2f} GiB" for k in ("cuda_max_allocated", "peak_rss") if k in rec)
+            + f" | {rec['wall_s']:.0f}s")
+    rate = {k: v for k, v in out["bench"].items() if k.startswith("rate")}
+    out["summary"] = {
+        "attention": attn, "fa_vs_sdpa_max_abs_diff": out["fa_vs_sdpa"]["max_abs_diff_logits"],
+        "compiled_minus_eager_loss": losses[1] - losses[0],
+        "mfu": {k[5:]: v["mfu"] for k, v in rate.items()},
+        "tok_per_s": {k[5:]: v["tok_per_s"] for k, v in rate.items()},
+        "muonh_adamw_step_s": {k[5:]: v["optim_step_s"] for k, v in rate.items()},
+        "peak_memory_gib": {k[7:]: v.get("cuda_max_allocated", v.get("peak_rss", 0)) / 2**30
+                            for k, v in out["bench"].items() if k.startswith("memory")},
+        "wall_s": time.time() - t0}
+    print(json.dumps(out["summary"], indent=1))
+    write_json(a.out, out)
+    say(f"wrote {a.out}")
+    return out
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["gpu-check"]:
+    gpu_check(sys.argv[2:])
+elif __name__ == "__main__":
     mcfg, tcfg = parse_args()
     try:
         main(mcfg, tcfg)

@@ -22,7 +22,8 @@
 #   - T = 128, B = 1,024 tokens (8 rows), a 1,024-piece BPE (small, so the unembedding does not dominate FLOPs,
 #     yet ~2.2 characters per token on Shakespeare);
 #   - HyperP transfer re-anchored at the mini study's own reference: batch rule B_ref = 1,024, width reference
-#     10 x aspect = 80, D_ref = 10 x the effective params of that s = 10 model (train.py prints all three). The
+#     10 x aspect = 80, D_ref = 10 x the effective params of that s = 10 model (1-2-1 for looped runs) counted at
+#     the run's own r, as the release counts its 2-4-2 reference (train.py prints all three). The
 #     base MuonH LR 0.01 came from a 3-point sweep {0.005, 0.01, 0.02} at s = 3, C = 2e11 for r = 1 and r = 4:
 #     all within 0.05 nats, 0.01 within 0.02 nats of the best for both (App. D: one LR serves every r).
 set -euo pipefail
@@ -116,11 +117,7 @@ if [[ ! -f "$OUT/tokenizer.model" ]]; then
   python data.py tokenizer --corpus default --vocab-size "$VOCAB" --doc-chars "$DOC_CHARS" --out "$OUT/tokenizer.model"
 fi
 if [[ ! -f "$DATA/meta_val.json" ]]; then
-  if [[ -d "$DATA" ]]; then                   # a prepare killed midway left no meta: remove what it wrote, only that
-    rm -f "$DATA"/train-*.parquet "$DATA"/val-*.parquet "$DATA"/meta_*.json "$DATA"/tokenizer.model "$DATA"/.*.tmp
-    rmdir "$DATA" 2>/dev/null || die "$DATA holds files data.py prepare did not write ($(ls -A "$DATA" | head -3 | \
-        tr '\n' ' ')): move them away and rerun"
-  fi
+  # a prepare killed midway resumes by itself (data.py keeps its state in DATA); nothing is deleted here
   say "packing the default corpus into rows of $((SEQ + 1)) tokens"
   python data.py prepare --source default --doc-chars "$DOC_CHARS" --tokenizer "$OUT/tokenizer.model" \
       --out "$DATA" --seq-len "$SEQ"

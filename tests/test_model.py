@@ -298,13 +298,8 @@ def test_generate_greedy_matches_uncached_loop_and_extrapolation():
 # Acceptance 6: attention backend
 
 def test_sdpa_fallback_when_flash_attn_absent(monkeypatch):
-    # Where flash-attn is not installed (CPU CI), the imported module must report SDPA.
-    if all(importlib.util.find_spec(name) is None for name in ("flash_attn", "flash_attn_interface")):
-        assert model.ATTN_BACKEND == "sdpa" and model._flash_attn_func is None
-    assert model.ATTN_BACKEND in ("sdpa", "flash_attn_2", "flash_attn_3")
-
+    # A private copy of model.py imported with flash-attn absent / present (None = not importable in sys.modules).
     def load_fresh(name, fake_modules):
-        """Import a private copy of model.py with `fake_modules` patched into sys.modules (None = not importable)."""
         with monkeypatch.context() as mp:
             for mod_name, mod in fake_modules.items():
                 mp.setitem(sys.modules, mod_name, mod)
@@ -313,19 +308,64 @@ def test_sdpa_fallback_when_flash_attn_absent(monkeypatch):
             spec.loader.exec_module(fresh)
         return fresh
     absent = load_fresh("model_no_flash", {"flash_attn": None, "flash_attn_interface": None})
-    assert absent.ATTN_BACKEND == "sdpa" and absent._flash_attn_func is None
+    assert absent._FLASH == {"fa3": None, "fa2": None}
     fake = types.ModuleType("flash_attn")
     fake.flash_attn_func = lambda q, k, v, causal: q
     present = load_fresh("model_fake_flash", {"flash_attn": fake, "flash_attn_interface": None})
-    assert present.ATTN_BACKEND == "flash_attn_2"
-    # the forward goes through F.scaled_dot_product_attention, once per executed layer (l_eff = 20)
+    assert present._FLASH["fa2"] is fake.flash_attn_func and present._FLASH["fa3"] is None
+    # CPU: auto resolves to SDPA, and the forward goes through F.scaled_dot_product_attention once per executed
+    # layer (l_eff = 20) even where flash-attn is importable (it takes only half-precision CUDA tensors)
+    assert present.resolve_attention("auto", "cpu", True)[0] == "sdpa"
     calls = []
     sdpa = F.scaled_dot_product_attention
     monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or sdpa(*a, **kw))
-    m = absent.LoopedGPT(absent.ModelConfig(scale=2, aspect_ratio=16, head_dim=16, vocab_size=VOCAB, seq_len=32))
+    m = present.LoopedGPT(present.ModelConfig(scale=2, aspect_ratio=16, head_dim=16, vocab_size=VOCAB, seq_len=32))
     m(tokens())
-    print(f"backend here: {model.ATTN_BACKEND}; SDPA calls per forward: {len(calls)}")
+    print(f"SDPA calls per forward: {len(calls)}")
     assert len(calls) == 20
+    m.set_attention("fa2")                                   # forced FlashAttention on fp32 CPU tensors: an error
+    with pytest.raises(ValueError, match="takes bf16/fp16 CUDA tensors"):
+        m(tokens())
+    with pytest.raises(ValueError, match="not in"):
+        m.set_attention("flash")
+
+
+@pytest.mark.parametrize("cap, fa3, fa2, bf16, want", [
+    ((9, 0), True, True, True, "fa3"),          # H100 / H200: FlashAttention-3
+    ((9, 0), False, True, True, "fa2"),         # Hopper without the FA-3 build: FA-2
+    ((8, 0), True, True, True, "fa2"),          # A100: FA-3 is Hopper-only
+    ((8, 9), False, False, True, "sdpa"),       # L40S without flash-attn
+    ((7, 5), True, True, True, "sdpa"),         # T4: neither
+    ((9, 0), True, True, False, "sdpa"),        # fp32 activations: FlashAttention cannot take them
+])
+def test_attention_backend_by_capability(monkeypatch, cap, fa3, fa2, bf16, want):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap)
+    monkeypatch.setitem(model._FLASH, "fa3", (lambda *a, **k: None) if fa3 else None)
+    monkeypatch.setitem(model._FLASH, "fa2", (lambda *a, **k: None) if fa2 else None)
+    got, why = model.resolve_attention("auto", "cuda", bf16)
+    print(f"\ncapability {cap}, fa3 {fa3}, fa2 {fa2}, bf16 {bf16} -> {got} ({why})")
+    assert got == want
+    for forced in ("fa3", "fa2", "sdpa"):                    # forcing: the same backend, or an error saying why
+        if forced == want or forced == "sdpa" or (forced == "fa2" and want == "fa3" and fa2):
+            assert model.resolve_attention(forced, "cuda", bf16) == (forced, "forced by --attn")
+        else:
+            with pytest.raises(ValueError, match=f"--attn {forced} cannot run here: "):
+                model.resolve_attention(forced, "cuda", bf16)
+
+
+def test_forced_attention_errors_name_the_reason(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 6))
+    monkeypatch.setitem(model._FLASH, "fa2", None)
+    for req, dev, bf16, msg in [("fa3", "cuda", True, "only on compute capability 9.x"),
+                                ("fa2", "cuda", True, "not importable: install flash_attn"),
+                                ("fa3", "cpu", True, "needs a CUDA device"),
+                                ("sdpa-ish", "cpu", True, "not in")]:
+        with pytest.raises(ValueError, match=msg) as exc:
+            model.resolve_attention(req, dev, bf16)
+        print(f"\n--attn {req} on {dev}: {exc.value}")
+    monkeypatch.setitem(model._FLASH, "fa2", lambda *a, **k: None)
+    with pytest.raises(ValueError, match="needs --precision bf16"):
+        model.resolve_attention("fa2", "cuda", False)
 
 
 # -----------------------------------------------------------------------------

@@ -117,8 +117,15 @@ def test_parse_args_generated_cli():
      dict(tokens=973_078_528, flops_per_token=1_027_799_040)),
     (["--flops-budget", "1e18", "--scale", "10", "--n-loops", "4", "--n-loops-bwd", "2"],
      dict(flops_per_token=799_569_920)),
-    (["--flops-budget", "1e19", "--scale", "20", "--n-loops", "2"],
-     dict(steps=11650, muonh_lr=0.009844, wte_lr=0.212132, device_batch=16, accum=8)),
+    (["--flops-budget", "1e19", "--scale", "20", "--n-loops", "2"],                # D_ref(r=2) = 606,380,800
+     dict(steps=11650, muonh_lr=0.008345, wte_lr=0.212132, device_batch=16, accum=8)),
+    (["--flops-budget", "1e19", "--scale", "20", "--n-loops", "8"], dict(steps=11245, muonh_lr=0.012031)),
+    # hyperconnection and truncated-BPTT runs take the same 2-4-2 linear reference at their own r (issue 11)
+    (["--flops-budget", "1e18", "--scale", "10", "--n-loops", "8", "--injection", "hyper"],
+     dict(lr_tokens=972_836_536, muonh_lr=0.017154)),
+    (["--flops-budget", "1e18", "--scale", "10", "--n-loops", "2", "--injection", "hyper"], dict(muonh_lr=0.012034)),
+    (["--flops-budget", "1e18", "--scale", "10", "--n-loops", "8", "--n-loops-bwd", "4"],
+     dict(steps=4694, lr_tokens=1_230_500_989, muonh_lr=0.015911)),
     (["--steps", "89645", "--batch-tokens", "524288", "--scale", "34", "--n-loops", "4"],      # App. I
      dict(tokens=46_999_797_760, muonh_lr=0.006043, wte_lr=0.239528, device_batch=8, accum=32)),
     (["--steps", "89645", "--batch-tokens", "524288", "--scale", "34", "--n-loops", "1"],
@@ -126,6 +133,10 @@ def test_parse_args_generated_cli():
     (["--tokens-per-param", "10", "--scale", "10", "--n-loops", "4"],                         # App. D: D = D_ref
      dict(lr_tokens=1_016_083_200, muonh_lr=0.014)),
     (["--tokens-per-param", "10", "--scale", "10", "--n-loops", "1"], dict(lr_tokens=983_315_200, muonh_lr=0.014)),
+    # App. D horizon: steps = D // B (floor, as the release): 3813.55 -> 3813 and 4001.05 -> 4001
+    (["--tokens-per-param", "10", "--scale", "10", "--n-loops", "2"],
+     dict(lr_tokens=999_699_200, steps=3813, muonh_lr=0.01193)),
+    (["--tokens-per-param", "10", "--scale", "10", "--n-loops", "8"], dict(steps=4001, muonh_lr=0.016746)),
     (["--tokens-per-param", "20", "--scale", "10", "--n-loops", "4"], dict(muonh_lr=0.011215)),
     (["--tokens-per-param", "10", "--scale", "8", "--n-loops", "4"], dict(muonh_lr=0.016149)),
 ])
@@ -241,6 +252,13 @@ def test_two_ranks_match_one_rank(tiny_data, tmp_path):
           f"val_loss {one['val_loss']:.7f} vs {two['val_loss']:.7f}")
     assert two["world"] == 2 and len(losses(tmp_path / "two")) == 6
     assert diff <= 1e-5 and abs(one["val_loss"] - two["val_loss"]) <= 1e-5
+    # The 2-rank checkpoint holds the full optimizer state (MuonH is sharded, its state_dict gathers), in the format
+    # of the 1-rank one: same entries and shapes, values to fp32 all-reduce rounding
+    a, b = (torch.load(tmp_path / n / "ckpt.pt", weights_only=True)["optimizer"]["state"] for n in ("one", "two"))
+    assert a.keys() == b.keys() and all(a[i].keys() == b[i].keys() for i in a)
+    state_diff = max((a[i][k].double() - b[i][k].double()).abs().max().item() for i in a for k in a[i])
+    print(f"optimizer state (R, momenta, Adam moments, steps), 2 ranks vs 1: max |diff| = {state_diff:.2e}")
+    assert state_diff <= 1e-5
 
 
 # -----------------------------------------------------------------------------
