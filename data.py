@@ -525,15 +525,59 @@ def _sha256_file(path):
 
 
 def atomic_write(path, write):
-    """write(tmp_path), then rename onto path: an interrupted run never leaves a half file under the real name.
-    eval.py writes through it too; train.py keeps its own fsync'd variant for checkpoints."""
-    tmp = os.path.join(os.path.dirname(path), "." + os.path.basename(path) + ".tmp")   # hidden: no glob sees it
+    """write(tmp_path), fsync, then rename onto path: the real name only ever holds a complete file.
+
+    The one atomic-write helper of the project (data.py, eval.py and train.py's checkpoints / records / log go
+    through it). The temporary is created exclusively (O_CREAT | O_EXCL, so never a pre-existing path and never
+    through a symlink) in the target's own directory, under a fresh random hidden name: ".NAME.<8 hex>.tmp". A
+    Python-level failure (an error, ENOSPC, Ctrl-C) removes it; a kill -9 or a power loss can leave one behind, which
+    never shadows the real file and which stale_temps() finds (train.py removes its out_dir's on the next run).
+    fsync before the rename, so a power loss cannot reorder data and rename; the directory is fsync'd after it."""
+    folder, base = os.path.dirname(path) or ".", os.path.basename(path)
+    for _ in range(100):                                  # a random name; retry on the (astronomically rare) clash
+        tmp = os.path.join(folder, f".{base}.{os.urandom(4).hex()}.tmp")
+        try:                                              # 0o666 & ~umask: the same mode as a plain open() gives
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666))
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"could not create a fresh temporary file in {folder}")
     try:
         write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)                             # atomic on POSIX: readers see the old file or the new one
+    except BaseException:
+        try:
             os.remove(tmp)
+        except OSError:
+            pass
+        raise
+    try:                                                  # make the rename itself durable (not possible everywhere)
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def stale_temps(folder):
+    """Paths of atomic_write temporaries (.NAME.<8 hex>.tmp) in folder: what a kill or a power loss mid-write left."""
+    def is_temp(n):
+        stem, _, tail = n[:-len(".tmp")].rpartition(".")
+        return (n.startswith(".") and n.endswith(".tmp") and len(stem) > 1 and len(tail) == 8
+                and all(c in "0123456789abcdef" for c in tail))
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    return [os.path.join(folder, n) for n in names if is_temp(n)]
 
 
 

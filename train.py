@@ -29,6 +29,9 @@ Decisions (project, stated once here and printed at start-up):
 - BPTT: full unless --n-loops-bwd k is given (never truncated silently; the release's CLI defaulted to k = 4).
 - Resume: --resume continues from out_dir/ckpt.pt if it exists (else starts at step 0), bitwise on CPU. Without
   --resume an existing checkpoint is an error. A finished run (done.json) is returned as is.
+- Run directory (README "Guarantees"): rank 0 holds out_dir/train.lock (an flock; "pid P host H") while it writes, so
+  a second trainer refuses; what a kill leaves (a dead holder's lock, a temporary of an interrupted write, a torn last
+  log line) is named and repaired on the next start. Every numeric flag is checked against LIMITS when parsed.
 - DDP: plain DDP (grads sync only on the last micro-step) with MuonH sharded by whole matrices: each rank runs Polar
   Express on the matrices it owns from DDP's averaged grads and all-gathers them (optim.py, optimizer.md §4). DDP
   wraps first and torch.compile compiles the wrapped module (DDPOptimizer splits the graph at bucket boundaries, so
@@ -45,12 +48,15 @@ Decisions (project, stated once here and printed at start-up):
 """
 import argparse
 import dataclasses
+import errno
+import fcntl
 import functools
 import hashlib
 import inspect
 import json
 import math
 import os
+import pathlib
 import random
 import re
 import resource
@@ -70,7 +76,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import flops
-from data import PackedLoader, init_dist, load_tokenizer, print0, read_meta
+from data import PackedLoader, atomic_write, init_dist, load_tokenizer, print0, read_meta, stale_temps
 from eval import load_checkpoint, load_weights, read_checkpoint, val_loss
 from model import ATTN_BACKENDS, LoopedGPT, ModelConfig, resolve_attention
 from optim import build_optimizer, hyperp_lrs, lr_multiplier, reference_tokens, set_lr_multiplier
@@ -79,6 +85,7 @@ REPO_DIR = os.path.dirname(os.path.abspath(__file__))
 CKPT_NAME = "ckpt.pt"      # out_dir/ckpt.pt: the latest good checkpoint, replaced atomically
 DONE_NAME = "done.json"    # out_dir/done.json: the run's record, written last by rank 0
 LOG_NAME = "log.jsonl"     # out_dir/log.jsonl: one JSON object per step / eval (machine-readable log)
+LOCK_NAME = "train.lock"   # out_dir/train.lock: "pid P host H" of the one process writing this run (flock'd)
 
 # Dense bf16 peak per accelerator for the MFU column (vendor datasheets); matched by substring of the device name.
 # CPU: an assumed figure (~2 AVX2 cores, fp32), stated at start-up; pass --peak-flops for your machine.
@@ -156,6 +163,71 @@ class TrainConfig:
 
 
 # -----------------------------------------------------------------------------
+# Allowed values of every int / float field of ModelConfig and TrainConfig (rule 5: checked when the CLI parses the
+# flag, and again in main() for configs built in Python). "[" / "]" include the bound, "(" / ")" exclude it; floats
+# must also be finite, so nan / inf never reach a model (--norm-eps inf trains a model that learns nothing). Rules
+# across fields (r divides 16, head_dim divides d, one horizon, ...) stay in the classes' __post_init__. A test checks
+# that every numeric field of both classes has a row here.
+LIMITS = {
+    # ModelConfig (model.py)
+    "scale": ("[1, inf)", "width multiplier s: d_model = aspect_ratio x s"),
+    "aspect_ratio": ("[1, inf)", "d_model / s; 64 in the paper"),
+    "n_loops": ("[1, 16]", "recurrences r; the grid uses 1, 2, 4, 8"),
+    "n_layers_eff": ("[1, inf)", "effective depth l_eff; 20 in the paper"),
+    "n_layers_prelude": ("[0, inf)", "prelude blocks"),
+    "n_layers_coda": ("[0, inf)", "coda blocks"),
+    "head_dim": ("[2, inf)", "attention head width; 128 in the paper"),
+    "vocab_size": ("[2, inf)", "vocabulary; leave the default to take the data's"),
+    "seq_len": ("[1, inf)", "context length T; must equal the data's"),
+    "state_init_std": ("(0, 1000]", "sigma of the random initial state; 1 = a normalised state's RMS"),
+    "hc_lanes": ("[2, inf)", "hyperconnection lanes K"),
+    "n_loops_bwd": ("[1, 16]", "gradient window r_bwd; none = full BPTT"),
+    "logit_softcap": ("(0, 10000]", "logit soft cap; Table 4: 15"),
+    "rope_base": ("(1, 1e12]", "RoPE theta; Table 4: 10000"),
+    "norm_eps": ("(0, 0.1]", "RMSNorm epsilon; Table 4: 1e-6"),
+    # TrainConfig
+    "flops_budget": ("(0, 1e30]", "compute budget C in FLOPs; the paper's grid spans 4.64e17 to 2.15e19"),
+    "tokens": ("[1, inf)", "training tokens D"),
+    "tokens_per_param": ("(0, 1e9]", "tokens per parameter rho; App. D: 10"),
+    "steps": ("[1, inf)", "optimizer steps"),
+    "batch_tokens": ("[1, inf)", "tokens per optimizer step B"),
+    "device_batch": ("[0, inf)", "rows per rank per micro-step; 0 = automatic"),
+    "muonh_lr": ("(0, 10]", "base MuonH LR; the paper's 0.014"),
+    "d_ref": ("(0, inf)", "HyperP reference tokens D_ref; none = the family constant"),
+    "lr_batch_ref": ("[1, inf)", "HyperP reference batch in tokens"),
+    "eval_every": ("[0, inf)", "steps between val evals; 0 = the final step only"),
+    "eval_tokens": ("[-1, inf)", "val tokens per eval; -1 = the whole val split"),
+    "ckpt_every": ("[0, inf)", "steps between checkpoints; 0 = only at the end"),
+    "seed": ("[0, 4294967295]", "random seed; numpy's range"),
+    "peak_flops": ("(0, 1e20]", "per-device peak FLOP/s"),
+    "bench_steps": ("[0, inf)", "timed steps of bench mode"),
+}
+
+
+def check_value(name: str, v) -> Optional[str]:
+    """None if v is allowed for the field name (LIMITS; None passes, Optional fields use it), else why not."""
+    if v is None or name not in LIMITS:
+        return None
+    interval, what = LIMITS[name]
+    lo, hi = (float(b) for b in interval[1:-1].split(", "))
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return f"must be a number in {interval} ({what}), got {v!r}"
+    if not math.isfinite(v):
+        return f"must be a finite number in {interval} ({what}), got {v}"
+    if v < lo or v > hi or (interval[0] == "(" and v == lo) or (interval[-1] == ")" and v == hi):
+        return f"must be in {interval} ({what}), got {v:g}"
+    return None
+
+
+def check_config(obj) -> None:
+    """Every numeric field of a ModelConfig / TrainConfig against LIMITS; ValueError naming the flag."""
+    for f in dataclasses.fields(obj):
+        why = check_value(f.name, getattr(obj, f.name))
+        if why:
+            raise ValueError(f"--{f.name.replace('_', '-')} {why}")
+
+
+# -----------------------------------------------------------------------------
 # CLI: one flat parser generated from ModelConfig + TrainConfig (style B5). argparse itself rejects a field name
 # used in both classes (conflicting option string), and allow_abbrev=False makes every unknown flag an error.
 
@@ -192,10 +264,27 @@ def _field_comments(cls) -> dict:
     return out
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):                # one line, no usage block (rule 5); --help prints the usage
+        self.exit(2, f"{self.prog}: error: {message} (python train.py --help lists every flag)\n")
+
+
+def _limited(conv, name):
+    """conv, then the LIMITS check of field name: a bad value is an argparse error naming its flag."""
+    def parse(v):
+        x = conv(v)
+        why = check_value(name, x)
+        if why:
+            raise argparse.ArgumentTypeError(why)
+        return x
+    parse.__name__ = conv.__name__          # argparse names the type in its "invalid value" errors
+    return parse
+
+
 @functools.lru_cache(maxsize=None)
 def _parser() -> argparse.ArgumentParser:
     """The generated parser, built once (reading the field comments is the slow part, ~50 ms)."""
-    p = argparse.ArgumentParser(prog="train.py", description=__doc__, allow_abbrev=False,
+    p = _Parser(prog="train.py", description=__doc__, allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     for cls in (ModelConfig, TrainConfig):
         hints, notes = typing.get_type_hints(cls), _field_comments(cls)
@@ -208,6 +297,8 @@ def _parser() -> argparse.ArgumentParser:
             if optional:                                           # "none" restores the None default
                 conv = (lambda c: lambda v: None if v.lower() in ("none", "auto") else c(v))(conv)
                 conv.__name__ = tp.__name__                        # argparse names the type in its errors
+            if tp in (int, float):                                 # range and finiteness, at parse time
+                conv = _limited(conv, f.name)
             kw = dict(type=conv, default=f.default, help=f"{notes.get(f.name, '')} (default: {f.default})")
             if tp is bool:                                         # bare --resume means true
                 kw.update(nargs="?", const=True, metavar="BOOL")
@@ -227,28 +318,144 @@ def parse_args(argv=None) -> tuple:
 
 
 # -----------------------------------------------------------------------------
+# The run directory: checked before any work, one writer at a time (a lock), leftovers of a kill repaired
+
+def check_out_dir(out_dir: str) -> None:
+    """One-line errors for an out-dir that can never work, before anything is computed or written (rule 5)."""
+    if not out_dir.strip():
+        raise ValueError("--out-dir is empty: name the run's folder, e.g. --out-dir out/run")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ValueError(f"--out-dir {out_dir!r} is a file, not a folder: pick another --out-dir")
+    top = os.path.abspath(out_dir)              # the nearest existing ancestor must be a writable folder
+    while not os.path.exists(top):
+        top = os.path.dirname(top)
+    if not os.path.isdir(top):
+        raise ValueError(f"--out-dir {out_dir!r}: {top} is a file, so the folder cannot be created")
+    if not os.access(top, os.W_OK | os.X_OK):
+        raise ValueError(f"--out-dir {out_dir!r}: {top} is not writable; pick a folder you can write to")
+
+
+def acquire_lock(out_dir: str) -> int:
+    """Make out_dir and take its writer lock (rule 4: one trainer per run directory); return the lock's fd.
+
+    The lock is an flock on out_dir/train.lock, which holds "pid P host H" of its holder: the kernel drops the flock
+    when the holder dies, however it dies, so a lock left by a killed run is taken over (and said so), while a live
+    holder makes this call fail with a message naming it. Creating the folder and the lock also probes that out_dir
+    is writable (a read-only or full disk fails here, before any work)."""
+    path = os.path.join(out_dir, LOCK_NAME)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 256).decode(errors="replace").strip() or "a process that has not written its id"
+                os.close(fd)
+                raise ValueError(f"{out_dir} is being written by another trainer ({holder}; lock {path}): one writer "
+                                 "per run directory. Wait for it, stop it, or pick another --out-dir") from None
+            try:                             # the holder we waited on may have removed the file: lock the new one
+                same = os.path.samestat(os.fstat(fd), os.stat(path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        previous = os.read(fd, 256).decode(errors="replace").strip()
+        if previous and not re.fullmatch(r"pid \d+ host \S+", previous):
+            os.close(fd)
+            raise ValueError(f"{path} exists and was not written by train.py ({previous[:60]!r}); move it away")
+        if previous:
+            print0(f"{path}: taking over the lock of {previous}, which no longer runs (a killed run left it)")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} host {socket.gethostname()}\n".encode(), 0)
+        os.fsync(fd)
+    except OSError as err:
+        raise OSError(f"--out-dir {out_dir!r} is not usable: {err.strerror or err} ({err.filename or path}); pick "
+                      "a writable folder with free space") from None
+    return fd
+
+
+def release_lock(fd: int, out_dir: str) -> None:
+    """Remove out_dir/train.lock, then drop the flock (closing the fd): the next trainer finds no holder."""
+    try:
+        os.remove(os.path.join(out_dir, LOCK_NAME))
+    except OSError:
+        pass
+    os.close(fd)
+
+
+def remove_stale_temps(out_dir: str) -> None:
+    """Delete what a kill or a power loss mid-write left in out_dir: atomic_write temporaries (never complete
+    files; the real names still hold the previous versions) and the ".tmp" files of older train.py versions."""
+    legacy = [os.path.join(out_dir, n + ".tmp") for n in (CKPT_NAME, DONE_NAME, LOG_NAME)]
+    for path in stale_temps(out_dir) + [p for p in legacy if os.path.isfile(p)]:
+        os.remove(path)
+        print0(f"removed {path}: a temporary file left by an interrupted write (the real file is untouched)")
+
+
+def read_log(log_path: str, upto: int) -> list:
+    """The lines of log.jsonl whose step is <= upto (the rest is about to be redone), repairing a torn tail.
+
+    A kill (or a power loss) during an append can leave the last line cut short, or NUL bytes after the last
+    newline: that tail is dropped with a message (rule 3). A bad line anywhere else means the file is not this run's
+    log (edited, or another tool's): an error naming the file and line, and the file is left untouched."""
+    if not os.path.exists(log_path):
+        return []
+    with open(log_path, "rb") as f:
+        lines = f.read().split(b"\n")
+    tail = lines.pop()                       # after the last newline: b"" when the file ends cleanly
+    kept = []
+    for i, ln in enumerate(lines, 1):
+        try:
+            rec = json.loads(ln)
+            ok = isinstance(rec, dict) and isinstance(rec.get("step"), int)
+        except ValueError:                   # JSONDecodeError, UnicodeDecodeError
+            ok = False
+        if not ok:
+            if i == len(lines) and not tail:         # the last line is itself the torn one
+                tail = ln
+                break
+            raise ValueError(f"{log_path} line {i} is not a train.py record ({ln[:60]!r}): this is not the run's "
+                             "own log. Move it away and rerun (the run resumes from its checkpoint without it)")
+        if rec["step"] <= upto:
+            kept.append(ln.decode() + "\n")
+    if tail:
+        print0(f"{log_path}: dropped a torn last line ({len(tail)} bytes: {tail[:40]!r}), the trace of a kill "
+               "mid-write; the log resumes from the checkpoint")
+    return kept
+
+
+def write_failure(err: BaseException, path: str) -> str:
+    """A one-line reason for a failed write of path: the errno text (e.g. 'No space left on device') if any error in
+    the chain carries one (torch.save wraps it in a RuntimeError), else the free space when the disk is nearly full."""
+    e = err
+    while e is not None:
+        if isinstance(e, OSError) and e.errno:
+            return os.strerror(e.errno)
+        e = e.__cause__ or e.__context__
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    try:
+        st = os.statvfs(os.path.dirname(path) or ".")
+    except OSError:
+        return first
+    free = st.f_bavail * st.f_frsize
+    return f"{os.strerror(errno.ENOSPC)} ({free:,} bytes free)" if free < 64 * 2**20 else f"{first} ({free:,} bytes free)"
+
+
+# -----------------------------------------------------------------------------
 # Small helpers: atomic writes, git provenance, RNG state, fault hooks
 
-def _atomic_write(path: str, write) -> None:
-    """write(f) into path.tmp, fsync, then os.replace: a crash at any point leaves the old file intact."""
-    # A kill mid-write leaves a partial path.tmp, which the next write simply overwrites; the real name only ever
-    # points at a complete file. fsync before the rename, so a power loss cannot reorder data and rename either.
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)                   # atomic on POSIX: readers see the old file or the new one, never half
-
-
 def save_checkpoint(path: str, state: dict) -> None:
-    """Atomic torch.save (tmp + fsync + rename). The previous checkpoint survives a kill during the write."""
-    _atomic_write(path, lambda f: torch.save(state, f))
+    """torch.save through data.atomic_write (exclusive temp in the same folder, fsync, rename): the previous
+    checkpoint survives a kill, or a full disk, during the write."""
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
 def write_json(path: str, obj: dict) -> None:
     """Atomic JSON write (done.json, bench.json): readers such as fit.py never see half a record."""
-    _atomic_write(path, lambda f: f.write((json.dumps(obj, indent=1) + "\n").encode()))
+    text = json.dumps(obj, indent=1) + "\n"
+    atomic_write(path, lambda tmp: pathlib.Path(tmp).write_text(text))
 
 
 def git_info() -> dict:
@@ -349,7 +556,20 @@ def peak_memory(device) -> tuple:
 # main: written top to bottom, in the order it runs (like nanochat's base_train)
 
 def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
-    """Train one run; return its record (the content of out_dir/done.json; the bench figures in bench mode)."""
+    """Train one run; return its record (the content of out_dir/done.json; the bench figures in bench mode).
+    The run's writer lock (rule 4), taken by _main once the config is checked, is released however it ends."""
+    held = []                                # [(fd, out_dir, created)] of the lock _main takes
+    try:
+        return _main(model_cfg, train_cfg, held)
+    finally:
+        for fd, folder, created in held:
+            release_lock(fd, folder)
+            if created and not os.listdir(folder):   # a start that failed leaves no empty folder behind
+                os.rmdir(folder)
+
+
+def _main(model_cfg: ModelConfig, train_cfg: TrainConfig, held: list) -> dict:
+    """main's body, top to bottom in the order it runs."""
     t_start = time.time()
     tc = train_cfg
     # Every rank runs this same function; only rank 0 prints (print0) and writes files. The process group starts
@@ -363,17 +583,44 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     # ---- 1. Validate everything before any work ------------------------------------------------------------------
     # A sweep relaunches every run with --resume: a finished run hands back its record, a preempted one continues.
     # Without --resume an existing run is never overwritten.
+    check_config(model_cfg)                  # LIMITS: finiteness and range (the CLI checked them already)
+    check_config(tc)
     out_dir = tc.out_dir
+    if not tc.plan:
+        check_out_dir(out_dir)
     ckpt_path, done_path, log_path = (os.path.join(out_dir, n) for n in (CKPT_NAME, DONE_NAME, LOG_NAME))
     seen = agree_on_out_dir(out_dir, world) if not no_data else {}   # rank 0 decides; all ranks must agree
     has_done, has_ckpt = seen.get(DONE_NAME) is not None, seen.get(CKPT_NAME) is not None
-    if not no_data and has_done:
+
+    def finished_record():
+        """The record of a finished run, if it is the run asked for (rule 1: never hand back another run's)."""
         if not tc.resume:
             raise ValueError(f"{done_path} exists: this run is finished. Pick another --out-dir (or pass --resume "
                              "to get its record back)")
+        try:
+            with open(done_path) as f:
+                rec = json.load(f)
+            was_m, was_t = rec["config"]["model_config"], rec["config"]["train_config"]
+        except (ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"{done_path} is not a train.py record ({type(err).__name__}: {err}); move it away to "
+                             "train this run again") from None
+        now = asdict(model_cfg)
+        if now["vocab_size"] == vocab_default:           # the default means "the data's": any recorded value fits
+            now["vocab_size"] = was_m.get("vocab_size")
+        # a field newer than the record counts as recorded at its default (the record predates the field)
+        defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+        diff = {k: (was_m.get(k, defaults[k]), v) for k, v in now.items() if was_m.get(k, defaults[k]) != v
+                and not (tc.init_from and v == defaults[k])}   # --init-from: a default flag took the checkpoint's
+        diff.update({k: (was_t.get(k), getattr(tc, k)) for k in RESUME_KEYS
+                     if was_t.get(k) != getattr(tc, k)})
+        if diff:
+            raise ValueError(f"{done_path} is the record of a different run: (recorded, now) = {diff}; pick "
+                             "another --out-dir for this one")
         print0(f"{done_path} exists: the run is finished; returning its record")
-        with open(done_path) as f:
-            return json.load(f)
+        return rec
+    vocab_default = next(f.default for f in dataclasses.fields(ModelConfig) if f.name == "vocab_size")
+    if not no_data and has_done:
+        return finished_record()
     if not no_data and not tc.resume and has_ckpt:
         raise ValueError(f"{ckpt_path} exists: pass --resume to continue that run, or pick another --out-dir")
 
@@ -401,7 +648,6 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
                f"{'full' if c.n_loops_bwd is None else f'last {c.n_loops_bwd}'}; fresh optimizer, LRs and step 0")
 
     # The data: seq_len and tokenizer must match the config; the vocabulary may be taken from it (module docstring).
-    vocab_default = next(f.default for f in dataclasses.fields(ModelConfig) if f.name == "vocab_size")
     meta, val_rows, vocab_rule, tok_hash = None, 0, "--vocab-size", None
     if not no_data:
         if not os.path.isdir(tc.data):
@@ -509,6 +755,16 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
             raise ValueError(f"--eval-tokens {tc.eval_tokens:,} needs {eval_rows} val rows of {cfg.seq_len} tokens "
                              f"but {tc.data} has {val_rows}; pass --eval-tokens <= {val_rows * cfg.seq_len:,} "
                              "(or -1 for the whole val split)")
+
+    # From here on this process writes out_dir: take its lock (one writer per run directory), then repair what a
+    # killed predecessor may have left: temporaries of an interrupted write (the torn log tail is handled below).
+    if master and not no_data:
+        created = not os.path.isdir(out_dir)
+        held.append((acquire_lock(out_dir), out_dir, created))
+        if os.path.exists(done_path) or (not tc.resume and os.path.exists(ckpt_path)):
+            raise ValueError(f"another trainer wrote {out_dir} while this one was starting; rerun the same command "
+                             "(with --resume) once it is done")
+        remove_stale_temps(out_dir)
 
     # A checkpoint to resume must come from the same model, horizon, LRs, seed and tokenizer.
     ckpt = None
@@ -632,12 +888,22 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     elif tc.resume and not bench:
         print0(f"--resume: no {ckpt_path} yet; starting at step 0")
     if master and not bench:
-        os.makedirs(out_dir, exist_ok=True)
-        records = []                         # keep the log up to the checkpoint; later lines are about to be redone
-        if os.path.exists(log_path) and start_step > 0:
-            with open(log_path) as f:
-                records = [ln for ln in f if json.loads(ln)["step"] <= start_step]
-        _atomic_write(log_path, lambda f: f.write("".join(records).encode()))
+        # A checkpoint is written beside the previous one, then replaces it: if the disk cannot hold the writes to
+        # come, say so now rather than at step 1000. A checkpoint is at most weights + two optimizer moments each
+        # (AdamW; MuonH keeps one); with two or more writes ahead the disk must hold two checkpoints at once.
+        ce = tc.ckpt_every
+        writes = 0 if start_step >= total_steps else (
+            (total_steps // ce - start_step // ce if ce else 0) + (0 if ce and total_steps % ce == 0 else 1))
+        est = 3 * sum(p.numel() * p.element_size() for p in raw_model.parameters()) + 2**16
+        old = os.path.getsize(ckpt_path) if os.path.exists(ckpt_path) else 0
+        need = 0 if writes == 0 else est if writes == 1 else 2 * est - min(old, est)
+        st = os.statvfs(out_dir)
+        if st.f_bavail * st.f_frsize < need:
+            raise ValueError(f"--out-dir {out_dir!r} has {st.f_bavail * st.f_frsize:,} bytes free, but its {writes} "
+                             f"checkpoint write(s) need about {need:,}: free some space or pick another --out-dir")
+        # Keep the log up to the checkpoint (later lines are about to be redone); a torn last line is dropped.
+        records = read_log(log_path, start_step)
+        atomic_write(log_path, lambda tmp: pathlib.Path(tmp).write_text("".join(records)))
 
     # Wrap, then compile: DDP all-reduces grads (mean over ranks); the optimizer shards MuonH (optimizer.md §4).
     # Compiling the DDP module lets DDPOptimizer split the graph at bucket boundaries so each bucket's all-reduce
@@ -677,13 +943,28 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
         """Rank 0 writes out_dir/ckpt.pt atomically; the other ranks wait, so nobody races ahead of a bad write."""
         optim_state = optimizer.state_dict()   # every rank: gathers the sharded MuonH state (full, any world size)
         if master:
-            save_checkpoint(ckpt_path, {
-                "model": raw_model.state_dict(), "optimizer": optim_state,
-                "loader": loader.state_dict(), "rng": rng_state(), "step": step, "val_loss": val,
-                "wall_time_s": wall_before + time.time() - t_loop, "tokenizer_hash": tok_hash,
-                "model_config": asdict(cfg), "train_config": asdict(tc)})
+            try:
+                save_checkpoint(ckpt_path, {
+                    "model": raw_model.state_dict(), "optimizer": optim_state,
+                    "loader": loader.state_dict(), "rng": rng_state(), "step": step, "val_loss": val,
+                    "wall_time_s": wall_before + time.time() - t_loop, "tokenizer_hash": tok_hash,
+                    "model_config": asdict(cfg), "train_config": asdict(tc)})
+            except (OSError, RuntimeError) as err:             # e.g. a full disk: torch wraps ENOSPC in RuntimeError
+                kept = f"{ckpt_path} still holds the previous one" if os.path.exists(ckpt_path) else "none was kept"
+                raise OSError(f"could not write the step-{step} checkpoint {ckpt_path}: {write_failure(err, ckpt_path)}"
+                              f"; {kept}. Free space, then rerun with --resume") from None
         if world > 1:
             dist.barrier()
+
+    def log(rec):
+        """One record appended to log.jsonl (rank 0); a failed append (full disk) is one line naming the file."""
+        if log_file:
+            try:
+                log_file.write(json.dumps(rec) + "\n")
+                log_file.flush()
+            except OSError as err:
+                raise OSError(f"could not append to {log_path}: {write_failure(err, log_path)}. Free space, then "
+                              "rerun with --resume (the run continues from its last checkpoint)") from None
 
     # ---- 4. Training loop ----------------------------------------------------------------------------------------
     # One optimizer step = accum micro-batches per rank; per step: LR multiplier, forward/backward with the gradient
@@ -715,9 +996,14 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
             if log_file:
                 log_file.close()
             kept = f"{ckpt_path} is the last good checkpoint" if os.path.exists(ckpt_path) else "no checkpoint yet"
+            if step == 0:                                       # no update has happened: the LR cannot be the cause
+                cause = ("the loss is non-finite before any optimizer step, so the learning rate is not the cause: "
+                         "check the model flags (--norm-eps, --logit-softcap, --rope-base, --state-init-std, "
+                         "--vocab-size) and the data")
+            else:
+                cause = "after fixing the cause (a diverging run: e.g. a lower --muonh-lr), rerun with --resume"
             raise FloatingPointError(f"non-finite training loss {loss_val} at step {step + 1}/{total_steps}; "
-                                     f"stopping without an optimizer step. {kept} (resume with --resume after "
-                                     f"fixing the cause, e.g. a lower --muonh-lr)")
+                                     f"stopping without an optimizer step. {kept}; {cause}")
         t_opt = time.perf_counter()                             # loss_val.item() above synced the device
         optimizer.step()                                        # MuonH: momentum, Polar Express, rescale to R,
         optimizer.zero_grad(set_to_none=True)                   # step, retract; AdamW on the rest
@@ -739,15 +1025,10 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
                f"eta {eta / 60:.1f}min", flush=True)
         if bench:
             continue
-        if log_file:
-            log_file.write(json.dumps({"step": done, "loss": loss_val, "lr_mult": lr_mult, "dt": dt,
-                                       "tok_per_s": tok_s, "mfu": mfu}) + "\n")
-            log_file.flush()
+        log({"step": done, "loss": loss_val, "lr_mult": lr_mult, "dt": dt, "tok_per_s": tok_s, "mfu": mfu})
         if done == total_steps or (tc.eval_every and done % tc.eval_every == 0):
             last_val = evaluate(done)
-            if log_file:
-                log_file.write(json.dumps({"step": done, "val_loss": last_val}) + "\n")
-                log_file.flush()
+            log({"step": done, "val_loss": last_val})
         # Eval before the checkpoint: a run killed after both resumes past this step and never re-evaluates it.
         if done == total_steps or (tc.ckpt_every and done % tc.ckpt_every == 0):
             checkpoint(done, last_val)
@@ -799,7 +1080,11 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     if tc.case:
         record["case"] = tc.case
     if master:
-        write_json(done_path, record)
+        try:
+            write_json(done_path, record)
+        except OSError as err:
+            raise OSError(f"could not write {done_path}: {write_failure(err, done_path)}; the final checkpoint is "
+                          "kept. Free space, then rerun with --resume to write the record") from None
         print0(f"done: val_loss {last_val:.4f} nats after {tokens:,} tokens -> {done_path}")
     if world > 1:
         dist.barrier()
@@ -965,9 +1250,17 @@ elif __name__ == "__main__":
     mcfg, tcfg = parse_args()
     try:
         main(mcfg, tcfg)
-    except (ValueError, FloatingPointError) as err:            # bad config or NaN: message + non-zero exit
+    except (ValueError, FloatingPointError, OSError) as err:   # bad input, NaN, disk: one line + non-zero exit
         print(f"train.py: error: {err}", file=sys.stderr, flush=True)
         sys.exit(1)
+    except torch.cuda.OutOfMemoryError:
+        print("train.py: error: out of GPU memory: lower --device-batch (gradient accumulation keeps the global batch "
+              "and the tokens per step identical), then rerun with --resume", file=sys.stderr, flush=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print("train.py: interrupted; rerun the same command with --resume to continue from the last checkpoint",
+              file=sys.stderr, flush=True)
+        sys.exit(130)
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()

@@ -15,6 +15,8 @@
 #                finished baseline study (cp -a out/mini out/mini_cases) to train only the case's 33 runs.
 # After the fit, the lowest-loss model of each looped r at the largest budget is evaluated at test-time loop
 # counts r' in SWEEP (eval.py --n-loops-sweep; App. A loop extrapolation) and the report gets loop_sweep.png.
+# OUT is mini.sh's own folder: a new or empty one is adopted (OUT/.nanoloop-mini records its grid), a folder mini.sh
+# made for the same grid is resumed, anything else is refused; mini.sh deletes only files it wrote. JOBS=N workers.
 # Cost: 0 GPU-hours; ~15 minutes on a 2-core CPU (README states the measured time). JOBS=2 worker processes, one
 # thread each (tiny models use one core better than two). Resumable: a second invocation skips runs whose
 # done.json exists and resumes a killed run from its last checkpoint; fit.py reads only done.json, which train.py
@@ -49,7 +51,7 @@ while (( $# )); do
             CASE=$2; shift ;;
     -*) echo "runs/mini.sh: unknown flag $1 (usage: bash runs/mini.sh [--quick] [--dry-run] [--case NAME] [OUT])" >&2
         exit 2 ;;
-    *) OUT="$1" ;;
+    *) OUT="$1"; [[ -n "$OUT" ]] || { echo "runs/mini.sh: OUT is empty: name a folder, e.g. out/mini" >&2; exit 2; } ;;
   esac
   shift
 done
@@ -57,6 +59,9 @@ if [[ -n $CASE && ! -v CASES[$CASE] ]]; then
   echo "runs/mini.sh: --case wants one of: ${!CASES[*]} (got '${CASE}')" >&2; exit 2
 fi
 JOBS=${JOBS:-2}
+if ! [[ "$JOBS" =~ ^[1-9][0-9]*$ ]]; then
+  echo "runs/mini.sh: JOBS=$JOBS must be a whole number >= 1 (worker processes), e.g. JOBS=2" >&2; exit 2
+fi
 SWEEP=1,2,4,8,16                              # test-time loop counts r' (App. A)
 
 # ---- parameters (the grid) ----------------------------------------------------------------------------------
@@ -79,14 +84,16 @@ fi
 DATA="$OUT/data"; RUNS="$OUT/runs"
 
 # ---- the launch list: one train.py invocation per (budget, r, width) ---------------------------------------
-NAMES=(); ARGS=()
+# Each entry of ARGS is shell-quoted (printf %q), so an OUT with spaces reaches train.py as one argument.
+NAMES=(); ARGS=(); BASE_NAMES=()   # BASE_NAMES: the baseline grid (a case adds its runs to NAMES)
 for C in "${BUDGETS[@]}"; do for r in "${LOOPS[@]}"; do for s in ${SCALES[$C]}; do
   NAMES+=("C${C}_r${r}_s${s}")
-  ARGS+=("--flops-budget $C --n-loops $r --scale $s --data $DATA --out-dir $RUNS/C${C}_r${r}_s${s}")
+  ARGS+=("--flops-budget $C --n-loops $r --scale $s --data $(printf %q "$DATA") --out-dir $(printf %q "$RUNS/C${C}_r${r}_s${s}")")
+  BASE_NAMES+=("C${C}_r${r}_s${s}")
   if [[ -n $CASE && $r != 1 ]]; then         # the case's looped cell beside the baseline's (same C, r, s)
     flags=${CASES[$CASE]}; [[ $CASE == bptt ]] && flags="--n-loops-bwd $(( (r + 1) / 2 ))"
     NAMES+=("case_${CASE}/C${C}_r${r}_s${s}")
-    ARGS+=("--flops-budget $C --n-loops $r --scale $s --data $DATA --out-dir $RUNS/case_${CASE}/C${C}_r${r}_s${s}")
+    ARGS+=("--flops-budget $C --n-loops $r --scale $s --data $(printf %q "$DATA") --out-dir $(printf %q "$RUNS/case_${CASE}/C${C}_r${r}_s${s}")")
     ARGS[-1]+=" $flags --case $CASE"
   fi
 done; done; done
@@ -95,11 +102,42 @@ if [[ $DRY == 1 ]]; then
   exit 0
 fi
 
+die() { echo "runs/mini.sh: $*" >&2; exit 1; }
+# ---- 0. OUT must be mini.sh's own folder (rule 2: never write into, or delete from, a folder it did not make) --
+MARK="$OUT/.nanoloop-mini"
+OWN='^(\.nanoloop-mini|tokenizer\.model|data|runs|case_[a-z_]+|launch\.txt|fit\.log|fit\.json|report\.md|[a-z_]+\.png)$'
+if [[ -e "$OUT" && ! -d "$OUT" ]]; then die "OUT $OUT is a file, not a folder: pick another OUT"; fi
+if [[ -d "$OUT" && ! -f "$MARK" ]]; then
+  # adopt an empty folder, or one holding only what an earlier mini.sh writes (before the marker existed)
+  foreign=$(ls -A "$OUT" | grep -Ev "$OWN" | head -3 | tr '\n' ' ' || true)
+  [[ -d "$OUT/runs" ]] || foreign=$(ls -A "$OUT" | head -3 | tr '\n' ' ')   # mini.sh always made runs/ first
+  if [[ -n "$foreign" ]]; then
+    die "OUT $OUT exists and was not made by mini.sh (it holds: $foreign): pick a new or empty OUT"
+  fi
+fi
+# The marker records which grid OUT holds: a --quick study and a full one (or two versions of the grid) never mix
+# in one runs/ folder, where fit.py would fit them together.
+GRID="grid $(printf '%s\n' "${ARCH[*]}" "${BASE_NAMES[*]}" | cksum | cut -d' ' -f1) ($([[ $QUICK == 1 ]] && echo quick || echo full))"
+if [[ -s "$MARK" && "$(cat "$MARK")" != "$GRID" ]]; then
+  die "OUT $OUT holds another mini study ($(cat "$MARK"); this one is $GRID): pick another OUT"
+fi
+mkdir -p "$OUT" "$RUNS" ${CASE:+"$RUNS/case_$CASE" "$OUT/case_$CASE"}
+[[ -s "$MARK" ]] || { printf '%s\n' "$GRID" > "$MARK.$$.tmp" && mv -f "$MARK.$$.tmp" "$MARK"; }
+if command -v flock >/dev/null; then             # one mini.sh per OUT; the kernel drops the lock when we exit
+  exec 9<"$OUT"
+  flock -n 9 || die "OUT $OUT is in use by another runs/mini.sh: wait for it, or pick another OUT"
+fi
+
 T0=$(date +%s)
 say() { printf '[mini %4ds] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
 trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; echo "[mini] interrupted: rerun the same command to resume" >&2; exit 130' INT TERM
-mkdir -p "$OUT" "$RUNS" ${CASE:+"$RUNS/case_$CASE"}
 export OMP_NUM_THREADS=1
+
+for tmp in "$OUT"/.*.tmp; do                  # temporaries of an interrupted atomic write (never complete files)
+  if [[ -f "$tmp" && "$(basename "$tmp")" =~ ^\..+\.([0-9a-f]{8}|[0-9]+)\.tmp$ ]]; then
+    rm -f "$tmp"; say "removed $tmp, a temporary file left by an interrupted write"
+  fi
+done
 
 # ---- 1. tokenizer and packed data (each step skipped when its output exists; both are written atomically) -----
 if [[ ! -f "$OUT/tokenizer.model" ]]; then
@@ -107,7 +145,7 @@ if [[ ! -f "$OUT/tokenizer.model" ]]; then
   python data.py tokenizer --corpus default --vocab-size "$VOCAB" --doc-chars "$DOC_CHARS" --out "$OUT/tokenizer.model"
 fi
 if [[ ! -f "$DATA/meta_val.json" ]]; then
-  rm -rf "$DATA"                              # a prepare killed midway left no meta: start it over
+  # a prepare killed midway resumes by itself (data.py keeps its state in DATA); nothing is deleted here
   say "packing the default corpus into rows of $((SEQ + 1)) tokens"
   python data.py prepare --source default --doc-chars "$DOC_CHARS" --tokenizer "$OUT/tokenizer.model" \
       --out "$DATA" --seq-len "$SEQ"
@@ -120,31 +158,48 @@ fi
 n_todo=0
 for i in "${!NAMES[@]}"; do [[ -f "$RUNS/${NAMES[$i]}/done.json" ]] || n_todo=$((n_todo + 1)); done
 say "grid: ${#NAMES[@]} runs (${n_todo} to train), budgets ${BUDGETS[*]}, r in {${LOOPS[*]}}, $JOBS workers"
-for (( i = ${#NAMES[@]} - 1; i >= 0; i-- )); do echo "${NAMES[$i]} ${ARCH[*]} ${ARGS[$i]}"; done > "$OUT/launch.txt"
-rm -rf "$RUNS"/*.claim "$RUNS"/case_*/*.claim                # claims of an interrupted invocation
+for (( i = ${#NAMES[@]} - 1; i >= 0; i-- )); do echo "${NAMES[$i]} ${ARCH[*]} ${ARGS[$i]}"; done > "$OUT/.launch.txt.$$.tmp"
+mv -f "$OUT/.launch.txt.$$.tmp" "$OUT/launch.txt"           # atomic, like every file nanoloop writes
+for n in "${NAMES[@]}"; do                                 # claims of an interrupted invocation (empty folders)
+  if [[ -d "$RUNS/$n.claim" ]]; then rmdir "$RUNS/$n.claim"; fi
+done
 worker() {  # take the next unclaimed run of launch.txt (largest budget first) until none is left
   exec python - "$OUT/launch.txt" "$RUNS" "$T0" <<'PY'    # exec: the job pid is python itself, so a kill reaches it
-import contextlib, os, sys, time
+import contextlib, os, shlex, sys, time, traceback
 import train
 launch, runs, t0 = sys.argv[1], sys.argv[2], int(sys.argv[3])
 for line in open(launch).read().splitlines():
-    name, *argv = line.split()
+    name, *argv = shlex.split(line)
     if os.path.exists(os.path.join(runs, name, "done.json")):
         continue
     try:
         os.mkdir(os.path.join(runs, name + ".claim"))       # atomic: exactly one worker gets each run
     except FileExistsError:
         continue
-    t = time.time()
-    with open(os.path.join(runs, name + ".log"), "a") as log, contextlib.redirect_stdout(log), \
-            contextlib.redirect_stderr(log):
-        rec = train.main(*train.parse_args(argv))          # raises on any error: the worker and the study stop
+    t, log_path = time.time(), os.path.join(runs, name + ".log")
+    with open(log_path, "a") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        try:
+            rec = train.main(*train.parse_args(argv))
+        except (Exception, SystemExit) as err:              # the run's full story goes to its log, one line here
+            traceback.print_exc()
+            msg = (f"exit status {err.code}" if isinstance(err, SystemExit) else
+                   str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__)
+            sys.__stderr__.write(f"runs/mini.sh: run {name} failed: {msg} (log: {log_path})\n")
+            sys.exit(1)
     print(f"[mini {time.time() - t0:5.0f}s] done {name}: val_loss {rec['val_loss']:.4f} nats ({time.time() - t:.0f} s)",
           flush=True)
 PY
 }
-for k in $(seq 1 "$JOBS"); do worker & done
-while (( $(jobs -rp | wc -l) > 0 )); do wait -n; done      # a failed worker fails the script (set -e)
+PIDS=()
+for k in $(seq 1 "$JOBS"); do worker & PIDS+=($!); done
+while (( $(jobs -rp | wc -l) > 0 )); do
+  if ! wait -n; then                                        # one worker failed: stop the others, then say which run
+    kill "${PIDS[@]}" 2>/dev/null || true; wait || true
+    held=$(for n in "${NAMES[@]}"; do [[ -d "$RUNS/$n.claim" && ! -f "$RUNS/$n/done.json" ]] && echo -n "$n "; done)
+    die "a worker failed (its run and log are named above; unfinished runs: ${held:-none}); the other workers were" \
+        "stopped. Fix the cause and rerun the same command to resume"
+  fi
+done
 
 # ---- 3. test-time loop extrapolation (App. A): the lowest-loss model of each looped r at the largest budget ----
 # is evaluated at every r' in SWEEP; fit.py picks the curves up from eval.json (skipped when already there)

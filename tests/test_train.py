@@ -205,15 +205,17 @@ def test_interrupted_checkpoint_write_keeps_previous(tiny_data, tmp_path, refere
         previous["sha"] = sha(out / "ckpt.pt")
         buf = io.BytesIO()
         real_save(obj, buf)
-        f.write(buf.getvalue()[: len(buf.getvalue()) // 2])
+        with open(f, "wb") as out_file:            # f: the exclusive temporary data.atomic_write made
+            out_file.write(buf.getvalue()[: len(buf.getvalue()) // 2])
         raise SimulatedKill
     monkeypatch.setattr(torch, "save", dying_save)
     with pytest.raises(SimulatedKill):
         run(argv)
     monkeypatch.undo()
-    print(f"\ncheckpoint writes: {calls}; half-written {os.path.getsize(str(out / 'ckpt.pt') + '.tmp'):,} bytes "
-          f"left in ckpt.pt.tmp")
+    left = sorted(os.listdir(out))
+    print(f"\ncheckpoint writes: {calls}; out_dir after the interrupted write: {left}")
     assert calls == [5, 10] and sha(out / "ckpt.pt") == previous["sha"]   # the step-5 file, byte for byte
+    assert left == ["ckpt.pt", "log.jsonl"]            # the half-written temporary is removed, the lock released
     assert torch.load(out / "ckpt.pt", weights_only=True)["step"] == 5
     run(argv + ["--resume"])
     assert_same_as_reference(out, reference)

@@ -1,0 +1,392 @@
+"""Hostile inputs and faults for train.py and runs/mini.sh (issue 12, rules 2-5 of the README's "Guarantees").
+
+Every case asserts four things: the exit status, one line naming the culprit (the flag, file or run), no Python
+traceback anywhere in the output, and that every file that existed before is byte-identical afterwards (except a file
+the case repairs on purpose, named in the case). train.py runs in-process through its CLI entry point (runpy, like
+`python train.py ...`) on the tiny conftest corpus; mini.sh runs as a subprocess, on its flag-checking paths and one
+failing grid (the seeded data does not match its seq_len, so no training starts).
+Run: pytest -q tests/test_hostile_train.py
+"""
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import runpy
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import data
+import train
+from conftest import ROOT
+
+TRAIN = os.path.join(ROOT, "train.py")
+MINI = os.path.join(ROOT, "runs", "mini.sh")
+# The tiny model of tests/test_train.py: d = 64, l_eff = 4 as 1-1-1 with r = 2, 8 rows of 32 tokens per step.
+TINY = ["--scale", "1", "--head-dim", "32", "--n-layers-eff", "4", "--n-layers-prelude", "1", "--n-layers-coda",
+        "1", "--n-loops", "2", "--seq-len", "32", "--batch-tokens", "256", "--device-batch", "4",
+        "--eval-tokens", "512"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def snapshot(root):
+    """{path: sha256} of every file under root."""
+    out = {}
+    for folder, _, names in os.walk(root):
+        for n in names:
+            p = os.path.join(folder, n)
+            if os.path.isfile(p) and not os.path.islink(p):
+                out[p] = hashlib.sha256(open(p, "rb").read()).hexdigest()
+    return out
+
+
+def assert_untouched(before, after, changed=()):
+    """Every pre-existing file is still there, byte for byte (changed: files the case repairs on purpose)."""
+    for p, h in before.items():
+        if p not in changed:
+            assert after.get(p) == h, f"{p} was modified or deleted"
+
+
+def cli(argv, capsys, monkeypatch, env=None):
+    """`python train.py ARGV` in-process: (exit status, stdout, stderr)."""
+    monkeypatch.setattr(sys, "argv", ["train.py", *argv])
+    for k, v in (env or {}).items():
+        monkeypatch.setenv(k, v)
+    code = 0
+    try:
+        runpy.run_path(TRAIN, run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def one_error_line(code, out, err, want_code, *culprits):
+    """The error is exactly one line on stderr, naming every culprit; no traceback anywhere."""
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    print(f"\nexit {code}: {lines[-1] if lines else '(no stderr)'}")
+    assert code == want_code, (code, err[-2000:])
+    assert "Traceback" not in out + err
+    assert len(lines) == 1 and lines[0].startswith("train.py: error:"), lines
+    for c in culprits:
+        assert c in lines[0], (c, lines[0])
+
+
+def tiny(data_dir, out_dir, *extra):
+    return [*TINY, "--data", str(data_dir), "--out-dir", str(out_dir), *extra]
+
+
+@pytest.fixture(scope="module")
+def finished(tiny_data, tmp_path_factory):
+    """A finished 2-step run (checkpoint at step 2, done.json): copy it, then break the copy."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    train.main(*train.parse_args(tiny(tiny_data, out, "--steps", "2")))
+    return out
+
+
+def copy_run(finished, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    return out
+
+
+# -----------------------------------------------------------------------------
+# 1. Values: finiteness and range at parse time, one line naming the flag (rule 5)
+
+@pytest.mark.parametrize("flag, value", [
+    ("--norm-eps", "inf"), ("--norm-eps", "nan"), ("--rope-base", "inf"), ("--logit-softcap", "inf"),
+    ("--state-init-std", "inf"), ("--scale", "0"), ("--head-dim", "-2"), ("--muonh-lr", "-0.01"),
+    ("--flops-budget", "nan"), ("--seed", "-1"), ("--eval-every", "-5"), ("--peak-flops", "inf"),
+])
+def test_bad_value_is_one_line_at_parse_time(flag, value, tmp_path, capsys, monkeypatch, tiny_data):
+    before = snapshot(tmp_path)
+    horizon = [] if flag == "--flops-budget" else ["--steps", "2"]
+    argv = tiny(tiny_data, tmp_path / "run", *horizon, flag, value)
+    code, out, err = cli(argv, capsys, monkeypatch)
+    one_error_line(code, out, err, 2, flag, "must be")
+    assert not (tmp_path / "run").exists()                       # nothing created before the error
+    assert_untouched(before, snapshot(tmp_path))
+
+
+def test_every_numeric_config_field_has_limits():
+    """One table drives the checks: a new int/float field without a row would go unchecked."""
+    for cls in (train.ModelConfig, train.TrainConfig):
+        hints = train.typing.get_type_hints(cls)
+        numeric = [f.name for f in train.dataclasses.fields(cls)
+                   if any(t in (int, float) for t in (hints[f.name], *train.typing.get_args(hints[f.name])))]
+        missing = [n for n in numeric if n not in train.LIMITS]
+        print(f"\n{cls.__name__}: {len(numeric)} numeric fields, all in LIMITS: {not missing}")
+        assert not missing
+
+
+def test_unknown_flag_is_one_line(capsys, monkeypatch, tmp_path, tiny_data):
+    code, out, err = cli(tiny(tiny_data, tmp_path / "run", "--steps", "2", "--n-loop", "4"), capsys, monkeypatch)
+    one_error_line(code, out, err, 2, "--n-loop")
+
+
+# -----------------------------------------------------------------------------
+# 2. The out-dir: empty, a file, under a file, read-only, nearly full (rule 5), before any work
+
+@pytest.mark.parametrize("case", ["empty", "file", "under-file"])
+def test_unusable_out_dir(case, tmp_path, capsys, monkeypatch, tiny_data):
+    (tmp_path / "notes.txt").write_text("a user's file\n")
+    out = {"empty": "", "file": str(tmp_path / "notes.txt"), "under-file": str(tmp_path / "notes.txt" / "run")}[case]
+    before = snapshot(tmp_path)
+    code, out_s, err = cli(tiny(tiny_data, out, "--steps", "2"), capsys, monkeypatch)
+    one_error_line(code, out_s, err, 1, "--out-dir")
+    assert "nanoloop train" not in out_s                         # failed before printing the plan
+    assert_untouched(before, snapshot(tmp_path))
+
+
+def test_read_only_out_dir(tmp_path, capsys, monkeypatch, tiny_data):
+    """A read-only file system (simulated: root ignores permission bits) fails at start-up, naming the folder."""
+    ro = str(tmp_path / "ro")
+    os.mkdir(ro)
+    real_open = os.open
+
+    def read_only(path, flags, *a, **kw):
+        if str(path).startswith(ro) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_open(path, flags, *a, **kw)
+    monkeypatch.setattr(os, "open", read_only)
+    code, out, err = cli(tiny(tiny_data, ro, "--steps", "2"), capsys, monkeypatch)
+    one_error_line(code, out, err, 1, ro, "Read-only file system")
+    assert os.listdir(ro) == []
+
+
+def test_disk_too_full_for_a_checkpoint_fails_before_training(tmp_path, capsys, monkeypatch, tiny_data):
+    real = os.statvfs
+    monkeypatch.setattr(os, "statvfs", lambda p: os.statvfs_result((4096, 4096, 10, 1, 1, 10, 1, 1, 0, 255))
+                        if str(p).startswith(str(tmp_path)) else real(p))
+    code, out, err = cli(tiny(tiny_data, tmp_path / "run", "--steps", "2"), capsys, monkeypatch)
+    one_error_line(code, out, err, 1, "--out-dir", "4,096 bytes free")
+    assert "step 00001" not in out and not (tmp_path / "run").exists()      # not even an empty folder left
+
+
+def test_disk_full_during_checkpoint_keeps_the_previous_one(tmp_path, capsys, monkeypatch, tiny_data):
+    out = tmp_path / "run"
+    real_save, calls = torch.save, []
+
+    def full_disk(obj, f, *a, **kw):                 # the 2nd checkpoint hits ENOSPC half-way, as torch reports it
+        calls.append(obj["step"])
+        if len(calls) == 1:
+            return real_save(obj, f, *a, **kw)
+        with open(f, "wb") as fh:
+            fh.write(b"PK half a checkpoint")
+        try:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    monkeypatch.setattr(torch, "save", full_disk)
+    code, out_s, err = cli(tiny(tiny_data, out, "--steps", "4", "--ckpt-every", "2"), capsys, monkeypatch)
+    one_error_line(code, out_s, err, 1, "No space left on device", "ckpt.pt", "previous")
+    monkeypatch.undo()
+    assert calls == [2, 4] and torch.load(out / "ckpt.pt", weights_only=True)["step"] == 2
+    assert sorted(os.listdir(out)) == ["ckpt.pt", "log.jsonl"]   # no temporary left, lock released
+
+
+# -----------------------------------------------------------------------------
+# 3. One writer per run directory (rule 4)
+
+def test_second_trainer_refuses_naming_the_holder(finished, tmp_path, capsys, monkeypatch, tiny_data):
+    out = copy_run(finished, tmp_path)
+    os.remove(out / "done.json")                                 # a run in progress: checkpoint, no record
+    with open(out / "train.lock", "w") as holder:                # another live trainer holds the lock
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        holder.write("pid 4242 host gpu-node-7\n")
+        holder.flush()
+        before = snapshot(tmp_path)
+        code, out_s, err = cli(tiny(tiny_data, out, "--steps", "2", "--resume"), capsys, monkeypatch)
+        one_error_line(code, out_s, err, 1, "pid 4242 host gpu-node-7", str(out))
+        assert_untouched(before, snapshot(tmp_path))
+
+
+def test_foreign_lock_file_is_refused(finished, tmp_path, capsys, monkeypatch, tiny_data):
+    out = copy_run(finished, tmp_path)
+    os.remove(out / "done.json")
+    (out / "train.lock").write_text("my shopping list\n")
+    before = snapshot(tmp_path)
+    code, out_s, err = cli(tiny(tiny_data, out, "--steps", "2", "--resume"), capsys, monkeypatch)
+    one_error_line(code, out_s, err, 1, "train.lock", "not written by train.py")
+    assert_untouched(before, snapshot(tmp_path))
+
+
+def test_kill_leftovers_are_repaired_on_resume(finished, tmp_path, capsys, monkeypatch, tiny_data):
+    """What a kill -9 after the last checkpoint leaves: a dead holder's lock, a temporary of an interrupted write,
+    a torn last log line. The resume names and repairs each, and finishes (rule 3)."""
+    out = copy_run(finished, tmp_path)
+    os.remove(out / "done.json")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (out / "train.lock").write_text(f"pid {int(dead.stdout)} host {socket.gethostname()}\n")
+    (out / ".ckpt.pt.0badf00d.tmp").write_bytes(b"half a checkpoint")
+    log_before = (out / "log.jsonl").read_text()
+    with open(out / "log.jsonl", "a") as f:
+        f.write('{"step": 26, "loss": 5.4')
+    before = snapshot(tmp_path)
+    code, out_s, err = cli(tiny(tiny_data, out, "--steps", "2", "--resume"), capsys, monkeypatch)
+    print(f"\n{[ln for ln in out_s.splitlines() if 'torn' in ln or 'lock' in ln or 'removed' in ln]}")
+    assert code == 0 and "Traceback" not in out_s + err and err == ""
+    assert f"taking over the lock of pid {int(dead.stdout)}" in out_s
+    assert "removed" in out_s and ".ckpt.pt.0badf00d.tmp" in out_s
+    assert "log.jsonl: dropped a torn last line" in out_s
+    assert (out / "log.jsonl").read_text() == log_before          # repaired: exactly the lines before the kill
+    assert sorted(os.listdir(out)) == ["ckpt.pt", "done.json", "log.jsonl"]
+    assert_untouched(before, snapshot(tmp_path), changed={str(out / "log.jsonl"), str(out / ".ckpt.pt.0badf00d.tmp"),
+                                                          str(out / "train.lock")})
+
+
+# -----------------------------------------------------------------------------
+# 4. Files in the out-dir that are not this run's (rules 1, 2)
+
+def test_foreign_log_is_refused_and_kept(finished, tmp_path, capsys, monkeypatch, tiny_data):
+    out = copy_run(finished, tmp_path)
+    os.remove(out / "done.json")
+    (out / "log.jsonl").write_text('{"step": 1, "loss": 4.8}\nmy notes, not JSON\n{"step": 2, "loss": 4.7}\n')
+    before = snapshot(tmp_path)
+    code, out_s, err = cli(tiny(tiny_data, out, "--steps", "2", "--resume"), capsys, monkeypatch)
+    one_error_line(code, out_s, err, 1, "log.jsonl line 2")
+    assert_untouched(before, snapshot(tmp_path))
+
+
+def test_record_of_another_run_is_not_handed_back(finished, tmp_path, capsys, monkeypatch, tiny_data):
+    out = copy_run(finished, tmp_path)
+    before = snapshot(tmp_path)
+    code, out_s, err = cli(tiny(tiny_data, out, "--steps", "3", "--resume"), capsys, monkeypatch)  # was 2 steps
+    one_error_line(code, out_s, err, 1, "done.json", "different run", "'steps': (2, 3)")
+    assert_untouched(before, snapshot(tmp_path))
+
+
+def test_corrupt_record_is_one_line(finished, tmp_path, capsys, monkeypatch, tiny_data):
+    out = copy_run(finished, tmp_path)
+    (out / "done.json").write_text('{"val_loss": 4.8')
+    before = snapshot(tmp_path)
+    code, out_s, err = cli(tiny(tiny_data, out, "--steps", "2", "--resume"), capsys, monkeypatch)
+    one_error_line(code, out_s, err, 1, "done.json", "not a train.py record")
+    assert_untouched(before, snapshot(tmp_path))
+
+
+def test_nan_at_the_first_step_does_not_blame_the_lr(tmp_path, capsys, monkeypatch, tiny_data):
+    code, out, err = cli(tiny(tiny_data, tmp_path / "run", "--steps", "3"), capsys, monkeypatch,
+                         env={"NANOLOOP_FAULT": "nan@1"})
+    one_error_line(code, out, err, 1, "step 1/3", "not the cause", "--norm-eps")
+    assert "lower --muonh-lr" not in err
+
+
+def test_atomic_write_never_follows_a_planted_link(tmp_path):
+    """The temporary is created exclusively under a fresh name: a symlink planted at the old fixed name is ignored."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    os.symlink(victim, tmp_path / ".out.json.tmp")                # the name the old helper wrote through
+    data.atomic_write(str(tmp_path / "out.json"), lambda tmp: open(tmp, "w").write("{}\n"))
+    assert victim.read_text() == "precious\n" and (tmp_path / "out.json").read_text() == "{}\n"
+    assert data.stale_temps(str(tmp_path)) == []
+
+
+# -----------------------------------------------------------------------------
+# 5. runs/mini.sh (subprocess; bash checks run before any Python starts)
+
+def mini(*args, env=None, timeout=60):
+    full = dict(os.environ, **(env or {}))
+    return subprocess.run(["bash", MINI, *args], cwd=ROOT, env=full, capture_output=True, text=True, timeout=timeout)
+
+
+def mini_error(proc, want_code, *culprits):
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    print(f"\nexit {proc.returncode}: {lines[-1] if lines else ''}")
+    assert proc.returncode == want_code and "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("runs/mini.sh:"), lines
+    for c in culprits:
+        assert c in lines[0]
+
+
+def test_mini_keeps_files_it_did_not_create(tmp_path):
+    x = tmp_path / "X"
+    (x / "data").mkdir(parents=True)
+    (x / "data" / "important.txt").write_text("do not delete\n")
+    before = snapshot(tmp_path)
+    proc = mini("--quick", str(x))
+    mini_error(proc, 1, str(x), "not made by mini.sh")
+    assert_untouched(before, snapshot(tmp_path))
+    assert sorted(os.listdir(x)) == ["data"]
+
+
+@pytest.mark.parametrize("jobs", ["0", "abc", "-1", " "])
+def test_mini_bad_jobs_is_one_line_before_work(jobs, tmp_path):
+    proc = mini("--quick", str(tmp_path / "out"), env={"JOBS": jobs})
+    mini_error(proc, 2, "JOBS=")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("case", ["file", "empty"])
+def test_mini_out_is_a_file_or_empty(case, tmp_path):
+    (tmp_path / "f").write_text("a user's file\n")
+    before = snapshot(tmp_path)
+    proc = mini("--quick", str(tmp_path / "f") if case == "file" else "")
+    mini_error(proc, 1 if case == "file" else 2, "OUT")
+    assert_untouched(before, snapshot(tmp_path))
+
+
+def test_mini_never_mixes_two_grids_in_one_out(tmp_path):
+    """A --quick study and a full one (or two versions of the grid) in one OUT would be fitted together."""
+    out = tmp_path / "study"
+    (out / "runs" / "C3e10_r1_s1").mkdir(parents=True)
+    (out / "runs" / "C3e10_r1_s1" / "done.json").write_text("{}\n")
+    (out / ".nanoloop-mini").write_text("grid 380655468 (quick)\n")
+    before = snapshot(tmp_path)
+    proc = mini(str(out))                                            # the full grid into the quick study's folder
+    mini_error(proc, 1, str(out), "holds another mini study", "(quick)", "(full)")
+    assert_untouched(before, snapshot(tmp_path))
+
+
+def test_mini_out_with_a_space_reaches_train_as_one_path(tmp_path):
+    out = str(tmp_path / "my study")
+    proc = mini("--quick", "--dry-run", out)
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stdout.splitlines() if "train.py" in ln]
+    argv = shlex.split(lines[0])[2:]
+    mcfg, tcfg = train.parse_args(argv)
+    print(f"\n{len(lines)} launch lines; first out-dir {tcfg.out_dir!r}")
+    assert len(lines) == 24 and tcfg.data == out + "/data" and tcfg.out_dir.startswith(out + "/runs/")
+    assert not os.path.exists(out)                                 # --dry-run writes nothing
+
+
+def test_mini_failed_worker_stops_the_others_and_is_named(tmp_path, tiny_data):
+    """A grid whose data does not fit (seq_len 32 vs the grid's 128): the first worker to fail names its run and
+    log, the other worker is stopped, the script exits 1; the OUT path has a space in it."""
+    out = tmp_path / "mini study"
+    (out / "runs").mkdir(parents=True)                           # the layout an earlier mini.sh leaves: adopted
+    (out / "tokenizer.model").write_text("(unused: the data below exists)\n")
+    shutil.copytree(tiny_data, out / "data")
+    before = snapshot(tmp_path)
+    t = time.time()
+    proc = mini("--quick", str(out), env={"JOBS": "2"}, timeout=600)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    print(f"\nexit {proc.returncode} after {time.time() - t:.0f} s:\n" + "\n".join(lines))
+    assert proc.returncode == 1 and "Traceback" not in proc.stdout + proc.stderr
+    failed = [ln for ln in lines if " failed: " in ln]
+    assert failed and all("seq_len 32" in ln and f"(log: {out}/runs/C6e10_r" in ln for ln in failed)
+    assert lines[-1].startswith("runs/mini.sh: a worker failed") and "stopped" in lines[-1]
+    assert "Traceback" in open(failed[0].split("(log: ")[1].rstrip(")")).read()  # the details are in the log
+    alive = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            alive += [pid] if str(out).encode() in open(f"/proc/{pid}/cmdline", "rb").read() else []
+        except OSError:
+            pass
+    assert not alive, f"workers left running: {alive}"
+    assert_untouched(before, snapshot(tmp_path))
+    assert not any(n.endswith(".json") for n in os.listdir(out / "runs"))    # no record, no fit
