@@ -1819,20 +1819,6 @@ def _int_list(text):
     return out
 
 
-def _ranged(kind, lo, hi):
-    """argparse type: a finite int / float in [lo, hi], checked when parsed (nan, inf and -1 never reach a fit)."""
-    def parse(text):
-        try:
-            x = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got "
-                                             f"{text!r}") from None
-        if not (math.isfinite(x) and lo <= x <= hi):
-            raise argparse.ArgumentTypeError(f"must be in [{lo:g}, {hi:g}], got {text!r}")
-        return x
-    return parse
-
-
 def parse_args(argv=None):
     # defaults are the paper's protocol (App. F: 500 restarts, 200 resamples); tests pass smaller numbers
     p = _Parser(prog="fit.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1844,19 +1830,21 @@ def parse_args(argv=None):
     p.add_argument("--out", help="output folder for fit.json, report.md and the figures")
     p.add_argument("--overwrite", action="store_true", help="replace the outputs of a different earlier fit in --out "
                                                             "(and a different --synthetic file)")
-    p.add_argument("--seed", type=_ranged(int, 0, 2 ** 63 - 1), default=0, help="seed of the restarts and the "
-                                                                                "bootstrap")
-    p.add_argument("--restarts", type=_ranged(int, 1, 100_000), default=RESTARTS,
+    # numeric flags: flops.py's range-checked argparse type (finite, in range; one checker for both CLIs)
+    p.add_argument("--seed", type=flops._number(int, 0, 2 ** 63 - 1), default=0,
+                   help="seed of the restarts and the bootstrap")
+    p.add_argument("--restarts", type=flops._number(int, 1, 100_000), default=RESTARTS,
                    help="uniform starts per fit (App. F: 500)")
-    p.add_argument("--bootstrap", type=_ranged(int, 0, 100_000), default=N_BOOT,
+    p.add_argument("--bootstrap", type=flops._number(int, 0, 100_000), default=N_BOOT,
                    help="block-bootstrap resamples (App. F.2: 200)")
-    p.add_argument("--boot-restarts", type=_ranged(int, 0, 1000), default=BOOT_RESTARTS,
+    p.add_argument("--boot-restarts", type=flops._number(int, 0, 1000), default=BOOT_RESTARTS,
                    help="random starts per resample besides the warm start")
     p.add_argument("--cases", metavar="DIR", help="summarise DIR/fit.json and DIR/case_*/fit.json into DIR/report.md")
     p.add_argument("--synthetic", metavar="OUT.csv", help="write the synthetic 116-run grid and exit")
-    p.add_argument("--phi", type=_ranged(float, BOX_LO[5], BOX_HI[5]), default=SYNTH_TRUTH["phi"],
+    p.add_argument("--phi", type=flops._number(float, BOX_LO[5], BOX_HI[5]), default=SYNTH_TRUTH["phi"],
                    help="--synthetic: true phi")
-    p.add_argument("--noise", type=_ranged(float, 0.0, 1.0), default=0.01, help="--synthetic: Gaussian noise in nats")
+    p.add_argument("--noise", type=flops._number(float, 0.0, 1.0), default=0.01,
+                   help="--synthetic: Gaussian noise in nats")
     p.add_argument("--bench", action="store_true", help="time the full protocol and a naive scipy baseline")
     args = p.parse_args(argv)
     if args.synthetic or args.bench or args.cases:     # these need no runs input and write no fit folder
