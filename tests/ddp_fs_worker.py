@@ -11,5 +11,6 @@ os.chdir(os.path.join(sys.argv[1], f"node{rank}"))
 try:
     train.main(*train.parse_args(sys.argv[2:]))
 except ValueError as err:
-    print(f"rank {rank} error: {err}", flush=True)
+    # one write() of the whole line: both ranks share the pipe, and print() may split text and newline
+    os.write(1, f"rank {rank} error: {err}\n".encode())
     sys.exit(3)
