@@ -225,11 +225,13 @@ done
 # ---- 4. the joint fit: phi with its bootstrap CI, per-r laws, frontier, report.md and figures ------------------
 if [[ -n $CASE ]]; then                       # §5: the case's looped runs in place of the baseline's, paired CI
   say "fitting case $CASE (fit.py --case $CASE ${FIT[*]:-paper protocol})"
-  python fit.py "$RUNS" --case "$CASE" --out "$OUT/case_$CASE" "${FIT[@]}" | tee "$OUT/case_$CASE/fit.log"
+  # --overwrite: OUT is mini.sh's own folder (its marker says so), so the fit outputs there are its own to replace,
+  # including those of an earlier nanoloop version whose fit.json did not record its request
+  python fit.py "$RUNS" --case "$CASE" --out "$OUT/case_$CASE" --overwrite "${FIT[@]}" | tee "$OUT/case_$CASE/fit.log"
   if ! python -c 'import json, sys; sys.exit("loop_sweep" not in json.load(open(sys.argv[1])))' "$OUT/fit.json" \
       2>/dev/null; then                       # the baseline's fit, with its loop sweep, for the case table
     say "refitting the baseline (its fit.json is missing or has no loop sweep)"
-    python fit.py "$RUNS" --out "$OUT" "${FIT[@]}" > "$OUT/fit.log"
+    python fit.py "$RUNS" --out "$OUT" --overwrite "${FIT[@]}" > "$OUT/fit.log"
   fi
   python fit.py --cases "$OUT" > /dev/null    # the case-study table of every case so far -> OUT/report.md
   say "report: $OUT/case_$CASE/report.md | case table: $OUT/report.md | total $(( $(date +%s) - T0 )) s"
@@ -237,7 +239,7 @@ if [[ -n $CASE ]]; then                       # §5: the case's looped runs in p
   exit 0
 fi
 say "fitting (fit.py ${FIT[*]:-paper protocol})"
-python fit.py "$RUNS" --out "$OUT" "${FIT[@]}" | tee "$OUT/fit.log"
+python fit.py "$RUNS" --out "$OUT" --overwrite "${FIT[@]}" | tee "$OUT/fit.log"   # OUT is mini.sh's own
 
 # ---- 5. look at a model: a KV-cached sample from the r = 4 run at the middle width of the largest budget -------
 S=$(echo ${SCALES[$C]} | cut -d' ' -f2)
