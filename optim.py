@@ -521,18 +521,34 @@ def bench(d_model=D_MODEL_REF, n_loops=1, steps=3, seed=0):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="optim.py",
-                                description="HyperP peak learning rates (paper §4.1, App. D) or a MuonH benchmark.")
-    p.add_argument("--scale", type=int, help="width scale s; d_model = aspect_ratio * s")
-    p.add_argument("--aspect-ratio", type=int, default=64, help="d_model per unit of scale (paper: 64)")
-    p.add_argument("--tokens", type=float, help="training tokens D (grid runs: int(C / F_train))")
-    p.add_argument("--n-loops", type=int, default=1, help="r; selects the D_ref family and the r it is counted at")
-    p.add_argument("--batch-tokens", type=int, default=BATCH_REF, help="tokens per optimizer step B")
-    p.add_argument("--base-lr", type=float, default=MUONH_LR, help="MuonH base LR fed to HyperP")
-    p.add_argument("--d-ref", type=float, default=None, help="override D_ref (default: the family constant)")
+    class Parser(argparse.ArgumentParser):     # one-line errors, as every nanoloop CLI (issue 12, rule 5)
+        def error(self, message):
+            self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+    def positive(kind):                       # argparse type: a finite number > 0, checked when parsed
+        def parse(text):
+            try:
+                x = kind(text)
+                _positive("value", x)
+            except (ValueError, OverflowError):
+                raise argparse.ArgumentTypeError(f"must be a finite {'integer' if kind is int else 'number'} > 0, "
+                                                 f"got {text!r}") from None
+            return x
+        return parse
+
+    p = Parser(prog="optim.py", description="HyperP peak learning rates (paper §4.1, App. D) or a MuonH benchmark.")
+    p.add_argument("--scale", type=positive(int), help="width scale s; d_model = aspect_ratio * s")
+    p.add_argument("--aspect-ratio", type=positive(int), default=64, help="d_model per unit of scale (paper: 64)")
+    p.add_argument("--tokens", type=positive(float), help="training tokens D (grid runs: int(C / F_train))")
+    p.add_argument("--n-loops", type=positive(int), default=1,
+                   help="r; selects the D_ref family and the r it is counted at")
+    p.add_argument("--batch-tokens", type=positive(int), default=BATCH_REF, help="tokens per optimizer step B")
+    p.add_argument("--base-lr", type=positive(float), default=MUONH_LR, help="MuonH base LR fed to HyperP")
+    p.add_argument("--d-ref", type=positive(float), default=None,
+                   help="override D_ref (default: the family constant)")
     p.add_argument("--json", action="store_true", help="print the peak LRs as one JSON object")
     p.add_argument("--bench", action="store_true", help="time one MuonH step over an s-scale model's matrices")
-    p.add_argument("--bench-steps", type=int, default=3, help="timed steps in --bench (after one warm-up)")
+    p.add_argument("--bench-steps", type=positive(int), default=3, help="timed steps in --bench (after one warm-up)")
     a = p.parse_args(argv)
     if a.bench:
         d = a.aspect_ratio * (a.scale or 10)

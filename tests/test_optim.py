@@ -416,3 +416,20 @@ def test_errors():
         build_optimizer({"wte": [torch.nn.Parameter(torch.ones(3, 2))]}, {"wte_lr": 0.3}).load_state_dict(
             opt.state_dict())
     assert math.isfinite(lr_multiplier(1, 1))
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--scale", "10", "--tokens", "inf"], "--tokens"),            # int(inf) used to be an OverflowError traceback
+    (["--scale", "10", "--tokens", "nan"], "--tokens"),
+    (["--scale", "1", "--bench", "--bench-steps", "-1"], "--bench-steps"),   # used to divide by zero after the work
+    (["--scale", "10", "--tokens", "1e9", "--d-ref", "nan"], "--d-ref"),
+    (["--scale", "0", "--tokens", "1e9"], "--scale"),
+])
+def test_cli_rejects_bad_numbers_in_one_line(argv, flag, capsys):
+    # issue 12 rule 5 on the LR CLI too: one line naming the flag, exit 2, no traceback, before any work
+    with pytest.raises(SystemExit) as exc:
+        optim.main(argv)
+    err = capsys.readouterr().err.strip()
+    print(f"\n{argv} -> {err}")
+    assert exc.value.code == 2 and len(err.splitlines()) == 1 and f"argument {flag}:" in err
+    assert "Traceback" not in err
