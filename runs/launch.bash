@@ -3,7 +3,16 @@
 #     source runs/launch.bash "$@"      # reads --dry-run from the script's arguments; needs NPROC
 #     launch RUN_DIR TRAIN_ARGS...      # one run per call
 #     finish "message when all runs succeeded"
-DRY_RUN=0; [[ "${1:-}" == "--dry-run" ]] && DRY_RUN=1
+DRY_RUN=0
+for arg in "$@"; do              # a typo must not launch a sweep (issue 12, rule 5): --dry-run is the only flag
+  case "$arg" in
+    --dry-run) DRY_RUN=1 ;;
+    *) echo "$0: unknown argument '$arg' (usage: bash $0 [--dry-run]; settings go in NPROC=N, OUT=DIR)" >&2; exit 2 ;;
+  esac
+done
+if ! [[ "${NPROC:-}" =~ ^[1-9][0-9]*$ ]]; then
+  echo "$0: NPROC=${NPROC:-} must be a whole number >= 1 (GPUs per run), e.g. NPROC=8" >&2; exit 2
+fi
 FAILED=()
 
 launch() {  # launch RUN_DIR TRAIN_ARGS...: skip a finished run; else train it (--dry-run: print the command)

@@ -139,3 +139,18 @@ def test_sweeps_skip_finished_runs(tmp_path):
     skipped = [ln for ln in again if ln.startswith("skip")]
     print(f"\nafter finishing {first}: {len(launches(again))} launches, skipped: {skipped}")
     assert len(launches(again)) == 115 and skipped == [f"skip {first} (done.json exists)"]
+
+
+@pytest.mark.parametrize("env, args, needle", [
+    ({}, ["--bogus"], "unknown argument '--bogus'"),          # used to launch the whole sweep with the typo ignored
+    ({"NPROC": "abc"}, ["--dry-run"], "NPROC=abc must be a whole number"),
+    ({"NPROC": "0"}, [], "NPROC=0 must be a whole number"),
+])
+def test_sweep_scripts_refuse_bad_arguments_before_launching(env, args, needle, tmp_path):
+    # issue 12 rule 5 on every sweep script (they share runs/launch.bash): one line, exit 2, nothing created
+    for script in ("grid.sh", "case_hc.sh", "lr_sweep.sh"):
+        proc = subprocess.run(["bash", f"runs/{script}", *args], cwd=ROOT, capture_output=True, text=True,
+                              env={**os.environ, "OUT": str(tmp_path / "out"), **env}, timeout=30)
+        print(f"\n{script} {env} {args} -> {proc.stderr.strip()}")
+        assert proc.returncode == 2 and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+        assert proc.stdout == "" and not (tmp_path / "out").exists()
