@@ -692,8 +692,9 @@ def fit_law(prob, restarts=RESTARTS, seed=0, engine="batched"):
             "on_bounds": on_bounds, "seed": seed, "engine": engine, "seconds": time.perf_counter() - t0}
 
 
-def describe(prob, res):
-    """The report block of a fit: E, A, B, alpha, beta, phi, R^2 on raw nats, RMSE, max|res|, per-r residuals."""
+def describe(prob, res, name="joint"):
+    """The report block of a fit: E, A, B, alpha, beta, phi, R^2 on raw nats, RMSE, max|res|, per-r residuals.
+    name says which fit this is (joint, r=2, low half, ...) in its warnings, so a flag points at the right fit."""
     th = res["theta"]
     pred = predict(th, prob)                             # (n,) L_hat in nats
     L = prob["val_loss"]
@@ -715,15 +716,15 @@ def describe(prob, res):
     block.update({k: v for k, v in res.items() if k != "theta"})    # huber, hits, on_bounds, seed, timing
     # fitting.md §3: one hit out of hundreds means the optimum was found once and may not be found again
     if block["hits"] == 1:
-        warnings.warn(f"fit over {block['n']} runs: only one of {res['restarts']} restarts reached the best "
+        warnings.warn(f"fit over {block['n']} runs ({name}): only one of {res['restarts']} restarts reached the best "
                       f"objective; the optimum may not be reproducible")
     return block
 
 
-def fit_block(runs, phi=None, restarts=RESTARTS, seed=0, engine="batched"):
-    """make_problem + fit_law + describe in one call; phi as in make_problem."""
+def fit_block(runs, phi=None, restarts=RESTARTS, seed=0, engine="batched", name="joint"):
+    """make_problem + fit_law + describe in one call; phi as in make_problem, name as in describe."""
     prob = make_problem(runs, phi)
-    return describe(prob, fit_law(prob, restarts, seed, engine))
+    return describe(prob, fit_law(prob, restarts, seed, engine), name)
 
 
 # -----------------------------------------------------------------------------
@@ -938,15 +939,15 @@ def run_protocol(runs, restarts=RESTARTS, n_boot=N_BOOT, seed=0, boot_restarts=B
     for r in loops:
         sub = subset(runs, runs["n_loops"] == r)
         try:
-            out["per_arch"][str(r)] = fit_block(sub, phi=0.0, restarts=restarts, seed=seed)
+            out["per_arch"][str(r)] = fit_block(sub, phi=0.0, restarts=restarts, seed=seed, name=f"r={r}")
         except ValueError as err:
             raise ValueError(f"per-architecture fit r={r}: {err}") from None
         out["per_arch"][str(r)]["phi"] = None      # Eq. 2 has no phi (fitted internally as N_eff at phi = 0)
     # Table 2: joint law with free phi, and the restricted fits phi = 0 (pure sharing) and phi = 1 (non-looped).
     # All three use the same seeded starts; the restricted ones simply drop the phi column (5 parameters)
     out["joint"] = fit_block(runs, None, restarts, seed)
-    out["phi0"] = fit_block(runs, 0.0, restarts, seed)
-    out["phi1"] = fit_block(runs, 1.0, restarts, seed)
+    out["phi0"] = fit_block(runs, 0.0, restarts, seed, name="phi=0")
+    out["phi1"] = fit_block(runs, 1.0, restarts, seed, name="phi=1")
     # App. F.3: lower and upper half of the budgets (paper: C <= 2.15e18, n=56 / C >= 4.64e18, n=60). Splitting
     # the sorted budgets in two reproduces the paper's thresholds on its grid and carries over to any other grid
     # (the mini study's budgets, a case study's four budgets); a half that cannot identify phi is skipped, not fitted
@@ -959,7 +960,7 @@ def run_protocol(runs, restarts=RESTARTS, n_boot=N_BOOT, seed=0, boot_restarts=B
                                               f"per half (budgets {sel})"}
             continue
         try:
-            blk = fit_block(sub, None, restarts, seed)
+            blk = fit_block(sub, None, restarts, seed, name=f"{name} half, App. F.3")
         except ValueError as err:          # a half can be degenerate (equal losses) where the whole is not
             out["halves"][name] = {"skipped": str(err)}
             continue
@@ -1043,7 +1044,7 @@ def run_case(runs, case, loops=None, **kw):
         raise ValueError(f"case {case!r}: the baseline (runs without a case label) has fewer than two architectures "
                          f"at budgets {budgets}; cannot refit it for delta-phi")
     out = run_protocol(variant, **kw)     # per-arch, joint, restricted, halves, the case's own cell bootstrap
-    bblk = fit_block(base, None, kw.get("restarts", RESTARTS), kw.get("seed", 0))
+    bblk = fit_block(base, None, kw.get("restarts", RESTARTS), kw.get("seed", 0), name="case baseline")
     out["case"] = {"name": case, "budgets": budgets, "baseline": bblk, "variant": out["joint"],
                    "delta_phi": out["joint"]["phi"] - bblk["phi"], "n_variant": out["n_runs"], "n_baseline": bblk["n"]}
     n_boot = kw.get("n_boot", N_BOOT)
@@ -1552,7 +1553,10 @@ def case_summary(out_dir):
                      "r2": res["joint"]["r2"], "n": res["joint"]["n"], "delta_phi": c.get("delta_phi"),
                      "delta_phi_lo": c.get("delta_phi_lo"), "delta_phi_hi": c.get("delta_phi_hi"),
                      "baseline_phi": (c.get("baseline") or {}).get("phi"), "gap8": _top_gap(res),
-                     "extrapolation_gain": float(np.mean(gains)) if gains else None})
+                     "extrapolation_gain": float(np.mean(gains)) if gains else None,
+                     # the fit's flags (fit.json "flags"), each with the fits it concerns: "single_hit (fit over 12
+                     # runs (low half, App. F.3))" is about an auxiliary fit, not the phi of the table
+                     "flags": [f"{fl['name']} ({'; '.join(fl.get('items') or [])})" for fl in res.get("flags") or []]})
         if res.get("loop_sweep"):
             sweeps[name] = res["loop_sweep"]
     if not rows:
@@ -1568,12 +1572,14 @@ def write_case_summary(summary, out_dir):
          "(budget, r) cells. Gap: L*(r=8) − L*(r=1) of the compute-optimal frontier at the top budget (nats). "
          "Extrapolation: mean over the swept models of L(largest r') − L(trained r), nats (negative: more test-time "
          "loops help).", "",
-         "| case | φ [95% CI] | Δφ [95% CI] | R² | n | r=8 gap | extrapolation |", "|---|---|---|---|---|---|---|"]
+         "| case | φ [95% CI] | Δφ [95% CI] | R² | n | r=8 gap | extrapolation | flags |",
+         "|---|---|---|---|---|---|---|---|"]
     for row in summary["rows"]:
         ci = f" [{row['phi_lo']:.2f}, {row['phi_hi']:.2f}]" if row["phi_lo"] is not None else ""
         dci = (f" [{row['delta_phi_lo']:+.2f}, {row['delta_phi_hi']:+.2f}]" if row["delta_phi_lo"] is not None else "")
         L.append(f"| {row['name']} | {row['phi']:.3f}{ci} | {f(row['delta_phi'], '+.3f')}{dci} | {row['r2']:.4f} | "
-                 f"{row['n']} | {f(row['gap8'], '+.3f')} | {f(row['extrapolation_gain'], '+.3f')} |")
+                 f"{row['n']} | {f(row['gap8'], '+.3f')} | {f(row['extrapolation_gain'], '+.3f')} | "
+                 f"{'; '.join(row['flags']) or '-'} |")
     L += ["", "Figures: cases.png (φ and its CI per case), cases_loops.png (val loss vs test-time r' per case)."]
     paths = _case_figures(summary, out_dir)
     report = os.path.join(out_dir, "report.md")
@@ -1603,12 +1609,12 @@ def _case_figures(summary, out_dir):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows, paths = summary["rows"], []
+    color = {row["name"]: "k" if row["name"] == "baseline" else f"C{i}" for i, row in enumerate(rows)}  # both figures
     fig, ax = plt.subplots(figsize=(1.2 * len(rows) + 2.5, 3.6))
     for i, row in enumerate(rows):
         lo = row["phi"] - row["phi_lo"] if row["phi_lo"] is not None else 0
         hi = row["phi_hi"] - row["phi"] if row["phi_hi"] is not None else 0
-        ax.errorbar(i, row["phi"], yerr=[[max(lo, 0)], [max(hi, 0)]], fmt="o", capsize=4,
-                    color="k" if row["name"] == "baseline" else f"C{i}")
+        ax.errorbar(i, row["phi"], yerr=[[max(lo, 0)], [max(hi, 0)]], fmt="o", capsize=4, color=color[row["name"]])
     for v, ls in ((0, ":"), (1, ":")):
         ax.axhline(v, color="grey", ls=ls, lw=0.8)
     ax.set_xticks(range(len(rows)), [r["name"] for r in rows])
@@ -1620,10 +1626,10 @@ def _case_figures(summary, out_dir):
         rs = sorted({e["n_loops"] for sw in summary["sweeps"].values() for e in sw})
         fig, axes = plt.subplots(1, len(rs), figsize=(4 * len(rs), 3.6), squeeze=False)
         for ax, r in zip(axes[0], rs):
-            for i, (name, sw) in enumerate(summary["sweeps"].items()):
+            for name, sw in summary["sweeps"].items():
                 for e in (e for e in sw if e["n_loops"] == r):
                     ax.plot([p["n_loops"] for p in e["curve"]], [p["val_loss"] for p in e["curve"]], "o-", ms=3,
-                            color="k" if name == "baseline" else f"C{i}", label=name)
+                            color=color.get(name, "grey"), label=name)
             ax.axvline(r, color="grey", ls=":", lw=0.8)
             ax.set_xscale("log", base=2)
             ax.set(title=f"trained r = {r}", xlabel="test-time loops r'")
@@ -1649,7 +1655,7 @@ def run_chinchilla(runs, restarts=RESTARTS, seed=0):
         sub["n_rec"] = sub["n_once"] + sub["n_rec"]          # N = N_once + N_rec, one term: r^phi drops out
         sub["n_once"] = np.zeros_like(sub["n_rec"])
         try:
-            out["chinchilla"][grp] = fit_block(sub, 0.0, restarts, seed)
+            out["chinchilla"][grp] = fit_block(sub, 0.0, restarts, seed, name=f"group {grp}")
         except ValueError as err:
             raise ValueError(f"group {grp}: {err}") from None
         out["chinchilla"][grp]["phi"] = None          # Eq. 2 has no phi
@@ -1862,7 +1868,7 @@ def _fit_warning_flags(flags, caught):
     """Add the fitter's own warnings (warnings.warn) to flags, one flag per kind, so fit.json keeps them too."""
     for w in caught:
         msg = str(w.message)
-        if msg.startswith("fit over"):                  # "fit over 29 runs: only one of 40 restarts ..."
+        if msg.startswith("fit over"):                  # "fit over 29 runs (joint): only one of 40 restarts ..."
             _add_flag(flags, "single_hit", msg.split(":")[0])
         elif msg.startswith("duplicate run: "):
             _add_flag(flags, "duplicate_runs", msg[len("duplicate run: "):])

@@ -393,6 +393,18 @@ def test_bad_input_too_few_runs_and_one_architecture(grid):
         fit.run_protocol(few_r8, restarts=5, n_boot=0, progress=False)
 
 
+def test_single_hit_warning_names_its_fit(grid):
+    # one restart always "hits" once: the warning, and so the flag next to phi, says which of the protocol's fits
+    # it concerns (an App. F.3 half of 12 runs is not the joint fit whose phi the CLI prints)
+    with pytest.warns(UserWarning, match=r"fit over 116 runs \(low half, App. F.3\): only one of 1 restarts"):
+        fit.fit_block(grid, None, restarts=1, name="low half, App. F.3")
+    flags = []
+    with pytest.warns(UserWarning) as caught:
+        fit.fit_block(grid, 0.0, restarts=1, name="phi=0")
+    fit._fit_warning_flags(flags, caught)
+    assert flags[0]["name"] == "single_hit" and flags[0]["items"] == ["fit over 116 runs (phi=0)"]
+
+
 def test_duplicate_runs_warn():
     rows = _rows(6)
     rows.append(dict(rows[3], source="row_dup"))
