@@ -309,10 +309,25 @@ def _parser() -> argparse.ArgumentParser:
 def parse_args(argv=None) -> tuple:
     """argv (list of str, None = sys.argv[1:]) -> (ModelConfig, TrainConfig). Bad values exit with a message."""
     p = _parser()
-    args = vars(p.parse_args(argv))
+    # argparse fills in a default only for a dest the namespace lacks: a model field still UNSET after parsing was
+    # not on the command line (how --init-from tells "--n-loops 1" typed from n_loops left at its default 1)
+    unset = object()
+    ns = p.parse_args(argv, argparse.Namespace(**{f.name: unset for f in dataclasses.fields(ModelConfig)}))
+    typed = {f.name for f in dataclasses.fields(ModelConfig) if getattr(ns, f.name) is not unset}
+    args = {**{f.name: f.default for f in dataclasses.fields(ModelConfig)},
+            **{k: v for k, v in vars(ns).items() if v is not unset}}
     try:
         pick = lambda cls: cls(**{f.name: args[f.name] for f in dataclasses.fields(cls)})
-        return pick(ModelConfig), pick(TrainConfig)
+        model_cfg, train_cfg = pick(ModelConfig), pick(TrainConfig)
+        if train_cfg.init_from:      # every model flag typed must be the checkpoint's, default-valued ones included
+            ck_cfg = asdict(load_checkpoint(train_cfg.init_from)[0].cfg)
+            clash = {k: (getattr(model_cfg, k), ck_cfg[k]) for k in sorted(typed - {"n_loops_bwd"})
+                     if getattr(model_cfg, k) != ck_cfg[k]}
+            if clash:
+                raise ValueError(f"--init-from {train_cfg.init_from}: model flags differ from the checkpoint's "
+                                 f"architecture (flag, checkpoint) = {clash}; drop them (the architecture comes "
+                                 "from the checkpoint)")
+        return model_cfg, train_cfg
     except ValueError as err:                                      # e.g. r does not divide 16, two horizons
         p.error(str(err))                                          # usage + message on stderr, exit status 2
 
@@ -626,8 +641,8 @@ def _main(model_cfg: ModelConfig, train_cfg: TrainConfig, held: list) -> dict:
 
     # --init-from: start from another run's weights, a nanoloop run or an authors' release (eval.load_checkpoint
     # reads and checks either). What a fine-tuning researcher expects: the architecture is the checkpoint's. A model
-    # flag left at its default takes the checkpoint's value; one set to anything else must equal it (else an error
-    # naming both). n_loops_bwd stays this run's (a training choice: full BPTT unless --n-loops-bwd). The optimizer,
+    # flag typed on the command line must equal it (parse_args refuses it otherwise, even at its default value); here,
+    # for a config built in code, a field at its default takes the checkpoint's value, any other must equal it. n_loops_bwd stays this run's (a training choice: full BPTT unless --n-loops-bwd). The optimizer,
     # LR schedule (HyperP LRs for this run's horizon) and step count start fresh; RoPE tables are nanoloop's.
     init_state, init_hash = None, None
     if tc.init_from:

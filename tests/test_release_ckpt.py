@@ -8,6 +8,7 @@ Checks: round trips for r = 1, linear r = 4, additive, hyper; the RoPE flip on a
 train CLIs on a release dir; every refusal, and corrupt ckpt.pt files in eval.py and train.py, as one-line errors.
 Run: pytest -q tests/test_release_ckpt.py   (tiny models, a few seconds)
 """
+import dataclasses
 import json
 import math
 import os
@@ -361,7 +362,7 @@ def _first_step_loss(model, data_dir, tok_hash):
         return sum(model(*loader.next_batch()).item() for _ in range(2)) / 2
 
 
-def test_train_init_from_release_and_run(tmp_path, corpus):
+def test_train_init_from_release_and_run(tmp_path, corpus, capsys):
     tok, data_dir = corpus
     cfg = cfg_of(n_loops=2, vocab_size=320)                                   # 1-2-1 at r = 2
     model = random_model(cfg, seed=3)
@@ -376,10 +377,20 @@ def test_train_init_from_release_and_run(tmp_path, corpus):
     print(f"\n--init-from release: first-step loss {first:.6f}, the release model's {want:.6f}, a fresh model's "
           f"{_first_step_loss(random_model(cfg, seed=9), data_dir, tok.identity):.6f}")
     assert first == pytest.approx(want, rel=1e-6)
-    # a flag that contradicts the checkpoint is refused, naming both values
+    # a flag that contradicts the checkpoint is refused when parsed, naming both values -- also a flag typed at its
+    # default value (--n-loops 1 is the default; the checkpoint has r = 2), which used to be silently replaced
+    for flags, want in ((["--n-loops", "8", "--n-layers-eff", "12"], r"'n_loops': \(8, 2\)"),
+                        (["--n-loops", "1"], r"'n_loops': \(1, 2\)")):
+        with pytest.raises(SystemExit) as exc:
+            train.parse_args(base + ["--init-from", root, "--out-dir", str(tmp_path / "o2"), *flags])
+        assert exc.value.code == 2 and re.search(want, capsys.readouterr().err)
+    assert not (tmp_path / "o2").exists()
+    # a typed flag equal to the checkpoint's is fine; a config built in code keeps the default-takes-checkpoint rule
+    mc, _ = train.parse_args(base + ["--init-from", root, "--out-dir", str(tmp_path / "o2"), "--n-loops", "2"])
+    assert mc.n_loops == 2
     with pytest.raises(ValueError, match=r"'n_loops': \(8, 2\)"):
-        train.main(*train.parse_args(base + ["--init-from", root, "--out-dir", str(tmp_path / "o2"), "--n-loops", "8",
-                                             "--n-layers-eff", "12"]))
+        train.main(dataclasses.replace(mc, n_loops=8, n_layers_eff=12), train.parse_args(base + [
+            "--init-from", root, "--out-dir", str(tmp_path / "o2")])[1])
     # a nanoloop run as the source: its tokenizer must be the data's
     ck = dict(model=model.state_dict(), model_config=asdict(cfg), tokenizer_hash="another-tokenizer")
     os.makedirs(tmp_path / "run")
