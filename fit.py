@@ -1554,9 +1554,9 @@ def case_summary(out_dir):
                      "delta_phi_lo": c.get("delta_phi_lo"), "delta_phi_hi": c.get("delta_phi_hi"),
                      "baseline_phi": (c.get("baseline") or {}).get("phi"), "gap8": _top_gap(res),
                      "extrapolation_gain": float(np.mean(gains)) if gains else None,
-                     # the fit's flags (fit.json "flags"), each with the fits it concerns: "single_hit (fit over 12
-                     # runs (low half, App. F.3))" is about an auxiliary fit, not the phi of the table
-                     "flags": [f"{fl['name']} ({'; '.join(fl.get('items') or [])})" for fl in res.get("flags") or []]})
+                     # the fit's flags (fit.json "flags") with the fits they concern: single_hit on "fit over 12
+                     # runs (low half, App. F.3)" is about an auxiliary fit, not about the phi of the table
+                     "flags": [(fl["name"], "; ".join(fl.get("items") or [])) for fl in res.get("flags") or []]})
         if res.get("loop_sweep"):
             sweeps[name] = res["loop_sweep"]
     if not rows:
@@ -1579,7 +1579,11 @@ def write_case_summary(summary, out_dir):
         dci = (f" [{row['delta_phi_lo']:+.2f}, {row['delta_phi_hi']:+.2f}]" if row["delta_phi_lo"] is not None else "")
         L.append(f"| {row['name']} | {row['phi']:.3f}{ci} | {f(row['delta_phi'], '+.3f')}{dci} | {row['r2']:.4f} | "
                  f"{row['n']} | {f(row['gap8'], '+.3f')} | {f(row['extrapolation_gain'], '+.3f')} | "
-                 f"{'; '.join(row['flags']) or '-'} |")
+                 f"{', '.join(name for name, _ in row['flags']) or '-'} |")
+    flagged = [row for row in summary["rows"] if row["flags"]]
+    if flagged:                                   # the table names the flags; here, which fits each one concerns
+        L += ["", "Flags, and the fits they concern:"]
+        L += [f"- {row['name']}: " + " | ".join(f"{name}: {items}" for name, items in row["flags"]) for row in flagged]
     L += ["", "Figures: cases.png (φ and its CI per case), cases_loops.png (val loss vs test-time r' per case)."]
     paths = _case_figures(summary, out_dir)
     report = os.path.join(out_dir, "report.md")

@@ -326,8 +326,9 @@ def test_case_delta_phi_recovers_shift_with_ci_and_summary(tmp_path, capsys):
     assert f"| diagonal | {res['joint']['phi']:.3f}" in report and os.path.isfile(out / "cases.png")
     # the case's flags (this light protocol has some) are in its row, each with the fits it concerns
     row = summary["rows"][1]
-    assert [f.split(" (")[0] for f in row["flags"]] == [f["name"] for f in res["flags"]] and row["flags"]
-    assert "; ".join(row["flags"]) + " |" in report
+    assert [name for name, _ in row["flags"]] == [f["name"] for f in res["flags"]] and row["flags"]
+    assert f"| {', '.join(f['name'] for f in res['flags'])} |" in report
+    assert f"- diagonal: {res['flags'][0]['name']}: {'; '.join(res['flags'][0]['items'])}" in report
     with pytest.raises(SystemExit, match="no fit.json"):
         fit.main(["--cases", str(tmp_path / "nothing")])
 
