@@ -204,6 +204,7 @@ class _Tok:
 
 
 def _checkpoint(root, data_dir, **kw):
+    torch.manual_seed(0)                  # the same weights whichever tests ran before (the init draws from torch's RNG)
     m = perturb(LoopedGPT(tiny_cfg(**kw)), 0.05)
     out = os.path.join(root, "run")
     os.makedirs(out, exist_ok=True)
@@ -214,17 +215,20 @@ def _checkpoint(root, data_dir, **kw):
     return out, m
 
 
-@pytest.mark.parametrize("state_init", ["prelude", "random"])
-def test_eval_n_loops_sweep_writes_curve(tiny_data, tmp_path, monkeypatch, state_init):
+# every mode whose weights are the same at any r' (hc's per-iteration scalars exist for the trained r only)
+@pytest.mark.parametrize("injection,state_init", [("linear", "prelude"), ("linear", "random"),
+                                                  ("additive", "prelude"), ("diagonal", "prelude")])
+def test_eval_n_loops_sweep_writes_curve(tiny_data, tmp_path, monkeypatch, injection, state_init):
     monkeypatch.setattr(E, "tokenizer_for", lambda *a, **k: _Tok())
-    out, m = _checkpoint(str(tmp_path), tiny_data, n_loops=2, state_init=state_init)
+    out, m = _checkpoint(str(tmp_path), tiny_data, n_loops=2, injection=injection, state_init=state_init)
     res = E.main([out, "--n-loops-sweep", "1,2,4,8,16", "--tasks", "none"])
     with open(os.path.join(out, "eval.json")) as fh:
         saved = json.load(fh)
     curve = saved["n_loops_sweep"]
     print("\n" + " ".join(f"r'={p['n_loops']}: {p['val_loss']:.4f}" for p in curve))
     assert [p["n_loops"] for p in curve] == [1, 2, 4, 8, 16] and curve == res["n_loops_sweep"]
-    assert len({round(p["val_loss"], 6) for p in curve}) == 5                 # r' really changes the forward
+    # r' really changes the forward (past r' = 4 the contracting state may converge to float precision)
+    assert len({round(p["val_loss"], 6) for p in curve[:3]}) == 3
     if state_init == "prelude":                                              # r' = r is the trained model's loss
         assert curve[1]["val_loss"] == pytest.approx(saved["val_loss"], rel=1e-9)
     again = E.main([out, "--n-loops-sweep", "1,2,4,8,16", "--tasks", "none"])["n_loops_sweep"]
