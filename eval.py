@@ -1258,7 +1258,7 @@ def _main(argv):
     sweep = None
     if a.n_loops_sweep is not None:
         try:
-            sweep = [int(x) for x in a.n_loops_sweep.split(",") if x.strip()]
+            sweep = [int(x) for x in a.n_loops_sweep.split(",")]      # "1,,2" is a typo, not 1,2
         except ValueError:
             sweep = []
         if not sweep or min(sweep) < 1 or max(sweep) > 1024 or len(set(sweep)) != len(sweep):

@@ -146,6 +146,22 @@ def _read_sweep(path):
     return curve if ok and curve else None
 
 
+def _read_json_object(path):
+    """The JSON object in path (done.json, fit.json); a ValueError naming the file for anything else."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            obj = json.load(fh)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}:{err.lineno}: not valid JSON ({err.msg}, column {err.colno})") from None
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text (byte {err.start})") from None
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read ({err.strerror})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
 def load_records(runs_dir):
     """Every done.json under runs_dir (recursively), as dicts with a "source" key. ValueError if none."""
     if not os.path.isdir(runs_dir):
@@ -155,17 +171,7 @@ def load_records(runs_dir):
     for root, _, files in sorted(os.walk(runs_dir, onerror=_walk_error)):
         if "done.json" in files:
             path = os.path.join(root, "done.json")
-            try:
-                with open(path, encoding="utf-8") as fh:
-                    rec = json.load(fh)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{err.lineno}: not valid JSON ({err.msg}, column {err.colno})") from None
-            except UnicodeDecodeError as err:
-                raise ValueError(f"{path}: not UTF-8 text (byte {err.start})") from None
-            except OSError as err:
-                raise ValueError(f"{path}: cannot read ({err.strerror})") from None
-            if not isinstance(rec, dict):
-                raise ValueError(f"{path}: expected a JSON object, got {type(rec).__name__}")
+            rec = _read_json_object(path)
             rec["source"] = path                   # named in every error message about this run
             mcfg = _model_config(rec)
             # the architecture the run trained (mini study: small d, vocab ~2k, seq_len 128) -- used for the N check
@@ -1543,10 +1549,12 @@ def case_summary(out_dir):
     for name, path in found:
         if not os.path.isfile(path):
             continue
-        with open(path) as fh:
-            res = json.load(fh)
+        res = _read_json_object(path)
         if "joint" not in res:
             continue                                  # a chinchilla fit: no phi to compare
+        j = res["joint"]
+        if not (isinstance(j, dict) and all(isinstance(j.get(k), (int, float)) for k in ("phi", "r2", "n"))):
+            raise ValueError(f"{path}: its joint fit has no numeric phi, r2 and n: not a fit.py result")
         bs, c = res.get("bootstrap") or {}, res.get("case") or {}
         gains = [e["gain"] for e in res.get("loop_sweep") or [] if e.get("gain") is not None]
         rows.append({"name": name, "phi": res["joint"]["phi"], "phi_lo": bs.get("phi_lo"), "phi_hi": bs.get("phi_hi"),

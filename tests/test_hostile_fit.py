@@ -181,6 +181,18 @@ def test_malformed_and_foreign_done_json(tmp_path):
     _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")], "config n_layers_eff=", tmp_path)
 
 
+def test_cases_summary_refuses_a_broken_fit_json_by_name(tmp_path):
+    # fit.py --cases DIR: a case's fit.json that is torn, not an object, or not a joint fit is named, and report.md
+    # is not rewritten (it used to be a traceback, or a silently skipped case)
+    (tmp_path / "fit.json").write_text(json.dumps({"joint": {"phi": 0.5, "r2": 0.9, "n": 20}}))
+    (tmp_path / "case_x").mkdir()
+    for text, culprit in (('{"joint": ', "not valid JSON"), ("[1, 2]", "expected a JSON object, got list"),
+                          ('{"joint": {"phi": "a"}}', "no numeric phi, r2 and n")):
+        (tmp_path / "case_x" / "fit.json").write_text(text)
+        line = _refused(fit.main, ["--cases", str(tmp_path)], culprit, tmp_path)
+        assert os.path.join("case_x", "fit.json") in line
+
+
 def test_only_unfinished_runs_is_an_error_that_names_them(tmp_path):
     for name in ("C1e18_r1_s6", "C1e18_r4_s6"):
         os.makedirs(tmp_path / "runs" / name)

@@ -243,7 +243,7 @@ def test_eval_n_loops_sweep_refuses_hyper_before_any_work(tiny_data, tmp_path, m
     out, _ = _checkpoint(str(tmp_path), tiny_data, n_loops=2, injection="hyper")
     with pytest.raises(SystemExit, match=r"injection 'hyper' cannot run r'=1 \(trained r=2\).*exactly 2 iterations"):
         E.main([out, "--n-loops-sweep", "1,2,4", "--tasks", "none"])
-    for bad in ("0,2", "2,2", "a", ""):
+    for bad in ("0,2", "2,2", "a", "", "1,,2", "1,2,"):
         with pytest.raises(SystemExit, match="--n-loops-sweep wants"):
             E.main([out, "--n-loops-sweep", bad])
     with pytest.raises(SystemExit, match="drop --n-loops"):
