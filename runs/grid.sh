@@ -4,8 +4,9 @@
 # Purpose: every (budget C, width s) cell of Table 6 for r in {1, 2, 4, 8}. r=1 is the 0-20-0 baseline, r>1 the
 #          2-(16/r)-2 looped stacks with linear injection and full BPTT. Each run trains steps = round(C / (F B)) steps
 #          of B = 262,144 tokens (flops.py) at the HyperP LRs (optim.py) and leaves OUT/<run>/done.json for fit.py.
-# Usage:   NPROC=8 bash runs/grid.sh [--dry-run]       OUT=out/grid by default; NPROC = GPUs on this node
+# Usage:   NPROC=8 bash runs/grid.sh [--dry-run] [--only FILE]   OUT=out/grid by default; NPROC = GPUs on this node
 #          --dry-run prints one `torchrun ... train.py ...` line per run still to do, and exits.
+#          --only FILE trains only the runs FILE lists (python design.py plan --out FILE: phi for fewer FLOPs).
 #          python flops.py grid --mfu 0.4             the same 116 runs with N, tokens, steps and the GPU-hour plan
 # Cost:    7.26e20 training FLOPs = ~510 H100-hours at 40% MFU of 989 TFLOP/s (bf16 dense); ~1,600 A100-hours.
 # Resume:  run it again: finished runs (done.json) are skipped, preempted ones continue from their ckpt.pt.

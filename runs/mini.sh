@@ -3,7 +3,8 @@
 # iso-FLOP grid over r in {1,2,4,8} at one effective depth -> validation loss -> the joint law fit -> phi with a
 # 95% block-bootstrap CI, the report and the figures. Paper §4.1 (grid), §4.2-4.3 and App. F (fit), scaled down.
 #
-# Usage: bash runs/mini.sh [--quick] [--dry-run] [--case NAME] [OUT]   (OUT defaults to out/mini, or out/mini_quick)
+# Usage: bash runs/mini.sh [--quick] [--dry-run] [--case NAME | --design] [OUT]   (OUT defaults to out/mini,
+#        out/mini_quick or out/mini_design)
 #   --quick      a smaller grid (2 budgets, 24 runs) and a lighter fit protocol: a ~2.5 minute smoke test
 #   --dry-run    print the launch list (one train.py line per run) and exit
 #   --case NAME  a case study (§5, Table 3) at mini scale, NAME in CASES below: trains the looped cells (r = 2, 4, 8)
@@ -13,6 +14,11 @@
 #                and ends with `delta_phi(NAME) = X [lo, hi]` (paired block-bootstrap CI); OUT/report.md then gets
 #                the case-study table of every case fitted so far (fit.py --cases OUT). Point OUT at a copy of a
 #                finished baseline study (cp -a out/mini out/mini_cases) to train only the case's 33 runs.
+#   --design     phi for less (design.py, issue 20): a 20-run pilot (the grid's cells at 1e11 and s <= 2 at 2e11),
+#                its fit as the prior, then design.py picks the rest from a wider pool (DESIGN_POOL below) at the same
+#                total training FLOPs as the grid above (OUT/reference.txt), with the noise raised until the grid
+#                would move phi by +-0.1 (data order, README); trains them and fits pilot + designed runs into OUT
+#                (the prior: OUT/pilot/, the design: OUT/design.txt). No loop sweep, no sample.
 # After the fit, the lowest-loss model of each looped r at the largest budget is evaluated at test-time loop
 # counts r' in SWEEP (eval.py --n-loops-sweep; App. A loop extrapolation) and the report gets loop_sweep.png.
 # OUT is mini.sh's own folder: a new or empty one is adopted (OUT/.nanoloop-mini records its grid), a folder mini.sh
@@ -42,19 +48,23 @@ cd "$(dirname "$0")/.."
 # one more line here; its Delta-phi is then `bash runs/mini.sh --case NAME`.
 declare -A CASES=([bptt]="" [hc]="--injection hyper --hc-lanes 2" [diagonal]="--injection diagonal"
                   [additive]="--injection additive" [random]="--state-init random --state-init-std 1.0")
-QUICK=0; DRY=0; OUT=""; CASE=""
+QUICK=0; DRY=0; OUT=""; CASE=""; DESIGN=0
 while (( $# )); do
   case "$1" in
     --quick) QUICK=1 ;;
     --dry-run) DRY=1 ;;
+    --design) DESIGN=1 ;;
     --case) (( $# >= 2 )) || { echo "runs/mini.sh: --case needs a NAME (one of: ${!CASES[*]})" >&2; exit 2; }
             CASE=$2; shift ;;
-    -*) echo "runs/mini.sh: unknown flag $1 (usage: bash runs/mini.sh [--quick] [--dry-run] [--case NAME] [OUT])" >&2
+    -*) echo "runs/mini.sh: unknown flag $1 (usage: bash runs/mini.sh [--quick] [--dry-run] [--case NAME | --design] [OUT])" >&2
         exit 2 ;;
     *) OUT="$1"; [[ -n "$OUT" ]] || { echo "runs/mini.sh: OUT is empty: name a folder, e.g. out/mini" >&2; exit 2; } ;;
   esac
   shift
 done
+if [[ $DESIGN == 1 && ( -n $CASE || $QUICK == 1 ) ]]; then
+  echo "runs/mini.sh: --design takes no --case or --quick (it designs the full study's budget)" >&2; exit 2
+fi
 if [[ -n $CASE && ! -v CASES[$CASE] ]]; then
   echo "runs/mini.sh: --case wants one of: ${!CASES[*]} (got '${CASE}')" >&2; exit 2
 fi
@@ -70,6 +80,7 @@ VOCAB=1024; SEQ=128; DOC_CHARS=250; BATCH=1024; DEVICE_BATCH=8; LR=0.01; EVAL_TO
 ARCH=(--aspect-ratio 8 --head-dim 8 --n-layers-eff 10 --n-layers-prelude 1 --n-layers-coda 1
       --seq-len "$SEQ" --batch-tokens "$BATCH" --device-batch "$DEVICE_BATCH" --lr-batch-ref "$BATCH"
       --muonh-lr "$LR" --eval-tokens "$EVAL_TOKENS" --ckpt-every 100 --resume true)
+[[ $DESIGN == 1 ]] && OUT=${OUT:-out/mini_design}
 if [[ $QUICK == 1 ]]; then
   OUT=${OUT:-out/mini_quick}
   BUDGETS=(3e10 6e10)
@@ -81,14 +92,25 @@ else
   declare -A SCALES=([1e11]="1 2 3" [2e11]="1 2 3 4" [3e11]="1 2 3 4")
   FIT=()                                      # the paper's protocol: 500 restarts, 200 bootstrap resamples
 fi
+if [[ $DESIGN == 1 ]]; then                   # the grid above is only the reference; the pilot is what trains first
+  REFERENCE=$(for C in "${BUDGETS[@]}"; do for r in "${LOOPS[@]}"; do for s in ${SCALES[$C]}; do
+    echo "C${C}_r${r}_s${s}"; done; done; done)
+  BUDGETS=(1e11 2e11); SCALES=([1e11]="1 2 3" [2e11]="1 2")
+  DESIGN_POOL=(--budgets 5e10,1e11,1.5e11,2e11,3e11,4e11 --scales 1,2,3,4,5 --tpp 1.1,540 --aspect-ratio 8
+               --n-layers-eff 10 --n-layers-prelude 1 --n-layers-coda 1 --seq-len "$SEQ" --vocab-size "$VOCAB"
+               --batch-tokens "$BATCH")
+fi
 DATA="$OUT/data"; RUNS="$OUT/runs"
 
 # ---- the launch list: one train.py invocation per (budget, r, width) ---------------------------------------
 # Each entry of ARGS is shell-quoted (printf %q), so an OUT with spaces reaches train.py as one argument.
 NAMES=(); ARGS=(); BASE_NAMES=()   # BASE_NAMES: the baseline grid (a case adds its runs to NAMES)
+add_run() {  # add_run C r s: one baseline run of the launch list
+  NAMES+=("C$1_r$2_s$3")
+  ARGS+=("--flops-budget $1 --n-loops $2 --scale $3 --data $(printf %q "$DATA") --out-dir $(printf %q "$RUNS/C$1_r$2_s$3")")
+}
 for C in "${BUDGETS[@]}"; do for r in "${LOOPS[@]}"; do for s in ${SCALES[$C]}; do
-  NAMES+=("C${C}_r${r}_s${s}")
-  ARGS+=("--flops-budget $C --n-loops $r --scale $s --data $(printf %q "$DATA") --out-dir $(printf %q "$RUNS/C${C}_r${r}_s${s}")")
+  add_run "$C" "$r" "$s"
   BASE_NAMES+=("C${C}_r${r}_s${s}")
   if [[ -n $CASE && $r != 1 ]]; then         # the case's looped cell beside the baseline's (same C, r, s)
     flags=${CASES[$CASE]}; [[ $CASE == bptt ]] && flags="--n-loops-bwd $(( (r + 1) / 2 ))"
@@ -105,7 +127,7 @@ fi
 die() { echo "runs/mini.sh: $*" >&2; exit 1; }
 # ---- 0. OUT must be mini.sh's own folder (rule 2: never write into, or delete from, a folder it did not make) --
 MARK="$OUT/.nanoloop-mini"
-OWN='^(\.nanoloop-mini|tokenizer\.model|data|runs|case_[a-z_]+|launch\.txt|fit\.log|fit\.json|report\.md|[a-z_]+\.png)$'
+OWN='^(\.nanoloop-mini|tokenizer\.model|data|runs|case_[a-z_]+|pilot|[a-z]+\.txt|[a-z]+\.log|fit\.json|report\.md|[a-z_]+\.png)$'
 if [[ -e "$OUT" && ! -d "$OUT" ]]; then die "OUT $OUT is a file, not a folder: pick another OUT"; fi
 if [[ -d "$OUT" && ! -f "$MARK" ]]; then
   # adopt an empty folder, or one holding only what an earlier mini.sh writes (before the marker existed)
@@ -155,6 +177,7 @@ fi
 # Each worker is one Python process that imports torch once and calls train.main() for the next unclaimed run of
 # the launch list -- the same code path as `python train.py <flags>`, minus ~5 s of start-up per run. A finished run
 # (done.json) is skipped; a killed one resumes from its ckpt.pt (--resume true).
+train_list() {  # train every run of NAMES / ARGS not finished yet, JOBS workers
 n_todo=0
 for i in "${!NAMES[@]}"; do [[ -f "$RUNS/${NAMES[$i]}/done.json" ]] || n_todo=$((n_todo + 1)); done
 say "grid: ${#NAMES[@]} runs (${n_todo} to train), budgets ${BUDGETS[*]}, r in {${LOOPS[*]}}, $JOBS workers"
@@ -200,6 +223,25 @@ while (( $(jobs -rp | wc -l) > 0 )); do
         "stopped. Fix the cause and rerun the same command to resume"
   fi
 done
+}
+train_list
+if [[ $DESIGN == 1 ]]; then                   # issue 20: pilot fit -> design.py -> the designed runs -> one fit
+  printf '%s\n' "$REFERENCE" > "$OUT/.reference.txt.$$.tmp" && mv -f "$OUT/.reference.txt.$$.tmp" "$OUT/reference.txt"
+  say "pilot fit (the design's prior): fit.py --restarts 100 --bootstrap 0"
+  python fit.py "$RUNS" --out "$OUT/pilot" --overwrite --restarts 100 --bootstrap 0 > "$OUT/pilot.log"
+  python design.py plan --runs "$RUNS" --prior "$OUT/pilot/fit.json" --reference "$OUT/reference.txt" \
+    --noise-phi 0.1 "${DESIGN_POOL[@]}" --out "$OUT/design.txt" --overwrite > /dev/null
+  say "$(head -n 1 "$OUT/design.txt")"
+  while read -r name _; do                    # C<budget>_r<n_loops>_s<scale>, design.py's run names
+    [[ $name =~ ^C([0-9.e]+)_r([0-9]+)_s([0-9]+)$ ]] && add_run "${BASH_REMATCH[@]:1:3}"
+  done < "$OUT/design.txt"
+  train_list
+  say "fitting pilot + designed runs (fit.py ${FIT[*]:-paper protocol})"
+  python fit.py "$RUNS" --out "$OUT" --overwrite "${FIT[@]}" | tee "$OUT/fit.log"
+  say "report: $OUT/report.md | design: $OUT/design.txt | total $(( $(date +%s) - T0 )) s"
+  grep -E '^phi = ' "$OUT/fit.log" || true
+  exit 0
+fi
 
 # ---- 3. test-time loop extrapolation (App. A): the lowest-loss model of each looped r at the largest budget ----
 # is evaluated at every r' in SWEEP; fit.py picks the curves up from eval.json (skipped when already there)
