@@ -46,7 +46,6 @@ PAPER_LAW = {"A": 25.0, "B": 1000.0, "E": 1.57, "alpha": 0.199, "beta": 0.369, "
 PAPER_RMSE = 0.010
 TPP = (2.25, 190.0)    # tokens per parameter of Table 6's runs (2.28 ... 187): a widened pool stays inside it
 RIDGE = 1e-9           # weak prior on theta, relative to the pool's information: an unidentified set has a huge Var
-N_RESAMPLES = 100     # bootstrap resamples the predicted variance averages over (median)
 Z95 = 1.959964         # two-sided 95% normal quantile: half-width = Z95 * sd
 MFU, PEAK = 0.4, 989e12    # flops.py grid's planning convention: 40% of an H100's dense bf16 peak
 
@@ -150,72 +149,61 @@ def universe(groups):
     U.update(cand=~U["fixed"], cost=np.where(U["fixed"], 0.0, runs["cost"]), kappa=float(np.median(U["m"] / U["b"])),
              JJ=(U["J"][:, :, None] * U["J"][:, None, :]).reshape(-1, 36))          # (n, 36) outer products J J'
     U["lam"] = RIDGE * float(np.trace((U["b"] @ U["JJ"]).reshape(6, 6)))
-    # fixed bootstrap resamples (common to every candidate set): Poisson(1) weights per (budget, r) cell, which for
-    # the selected cells approximate the multinomial cell draws of fit.bootstrap_phi
-    cell = np.unique(np.stack([U["C"], U["r"]]), axis=1, return_inverse=True)[1].ravel()
-    U["W"] = np.random.default_rng(0).poisson(1.0, (N_RESAMPLES, cell.max() + 1))[:, cell].astype(float)
     U["own"] = U["variant"] if U["variant"].any() else np.ones(len(U["r"]), bool)   # the runs min_per_r counts
     return U
 
 
 def variance(U, masks):
-    """Predicted variance of phi_hat as the block bootstrap will report it, per selection (rows of masks, (k, n)
-    bool); of delta-phi_hat when U holds a case's variant runs.
-
-    A resample with run weights w moves phi_hat by -(B_w^-1 e_phi)' sum_i (w_i - 1) psi_i J_i (the full-data
-    optimum has sum_i psi_i J_i = 0), B_w = sum_i w_i b_i J_i J_i'; over the noise its variance is sum_i (w_i - 1)^2
-    m_i g_i^2 with g_i = (B_w^-1 e_phi)' J_i. That is the sandwich variance when no cell is lost, and large when a
-    resample drops the cells that carry phi; the median over U["W"]'s resamples tracks the percentile CI. For
-    delta-phi the variant fit (its runs and the baseline's r = 1 runs at its budgets, as fit.run_case selects) and
-    the baseline refitted on those budgets draw the same cells and share the r = 1 runs: their influences subtract
-    (fit.paired_delta_bootstrap)."""
-    masks, W = np.atleast_2d(masks), U["W"]
-    if len(masks) * W.size > 2_000_000:                  # chunks of <= 2M (k, resample, run) elements (~16 MB)
-        step = max(1, 2_000_000 // W.size)
-        return np.concatenate([variance(U, masks[i:i + step]) for i in range(0, len(masks), step)])
+    """Predicted Var(phi_hat) of each selection (rows of masks, (k, n) bool), or Var(delta-phi_hat) when U holds a
+    case's variant runs. Run i moves a fit's phi by g_i psi_i, g_i = (B^-1 e_phi)' J_i, so Var = sum_i m_i g_i^2
+    (plus the ridge's pseudo-observation). For delta-phi the variant fit (its runs and the baseline's r = 1 runs at
+    its budgets, as fit.run_case selects) and the baseline refitted on those budgets share their r = 1 runs, whose
+    influences subtract: the paired comparison of fit.paired_delta_bootstrap."""
+    masks = np.atleast_2d(masks)
     fits = [masks]
     if U["variant"].any():
         base = masks & ~U["variant"] & np.stack([np.isin(U["C"], U["C"][row & U["variant"]]) for row in masks])
         fits = [(masks & U["variant"]) | (base & (U["r"] == 1)), base]
     g, ridge = 0.0, 0.0
     for sign, sel in zip((1.0, -1.0), fits):
-        sw = sel[:, None, :] * W[None] * U["b"]                                               # (k, R, n) w_i b_i
-        B = (sw @ U["JJ"]).reshape(*sw.shape[:2], 6, 6) + U["lam"] * np.eye(6)                # (k, R, 6, 6)
-        w = np.linalg.solve(B, np.broadcast_to(np.eye(6)[5], B.shape[:3])[..., None])[..., 0]  # (k, R, 6)
-        g, ridge = g + sign * (w @ U["J"].T) * sel[:, None, :], ridge + (w ** 2).sum(-1)     # g: (k, R, n)
-    return np.median((g ** 2 * U["m"] * (W - 1) ** 2).sum(-1) + U["lam"] * U["kappa"] * ridge, axis=1)
+        B = ((sel * U["b"]) @ U["JJ"]).reshape(-1, 6, 6) + U["lam"] * np.eye(6)                   # (k, 6, 6)
+        w = np.linalg.solve(B, np.broadcast_to(np.eye(6)[5], (len(sel), 6))[..., None])[..., 0]   # (k, 6) B^-1 e_phi
+        g, ridge = g + sign * (w @ U["J"].T) * sel, ridge + (w ** 2).sum(1)                       # g: (k, n)
+    return (g ** 2 * U["m"]).sum(1) + U["lam"] * U["kappa"] * ridge
 
 
 def choose(U, budget=math.inf, k=None, target=None, min_per_r=5):
-    """The selection mask (fixed runs included). First the min_per_r cheapest runs of every r (fit.py fits each r
-    alone, with Eq. 2's 5 parameters); then, one run at a time, the addition with the largest drop in ln Var per FLOP
-    that fits the budget, until k new runs or Var <= target; in budget mode, when no addition helps, the best swap
-    of a chosen run for one of the most promising others (per FLOP or outright), until neither helps."""
+    """The selection mask (fixed runs included), grown one run at a time by the largest gain per FLOP among the runs
+    that fit the budget: while an r has fewer than min_per_r runs (fit.py fits each r alone, Eq. 2's 5 parameters)
+    or phi is not yet pinned (sd > 0.05), the gain in ln det of the information (D-optimal: every parameter at
+    once); then the drop in ln Var(phi). It stops at k new runs or Var <= target; in budget mode, when no addition
+    helps, the best single swap within the budget follows, and more additions, until neither helps."""
     S, used = U["fixed"].copy(), lambda S: float(U["cost"][S].sum())
-    for r in np.unique(U["r"][U["cand"]]):
-        free = np.flatnonzero(U["cand"] & ~S & (U["r"] == r))
-        S[free[np.argsort(U["cost"][free], kind="stable")[:max(0, min_per_r - (S & U["own"] & (U["r"] == r)).sum())]]] = 1
-    if used(S) > budget * (1 + 1e-9):
-        raise ValueError(f"{budget:.3g} FLOPs cannot pay for {min_per_r} runs of every r ({used(S):.3g} FLOPs at "
-                         f"the cheapest); raise the budget or lower --min-per-r")
     while True:
-        cur, cand = variance(U, S)[0], np.flatnonzero(U["cand"] & ~S)
-        if not cand.size or (k is not None and (S & ~U["fixed"]).sum() >= k) or (target and cur <= target):
+        cur, cand = variance(U, S)[0], np.flatnonzero(U["cand"] & ~S & (U["cost"] <= budget - used(S)))
+        need = [r for r in np.unique(U["r"][U["cand"]]) if (S & U["own"] & (U["r"] == r)).sum() < min_per_r]
+        cand = cand[np.isin(U["r"][cand], need)] if need else cand
+        if not cand.size and need:
+            raise ValueError(f"{budget:.3g} FLOPs cannot pay for {min_per_r} runs of every r; raise the budget or "
+                             f"lower --min-per-r")
+        if (k is not None and (S & ~U["fixed"]).sum() >= k and not need) or (target and cur <= target and not need):
             return S
         trial = np.repeat(S[None], cand.size, 0)
         trial[np.arange(cand.size), cand] = True
-        gain = math.log(cur) - np.log(variance(U, trial))
-        eff = np.where(U["cost"][cand] <= budget - used(S), gain / U["cost"][cand], -np.inf)
-        if eff.max() > 0:
-            S[cand[eff.argmax()]] = True
+        if need or cur > 0.05 ** 2:         # D-optimal: ln det of the (variant fit's) information B
+            sel = trial & (U["variant"] if U["variant"].any() else True)
+            gain = np.linalg.slogdet(((sel * U["b"]) @ U["JJ"]).reshape(-1, 6, 6) + U["lam"] * np.eye(6))[1]
+            gain -= np.linalg.slogdet(((S * U["b"]) @ U["JJ"]).reshape(6, 6) + U["lam"] * np.eye(6))[1]
+        else:
+            gain = math.log(cur) - np.log(variance(U, trial)) if cand.size else np.zeros(0)
+        if cand.size and (gain / U["cost"][cand]).max() > 0:
+            S[cand[np.argmax(gain / U["cost"][cand])]] = True
             continue
         if k is not None or target is not None:
             return S
-        # exchange: drop i, add j (j among the 12 best additions per FLOP and the 12 best outright); a run of an r
-        # at its minimum is swapped within its r only
-        top = cand[np.unique(np.r_[np.argsort(-gain / U["cost"][cand])[:12], np.argsort(-gain)[:12]])]
+        # exchange: every (drop i, add j) pair at once; a run of an r at its minimum is swapped within its r only
         count = {r: (S & U["own"] & (U["r"] == r)).sum() for r in np.unique(U["r"])}
-        pairs = np.array([(i, j) for i in np.flatnonzero(S & U["cand"]) for j in top
+        pairs = np.array([(i, j) for i in np.flatnonzero(S & U["cand"]) for j in np.flatnonzero(U["cand"] & ~S)
                           if U["cost"][j] - U["cost"][i] <= budget - used(S) and (U["r"][i] == U["r"][j] or
                           count[U["r"][i]] > min_per_r or not U["own"][i])]).reshape(-1, 2)
         trial = np.repeat(S[None], len(pairs), 0)
