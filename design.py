@@ -28,6 +28,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse
 import io
+import itertools
 import json
 import math
 import sys
@@ -41,13 +42,18 @@ import flops
 
 # Prior law: alpha, beta, E, phi of the paper's joint fit (Table 2: 0.199, 0.369, 1.57, 0.459). Table 2 omits A and B;
 # they are fit.py's synthetic truth (SYNTH_TRUTH, chosen to give Fig. 2's losses). Noise: the joint fit's pooled
-# residual RMSE, 0.010 nats (App. F.1).
-PAPER_LAW = {"A": 25.0, "B": 1000.0, "E": 1.57, "alpha": 0.199, "beta": 0.369, "phi": 0.459}
+# residual RMSE, 0.010 nats (App. F.1). theta is in fit.PARAM_NAMES' order: ln A, ln B, ln E, alpha, beta, phi.
+PAPER_THETA = (math.log(25.0), math.log(1000.0), math.log(1.57), 0.199, 0.369, 0.459)
 PAPER_RMSE = 0.010
 TPP = (2.25, 190.0)    # tokens per parameter of Table 6's runs (2.28 ... 187): a widened pool stays inside it
 RIDGE = 1e-9           # weak prior on theta, relative to the pool's information: an unidentified set has a huge Var
 Z95 = 1.959964         # two-sided 95% normal quantile: half-width = Z95 * sd
 MFU, PEAK = 0.4, 989e12    # flops.py grid's planning convention: 40% of an H100's dense bf16 peak
+
+
+def fail(message):
+    """Raise the ValueError that the CLI prints as one error line (callable inside an expression)."""
+    raise ValueError(message)
 
 
 def gpu_hours(total_flops, mfu=MFU, peak=PEAK):
@@ -61,67 +67,57 @@ def gpu_hours(total_flops, mfu=MFU, peak=PEAK):
 def make_pool(cells=None, loops=flops.LOOPS, arch=None, aspect=flops.ASPECT_RATIO, batch=flops.BATCH_TOKENS,
               tpp=TPP, case=None):
     """Candidate runs {C: widths} x loops (default: Table 6, the 116-run grid) as a fit.py runs dict (every record
-    check applies) with "name" (the sweep scripts' folder, e.g. C4.64e17_r2_s8) and "cost" (executed FLOPs, as
+    check applies) plus "name" (the sweep scripts' run folder, e.g. C4.64e17_r2_s8) and "cost" (executed FLOPs as
     train.py runs it: steps = round(C / (F B))). Runs outside tokens-per-parameter tpp are left out (the law is not
     trusted far along an iso-FLOP curve), and so are widths that cannot take one step at C."""
-    arch = arch or {}
-    rows = []
+    arch, rows = arch or {}, []
     for budget, widths in (flops.GRID if cells is None else cells).items():
-        for r in loops:
-            for s in widths:
-                n_once, n_rec = flops.param_split(aspect * s, r, **{k: arch[k] for k in arch if k in fit.ARCH_KEYS})
-                f = flops.flops_per_token(aspect * s, r, **arch)
-                try:
-                    tokens = flops.tokens_for_budget(budget, f, batch)[1]
-                except ValueError:                       # below one optimizer step at this budget
-                    continue
-                name = f"C{budget:g}_r{r}_s{s}".replace("e+", "e")
-                if tpp[0] <= tokens / (n_once + n_rec) <= tpp[1]:
-                    rows.append(dict(flops_budget=budget, n_loops=r, d_model=aspect * s, n_once=n_once, n_rec=n_rec,
-                                     tokens=tokens, arch=arch, aspect_ratio=aspect, val_loss=1.0, source=name,
-                                     case=case, name=name, cost=float(tokens * f)))
-    if not rows:
-        raise ValueError("the candidate pool is empty (check --budgets, --scales and --tpp)")
-    runs = fit.runs_from_rows(rows)
+        for r, s in itertools.product(loops, widths):
+            n_once, n_rec = flops.param_split(aspect * s, r, **{k: arch[k] for k in arch if k in fit.ARCH_KEYS})
+            f = flops.flops_per_token(aspect * s, r, **arch)
+            try:
+                tokens = flops.tokens_for_budget(budget, f, batch)[1]
+            except ValueError:                               # below one optimizer step at this budget
+                continue
+            name = f"C{budget:g}_r{r}_s{s}".replace("e+", "e")
+            if tpp[0] <= tokens / (n_once + n_rec) <= tpp[1]:
+                rows.append(dict(flops_budget=budget, n_loops=r, d_model=aspect * s, n_once=n_once, n_rec=n_rec,
+                                 tokens=tokens, arch=arch, aspect_ratio=aspect, val_loss=1.0, source=name, case=case,
+                                 name=name, cost=float(tokens * f)))
+    runs = fit.runs_from_rows(rows or fail("the candidate pool is empty (check --budgets, --scales and --tpp)"))
     runs["name"], runs["cost"] = [row["name"] for row in rows], np.array([row["cost"] for row in rows])
     return runs
 
 
 def finished_runs(runs_dir):
     """The baseline runs (no case label) with a done.json under runs_dir, named by folder and costed by their
-    record's executed FLOPs (train.py's "flops"; its budget C without one)."""
+    record's executed FLOPs (train.py's "flops"; their budget C without one)."""
     recs = fit.load_records(runs_dir)
-    runs = fit.select_runs(fit.runs_from_rows(recs), None)
-    flop = {rec["source"]: rec.get("flops") for rec in recs}
+    runs, flop = fit.select_runs(fit.runs_from_rows(recs), None), {rec["source"]: rec.get("flops") for rec in recs}
     runs["name"] = [os.path.basename(os.path.dirname(src)) for src in runs["source"]]
-    runs["cost"] = np.array([float(flop[s] or c) for s, c in zip(runs["source"], runs["flops_budget"])])
+    runs["cost"] = np.array([float(flop[src] or c) for src, c in zip(runs["source"], runs["flops_budget"])])
     return runs
 
 
 def load_prior(path):
-    """(theta, rmse): a fit.py fit.json's joint fit, or the paper's law when path is None. theta = (ln A, ln B,
-    ln E, alpha, beta, phi), fit.PARAM_NAMES' order."""
+    """(theta, rmse): the joint fit of a fit.py fit.json, or the paper's law when path is None."""
     if path is None:
-        law = PAPER_LAW
-        return np.array([math.log(law[k]) for k in "ABE"] + [law["alpha"], law["beta"], law["phi"]]), PAPER_RMSE
+        return np.array(PAPER_THETA), PAPER_RMSE
     joint = fit._read_json_object(path).get("joint")
     th, rmse = (joint.get("theta"), joint.get("rmse")) if isinstance(joint, dict) else (None, None)
-    if not (isinstance(th, list) and len(th) == 6 and all(isinstance(v, (int, float)) for v in th + [rmse])
-            and np.all(np.isfinite(th)) and 0 < rmse < 10):
-        raise ValueError(f"{path}: no joint fit with a 6-number theta and an rmse (is it a fit.py fit.json?)")
-    return np.array(th, dtype=float), float(rmse)
+    ok = isinstance(th, list) and len(th) == 6 and all(isinstance(v, (int, float)) for v in th + [rmse])
+    return (np.array(th, dtype=float), float(rmse)) if ok and np.all(np.isfinite(th)) and 0 < rmse < 10 else fail(
+        f"{path}: no joint fit with a 6-number theta and an rmse (is it a fit.py fit.json?)")
 
 
 def read_list(path):
-    """Run names of a list file (first word per line; blank lines and # comments skipped)."""
+    """Run names of a list file (the first word of each line; blank lines and # comments skipped)."""
     try:
         with open(path, encoding="utf-8") as fh:
             names = [ln.split()[0] for ln in fh if ln.strip() and not ln.lstrip().startswith("#")]
     except (OSError, UnicodeDecodeError) as err:
         raise ValueError(f"{path}: cannot read a run list ({err})") from None
-    if not names:
-        raise ValueError(f"{path}: lists no runs")
-    return names
+    return names or fail(f"{path}: lists no runs")
 
 
 def universe(groups):
@@ -179,23 +175,24 @@ def choose(U, budget=math.inf, k=None, target=None, min_per_r=5):
     once); then the drop in ln Var(phi). It stops at k new runs or Var <= target; in budget mode, when no addition
     helps, the best single swap within the budget follows, and more additions, until neither helps."""
     S, used = U["fixed"].copy(), lambda S: float(U["cost"][S].sum())
+    logdet = lambda M: np.linalg.slogdet((((M & U["own"]) * U["b"]) @ U["JJ"]).reshape(-1, 6, 6) +
+                                         U["lam"] * np.eye(6))[1]
     while True:
         cur, cand = variance(U, S)[0], np.flatnonzero(U["cand"] & ~S & (U["cost"] <= budget - used(S)))
         need = [r for r in np.unique(U["r"][U["cand"]]) if (S & U["own"] & (U["r"] == r)).sum() < min_per_r]
         cand = cand[np.isin(U["r"][cand], need)] if need else cand
-        if not cand.size and need:
-            raise ValueError(f"{budget:.3g} FLOPs cannot pay for {min_per_r} runs of every r; raise the budget or "
-                             f"lower --min-per-r")
-        if (k is not None and (S & ~U["fixed"]).sum() >= k and not need) or (target and cur <= target and not need):
+        if need and not cand.size:
+            fail(f"{budget:.3g} FLOPs cannot pay for {min_per_r} runs of every r; raise the budget or --min-per-r")
+        if not need and ((k is not None and (S & ~U["fixed"]).sum() >= k) or (target and cur <= target)):
             return S
         trial = np.repeat(S[None], cand.size, 0)
         trial[np.arange(cand.size), cand] = True
-        if need or cur > 0.05 ** 2:         # D-optimal: ln det of the (variant fit's) information B
-            sel = trial & (U["variant"] if U["variant"].any() else True)
-            gain = np.linalg.slogdet(((sel * U["b"]) @ U["JJ"]).reshape(-1, 6, 6) + U["lam"] * np.eye(6))[1]
-            gain -= np.linalg.slogdet(((S * U["b"]) @ U["JJ"]).reshape(6, 6) + U["lam"] * np.eye(6))[1]
+        if not cand.size:
+            gain = np.zeros(0)
+        elif need or cur > 0.05 ** 2:
+            gain = logdet(trial) - logdet(S[None])
         else:
-            gain = math.log(cur) - np.log(variance(U, trial)) if cand.size else np.zeros(0)
+            gain = math.log(cur) - np.log(variance(U, trial))
         if cand.size and (gain / U["cost"][cand]).max() > 0:
             S[cand[np.argmax(gain / U["cost"][cand])]] = True
             continue
@@ -215,28 +212,30 @@ def choose(U, budget=math.inf, k=None, target=None, min_per_r=5):
 
 
 # -----------------------------------------------------------------------------
-# Plan: the flags -> pool, prior, noise -> the chosen runs, written as a list runs/grid.sh --only accepts
+# Plan: flags -> pool, prior, noise -> the chosen runs, written as a list that runs/grid.sh --only accepts
 
 def plan(a):
-    """The design the flags ask for: (header line, one line per run to train, summary dict)."""
-    arch = {"n_layers_eff": a.n_layers_eff, "n_layers_prelude": a.n_layers_prelude, "n_layers_coda": a.n_layers_coda,
-            "seq_len": a.seq_len, "vocab_size": a.vocab_size}
-    budgets = a.budgets or list(flops.GRID)
-    if a.scales is None and any(c not in flops.GRID for c in budgets):
-        raise ValueError("--budgets outside Table 6 need --scales (the widths to sweep at them)")
-    cells = {c: (a.scales or flops.GRID[c]) for c in budgets}
+    """The design the flags ask for: (header line, one line per run to train)."""
+    targets = [x for x in (a.target_halfwidth, a.budget_flops, a.budget_gpu_hours) if x is not None]
+    if len(targets) > 1 or not (targets or a.next or a.reference) or len(a.tpp) != 2:
+        fail("give one target (--target-halfwidth, --budget-flops or --budget-gpu-hours), or --next K, or a "
+             "--reference to match; --tpp takes LO,HI")
+    if a.delta_phi is not None and a.runs:
+        fail("--delta-phi designs against Table 6's finished baseline grid; it takes no --runs")
+    if a.scales is None and any(c not in flops.GRID for c in a.budgets or ()):
+        fail("--budgets outside Table 6 need --scales (the widths to sweep at them)")
+    arch = {k: getattr(a, k) for k in ("n_layers_eff", "n_layers_prelude", "n_layers_coda", "seq_len", "vocab_size")}
+    cells = {c: (a.scales or flops.GRID[c]) for c in a.budgets or flops.GRID}
     pool = lambda cells, tpp, case=None: make_pool(cells, a.loops, arch, a.aspect_ratio, a.batch_tokens, tpp, case)
     theta, rmse = load_prior(a.prior)
-    sigma = a.noise or rmse
+    sigma, target = a.noise or rmse, (a.target_halfwidth / Z95) ** 2 if a.target_halfwidth else None
     if a.delta_phi is not None:       # §5: the variant's looped runs beside the baseline grid (Table 6), done already
         var = pool(cells, a.tpp, "design")
         groups = [(pool(None, (0, math.inf)), theta, "fixed"),
                   (fit.subset(var, var["n_loops"] > 1), theta + np.eye(6)[5] * a.delta_phi, "variant")]
     else:                             # finished runs (--runs) are in for free; the pool loses their configurations
-        key = lambda runs: list(zip(runs["flops_budget"], runs["n_loops"], runs["n_once"] + runs["n_rec"],
-                                    runs["tokens"]))
-        done = finished_runs(a.runs) if a.runs else None
-        cand = pool(cells, a.tpp)
+        key = lambda x: list(zip(x["flops_budget"], x["n_loops"], x["n_once"] + x["n_rec"], x["tokens"]))
+        done, cand = finished_runs(a.runs) if a.runs else None, pool(cells, a.tpp)
         cand = fit.subset(cand, np.array([x not in set(key(done) if done else ()) for x in key(cand)]))
         groups = ([(done, theta, "fixed")] if done else []) + [(cand, theta, "cand")]
     U = universe([(runs, th, sigma, kind) for runs, th, kind in groups])
@@ -247,23 +246,21 @@ def plan(a):
         sigma *= a.noise_phi / math.sqrt(variance(U, ref)[0])
         U = universe([(runs, th, sigma, kind) for runs, th, kind in groups])
     budget = a.budget_flops or (a.budget_gpu_hours or 0) * 3600 * a.mfu * a.peak_flops or math.inf
-    if a.reference and not (a.budget_flops or a.budget_gpu_hours or a.target_halfwidth or a.next):
-        budget = float(U["runs"]["cost"][ref].sum() - U["runs"]["cost"][U["fixed"]].sum())   # the same total FLOPs
-    target = (a.target_halfwidth / Z95) ** 2 if a.target_halfwidth else None
+    if a.reference and not (targets or a.next):          # the reference's total FLOPs, finished runs included
+        budget = float(U["runs"]["cost"][ref].sum() - U["runs"]["cost"][U["fixed"]].sum())
     S = choose(U, budget, a.next, target, a.min_per_r)
     if target and variance(U, S)[0] > target:
-        raise ValueError(f"the whole pool predicts a half-width of {Z95 * math.sqrt(variance(U, S)[0]):.4f}; widen "
-                         f"it (--budgets, --scales) or relax --target-halfwidth")
-    new, runs = np.flatnonzero(S & ~U["fixed"]), U["runs"]
-    cost, hw = float(U["cost"][new].sum()), Z95 * math.sqrt(variance(U, S)[0])
+        fail(f"the whole pool predicts a half-width of {Z95 * math.sqrt(variance(U, S)[0]):.4f}; widen it "
+             f"(--budgets, --scales) or relax --target-halfwidth")
+    new, runs, hw = np.flatnonzero(S & ~U["fixed"]), U["runs"], Z95 * math.sqrt(variance(U, S)[0])
+    cost = float(U["cost"][new].sum())
     head = (f"# design.py plan: {len(new)} runs to train (+{int(U['fixed'].sum())} finished), {cost:.4g} FLOPs = "
             f"{gpu_hours(cost, a.mfu, a.peak_flops):.1f} GPU-hours at MFU {a.mfu:g} x {a.peak_flops:.3g} FLOP/s; "
             f"predicted 95% CI half-width of {'delta-phi' if a.delta_phi is not None else 'phi'}: {hw:.4f} "
             f"(noise {sigma:.4g} nats; prior {a.prior or 'the paper, Table 2'}: phi {theta[5]:.3f})")
-    lines = [f"{runs['name'][i]:<18} # C={runs['flops_budget'][i]:g} r={runs['n_loops'][i]} N="
-             f"{runs['n_once'][i] + runs['n_rec'][i]:.0f} D={runs['tokens'][i]:.0f} FLOPs={U['cost'][i]:.4g}"
-             for i in new]
-    return head, lines, {"flops": cost, "halfwidth": hw, "sigma": sigma, "names": [runs["name"][i] for i in new]}
+    return head, [f"{runs['name'][i]:<18} # C={runs['flops_budget'][i]:g} r={runs['n_loops'][i]} N="
+                  f"{runs['n_once'][i] + runs['n_rec'][i]:.0f} D={runs['tokens'][i]:.0f} FLOPs={U['cost'][i]:.4g}"
+                  for i in new]
 
 
 def write_owned(path, text, request, overwrite):
@@ -273,8 +270,7 @@ def write_owned(path, text, request, overwrite):
     if os.path.lexists(path) and not overwrite:
         with open(path, encoding="utf-8", errors="replace") as fh:
             if fh.read().split("\n")[1:2] != [tag]:
-                raise ValueError(f"--out {path!r} exists and was not written by design.py for this request; pass "
-                                 f"--overwrite to replace it")
+                fail(f"--out {path!r} exists and was not written by design.py for this request; pass --overwrite")
     head, _, rest = text.partition("\n")
     fit._atomic_write(path, f"{head}\n{tag}\n{rest}".encode())
 
@@ -295,29 +291,29 @@ def measure(runs, kw, seed):
         vj, bj = (fit.fit_block(x, None, kw["restarts"], seed) for x in (var, base))
         d = fit.paired_delta_bootstrap(var, base, {"joint": vj}, bj, kw["n_boot"], seed, kw["boot_restarts"], False)
         return vj["phi"] - bj["phi"], d["delta_phi_lo"], d["delta_phi_hi"]
-    except ValueError:                      # too few runs, one r: no estimate, no CI (counted as failed)
+    except ValueError:                      # too few runs, or one r: no estimate, no CI (a failed replicate)
         return math.nan, -math.inf, math.inf
 
 
 def replicate(U, picks, truth, sigma, kw, name):
-    """kw["reps"] replicates of a design; picks(rng) -> list of masks (one, or the rounds of a sequential design).
-    A replicate draws N(0, sigma^2) nats on the prior's losses, with its own seed for noise, design and fit."""
-    rows = []
+    """kw["reps"] noisy replicates of a design: picks(rng) -> masks (one, or a sequential design's rounds), each
+    replicate with its own seed for the N(0, sigma^2) noise on the prior's losses, the random design and the fit.
+    Returns one result row per mask, and the (reps, masks) half-widths and costs."""
+    out, rows = [], []
     for rep in range(kw["reps"]):
         rng = np.random.default_rng([kw["seed"], rep])
         runs = dict(U["runs"], val_loss=U["loss"] + sigma * rng.standard_normal(len(U["loss"])))
-        rows.append([(*measure(fit.subset(runs, S), kw, kw["seed"] + rep), U["cost"][S].sum()) for S in picks(rng)])
-    est, lo, hi, cost = np.moveaxis(np.array(rows), 2, 0)          # each (reps, masks)
-    hw = (hi - lo) / 2
-    out = {"design": name, "flops": np.median(cost, 0).tolist(), "gpu_hours": gpu_hours(np.median(cost, 0)).tolist(),
-           "median_halfwidth": np.median(hw, 0).tolist(), "coverage": np.mean((lo <= truth) & (truth <= hi), 0).tolist(),
-           "median_abs_err": np.nanmedian(np.abs(est - truth), 0).tolist() if np.isfinite(est).all() else None,
-           "excludes_0": np.mean((lo > 0) | (hi < 0), 0).tolist(), "failed": int(np.isnan(est).sum()),
-           "reps": kw["reps"], "flops_to_target": [float(c[np.argmax(h <= kw["target"])]) if (h <= kw["target"]).any()
-                                                   else math.inf for h, c in zip(hw, cost)]}
-    print(f"  {name:<44} {out['gpu_hours'][-1]:7.1f} GPU-h  median half-width {out['median_halfwidth'][-1]:.4f}  "
-          f"coverage {out['coverage'][-1]:.2f}", file=sys.stderr, flush=True)
-    return out
+        out.append([(*measure(fit.subset(runs, S), kw, kw["seed"] + rep), U["cost"][S].sum()) for S in picks(rng)])
+    est, lo, hi, cost = np.moveaxis(np.array(out), 2, 0)            # each (reps, masks)
+    for t, (e, l, h) in enumerate(zip(est.T, lo.T, hi.T)):
+        rows.append({"design": name + (f", round {t}" if est.shape[1] > 1 else ""), "reps": kw["reps"],
+                     "flops": float(np.median(cost[:, t])), "median_halfwidth": float(np.median(h - l) / 2),
+                     "coverage": float(np.mean((l <= truth) & (truth <= h))), "failed": int(np.isnan(e).sum()),
+                     "excludes_0": float(np.mean((l > 0) | (h < 0))),
+                     "median_abs_err": float(np.nanmedian(abs(e - truth)))})
+        print(f"  {rows[-1]['design']:<46} {gpu_hours(rows[-1]['flops']):7.1f} GPU-h  median half-width "
+              f"{rows[-1]['median_halfwidth']:.4f}  coverage {rows[-1]['coverage']:.2f}", file=sys.stderr, flush=True)
+    return rows, (hi - lo) / 2, cost
 
 
 def capped(U, order, budget):
@@ -329,89 +325,81 @@ def capped(U, order, budget):
 
 
 def simulate(a):
-    """Equal-cost comparisons per share of the grid's FLOPs (designed from the grid and from a wider pool, random
+    """Equal-cost comparisons per share of the grid's FLOPs (designed from a wider pool and from the grid, random
     subsets, cheapest first, the lowest budgets only), a delta-phi case against the paper's case study, and the
-    sequential mode against random additions."""
-    kw = dict(reps=a.reps, restarts=a.restarts, n_boot=a.bootstrap, boot_restarts=a.boot_restarts, seed=a.seed,
-              target=a.seq_target)
+    sequential mode against random additions. Returns the result rows by section."""
+    kw = dict(reps=a.reps, restarts=a.restarts, n_boot=a.bootstrap, boot_restarts=a.boot_restarts, seed=a.seed)
     theta, sigma = load_prior(None)
-    wide = lambda case=None: make_pool({c: a.scales for c in flops.GRID}, case=case)
-    Ug, Uw = (universe([(p, theta, sigma, "cand")]) for p in (make_pool(), wide()))
-    total = float(Ug["cost"].sum())
-    res = {"full": replicate(Ug, lambda rng: [Ug["cand"]], theta[5], sigma, kw, "full grid (116 runs)"),
-           "designs": [], "grid_flops": total}
+    wide = lambda budgets, case=None: make_pool({c: a.scales for c in budgets}, case=case)
+    Ug, Uw = (universe([(p, theta, sigma, "cand")]) for p in (make_pool(), wide(a.extra_budgets + list(flops.GRID))))
+    res = {"grid_flops": float(Ug["cost"].sum()), "phi": [], "case": [], "sequential": []}
+    res["phi"] += replicate(Ug, lambda rng: [Ug["cand"]], theta[5], sigma, kw, "full grid (116 runs)")[0]
     for frac in a.fractions:
-        cap, low = frac * total, [c for c in np.unique(Ug["C"]) if Ug["cost"][Ug["C"] <= c].sum() <= frac * total]
-        Sw, Sg, Sl = choose(Uw, cap), choose(Ug, cap), Ug["C"] <= max(low or [0])
+        cap = frac * res["grid_flops"]
+        low = max([c for c in np.unique(Ug["C"]) if Ug["cost"][Ug["C"] <= c].sum() <= cap] or [0])
+        Sw, Sg = choose(Uw, cap), choose(Ug, cap)
         for name, U, pick in (("designed, wider pool", Uw, lambda rng: [Sw]), ("designed, grid", Ug, lambda rng: [Sg]),
                               ("random subsets", Ug, lambda rng: [capped(Ug, rng.permutation(len(Ug["C"])), cap)]),
                               ("cheapest first", Ug, lambda rng: [capped(Ug, np.argsort(Ug["cost"]), cap)]),
-                              ("lowest budgets only", Ug, lambda rng: [Sl])):
-            row = replicate(U, pick, theta[5], sigma, kw, f"{name} @ {frac:g} of the grid")
-            pred = Z95 * math.sqrt(variance(U, pick(np.random.default_rng(0))[0])[0]) if "random" not in name else None
-            res["designs"].append(dict(row, name=name, fraction=frac, predicted=pred))
+                              ("lowest budgets only", Ug, lambda rng: [Ug["C"] <= low])):
+            row = replicate(U, pick, theta[5], sigma, kw, f"{name} @ {frac:g} of the grid")[0][0]
+            pred = None if "random" in name else Z95 * math.sqrt(variance(U, pick(None)[0])[0])
+            res["phi"].append(dict(row, name=name, predicted=pred))
     # §5 case: the baseline grid is done; the variant's looped runs shift phi by delta_phi (hc: +0.19, Table 3)
-    var = wide("design")
+    var = wide(flops.GRID, "design")
     Uc = universe([(make_pool(), theta, sigma, "fixed"),
                    (fit.subset(var, var["n_loops"] > 1), theta + np.eye(6)[5] * a.delta_phi, sigma, "variant")])
     paper = Uc["fixed"] | (Uc["variant"] & (Uc["C"] < 5e18) & np.isin(Uc["runs"]["name"], make_pool()["name"]))
-    res["case_flops"], res["case"] = float(Uc["cost"][paper].sum()), []
-    for name, S in (("paper's case study (60 runs, 4 lower budgets)", paper),
-                    *((f"designed @ {f:g} of its cost", choose(Uc, f * Uc["cost"][paper].sum())) for f in a.case_fractions)):
-        row = replicate(Uc, lambda rng, S=S: [S], a.delta_phi, sigma, kw, name)
-        res["case"].append(dict(row, share=float(Uc["cost"][S].sum() / Uc["cost"][paper].sum()),
-                                predicted=Z95 * math.sqrt(variance(Uc, S)[0])))
-    # sequential: from the 12 cheapest grid runs, rounds of K; the designed rounds depend only on what is finished
+    res["case_flops"] = float(Uc["cost"][paper].sum())
+    for name, S in [("the paper's case study (60 runs, 4 lower budgets)", paper)] + [
+            (f"designed @ {f:g} of its FLOPs", choose(Uc, f * res["case_flops"])) for f in a.case_fractions]:
+        row = replicate(Uc, lambda rng, S=S: [S], a.delta_phi, sigma, kw, name)[0][0]
+        res["case"].append(dict(row, predicted=Z95 * math.sqrt(variance(Uc, S)[0])))
+    # sequential: the 12 cheapest grid runs, then rounds of K; the designed rounds depend only on what is finished,
+    # the random ones are drawn per replicate
     steps = [capped(Ug, np.argsort(Ug["cost"])[:12], math.inf)]
     for _ in range(a.rounds):
-        steps.append(choose(dict(Ug, fixed=steps[-1], cand=~steps[-1], cost=np.where(steps[-1], 0, Ug["cost"])), k=a.next))
-    def random_rounds(rng):
-        out = [steps[0]]
-        for _ in range(a.rounds):
-            out.append(out[-1].copy())
-            out[-1][rng.choice(np.flatnonzero(~out[-1]), a.next, replace=False)] = True
-        return out
-    res["sequential"] = [replicate(dict(Ug, cost=Ug["runs"]["cost"]), pick, theta[5], sigma, kw, f"sequential, {name}")
-                         for name, pick in (("designed", lambda rng: steps), ("random", random_rounds))]
+        done = steps[-1]
+        steps.append(choose(dict(Ug, fixed=done, cand=~done, cost=np.where(done, 0, Ug["cost"])), k=a.next))
+    grow = lambda S, rng: S | np.isin(np.arange(len(S)), rng.choice(np.flatnonzero(~S), a.next, replace=False))
+    for name, pick in (("sequential, designed", lambda rng: steps), ("sequential, random", lambda rng: list(
+            itertools.accumulate(range(a.rounds), lambda S, _: grow(S, rng), initial=steps[0])))):
+        rows, hw, cost = replicate(Ug, pick, theta[5], sigma, kw, name)
+        hit = [c[h <= a.seq_target][0] if (h <= a.seq_target).any() else math.inf for h, c in zip(hw, cost)]
+        rows[-1].update(reached=float(np.mean(np.isfinite(hit))), flops_to_target=float(np.median(hit)))
+        res["sequential"] += rows
     return res
 
 
 def sim_outputs(res, request):
-    """{file: bytes}: sim.json (everything), sim.md (the three tables), sim.png (median CI half-width vs GPU-hours,
-    one line per design, the full grid as a star)."""
+    """{file: bytes}: sim.json (everything), sim.md (one table per section), sim.png (median CI half-width vs
+    GPU-hours, one line per design, the full grid as a star)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     f = lambda x, fmt: "-" if x is None or not math.isfinite(x) else format(x, fmt)
-    table = lambda cols, rows: ["| " + " | ".join(cols) + " |", "|---" * len(cols) + "|"] + [
-        "| " + " | ".join(row) + " |" for row in rows]
-    L = ["# design.py simulate", "", f"Protocol: {json.dumps(request['protocol'])}; prior: the paper's law (Table 2), "
-         f"noise {PAPER_RMSE} nats per run.", "", "## phi at equal cost", ""]
-    L += table(("design", "FLOPs (share of grid)", "GPU-hours", "predicted half-width", "median half-width",
-                "coverage", "median abs error", "failed fits"),
-               [(r["design"], f"{r['flops'][0]:.3g} ({r['flops'][0] / res['grid_flops']:.3f})", f"{r['gpu_hours'][0]:.1f}",
-                 f(r.get("predicted"), ".4f"), f"{r['median_halfwidth'][0]:.4f}", f"{r['coverage'][0]:.2f}",
-                 f((r["median_abs_err"] or [None])[0], ".4f"), str(r["failed"])) for r in [res["full"]] + res["designs"]])
-    L += ["", f"## delta-phi = {request['delta_phi']:+g} (the paper's case study: {res['case_flops']:.3g} FLOPs)", ""]
-    L += table(("design", "share of the case's cost", "GPU-hours", "predicted half-width", "median half-width",
-                "excludes 0", "coverage"),
-               [(r["design"], f"{r['share']:.2f}", f"{r['gpu_hours'][0]:.1f}", f"{r['predicted']:.4f}",
-                 f"{r['median_halfwidth'][0]:.4f}", f"{r['excludes_0'][0]:.2f}", f"{r['coverage'][0]:.2f}")
-                for r in res["case"]])
-    L += ["", f"## Sequential: the 12 cheapest grid runs, then {request['rounds']} rounds of K = {request['next']} "
-          f"(target half-width {request['seq_target']})", ""]
-    L += table(("strategy", "median half-width by round", "median GPU-hours by round", "reached target",
-                "median FLOPs to target"),
-               [(r["design"], ", ".join(f"{h:.3f}" for h in r["median_halfwidth"]),
-                 ", ".join(f"{h:.0f}" for h in r["gpu_hours"]),
-                 f"{np.mean(np.isfinite(r['flops_to_target'])):.2f}", f(float(np.median(r["flops_to_target"])), ".3g"))
-                for r in res["sequential"]])
+    L = ["# design.py simulate", "", f"Protocol per replicate: {json.dumps(request['protocol'])}; truth: the paper's "
+         f"law (Table 2) with independent N(0, {PAPER_RMSE}^2) nats per run.", ""]
+    for sec, title in (("phi", "φ at equal cost"), ("case", f"Δφ = {request['delta_phi']:+g}: the variant's looped "
+                       f"runs beside the finished grid"), ("sequential", f"Sequential: the 12 cheapest grid runs, "
+                       f"then rounds of K = {request['next']}, target half-width {request['seq_target']}")):
+        L += [f"## {title}", "", "| design | FLOPs (share of grid) | GPU-hours | predicted half-width | median "
+              "half-width | coverage | excludes 0 | median abs error | failed | target reached (median FLOPs) |",
+              "|---" * 10 + "|"]
+        for r in res[sec]:
+            hit = f"{r['reached']:.2f} ({f(r['flops_to_target'], '.3g')})" if "reached" in r else "-"
+            L.append(f"| {r['design']} | {r['flops']:.3g} ({r['flops'] / res['grid_flops']:.3f}) | "
+                     f"{gpu_hours(r['flops']):.1f} | {f(r.get('predicted'), '.4f')} | {r['median_halfwidth']:.4f} | "
+                     f"{r['coverage']:.2f} | {r['excludes_0']:.2f} | {f(r['median_abs_err'], '.4f')} | "
+                     f"{r['failed']} | {hit} |")
+        L.append("")
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for name in dict.fromkeys(r["name"] for r in res["designs"]):
-        rows = [r for r in res["designs"] if r["name"] == name]
-        ax.plot([r["gpu_hours"][0] for r in rows], [r["median_halfwidth"][0] for r in rows], "o-", label=name)
-    ax.plot(res["full"]["gpu_hours"], res["full"]["median_halfwidth"], "k*", ms=12, label="full grid")
-    ax.axhline(1.2 * res["full"]["median_halfwidth"][0], color="grey", ls=":", lw=1, label="1.2 x full grid")
+    for name in dict.fromkeys(r["name"] for r in res["phi"][1:]):
+        rows = [r for r in res["phi"] if r.get("name") == name]
+        ax.plot([gpu_hours(r["flops"]) for r in rows], [r["median_halfwidth"] for r in rows], "o-", label=name)
+    full = res["phi"][0]
+    ax.plot(gpu_hours(full["flops"]), full["median_halfwidth"], "k*", ms=12, label="full grid")
+    ax.axhline(1.2 * full["median_halfwidth"], color="grey", ls=":", lw=1, label="1.2 x full grid")
     ax.set(xscale="log", yscale="log", xlabel=f"GPU-hours (MFU {MFU:g} of {PEAK:.3g} FLOP/s)",
            ylabel="median 95% CI half-width of φ", title=f"{request['reps']} noisy replicates per point")
     ax.legend(fontsize=7)
@@ -419,53 +407,47 @@ def sim_outputs(res, request):
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
-    return {"sim.md": ("\n".join(L) + "\n").encode(), "sim.png": buf.getvalue(),
+    return {"sim.md": "\n".join(L).encode(), "sim.png": buf.getvalue(),
             "sim.json": json.dumps(fit._jsonable(dict(res, request=request)), indent=1).encode()}
 
 
 # -----------------------------------------------------------------------------
-# CLI: one flag table per command (argparse from the table; bad values are one-line errors, exit 2)
+# CLI: one flag table per command, turned into argparse (bad values: one-line errors, exit 2, before any work)
 
 def _list(kind, lo):
     """argparse type: comma-separated numbers, each checked like flops.py's flags."""
     return lambda text: [flops._number(kind, lo, lo_open=kind is float)(t) for t in text.split(",")]
 
 
-POS, INT0, INT1 = flops._number(float, 0, lo_open=True), flops._number(int, 0), flops._number(int, 1)
+POS, INT0, INT1, PHI = (flops._number(float, 0, lo_open=True), flops._number(int, 0), flops._number(int, 1),
+                        flops._number(float, -3, 3))
 FLAGS = {"plan": [
-    ("--out", str, None, "write the run list here (for runs/grid.sh --only FILE)"),
-    ("--budgets", _list(float, 0), None, "pool budgets C (default: Table 6's)"),
+    ("--out", str, None, "write the run list here (runs/grid.sh --only FILE)"), ("--runs", str, None, "finished runs"),
+    ("--budgets", _list(float, 0), None, "pool budgets C (Table 6's)"), ("--loops", _list(int, 1), [1, 2, 4, 8], ""),
     ("--scales", _list(int, 1), None, "pool widths s at every budget (default: Table 6's per budget)"),
-    ("--loops", _list(int, 1), list(flops.LOOPS), "pool n_loops"),
     ("--tpp", _list(float, 0), list(TPP), "LO,HI tokens per parameter a pool run may have"),
-    *((f"--{k}", INT0 if "pre" in k or "coda" in k else INT1, v, "the pool's architecture (flops.py)") for k, v in (
-        ("aspect-ratio", flops.ASPECT_RATIO), ("n-layers-eff", 20), ("n-layers-prelude", 2), ("n-layers-coda", 2),
+    *((f"--{k}", INT0 if "-pre" in k or "coda" in k else INT1, v, "") for k, v in (
+        ("aspect-ratio", 64), ("n-layers-eff", 20), ("n-layers-prelude", 2), ("n-layers-coda", 2),
         ("seq-len", flops.SEQ_LEN), ("vocab-size", flops.V_LLAMA), ("batch-tokens", flops.BATCH_TOKENS))),
     ("--prior", str, None, "a fit.py fit.json (default: the paper's joint fit, Table 2)"),
-    ("--noise", POS, None, "per-run noise in nats (default: the prior's residual RMSE)"),
+    ("--noise", POS, None, "per-run noise in nats (default: the prior's RMSE)"), ("--min-per-r", INT0, 5, ""),
     ("--noise-phi", POS, None, "raise the noise until the --reference design's sd(phi) is this"),
-    ("--reference", str, None, "a run list: --noise-phi's design and, with no target, the total FLOPs to match"),
-    ("--target-halfwidth", POS, None, "target: the cheapest design with this predicted 95%% half-width"),
-    ("--budget-flops", POS, None, "target: the best design within these training FLOPs"),
-    ("--budget-gpu-hours", POS, None, "target: ... within these GPU-hours (--mfu, --peak-flops)"),
-    ("--next", INT1, None, "sequential: the next K runs beside the finished --runs"),
-    ("--delta-phi", flops._number(float, -3, 3), None, "design a case study's looped runs for this phi shift"),
-    ("--runs", str, None, "a runs folder of finished runs (done.json)"),
-    ("--min-per-r", INT0, 5, "runs of every r at least (fit.py fits each r alone)"),
-    ("--mfu", flops._number(float, 0, 1, lo_open=True), MFU, ""), ("--peak-flops", POS, PEAK, "FLOP/s per GPU")],
+    ("--reference", str, None, "a run list: --noise-phi's design; with no target, the total FLOPs to match"),
+    ("--target-halfwidth", POS, None, "the cheapest design with this predicted 95%% half-width"),
+    ("--budget-flops", POS, None, ""), ("--budget-gpu-hours", POS, None, "at --mfu x --peak-flops"),
+    ("--next", INT1, None, "sequential: the next K runs beside --runs"),
+    ("--delta-phi", PHI, None, "design a case study's looped runs for this phi shift"),
+    ("--mfu", flops._number(float, 0, 1, lo_open=True), MFU, ""), ("--peak-flops", POS, PEAK, "")],
     "simulate": [
-    ("--out", str, "out/design_sim", "folder for sim.json, sim.md, sim.png"),
-    ("--reps", INT1, 20, "noisy replicates per design"),
-    ("--restarts", INT1, fit.RESTARTS, "fit_block restarts (App. F: 500)"),
-    ("--bootstrap", INT1, fit.N_BOOT, "block-bootstrap resamples (App. F.2: 200)"),
-    ("--boot-restarts", INT0, fit.BOOT_RESTARTS, "random starts per resample besides the warm start"),
+    ("--out", str, "out/design_sim", "folder for sim.json, sim.md, sim.png"), ("--seed", INT0, 0, ""),
+    ("--reps", INT1, 20, "noisy replicates per design"), ("--restarts", INT1, fit.RESTARTS, "App. F: 500"),
+    ("--bootstrap", INT1, fit.N_BOOT, "App. F.2: 200"), ("--boot-restarts", INT0, fit.BOOT_RESTARTS, ""),
     ("--fractions", _list(float, 0), [0.05, 0.1, 0.25, 0.5], "design budgets as shares of the grid's FLOPs"),
-    ("--scales", _list(int, 1), list(range(4, 40, 2)), "the wider pool's widths, at Table 6's budgets"),
-    ("--delta-phi", flops._number(float, -3, 3), 0.19, "the case study's shift (hc, Table 3)"),
-    ("--case-fractions", _list(float, 0), [0.25, 0.5], "case designs as shares of the paper's case cost"),
-    ("--next", INT1, 8, "sequential: runs per round"), ("--rounds", INT1, 5, "sequential: rounds"),
-    ("--seq-target", POS, 0.06, "sequential: target half-width (the paper's own CI: 0.06)"),
-    ("--seed", INT0, 0, "")]}
+    ("--scales", _list(int, 1), list(range(4, 40, 2)), "the wider pool's widths"),
+    ("--extra-budgets", _list(float, 0), [1e17, 2.15e17], "the wider pool's budgets besides Table 6's"),
+    ("--delta-phi", PHI, 0.19, "hc's shift, Table 3"), ("--case-fractions", _list(float, 0), [0.25, 0.5], ""),
+    ("--next", INT1, 8, "sequential: runs per round"), ("--rounds", INT1, 5, ""),
+    ("--seq-target", POS, 0.06, "sequential: target half-width (the paper's CI: 0.06)")]}
 
 
 def main(argv=None):
@@ -479,37 +461,30 @@ def main(argv=None):
     a = ap.parse_args(argv)
     request = {k: v for k, v in vars(a).items() if k not in ("out", "overwrite")}
     try:
-        if a.out and os.path.isdir(a.out) == (a.cmd == "plan"):
-            raise ValueError(f"--out {a.out!r} is a {'folder' if a.cmd == 'plan' else 'file'}")
+        if a.out and os.path.lexists(a.out) and os.path.isdir(a.out) != (a.cmd == "simulate"):
+            fail(f"--out {a.out!r} is a {'folder' if a.cmd == 'plan' else 'file'}")
         if a.cmd == "plan":
-            targets = [x for x in (a.target_halfwidth, a.budget_flops, a.budget_gpu_hours) if x is not None]
-            if len(targets) > 1 or not (targets or a.next or a.reference) or len(a.tpp) != 2:
-                raise ValueError("give one target (--target-halfwidth, --budget-flops, --budget-gpu-hours), or "
-                                 "--next K, or a --reference to match; --tpp takes LO,HI")
-            if a.delta_phi is not None and a.runs:
-                raise ValueError("--delta-phi designs against Table 6's baseline grid; it takes no --runs")
-            head, lines, _ = plan(a)
+            head, lines = plan(a)
             print("\n".join([head] + lines))
             if a.out:
                 write_owned(a.out, "\n".join([head] + lines) + "\n", request, a.overwrite)
                 print(f"wrote {a.out} (train it: NPROC=8 bash runs/grid.sh --only {a.out})")
             return 0
-        out, request["protocol"] = os.path.abspath(a.out), {k: request[k] for k in ("reps", "restarts", "bootstrap",
-                                                                                     "boot_restarts", "seed")}
-        fit._check_target_dir(out, "--out")
-        prev = os.path.join(out, "sim.json")
+        request["protocol"] = {k: request[k] for k in ("reps", "restarts", "bootstrap", "boot_restarts", "seed")}
+        fit._check_target_dir(a.out, "--out")
+        prev = os.path.join(a.out, "sim.json")
         if os.path.lexists(prev) and not a.overwrite and \
                 fit._read_json_object(prev).get("request") != fit._jsonable(request):
-            raise ValueError(f"--out {a.out!r} holds another simulation (or a foreign sim.json); pass --overwrite")
+            fail(f"--out {a.out!r} holds another simulation (or a foreign sim.json); pass --overwrite")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")     # fit_block's single-hit notes on small sets: the tables say enough
             files = sim_outputs(simulate(a), request)
     except ValueError as err:
         raise SystemExit(f"design.py: error: {err}") from None
-    os.makedirs(out, exist_ok=True)
+    os.makedirs(a.out, exist_ok=True)
     for name in sorted(files, key=lambda n: n == "sim.json"):      # sim.json last: it marks a complete set
-        fit._atomic_write(os.path.join(out, name), files[name])
-    print(f"wrote {out}/sim.json, sim.md, sim.png")
+        fit._atomic_write(os.path.join(a.out, name), files[name])
+    print(f"wrote {a.out}/sim.json, sim.md, sim.png")
     return 0
 
 
