@@ -174,15 +174,21 @@ def choose(U, budget=math.inf, k=None, target=None, min_per_r=5):
     or phi is not yet pinned (sd > 0.05), the gain in ln det of the information (D-optimal: every parameter at
     once); then the drop in ln Var(phi). It stops at k new runs or Var <= target; in budget mode, when no addition
     helps, the best single swap within the budget follows, and more additions, until neither helps."""
-    S, used = U["fixed"].copy(), lambda S: float(U["cost"][S].sum())
+    S, used, rs = U["fixed"].copy(), lambda S: float(U["cost"][S].sum()), np.unique(U["r"][U["cand"]])
     logdet = lambda M: np.linalg.slogdet((((M & U["own"]) * U["b"]) @ U["JJ"]).reshape(-1, 6, 6) +
                                          U["lam"] * np.eye(6))[1]
+    short = lambda T, r: max(0, min_per_r - int((T & U["own"] & (U["r"] == r)).sum()))   # runs r still lacks
+    # FLOPs of the cheapest runs that would bring every r to min_per_r: kept in reserve while any r lacks runs
+    fill = lambda T: sum(np.sort(U["cost"][U["cand"] & ~T & (U["r"] == r)])[:short(T, r)].sum() for r in rs)
+    if used(S) + fill(S) > budget * (1 + 1e-9):
+        fail(f"{budget:.3g} FLOPs cannot pay for {min_per_r} runs of every r ({fill(S):.3g} at the cheapest); raise "
+             f"the budget or lower --min-per-r")
     while True:
         cur, cand = variance(U, S)[0], np.flatnonzero(U["cand"] & ~S & (U["cost"] <= budget - used(S)))
-        need = [r for r in np.unique(U["r"][U["cand"]]) if (S & U["own"] & (U["r"] == r)).sum() < min_per_r]
-        cand = cand[np.isin(U["r"][cand], need)] if need else cand
-        if need and not cand.size:
-            fail(f"{budget:.3g} FLOPs cannot pay for {min_per_r} runs of every r; raise the budget or --min-per-r")
+        need = [r for r in rs if short(S, r)]
+        if need:
+            cand = np.array([j for j in cand if U["r"][j] in need and U["cost"][j] + fill(S | (np.arange(len(S)) == j))
+                             <= (budget - used(S)) * (1 + 1e-9)], dtype=int)
         if not need and ((k is not None and (S & ~U["fixed"]).sum() >= k) or (target and cur <= target)):
             return S
         trial = np.repeat(S[None], cand.size, 0)
@@ -202,7 +208,7 @@ def choose(U, budget=math.inf, k=None, target=None, min_per_r=5):
         count = {r: (S & U["own"] & (U["r"] == r)).sum() for r in np.unique(U["r"])}
         pairs = np.array([(i, j) for i in np.flatnonzero(S & U["cand"]) for j in np.flatnonzero(U["cand"] & ~S)
                           if U["cost"][j] - U["cost"][i] <= budget - used(S) and (U["r"][i] == U["r"][j] or
-                          count[U["r"][i]] > min_per_r or not U["own"][i])]).reshape(-1, 2)
+                          count[U["r"][i]] > min_per_r or not U["own"][i])], dtype=int).reshape(-1, 2)
         trial = np.repeat(S[None], len(pairs), 0)
         trial[np.arange(len(pairs)), pairs[:, 0]], trial[np.arange(len(pairs)), pairs[:, 1]] = False, True
         v = variance(U, trial) if len(pairs) else np.array([np.inf])
@@ -480,7 +486,7 @@ def main(argv=None):
             warnings.simplefilter("ignore")     # fit_block's single-hit notes on small sets: the tables say enough
             files = sim_outputs(simulate(a), request)
     except ValueError as err:
-        raise SystemExit(f"design.py: error: {err}") from None
+        ap.exit(2, f"design.py: error: {err}\n")
     os.makedirs(a.out, exist_ok=True)
     for name in sorted(files, key=lambda n: n == "sim.json"):      # sim.json last: it marks a complete set
         fit._atomic_write(os.path.join(a.out, name), files[name])
