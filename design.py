@@ -193,22 +193,18 @@ def choose(U, budget=math.inf, k=None, target=None, min_per_r=5):
             return S
         trial = np.repeat(S[None], cand.size, 0)
         trial[np.arange(cand.size), cand] = True
-        if not cand.size:
-            gain = np.zeros(0)
-        elif need or cur > 0.05 ** 2:
-            gain = logdet(trial) - logdet(S[None])
-        else:
-            gain = math.log(cur) - np.log(variance(U, trial))
-        if cand.size and (gain / U["cost"][cand]).max() > 0:
-            S[cand[np.argmax(gain / U["cost"][cand])]] = True
-            continue
+        if cand.size:                      # gain per FLOP: ln det while unpinned, then ln Var(phi)
+            gain = (logdet(trial) - logdet(S[None]) if need or cur > 0.05 ** 2 else
+                    math.log(cur) - np.log(variance(U, trial))) / U["cost"][cand]
+            if gain.max() > 0:
+                S[cand[gain.argmax()]] = True
+                continue
         if k is not None or target is not None:
             return S
         # exchange: every (drop i, add j) pair at once; a run of an r at its minimum is swapped within its r only
-        count = {r: (S & U["own"] & (U["r"] == r)).sum() for r in np.unique(U["r"])}
         pairs = np.array([(i, j) for i in np.flatnonzero(S & U["cand"]) for j in np.flatnonzero(U["cand"] & ~S)
                           if U["cost"][j] - U["cost"][i] <= budget - used(S) and (U["r"][i] == U["r"][j] or
-                          count[U["r"][i]] > min_per_r or not U["own"][i])], dtype=int).reshape(-1, 2)
+                          not U["own"][i] or short(S & (np.arange(len(S)) != i), U["r"][i]) == 0)], int).reshape(-1, 2)
         trial = np.repeat(S[None], len(pairs), 0)
         trial[np.arange(len(pairs)), pairs[:, 0]], trial[np.arange(len(pairs)), pairs[:, 1]] = False, True
         v = variance(U, trial) if len(pairs) else np.array([np.inf])
@@ -221,7 +217,7 @@ def choose(U, budget=math.inf, k=None, target=None, min_per_r=5):
 # Plan: flags -> pool, prior, noise -> the chosen runs, written as a list that runs/grid.sh --only accepts
 
 def plan(a):
-    """The design the flags ask for: (header line, one line per run to train)."""
+    """The design the flags ask for: the run list's lines (a header, then one line per run to train)."""
     targets = [x for x in (a.target_halfwidth, a.budget_flops, a.budget_gpu_hours) if x is not None]
     if len(targets) > 1 or not (targets or a.next or a.reference) or len(a.tpp) != 2:
         fail("give one target (--target-halfwidth, --budget-flops or --budget-gpu-hours), or --next K, or a "
@@ -260,25 +256,24 @@ def plan(a):
              f"(--budgets, --scales) or relax --target-halfwidth")
     new, runs, hw = np.flatnonzero(S & ~U["fixed"]), U["runs"], Z95 * math.sqrt(variance(U, S)[0])
     cost = float(U["cost"][new].sum())
-    head = (f"# design.py plan: {len(new)} runs to train (+{int(U['fixed'].sum())} finished), {cost:.4g} FLOPs = "
+    return [f"# design.py plan: {len(new)} runs to train (+{int(U['fixed'].sum())} finished), {cost:.4g} FLOPs = "
             f"{gpu_hours(cost, a.mfu, a.peak_flops):.1f} GPU-hours at MFU {a.mfu:g} x {a.peak_flops:.3g} FLOP/s; "
             f"predicted 95% CI half-width of {'delta-phi' if a.delta_phi is not None else 'phi'}: {hw:.4f} "
-            f"(noise {sigma:.4g} nats; prior {a.prior or 'the paper, Table 2'}: phi {theta[5]:.3f})")
-    return head, [f"{runs['name'][i]:<18} # C={runs['flops_budget'][i]:g} r={runs['n_loops'][i]} N="
-                  f"{runs['n_once'][i] + runs['n_rec'][i]:.0f} D={runs['tokens'][i]:.0f} FLOPs={U['cost'][i]:.4g}"
-                  for i in new]
+            f"(noise {sigma:.4g} nats; prior {a.prior or 'the paper, Table 2'}: phi {theta[5]:.3f})"] + [
+        f"{runs['name'][i]:<18} # C={runs['flops_budget'][i]:g} r={runs['n_loops'][i]} N="
+        f"{runs['n_once'][i] + runs['n_rec'][i]:.0f} D={runs['tokens'][i]:.0f} FLOPs={U['cost'][i]:.4g}" for i in new]
 
 
-def write_owned(path, text, request, overwrite):
-    """Write text to path atomically, its line 2 naming the request; a file that does not carry this same request
-    (another design, or anything design.py did not write) is refused unless overwrite."""
-    tag = "# request: " + json.dumps(request, sort_keys=True)
+def owned(path, request, overwrite):
+    """The text file design.py writes for this request carries it on line 2 ("# request: {...}"); a file at path
+    that does not (another request's, or anything design.py did not write) is refused unless overwrite. Returns
+    a function that puts the tag into a text and writes it atomically (fit.py's writer)."""
+    tag = "# request: " + json.dumps(fit._jsonable(request), sort_keys=True)
     if os.path.lexists(path) and not overwrite:
         with open(path, encoding="utf-8", errors="replace") as fh:
             if fh.read().split("\n")[1:2] != [tag]:
-                fail(f"--out {path!r} exists and was not written by design.py for this request; pass --overwrite")
-    head, _, rest = text.partition("\n")
-    fit._atomic_write(path, f"{head}\n{tag}\n{rest}".encode())
+                fail(f"--out {path!r} holds a file design.py did not write for this request; pass --overwrite")
+    return lambda text: fit._atomic_write(path, text.replace("\n", f"\n{tag}\n", 1).encode())
 
 
 # -----------------------------------------------------------------------------
@@ -386,34 +381,28 @@ def sim_outputs(res, request):
     f = lambda x, fmt: "-" if x is None or not math.isfinite(x) else format(x, fmt)
     L = ["# design.py simulate", "", f"Protocol per replicate: {json.dumps(request['protocol'])}; truth: the paper's "
          f"law (Table 2) with independent N(0, {PAPER_RMSE}^2) nats per run.", ""]
-    for sec, title in (("phi", "φ at equal cost"), ("case", f"Δφ = {request['delta_phi']:+g}: the variant's looped "
-                       f"runs beside the finished grid"), ("sequential", f"Sequential: the 12 cheapest grid runs, "
-                       f"then rounds of K = {request['next']}, target half-width {request['seq_target']}")):
+    for sec, title in (("phi", "φ at equal cost"), ("case", f"Δφ = {request['delta_phi']:+g} beside the finished grid"),
+                       ("sequential", f"Sequential: 12 cheapest grid runs, then rounds of K = {request['next']}")):
         L += [f"## {title}", "", "| design | FLOPs (share of grid) | GPU-hours | predicted half-width | median "
               "half-width | coverage | excludes 0 | median abs error | failed | target reached (median FLOPs) |",
               "|---" * 10 + "|"]
-        for r in res[sec]:
-            hit = f"{r['reached']:.2f} ({f(r['flops_to_target'], '.3g')})" if "reached" in r else "-"
-            L.append(f"| {r['design']} | {r['flops']:.3g} ({r['flops'] / res['grid_flops']:.3f}) | "
-                     f"{gpu_hours(r['flops']):.1f} | {f(r.get('predicted'), '.4f')} | {r['median_halfwidth']:.4f} | "
-                     f"{r['coverage']:.2f} | {r['excludes_0']:.2f} | {f(r['median_abs_err'], '.4f')} | "
-                     f"{r['failed']} | {hit} |")
-        L.append("")
+        L += [f"| {r['design']} | {r['flops']:.3g} ({r['flops'] / res['grid_flops']:.3f}) | {gpu_hours(r['flops']):.1f} "
+              f"| {f(r.get('predicted'), '.4f')} | {r['median_halfwidth']:.4f} | {r['coverage']:.2f} | "
+              f"{r['excludes_0']:.2f} | {f(r['median_abs_err'], '.4f')} | {r['failed']} | " + (
+                  f"{r['reached']:.2f} ({f(r['flops_to_target'], '.3g')}) |" if "reached" in r else "- |")
+              for r in res[sec]] + [""]
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for name in dict.fromkeys(r["name"] for r in res["phi"][1:]):
-        rows = [r for r in res["phi"] if r.get("name") == name]
-        ax.plot([gpu_hours(r["flops"]) for r in rows], [r["median_halfwidth"] for r in rows], "o-", label=name)
-    full = res["phi"][0]
-    ax.plot(gpu_hours(full["flops"]), full["median_halfwidth"], "k*", ms=12, label="full grid")
+        rows = [(gpu_hours(r["flops"]), r["median_halfwidth"]) for r in res["phi"] if r.get("name") == name]
+        ax.plot(*zip(*rows), "o-", label=name)
+    ax.plot(gpu_hours((full := res["phi"][0])["flops"]), full["median_halfwidth"], "k*", ms=12, label="full grid")
     ax.axhline(1.2 * full["median_halfwidth"], color="grey", ls=":", lw=1, label="1.2 x full grid")
     ax.set(xscale="log", yscale="log", xlabel=f"GPU-hours (MFU {MFU:g} of {PEAK:.3g} FLOP/s)",
            ylabel="median 95% CI half-width of φ", title=f"{request['reps']} noisy replicates per point")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
+    fig.savefig(buf := io.BytesIO(), format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
-    return {"sim.md": "\n".join(L).encode(), "sim.png": buf.getvalue(),
+    return {"sim.md": "\n".join(L), "sim.png": buf.getvalue(),
             "sim.json": json.dumps(fit._jsonable(dict(res, request=request)), indent=1).encode()}
 
 
@@ -430,30 +419,27 @@ POS, INT0, INT1, PHI = (flops._number(float, 0, lo_open=True), flops._number(int
 FLAGS = {"plan": [
     ("--out", str, None, "write the run list here (runs/grid.sh --only FILE)"), ("--runs", str, None, "finished runs"),
     ("--budgets", _list(float, 0), None, "pool budgets C (Table 6's)"), ("--loops", _list(int, 1), [1, 2, 4, 8], ""),
-    ("--scales", _list(int, 1), None, "pool widths s at every budget (default: Table 6's per budget)"),
-    ("--tpp", _list(float, 0), list(TPP), "LO,HI tokens per parameter a pool run may have"),
+    ("--scales", _list(int, 1), None, "pool widths s at every budget"), ("--tpp", _list(float, 0), list(TPP), "LO,HI"),
     *((f"--{k}", INT0 if "-pre" in k or "coda" in k else INT1, v, "") for k, v in (
         ("aspect-ratio", 64), ("n-layers-eff", 20), ("n-layers-prelude", 2), ("n-layers-coda", 2),
         ("seq-len", flops.SEQ_LEN), ("vocab-size", flops.V_LLAMA), ("batch-tokens", flops.BATCH_TOKENS))),
     ("--prior", str, None, "a fit.py fit.json (default: the paper's joint fit, Table 2)"),
-    ("--noise", POS, None, "per-run noise in nats (default: the prior's RMSE)"), ("--min-per-r", INT0, 5, ""),
+    ("--noise", POS, None, "nats per run (default: the prior's RMSE)"), ("--min-per-r", INT0, 5, "runs per r"),
     ("--noise-phi", POS, None, "raise the noise until the --reference design's sd(phi) is this"),
     ("--reference", str, None, "a run list: --noise-phi's design; with no target, the total FLOPs to match"),
     ("--target-halfwidth", POS, None, "the cheapest design with this predicted 95%% half-width"),
     ("--budget-flops", POS, None, ""), ("--budget-gpu-hours", POS, None, "at --mfu x --peak-flops"),
-    ("--next", INT1, None, "sequential: the next K runs beside --runs"),
-    ("--delta-phi", PHI, None, "design a case study's looped runs for this phi shift"),
+    ("--next", INT1, None, "the next K runs beside --runs"), ("--delta-phi", PHI, None, "a case study's shift"),
     ("--mfu", flops._number(float, 0, 1, lo_open=True), MFU, ""), ("--peak-flops", POS, PEAK, "")],
     "simulate": [
     ("--out", str, "out/design_sim", "folder for sim.json, sim.md, sim.png"), ("--seed", INT0, 0, ""),
     ("--reps", INT1, 20, "noisy replicates per design"), ("--restarts", INT1, fit.RESTARTS, "App. F: 500"),
     ("--bootstrap", INT1, fit.N_BOOT, "App. F.2: 200"), ("--boot-restarts", INT0, fit.BOOT_RESTARTS, ""),
     ("--fractions", _list(float, 0), [0.05, 0.1, 0.25, 0.5], "design budgets as shares of the grid's FLOPs"),
-    ("--scales", _list(int, 1), list(range(4, 40, 2)), "the wider pool's widths"),
-    ("--extra-budgets", _list(float, 0), [1e17, 2.15e17], "the wider pool's budgets besides Table 6's"),
+    ("--scales", _list(int, 1), list(range(4, 40, 2)), "wider pool: widths"),
+    ("--extra-budgets", _list(float, 0), [1e17, 2.15e17], "wider pool: budgets besides Table 6's"),
     ("--delta-phi", PHI, 0.19, "hc's shift, Table 3"), ("--case-fractions", _list(float, 0), [0.25, 0.5], ""),
-    ("--next", INT1, 8, "sequential: runs per round"), ("--rounds", INT1, 5, ""),
-    ("--seq-target", POS, 0.06, "sequential: target half-width (the paper's CI: 0.06)")]}
+    ("--next", INT1, 8, "sequential: runs per round"), ("--rounds", INT1, 5, ""), ("--seq-target", POS, 0.06, "")]}
 
 
 def main(argv=None):
@@ -470,26 +456,24 @@ def main(argv=None):
         if a.out and os.path.lexists(a.out) and os.path.isdir(a.out) != (a.cmd == "simulate"):
             fail(f"--out {a.out!r} is a {'folder' if a.cmd == 'plan' else 'file'}")
         if a.cmd == "plan":
-            head, lines = plan(a)
-            print("\n".join([head] + lines))
+            write = a.out and owned(a.out, request, a.overwrite)       # refused before any work
+            print(text := "\n".join(plan(a)) + "\n", end="")
             if a.out:
-                write_owned(a.out, "\n".join([head] + lines) + "\n", request, a.overwrite)
+                write(text)
                 print(f"wrote {a.out} (train it: NPROC=8 bash runs/grid.sh --only {a.out})")
             return 0
         request["protocol"] = {k: request[k] for k in ("reps", "restarts", "bootstrap", "boot_restarts", "seed")}
         fit._check_target_dir(a.out, "--out")
-        prev = os.path.join(a.out, "sim.json")
-        if os.path.lexists(prev) and not a.overwrite and \
-                fit._read_json_object(prev).get("request") != fit._jsonable(request):
-            fail(f"--out {a.out!r} holds another simulation (or a foreign sim.json); pass --overwrite")
+        write = owned(os.path.join(a.out, "sim.md"), request, a.overwrite)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")     # fit_block's single-hit notes on small sets: the tables say enough
             files = sim_outputs(simulate(a), request)
     except ValueError as err:
         ap.exit(2, f"design.py: error: {err}\n")
     os.makedirs(a.out, exist_ok=True)
-    for name in sorted(files, key=lambda n: n == "sim.json"):      # sim.json last: it marks a complete set
+    for name in ("sim.json", "sim.png"):
         fit._atomic_write(os.path.join(a.out, name), files[name])
+    write(files["sim.md"])                  # last: the request tag in sim.md marks a complete set
     print(f"wrote {a.out}/sim.json, sim.md, sim.png")
     return 0
 
