@@ -70,6 +70,8 @@ def make_pool(cells=None, loops=flops.LOOPS, arch=None, aspect=flops.ASPECT_RATI
     check applies) plus "name" (the sweep scripts' run folder, e.g. C4.64e17_r2_s8) and "cost" (executed FLOPs as
     train.py runs it: steps = round(C / (F B))). Runs outside tokens-per-parameter tpp are left out (the law is not
     trusted far along an iso-FLOP curve), and so are widths that cannot take one step at C."""
+    # every (C, r, s) cell costed as train.py will run it; its name is the folder the sweep scripts give the run, so
+    # a list of names is a list runs/grid.sh --only can train
     arch, rows = arch or {}, []
     for budget, widths in (flops.GRID if cells is None else cells).items():
         for r, s in itertools.product(loops, widths):
@@ -80,10 +82,12 @@ def make_pool(cells=None, loops=flops.LOOPS, arch=None, aspect=flops.ASPECT_RATI
             except ValueError:                               # below one optimizer step at this budget
                 continue
             name = f"C{budget:g}_r{r}_s{s}".replace("e+", "e")
+            # a widened pool stays inside Table 6's tokens-per-parameter range: the prior law was measured there
             if tpp[0] <= tokens / (n_once + n_rec) <= tpp[1]:
                 rows.append(dict(flops_budget=budget, n_loops=r, d_model=aspect * s, n_once=n_once, n_rec=n_rec,
                                  tokens=tokens, arch=arch, aspect_ratio=aspect, val_loss=1.0, source=name, case=case,
                                  name=name, cost=float(tokens * f)))
+    # through fit.py's own row checks: a pool the fit would refuse (an n_loops flops.py cannot count) stops here
     runs = fit.runs_from_rows(rows or fail("the candidate pool is empty (check --budgets, --scales and --tpp)"))
     runs["name"], runs["cost"] = [row["name"] for row in rows], np.array([row["cost"] for row in rows])
     return runs
@@ -92,6 +96,7 @@ def make_pool(cells=None, loops=flops.LOOPS, arch=None, aspect=flops.ASPECT_RATI
 def finished_runs(runs_dir):
     """The baseline runs (no case label) with a done.json under runs_dir, named by folder and costed by their
     record's executed FLOPs (train.py's "flops"; their budget C without one)."""
+    # the main grid's runs only: a case study's runs follow another law (fit.select_runs without a case)
     recs = fit.load_records(runs_dir)
     runs, flop = fit.select_runs(fit.runs_from_rows(recs), None), {rec["source"]: rec.get("flops") for rec in recs}
     runs["name"] = [os.path.basename(os.path.dirname(src)) for src in runs["source"]]
@@ -103,6 +108,7 @@ def load_prior(path):
     """(theta, rmse): the joint fit of a fit.py fit.json, or the paper's law when path is None."""
     if path is None:
         return np.array(PAPER_THETA), PAPER_RMSE
+    # any fit.py fit.json: its joint block holds theta in PARAM_NAMES' order and the residual RMSE in nats
     joint = fit._read_json_object(path).get("joint")
     th, rmse = (joint.get("theta"), joint.get("rmse")) if isinstance(joint, dict) else (None, None)
     ok = isinstance(th, list) and len(th) == 6 and all(isinstance(v, (int, float)) for v in th + [rmse])
@@ -129,10 +135,13 @@ def universe(groups):
     psi = clip(u, -delta, delta), so b = E[psi'] = P(|u| < delta) and m = E[psi^2] = E[min(u^2, delta^2)]."""
     parts = []
     for runs, theta, sigma, kind in groups:
+        # J by central differences of fit.predict, step 1e-6 (relative error ~1e-9): Eq. 3 stays in one function
         prob = fit._pack(runs)
         lnl = lambda th: np.log(fit.predict(th, prob))
         J = np.stack([(lnl(theta + 1e-6 * e) - lnl(theta - 1e-6 * e)) / 2e-6 for e in np.eye(6)], axis=1)
         loss = fit.predict(theta, prob)
+        # Huber weights. With tau >> delta (any real study: 0.01 nats / 2.5 nats = 4e-3 > 1e-3) the fit is close to a
+        # median regression: b ~ delta sqrt(2 / pi) / tau, m ~ delta^2, i.e. pi / 2 times the least-squares variance
         c = fit.DELTA * loss / sigma                         # delta / tau
         b = erf(c / math.sqrt(2))
         m = (b - 2 * c * np.exp(-c * c / 2) / math.sqrt(2 * math.pi)) * (sigma / loss) ** 2 + fit.DELTA ** 2 * (1 - b)
@@ -144,6 +153,8 @@ def universe(groups):
          "r": runs["n_loops"], "fixed": cat(5) == "fixed", "variant": cat(5) == "variant"}
     U.update(cand=~U["fixed"], cost=np.where(U["fixed"], 0.0, runs["cost"]), kappa=float(np.median(U["m"] / U["b"])),
              JJ=(U["J"][:, :, None] * U["J"][:, None, :]).reshape(-1, 36))          # (n, 36) outer products J J'
+    # the ridge is a pseudo-observation, lam I in B and lam kappa I in M (a flat prior on theta): a set that cannot
+    # identify theta gets a huge but finite variance, and the search a gradient from its first run
     U["lam"] = RIDGE * float(np.trace((U["b"] @ U["JJ"]).reshape(6, 6)))
     U["own"] = U["variant"] if U["variant"].any() else np.ones(len(U["r"]), bool)   # the runs min_per_r counts
     return U
@@ -158,8 +169,10 @@ def variance(U, masks):
     masks = np.atleast_2d(masks)
     fits = [masks]
     if U["variant"].any():
+        # the baseline refit keeps the budgets the variant uses; the variant fit borrows the baseline's r = 1 runs there
         base = masks & ~U["variant"] & np.stack([np.isin(U["C"], U["C"][row & U["variant"]]) for row in masks])
         fits = [(masks & U["variant"]) | (base & (U["r"] == 1)), base]
+    # one batched (6, 6) solve per selection and fit: B^-1 e_phi is all that phi's variance needs
     g, ridge = 0.0, 0.0
     for sign, sel in zip((1.0, -1.0), fits):
         B = ((sel * U["b"]) @ U["JJ"]).reshape(-1, 6, 6) + U["lam"] * np.eye(6)                   # (k, 6, 6)
@@ -175,6 +188,8 @@ def choose(U, budget=math.inf, k=None, target=None, min_per_r=5):
     once); then the drop in ln Var(phi). It stops at k new runs or Var <= target; in budget mode, when no addition
     helps, the best single swap within the budget follows, and more additions, until neither helps."""
     S, used, rs = U["fixed"].copy(), lambda S: float(U["cost"][S].sum()), np.unique(U["r"][U["cand"]])
+    # D-optimal first: until phi is pinned, Var(phi) is ridge-dominated and flat, and its gradient says nothing;
+    # ln det of the information grows with every direction of theta a run identifies
     logdet = lambda M: np.linalg.slogdet((((M & U["own"]) * U["b"]) @ U["JJ"]).reshape(-1, 6, 6) +
                                          U["lam"] * np.eye(6))[1]
     short = lambda T, r: max(0, min_per_r - int((T & U["own"] & (U["r"] == r)).sum()))   # runs r still lacks
@@ -201,6 +216,8 @@ def choose(U, budget=math.inf, k=None, target=None, min_per_r=5):
                 continue
         if k is not None or target is not None:
             return S
+        # the greedy pass buys the runs with the most information per FLOP; once the budget is spent, 1-for-1 swaps
+        # trade a run for a better one (an expensive low-leverage run for a cheap informative one, say)
         # exchange: every (drop i, add j) pair at once; a run of an r at its minimum is swapped within its r only
         pairs = np.array([(i, j) for i in np.flatnonzero(S & U["cand"]) for j in np.flatnonzero(U["cand"] & ~S)
                           if U["cost"][j] - U["cost"][i] <= budget - used(S) and (U["r"][i] == U["r"][j] or
@@ -218,6 +235,7 @@ def choose(U, budget=math.inf, k=None, target=None, min_per_r=5):
 
 def plan(a):
     """The design the flags ask for: the run list's lines (a header, then one line per run to train)."""
+    # one request, one target; every bad flag is refused here, before a pool is built
     targets = [x for x in (a.target_halfwidth, a.budget_flops, a.budget_gpu_hours) if x is not None]
     if len(targets) > 1 or not (targets or a.next or a.reference) or len(a.tpp) != 2:
         fail("give one target (--target-halfwidth, --budget-flops or --budget-gpu-hours), or --next K, or a "
@@ -247,9 +265,11 @@ def plan(a):
         # design's sd(phi) is noise_phi (Var scales as sigma^2 once sigma / L >> delta, as in every real study)
         sigma *= a.noise_phi / math.sqrt(variance(U, ref)[0])
         U = universe([(runs, th, sigma, kind) for runs, th, kind in groups])
+    # a budget in GPU-hours becomes executed FLOPs by flops.py's convention (hours x 3600 x MFU x peak)
     budget = a.budget_flops or (a.budget_gpu_hours or 0) * 3600 * a.mfu * a.peak_flops or math.inf
     if a.reference and not (targets or a.next):          # the reference's total FLOPs, finished runs included
         budget = float(U["runs"]["cost"][ref].sum() - U["runs"]["cost"][U["fixed"]].sum())
+    # the search; with a target, choose stops at the first set that reaches it (greedy per FLOP, no swaps)
     S = choose(U, budget, a.next, target, a.min_per_r)
     if target and variance(U, S)[0] > target:
         fail(f"the whole pool predicts a half-width of {Z95 * math.sqrt(variance(U, S)[0]):.4f}; widen it "
@@ -279,9 +299,12 @@ def owned(path, request, overwrite):
 # -----------------------------------------------------------------------------
 # Simulate: the claim judged by fit.py's protocol on noisy replicates of the prior law
 
+# Each replicate draws fresh noise on the prior's losses and refits exactly as a user's study would be fitted.
 def measure(runs, kw, seed):
     """fit.py's protocol on runs: (estimate, lo, hi) of phi (fit_block's restarts, bootstrap_phi), or of delta-phi
     when they hold a case (run_case's selection, paired_delta_bootstrap). (nan, -inf, inf) if the fit refuses them."""
+    # The paper's protocol, as python fit.py runs it: fit_block's App. F restarts (batched screen, scipy polish),
+    # then bootstrap_phi's resamples of the (budget, r) cells, each warm-started plus boot_restarts random starts
     try:
         if "design" not in runs["case"]:
             j = fit.fit_block(runs, None, kw["restarts"], seed)
@@ -300,11 +323,13 @@ def replicate(U, picks, truth, sigma, kw, name):
     """kw["reps"] noisy replicates of a design: picks(rng) -> masks (one, or a sequential design's rounds), each
     replicate with its own seed for the N(0, sigma^2) noise on the prior's losses, the random design and the fit.
     Returns one result row per mask, and the (reps, masks) half-widths and costs."""
+    # each replicate redraws the noise of every run of the universe; a design fits its own subset of them
     out, rows = [], []
     for rep in range(kw["reps"]):
         rng = np.random.default_rng([kw["seed"], rep])
         runs = dict(U["runs"], val_loss=U["loss"] + sigma * rng.standard_normal(len(U["loss"])))
         out.append([(*measure(fit.subset(runs, S), kw, kw["seed"] + rep), U["cost"][S].sum()) for S in picks(rng)])
+    # a refused fit counts as a failed replicate: infinite half-width, not covered
     est, lo, hi, cost = np.moveaxis(np.array(out), 2, 0)            # each (reps, masks)
     for t, (e, l, h) in enumerate(zip(est.T, lo.T, hi.T)):
         rows.append({"design": name + (f", round {t}" if est.shape[1] > 1 else ""), "reps": kw["reps"],
@@ -317,6 +342,7 @@ def replicate(U, picks, truth, sigma, kw, name):
     return rows, (hi - lo) / 2, cost
 
 
+# Baselines of the comparison are masks too: capped() fills a budget in a given order (random, cheapest first).
 def capped(U, order, budget):
     """The runs of `order` taken in turn while they fit the budget (one that does not fit is skipped)."""
     S = U["fixed"].copy()
@@ -335,6 +361,8 @@ def simulate(a):
     Ug, Uw = (universe([(p, theta, sigma, "cand")]) for p in (make_pool(), wide(a.extra_budgets + list(flops.GRID))))
     res = {"grid_flops": float(Ug["cost"].sum()), "phi": [], "case": [], "sequential": []}
     res["phi"] += replicate(Ug, lambda rng: [Ug["cand"]], theta[5], sigma, kw, "full grid (116 runs)")[0]
+    # equal cost: at each share of the grid's FLOPs every design gets the same cap; random subsets are redrawn per
+    # replicate, the lowest budgets take whole Table 6 columns (the paper's case studies: the four lower ones)
     for frac in a.fractions:
         cap = frac * res["grid_flops"]
         low = max([c for c in np.unique(Ug["C"]) if Ug["cost"][Ug["C"] <= c].sum() <= cap] or [0])
@@ -348,6 +376,7 @@ def simulate(a):
             res["phi"].append(dict(row, name=name, predicted=pred))
     # §5 case: the baseline grid is done; the variant's looped runs shift phi by delta_phi (hc: +0.19, Table 3)
     var = wide(flops.GRID, "design")
+    # its candidates: the looped runs of the wider widths at Table 6's budgets, so the baseline exists at each of them
     Uc = universe([(make_pool(), theta, sigma, "fixed"),
                    (fit.subset(var, var["n_loops"] > 1), theta + np.eye(6)[5] * a.delta_phi, sigma, "variant")])
     paper = Uc["fixed"] | (Uc["variant"] & (Uc["C"] < 5e18) & np.isin(Uc["runs"]["name"], make_pool()["name"]))
@@ -358,6 +387,7 @@ def simulate(a):
         res["case"].append(dict(row, predicted=Z95 * math.sqrt(variance(Uc, S)[0])))
     # sequential: the 12 cheapest grid runs, then rounds of K; the designed rounds depend only on what is finished,
     # the random ones are drawn per replicate
+    # (a team's pilot: the 12 cheapest runs of the grid; both strategies start there and pay for it)
     steps = [capped(Ug, np.argsort(Ug["cost"])[:12], math.inf)]
     for _ in range(a.rounds):
         done = steps[-1]
@@ -391,6 +421,8 @@ def sim_outputs(res, request):
               f"{r['excludes_0']:.2f} | {f(r['median_abs_err'], '.4f')} | {r['failed']} | " + (
                   f"{r['reached']:.2f} ({f(r['flops_to_target'], '.3g')}) |" if "reached" in r else "- |")
               for r in res[sec]] + [""]
+    # the figure: median half-width against GPU-hours (log-log), one line per design, the full grid as a star and
+    # the issue's bar (1.2 x the full grid's half-width) dotted
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for name in dict.fromkeys(r["name"] for r in res["phi"][1:]):
         rows = [(gpu_hours(r["flops"]), r["median_halfwidth"]) for r in res["phi"] if r.get("name") == name]
@@ -416,6 +448,9 @@ def _list(kind, lo):
 
 POS, INT0, INT1, PHI = (flops._number(float, 0, lo_open=True), flops._number(int, 0), flops._number(int, 1),
                         flops._number(float, -3, 3))
+# (flag, type, default, help) per command. plan: the pool (Table 6 unless --budgets / --scales widen it; the
+# architecture flags make a mini study's pool), the prior and its noise, one target, finished runs, a case.
+# simulate: the replicates and the protocol (the paper's by default), the pools, the case and sequential set-up.
 FLAGS = {"plan": [
     ("--out", str, None, "write the run list here (runs/grid.sh --only FILE)"), ("--runs", str, None, "finished runs"),
     ("--budgets", _list(float, 0), None, "pool budgets C (Table 6's)"), ("--loops", _list(int, 1), [1, 2, 4, 8], ""),
@@ -455,6 +490,7 @@ def main(argv=None):
     try:
         if a.out and os.path.lexists(a.out) and os.path.isdir(a.out) != (a.cmd == "simulate"):
             fail(f"--out {a.out!r} is a {'folder' if a.cmd == 'plan' else 'file'}")
+        # plan: the output file is checked before the design is computed, and written whole (atomic) after it
         if a.cmd == "plan":
             write = a.out and owned(a.out, request, a.overwrite)       # refused before any work
             print(text := "\n".join(plan(a)) + "\n", end="")
@@ -462,6 +498,7 @@ def main(argv=None):
                 write(text)
                 print(f"wrote {a.out} (train it: NPROC=8 bash runs/grid.sh --only {a.out})")
             return 0
+        # simulate: sim.md carries the request; another simulation's folder is refused before any fit
         request["protocol"] = {k: request[k] for k in ("reps", "restarts", "bootstrap", "boot_restarts", "seed")}
         fit._check_target_dir(a.out, "--out")
         write = owned(os.path.join(a.out, "sim.md"), request, a.overwrite)
