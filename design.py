@@ -411,14 +411,14 @@ def sim_outputs(res, request):
     f = lambda x, fmt: "-" if x is None or not math.isfinite(x) else format(x, fmt)
     L = ["# design.py simulate", "", f"Protocol per replicate: {json.dumps(request['protocol'])}; truth: the paper's "
          f"law (Table 2) with independent N(0, {PAPER_RMSE}^2) nats per run.", ""]
-    for sec, title in (("phi", "φ at equal cost"), ("case", f"Δφ = {request['delta_phi']:+g} beside the finished grid"),
+    for sec, title in (("phi", "φ at equal cost"), ("case", f"Δφ = {request['delta_phi']:+g}, the grid done"),
                        ("sequential", f"Sequential: 12 cheapest grid runs, then rounds of K = {request['next']}")):
         L += [f"## {title}", "", "| design | FLOPs (share of grid) | GPU-hours | predicted half-width | median "
               "half-width | coverage | excludes 0 | median abs error | failed | target reached (median FLOPs) |",
               "|---" * 10 + "|"]
-        L += [f"| {r['design']} | {r['flops']:.3g} ({r['flops'] / res['grid_flops']:.3f}) | {gpu_hours(r['flops']):.1f} "
-              f"| {f(r.get('predicted'), '.4f')} | {r['median_halfwidth']:.4f} | {r['coverage']:.2f} | "
-              f"{r['excludes_0']:.2f} | {f(r['median_abs_err'], '.4f')} | {r['failed']} | " + (
+        L += [f"| {r['design']} | {r['flops']:.3g} ({r['flops'] / res['grid_flops']:.3f}) | "
+              f"{gpu_hours(r['flops']):.1f} | {f(r.get('predicted'), '.4f')} | {r['median_halfwidth']:.4f} | "
+              f"{r['coverage']:.2f} | {r['excludes_0']:.2f} | {f(r['median_abs_err'], '.4f')} | {r['failed']} | " + (
                   f"{r['reached']:.2f} ({f(r['flops_to_target'], '.3g')}) |" if "reached" in r else "- |")
               for r in res[sec]] + [""]
     # the figure: median half-width against GPU-hours (log-log), one line per design, the full grid as a star and
