@@ -154,16 +154,13 @@ class TrainConfig:
 
     def __post_init__(self):
         horizons = ["--" + n.replace("_", "-") for n in HORIZONS if getattr(self, n) is not None]
+        need(len(horizons) == 1, "give exactly one horizon: --flops-budget, --tokens, --tokens-per-param or --steps "
+             f"(got {horizons or 'none'})")
         common.check_fields(self, LIMITS)            # a config built in Python meets the CLI's limits too
-        for ok, why in ((len(horizons) == 1, "give exactly one horizon: --flops-budget, --tokens, --tokens-per-param"
-                         f" or --steps (got {horizons or 'none'})"),
-                        (self.eval_tokens != 0, "--eval-tokens must be > 0 or -1 (the whole val split), got 0"),
-                        (self.precision in (None, "fp32", "bf16"), f"--precision must be fp32, bf16 or auto, got "
-                         f"{self.precision!r}"),
-                        (self.attn in ATTN_BACKENDS, f"--attn must be one of {', '.join(ATTN_BACKENDS)}, got "
-                         f"{self.attn!r}")):
-            if not ok:
-                raise ValueError(why)
+        need(self.eval_tokens != 0, "--eval-tokens must be > 0 or -1 (the whole val split), got 0")
+        need(self.precision in (None, "fp32", "bf16"), f"--precision must be fp32, bf16 or auto, got "
+             f"{self.precision!r}")
+        need(self.attn in ATTN_BACKENDS, f"--attn must be one of {', '.join(ATTN_BACKENDS)}, got {self.attn!r}")
 
 
 # Allowed values of every int / float field of ModelConfig and TrainConfig, in common.py's interval notation: checked
@@ -259,18 +256,21 @@ def run_identity(model_cfg, train_cfg, data_id, init_id, precision, attn, compil
 def same_run(recorded, identity: dict, path: str) -> None:
     """Refuse, in one line naming the fields that differ (common.identity_diff), unless path's recorded identity is
     this run's. A file without one predates run identities (or is not train.py's) and cannot be checked."""
-    if not isinstance(recorded, dict):
-        raise ValueError(f"{path} records no run identity: it was written by an older train.py (or is not a "
-                         "train.py file), so it cannot be checked against this run; move it away or pick another "
-                         "--out-dir")
+    need(isinstance(recorded, dict), f"{path} records no run identity: it was written by an older train.py (or is "
+         "not train.py's), so it cannot be checked against this run; move it away or pick another --out-dir")
     diff = common.identity_diff(recorded, identity)
-    if diff:
-        raise ValueError(f"{path} is the record of a different run (recorded vs now: {'; '.join(diff[:4])}"
-                         f"{'; ...' if len(diff) > 4 else ''}); pick another --out-dir, or rerun with its flags")
+    need(not diff, f"{path} is the record of a different run (recorded vs now: {'; '.join(diff[:4])}"
+         f"{'; ...' if len(diff) > 4 else ''}); pick another --out-dir, or rerun with its flags")
 
 
 # -----------------------------------------------------------------------------
 # The checks preflight runs: --init-from, the data, the out-dir's contents, memory and disk
+
+def need(ok, why: str) -> None:
+    """Refuse unless ok: a ValueError whose one line the CLI prints before exiting 2 (README "Guarantees", rule 5)."""
+    if not ok:
+        raise ValueError(why)
+
 
 def init_architecture(model_cfg, init_from: str, typed=None) -> tuple:
     """--init-from: (the checkpoint's ModelConfig with this run's n_loops_bwd, its state dict, its tokenizer hash).
@@ -284,9 +284,8 @@ def init_architecture(model_cfg, init_from: str, typed=None) -> tuple:
     names = typed if typed is not None else {k for k in theirs if getattr(model_cfg, k) != defaults[k]}
     clash = {k: (getattr(model_cfg, k), theirs[k]) for k in sorted(set(names) - {"n_loops_bwd"})
              if getattr(model_cfg, k) != theirs[k]}
-    if clash:
-        raise ValueError(f"--init-from {init_from}: model flags differ from the checkpoint's architecture "
-                         f"(flag, checkpoint) = {clash}; drop them (the architecture comes from the checkpoint)")
+    need(not clash, f"--init-from {init_from}: model flags differ from the checkpoint's architecture (flag, "
+         f"checkpoint) = {clash}; drop them (the architecture comes from the checkpoint)")
     return dataclasses.replace(model.cfg, n_loops_bwd=model_cfg.n_loops_bwd), model.state_dict(), ck.get(
         "tokenizer_hash")
 
@@ -295,37 +294,29 @@ def check_data(cfg, tc, init_tok_hash) -> tuple:
     """The prepared data against the model: equal seq_len (no silent re-packing), one tokenizer for both splits (and
     --tokenizer's and the --init-from checkpoint's, when given), the vocabulary (the default --vocab-size takes the
     data's), enough val rows for --eval-tokens. Returns (cfg with its vocabulary, the data's facts)."""
-    if not os.path.isdir(tc.data):
-        raise ValueError(f"--data {tc.data!r} is not a directory; prepare one with `python data.py prepare "
-                         "--source default --tokenizer TOK.model --out DIR --seq-len T` (see data.py)")
+    need(os.path.isdir(tc.data), f"--data {tc.data!r} is not a directory; prepare one with `python data.py prepare "
+         "--source default --tokenizer TOK.model --out DIR --seq-len T` (see data.py)")
     meta, val_meta = read_meta(tc.data, "train"), read_meta(tc.data, "val")
     for name, m in (("train", meta), ("val", val_meta)):
-        if m["seq_len"] != cfg.seq_len:
-            raise ValueError(f"data {tc.data} ({name}) was packed with seq_len {m['seq_len']} but the model has "
-                             f"--seq-len {cfg.seq_len}; pass --seq-len {m['seq_len']} or re-pack")
+        need(m["seq_len"] == cfg.seq_len, f"data {tc.data} ({name}) was packed with seq_len {m['seq_len']} but the "
+             f"model has --seq-len {cfg.seq_len}; pass --seq-len {m['seq_len']} or re-pack")
     tok = meta.get("tokenizer_hash")                # the authors' published metas carry no hash (data.md §2)
-    if val_meta.get("tokenizer_hash") != tok:
-        raise ValueError(f"data {tc.data}: train and val splits were tokenised differently ({tok} vs "
-                         f"{val_meta.get('tokenizer_hash')})")
-    if tc.tokenizer and (tok is None or load_tokenizer(tc.tokenizer).identity != tok):
-        raise ValueError(f"--tokenizer {tc.tokenizer!r} is not the tokenizer data {tc.data} was packed with "
-                         f"({tok or 'it records none'}); drop --tokenizer or re-pack with data.py")
-    if init_tok_hash is not None and init_tok_hash != tok:
-        raise ValueError(f"--init-from {tc.init_from} was trained on data tokenised with {init_tok_hash}, but "
-                         f"{tc.data} was tokenised with {tok}")
+    need(val_meta.get("tokenizer_hash") == tok, f"data {tc.data}: train and val splits were tokenised differently "
+         f"({tok} vs {val_meta.get('tokenizer_hash')})")
+    need(not tc.tokenizer or (tok is not None and load_tokenizer(tc.tokenizer).identity == tok), f"--tokenizer "
+         f"{tc.tokenizer!r} is not the one {tc.data} was packed with ({tok or 'it records none'}); drop --tokenizer")
+    need(init_tok_hash in (None, tok), f"--init-from {tc.init_from} was trained on data tokenised with "
+         f"{init_tok_hash}, but {tc.data} was tokenised with {tok}")
     vocab_rule = "--vocab-size"
     if cfg.vocab_size == VOCAB_DEFAULT and meta["vocab_size"] != VOCAB_DEFAULT and not tc.init_from:
         cfg = dataclasses.replace(cfg, vocab_size=meta["vocab_size"])
         vocab_rule = f"the data meta's (--vocab-size left at its default {VOCAB_DEFAULT})"
-    if meta["vocab_size"] > cfg.vocab_size:
-        raise ValueError(f"data {tc.data} has vocab_size {meta['vocab_size']} > the model's --vocab-size "
-                         f"{cfg.vocab_size}: token ids would index past the embedding")
-    val_rows = val_meta.get("total_rows")
+    need(meta["vocab_size"] <= cfg.vocab_size, f"data {tc.data} has vocab_size {meta['vocab_size']} > the model's "
+         f"--vocab-size {cfg.vocab_size}: token ids would index past the embedding")
+    val_rows = val_meta["total_rows"] if isinstance(val_meta.get("total_rows"), int) else 0
     eval_rows = val_rows if tc.eval_tokens == -1 else tc.eval_tokens // cfg.seq_len   # no silent shrinking
-    if not isinstance(val_rows, int) or not 1 <= eval_rows <= val_rows:
-        raise ValueError(f"--eval-tokens {tc.eval_tokens:,} needs {eval_rows} val rows of {cfg.seq_len} tokens "
-                         f"but {tc.data} has {val_rows}; pass --eval-tokens <= {(val_rows or 0) * cfg.seq_len:,} "
-                         "(or -1 for the whole val split)")
+    need(1 <= eval_rows <= val_rows, f"--eval-tokens {tc.eval_tokens:,} needs {eval_rows} val rows of {cfg.seq_len} "
+         f"tokens but {tc.data} has {val_rows}; pass --eval-tokens <= {val_rows * cfg.seq_len:,} (or -1: all)")
     return cfg, SimpleNamespace(tok_hash=tok, eval_rows=eval_rows, vocab_rule=vocab_rule,
                                 identity=data_identity(tc.data))
 
@@ -336,16 +327,14 @@ def out_dir_state(tc, seen: dict, identity: dict) -> tuple:
     needs --resume (--plan only reports). A 0-byte, torn or foreign done.json is never taken for "finished"."""
     done_path, ckpt_path = (os.path.join(tc.out_dir, n) for n in (DONE_NAME, CKPT_NAME))
     which = DONE_NAME if seen[DONE_NAME] is not None else CKPT_NAME if seen[CKPT_NAME] is not None else None
-    if which and not (tc.resume or tc.plan):
-        raise ValueError(f"{done_path} exists: this run is finished. Pick another --out-dir (or pass --resume to get "
-                         "its record back)" if which == DONE_NAME else f"{ckpt_path} exists: pass --resume to "
-                         "continue that run, or pick another --out-dir")
+    need(not which or tc.resume or tc.plan, f"{done_path} exists: this run is finished. Pick another --out-dir (or "
+         "pass --resume to get its record back)" if which == DONE_NAME else f"{ckpt_path} exists: pass --resume to "
+         "continue that run, or pick another --out-dir")
     if which == DONE_NAME:
         try:
             rec = common.read_json(done_path, {"val_loss": (float, "(0, inf)"), "identity": (dict, None)})
         except ValueError as err:
-            raise ValueError(f"{done_path} is not a train.py record ({err}); move it away to train this run "
-                             "again") from None
+            raise ValueError(f"{done_path} is not a train.py record ({err}); move it away to train again") from None
         same_run(rec.get("identity"), identity, done_path)
         common.require(rec, ("val_loss", "steps", "tokens"), done_path)
         return "finished", rec, None
@@ -357,7 +346,7 @@ def out_dir_state(tc, seen: dict, identity: dict) -> tuple:
 
 
 def agree_on_out_dir(out_dir: str, world: int) -> dict:
-    """Rank 0's view of out_dir {".", done.json, ckpt.pt} -> (inode, size) or None where absent (finish / resume /
+    """Rank 0's view of out_dir {".", done.json, ckpt.pt} -> (inode, size), None where absent (finish / resume /
     fresh start is decided from it), once every rank has the same. A rank that saw other files (node-local disks, a
     stale copy) would skip a run the others train, or resume from another step: on any difference every rank raises
     the same error, naming the rank that differs."""
@@ -372,10 +361,9 @@ def agree_on_out_dir(out_dir: str, world: int) -> dict:
     if world > 1:
         dist.all_gather_object(views, views[0])         # one small collective, before any work
     for k, (host, v) in enumerate(views):
-        if v != views[0][1]:
-            raise ValueError(f"rank {k} on {host} sees {out_dir} differently from rank 0 on {views[0][0]} (name -> "
-                             f"(inode, size), None = absent; rank {k}: {v}, rank 0: {views[0][1]}); every rank must "
-                             "see one shared filesystem: put --out-dir on storage that all nodes mount")
+        need(v == views[0][1], f"rank {k} on {host} sees {out_dir} differently from rank 0 on {views[0][0]} (name -> "
+             f"(inode, size), None = absent; rank {k}: {v}, rank 0: {views[0][1]}); every rank must see one shared "
+             "filesystem: put --out-dir on storage that all nodes mount")
     return views[0][1]
 
 
@@ -399,34 +387,31 @@ def check_disk(tc, g, cfg, start_step: int) -> None:
     """A checkpoint is written beside the previous one, then replaces it: if the disk cannot hold the writes to come,
     say so now rather than at step 1000. A checkpoint is at most the weights and two optimizer moments each; with two
     or more writes ahead the disk must hold two checkpoints at once (the folder may not exist yet: its ancestor's)."""
-    ce, path = tc.ckpt_every, os.path.join(tc.out_dir, CKPT_NAME)
+    ce, path, top = tc.ckpt_every, os.path.join(tc.out_dir, CKPT_NAME), os.path.abspath(tc.out_dir)
     writes = 0 if start_step >= g.steps else (g.steps // ce - start_step // ce if ce else 0) + (
         0 if ce and g.steps % ce == 0 else 1)
     est, old = 12 * n_params_all(cfg, g) + 2**16, os.path.getsize(path) if os.path.exists(path) else 0
-    need, top = (0, est, 2 * est - min(old, est))[min(writes, 2)], os.path.abspath(tc.out_dir)
     while not os.path.isdir(top):
         top = os.path.dirname(top)
-    st = os.statvfs(top)
-    if st.f_bavail * st.f_frsize < need:
-        raise ValueError(f"--out-dir {tc.out_dir!r} has {st.f_bavail * st.f_frsize:,} bytes free, but its {writes} "
-                         f"checkpoint write(s) need about {need:,}: free some space or pick another --out-dir")
+    st, need_bytes = os.statvfs(top), (0, est, 2 * est - min(old, est))[min(writes, 2)]
+    free = st.f_bavail * st.f_frsize
+    need(free >= need_bytes, f"--out-dir {tc.out_dir!r} has {free:,} bytes free, but its {writes} checkpoint "
+         f"write(s) need about {need_bytes:,}: free some space or pick another --out-dir")
 
 
 def fault_hook():
     """NANOLOOP_FAULT="nan@K,kill@K" (tests only; module docstring) -> hook(step, model), called once at the top of
     every step (step = the 0-based index about to run). A no-op when the variable is unset."""
-    faults = {}
-    for item in filter(None, os.environ.get("NANOLOOP_FAULT", "").split(",")):
-        kind, _, k = item.partition("@")
-        if kind not in ("nan", "kill") or not k.isdigit():
-            raise ValueError(f"NANOLOOP_FAULT item {item!r} must be nan@K or kill@K")
-        faults[kind] = int(k)
+    items = [item.partition("@")[::2] for item in filter(None, os.environ.get("NANOLOOP_FAULT", "").split(","))]
+    need(all(k in ("nan", "kill") and v.isdigit() for k, v in items), f"NANOLOOP_FAULT="
+         f"{os.environ.get('NANOLOOP_FAULT')!r}: items must be nan@K or kill@K")
+    faults = {k: int(v) for k, v in items}
 
     def hook(step, model):
-        if faults.get("nan") == step + 1:                   # a diverged run: every logit (and the loss) is NaN
+        if faults.get("nan") == step + 1:             # a diverged run: every logit (and the loss) is NaN
             with torch.no_grad():
                 model.lm_head.weight.fill_(float("nan"))
-        if faults.get("kill") == step:                      # step K and its checkpoint are done: die like a
+        if faults.get("kill") == step:                 # step K and its checkpoint are done: die like a
             os.kill(os.getpid(), signal.SIGKILL)            # preempted job (no cleanup)
     return hook
 
@@ -456,12 +441,12 @@ def preflight(model_cfg, tc, world: int, device) -> SimpleNamespace:
     attn, attn_rule = resolve_attention(tc.attn, device, use_bf16)
     use_compile = (device.type == "cuda") if tc.compile is None else tc.compile
     g = derive(cfg, tc, world)
-    need, (have, what) = 16 * n_params_all(cfg, g) + 40 * cfg.seq_len * cfg.head_dim, device_memory(device)
-    if need > have and not tc.plan:          # fp32 weights + grads + two moments (16 B / param) + RoPE (10 T x hd)
-        raise ValueError(f"the model does not fit: {n_params_all(cfg, g):,} parameters (d_model {cfg.d_model}, "
-                         f"l_eff {cfg.n_layers_eff}, vocab {cfg.vocab_padded:,} padded) need {need / 2**30:,.1f} GiB "
-                         f"for weights, gradients and optimizer state, more than the {have / 2**30:,.1f} GiB of "
-                         f"{what}; shrink --scale / --vocab-size / --seq-len")
+    # fp32 weights + grads + two moments (16 B per parameter) + RoPE (cos, sin of 10 T x head_dim / 2), before any
+    # allocation: --vocab-size 1e10 is a one-line refusal naming its size, never an allocator's RuntimeError
+    state, (have, what) = 16 * n_params_all(cfg, g) + 40 * cfg.seq_len * cfg.head_dim, device_memory(device)
+    need(state <= have or tc.plan, f"the model does not fit: {n_params_all(cfg, g):,} parameters (d_model "
+         f"{cfg.d_model}, l_eff {cfg.n_layers_eff}, vocab {cfg.vocab_padded:,} padded) need {state / 2**30:,.1f} GiB "
+         f"for weights, gradients and optimizer state, more than the {have / 2**30:,.1f} GiB of {what}")
     identity, status, record, ckpt = None, "unknown (--plan without a prepared --data)", None, None
     if facts is not None:
         identity = run_identity(cfg, tc, facts.identity, init_id, "bf16" if use_bf16 else "fp32", attn, use_compile)
@@ -470,7 +455,7 @@ def preflight(model_cfg, tc, world: int, device) -> SimpleNamespace:
         check_disk(tc, g, cfg, ckpt["step"] if ckpt else 0)
     return SimpleNamespace(cfg=cfg, tc=tc, g=g, facts=facts, identity=identity, status=status, record=record,
                            ckpt=ckpt, init_state=init_state, use_bf16=use_bf16, attn=attn, attn_rule=attn_rule,
-                           use_compile=use_compile, hook=hook, state_bytes=need,
+                           use_compile=use_compile, hook=hook, state_bytes=state,
                            dev_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
 
 
@@ -502,11 +487,9 @@ def derive(cfg, tc, world: int) -> SimpleNamespace:
     """Batch geometry (B = rows x T; rows = device_batch x world x accum, style B8), the accounting, the horizon
     (steps, tokens, and the D of the HyperP data factor, unrounded as the release keeps it) and the peak LRs."""
     B, T, r, db = tc.batch_tokens, cfg.seq_len, cfg.n_loops, tc.device_batch or 1
-    if B % T:
-        raise ValueError(f"--batch-tokens {B} is not a multiple of --seq-len {T}")
-    if (B // T) % (db * world):
-        raise ValueError(f"--batch-tokens {B} is not divisible by device_batch x seq_len x world = "
-                         f"{db} x {T} x {world} = {db * T * world}")
+    need(B % T == 0, f"--batch-tokens {B} is not a multiple of --seq-len {T}")
+    need((B // T) % (db * world) == 0, f"--batch-tokens {B} is not divisible by device_batch x seq_len x world = "
+         f"{db} x {T} x {world} = {db * T * world}")
     n_once, n_rec, F = accounting(cfg)
     try:
         if tc.flops_budget is not None:
@@ -520,9 +503,8 @@ def derive(cfg, tc, world: int) -> SimpleNamespace:
             else:                            # reuse-weighted params = the release's effective_params (optimizer §2.3)
                 lr_tokens = int(tc.tokens_per_param * (n_once + r * n_rec))
                 rule, steps = "D_lr = int(rho (N_once + r N_rec)); steps = D_lr // B", lr_tokens // B
-            if steps < 1:
-                raise ValueError(f"{lr_tokens:,} tokens are " + ("less than half of" if tc.tokens is not None else
-                                 "less than") + f" one optimizer step of {B:,} tokens")
+            need(steps >= 1, f"{lr_tokens:,} tokens are {'less than half of' if tc.tokens else 'less than'} one "
+                 f"optimizer step of {B:,} tokens")
             tokens = steps * B
     except ValueError as err:
         raise ValueError(f"horizon: {err} (one step of B = {B:,} tokens costs F B = {F * B:.4g} FLOPs)") from None
@@ -589,31 +571,30 @@ def probe(model, rows: int, autocast, budget=None):
 
 def pick_device_batch(model, tc, g, world: int, autocast, static: int) -> tuple:
     """(rows per micro-step, rule). Auto: the largest divisor k of the rows per rank whose micro-step fits. The memory
-    model need(k) = static (weights, grads, optimizer state) + 1.2 (a + k b), with a + k b the saved activations
+    model mem(k) = static (weights, grads, optimizer state) + 1.2 (a + k b), with a + k b the saved activations
     measured at 1 and 2 rows (1.2: headroom for the backward's transients), decides on CPU; on CUDA it bounds the
     candidates, each then tried for real, largest first. Every rank takes the smallest pick (same micro-steps)."""
     if tc.device_batch:
         return tc.device_batch, "--device-batch"
-    (have, what), device = device_memory(next(model.parameters()).device), next(model.parameters()).device
-    one, two = probe(model, 1, autocast), probe(model, 2, autocast)
-    per_row, need = max(two - one, 1), lambda k: static + 1.2 * (max(2 * one - two, 0) + k * max(two - one, 1))
+    device = next(model.parameters()).device
+    (have, what), one, two = device_memory(device), probe(model, 1, autocast), probe(model, 2, autocast)
+    per_row = max(two - one, 1)
+    mem = lambda k: static + 1.2 * (max(2 * one - two, 0) + k * per_row)
     cands = [k for k in range(g.per_rank, 0, -1) if g.per_rank % k == 0]
-    if device.type == "cuda":                 # the model only bounds the trials (2x: it may overestimate)
-        opt = 8 * (g.n_once + g.n_rec + 2 * model.cfg.vocab_padded * model.cfg.d_model)   # moments, not yet made
-        rows = next((k for k in cands if need(k) <= 2 * have and probe(model, k, autocast, have - opt)), 0)
+    if device.type == "cuda":                 # the model only bounds the trials (2x: it may overestimate); the
+        budget = have - 8 * n_params_all(model.cfg, g)      # optimizer's two moments are not allocated yet
+        rows = next((k for k in cands if mem(k) <= 2 * have and probe(model, k, autocast, budget)), 0)
         rule = f"largest divisor of {g.per_rank} rows per rank whose trial micro-step fits {have / 2**30:.1f} GiB"
     else:
-        rows = next((k for k in cands if need(k) <= have), 0)
+        rows = next((k for k in cands if mem(k) <= have), 0)
         rule = (f"largest divisor of {g.per_rank} rows per rank with state {static / 2**20:,.1f} MiB + 1.2 x "
                 f"{per_row / 2**20:,.2f} MiB saved activations per row <= {have / 2**30:,.2f} GiB ({what})")
     if world > 1:
         t = torch.tensor([rows], device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         rows = int(t.item())
-    if rows == 0:
-        raise ValueError(f"one row of {model.cfg.seq_len} tokens does not fit in {have / 2**30:,.1f} GiB ({what}) "
-                         "beside the weights and optimizer state: shorten --seq-len, truncate BPTT (--n-loops-bwd) "
-                         "or use a smaller model")
+    need(rows, f"one row of {model.cfg.seq_len} tokens does not fit in {have / 2**30:,.1f} GiB ({what}) beside the "
+         "weights and optimizer state: shorten --seq-len, truncate BPTT (--n-loops-bwd) or use a smaller model")
     return rows, rule
 
 
@@ -705,9 +686,9 @@ def git_info() -> dict:
                                     check=True).stdout
     try:
         dirty = bool(git("status", "--porcelain", "--untracked-files=no").strip())
-        return {"git_commit": git("rev-parse", "HEAD").strip(), "git_dirty": dirty,
-                "git_diff_sha256": hashlib.sha256(git("diff", "HEAD").encode()).hexdigest()[:16] if dirty else None}
-    except (OSError, subprocess.SubprocessError):
+        diff = hashlib.sha256(git("diff", "HEAD").encode()).hexdigest()[:16] if dirty else None
+        return {"git_commit": git("rev-parse", "HEAD").strip(), "git_dirty": dirty, "git_diff_sha256": diff}
+    except (OSError, subprocess.SubprocessError):               # not a checkout, or no git: provenance unknown
         return {"git_commit": None, "git_dirty": None, "git_diff_sha256": None}
 
 
@@ -853,7 +834,7 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
             except (OSError, RuntimeError) as err:          # torch wraps ENOSPC in a RuntimeError
                 kept = f"{ckpt_path} still holds the previous one" if os.path.exists(ckpt_path) else "none was kept"
                 raise OSError(f"could not write the step-{step} checkpoint {ckpt_path}: "
-                              f"{common.write_failure(err, ckpt_path)}; {kept}. Free space, rerun with --resume") from None
+                              f"{common.write_failure(err, ckpt_path)}; {kept}. Free space, then --resume") from None
             if world > 1:
                 dist.barrier()
 
@@ -873,15 +854,14 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
             if world > 1:
                 dist.all_reduce(loss_sum)                       # gloo has no AVG: sum over ranks, divide below
             loss_val = loss_sum.item() / (accum * world)
-            if not math.isfinite(loss_val):
-                kept = f"{ckpt_path} is the last good checkpoint" if os.path.exists(ckpt_path) else "no checkpoint yet"
-                cause = ("the loss is non-finite before any optimizer step, so the learning rate is not the cause: "
-                         "check the model flags (--norm-eps, --logit-softcap, --rope-base, --state-init-std, "
-                         "--vocab-size) and the data" if step == 0 else
-                         "after fixing the cause (a diverging run: e.g. a lower --muonh-lr), rerun with --resume")
-                raise FloatingPointError(f"non-finite training loss {loss_val} at step {step + 1}/{total_steps}; "
-                                         f"stopping before it is checkpointed. {kept}; {cause}")
-            return loss_val
+            if math.isfinite(loss_val):
+                return loss_val
+            kept = f"{ckpt_path} is the last good checkpoint" if os.path.exists(ckpt_path) else "no checkpoint yet"
+            cause = ("the loss is non-finite before any optimizer step, so the learning rate is not the cause: check "
+                     "the model flags (--norm-eps, --logit-softcap, --rope-base, --state-init-std, --vocab-size) and "
+                     "the data" if step == 0 else "after fixing the cause (e.g. a lower --muonh-lr), --resume")
+            raise FloatingPointError(f"non-finite training loss {loss_val} at step {step + 1}/{total_steps}; stopping "
+                                     f"before it is checkpointed. {kept}; {cause}")
 
         # ---- 5. The loop ----------------------------------------------------------------------------------------
         # One optimizer step = accum micro-batches per rank: LR multiplier, forward/backward (grads all-reduce only on
