@@ -117,6 +117,8 @@ VOCAB_DEFAULT = next(f.default for f in dataclasses.fields(ModelConfig) if f.nam
 
 @dataclass
 class TrainConfig:
+    """Flat (style B5): one field per flag, its trailing comment the --help text. Every field is part of the run's
+    identity unless IDENTITY_EXCLUDED names it; every int / float field has a LIMITS row."""
     # horizon: exactly one of the four
     flops_budget: Optional[float] = None    # C in FLOPs; steps = round(C / (F B)) (App. E; architecture §8.3)
     tokens: Optional[int] = None            # D; steps = round(D / B) (matched-token runs)
@@ -486,6 +488,9 @@ def hyperp_reference(cfg, d_ref=None) -> tuple:
 def derive(cfg, tc, world: int) -> SimpleNamespace:
     """Batch geometry (B = rows x T; rows = device_batch x world x accum, style B8), the accounting, the horizon
     (steps, tokens, and the D of the HyperP data factor, unrounded as the release keeps it) and the peak LRs."""
+    # Every optimizer step consumes the next B // T rows of the one global stream (data.md §3), so 1 GPU and 8 GPUs
+    # (or 4 nodes) train on the same tokens; device_batch only trades memory for accumulation steps. Auto (None)
+    # is chosen later among the divisors of the rows per rank, so here only the world size must divide them.
     B, T, r, db = tc.batch_tokens, cfg.seq_len, cfg.n_loops, tc.device_batch or 1
     need(B % T == 0, f"--batch-tokens {B} is not a multiple of --seq-len {T}")
     need((B // T) % (db * world) == 0, f"--batch-tokens {B} is not divisible by device_batch x seq_len x world = "
@@ -767,6 +772,8 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
             raw_model.wte.to(dtype=torch.bfloat16)         # App. C.1: embeddings drawn in fp32, then cast to bf16
         if raw_model.param_split() != (g.n_once, g.n_rec):  # style B7: the module must be what flops.py counts
             raise RuntimeError(f"model.param_split() {raw_model.param_split()} != flops {(g.n_once, g.n_rec)}")
+        # The device batch is measured on the built model (issue 19 §2): the largest that fits, the same global batch
+        # by accumulation, so the trajectory is the fixed-size one's (fp32: to rounding; tests).
         device_batch, db_rule = pick_device_batch(raw_model, tc, g, world, autocast, run.state_bytes)
         accum = g.per_rank // device_batch
         print0(f"  {'device batch':<22} {f'{device_batch} rows x {accum} accum steps':<28} # {db_rule}")
@@ -910,7 +917,9 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
             last_val = evaluate(total_steps)
         if log_file:
             log_file.close()
-        mem_label = "cuda_max_allocated" if device.type == "cuda" else "peak_rss"    # ru_maxrss: KiB on Linux
+        # Peak memory: CUDA's max allocated, or this process's peak RSS (ru_maxrss is in KiB on Linux; the whole
+        # process, so in-process sweeps report their largest run so far).
+        mem_label = "cuda_max_allocated" if device.type == "cuda" else "peak_rss"
         mem = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else resource.getrusage(
             resource.RUSAGE_SELF).ru_maxrss * 1024
         record = {"config": {"model_config": asdict(cfg), "train_config": asdict(tc)}, "identity": run.identity,
@@ -936,6 +945,9 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
                 os.rmdir(out_dir)
 
 
+# The CLI: a refusal (bad input, another run's files, a model that cannot fit) is one line and exit status 2, before
+# any work; a failure while running (a NaN loss, a full disk, out of memory) one line and 1; Ctrl-C 130. The details
+# a developer needs are in the run's log and in tracebacks of in-process callers (runs/mini.sh logs them).
 if __name__ == "__main__":
     mcfg, tcfg = parse_args()
     try:
