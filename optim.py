@@ -233,10 +233,12 @@ def polar_express(G, steps=NS_STEPS, bf16=None):
 
 
 def muonh_update(G, W, M, R, mu, lr, ns_steps=NS_STEPS, bf16=None):
-    """One MuonH step, in place, for a stack of K same-shape matrices: what the release's fused kernel does, op for op.
+    """One MuonH step for a stack of K same-shape matrices: what the release's fused kernel does, op for op.
+    Returns the new weights (K, rows, cols); W itself is not written (inductor 2.13 miscompiles an in-place retraction
+    that reduces over the tensor it writes: KeyError 'buf28' on CPU, the release's kernel included).
 
-    G: (K, rows, cols) gradients, overwritten (it ends as the Nesterov direction); W: (K, rows, cols) weights and
-    M: their momentum, both updated; R: (K, 1, 1) radii ||W_0||_F (fp32; fp64 for fp64 weights).
+    G: (K, rows, cols) gradients, overwritten (it ends as the Nesterov direction); W: (K, rows, cols) weights;
+    M: their momentum, updated in place; R: (K, 1, 1) radii ||W_0||_F (fp32; fp64 for fp64 weights).
     mu, lr: Python floats (the CPU fp32 path: eta applied in fp32, one rounding) or 0-d fp32 CPU tensors (the bf16
     and compiled paths). As tensors they are rounded as the release rounds them: mu to G's dtype, eta and eta U to
     the update's dtype (bf16: 0.014 -> 0.013977), and one compiled graph then serves every LR of the schedule.
@@ -249,8 +251,8 @@ def muonh_update(G, W, M, R, mu, lr, ns_steps=NS_STEPS, bf16=None):
     O = polar_express(N, ns_steps, bf16)                            # (K, rows, cols), bf16 or fp32
     U = O * (R.to(O.dtype) / O.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10))   # ||U_k||_F = R_k
     # W' = W - eta U: a tensor eta as the release rounds it (eta and eta U in U's dtype), a float eta in fp32
-    W.sub_(lr.to(U.dtype) * U) if isinstance(lr, torch.Tensor) else W.sub_(U, alpha=lr)
-    W.mul_(R.to(W.dtype) / W.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10))     # retract: W = R W' / ||W'||_F
+    W = W - lr.to(U.dtype) * U if isinstance(lr, torch.Tensor) else W.sub(U, alpha=lr)
+    return W * (R.to(W.dtype) / W.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10))  # retract: R W' / ||W'||_F
 
 
 # -----------------------------------------------------------------------------
@@ -407,7 +409,7 @@ class MuonHAdamW(torch.optim.Optimizer):
             if self._tensor_scalars:                 # 0-d CPU tensors: the release's rounding, one compiled graph
                 mu, lr = self._mu_t.fill_(mu), self._lr_t.fill_(lr)
             bf16 = W.is_cuda if self.polar_bf16 is None else self.polar_bf16
-            self._update(G, W, M, R.view(-1, 1, 1), mu, lr, group["ns_steps"], bf16)
+            W = self._update(G, W, M, R.view(-1, 1, 1), mu, lr, group["ns_steps"], bf16)
             torch._foreach_copy_(act, list(W.unbind(0)))                       # the weights take the new values
         if self.world == 1:                  # owns the whole stack: nothing to gather (the replicated optimizer)
             return []
