@@ -50,6 +50,7 @@ def main(argv=None):
     lrs = optim.hyperp_lrs(cfg.d_model, cfg.n_loops, tokens=10 ** 8)
     extra = dict(polar_bf16=True, compile=True) if a.compile else dict(polar_bf16=False)
     opt = optim.build_optimizer(model.param_groups(), lrs, **extra)
+    # One batch of random tokens: the ops dispatched do not depend on the token values
     x = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len + 1), generator=torch.Generator().manual_seed(1))
 
     def train_step():
@@ -62,7 +63,7 @@ def main(argv=None):
     step_all, step_top = count(opt.step)                        # the optimizer step alone
     opt.zero_grad(set_to_none=True)
     whole_all, whole_top = count(train_step)                    # fwd + bwd + step + zero_grad
-    groups = model.param_groups()
+    groups = model.param_groups()          # what the optimizer holds: the "matrix" group is MuonH, the rest AdamW
     print(f"op count | {optim.__file__} | s=2 r=4 d={cfg.d_model} layout {'-'.join(map(str, cfg.partition))}, "
           f"{len(groups['matrix'])} MuonH matrices, {sum(len(v) for k, v in groups.items() if k != 'matrix')} "
           f"AdamW tensors | CPU {'bf16, compiled MuonH update' if a.compile else 'fp32 eager'}")
