@@ -3,17 +3,19 @@ train.parse_args with its bash arrays substituted (bash itself expands them unde
 exactly the paper's runs: 116 for the grid (Table 6), 69 / 63 for the case studies (§5), 5 for Table 5, ...
 
 Issue 18: a sweep never decides "finished" from the existence of a done.json (every run goes to train.py --resume,
-here a fake torchrun on PATH that plays train.py's part), and paths with spaces and non-ASCII characters survive every
-script under LC_ALL=C and C.UTF-8.
+here a fake torchrun on PATH that plays train.py's part), mini.sh owns its OUT through common.py claim-dir, and paths
+with spaces and non-ASCII characters survive every script under LC_ALL=C and C.UTF-8.
 
 Run: pytest -q tests/test_runs.py   (bash only, no training except two tiny runs; a stale flag fails here instead
 of in a 116-run sweep)
 """
 import glob
+import hashlib
 import math
 import os
 import shlex
 import subprocess
+import sys
 
 import pytest
 
@@ -321,3 +323,141 @@ def test_slurm_real_tiny_run_in_an_odd_path(tmp_path, tiny_data):
     p = slurm(torn)
     print(f"0-byte done.json: exit {p.returncode}: {[ln for ln in p.stdout.splitlines() if 'error' in ln][-1:]}")
     assert p.returncode != 0 and (torn / "done.json").read_bytes() == b"" and not (torn / "ckpt.pt").exists()
+
+
+# -----------------------------------------------------------------------------
+# Issue 18 §2: runs/mini.sh owns OUT through common.py claim-dir. A `python` shim stops mini.sh at its first data
+# step (after the claim), so these checks cost no training.
+
+MINI_SHIM = f"""#!/bin/sh
+case "$1" in data.py) echo "shim: stopped before data.py" >&2; exit 9 ;; esac
+exec {shlex.quote(sys.executable)} "$@"
+"""
+
+
+def mini(*args, shim=None, env=None, locale="C.UTF-8", timeout=60):
+    full = {**os.environ, "LC_ALL": locale, **(env or {})}
+    if shim:
+        full["PATH"] = f"{shim}:{full['PATH']}"
+    return subprocess.run(["bash", "runs/mini.sh", *args], cwd=ROOT, env=full, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def files(root):
+    """{path: sha256 (None for a folder)} of everything under root (what a refusal must leave as it was)."""
+    out = {}
+    for d, dirs, names in os.walk(root):
+        out.update({os.path.join(d, n): None for n in dirs})
+        out.update({os.path.join(d, n): hashlib.sha256(open(os.path.join(d, n), "rb").read()).hexdigest()
+                    for n in names})
+    return out
+
+
+@pytest.fixture()
+def shim(tmp_path):
+    d = tmp_path / "shim"
+    d.mkdir()
+    (d / "python").write_text(MINI_SHIM)
+    os.chmod(d / "python", 0o755)
+    return str(d)
+
+
+def refused(proc, *needles):
+    lines = proc.stderr.strip().splitlines()
+    print(f"\nexit {proc.returncode}: {lines}")
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("runs/mini.sh: "), proc.stderr
+    assert proc.stdout == "" and all(n in lines[0] for n in needles)
+
+
+@pytest.mark.parametrize("locale", ["C", "C.UTF-8"])
+def test_mini_claims_only_its_own_out(locale, tmp_path, shim):
+    out = tmp_path / WEIRD / "study"
+    proc = mini("--quick", str(out), shim=shim, locale=locale)                 # new: claimed, then the shim stops
+    assert proc.returncode == 9 and "shim: stopped" in proc.stderr
+    assert sorted(os.listdir(out)) == [".nanoloop-mini", "runs"]
+    proc = mini("--quick", str(out), shim=shim, locale=locale)                 # its own, same grid: resumed
+    assert proc.returncode == 9, proc.stderr
+    proc = mini("--quick", "--case", "hc", str(out), shim=shim, locale=locale)  # a case shares the baseline's grid
+    assert proc.returncode == 9, proc.stderr
+    foreign = tmp_path / WEIRD / "foreign"                                     # runs/ and fit outputs it never made
+    (foreign / "runs" / "C3e10_r1_s1").mkdir(parents=True)
+    (foreign / "fit.json").write_text('{"phi": 0.5}\n')
+    (foreign / "report.md").write_text("my notes\n")
+    (tmp_path / "file").write_text("x\n")
+    before = files(tmp_path)
+    refused(mini(str(out), shim=shim, locale=locale), str(out), "another request of mini")   # the full grid
+    refused(mini("--quick", str(foreign), shim=shim, locale=locale), str(foreign), "did not make", "--overwrite")
+    refused(mini("--quick", "--case", "bptt", str(foreign), shim=shim, locale=locale), "did not make")
+    refused(mini("--quick", str(tmp_path / "file"), shim=shim, locale=locale), "is a file")
+    refused(mini("--quick", "a", "b"), "two OUT folders")
+    refused(mini("--quick", "--bogus", str(out)), "unknown flag --bogus")
+    refused(mini("--quick", str(tmp_path / "a\nb")), "newline")
+    assert files(tmp_path) == before                                           # every refusal: nothing touched
+    proc = mini("--quick", "--overwrite", str(foreign), shim=shim, locale=locale)   # asked for: adopted, kept
+    assert proc.returncode == 9 and (foreign / "report.md").read_text() == "my notes\n"
+
+
+def test_mini_resumes_its_study_marked_in_words(tmp_path, shim):
+    """A study an earlier mini.sh made (its marker names the grid in words) resumes; another grid's is refused."""
+    out = tmp_path / "old"
+    (out / "runs").mkdir(parents=True)
+    (out / ".nanoloop-mini").write_text("grid 380655468 (quick)\n")            # what mini.sh wrote before claim-dir
+    proc = mini("--quick", str(out), shim=shim)
+    assert proc.returncode == 9, proc.stderr
+    proc = mini("--quick", str(out), shim=shim)                                 # re-marked by claim-dir: resumed
+    assert proc.returncode == 9, proc.stderr
+    other = tmp_path / "other"
+    (other / "runs").mkdir(parents=True)
+    (other / ".nanoloop-mini").write_text("grid 380655468 (quick)\n")
+    refused(mini(str(other), shim=shim), "holds another mini study", "(quick)", "(full)")
+
+
+def test_mini_claims_of_runs(tmp_path, shim):
+    """An interrupted invocation's claims (RUNS/NAME.claim, with or without its ok mark) are cleared before any
+    work; a claim folder holding a file mini.sh did not put there is refused and kept (it would hide its run)."""
+    out = tmp_path / "study"
+    assert mini("--quick", str(out), shim=shim).returncode == 9
+    (out / "runs" / "C3e10_r1_s1.claim").mkdir()
+    (out / "runs" / "C3e10_r2_s1.claim").mkdir()
+    (out / "runs" / "C3e10_r2_s1.claim" / "ok").write_text("")
+    assert mini("--quick", str(out), shim=shim).returncode == 9 and not any(
+        n.endswith(".claim") for n in os.listdir(out / "runs"))
+    (out / "runs" / "C6e10_r4_s2.claim").mkdir()
+    (out / "runs" / "C6e10_r4_s2.claim" / "keep.txt").write_text("mine\n")
+    before = files(tmp_path)
+    refused(mini("--quick", str(out), shim=shim), "C6e10_r4_s2.claim holds what mini.sh did not put there")
+    assert files(tmp_path) == before
+
+
+@pytest.mark.parametrize("locale", ["C", "C.UTF-8"])
+def test_mini_dry_run_paths_in_any_locale(locale, tmp_path):
+    out = str(tmp_path / WEIRD)
+    proc = mini("--quick", "--dry-run", "--case", "hc", out, locale=locale)
+    lines = [ln for ln in proc.stdout.splitlines() if "train.py" in ln]
+    assert proc.returncode == 0 and len(lines) == 24 + 18
+    for ln in lines:
+        _, tcfg = train.parse_args(shlex.split(ln)[2:])
+        assert tcfg.data == out + "/data" and tcfg.out_dir.startswith(out + "/runs/")
+    assert not os.path.exists(out)                                              # --dry-run writes nothing
+
+
+def test_mini_worker_hands_a_torn_record_to_train(tmp_path, shim, tiny_data):
+    """The launch list the workers read (shlex) carries an OUT with a space and non-ASCII characters under LC_ALL=C,
+    and a 0-byte done.json is not skipped as finished: the first run (largest budget first) reaches train.main with
+    that exact path, which refuses the record; the run is named with its log, mini.sh exits 1, the file is kept."""
+    import shutil
+    out = tmp_path / WEIRD / "study"
+    assert mini("--quick", str(out), shim=shim).returncode == 9                 # claimed by mini.sh itself
+    (out / "tokenizer.model").write_text("(unused: the data below exists)\n")
+    shutil.copytree(tiny_data, out / "data")
+    (out / "runs" / "C6e10_r8_s3").mkdir()
+    (out / "runs" / "C6e10_r8_s3" / "done.json").write_bytes(b"")
+    proc = mini("--quick", str(out), env={"JOBS": "1"}, locale="C", timeout=300)
+    lines = proc.stderr.strip().splitlines()
+    print(f"\nexit {proc.returncode}:\n" + "\n".join(lines))
+    failed = [ln for ln in lines if " failed: " in ln]
+    assert proc.returncode == 1 and failed and failed[0].startswith("runs/mini.sh: run C6e10_r8_s3 failed: ")
+    assert "done.json" in failed[0] and f"(log: {out}/runs/C6e10_r8_s3.log)" in failed[0]
+    assert lines[-1].startswith("runs/mini.sh: a worker failed")
+    assert (out / "runs" / "C6e10_r8_s3" / "done.json").read_bytes() == b""
+    assert not any(n.endswith(".json") for n in os.listdir(out / "runs"))
