@@ -57,8 +57,9 @@ launch() {  # launch RUN_DIR TRAIN_ARGS...: train.py --resume decides (see the h
   # one failure (a refused record or flag, a crash) is counted and named with train.py's one-line reason, and the
   # sweep goes on; the reason is read from what this launch appended to the log (it starts at byte `seen`)
   local seen=0 why
+  if ! mkdir -p -- "$run" 2>/dev/null; then FAILED+=("$run (cannot make this folder: a file in the way?)"); return 0; fi
   [[ -f $run/train.log ]] && seen=$(wc -c < "$run/train.log")
-  { mkdir -p -- "$run" && "${cmd[@]}" 2>&1 | tee -a -- "$run/train.log"; } || rc=$?
+  "${cmd[@]}" 2>&1 | tee -a -- "$run/train.log" || rc=$?
   if (( rc )); then
     why=$(tail -c +$((seen + 1)) -- "$run/train.log" 2>/dev/null | grep -a 'train.py: error: ' | tail -n 1) || true
     FAILED+=("$run (exit $rc${why:+: ${why#*train.py: error: }})")

@@ -115,5 +115,5 @@ if [[ -n "${SLURM_JOB_ID:-}" ]]; then                     # one torchrun per nod
 fi
 if (( DRY_RUN )); then shell_line ${launcher[@]+"${launcher[@]}"} "${cmd[@]}"; exit 0; fi
 [[ -L $OUT_DIR/train.log ]] && die "$OUT_DIR/train.log is a link; move it away (the log is never appended through one)"
-mkdir -p -- "$OUT_DIR"
+mkdir -p -- "$OUT_DIR" 2>/dev/null || die "--out-dir $OUT_DIR: cannot make this folder (a file in the way, or not writable)"
 ${launcher[@]+"${launcher[@]}"} "${cmd[@]}" 2>&1 | tee -a -- "$OUT_DIR/train.log"   # train.py decides finish/resume

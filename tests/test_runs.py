@@ -247,9 +247,14 @@ def test_sweep_stops_on_interrupt_and_refuses_link_and_odd_out(tmp_path):
     argvs = [argv for _, argv in launches(proc.stdout.splitlines())]
     assert proc.returncode == 0 and [out_dir(a) for a in argvs] == ["./-x/s34_r1", "./-x/s34_r4"]
     assert [parse("", a)[1].out_dir for a in argvs] == ["./-x/s34_r1", "./-x/s34_r4"]
+    (tmp_path / "ext").mkdir()
+    (tmp_path / "ext" / "s34_r1").write_text("a file where a run folder goes\n")
+    proc = sweep("extrapolate.sh", env={**env, "OUT": str(tmp_path / "ext")})       # counted failed; the next runs
+    assert proc.returncode == 1 and "2 runs: 1 finished, 1 failed" in proc.stdout and "cannot make" in proc.stderr
+    assert (tmp_path / "ext" / "s34_r1").read_text() == "a file where a run folder goes\n"
     proc = sweep("extrapolate.sh", env={**env, "OUT": str(tmp_path / "a\nb")})
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "newline" in proc.stderr
-    assert proc.stdout == "" and len(open(env["FAKE_CALLS"]).read().splitlines()) == 3   # nothing launched
+    assert proc.stdout == "" and len(open(env["FAKE_CALLS"]).read().splitlines()) == 4   # nothing launched
 
 
 # -----------------------------------------------------------------------------
@@ -283,6 +288,9 @@ def test_slurm_sweep_leaves_finished_to_train_py_and_keeps_paths(tmp_path):
     p = subprocess.run(["bash", "runs/slurm.sh", "--dry-run", "--steps", "2", "--out-dir", str(grid)], cwd=ROOT,
                        env={**os.environ, "LC_ALL": "C"}, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and shlex.split(p.stdout)[-2:] == [str(grid), "--resume"]
+    p = subprocess.run(["bash", "runs/slurm.sh", "--steps", "2", "--out-dir", str(tmp_path / "--partition=gpuA")],
+                       cwd=ROOT, env=os.environ, capture_output=True, text=True, timeout=60)   # a file in the way
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "cannot make this folder" in p.stderr
     for bad in ({"NPROC": "abc"}, {"NPROC": "0"}, {"MASTER_PORT": "99999"}, {"MASTER_PORT": "x"}):
         for args in (["--dry-run", "--steps", "2"], ["--sweep", "runs/grid.sh", "--dry-run"]):
             if "MASTER_PORT" in bad and "--sweep" in args:
