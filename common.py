@@ -64,6 +64,7 @@ def fail(prog: str, err) -> typing.NoReturn:
 
 
 def _bounds(interval: str) -> tuple:
+    # "[0, inf)" -> (0.0, inf): float() reads "inf" and "-inf", so an open-ended range needs no special case
     lo, hi = (float(b) for b in interval[1:-1].split(","))
     return lo, hi
 
@@ -73,11 +74,13 @@ def check_number(v, interval: str, what: str = "") -> typing.Optional[str]:
     if v is None:
         return None
     about = f" ({what})" if what else ""
+    # bool is an int subclass in Python: True would pass as 1, so a JSON `true` in a numeric field is refused
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return f"must be a number in {interval}{about}, got {v!r}"
     if not math.isfinite(v):
         return f"must be a finite number in {interval}{about}, got {v}"
     lo, hi = _bounds(interval)
+    # nan fails every comparison, which is why finiteness is checked first; the brackets decide the end points
     if v < lo or v > hi or (interval[0] == "(" and v == lo) or (interval[-1] == ")" and v == hi):
         return f"must be in {interval}{about}, got {v:g}"
     return None
@@ -98,6 +101,7 @@ def parse_int(text: str) -> int:
 
 
 def parse_float(text: str) -> float:
+    """A float; the range (and finiteness) check is number()'s, so "inf" parses here and is refused there."""
     try:
         return float(text)
     except ValueError:
@@ -105,6 +109,7 @@ def parse_float(text: str) -> float:
 
 
 def parse_bool(text: str) -> bool:
+    """The spellings a shell user types for a boolean flag; anything else is an error, never a silent False."""
     if text.lower() in ("1", "true", "yes", "on"):
         return True
     if text.lower() in ("0", "false", "no", "off"):
@@ -330,6 +335,8 @@ def request_key(tool: str, request) -> str:
 
 
 def _ledger(folder: str) -> dict:
+    """The folder's ledger, {name: [request key, inode, size, mtime_ns]}; an absent or unreadable ledger is empty,
+    which only ever makes a tool more careful (nothing counts as its own)."""
     try:
         with open(os.path.join(folder, LEDGER), "rb") as fh:
             led = json.loads(fh.read())
@@ -339,6 +346,8 @@ def _ledger(folder: str) -> dict:
 
 
 def _stamp(path: str) -> list:
+    # inode + size + mtime: a file copied, moved or edited over ours changes at least one of them, and reading
+    # three numbers costs nothing next to hashing a multi-GB checkpoint at every save
     st = os.stat(path)
     return [st.st_ino, st.st_size, st.st_mtime_ns]
 
@@ -407,6 +416,7 @@ LOCK_RE = re.compile(r"pid (\d+) host (\S+)")
 
 
 def _holder_alive(text: str) -> bool:
+    """Without flock, whether the lock's holder ("pid P host H") still runs: signal 0 tests a pid on this host."""
     m = LOCK_RE.fullmatch(text)
     if not m or m.group(2) != socket.gethostname():
         return True                                 # another host's holder cannot be checked: assume it lives
@@ -428,6 +438,7 @@ def acquire_lock(folder: str, name: str = "train.lock") -> int:
     try:
         os.makedirs(folder, exist_ok=True)
         while True:
+            # O_NOFOLLOW: a link planted at the lock's name is never followed into someone else's file
             fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
             previous = os.read(fd, 256).decode(errors="replace").strip()
             if previous and not LOCK_RE.fullmatch(previous):
@@ -505,6 +516,8 @@ def print0(*args, **kwargs):
 # The shell's door to the same mechanisms (runs/*.sh): claim-dir.
 
 if __name__ == "__main__":
+    # One verb for now: runs/mini.sh and runs/bench.sh claim their OUT through it, so the shell scripts and the
+    # Python tools refuse a foreign folder by the same rule and with the same one-line message.
     p = Parser(prog="common.py", description="plumbing for runs/*.sh")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser)
     c = sub.add_parser("claim-dir", help="adopt / resume / refuse a folder a script owns whole")
