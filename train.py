@@ -83,7 +83,7 @@ from common import print0
 from data import PackedLoader, load_tokenizer, read_meta
 from eval import load_checkpoint, load_weights, read_checkpoint, val_loss
 from model import ATTN_BACKENDS, LoopedGPT, ModelConfig, resolve_attention
-from optim import build_optimizer, hyperp_lrs, lr_multiplier, reference_tokens, set_lr_multiplier
+from optim import build_optimizer, hyperp_lrs, lr_multiplier, reference, set_lr_multiplier
 
 REPO_DIR = os.path.dirname(os.path.abspath(__file__))
 CKPT_NAME = "ckpt.pt"      # out_dir/ckpt.pt: the latest good checkpoint, replaced atomically
@@ -473,18 +473,6 @@ def accounting(cfg) -> tuple:
     return (*flops.param_split(**arch), F)
 
 
-def hyperp_reference(cfg, d_ref=None) -> tuple:
-    """(reference width for the width factor, D_ref) of HyperP (optimizer §2.3): the s = 10 model at the run's own
-    aspect ratio and depth (the release builds it from the run's aspect ratio), D_ref = 10 x its effective params at
-    THIS run's r, its width rounded up to head_dim as the release rounds it. Paper grid: 640 and D_ref = 983,315,200
-    (r=1), 606,380,800 / 1,016,083,200 / 1,835,488,000 (r = 2 / 4 / 8). d_ref: the --d-ref override."""
-    width = 10 * cfg.aspect_ratio
-    if d_ref is None:
-        d_ref = reference_tokens(cfg.n_loops, d_model=-(-width // cfg.head_dim) * cfg.head_dim, n_layers_eff=cfg.
-                                 n_layers_eff, n_layers_prelude=cfg.n_layers_prelude, n_layers_coda=cfg.n_layers_coda)
-    return width, d_ref
-
-
 def derive(cfg, tc, world: int) -> SimpleNamespace:
     """Batch geometry (B = rows x T; rows = device_batch x world x accum, style B8), the accounting, the horizon
     (steps, tokens, and the D of the HyperP data factor, unrounded as the release keeps it) and the peak LRs."""
@@ -514,8 +502,11 @@ def derive(cfg, tc, world: int) -> SimpleNamespace:
     except ValueError as err:
         raise ValueError(f"horizon: {err} (one step of B = {B:,} tokens costs F B = {F * B:.4g} FLOPs)") from None
     # Peak LRs: eta_base through HyperP's width / batch / data corrections (App. D.2), computed once from (d, D, B, r);
-    # a resume restores the schedule position and never re-applies a factor (optimizer.md §6.7).
-    width_ref, d_ref = hyperp_reference(cfg, tc.d_ref)
+    # a resume restores the schedule position and never re-applies a factor (optimizer.md §6.7). The reference (its
+    # width and D_ref: the s = 10 model at the run's aspect ratio and depth, counted at THIS r) is optim.py's.
+    width_ref, d_ref = reference(r, cfg.aspect_ratio, cfg.head_dim, cfg.n_layers_eff, cfg.n_layers_prelude,
+                                 cfg.n_layers_coda)
+    d_ref = d_ref if tc.d_ref is None else tc.d_ref
     lrs = hyperp_lrs(cfg.d_model, r, tokens=lr_tokens, batch_tokens=B, base_lr=tc.muonh_lr, d_ref=d_ref,
                      d_model_ref=width_ref, batch_ref=tc.lr_batch_ref)
     return SimpleNamespace(B=B, batch_rows=B // T, per_rank=B // T // world, n_once=n_once, n_rec=n_rec, F=F,
