@@ -323,10 +323,10 @@ def check_data(cfg, tc, init_tok_hash) -> tuple:
                                 identity=data_identity(tc.data))
 
 
-def out_dir_state(tc, seen: dict, identity: dict) -> tuple:
-    """(status, record, checkpoint) of what out_dir holds for this run: "finished" with its done.json, "resume" with
-    its ckpt.pt, or "fresh". Either file counts as this run's only if it records this run's identity, and using one
-    needs --resume (--plan only reports). A 0-byte, torn or foreign done.json is never taken for "finished"."""
+def out_dir_state(tc, seen: dict) -> tuple:
+    """(status, what out_dir holds): ("finished", its done.json), ("resume", its ckpt.pt) or ("fresh", None), read
+    and checked as files before anything else is (a 0-byte or torn done.json is refused at once, never taken for
+    "finished"). Using either needs --resume (--plan only reports); preflight then compares its run identity."""
     done_path, ckpt_path = (os.path.join(tc.out_dir, n) for n in (DONE_NAME, CKPT_NAME))
     which = DONE_NAME if seen[DONE_NAME] is not None else CKPT_NAME if seen[CKPT_NAME] is not None else None
     need(not which or tc.resume or tc.plan, f"{done_path} exists: this run is finished. Pick another --out-dir (or "
@@ -337,14 +337,10 @@ def out_dir_state(tc, seen: dict, identity: dict) -> tuple:
             rec = common.read_json(done_path, {"val_loss": (float, "(0, inf)"), "identity": (dict, None)})
         except ValueError as err:
             raise ValueError(f"{done_path} is not a train.py record ({err}); move it away to train again") from None
-        same_run(rec.get("identity"), identity, done_path)
-        common.require(rec, ("val_loss", "steps", "tokens"), done_path)
-        return "finished", rec, None
-    if which == CKPT_NAME:
-        ckpt = read_checkpoint(ckpt_path, [k for k in CKPT_KEYS if k != "identity"])  # one-line errors for bad files
-        same_run(ckpt.get("identity"), identity, ckpt_path)
-        return "resume", None, ckpt
-    return "fresh", None, None
+        return "finished", rec
+    if which == CKPT_NAME:                           # one-line errors for a truncated, foreign or incomplete file
+        return "resume", read_checkpoint(ckpt_path, [k for k in CKPT_KEYS if k != "identity"])
+    return "fresh", None
 
 
 def agree_on_out_dir(out_dir: str, world: int) -> dict:
@@ -431,12 +427,15 @@ def preflight(model_cfg, tc, world: int, device) -> SimpleNamespace:
     if not tc.plan:
         common.check_dir_writable(tc.out_dir, "--out-dir")
     hook, cfg, init_state, init_tok, init_id, facts = fault_hook(), model_cfg, None, None, None, None
+    with_data = not tc.plan or os.path.isdir(tc.data)   # --plan needs no data; with it, it reports the out-dir's state
+    status, held = out_dir_state(tc, agree_on_out_dir(tc.out_dir, world)) if with_data else (
+        "unknown (--plan without a prepared --data)", None)   # rank 0's view decides; all ranks must agree
     if tc.init_from:
         cfg, init_state, init_tok = init_architecture(model_cfg, tc.init_from)
         init_id = weights_identity(init_state)
         print0(f"init-from {tc.init_from}: weights and architecture from the checkpoint (d_model {cfg.d_model}, r "
                f"{cfg.n_loops}, layout {'-'.join(map(str, cfg.partition))}, {cfg.injection}); fresh optimizer, step 0")
-    if not tc.plan or os.path.isdir(tc.data):
+    if with_data:
         cfg, facts = check_data(cfg, tc, init_tok)
     # precision, attention and compile, resolved once (a forced backend that cannot run is an error here)
     use_bf16 = (device.type == "cuda") if tc.precision is None else tc.precision == "bf16"
@@ -449,10 +448,14 @@ def preflight(model_cfg, tc, world: int, device) -> SimpleNamespace:
     need(state <= have or tc.plan, f"the model does not fit: {n_params_all(cfg, g):,} parameters (d_model "
          f"{cfg.d_model}, l_eff {cfg.n_layers_eff}, vocab {cfg.vocab_padded:,} padded) need {state / 2**30:,.1f} GiB "
          f"for weights, gradients and optimizer state, more than the {have / 2**30:,.1f} GiB of {what}")
-    identity, status, record, ckpt = None, "unknown (--plan without a prepared --data)", None, None
+    identity = None
     if facts is not None:
         identity = run_identity(cfg, tc, facts.identity, init_id, "bf16" if use_bf16 else "fp32", attn, use_compile)
-        status, record, ckpt = out_dir_state(tc, agree_on_out_dir(tc.out_dir, world), identity)
+    if held is not None:                     # a record or checkpoint is this run's only if its identity is (rule 1)
+        path = os.path.join(tc.out_dir, DONE_NAME if status == "finished" else CKPT_NAME)
+        same_run(held.get("identity"), identity, path)
+        common.require(held, ("val_loss", "steps", "tokens") if status == "finished" else (), path)
+    record, ckpt = (held, None) if status == "finished" else (None, held)
     if not tc.plan and status != "finished":
         check_disk(tc, g, cfg, ckpt["step"] if ckpt else 0)
     return SimpleNamespace(cfg=cfg, tc=tc, g=g, facts=facts, identity=identity, status=status, record=record,

@@ -456,7 +456,7 @@ def test_mini_keeps_files_it_did_not_create(tmp_path):
     (x / "data" / "important.txt").write_text("do not delete\n")
     before = snapshot(tmp_path)
     proc = mini("--quick", str(x))
-    mini_error(proc, 1, str(x), "not made by mini.sh")
+    mini_error(proc, 2, str(x), "holds files this tool did not make")
     assert_untouched(before, snapshot(tmp_path))
     assert sorted(os.listdir(x)) == ["data"]
 
@@ -473,7 +473,7 @@ def test_mini_out_is_a_file_or_empty(case, tmp_path):
     (tmp_path / "f").write_text("a user's file\n")
     before = snapshot(tmp_path)
     proc = mini("--quick", str(tmp_path / "f") if case == "file" else "")
-    mini_error(proc, 1 if case == "file" else 2, "OUT")
+    mini_error(proc, 2, "OUT")
     assert_untouched(before, snapshot(tmp_path))
 
 
@@ -485,7 +485,7 @@ def test_mini_never_mixes_two_grids_in_one_out(tmp_path):
     (out / ".nanoloop-mini").write_text("grid 380655468 (quick)\n")
     before = snapshot(tmp_path)
     proc = mini(str(out))                                            # the full grid into the quick study's folder
-    mini_error(proc, 1, str(out), "holds another mini study", "(quick)", "(full)")
+    mini_error(proc, 2, str(out), "holds another mini study", "(quick)", "(full)")
     assert_untouched(before, snapshot(tmp_path))
 
 
@@ -505,12 +505,13 @@ def test_mini_failed_worker_stops_the_others_and_is_named(tmp_path, tiny_data):
     """A grid whose data does not fit (seq_len 32 vs the grid's 128): the first worker to fail names its run and
     log, the other worker is stopped, the script exits 1; the OUT path has a space in it."""
     out = tmp_path / "mini study"
-    (out / "runs").mkdir(parents=True)                           # the layout an earlier mini.sh leaves: adopted
+    (out / "runs").mkdir(parents=True)                           # an earlier mini.sh's layout, adopted with
+                                                                 # --overwrite (nothing is deleted)
     (out / "tokenizer.model").write_text("(unused: the data below exists)\n")
     shutil.copytree(tiny_data, out / "data")
     before = snapshot(tmp_path)
     t = time.time()
-    proc = mini("--quick", str(out), env={"JOBS": "2"}, timeout=600)
+    proc = mini("--quick", "--overwrite", str(out), env={"JOBS": "2"}, timeout=600)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     print(f"\nexit {proc.returncode} after {time.time() - t:.0f} s:\n" + "\n".join(lines))
     assert proc.returncode == 1 and "Traceback" not in proc.stdout + proc.stderr
