@@ -444,3 +444,17 @@ def test_peak_flops_table_matches_the_most_specific_device(name, want):
     peak, rule = train.peak_flops(tc, name)
     print(f"\n{name!r} -> {peak} ({rule})")
     assert peak == want and (peak or "n/a" in rule)
+
+
+def test_evaluation_runs_in_the_runs_precision(tiny_data, tmp_path, monkeypatch):
+    """An fp32 run is evaluated in fp32 on CUDA too (issue 19 §4): train.py passes its precision to val_loss, and
+    eval's autocast follows it whatever the device."""
+    import contextlib
+    import eval as E
+    seen, real = [], train.val_loss
+    monkeypatch.setattr(train, "val_loss", lambda *a, **k: seen.append(k.get("bf16")) or real(*a, **k))
+    run(tiny_argv(tiny_data, tmp_path / "fp32", "--steps", "1"))
+    run(tiny_argv(tiny_data, tmp_path / "bf16", "--steps", "1", "--precision", "bf16"))
+    assert seen == [False, True]
+    assert isinstance(E._autocast(torch.device("cuda"), bf16=False), contextlib.nullcontext)
+    assert isinstance(E._autocast(torch.device("cpu"), bf16=True), torch.autocast)
