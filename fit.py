@@ -17,20 +17,21 @@ Run:
     python fit.py --cases out/mini                           # case table + figures of out/mini/case_*/ in report.md
     python fit.py --csv c.csv --law chinchilla --out out/c   # plain Eq. 2 fits on n_params,tokens,val_loss[,group]
     python fit.py --synthetic synth.csv --phi 0.46 --noise 0.01 --seed 0   # the 116-run grid drawn from Eq. 3
-    python fit.py --bench                                    # full-protocol time vs a naive scipy baseline
     add --overwrite to replace a different earlier fit in --out (the same request may always rewrite its own)
 Test: python -m pytest -q tests/test_fit.py tests/test_hostile_fit.py
 Read in this order: objective -> _screen -> fit_law -> bootstrap_phi -> optimal_width -> run_protocol -> assess
 -> main.
 Not here: parameter / FLOP / token accounting (flops.py), training (train.py).
 
-What it promises (issue 12): bad input (a value out of range, a malformed CSV or done.json, an n_loops flops.py cannot
-count, an --out that is a file) is one error line naming file and line, before any fit. A fit the data cannot
-support is flagged -- on_bound, low_r2, single_budget, few_runs, few_resamples, unfinished_runs, ... -- on the phi
-line, at the top of report.md and in fit.json["flags"]; where no fit is meaningful (equal losses, one r for the joint
-law) it is refused. --out is written as one set (figures and report rendered in memory first, fit.json renamed in
-last); a folder holding a different fit's outputs is refused unless --overwrite, which also removes that fit's
-outputs the new one does not write. Only the files in OUTPUTS are ever replaced or removed.
+What it promises (issues 12, 18): bad input (a value out of range, a malformed CSV or done.json, an n_loops flops.py
+cannot count, an --out that is a file) is one error line naming file, line and key, before any fit; done.json and
+CSV rows are checked against one table, LIMITS. A fit the data cannot support is flagged -- on_bound, low_r2,
+single_budget, few_runs, few_resamples, unfinished_runs, ... -- on the phi line, at the top of report.md and in
+fit.json["flags"]; where no fit is meaningful (equal losses, one r for the joint law) it is refused. fit.json records
+which runs it fitted (run folders, per-run keys and their digest), so --cases can refuse a delta-phi taken against
+another runs folder. Outputs go through common.py's atomic writer and ownership ledger: a file fit.py did not write
+for this same request is replaced only with --overwrite; --out is written as one set (every temporary first,
+fit.json renamed in last).
 
 Speed (paper protocol = 9 point fits x 500 restarts + 200 bootstrap refits; naively ~20 min of serial scipy): all
 500 starts of a fit run at once in a vectorised projected BFGS (the "screen"), then scipy L-BFGS-B polishes the best
@@ -51,13 +52,13 @@ import io
 import json
 import math
 import sys
-import tempfile
 import time
 import warnings
 
 import numpy as np
 from scipy.optimize import minimize, minimize_scalar
 
+import common
 import flops
 
 # -----------------------------------------------------------------------------
@@ -81,22 +82,34 @@ POLISH_OPTS = {"maxiter": MAXITER, "maxfun": 4 * MAXITER, "ftol": 1e-15, "gtol":
 
 REQUIRED = ("flops_budget", "n_loops", "n_once", "n_rec", "tokens", "val_loss")   # joint-law inputs per run
 CHIN_REQUIRED = ("n_params", "tokens", "val_loss")                                # --law chinchilla inputs
-ARCH_KEYS = ("n_layers_eff", "n_layers_prelude", "n_layers_coda", "injection", "hc_lanes")   # flops.param_split
-FLOP_KEYS = ARCH_KEYS + ("n_loops_bwd", "seq_len", "vocab_size")                             # flops.flops_per_token
-# Plausible ranges of the inputs (project, rule 5 of issue 12): far beyond any training run (frontier runs are
-# ~1e26 FLOPs, ~3e13 tokens, ~2e12 parameters; a final loss is a few nats), yet they catch a column in the wrong unit
-# or a typo (tokens = 1e300) before it reaches a logarithm
-RANGES = {"flops_budget": (0.0, 1e30), "tokens": (1.0, 1e16), "N": (1.0, 1e15), "val_loss": (0.0, 100.0)}
-MAX_LOOPS = 1024
+# The allowed values of every number a run record or CSV row carries, in common.py's interval notation; done.json
+# (through common.read_json), CSV rows and --loops are checked against this one table. The ranges are far beyond any
+# training run (frontier runs are ~1e26 FLOPs, ~3e13 tokens, ~2e12 parameters; a final loss is a few nats), yet they
+# catch a column in the wrong unit or a typo (tokens = 1e300) before it reaches a logarithm. flops_budget and
+# n_loops are train.py's LIMITS (a test checks they agree); INTEGERS must also be whole numbers.
+LIMITS = {"flops_budget": ("(0, 1e30]", "FLOPs"), "n_loops": ("[1, 16]", "recurrences r"),
+          "n_once": ("[0, 1e15]", "parameters: a count, not millions"),
+          "n_rec": ("[1, 1e15]", "parameters: a count, not millions"),
+          "n_params": ("[1, 1e15]", "parameters: a count, not millions"),
+          "tokens": ("[1, 1e16]", "training tokens: a count, not billions"), "val_loss": ("(0, 100]", "nats"),
+          "d_model": ("[1, 1e9]", "width"), "scale": ("[1, 1e9]", "width multiplier s"),
+          "aspect_ratio": ("[1, 1e9]", "d_model / s")}
+INTEGERS = ("n_loops", "d_model", "scale", "aspect_ratio")
+DONE_SCHEMA = {**{k: (int if k in INTEGERS else (int, float), iv) for k, (iv, _) in LIMITS.items()},
+               "case": (str, None), "config": (dict, None), "identity": (dict, None)}
 # When a fit is flagged (rule 6 of issue 12): the flags go next to phi on stdout, in report.md and in fit.json
 R2_LOW = 0.9                      # R^2 (raw nats) below this: the law explains too little (paper: 0.97-0.99)
 NEAR_BOUND = 1e-3                 # a parameter within this fraction of its box width of a bound counts as on it
 RUNS_PER_PARAM = 2                # fewer runs than 2 per fitted parameter: the optimum is barely determined
 MIN_CI_RESAMPLES = 100            # a 95% interval from fewer resamples rests on its 2-3 most extreme draws
-UNFINISHED = ("ckpt.pt", "log.jsonl")   # train.py's files: a folder holding one of them but no done.json never finished
-# Every file fit.py writes into --out; only these are ever replaced or removed there (a new figure is added here)
+# A run folder holding one of these but no done.json never finished: train.py's checkpoint and log, and the
+# train.log a sweep (runs/launch.bash) leaves when a cell fails at start-up
+UNFINISHED = ("ckpt.pt", "log.jsonl", "train.log")
+# Every file fit.py writes into --out; only these are ever replaced or removed there (a new figure is added here),
+# and the files --cases writes into its folder
 OUTPUTS = ("fit.json", "report.md", "iso_flops.png", "pred_vs_actual.png", "frontier.png", "phi.png",
            "loop_sweep.png")
+CASES_OUTPUTS = ("report.md", "cases.png", "cases_loops.png")
 
 # Synthetic truth (fitting.md §7-8): alpha, beta, E and phi are the paper's joint fit (Table 2); A and B are not
 # printed there, so they are chosen (derived) to put the grid's losses at 2.29-2.98 nats like Fig. 2, with the r=1
@@ -117,17 +130,14 @@ def _is_baseline(case):
     return case in (None, "", "baseline")
 
 
-def _model_config(rec):
-    """The ModelConfig fields of a done.json record: config may be flat or nested ({"model": {...}, ...})."""
-    cfg = rec.get("config")
-    if not isinstance(cfg, dict):
-        return {}
-    if "n_layers_eff" in cfg:
-        return cfg
-    for sub in cfg.values():
-        if isinstance(sub, dict) and "n_layers_eff" in sub:
-            return sub
-    return {}
+def _configs(rec):
+    """(ModelConfig fields, TrainConfig fields) of a done.json record: config is flat, or nested as train.py writes
+    it ({"model_config": {...}, "train_config": {...}}; any sub-dict holding n_layers_eff is the model's)."""
+    cfg = rec.get("config") or {}
+    subs = [v for v in cfg.values() if isinstance(v, dict)]
+    model = cfg if "n_layers_eff" in cfg else next((s for s in subs if "n_layers_eff" in s), {})
+    train = cfg["train_config"] if isinstance(cfg.get("train_config"), dict) else cfg
+    return model, train
 
 
 def _walk_error(err):
@@ -136,56 +146,58 @@ def _walk_error(err):
 
 
 def _read_sweep(path):
-    """The test-time loop sweep eval.py --n-loops-sweep wrote beside a run ([{n_loops, val_loss}, ...]), or None."""
-    try:
-        with open(path) as fh:
-            curve = json.load(fh).get("n_loops_sweep")
-    except (OSError, ValueError, AttributeError):
-        return None                               # no eval.json, or one without a sweep: nothing to report
-    ok = isinstance(curve, list) and all(isinstance(p, dict) and {"n_loops", "val_loss"} <= set(p) for p in curve)
-    return curve if ok and curve else None
-
-
-def _read_json_object(path):
-    """The JSON object in path (done.json, fit.json); a ValueError naming the file for anything else."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            obj = json.load(fh)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}:{err.lineno}: not valid JSON ({err.msg}, column {err.colno})") from None
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{path}: not UTF-8 text (byte {err.start})") from None
-    except OSError as err:
-        raise ValueError(f"{path}: cannot read ({err.strerror})") from None
-    if not isinstance(obj, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(obj).__name__}")
-    return obj
+    """The test-time loop sweep eval.py --n-loops-sweep wrote beside a run ([{n_loops, val_loss}, ...]), or None
+    when there is no eval.json or it holds no sweep. A sweep that is there is checked: a torn or hand-edited one is
+    an error naming the file, not a curve that silently vanishes from the report."""
+    if not os.path.isfile(path):
+        return None
+    curve = common.read_json(path).get("n_loops_sweep")
+    if not curve:
+        return None
+    if not (isinstance(curve, list) and all(
+            isinstance(p, dict) and type(p.get("n_loops")) is int and p["n_loops"] >= 1 and "val_loss" in p
+            and common.check_number(p["val_loss"], LIMITS["val_loss"][0]) is None for p in curve)):
+        raise ValueError(f"{path}: n_loops_sweep must be a list of {{n_loops >= 1, val_loss in "
+                         f"{LIMITS['val_loss'][0]}}} entries, as eval.py --n-loops-sweep writes it")
+    return curve
 
 
 def load_records(runs_dir):
-    """Every done.json under runs_dir (recursively), as dicts with a "source" key. ValueError if none."""
+    """Every done.json under runs_dir (recursively), as dicts with "source" (the file, named in every error about
+    the run), "run_dir" (its folder relative to runs_dir), "arch" (its flops.py accounting arguments beyond d_model
+    and n_loops), "aspect_ratio" and "n_loops_sweep". Each record is checked as it is read: DONE_SCHEMA (the types
+    and LIMITS), its config's accounting, and its n_loops, flops_budget and case against its own config (a
+    hand-edited field is one line naming the file and key). ValueError if none is found."""
     if not os.path.isdir(runs_dir):
         raise ValueError(f"runs directory {runs_dir!r} does not exist" if not os.path.exists(runs_dir) else
                          f"runs directory {runs_dir!r} is not a folder")
     recs = []
     for root, _, files in sorted(os.walk(runs_dir, onerror=_walk_error)):
-        if "done.json" in files:
-            path = os.path.join(root, "done.json")
-            rec = _read_json_object(path)
-            rec["source"] = path                   # named in every error message about this run
-            mcfg = _model_config(rec)
-            # the architecture the run trained (mini study: small d, vocab ~2k, seq_len 128) -- used for the N check
+        if "done.json" not in files:
+            continue
+        path = os.path.join(root, "done.json")
+        rec = common.read_json(path, DONE_SCHEMA)
+        mcfg, tcfg = _configs(rec)
+        try:
+            # the architecture the run trained (mini study: small d, vocab ~1k, seq_len 128) -- used for the N check
             # and by the compute-optimal solver, so the frontier never assumes the paper's constants
-            rec["arch"] = {k: mcfg[k] for k in FLOP_KEYS if k in mcfg}
-            for k, v in rec["arch"].items():          # counts flops.py multiplies: plain, bounded integers
-                if k != "injection" and v is not None and (isinstance(v, bool) or not isinstance(v, int)
-                                                           or not 0 <= v <= 10 ** 7):
-                    raise ValueError(f"{path}: config {k}={v!r} must be an integer in [0, 1e7]")
-            rec["aspect_ratio"] = _count(path, "aspect_ratio", mcfg.get("aspect_ratio", flops.ASPECT_RATIO))
-            if "d_model" not in rec and "scale" in rec:
-                rec["d_model"] = rec["aspect_ratio"] * _count(path, "scale", rec["scale"])
-            rec["n_loops_sweep"] = _read_sweep(os.path.join(root, "eval.json"))
-            recs.append(rec)
+            acc = flops.accounting_args(mcfg)
+        except ValueError as err:
+            raise ValueError(f"{path}: config {err}") from None
+        for key, cfg in (("n_loops", mcfg), ("flops_budget", tcfg), ("case", tcfg)):
+            mine, theirs = rec.get(key), cfg.get(key, rec.get(key))
+            if key == "case":
+                mine, theirs = mine or "", theirs or ""          # train.py writes no case key for the main grid
+            if mine != theirs:
+                raise ValueError(f"{path}: key {key!r} is {mine!r:.40} but the record's config says {theirs!r:.40}: "
+                                 "the record was edited or mixed up; restore it or rerun the run")
+        rec.update(source=path, run_dir=os.path.relpath(root, runs_dir),
+                   arch={k: v for k, v in acc.items() if k not in ("d_model", "n_loops")},
+                   aspect_ratio=mcfg.get("aspect_ratio", flops.ASPECT_RATIO),
+                   n_loops_sweep=_read_sweep(os.path.join(root, "eval.json")))
+        if "d_model" not in rec and "scale" in rec:
+            rec["d_model"] = rec["aspect_ratio"] * rec["scale"]
+        recs.append(rec)
     if not recs:
         left = unfinished_runs(runs_dir)
         raise ValueError(f"no done.json found under {runs_dir!r}"
@@ -195,24 +207,13 @@ def load_records(runs_dir):
 
 
 def unfinished_runs(runs_dir):
-    """Run folders under runs_dir that hold a checkpoint or a log but no done.json: killed, failed or still
-    training. fit.py reads only done.json, so these are silently absent from the fit unless they are named."""
+    """Run folders under runs_dir that hold a checkpoint or a log (UNFINISHED) but no done.json: killed, failed at
+    start-up or still training. fit.py reads only done.json, so these are absent from the fit unless named."""
     out = []
     for root, _, files in sorted(os.walk(runs_dir, onerror=_walk_error)):
         if "done.json" not in files and any(f in files for f in UNFINISHED):
             out.append(os.path.relpath(root, runs_dir))
     return out
-
-
-def _count(source, key, val):
-    """A positive integer config value (scale, d_model, aspect_ratio) of a record or row, or a one-line error."""
-    try:
-        x = float(val)
-        if isinstance(val, bool) or not (x >= 1 and x == int(x) and x < 1e9):
-            raise ValueError
-    except (TypeError, ValueError, OverflowError):
-        raise ValueError(f"{source}: {key}={val!r} must be a positive integer") from None
-    return int(x)
 
 
 def load_csv(path):
@@ -226,23 +227,20 @@ def load_csv(path):
         # utf-8-sig: a spreadsheet's byte-order mark would otherwise glue itself to the first column's name
         with open(path, newline="", encoding="utf-8-sig") as fh:
             reader = csv.reader(fh, strict=True)   # a stray quote is an error, not a silently merged field
-            header = next(reader, None)
-            if not header or not any(h.strip() for h in header):
+            header = [h.strip() for h in next(reader, None) or []]
+            if not any(header):
                 raise ValueError(f"{path}:1: no header row")
-            header = [h.strip() for h in header]
             dup = sorted({h for h in header if h and header.count(h) > 1})
             if dup:
                 raise ValueError(f"{path}:1: column {dup[0]!r} appears twice in the header")
             for fields in reader:
-                if not fields or not any(f.strip() for f in fields):
+                if not any(f.strip() for f in fields):
                     continue                                # blank lines carry no run
                 src = f"{path}:{reader.line_num}"           # the physical line (quoted fields may span lines)
                 if len(fields) != len(header):
                     raise ValueError(f"{src}: {len(fields)} fields, but the header has {len(header)}")
-                row = dict(zip(header, (f.strip() for f in fields)))   # columns by name, any order; extras ignored
-                row["source"] = src
-                row["arch"] = {}                            # CSV rows use the paper's architecture (flops.py defaults)
-                rows.append(row)
+                # columns by name, any order; extras ignored. CSV rows use the paper's architecture (flops defaults)
+                rows.append(dict(zip(header, (f.strip() for f in fields)), source=src, arch={}))
     except csv.Error as err:
         raise ValueError(f"{path}:{reader.line_num}: malformed CSV ({err})") from None
     except UnicodeDecodeError as err:
@@ -254,17 +252,19 @@ def load_csv(path):
     return rows
 
 
-def _number(row, key):
-    """float(row[key]) with a clear error for blanks, text, booleans, NaN and inf."""
+def _value(row, key):
+    """row[key] as a float, checked against LIMITS[key]: a number (not a blank, text or JSON true), finite, inside
+    the range, whole where INTEGERS says so; else a ValueError naming the file (and line) and the key."""
     val = row.get(key)
     try:
-        if isinstance(val, bool):
-            raise TypeError                     # JSON true/false is not a count or a loss
         x = float(val)
+        why = "is not a number" if isinstance(val, bool) else common.check_number(x, *LIMITS[key])
     except (TypeError, ValueError, OverflowError):
-        raise ValueError(f"{row['source']}: {key}={val!r} is not a number") from None
-    if not math.isfinite(x):
-        raise ValueError(f"{row['source']}: {key}={val!r} is NaN or infinite")
+        x, why = None, "is not a number"
+    if why is None and key in INTEGERS and x != int(x):
+        why = "must be a whole number"
+    if why:
+        raise ValueError(f"{row['source']}: {key}={val!r:.40} {why}")
     return x
 
 
@@ -272,9 +272,9 @@ def runs_from_rows(rows, law="joint"):
     """Validate run rows (done.json records or CSV rows) and return the runs dict the fitters use.
 
     runs = {"flops_budget", "n_loops", "n_once", "n_rec", "tokens", "val_loss": (n,) arrays, "case": list,
-            "group", "source", "arch" (flops kwargs), "aspect" (aspect ratio): per-run lists}.
+            "group", "source", "dir", "identity", "arch" (flops kwargs), "aspect" (aspect ratio): per-run lists}.
     Joint law: every REQUIRED key. --law chinchilla: n_params,tokens,val_loss (+ optional group), or the joint keys
-    (then N = n_once + n_rec and the group is the architecture r).
+    (then N = n_once + n_rec and the group is the architecture r). Every number is checked against LIMITS.
     """
     if not rows:
         raise ValueError("no runs given")
@@ -288,7 +288,9 @@ def runs_from_rows(rows, law="joint"):
         if missing:
             alt = f" (or {', '.join(REQUIRED)})" if chin_cols else ""
             raise ValueError(f"{row['source']}: missing {', '.join(missing)} (need {', '.join(need)}{alt})")
-    cols = {k: np.array([_number(row, k) for row in rows]) for k in need}     # (n,) each; NaN / text rejected
+    # (n,) each. Non-positive N, D or loss have no logarithm (Eq. 4); N_once may be 0 (r = 1, or fully looped
+    # models); N and D are counts >= 1, which objective relies on (ln N, ln D >= 0)
+    cols = {k: np.array([_value(row, k) for row in rows]) for k in need}
     n = len(rows)
     if chin_cols:
         # Eq. 2 on plain (N, D, L): store N as n_rec with n_once = 0 and r = 1, so N_eff = N for any phi
@@ -298,42 +300,15 @@ def runs_from_rows(rows, law="joint"):
     else:
         # the joint law needs r itself (r^phi), N split into its once-used and looped parts, and the budget for the
         # (budget, r) bootstrap cells and the compute-optimal frontier
-        r = cols["n_loops"]
-        if np.any(r < 1) or np.any(r != np.round(r)) or np.any(r > MAX_LOOPS):
-            bad = rows[int(np.flatnonzero((r < 1) | (r != np.round(r)) | (r > MAX_LOOPS))[0])]
-            raise ValueError(f"{bad['source']}: n_loops must be a positive integer (at most {MAX_LOOPS}), got "
-                             f"{bad['n_loops']!r}")
         out = {k: cols[k] for k in ("flops_budget", "n_once", "n_rec", "tokens", "val_loss")}
-        out["n_loops"] = r.astype(int)
-        out["group"] = [f"r={int(x)}" for x in r]
-        if np.any(out["flops_budget"] <= 0):
-            bad = rows[int(np.flatnonzero(out["flops_budget"] <= 0)[0])]
-            raise ValueError(f"{bad['source']}: flops_budget must be positive, got {bad['flops_budget']!r}")
-    # Non-positive N, D or loss have no logarithm (Eq. 4); N_once may be 0 (r = 1, or fully looped models). N and D
-    # are counts, so a value below 1 is an error too (a column in millions, say); objective relies on ln N, ln D >= 0
-    for key, arr, what in (("n_once", out["n_once"], "non-negative"), ("n_rec", out["n_rec"], "positive"),
-                           ("tokens", out["tokens"], "positive"), ("val_loss", out["val_loss"], "positive")):
-        bad = np.flatnonzero(arr < 0) if what == "non-negative" else np.flatnonzero(arr <= 0)
-        if bad.size:
-            row = rows[int(bad[0])]
-            name = "n_params" if (chin_cols and key == "n_rec") else key
-            raise ValueError(f"{row['source']}: {name} must be {what}, got {row.get(name)!r}")
-    for key, arr in (("N", out["n_once"] + out["n_rec"]), ("tokens", out["tokens"])):     # counts are >= 1
-        if np.any(arr < 1):
-            row = rows[int(np.flatnonzero(arr < 1)[0])]
-            raise ValueError(f"{row['source']}: {key} = {arr[arr < 1][0]!r} is below 1; N and tokens are counts "
-                             f"(not millions or billions)")
-    # upper ends of RANGES: a value no training run can have is a typo or a unit slip, not a data point
-    for key, arr in (("flops_budget", out["flops_budget"]), ("N", out["n_once"] + out["n_rec"]),
-                     ("tokens", out["tokens"]), ("val_loss", out["val_loss"])):
-        hi = RANGES[key][1]
-        if np.any(arr > hi):
-            i = int(np.flatnonzero(arr > hi)[0])
-            unit = {"val_loss": " nats", "flops_budget": " FLOPs"}.get(key, "")
-            raise ValueError(f"{rows[i]['source']}: {key} = {arr[i]:.6g} is out of range (at most {hi:g}{unit}); "
-                             f"check the column's unit")
+        out["n_loops"] = cols["n_loops"].astype(int)
+        out["group"] = [f"r={int(x)}" for x in out["n_loops"]]
     out["case"] = [row.get("case") or None for row in rows]      # "" and missing both mean the main grid
     out["source"] = [row["source"] for row in rows]
+    # which run each row is (issue 18 §1): its folder under the runs folder (the CSV line for CSV rows) and the
+    # identity train.py recorded, if any; fit.json's "runs" record is built from them (runs_record)
+    out["dir"] = [row.get("run_dir", row["source"]) for row in rows]
+    out["identity"] = [row.get("identity") for row in rows]
     # Duplicates (same budget, r, N and D; same N, D and group in chinchilla mode) double-weight one configuration in
     # the sum of Eq. 4: warn, keep both. A case study may repeat the baseline's configurations (same N and D, a
     # different recipe), so the case label is part of the key
@@ -344,58 +319,45 @@ def runs_from_rows(rows, law="joint"):
             warnings.warn(f"duplicate run: {out['source'][i]} repeats {out['source'][seen[k]]} "
                           f"(same {', '.join(k for k in need if k != 'val_loss')}); both are kept")
         seen.setdefault(k, i)
-    if not chin_cols:
-        _check_accounting(rows, out)
-        _check_param_counts(rows, out)
     # per-run architecture (flops kwargs) and aspect ratio: the frontier inverts the accounting of the runs' own
     # model family; CSV rows get the paper's (flops.py defaults)
     out["arch"] = [row["arch"] for row in rows]
-    out["aspect"] = [_count(row["source"], "aspect_ratio", row.get("aspect_ratio") or flops.ASPECT_RATIO)
-                     for row in rows]
+    out["aspect"] = [int(_value(row, "aspect_ratio")) if row.get("aspect_ratio") not in (None, "") else
+                     flops.ASPECT_RATIO for row in rows]
     out["sweep"] = [row.get("n_loops_sweep") for row in rows]       # test-time loop curves (eval.py), or None
+    if not chin_cols:
+        _check_accounting(rows, out)
     return out
 
 
 def _check_accounting(rows, runs):
     """Error on a run whose (n_loops, architecture) flops.py cannot count (n_loops = 3 does not divide the 16 looped
-    layers; an unknown injection). The frontier inverts that accounting after every fit; checking it here keeps a
-    bad row from failing only after the fits and the bootstrap."""
+    layers; an unknown injection), or whose N_once + N_rec disagrees with flops.param_split at its width. The
+    frontier inverts that accounting after every fit, and the fit trusts the recorded split: a record from another
+    code version or a mislabelled architecture would make the two silently inconsistent, so it stops here, before
+    the fits and the bootstrap."""
     seen = set()
     for i, row in enumerate(rows):
-        kw = {k: v for k, v in row["arch"].items() if k in FLOP_KEYS and v is not None}
-        key = (int(runs["n_loops"][i]), json.dumps(kw, sort_keys=True, default=str))
-        if key in seen:
-            continue
-        seen.add(key)
-        try:
-            flops.flops_per_token(64, key[0], **kw)         # any width: the layout and mode checks do not depend on d
-        except (ValueError, TypeError, OverflowError) as err:
-            arch = f" with {kw}" if kw else ""
-            raise ValueError(f"{row['source']}: n_loops={key[0]}{arch} is not an architecture flops.py can count "
-                             f"({err})") from None
-
-
-def _check_param_counts(rows, runs):
-    """Error on a run whose N_once + N_rec disagrees with flops.param_split at its (d_model, r, architecture).
-
-    The fit trusts the recorded split, and the frontier trusts flops.py; a record from another code version or a
-    mislabelled architecture would make the two silently inconsistent, so it stops the fit instead.
-    """
-    for i, row in enumerate(rows):
-        d = row.get("d_model")
-        if d in (None, "") and row.get("scale") not in (None, ""):
-            d = flops.ASPECT_RATIO * _count(row["source"], "scale", row["scale"])
-        if d in (None, ""):
+        r, kw = int(runs["n_loops"][i]), row["arch"]
+        key = (r, json.dumps(kw, sort_keys=True, default=str))
+        if key not in seen:
+            seen.add(key)
+            try:
+                flops.flops_per_token(64, r, **kw)         # any width: the layout and mode checks do not depend on d
+            except (ValueError, TypeError, OverflowError) as err:
+                arch = f" with {kw}" if kw else ""
+                raise ValueError(f"{row['source']}: n_loops={r}{arch} is not an architecture flops.py can count "
+                                 f"({err})") from None
+        if row.get("d_model") not in (None, ""):
+            d = int(_value(row, "d_model"))
+        elif row.get("scale") not in (None, ""):
+            d = runs["aspect"][i] * int(_value(row, "scale"))
+        else:
             continue                      # nothing to check against (a hand-written CSV without widths)
-        d = _count(row["source"], "d_model", d)
-        kw = {k: v for k, v in row["arch"].items() if k in ARCH_KEYS}
-        r = int(runs["n_loops"][i])
-        want = sum(flops.param_split(d, r, **kw))
-        got = runs["n_once"][i] + runs["n_rec"][i]
+        want, got = sum(flops.param_split(d, r, **kw)), runs["n_once"][i] + runs["n_rec"][i]
         if got != want:
-            raise ValueError(f"{row['source']}: n_once + n_rec = {got:.0f} but flops.param_split("
-                             f"d_model={d}, n_loops={r}, {kw}) gives {want} -- record and accounting "
-                             f"disagree")
+            raise ValueError(f"{row['source']}: n_once + n_rec = {got:.0f} but flops.param_split(d_model={d}, "
+                             f"n_loops={r}, {kw}) gives {want} -- record and accounting disagree")
 
 
 def arch_map(runs):
@@ -801,11 +763,9 @@ def arch_polys(r, arch=None):
     """
     # flops.py only takes integer widths, but the compute optimum d* is continuous (s* = d*/64 is not a grid
     # width): recover the polynomials once and evaluate them anywhere. The widths need not be trainable.
-    arch = arch or {}
-    pkw = {k: v for k, v in arch.items() if k in ARCH_KEYS}
-    fkw = {k: v for k, v in arch.items() if k in FLOP_KEYS}
+    arch = arch or {}                                            # flops.accounting_args beyond d_model, n_loops
     ds = np.array([256.0, 512.0, 768.0, 1024.0])
-    vals = np.array([[*flops.param_split(int(d), r, **pkw), flops.flops_per_token(int(d), r, **fkw)] for d in ds])
+    vals = np.array([[*flops.param_split(int(d), r, **arch), flops.flops_per_token(int(d), r, **arch)] for d in ds])
     V = np.vander(ds[:3], 3)
     coef = np.linalg.solve(V, vals[:3])                                         # (3, 3): columns once, rec, flops
     check = np.vander(ds[3:], 3) @ coef
@@ -1051,14 +1011,27 @@ def run_case(runs, case, loops=None, **kw):
                          f"at budgets {budgets}; cannot refit it for delta-phi")
     out = run_protocol(variant, **kw)     # per-arch, joint, restricted, halves, the case's own cell bootstrap
     bblk = fit_block(base, None, kw.get("restarts", RESTARTS), kw.get("seed", 0), name="case baseline")
-    out["case"] = {"name": case, "budgets": budgets, "baseline": bblk, "variant": out["joint"],
-                   "delta_phi": out["joint"]["phi"] - bblk["phi"], "n_variant": out["n_runs"], "n_baseline": bblk["n"]}
+    # the baseline may lack some of the case's budgets: then it is refitted on fewer, and says so (_budgets_said,
+    # the budget_mismatch flag); baseline_runs lets --cases check that the baseline study fitted these same runs
+    out["case"] = {"name": case, "budgets": budgets, "baseline_budgets": sorted(set(float(c) for c in
+                                                                                    base["flops_budget"])),
+                   "baseline": bblk, "variant": out["joint"], "delta_phi": out["joint"]["phi"] - bblk["phi"],
+                   "n_variant": out["n_runs"], "n_baseline": bblk["n"], "baseline_runs": runs_record(base)}
     n_boot = kw.get("n_boot", N_BOOT)
     if n_boot > 0:
         out["case"].update(paired_delta_bootstrap(variant, base, out, bblk, n_boot, kw.get("seed", 0),
                                                   kw.get("boot_restarts", BOOT_RESTARTS), kw.get("progress", True)))
     out["flags"] = assess(out, variant)   # again, now with the refitted baseline that delta-phi depends on
     return out
+
+
+def _budgets_said(c):
+    """What the case's baseline was refitted on, truly: "the same budgets", or the case's budgets it has runs at."""
+    lack = [x for x in c["budgets"] if x not in c.get("baseline_budgets", c["budgets"])]
+    if not lack:
+        return "the same budgets"
+    return (f"{len(c['budgets']) - len(lack)} of the case's {len(c['budgets'])} budgets (no baseline runs at C = "
+            f"{', '.join(f'{x:.3g}' for x in lack)})")
 
 
 def paired_delta_bootstrap(variant, base, vres, bblk, n_boot, seed, boot_restarts, progress=True):
@@ -1094,6 +1067,8 @@ FLAG_TEXT = {
                        "are not in this fit",
     "single_hit": "only one restart reached the best objective, so the optimum may not be reproducible",
     "duplicate_runs": "runs repeat a configuration and count twice in Eq. 4",
+    "budget_mismatch": "the baseline lacks some of the case's budgets, so it was refitted on fewer and delta-phi "
+                       "compares fits over different budget windows",
     "frontier_edge": "a compute optimum sits on the edge of the width range (the law has no interior optimum)",
     "fit_warning": "the fitter warned",
 }
@@ -1159,6 +1134,14 @@ def assess(res, runs):
                 break                                    # every per-architecture fit shares it: said once
         elif not np.all(np.isfinite(C)) and len(set(D)) == 1:
             _add_flag(flags, "single_budget", f"{name} fit: every run at D = {D[0]:.3g} tokens")
+    if "case" in res:       # the refitted baseline's budgets: those of the case it has runs at (run_case)
+        c = res["case"]
+        bb = c.get("baseline_budgets", c["budgets"])
+        if len(bb) == 1 and len(c["budgets"]) > 1:
+            _add_flag(flags, "single_budget", f"case baseline fit: every run at C = {bb[0]:.3g}")
+        if len(bb) < len(c["budgets"]):
+            _add_flag(flags, "budget_mismatch", f"no baseline runs at C = "
+                      f"{', '.join(f'{x:.3g}' for x in c['budgets'] if x not in bb)}")
     for name, (b, _) in blocks.items():
         p = len(b["theta"])
         if b["n"] < RUNS_PER_PARAM * p:
@@ -1197,25 +1180,21 @@ def synthetic_runs(phi=0.46, noise=0.01, seed=0, truth=None):
 
 
 def write_synthetic(path, phi, noise, seed, overwrite=False):
-    """python fit.py --synthetic OUT.csv: write the grid as a CSV that --csv reads back. An existing different file
-    is refused unless overwrite (the same bytes again are fine: that is this same request)."""
-    import io
+    """python fit.py --synthetic OUT.csv: write the grid as a CSV that --csv reads back. An existing file is replaced
+    only if this same request wrote it (common's ledger), or with overwrite."""
+    key = common.request_key("fit", {"synthetic": os.path.abspath(path), "phi": phi, "noise": noise, "seed": seed})
+    common.check_dir_writable(os.path.dirname(os.path.abspath(path)), "--synthetic")
+    common.check_owned([path], key, overwrite, "--synthetic")
     rows = synthetic_rows(phi, noise, seed)
     buf = io.StringIO(newline="")
     wr = csv.writer(buf)
     wr.writerow(SYNTH_COLUMNS)
     for row in rows:
         wr.writerow([repr(row[k]) if isinstance(row[k], float) else row[k] for k in SYNTH_COLUMNS])
-    data = buf.getvalue().encode()
-    _check_target_dir(os.path.dirname(os.path.abspath(path)), "--synthetic")
-    if os.path.lexists(path):
-        if os.path.isdir(path):
-            raise ValueError(f"--synthetic {path!r} is a folder, not a file name")
-        with open(path, "rb") as fh:
-            same = fh.read() == data
-        if not same and not overwrite:
-            raise ValueError(f"--synthetic {path!r} exists and holds something else; pass --overwrite to replace it")
-    _atomic_write(path, data)
+    try:
+        common.write_owned(path, buf.getvalue(), key)
+    except OSError as err:
+        raise ValueError(f"--synthetic {path!r}: cannot write ({common.write_failure(err, path)})") from None
     return rows
 
 
@@ -1242,11 +1221,6 @@ def _flag_names(res):
     """The flag names as the phi line and the tables show them, e.g. " -- WARNING: low_r2, on_bound"."""
     names = [f["name"] for f in res.get("flags", [])]
     return f" -- WARNING: {', '.join(names)}" if names else ""
-
-
-def write_report(res, path):
-    """Write report_text(res) to path atomically."""
-    _atomic_write(path, report_text(res).encode())
 
 
 def report_text(res):
@@ -1301,7 +1275,7 @@ def report_text(res):
         c = res["case"]
         L += ["", f"## Table 3: case study `{c['name']}` (budgets {', '.join(f'{x:.3g}' for x in c['budgets'])})", "",
               "| Variant | α | β | E | φ | R² | n |", "|---|---|---|---|---|---|---|"]
-        for name, b in (("Baseline (refitted on the same budgets)", c["baseline"]), (c["name"], c["variant"])):
+        for name, b in ((f"Baseline (refitted on {_budgets_said(c)})", c["baseline"]), (c["name"], c["variant"])):
             L.append(f"| {name} | {b['alpha']:.3f} | {b['beta']:.3f} | {b['E']:.2f} | {b['phi']:.3f} | "
                      f"{b['r2']:.4f} | {b['n']} |")
         ci = (f" [{c['delta_phi_lo']:+.3f}, {c['delta_phi_hi']:+.3f}] (paired block bootstrap, "
@@ -1389,27 +1363,14 @@ def make_figures(res, runs):
     """iso_flops.png (Fig. 2 style, one panel per r), pred_vs_actual.png (Fig. 8 / 10), frontier.png (Fig. 3:
     L*, N*, D* vs C), phi.png (restricted fits + bootstrap histogram). Returns {file name: PNG bytes}: nothing is
     written here, so a figure that fails leaves no file behind (main writes the whole set at once)."""
-    # imported here, not at the top: the fits need no plotting, and pyplot costs ~1 s to import; Agg renders to
-    # files with no display (clusters, CI)
-    import io
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
     figs = {}
     rs = sorted(set(int(r) for r in runs["n_loops"]))
     colors = {r: plt.cm.tab10(i) for i, r in enumerate(rs)}
 
     def save(fig, name):
         assert name in OUTPUTS, f"add {name} to OUTPUTS so --overwrite can manage it"
-        buf = io.BytesIO()
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")          # tight_layout's "not compatible" notes on odd axes
-                fig.tight_layout()
-                fig.savefig(buf, format="png", dpi=110)
-        finally:
-            plt.close(fig)
-        figs[name] = buf.getvalue()
+        figs[name] = _png(fig)
 
     if "chinchilla" in res:
         # Chinchilla mode has no FLOPs model and no phi: only the predicted-vs-actual scatter applies
@@ -1537,28 +1498,48 @@ def _top_gap(res, r=8):
     return max(rows, key=lambda row: row["flops_budget"])["gap"] if rows else None
 
 
+def _same_runs(base, base_path, res, path):
+    """A case's delta-phi is taken against the baseline refitted inside that case's fit; the table shows it next to
+    the baseline study's own phi, so the two must rest on the same runs: every run of the case's baseline refit must
+    be a run of OUT/fit.json (runs_record keys). Else one line naming both files (issue 18 §1)."""
+    want, have = (res.get("case") or {}).get("baseline_runs"), base.get("runs")
+    for p, rec in ((path, want), (base_path, have)):
+        if not (isinstance(rec, dict) and isinstance(rec.get("keys"), list)):
+            raise ValueError(f"{p}: records no runs digest (an older fit.py wrote it), so its runs cannot be matched "
+                             f"with the others; refit it")
+    if not set(want["keys"]) <= set(have["keys"]):
+        raise ValueError(f"{path}: its baseline was refitted on other runs ({want['n']} runs, digest {want['digest']}) "
+                         f"than {base_path} ({have['n']} runs, digest {have['digest']}); fit both from the same "
+                         f"runs folder, then rerun --cases")
+
+
 def case_summary(out_dir):
     """Collect OUT/fit.json (the baseline study) and OUT/case_*/fit.json (runs/mini.sh --case NAME, or fit.py --case
-    with --out OUT/case_NAME): rows of phi [CI], delta-phi [paired CI], R^2, the r=8 frontier gap at the top budget
-    and the mean test-time extrapolation gain per case. Returns {"rows": [...], "sweeps": {name: loop_sweep}}."""
+    with --out OUT/case_NAME): rows of phi [CI], the refitted baseline's phi, delta-phi [paired CI], R^2, the r=8
+    frontier gap at the top budget and the mean test-time extrapolation gain per case. A case fitted from other runs
+    than the baseline study is refused (_same_runs). Returns {"rows", "sweeps": {name: loop_sweep}, "fit_key"}."""
     found = [("baseline", os.path.join(out_dir, "fit.json"))]
     for name in sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []:
         if name.startswith("case_") and os.path.isfile(os.path.join(out_dir, name, "fit.json")):
             found.append((name[len("case_"):], os.path.join(out_dir, name, "fit.json")))
-    rows, sweeps = [], {}
+    rows, sweeps, base = [], {}, None
     for name, path in found:
         if not os.path.isfile(path):
             continue
-        res = _read_json_object(path)
+        res = common.read_json(path)
         if "joint" not in res:
             continue                                  # a chinchilla fit: no phi to compare
         j = res["joint"]
         if not (isinstance(j, dict) and all(isinstance(j.get(k), (int, float)) for k in ("phi", "r2", "n"))):
             raise ValueError(f"{path}: its joint fit has no numeric phi, r2 and n: not a fit.py result")
+        if name == "baseline":
+            base = res
+        elif base is not None:
+            _same_runs(base, found[0][1], res, path)
         bs, c = res.get("bootstrap") or {}, res.get("case") or {}
         gains = [e["gain"] for e in res.get("loop_sweep") or [] if e.get("gain") is not None]
-        rows.append({"name": name, "phi": res["joint"]["phi"], "phi_lo": bs.get("phi_lo"), "phi_hi": bs.get("phi_hi"),
-                     "r2": res["joint"]["r2"], "n": res["joint"]["n"], "delta_phi": c.get("delta_phi"),
+        rows.append({"name": name, "phi": j["phi"], "phi_lo": bs.get("phi_lo"), "phi_hi": bs.get("phi_hi"),
+                     "r2": j["r2"], "n": j["n"], "delta_phi": c.get("delta_phi"),
                      "delta_phi_lo": c.get("delta_phi_lo"), "delta_phi_hi": c.get("delta_phi_hi"),
                      "baseline_phi": (c.get("baseline") or {}).get("phi"), "gap8": _top_gap(res),
                      "extrapolation_gain": float(np.mean(gains)) if gains else None,
@@ -1569,71 +1550,86 @@ def case_summary(out_dir):
             sweeps[name] = res["loop_sweep"]
     if not rows:
         raise ValueError(f"no fit.json with a joint fit in {out_dir!r} or its case_*/ folders")
-    return {"rows": rows, "sweeps": sweeps}
+    return {"rows": rows, "sweeps": sweeps, "fit_key": (base or {}).get("request_key")}
 
 
-def write_case_summary(summary, out_dir):
-    """Append (or regenerate) the case-study section of OUT/report.md; write cases.png and cases_loops.png."""
+def write_case_summary(summary, out_dir, overwrite=False):
+    """Append (or regenerate) the case-study section of OUT/report.md and write cases.png (and cases_loops.png), as
+    one set. Ownership (common's ledger): report.md may be rewritten where the fit that wrote OUT/fit.json wrote it
+    (the section goes below that fit's report, which keeps its owner) or an earlier --cases on OUT did; the figures
+    where an earlier --cases on OUT wrote them; anything else only with overwrite. Checked before any drawing."""
+    key = common.request_key("fit", {"cases": os.path.abspath(out_dir)})
+    report = os.path.join(out_dir, "report.md")
+    rkey = summary["fit_key"] if summary["fit_key"] and common.owner_of(report) == summary["fit_key"] else key
+    common.check_owned([report], rkey, overwrite, "--cases")
+    common.check_owned([os.path.join(out_dir, n) for n in CASES_OUTPUTS if n != "report.md"], key, overwrite,
+                       "--cases")
     f = lambda x, fmt: "-" if x is None else format(x, fmt)
     L = [CASES_MARK, "", "## Case studies (§5, Table 3; runs/mini.sh --case NAME)", "",
-         "Δφ = φ(case) − φ(baseline refitted on the same budgets); its CI is a paired block bootstrap over the "
-         "(budget, r) cells. Gap: L*(r=8) − L*(r=1) of the compute-optimal frontier at the top budget (nats). "
-         "Extrapolation: mean over the swept models of L(largest r') − L(trained r), nats (negative: more test-time "
-         "loops help).", "",
-         "| case | φ [95% CI] | Δφ [95% CI] | R² | n | r=8 gap | extrapolation | flags |",
-         "|---|---|---|---|---|---|---|---|"]
+         "Δφ = φ(case) − baseline φ, the baseline refitted on the case's budgets inside the case's fit (from runs of "
+         "the baseline study above: checked); its CI is a paired block bootstrap over the (budget, r) cells. Gap: "
+         "L*(r=8) − L*(r=1) of the compute-optimal frontier at the top budget (nats). Extrapolation: mean over the "
+         "swept models of L(largest r') − L(trained r), nats (negative: more test-time loops help).", "",
+         "| case | φ [95% CI] | baseline φ | Δφ [95% CI] | R² | n | r=8 gap | extrapolation | flags |",
+         "|---|---|---|---|---|---|---|---|---|"]
     for row in summary["rows"]:
         ci = f" [{row['phi_lo']:.2f}, {row['phi_hi']:.2f}]" if row["phi_lo"] is not None else ""
         dci = (f" [{row['delta_phi_lo']:+.2f}, {row['delta_phi_hi']:+.2f}]" if row["delta_phi_lo"] is not None else "")
-        L.append(f"| {row['name']} | {row['phi']:.3f}{ci} | {f(row['delta_phi'], '+.3f')}{dci} | {row['r2']:.4f} | "
-                 f"{row['n']} | {f(row['gap8'], '+.3f')} | {f(row['extrapolation_gain'], '+.3f')} | "
-                 f"{', '.join(name for name, _ in row['flags']) or '-'} |")
+        L.append(f"| {row['name']} | {row['phi']:.3f}{ci} | {f(row['baseline_phi'], '.3f')} | "
+                 f"{f(row['delta_phi'], '+.3f')}{dci} | {row['r2']:.4f} | {row['n']} | {f(row['gap8'], '+.3f')} | "
+                 f"{f(row['extrapolation_gain'], '+.3f')} | {', '.join(name for name, _ in row['flags']) or '-'} |")
     flagged = [row for row in summary["rows"] if row["flags"]]
     if flagged:                                   # the table names the flags; here, which fits each one concerns
         L += ["", "Flags, and the fits they concern:"]
         L += [f"- {row['name']}: " + " | ".join(f"{name}: {items}" for name, items in row["flags"]) for row in flagged]
     L += ["", "Figures: cases.png (φ and its CI per case), cases_loops.png (val loss vs test-time r' per case)."]
-    paths = _case_figures(summary, out_dir)
-    report = os.path.join(out_dir, "report.md")
+    files = _case_figures(summary)
     head = ""
     if os.path.isfile(report):
-        with open(report) as fh:
+        with open(report, encoding="utf-8", errors="replace") as fh:
             head = fh.read().split(CASES_MARK)[0].rstrip("\n") + "\n\n"
-    _replace_file(out_dir, "report.md", (head + "\n".join(L) + "\n").encode())   # a reader never sees half of it
-    return [report] + paths
+    files["report.md"] = (head + "\n".join(L) + "\n").encode()
+    write_set(out_dir, files, {n: rkey if n == "report.md" else key for n in files})
+    return [os.path.join(out_dir, n) for n in sorted(files, key=lambda n: n != "report.md")]
 
 
-def _replace_file(out_dir, name, data):
-    """Write bytes to out_dir/name through an exclusive temporary in the same folder, then rename (rule 3)."""
-    os.replace(_write_temp(out_dir, name, data), os.path.join(out_dir, name))
-
-
-def _save_png(fig, out_dir, name):
-    """A matplotlib figure -> out_dir/name, atomically; returns the path."""
-    buf = io.BytesIO()
-    fig.savefig(buf, dpi=110, format="png")
-    _replace_file(out_dir, name, buf.getvalue())
-    return os.path.join(out_dir, name)
-
-
-def _case_figures(summary, out_dir):
+def _pyplot():
+    """matplotlib.pyplot on the Agg backend (renders with no display: clusters, CI). Imported on first use, not at
+    the top: the fits need no plotting, and pyplot costs ~1 s to import."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    rows, paths = summary["rows"], []
+    return plt
+
+
+def _png(fig):
+    """A matplotlib figure as PNG bytes (closed afterwards): figures are rendered in memory and written as a set."""
+    buf = io.BytesIO()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")          # tight_layout's "not compatible" notes on odd axes
+            fig.tight_layout()
+            fig.savefig(buf, format="png", dpi=110)
+    finally:
+        _pyplot().close(fig)
+    return buf.getvalue()
+
+
+def _case_figures(summary):
+    """{"cases.png": phi and its CI per case, "cases_loops.png": val loss vs test-time r' per case (if swept)}."""
+    plt = _pyplot()
+    rows, figs = summary["rows"], {}
     color = {row["name"]: "k" if row["name"] == "baseline" else f"C{i}" for i, row in enumerate(rows)}  # both figures
     fig, ax = plt.subplots(figsize=(1.2 * len(rows) + 2.5, 3.6))
     for i, row in enumerate(rows):
         lo = row["phi"] - row["phi_lo"] if row["phi_lo"] is not None else 0
         hi = row["phi_hi"] - row["phi"] if row["phi_hi"] is not None else 0
         ax.errorbar(i, row["phi"], yerr=[[max(lo, 0)], [max(hi, 0)]], fmt="o", capsize=4, color=color[row["name"]])
-    for v, ls in ((0, ":"), (1, ":")):
-        ax.axhline(v, color="grey", ls=ls, lw=0.8)
+    for v in (0, 1):
+        ax.axhline(v, color="grey", ls=":", lw=0.8)
     ax.set_xticks(range(len(rows)), [r["name"] for r in rows])
     ax.set(ylabel="φ (95% block-bootstrap CI)", title="recurrence exponent per case (§5)")
-    fig.tight_layout()
-    paths.append(_save_png(fig, out_dir, "cases.png"))
-    plt.close(fig)
+    figs["cases.png"] = _png(fig)
     if summary["sweeps"]:
         rs = sorted({e["n_loops"] for sw in summary["sweeps"].values() for e in sw})
         fig, axes = plt.subplots(1, len(rs), figsize=(4 * len(rs), 3.6), squeeze=False)
@@ -1647,10 +1643,8 @@ def _case_figures(summary, out_dir):
             ax.set(title=f"trained r = {r}", xlabel="test-time loops r'")
         axes[0][0].set_ylabel("validation loss (nats)")
         axes[0][0].legend(fontsize=7)
-        fig.tight_layout()
-        paths.append(_save_png(fig, out_dir, "cases_loops.png"))
-        plt.close(fig)
-    return paths
+        figs["cases_loops.png"] = _png(fig)
+    return figs
 
 
 # -----------------------------------------------------------------------------
@@ -1685,72 +1679,7 @@ def _chin_groups(res):
 
 
 # -----------------------------------------------------------------------------
-# Benchmark (issue 7 acceptance 4): full protocol vs a naive serial scipy baseline
-
-def bench(seed=0, restarts=RESTARTS, n_boot=N_BOOT):
-    """Time the full protocol on the 116-run synthetic grid, then one fit with one scipy L-BFGS-B per start."""
-    runs = synthetic_runs(0.46, 0.01, seed)          # the acceptance's workload: 116 runs, paper-like noise
-    t0 = time.perf_counter()
-    res = run_protocol(runs, restarts, n_boot, seed, progress=True)
-    t_full = time.perf_counter() - t0
-    print(f"full protocol: 4 per-arch + joint + phi=0 + phi=1 + 2 halves at {restarts} restarts, {n_boot} bootstrap "
-          f"refits, frontier: {t_full:.1f} s")
-    # the same fit twice: batched screen + polish, then one scipy L-BFGS-B per start at the same tight tolerances
-    # (looser ones are faster but stop early, fitting.md §4.2); same starts, so the best objectives must agree
-    prob = make_problem(runs)
-    t0 = time.perf_counter()
-    fast = fit_law(prob, restarts, seed)
-    t_fast = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    naive = fit_law(prob, restarts, seed, engine="scipy")
-    t_naive = time.perf_counter() - t0
-    rel = abs(fast["huber"] - naive["huber"]) / naive["huber"]
-    print(f"one joint fit ({restarts} starts): batched {t_fast:.2f} s, naive scipy {t_naive:.2f} s, speed-up "
-          f"{t_naive / t_fast:.1f}x; best objective {fast['huber']:.10e} vs {naive['huber']:.10e} (rel {rel:.1e})")
-    # the naive protocol repeats that fit 9 times and, without warm starts, 200 more times in the bootstrap
-    print(f"naive full protocol (9 + {n_boot} fits x {restarts} starts) ~ {t_naive * (9 + n_boot) / 60:.0f} min; "
-          f"speed-up ~{t_naive * (9 + n_boot) / t_full:.0f}x")
-    bs = res.get("bootstrap")
-    print(f"phi = {res['joint']['phi']:.2f}" + (f" [{bs['phi_lo']:.2f}, {bs['phi_hi']:.2f}]" if bs else ""))
-    return {"full_s": t_full, "one_fit_batched_s": t_fast, "one_fit_naive_s": t_naive, "rel_diff": rel}
-
-
-# -----------------------------------------------------------------------------
-# Output files: checked before the fit, written as one set after it (issue 12, rules 2 and 3)
-
-def _write_temp(folder, name, data):
-    """A temporary ".NAME.xxxx.tmp" created exclusively in folder (O_EXCL: never an existing path, never a link),
-    holding data; returns its path. The caller renames it into place."""
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.fchmod(fh.fileno(), 0o666 & ~umask)          # mkstemp's 0600 would hide results from co-workers
-            fh.write(data)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return tmp
-
-
-def _atomic_write(path, data):
-    """Write bytes through a temporary in the target folder, then rename: a reader sees the old file or the new one,
-    never half of one."""
-    os.replace(_write_temp(os.path.dirname(os.path.abspath(path)), os.path.basename(path), data), path)
-
-
-def _check_target_dir(path, flag):
-    """The folder path, or its nearest existing ancestor, must be a writable folder; else a one-line error."""
-    probe = os.path.abspath(path)
-    while not os.path.lexists(probe):
-        probe = os.path.dirname(probe)
-    if not os.path.isdir(probe):
-        raise ValueError(f"{flag} {path!r}: {probe!r} is a file, not a folder")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {path!r}: {probe!r} is not writable")
-
+# Output files: checked before the fit, written as one set after it (issues 12 and 18, through common.py)
 
 def _request(args):
     """What this invocation asks for: the same request may rewrite its own outputs without --overwrite."""
@@ -1760,114 +1689,84 @@ def _request(args):
             "boot_restarts": args.boot_restarts}
 
 
-def check_out(out, request, overwrite=False):
-    """Before any fit: --out must be a folder fit.py can write, and must not hold the outputs of a different request
-    (a previous fit with other inputs or settings, or files that merely share our names) unless overwrite."""
-    if os.path.lexists(out) and not os.path.isdir(out):
-        raise ValueError(f"--out {out!r} is a file, not a folder")
-    _check_target_dir(out, "--out")
-    present = [n for n in OUTPUTS if os.path.lexists(os.path.join(out, n))]
-    odd = [n for n in present if not os.path.isfile(os.path.join(out, n))]
-    if odd:
-        raise ValueError(f"--out {out!r}: {odd[0]} there is not a file; fit.py will not replace it")
-    if not present or overwrite:
-        return
-    try:
-        with open(os.path.join(out, "fit.json"), encoding="utf-8") as fh:
-            prev = json.load(fh).get("request")
-    except (OSError, ValueError, AttributeError):
-        prev = None
-    if prev != _jsonable(request):
-        raise ValueError(f"--out {out!r} already holds {', '.join(present)} from "
-                         f"{'a different fit' if prev else 'something other than this fit'}; pass --overwrite to "
-                         f"replace them, or choose another --out")
+def runs_record(runs):
+    """Which runs a fit used (issue 18 §1), for fit.json: n, each run's folder (relative to the runs folder; the CSV
+    line for CSV rows) and key -- a digest of the identity train.py recorded (when the record has one), the case
+    label and the numbers the fit reads -- and the digest of the sorted keys. Equal digests mean the same runs,
+    whatever folder they were read from; a retrained run or an edited val_loss changes its key."""
+    n = len(runs["val_loss"])
+    ident = runs.get("identity") or [None] * n
+    keys = [common.request_key("run", [ident[i], runs["case"][i]] + [float(runs[k][i]) for k in REQUIRED])
+            for i in range(n)]
+    return {"n": n, "digest": common.request_key("runs", sorted(keys)), "dirs": list(runs.get("dir") or []),
+            "keys": keys}
 
 
-def write_outputs(out, files):
-    """Write {name: bytes} into out as one set. Every temporary is written first (a full disk fails here, with the
-    old outputs untouched); then the old fit.json goes, outputs of an earlier invocation that this one does not
-    write are removed (only names in OUTPUTS), the new files are renamed in, and fit.json comes last: a folder with
-    a fit.json holds that fit's complete set."""
+def write_set(folder, files, keys, remove=()):
+    """Write {name: bytes} into folder as one set through common.write_owned (atomic writes, recorded in the
+    ownership ledger under keys[name]). The writes are nested, so every temporary is written and fsync'd before
+    the first rename: a full disk or an error changes nothing. Then the names in remove go (the old fit.json, an
+    earlier fit's outputs this one does not write) and the files are renamed in, the first name of files last
+    (fit.json: a folder with a fit.json holds that fit's complete set)."""
+    names, renaming = list(files), []
     try:
-        os.makedirs(out, exist_ok=True)
-        # temporaries of an earlier invocation killed mid-write (".phi.png.x1y2.tmp"): ours, never renamed, stale
-        for f in os.listdir(out):
-            if f.endswith(".tmp") and any(f.startswith(f".{n}.") for n in OUTPUTS):
-                os.unlink(os.path.join(out, f))
-    except OSError as err:
-        raise ValueError(f"--out {out!r}: {err.strerror}") from None
-    tmps = {}
-    try:
-        for name, data in files.items():
-            tmps[name] = _write_temp(out, name, data)
-    except BaseException as err:          # a full disk, or Ctrl-C: no temporary stays, the old set is untouched
-        for tmp in tmps.values():
-            with contextlib.suppress(OSError):
+        os.makedirs(folder, exist_ok=True)
+        for tmp in common.stale_temps(folder):           # what a fit.py killed mid-write left: ours, never renamed
+            if any(os.path.basename(tmp).startswith(f".{n}.") for n in OUTPUTS + CASES_OUTPUTS):
                 os.unlink(tmp)
-        if isinstance(err, OSError):
-            raise ValueError(f"--out {out!r}: cannot write ({err.strerror}); nothing was changed") from None
-        raise
-    with contextlib.suppress(OSError):
-        os.unlink(os.path.join(out, "fit.json"))
-    for name in OUTPUTS:
-        if name not in files:
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(out, name))
-    for name in sorted(files, key=lambda n: n == "fit.json"):
-        os.replace(tmps[name], os.path.join(out, name))
+
+        def nest(i):
+            if i == len(names):                          # every temporary is on disk: clear the way, rename out
+                renaming.append(True)
+                for name in remove:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(folder, name))
+                return
+
+            def fill(tmp):
+                with open(tmp, "wb") as fh:
+                    fh.write(files[names[i]])
+                nest(i + 1)
+            common.write_owned(os.path.join(folder, names[i]), fill, keys[names[i]])
+        nest(0)
+    except OSError as err:
+        raise ValueError(f"{folder!r}: cannot write ({common.write_failure(err, folder)}); "
+                         + ("the set is incomplete: rerun" if renaming else "nothing was changed")) from None
 
 
-# -----------------------------------------------------------------------------
-# CLI
-
-class _Parser(argparse.ArgumentParser):
-    """argparse with a one-line error (rule 5 of issue 12): the usage block would bury the message."""
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _int_list(text):
-    """argparse type for --loops: "1,4,8" -> [1, 4, 8], each a valid n_loops."""
-    try:
-        out = [int(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if any(not 1 <= r <= MAX_LOOPS for r in out):
-        raise argparse.ArgumentTypeError(f"n_loops values must be in [1, {MAX_LOOPS}], got {text!r}")
-    return out
+def _loops(text):
+    """argparse type for --loops: "1,4,8" -> [1, 4, 8], each a valid n_loops (LIMITS)."""
+    return [common.number(int, *LIMITS["n_loops"])(x) for x in text.split(",")]
 
 
 def parse_args(argv=None):
     # defaults are the paper's protocol (App. F: 500 restarts, 200 resamples); tests pass smaller numbers
-    p = _Parser(prog="fit.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = common.Parser(prog="fit.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    num = common.number
     p.add_argument("runs_dir", nargs="?", help="folder tree of done.json run records")
     p.add_argument("--csv", help="CSV of runs instead of a runs folder")
     p.add_argument("--law", choices=("joint", "chinchilla"), default="joint", help="joint law (Eq. 3) or Eq. 2 only")
     p.add_argument("--case", help="fit the runs with this case label (§5) and report delta-phi vs the baseline")
-    p.add_argument("--loops", type=_int_list, help="keep only these n_loops, e.g. 1,4,8 (Table 3's refit without r=2)")
+    p.add_argument("--loops", type=_loops, help="keep only these n_loops, e.g. 1,4,8 (Table 3's refit without r=2)")
     p.add_argument("--out", help="output folder for fit.json, report.md and the figures")
-    p.add_argument("--overwrite", action="store_true", help="replace the outputs of a different earlier fit in --out "
-                                                            "(and a different --synthetic file)")
-    # numeric flags: flops.py's range-checked argparse type (finite, in range; one checker for both CLIs)
-    p.add_argument("--seed", type=flops._number(int, 0, 2 ** 63 - 1), default=0,
-                   help="seed of the restarts and the bootstrap")
-    p.add_argument("--restarts", type=flops._number(int, 1, 100_000), default=RESTARTS,
+    p.add_argument("--overwrite", action="store_true", help="replace files fit.py did not write for this same "
+                   "request (in --out, --cases DIR or the --synthetic file)")
+    p.add_argument("--seed", type=num(int, "[0, 9.2e18]"), default=0, help="seed of the restarts and the bootstrap")
+    p.add_argument("--restarts", type=num(int, "[1, 100000]"), default=RESTARTS,
                    help="uniform starts per fit (App. F: 500)")
-    p.add_argument("--bootstrap", type=flops._number(int, 0, 100_000), default=N_BOOT,
+    p.add_argument("--bootstrap", type=num(int, "[0, 100000]"), default=N_BOOT,
                    help="block-bootstrap resamples (App. F.2: 200)")
-    p.add_argument("--boot-restarts", type=flops._number(int, 0, 1000), default=BOOT_RESTARTS,
+    p.add_argument("--boot-restarts", type=num(int, "[0, 1000]"), default=BOOT_RESTARTS,
                    help="random starts per resample besides the warm start")
     p.add_argument("--cases", metavar="DIR", help="summarise DIR/fit.json and DIR/case_*/fit.json into DIR/report.md")
     p.add_argument("--synthetic", metavar="OUT.csv", help="write the synthetic 116-run grid and exit")
-    p.add_argument("--phi", type=flops._number(float, BOX_LO[5], BOX_HI[5]), default=SYNTH_TRUTH["phi"],
+    p.add_argument("--phi", type=num(float, f"[{BOX_LO[5]}, {BOX_HI[5]}]"), default=SYNTH_TRUTH["phi"],
                    help="--synthetic: true phi")
-    p.add_argument("--noise", type=flops._number(float, 0.0, 1.0), default=0.01,
-                   help="--synthetic: Gaussian noise in nats")
-    p.add_argument("--bench", action="store_true", help="time the full protocol and a naive scipy baseline")
+    p.add_argument("--noise", type=num(float, "[0, 1]"), default=0.01, help="--synthetic: Gaussian noise in nats")
     args = p.parse_args(argv)
-    if args.synthetic or args.bench or args.cases:     # these need no runs input and write no fit folder
-        if args.runs_dir or args.csv or args.out:
-            p.error("--synthetic, --bench and --cases take no RUNS_DIR, --csv or --out")
+    if args.synthetic or args.cases:     # these need no runs input and write no fit folder
+        if args.runs_dir or args.csv or args.out or (args.synthetic and args.cases):
+            p.error("--synthetic and --cases take no RUNS_DIR, --csv, --out or each other")
         return args
     if (args.runs_dir is None) == (args.csv is None):
         p.error("give exactly one input: RUNS_DIR or --csv FILE")
@@ -1890,72 +1789,73 @@ def _fit_warning_flags(flags, caught):
             _add_flag(flags, "fit_warning", msg)
 
 
+def fit_outputs(args):
+    """The fit a CLI invocation asks for, written into --out; returns its result. Every input or output problem is a
+    ValueError before any fit runs; the outputs are rendered in memory and written as one set at the end, so a
+    failure anywhere leaves --out as it was."""
+    request = _request(args)
+    key = common.request_key("fit", request)
+    common.check_dir_writable(args.out, "--out")
+    common.check_owned([os.path.join(args.out, n) for n in OUTPUTS], key, args.overwrite, "--out")
+    try:
+        import matplotlib  # noqa: F401  (the figures need it: fail now, not after the fit)
+    except ImportError:
+        raise ValueError("matplotlib is not installed (pip install -r requirements.txt)") from None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)     # the fitter's own warnings become flags (below)
+        rows = load_csv(args.csv) if args.csv else load_records(args.runs_dir)
+        unfinished = [] if args.csv else unfinished_runs(args.runs_dir)
+        runs = runs_from_rows(rows, args.law)
+        if args.law == "chinchilla":
+            runs = select_runs(runs, args.case, args.loops)
+            res = run_chinchilla(runs, args.restarts, args.seed)
+        elif args.case:
+            res = run_case(runs, args.case, args.loops, restarts=args.restarts, n_boot=args.bootstrap,
+                           seed=args.seed, boot_restarts=args.boot_restarts)
+            runs = select_runs(runs, args.case, args.loops)           # what the figures show: the variant's runs
+        else:
+            runs = select_runs(runs, None, args.loops)
+            res = run_protocol(runs, args.restarts, args.bootstrap, args.seed, args.boot_restarts)
+    if unfinished:
+        _add_flag(res["flags"], "unfinished_runs", f"{len(unfinished)} under {args.runs_dir} "
+                  f"({', '.join(unfinished[:5])}{', ...' if len(unfinished) > 5 else ''})")
+    _fit_warning_flags(res["flags"], [w for w in caught if issubclass(w.category, UserWarning)])
+    res.update(input=args.csv or args.runs_dir, request=request, request_key=key, runs=runs_record(runs))
+    try:
+        files = make_figures(res, runs)
+    except Exception as err:         # a plotting bug must not cost the fit a traceback or a half-written folder
+        raise ValueError(f"drawing the figures failed ({type(err).__name__}: {err}); nothing was written") from None
+    files["report.md"] = report_text(res).encode()
+    res["outputs"] = sorted(files) + ["fit.json"]
+    files = {"fit.json": json.dumps(_jsonable(res), indent=1).encode(), **files}      # fit.json first: renamed last
+    stale = [n for n in OUTPUTS if n not in files and os.path.lexists(os.path.join(args.out, n))]
+    write_set(args.out, files, dict.fromkeys(files, key), remove=["fit.json"] + stale)
+    return res
+
+
 def main(argv=None):
     args = parse_args(argv)
-    if args.bench:
-        bench(args.seed, args.restarts, args.bootstrap)
-        return None
-    if args.cases:
-        try:
+    try:
+        if args.cases:
             summary = case_summary(args.cases)
-        except ValueError as err:
-            raise SystemExit(f"fit.py: error: {err}") from None
-        paths = write_case_summary(summary, args.cases)
+            paths = write_case_summary(summary, args.cases, args.overwrite)
+        elif args.synthetic:
+            rows = write_synthetic(args.synthetic, args.phi, args.noise, args.seed, args.overwrite)
+        else:
+            res = fit_outputs(args)
+    except ValueError as err:
+        common.fail("fit.py", err)
+    if args.cases:
         for row in summary["rows"]:
-            d = "" if row["delta_phi"] is None else f" | delta_phi {row['delta_phi']:+.3f}"
+            d = "" if row["delta_phi"] is None else (f" | delta_phi {row['delta_phi']:+.3f} vs baseline phi "
+                                                     f"{row['baseline_phi']:.3f} refitted in the case's fit")
             print(f"{row['name']:>10}: phi {row['phi']:.3f}{d}")
         print(f"wrote {', '.join(paths)}")
         return summary
     if args.synthetic:
-        try:
-            rows = write_synthetic(args.synthetic, args.phi, args.noise, args.seed, args.overwrite)
-        except (ValueError, OSError) as err:
-            raise SystemExit(f"fit.py: error: {err}") from None
         print(f"wrote {len(rows)} synthetic runs (phi={args.phi}, noise={args.noise}, seed={args.seed}) to "
               f"{args.synthetic}")
         return None
-    # every input or output problem surfaces as ValueError before any fit runs; the CLI turns it into one clear
-    # line. The outputs are rendered in memory and written as one set at the end, so a failure anywhere leaves
-    # --out as it was
-    request = _request(args)
-    try:
-        check_out(args.out, request, args.overwrite)
-        try:
-            import matplotlib  # noqa: F401  (the figures need it: fail now, not after the fit)
-        except ImportError:
-            raise ValueError("matplotlib is not installed (pip install -r requirements.txt)") from None
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", UserWarning)     # the fitter's own warnings become flags (below)
-            rows = load_csv(args.csv) if args.csv else load_records(args.runs_dir)
-            unfinished = [] if args.csv else unfinished_runs(args.runs_dir)
-            runs = runs_from_rows(rows, args.law)
-            if args.law == "chinchilla":
-                runs = select_runs(runs, args.case, args.loops)
-                res = run_chinchilla(runs, args.restarts, args.seed)
-            elif args.case:
-                res = run_case(runs, args.case, args.loops, restarts=args.restarts, n_boot=args.bootstrap,
-                               seed=args.seed, boot_restarts=args.boot_restarts)
-                runs = select_runs(runs, args.case, args.loops)           # what the figures show: the variant's runs
-            else:
-                runs = select_runs(runs, None, args.loops)
-                res = run_protocol(runs, args.restarts, args.bootstrap, args.seed, args.boot_restarts)
-        if unfinished:
-            _add_flag(res["flags"], "unfinished_runs", f"{len(unfinished)} under {args.runs_dir} "
-                      f"({', '.join(unfinished[:5])}{', ...' if len(unfinished) > 5 else ''})")
-        _fit_warning_flags(res["flags"], [w for w in caught if issubclass(w.category, UserWarning)])
-        res["input"] = args.csv or args.runs_dir
-        res["request"] = request
-        try:
-            files = make_figures(res, runs)
-        except Exception as err:         # a plotting bug must not cost the fit a traceback or a half-written folder
-            raise ValueError(f"drawing the figures failed ({type(err).__name__}: {err}); nothing was written") \
-                from None
-        files["report.md"] = report_text(res).encode()
-        res["outputs"] = sorted(files) + ["fit.json"]
-        files["fit.json"] = json.dumps(_jsonable(res), indent=1).encode()
-        write_outputs(args.out, files)
-    except ValueError as err:
-        raise SystemExit(f"fit.py: error: {err}") from None
     if "chinchilla" in res:
         for grp, b in _chin_groups(res).items():
             print(f"{grp}: E={b['E']:.3f} A={_sig2(b['A'])} alpha={b['alpha']:.3f} B={_sig2(b['B'])} "
@@ -1969,7 +1869,7 @@ def main(argv=None):
         if "case" in res:
             c = res["case"]
             print(f"case {c['name']}: phi {c['variant']['phi']:.3f} vs baseline phi {c['baseline']['phi']:.3f} "
-                  f"refitted on the same budgets; delta phi = {c['delta_phi']:+.3f}")
+                  f"refitted on {_budgets_said(c)}; delta phi = {c['delta_phi']:+.3f}")
     # rule 6: every flag, then (last, where a user looks) the phi line carrying the flag names
     for f in res["flags"]:
         print(f"WARNING [{f['name']}]: {f['message']}")

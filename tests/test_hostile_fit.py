@@ -17,6 +17,7 @@ import sys
 import numpy as np
 import pytest
 
+import common
 import fit
 import flops
 
@@ -102,13 +103,16 @@ def good_csv(tmp_path):
 # fit.py: bad values, named by file and line, refused before any fit
 
 @pytest.mark.parametrize("col,value,culprit", [
-    ("tokens", "1e300", "tokens = 1e+300 is out of range"),
-    ("tokens", "-5", "tokens must be positive"),
-    ("val_loss", "nan", "val_loss='nan' is NaN or infinite"),
-    ("val_loss", "1e308", "val_loss = 1e+308 is out of range"),
-    ("flops_budget", "inf", "flops_budget='inf' is NaN or infinite"),
+    ("tokens", "1e300", "tokens='1e300' must be in [1, 1e16] (training tokens: a count, not billions)"),
+    ("tokens", "-5", "tokens='-5' must be in [1, 1e16]"),
+    ("tokens", "0.5", "tokens='0.5' must be in [1, 1e16]"),
+    ("val_loss", "nan", "val_loss='nan' must be a finite number in (0, 100]"),
+    ("val_loss", "1e308", "val_loss='1e308' must be in (0, 100] (nats)"),
+    ("val_loss", "x", "val_loss='x' is not a number"),
+    ("flops_budget", "inf", "flops_budget='inf' must be a finite number"),
     ("n_loops", "3", "n_loops=3 is not an architecture flops.py can count"),
-    ("n_loops", "1e300", "n_loops must be a positive integer"),
+    ("n_loops", "2.5", "n_loops='2.5' must be a whole number"),
+    ("n_loops", "1e300", "n_loops='1e300' must be in [1, 16]"),
 ])
 def test_bad_value_named_by_file_and_line(tmp_path, col, value, culprit):
     rows = _rows()
@@ -171,14 +175,16 @@ def test_malformed_and_foreign_done_json(tmp_path):
     rec = {k: _rows()[3][k] for k in COLS}
     rec["val_loss"] = True                                                  # JSON true is not a loss
     (runs / "run3" / "done.json").write_text(json.dumps(rec))
-    _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")], "val_loss=True is not a number", tmp_path)
+    _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")], "key 'val_loss' must be int/float, got bool True",
+             tmp_path)
     rec["val_loss"], rec["scale"] = 2.5, "wide"
     del rec["d_model"]
     (runs / "run3" / "done.json").write_text(json.dumps(rec))
-    _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")], "scale='wide' must be a positive integer", tmp_path)
+    _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")], "key 'scale' must be int, got str 'wide'", tmp_path)
     rec["scale"], rec["config"] = 6, {"n_layers_eff": 10 ** 400}          # a count flops.py cannot multiply
     (runs / "run3" / "done.json").write_text(json.dumps(rec))
-    _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")], "config n_layers_eff=", tmp_path)
+    _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")], "config n_layers_eff must be an integer in [1, 1e+09]",
+             tmp_path)
 
 
 def test_cases_summary_refuses_a_broken_fit_json_by_name(tmp_path):
@@ -229,7 +235,7 @@ def test_out_naming_a_file_or_unwritable_fails_before_the_fit(tmp_path, good_csv
     _refused(fit.main, ["--csv", good_csv, "--out", str(tmp_path / "afile")] + LIGHT, "is a file, not a folder",
              tmp_path)
     _refused(fit.main, ["--csv", good_csv, "--out", str(tmp_path / "afile" / "sub")] + LIGHT,
-             "is a file, not a folder", tmp_path)
+             "afile is a file, so the folder cannot be created", tmp_path)
     os.makedirs(tmp_path / "o" / "phi.png")                       # one of our names, but a folder
     _refused(fit.main, ["--csv", good_csv, "--out", str(tmp_path / "o"), "--overwrite"] + LIGHT, "not a file",
              tmp_path)
@@ -242,17 +248,17 @@ def test_out_holding_another_fit_is_refused(tmp_path, good_csv, monkeypatch):
     (out / "fit.json").write_text(json.dumps({"request": {"input": "/elsewhere.csv"}}))
     (out / "phi.png").write_bytes(b"old figure")
     (out / "notes.txt").write_text("the user's own file\n")
-    _refused(fit.main, ["--csv", good_csv, "--out", str(out)] + LIGHT, "already holds fit.json, phi.png from a "
-             "different fit; pass --overwrite", tmp_path)
+    _refused(fit.main, ["--csv", good_csv, "--out", str(out)] + LIGHT, "fit.json exists and was written by someone "
+             "else (or edited since); pass --overwrite", tmp_path)
     (out / "fit.json").unlink()                                   # a stray phi.png alone is not ours either
-    _refused(fit.main, ["--csv", good_csv, "--out", str(out)] + LIGHT, "from something other than this fit",
+    _refused(fit.main, ["--csv", good_csv, "--out", str(out)] + LIGHT, "phi.png exists and was written by someone",
              tmp_path)
 
 
 def test_synthetic_never_replaces_a_different_file(tmp_path):
     (tmp_path / "s.csv").write_text("my data\n")
-    _refused(fit.main, ["--synthetic", str(tmp_path / "s.csv")], "exists and holds something else", tmp_path)
-    _refused(fit.main, ["--synthetic", str(tmp_path)], "is a folder", tmp_path)
+    _refused(fit.main, ["--synthetic", str(tmp_path / "s.csv")], "exists and was written by someone else", tmp_path)
+    _refused(fit.main, ["--synthetic", str(tmp_path)], "is not a file; it is never replaced", tmp_path)
     _refused(fit.main, ["--synthetic", str(tmp_path / "s.csv" / "x.csv")], "is a file, not a folder", tmp_path)
     assert _cli(fit.main, ["--synthetic", str(tmp_path / "s.csv"), "--overwrite"])[0] == 0
     assert len(fit.load_csv(str(tmp_path / "s.csv"))) == 116
@@ -288,7 +294,8 @@ def test_uniform_noise_does_not_print_a_confident_phi(noise_fit):
     report = open(out / "report.md").read()
     assert "## Warnings" in report and "**low_r2**" in report
     assert "WARNING: " in [ln for ln in report.splitlines() if ln.startswith("| Joint, φ free")][0]
-    assert sorted(res["outputs"]) == sorted(os.listdir(out))        # exactly the listed set, no temporaries
+    assert sorted(res["outputs"]) == sorted(os.listdir(out))[1:]    # the listed set and the ledger, no temporaries
+    assert sorted(os.listdir(out))[0] == common.LEDGER
 
 
 def test_overwrite_removes_the_earlier_outputs_and_nothing_else(noise_fit, tmp_path):
@@ -296,7 +303,7 @@ def test_overwrite_removes_the_earlier_outputs_and_nothing_else(noise_fit, tmp_p
     out = tmp_path / "out"
     shutil.copytree(first, out)
     (out / "notes.txt").write_text("the user's own file\n")
-    (out / ".phi.png.k1ll3d.tmp").write_bytes(b"half a figure")       # a temporary left by a killed fit.py
+    (out / ".phi.png.0badc0de.tmp").write_bytes(b"half a figure")     # a temporary left by a killed fit.py
     (out / "mine.tmp").write_text("not ours\n")
     # a different request (--law chinchilla) into the folder of a joint fit: refused, then allowed with --overwrite
     _refused(fit.main, ["--csv", csv_path, "--law", "chinchilla", "--out", str(out)] + LIGHT, "--overwrite", tmp_path)
@@ -304,7 +311,8 @@ def test_overwrite_removes_the_earlier_outputs_and_nothing_else(noise_fit, tmp_p
                            + LIGHT)
     assert rc == 0, err
     # no stale phi.png (the joint fit's) and no stale temporary of ours; the user's files stay
-    assert sorted(os.listdir(out)) == ["fit.json", "mine.tmp", "notes.txt", "pred_vs_actual.png", "report.md"]
+    assert sorted(os.listdir(out)) == [common.LEDGER, "fit.json", "mine.tmp", "notes.txt", "pred_vs_actual.png",
+                                       "report.md"]
     assert (out / "notes.txt").read_text() == "the user's own file\n"
     assert "chinchilla" in json.load(open(out / "fit.json"))
     # the same request again rewrites its own outputs without --overwrite (a resumed runs/mini.sh does this)
@@ -324,15 +332,17 @@ def test_failed_figures_or_full_disk_leave_the_folder_as_it_was(noise_fit, tmp_p
     _refused(fit.main, argv, "drawing the figures failed (RuntimeError: renderer exploded); nothing was written",
              tmp_path)
     monkeypatch.undo()
-    real, calls = fit.tempfile.mkstemp, []
+    real, calls = os.open, []
 
-    def full_disk(*a, **k):
-        calls.append(1)
-        if len(calls) > 2:                                      # two temporaries written, then the disk is full
-            raise OSError(28, "No space left on device")
-        return real(*a, **k)
-    monkeypatch.setattr(fit.tempfile, "mkstemp", full_disk)
+    def full_disk(path, flags, *a, **k):
+        if flags & os.O_EXCL:                                   # common.atomic_write creating a temporary
+            calls.append(path)
+            if len(calls) > 2:                                  # two temporaries written, then the disk is full
+                raise OSError(28, "No space left on device")
+        return real(path, flags, *a, **k)
+    monkeypatch.setattr(common.os, "open", full_disk)
     _refused(fit.main, argv, "cannot write (No space left on device); nothing was changed", tmp_path)
+    assert len(calls) == 3 and not [n for n in os.listdir(out) if n.endswith(".tmp")]
 
 
 def test_figures_draw_degenerate_data(noise_fit):
@@ -431,14 +441,14 @@ def test_flops_flags_validated_at_parse(tmp_path, argv, culprit):
 
 
 def test_flops_semantic_errors_are_one_line(tmp_path):
-    _refused(flops.main, ["params", "--n-loops", "3"], "n_loops=3 must divide 16", tmp_path, code=1)
-    _refused(flops.main, ["params", "--injection", "hyper", "--hc-lanes", "1"], "hc_lanes", tmp_path, code=1)
+    _refused(flops.main, ["params", "--n-loops", "3"], "n_loops=3 must divide 16", tmp_path, code=2)
+    _refused(flops.main, ["params", "--injection", "hyper", "--hc-lanes", "1"], "hc_lanes", tmp_path, code=2)
 
 
 def test_cli_subprocess_exit_status_and_one_line(tmp_path):
     # the real entry points: exit status, one stderr line, no traceback
     for cmd, code, culprit in ((["flops.py", "grid", "--mfu", "0.4", "--peak-flops", "inf"], 2, "--peak-flops"),
-                               (["fit.py", "--csv", str(tmp_path / "none.csv"), "--out", str(tmp_path / "o")], 1,
+                               (["fit.py", "--csv", str(tmp_path / "none.csv"), "--out", str(tmp_path / "o")], 2,
                                 "does not exist")):
         p = subprocess.run([sys.executable, *cmd], cwd=ROOT, capture_output=True, text=True, timeout=120)
         lines = p.stderr.strip().splitlines()
