@@ -134,8 +134,11 @@ def _configs(rec):
     """(ModelConfig fields, TrainConfig fields) of a done.json record: config is flat, or nested as train.py writes
     it ({"model_config": {...}, "train_config": {...}}; any sub-dict holding n_layers_eff is the model's)."""
     cfg = rec.get("config") or {}
-    subs = [v for v in cfg.values() if isinstance(v, dict)]
-    model = cfg if "n_layers_eff" in cfg else next((s for s in subs if "n_layers_eff" in s), {})
+    if isinstance(cfg.get("model_config"), dict):
+        model = cfg["model_config"]
+    else:
+        model = cfg if "n_layers_eff" in cfg else next((s for s in cfg.values() if isinstance(s, dict)
+                                                        and "n_layers_eff" in s), {})
     train = cfg["train_config"] if isinstance(cfg.get("train_config"), dict) else cfg
     return model, train
 
@@ -1556,12 +1559,15 @@ def case_summary(out_dir):
 def write_case_summary(summary, out_dir, overwrite=False):
     """Append (or regenerate) the case-study section of OUT/report.md and write cases.png (and cases_loops.png), as
     one set. Ownership (common's ledger): report.md may be rewritten where the fit that wrote OUT/fit.json wrote it
-    (the section goes below that fit's report, which keeps its owner) or an earlier --cases on OUT did; the figures
-    where an earlier --cases on OUT wrote them; anything else only with overwrite. Checked before any drawing."""
+    or an earlier --cases on OUT did, and stays that fit's (the section goes below its report, and the fit may
+    rewrite it); the figures where an earlier --cases on OUT wrote them; anything else only with overwrite.
+    Checked before any drawing."""
     key = common.request_key("fit", {"cases": os.path.abspath(out_dir)})
     report = os.path.join(out_dir, "report.md")
-    rkey = summary["fit_key"] if summary["fit_key"] and common.owner_of(report) == summary["fit_key"] else key
-    common.check_owned([report], rkey, overwrite, "--cases")
+    owner = common.owner_of(report)
+    common.check_owned([report], owner if owner and owner in (summary["fit_key"], key) else key, overwrite,
+                       "--cases")
+    rkey = summary["fit_key"] or key
     common.check_owned([os.path.join(out_dir, n) for n in CASES_OUTPUTS if n != "report.md"], key, overwrite,
                        "--cases")
     f = lambda x, fmt: "-" if x is None else format(x, fmt)
@@ -1768,6 +1774,8 @@ def parse_args(argv=None):
         if args.runs_dir or args.csv or args.out or (args.synthetic and args.cases):
             p.error("--synthetic and --cases take no RUNS_DIR, --csv, --out or each other")
         return args
+    if args.case is not None and _is_baseline(args.case):
+        p.error(f"--case {args.case!r} names the main grid (runs without a case label); leave --case out")
     if (args.runs_dir is None) == (args.csv is None):
         p.error("give exactly one input: RUNS_DIR or --csv FILE")
     if not args.out:

@@ -288,9 +288,10 @@ def main(argv=None):
     num = common.number
     g = sub.add_parser("grid", help="Table 6 and the 116-run list")
     g.add_argument("--n-layers-eff", type=int, default=20, choices=sorted(DEPTH_VARIANTS))
-    g.add_argument("--mfu", type=num(float, "(0, 1]"), default=None, help="plan GPU-hours at this model FLOPs "
-                   "utilisation, in (0, 1]")
-    g.add_argument("--peak-flops", type=num(float, "(0, inf)"), default=989e12,
+    # bounded below too: --mfu 1e-300 --peak-flops 1e-300 would underflow to a division by zero
+    g.add_argument("--mfu", type=num(float, "[1e-6, 1]"), default=None, help="plan GPU-hours at this model FLOPs "
+                   "utilisation, in [1e-6, 1]")
+    g.add_argument("--peak-flops", type=num(float, "[1e6, 1e20]"), default=989e12,
                    help="per-GPU peak FLOP/s (default H100 bf16 dense)")
     k = sub.add_parser("costs", help="inference costs, iso-depth vs iso-parameter")
     k.add_argument("--scale", type=num(int, "[1, 1e6]"), default=34)

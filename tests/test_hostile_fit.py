@@ -455,3 +455,149 @@ def test_cli_subprocess_exit_status_and_one_line(tmp_path):
         assert p.returncode == code and len(lines) == 1 and culprit in lines[0], (p.returncode, p.stderr)
         assert "Traceback" not in p.stderr and p.stdout == ""
     assert os.listdir(tmp_path) == []
+
+
+# -----------------------------------------------------------------------------
+# Issue 18: which runs a fit used, the case baseline's budgets, start-up failures, hand-edited records, ownership
+
+def _case_tree(root, base_budgets=(4.64e17, 1e18, 2.15e18), case_budgets=(4.64e17, 1e18, 2.15e18), seed=0):
+    """A runs folder as runs/mini.sh leaves it: baseline r = 1, 4 at base_budgets and a case "x" (r = 4 only, phi
+    0.66: it borrows the baseline's r = 1 runs) at case_budgets, one done.json each."""
+    _write_records(root, _rows(budgets=base_budgets, seed=seed))
+    for i, row in enumerate(r for r in fit.synthetic_rows(0.66, 0.01, seed + 1) if r["n_loops"] == 4
+                            and r["flops_budget"] in case_budgets):
+        os.makedirs(root / "case_x" / f"run{i}")
+        (root / "case_x" / f"run{i}" / "done.json").write_text(json.dumps(dict({k: row[k] for k in COLS}, case="x")))
+    return str(root)
+
+
+def test_cases_refuses_a_delta_phi_against_another_runs_folder(tmp_path, capsys):
+    # D/fit.json fitted from runs B, D/case_x/fit.json from runs A: the case row's delta-phi would not be the
+    # difference of the two phi the table shows. Refused, one line naming both; refitting D from A makes it agree
+    a, b, d = _case_tree(tmp_path / "a"), _case_tree(tmp_path / "b", seed=7), tmp_path / "study"
+    assert _cli(fit.main, [b, "--out", str(d)] + LIGHT)[0] == 0
+    assert _cli(fit.main, [a, "--case", "x", "--out", str(d / "case_x")] + LIGHT)[0] == 0
+    res = json.load(open(d / "case_x" / "fit.json"))
+    assert res["runs"]["n"] == 28 and res["case"]["baseline_runs"]["n"] == 28 and "request_key" in res
+    assert sorted(res["runs"]["dirs"])[:2] == ["case_x/run0", "case_x/run1"]
+    line = _refused(fit.main, ["--cases", str(d)], "its baseline was refitted on other runs", tmp_path)
+    assert os.path.join("case_x", "fit.json") in line and os.path.join("study", "fit.json") in line
+    assert _cli(fit.main, [a, "--out", str(d), "--overwrite"] + LIGHT)[0] == 0
+    rc, out, err = _cli(fit.main, ["--cases", str(d)])
+    assert rc == 0, err
+    base = json.load(open(d / "fit.json"))
+    assert base["runs"]["digest"] == res["case"]["baseline_runs"]["digest"]       # the same runs, same digest
+    row = [ln for ln in open(d / "report.md").read().splitlines() if ln.startswith("| x |")][0].split(" | ")
+    phi, bphi, dphi = float(row[1].split()[0]), float(row[2]), float(row[3].split()[0])
+    assert abs(phi - bphi - dphi) <= 0.0011                                       # the two phi shown, to rounding
+    assert f"delta_phi {res['case']['delta_phi']:+.3f} vs baseline phi {res['case']['baseline']['phi']:.3f}" in out
+
+
+def test_cases_never_replaces_a_figure_or_report_it_did_not_write(tmp_path):
+    a, d = _case_tree(tmp_path / "a"), tmp_path / "study"
+    assert _cli(fit.main, [a, "--out", str(d)] + LIGHT)[0] == 0
+    assert _cli(fit.main, [a, "--case", "x", "--out", str(d / "case_x")] + LIGHT)[0] == 0
+    (d / "cases.png").write_bytes(b"the user's own figure")
+    _refused(fit.main, ["--cases", str(d)], "cases.png exists and was written by someone else", tmp_path)
+    assert _cli(fit.main, ["--cases", str(d), "--overwrite"])[0] == 0
+    assert (d / "cases.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert _cli(fit.main, ["--cases", str(d)])[0] == 0                            # its own files: no --overwrite
+    (d / "report.md").write_text("# my notes\n")                                  # the report, edited by hand
+    _refused(fit.main, ["--cases", str(d)], "report.md exists and was written by someone else", tmp_path)
+    # the baseline fit (same request) still rewrites the report --cases appended to, without --overwrite
+    assert _cli(fit.main, ["--cases", str(d), "--overwrite"])[0] == 0
+    assert _cli(fit.main, [a, "--out", str(d)] + LIGHT)[0] == 0
+
+
+def test_case_baseline_on_fewer_budgets_says_so_and_flags_it(tmp_path):
+    # the case has 2.15e18, the baseline does not: the baseline is refitted on 2 of the case's 3 budgets, and the
+    # message says so (it said "on the same budgets"); with one budget left, single_budget is raised for it
+    runs = _case_tree(tmp_path / "r", base_budgets=(4.64e17, 1e18))
+    rc, out, err = _cli(fit.main, [runs, "--case", "x", "--out", str(tmp_path / "o")] + LIGHT)
+    assert rc == 0, err
+    assert "refitted on 2 of the case's 3 budgets (no baseline runs at C = 2.15e+18)" in out
+    assert "refitted on the same budgets" not in out
+    res = json.load(open(tmp_path / "o" / "fit.json"))
+    flags = {f["name"]: f["message"] for f in res["flags"]}
+    assert "no baseline runs at C = 2.15e+18" in flags["budget_mismatch"]
+    assert "Baseline (refitted on 2 of the case's 3 budgets" in open(tmp_path / "o" / "report.md").read()
+    runs = _case_tree(tmp_path / "s", base_budgets=(1e18,), case_budgets=(4.64e17, 1e18))
+    rc, out, err = _cli(fit.main, [runs, "--case", "x", "--out", str(tmp_path / "o1")] + LIGHT)
+    assert rc == 0, err
+    phi_line = [ln for ln in out.splitlines() if ln.startswith("phi = ")][0]
+    assert "single_budget" in phi_line and "budget_mismatch" in phi_line
+    flags = {f["name"]: f["message"] for f in json.load(open(tmp_path / "o1" / "fit.json"))["flags"]}
+    assert "case baseline fit: every run at C = 1e+18" in flags["single_budget"]
+    # a fit of the same runs with every budget present says "the same budgets" and raises neither flag
+    runs = _case_tree(tmp_path / "t")
+    rc, out, _ = _cli(fit.main, [runs, "--case", "x", "--out", str(tmp_path / "o2")] + LIGHT)
+    assert rc == 0 and "refitted on the same budgets" in out and "budget_mismatch" not in out
+
+
+def test_a_folder_with_only_train_log_is_an_unfinished_run(tmp_path):
+    # what runs/launch.bash leaves when a cell fails at start-up: train.log and nothing else
+    runs = tmp_path / "runs"
+    _write_records(runs, _rows())
+    os.makedirs(runs / "C1e18_r4_s8")
+    (runs / "C1e18_r4_s8" / "train.log").write_text("train.py: error: --data out/x: no such folder\n")
+    assert "train.log" in fit.UNFINISHED
+    rc, out, err = _cli(fit.main, [str(runs), "--out", str(tmp_path / "o")] + LIGHT)
+    assert rc == 0, err
+    assert "unfinished_runs" in [ln for ln in out.splitlines() if ln.startswith("phi = ")][0]
+    flags = {f["name"]: f["message"] for f in json.load(open(tmp_path / "o" / "fit.json"))["flags"]}
+    assert "1 under" in flags["unfinished_runs"] and "C1e18_r4_s8" in flags["unfinished_runs"]
+
+
+@pytest.mark.parametrize("key,value,culprit", [
+    ("val_loss", "2.5", "key 'val_loss' must be int/float, got str '2.5'"),
+    ("val_loss", float("nan"), "key 'val_loss' must be a finite number in (0, 100]"),
+    ("tokens", 1e300, "key 'tokens' must be in [1, 1e16]"),
+    ("n_loops", 32, "key 'n_loops' must be in [1, 16]"),
+    ("n_loops", 4.0, "key 'n_loops' must be int, got float"),
+    ("flops_budget", -1.0, "key 'flops_budget' must be in (0, 1e30]"),
+    ("case", 5, "key 'case' must be str"),
+    ("identity", "abc", "key 'identity' must be dict"),
+    ("n_loops", 2, "key 'n_loops' is 2 but the record's config says 4"),
+    ("flops_budget", 2e18, "key 'flops_budget' is 2e+18 but the record's config says 1e+18"),
+    ("case", "bptt", "key 'case' is 'bptt' but the record's config says ''"),
+])
+def test_a_hand_edited_done_json_field_is_one_line_naming_file_and_key(tmp_path, key, value, culprit):
+    runs = tmp_path / "runs"
+    _write_records(runs, _rows())
+    path = runs / "run15" / "done.json"                 # r = 4 at C = 1e18
+    rec = json.loads(path.read_text())
+    assert rec["n_loops"] == 4 and rec["flops_budget"] == 1e18
+    rec["config"] = {"model_config": {"n_loops": 4}, "train_config": {"flops_budget": 1e18, "case": ""}}
+    rec[key] = value
+    path.write_text(json.dumps(rec))                  # json writes NaN for float("nan"), as a hand edit might
+    line = _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")] + LIGHT, culprit, tmp_path)
+    assert str(path) in line
+
+
+def test_eval_json_sweep_hand_edited_is_named(tmp_path):
+    # a loop sweep beside a run is read with the record; a torn or edited one is named, not silently dropped
+    runs = tmp_path / "runs"
+    _write_records(runs, _rows())
+    for text, culprit in (('{"n_loops_sweep": ', "not valid JSON"),
+                          ('{"n_loops_sweep": [{"n_loops": 2, "val_loss": "low"}]}', "n_loops_sweep must be a list")):
+        (runs / "run3" / "eval.json").write_text(text)
+        line = _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")] + LIGHT, culprit, tmp_path)
+        assert os.path.join("run3", "eval.json") in line
+
+
+def test_outputs_that_are_links_and_case_baseline_flag_are_refused(tmp_path, good_csv):
+    # a link in --out is never written through, even with --overwrite; --case baseline names the main grid
+    (tmp_path / "mine.txt").write_text("mine\n")
+    os.makedirs(tmp_path / "o")
+    os.symlink(tmp_path / "mine.txt", tmp_path / "o" / "report.md")
+    _refused(fit.main, ["--csv", good_csv, "--out", str(tmp_path / "o"), "--overwrite"] + LIGHT, "is a link",
+             tmp_path)
+    _refused(fit.main, ["--csv", good_csv, "--case", "baseline", "--out", str(tmp_path / "p")], "names the main grid",
+             tmp_path, code=2)
+
+
+def test_record_limits_agree_with_train_limits():
+    # "the same limits as the CLI": where a record field is a train.py flag, fit.py's range is train.py's
+    train = pytest.importorskip("train")
+    for key in ("flops_budget", "n_loops"):
+        assert fit.LIMITS[key][0] == train.LIMITS[key][0], key
