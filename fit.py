@@ -17,7 +17,7 @@ Run:
     python fit.py --cases out/mini                           # case table + figures of out/mini/case_*/ in report.md
     python fit.py --csv c.csv --law chinchilla --out out/c   # plain Eq. 2 fits on n_params,tokens,val_loss[,group]
     python fit.py --synthetic synth.csv --phi 0.46 --noise 0.01 --seed 0   # the 116-run grid drawn from Eq. 3
-    add --overwrite to replace a different earlier fit in --out (the same request may always rewrite its own)
+    add --overwrite to replace files fit.py did not write for this same request (a request may rewrite its own)
 Test: python -m pytest -q tests/test_fit.py tests/test_hostile_fit.py
 Read in this order: objective -> _screen -> fit_law -> bootstrap_phi -> optimal_width -> run_protocol -> assess
 -> main.
@@ -88,12 +88,10 @@ CHIN_REQUIRED = ("n_params", "tokens", "val_loss")                              
 # catch a column in the wrong unit or a typo (tokens = 1e300) before it reaches a logarithm. flops_budget and
 # n_loops are train.py's LIMITS (a test checks they agree); INTEGERS must also be whole numbers.
 LIMITS = {"flops_budget": ("(0, 1e30]", "FLOPs"), "n_loops": ("[1, 16]", "recurrences r"),
-          "n_once": ("[0, 1e15]", "parameters: a count, not millions"),
-          "n_rec": ("[1, 1e15]", "parameters: a count, not millions"),
-          "n_params": ("[1, 1e15]", "parameters: a count, not millions"),
+          **dict.fromkeys(("n_once", "n_rec", "n_params"), ("[1, 1e15]", "parameters: a count, not millions")),
           "tokens": ("[1, 1e16]", "training tokens: a count, not billions"), "val_loss": ("(0, 100]", "nats"),
-          "d_model": ("[1, 1e9]", "width"), "scale": ("[1, 1e9]", "width multiplier s"),
-          "aspect_ratio": ("[1, 1e9]", "d_model / s")}
+          **dict.fromkeys(("d_model", "scale", "aspect_ratio"), ("[1, 1e9]", "width"))}
+LIMITS["n_once"] = ("[0, 1e15]", LIMITS["n_once"][1])        # N_once may be 0 (r = 1, or fully looped models)
 INTEGERS = ("n_loops", "d_model", "scale", "aspect_ratio")
 DONE_SCHEMA = {**{k: (int if k in INTEGERS else (int, float), iv) for k, (iv, _) in LIMITS.items()},
                "case": (str, None), "config": (dict, None), "identity": (dict, None)}
@@ -131,16 +129,12 @@ def _is_baseline(case):
 
 
 def _configs(rec):
-    """(ModelConfig fields, TrainConfig fields) of a done.json record: config is flat, or nested as train.py writes
-    it ({"model_config": {...}, "train_config": {...}}; any sub-dict holding n_layers_eff is the model's)."""
+    """(ModelConfig fields, TrainConfig fields) of a done.json record: config is nested as train.py writes it
+    ({"model_config": {...}, "train_config": {...}}), or flat, or has some sub-dict holding n_layers_eff."""
     cfg = rec.get("config") or {}
-    if isinstance(cfg.get("model_config"), dict):
-        model = cfg["model_config"]
-    else:
-        model = cfg if "n_layers_eff" in cfg else next((s for s in cfg.values() if isinstance(s, dict)
-                                                        and "n_layers_eff" in s), {})
-    train = cfg["train_config"] if isinstance(cfg.get("train_config"), dict) else cfg
-    return model, train
+    model = next((c for c in (cfg.get("model_config"), cfg, *cfg.values()) if isinstance(c, dict)
+                  and (c is cfg.get("model_config") or "n_layers_eff" in c)), {})
+    return model, cfg["train_config"] if isinstance(cfg.get("train_config"), dict) else cfg
 
 
 def _walk_error(err):
@@ -152,17 +146,13 @@ def _read_sweep(path):
     """The test-time loop sweep eval.py --n-loops-sweep wrote beside a run ([{n_loops, val_loss}, ...]), or None
     when there is no eval.json or it holds no sweep. A sweep that is there is checked: a torn or hand-edited one is
     an error naming the file, not a curve that silently vanishes from the report."""
-    if not os.path.isfile(path):
-        return None
-    curve = common.read_json(path).get("n_loops_sweep")
-    if not curve:
-        return None
-    if not (isinstance(curve, list) and all(
+    curve = common.read_json(path).get("n_loops_sweep") if os.path.isfile(path) else None
+    if curve and not (isinstance(curve, list) and all(
             isinstance(p, dict) and type(p.get("n_loops")) is int and p["n_loops"] >= 1 and "val_loss" in p
             and common.check_number(p["val_loss"], LIMITS["val_loss"][0]) is None for p in curve)):
         raise ValueError(f"{path}: n_loops_sweep must be a list of {{n_loops >= 1, val_loss in "
                          f"{LIMITS['val_loss'][0]}}} entries, as eval.py --n-loops-sweep writes it")
-    return curve
+    return curve or None
 
 
 def load_records(runs_dir):
@@ -172,8 +162,8 @@ def load_records(runs_dir):
     and LIMITS), its config's accounting, and its n_loops, flops_budget and case against its own config (a
     hand-edited field is one line naming the file and key). ValueError if none is found."""
     if not os.path.isdir(runs_dir):
-        raise ValueError(f"runs directory {runs_dir!r} does not exist" if not os.path.exists(runs_dir) else
-                         f"runs directory {runs_dir!r} is not a folder")
+        raise ValueError(f"runs directory {runs_dir!r} " + ("is not a folder" if os.path.exists(runs_dir) else
+                                                            "does not exist"))
     recs = []
     for root, _, files in sorted(os.walk(runs_dir, onerror=_walk_error)):
         if "done.json" not in files:
@@ -189,53 +179,46 @@ def load_records(runs_dir):
             raise ValueError(f"{path}: config {err}") from None
         for key, cfg in (("n_loops", mcfg), ("flops_budget", tcfg), ("case", tcfg)):
             mine, theirs = rec.get(key), cfg.get(key, rec.get(key))
-            if key == "case":
-                mine, theirs = mine or "", theirs or ""          # train.py writes no case key for the main grid
+            if key == "case":                                   # no case key in the record = the main grid ("")
+                mine, theirs = mine or "", theirs or ""
             if mine != theirs:
                 raise ValueError(f"{path}: key {key!r} is {mine!r:.40} but the record's config says {theirs!r:.40}: "
                                  "the record was edited or mixed up; restore it or rerun the run")
-        rec.update(source=path, run_dir=os.path.relpath(root, runs_dir),
-                   arch={k: v for k, v in acc.items() if k not in ("d_model", "n_loops")},
-                   aspect_ratio=mcfg.get("aspect_ratio", flops.ASPECT_RATIO),
-                   n_loops_sweep=_read_sweep(os.path.join(root, "eval.json")))
+        rec.update(source=path, run_dir=os.path.relpath(root, runs_dir), n_loops_sweep=_read_sweep(
+            os.path.join(root, "eval.json")), arch={k: v for k, v in acc.items() if k not in ("d_model", "n_loops")},
+            aspect_ratio=mcfg.get("aspect_ratio", flops.ASPECT_RATIO))
         if "d_model" not in rec and "scale" in rec:
             rec["d_model"] = rec["aspect_ratio"] * rec["scale"]
         recs.append(rec)
     if not recs:
         left = unfinished_runs(runs_dir)
-        raise ValueError(f"no done.json found under {runs_dir!r}"
-                         + (f" ({len(left)} unfinished run folders: {', '.join(left[:3])}"
-                            f"{', ...' if len(left) > 3 else ''})" if left else ""))
+        raise ValueError(f"no done.json found under {runs_dir!r}" + (f" ({len(left)} unfinished run folders: "
+                         f"{', '.join(left[:3])}{', ...' if len(left) > 3 else ''})" if left else ""))
     return recs
 
 
 def unfinished_runs(runs_dir):
     """Run folders under runs_dir that hold a checkpoint or a log (UNFINISHED) but no done.json: killed, failed at
     start-up or still training. fit.py reads only done.json, so these are absent from the fit unless named."""
-    out = []
-    for root, _, files in sorted(os.walk(runs_dir, onerror=_walk_error)):
-        if "done.json" not in files and any(f in files for f in UNFINISHED):
-            out.append(os.path.relpath(root, runs_dir))
-    return out
+    return [os.path.relpath(root, runs_dir) for root, _, files in sorted(os.walk(runs_dir, onerror=_walk_error))
+            if "done.json" not in files and any(f in files for f in UNFINISHED)]
 
 
 def load_csv(path):
     """Rows of a CSV file as dicts (values still strings) with a "source" key naming file and line. ValueError if
     the file is missing, not text, malformed (a row with more or fewer fields than the header) or empty."""
     if not os.path.isfile(path):
-        raise ValueError(f"CSV file {path!r} does not exist" if not os.path.exists(path) else
-                         f"CSV file {path!r} is not a file")
+        raise ValueError(f"CSV file {path!r} " + ("is not a file" if os.path.exists(path) else "does not exist"))
     rows = []
     try:
         # utf-8-sig: a spreadsheet's byte-order mark would otherwise glue itself to the first column's name
         with open(path, newline="", encoding="utf-8-sig") as fh:
             reader = csv.reader(fh, strict=True)   # a stray quote is an error, not a silently merged field
             header = [h.strip() for h in next(reader, None) or []]
-            if not any(header):
-                raise ValueError(f"{path}:1: no header row")
             dup = sorted({h for h in header if h and header.count(h) > 1})
-            if dup:
-                raise ValueError(f"{path}:1: column {dup[0]!r} appears twice in the header")
+            if not any(header) or dup:
+                raise ValueError(f"{path}:1: " + (f"column {dup[0]!r} appears twice in the header" if dup else
+                                                  "no header row"))
             for fields in reader:
                 if not any(f.strip() for f in fields):
                     continue                                # blank lines carry no run
@@ -264,10 +247,8 @@ def _value(row, key):
         why = "is not a number" if isinstance(val, bool) else common.check_number(x, *LIMITS[key])
     except (TypeError, ValueError, OverflowError):
         x, why = None, "is not a number"
-    if why is None and key in INTEGERS and x != int(x):
-        why = "must be a whole number"
-    if why:
-        raise ValueError(f"{row['source']}: {key}={val!r:.40} {why}")
+    if why or (key in INTEGERS and x != int(x)):
+        raise ValueError(f"{row['source']}: {key}={val!r:.40} {why or 'must be a whole number'}")
     return x
 
 
@@ -275,9 +256,10 @@ def runs_from_rows(rows, law="joint"):
     """Validate run rows (done.json records or CSV rows) and return the runs dict the fitters use.
 
     runs = {"flops_budget", "n_loops", "n_once", "n_rec", "tokens", "val_loss": (n,) arrays, "case": list,
-            "group", "source", "dir", "identity", "arch" (flops kwargs), "aspect" (aspect ratio): per-run lists}.
-    Joint law: every REQUIRED key. --law chinchilla: n_params,tokens,val_loss (+ optional group), or the joint keys
-    (then N = n_once + n_rec and the group is the architecture r). Every number is checked against LIMITS.
+            "group", "source", "dir", "identity", "arch" (flops kwargs), "aspect" (aspect ratio), "sweep": per-run
+            lists}. Joint law: every REQUIRED key. --law chinchilla: n_params,tokens,val_loss (+ optional group), or
+    the joint keys (then N = n_once + n_rec and the group is the architecture r). Every number is checked against
+    LIMITS: non-positive N, D or loss have no logarithm (Eq. 4), and objective relies on N, D >= 1.
     """
     if not rows:
         raise ValueError("no runs given")
@@ -287,47 +269,39 @@ def runs_from_rows(rows, law="joint"):
     chin_cols = law == "chinchilla" and ("n_params" in rows[0] or any(k not in rows[0] for k in REQUIRED))
     need = CHIN_REQUIRED if chin_cols else REQUIRED
     for row in rows:
-        missing = [k for k in need if k not in row or row[k] in (None, "")]
+        missing = [k for k in need if row.get(k) in (None, "")]
         if missing:
-            alt = f" (or {', '.join(REQUIRED)})" if chin_cols else ""
-            raise ValueError(f"{row['source']}: missing {', '.join(missing)} (need {', '.join(need)}{alt})")
-    # (n,) each. Non-positive N, D or loss have no logarithm (Eq. 4); N_once may be 0 (r = 1, or fully looped
-    # models); N and D are counts >= 1, which objective relies on (ln N, ln D >= 0)
-    cols = {k: np.array([_value(row, k) for row in rows]) for k in need}
-    n = len(rows)
+            raise ValueError(f"{row['source']}: missing {', '.join(missing)} (need {', '.join(need)}"
+                             + (f"; or {', '.join(REQUIRED)})" if chin_cols else ")"))
+    out = {k: np.array([_value(row, k) for row in rows]) for k in need}     # (n,) each
     if chin_cols:
         # Eq. 2 on plain (N, D, L): store N as n_rec with n_once = 0 and r = 1, so N_eff = N for any phi
-        out = {"n_once": np.zeros(n), "n_rec": cols["n_params"], "n_loops": np.ones(n, dtype=int),
-               "flops_budget": np.full(n, np.nan), "tokens": cols["tokens"], "val_loss": cols["val_loss"],
-               "group": [str(row.get("group", "") or "all") for row in rows]}
+        out.update(n_once=np.zeros(len(rows)), n_rec=out.pop("n_params"), n_loops=np.ones(len(rows), dtype=int),
+                   flops_budget=np.full(len(rows), np.nan), group=[str(row.get("group") or "all") for row in rows])
     else:
         # the joint law needs r itself (r^phi), N split into its once-used and looped parts, and the budget for the
         # (budget, r) bootstrap cells and the compute-optimal frontier
-        out = {k: cols[k] for k in ("flops_budget", "n_once", "n_rec", "tokens", "val_loss")}
-        out["n_loops"] = cols["n_loops"].astype(int)
+        out["n_loops"] = out["n_loops"].astype(int)
         out["group"] = [f"r={int(x)}" for x in out["n_loops"]]
-    out["case"] = [row.get("case") or None for row in rows]      # "" and missing both mean the main grid
-    out["source"] = [row["source"] for row in rows]
     # which run each row is (issue 18 §1): its folder under the runs folder (the CSV line for CSV rows) and the
-    # identity train.py recorded, if any; fit.json's "runs" record is built from them (runs_record)
-    out["dir"] = [row.get("run_dir", row["source"]) for row in rows]
-    out["identity"] = [row.get("identity") for row in rows]
+    # identity train.py recorded, if any (runs_record); per-run architecture (flops kwargs) and aspect ratio: the
+    # frontier inverts the accounting of the runs' own model family (CSV rows: the paper's, flops.py defaults)
+    out.update(case=[row.get("case") or None for row in rows], source=[row["source"] for row in rows],
+               dir=[row.get("run_dir", row["source"]) for row in rows], arch=[row["arch"] for row in rows],
+               identity=[row.get("identity") for row in rows], sweep=[row.get("n_loops_sweep") for row in rows],
+               aspect=[int(_value(row, "aspect_ratio")) if row.get("aspect_ratio") not in (None, "") else
+                       flops.ASPECT_RATIO for row in rows])
     # Duplicates (same budget, r, N and D; same N, D and group in chinchilla mode) double-weight one configuration in
     # the sum of Eq. 4: warn, keep both. A case study may repeat the baseline's configurations (same N and D, a
     # different recipe), so the case label is part of the key
-    keys = list(zip(*[cols[k] for k in need if k != "val_loss"], out["group"], map(str, out["case"])))
+    named = [k for k in need if k != "val_loss"]
     seen = {}
-    for i, k in enumerate(keys):
+    for i, k in enumerate(zip(*[out["n_rec" if k == "n_params" else k] for k in named], out["group"],
+                              map(str, out["case"]))):
         if k in seen:
             warnings.warn(f"duplicate run: {out['source'][i]} repeats {out['source'][seen[k]]} "
-                          f"(same {', '.join(k for k in need if k != 'val_loss')}); both are kept")
+                          f"(same {', '.join(named)}); both are kept")
         seen.setdefault(k, i)
-    # per-run architecture (flops kwargs) and aspect ratio: the frontier inverts the accounting of the runs' own
-    # model family; CSV rows get the paper's (flops.py defaults)
-    out["arch"] = [row["arch"] for row in rows]
-    out["aspect"] = [int(_value(row, "aspect_ratio")) if row.get("aspect_ratio") not in (None, "") else
-                     flops.ASPECT_RATIO for row in rows]
-    out["sweep"] = [row.get("n_loops_sweep") for row in rows]       # test-time loop curves (eval.py), or None
     if not chin_cols:
         _check_accounting(rows, out)
     return out
@@ -339,24 +313,17 @@ def _check_accounting(rows, runs):
     frontier inverts that accounting after every fit, and the fit trusts the recorded split: a record from another
     code version or a mislabelled architecture would make the two silently inconsistent, so it stops here, before
     the fits and the bootstrap."""
-    seen = set()
     for i, row in enumerate(rows):
         r, kw = int(runs["n_loops"][i]), row["arch"]
-        key = (r, json.dumps(kw, sort_keys=True, default=str))
-        if key not in seen:
-            seen.add(key)
-            try:
-                flops.flops_per_token(64, r, **kw)         # any width: the layout and mode checks do not depend on d
-            except (ValueError, TypeError, OverflowError) as err:
-                arch = f" with {kw}" if kw else ""
-                raise ValueError(f"{row['source']}: n_loops={r}{arch} is not an architecture flops.py can count "
-                                 f"({err})") from None
-        if row.get("d_model") not in (None, ""):
-            d = int(_value(row, "d_model"))
-        elif row.get("scale") not in (None, ""):
-            d = runs["aspect"][i] * int(_value(row, "scale"))
-        else:
+        try:
+            flops.flops_per_token(64, r, **kw)         # any width: the layout and mode checks do not depend on d
+        except (ValueError, TypeError, OverflowError) as err:
+            raise ValueError(f"{row['source']}: n_loops={r}{f' with {kw}' if kw else ''} is not an architecture "
+                             f"flops.py can count ({err})") from None
+        has = {k: row.get(k) not in (None, "") for k in ("d_model", "scale")}
+        if not any(has.values()):
             continue                      # nothing to check against (a hand-written CSV without widths)
+        d = int(_value(row, "d_model")) if has["d_model"] else runs["aspect"][i] * int(_value(row, "scale"))
         want, got = sum(flops.param_split(d, r, **kw)), runs["n_once"][i] + runs["n_rec"][i]
         if got != want:
             raise ValueError(f"{row['source']}: n_once + n_rec = {got:.0f} but flops.param_split(d_model={d}, "
@@ -368,18 +335,17 @@ def arch_map(runs):
     else that r's frontier is ill-defined (a case-study variant and the baseline differ: select one with --case)."""
     arch, aspect = {}, {}
     for a, asp, r, src in zip(runs["arch"], runs["aspect"], runs["n_loops"], runs["source"]):
-        r = int(r)
-        a = {k: v for k, v in a.items() if v is not None}
-        if r in arch and arch[r] != a:
+        a, r = {k: v for k, v in a.items() if v is not None}, int(r)
+        if arch.setdefault(r, a) != a:
             raise ValueError(f"{src}: architecture {a} differs from another r={r} run ({arch[r]}); fit one "
                              f"architecture per n_loops (label variants with a case and select one with --case)")
-        arch[r], aspect[r] = a, int(asp)
+        aspect[r] = int(asp)
     return arch, aspect
 
 
 def subset(runs, mask):
-    """The runs selected by a boolean mask (arrays and per-run lists alike)."""
-    idx = np.flatnonzero(mask)
+    """The runs selected by a boolean mask, or reordered by an index array (arrays and per-run lists alike)."""
+    idx = np.flatnonzero(mask) if np.asarray(mask).dtype == bool else mask
     # arrays are fancy-indexed, per-run lists (case, source, arch, ...) picked element by element
     return {k: (v[idx] if isinstance(v, np.ndarray) else [v[i] for i in idx]) for k, v in runs.items()}
 
@@ -393,18 +359,17 @@ def make_problem(runs, phi=None):
     Logs are taken once here: the objective only ever needs ln D, ln L and ln r. Refuses runs that determine no
     fit (fewer runs than parameters, equal losses)."""
     prob = _pack(runs, phi)
-    # fewer runs than parameters: the optimum is a manifold, not a point -- refuse instead of reporting one of them
-    if len(prob["ln_l"]) < prob["p"]:
-        raise ValueError(f"{len(prob['ln_l'])} runs cannot determine {prob['p']} parameters; need at least "
-                         f"{prob['p']} runs")
-    # equal losses (or one configuration repeated): every law with A = B = 0 fits exactly, so no parameter, phi
+    n = len(prob["ln_l"])
+    # fewer runs than parameters: the optimum is a manifold, not a point -- refuse instead of reporting one of them.
+    # Equal losses (or one configuration repeated): every law with A = B = 0 fits exactly, so no parameter, phi
     # included, is determined -- any number reported would be an artefact of the start points
-    if np.ptp(prob["ln_l"]) == 0:
-        raise ValueError(f"all {len(prob['ln_l'])} runs have the same val_loss ({prob['val_loss'][0]:g}); a scaling "
-                         f"law cannot be fitted to a constant")
-    n_tot = prob["n_once"] + prob["n_rec"]
-    if np.ptp(n_tot) == 0 and np.ptp(prob["ln_d"]) == 0 and np.ptp(prob["ln_r"]) == 0:
-        raise ValueError(f"all {len(n_tot)} runs have the same N, D and n_loops; nothing varies for a law to fit")
+    why = (f"{n} runs cannot determine {prob['p']} parameters; need at least {prob['p']} runs" if n < prob["p"] else
+           f"all {n} runs have the same val_loss ({prob['val_loss'][0]:g}); a scaling law cannot be fitted to a "
+           "constant" if np.ptp(prob["ln_l"]) == 0 else
+           f"all {n} runs have the same N, D and n_loops; nothing varies for a law to fit"
+           if max(np.ptp(prob["n_once"] + prob["n_rec"]), np.ptp(prob["ln_d"]), np.ptp(prob["ln_r"])) == 0 else None)
+    if why:
+        raise ValueError(why)
     return prob
 
 
@@ -480,10 +445,8 @@ def objective(theta, prob, weights=None, grad=True):
 def predict(theta, prob):
     """L_hat in nats for every run of prob, at one theta."""
     th = np.asarray(theta, dtype=float)
-    if prob["phi_fixed"] is None:
-        ln_n = np.log(prob["n_once"] + np.exp(th[5] * prob["ln_r"]) * prob["n_rec"])
-    else:
-        ln_n = prob["ln_n"]
+    ln_n = np.log(prob["n_once"] + np.exp(th[5] * prob["ln_r"]) * prob["n_rec"]) if prob["phi_fixed"] is None \
+        else prob["ln_n"]
     return np.exp(th[0] - th[3] * ln_n) + np.exp(th[1] - th[4] * prob["ln_d"]) + np.exp(th[2])
 
 
@@ -532,17 +495,13 @@ def _screen(prob, x0, weights=None, maxiter=SCREEN_ITERS, gtol=1e-9, ftol=1e-13)
             fresh[act[bad]] = True
         # Armijo backtracking along the projected path: f(P(x + t d)) <= f + 1e-4 g'(P(x + t d) - x); a failed
         # trial shrinks t to the minimiser of the quadratic through f, the slope and f(t), kept in [0.1 t, 0.5 t]
-        t = np.ones(act.size)
-        x_new, f_new = xa.copy(), fa.copy()
-        ok_all = np.zeros(act.size, dtype=bool)
-        pend = np.arange(act.size)
+        t, x_new, ok_all, pend = np.ones(act.size), xa.copy(), np.zeros(act.size, dtype=bool), np.arange(act.size)
         for _ in range(30):
             xt = np.clip(xa[pend] + t[pend, None] * d[pend], lo, hi)
             ft = fg(act[pend], xt, grad=False)
             slope = (ga[pend] * (xt - xa[pend])).sum(1)             # g'(step actually taken) < 0
             ok = ft <= fa[pend] + 1e-4 * slope
-            x_new[pend[ok]], f_new[pend[ok]] = xt[ok], ft[ok]
-            ok_all[pend[ok]] = True
+            x_new[pend[ok]], ok_all[pend[ok]] = xt[ok], True
             pend, slope, ft, tp = pend[~ok], slope[~ok], ft[~ok], t[pend[~ok]]
             if pend.size == 0:
                 break
@@ -550,17 +509,14 @@ def _screen(prob, x0, weights=None, maxiter=SCREEN_ITERS, gtol=1e-9, ftol=1e-13)
             shrink = np.where(curv > 0, -slope / (2 * np.maximum(curv, 1e-300)), 0.1)
             t[pend] = tp * np.clip(shrink, 0.1, 0.5)
         # a failed line search means no further progress is possible at screen precision
-        done[act[~ok_all]] = True
-        converged[act[~ok_all]] = True
+        done[act[~ok_all]] = converged[act[~ok_all]] = True
         move = np.flatnonzero(ok_all)
         if move.size == 0:
             continue
         am = act[move]                                                              # global rows that stepped
         fn, gn = fg(am, x_new[move])
-        s = x_new[move] - xa[move]                                                  # (m, p)
-        y = gn - ga[move]
+        s, y, Hm = x_new[move] - xa[move], gn - ga[move], Ha[move]                  # (m, p), (m, p), (m, p, p)
         sy = (s * y).sum(1)
-        Hm = Ha[move]
         upd = sy > 1e-12 * np.linalg.norm(s, axis=1) * np.linalg.norm(y, axis=1)
         # Shanno-Phua: before the first update, rescale H0 = (s'y / y'y) I
         first = upd & fresh[am]
@@ -569,20 +525,17 @@ def _screen(prob, x0, weights=None, maxiter=SCREEN_ITERS, gtol=1e-9, ftol=1e-13)
             fresh[am[first]] = False
         if upd.any():
             # inverse BFGS: H+ = H - rho (s Hy' + Hy s') + (rho^2 y'Hy + rho) s s'
-            su, yu, Hu = s[upd], y[upd], Hm[upd]
-            rho = 1.0 / sy[upd]
+            su, yu, Hu, rho = s[upd], y[upd], Hm[upd], 1.0 / sy[upd]
             Hy = np.einsum("kij,kj->ki", Hu, yu)
             yHy = (yu * Hy).sum(1)
             Hm[upd] = (Hu - rho[:, None, None] * (su[:, :, None] * Hy[:, None, :] + Hy[:, :, None] * su[:, None, :])
                        + ((rho * rho * yHy + rho)[:, None, None]) * su[:, :, None] * su[:, None, :])
-        Ha[move] = Hm
+        Ha[move], x[am], f[am], g[am] = Hm, x_new[move], fn, gn
         H[act] = Ha
-        x[am], f[am], g[am] = x_new[move], fn, gn
         # stop: projected gradient small, or the relative decrease negligible
         pg = np.abs(np.clip(x[am] - g[am], lo, hi) - x[am]).max(1)
         stop = (pg <= gtol) | ((fa[move] - fn) <= ftol * np.maximum(np.abs(fn), 1e-300))
-        done[am[stop]] = True
-        converged[am[stop]] = True
+        done[am[stop]] = converged[am[stop]] = True
     return x, f * DELTA, converged
 
 
@@ -624,24 +577,17 @@ def fit_law(prob, restarts=RESTARTS, seed=0, engine="batched"):
         # polish the best few *distinct* screened optima with scipy at maxiter 10,000: a start in the global basin
         # that the cap stopped short still gets its chance, and the answer carries scipy's convergence guarantees
         order = np.argsort(fs)
-        picked, keys = [], set()
+        first = {}                                   # rounded theta -> its best screened start, best first
         for i in order:
-            key = tuple(np.round(xs[i], 3))
-            if key not in keys:
-                keys.add(key)
-                picked.append(i)
-            if len(picked) == N_POLISH:
-                break
+            first.setdefault(tuple(np.round(xs[i], 3)), i)
         best_x, best_f = xs[order[0]], fs[order[0]]
-        for i in picked:
+        for i in list(first.values())[:N_POLISH]:
             xp, fp = _polish(prob, xs[i])
             if fp < best_f:
                 best_x, best_f = xp, fp
     elif engine == "scipy":
         # engine A: the protocol as written, one L-BFGS-B per start, serially (the reference the test compares to)
-        out = [_polish(prob, x) for x in x0]
-        xs = np.array([o[0] for o in out])
-        fs = np.array([o[1] for o in out])
+        xs, fs = (np.array(v) for v in zip(*[_polish(prob, x) for x in x0]))
         conv = np.ones(restarts, dtype=bool)
         best_x, best_f = xs[np.argmin(fs)], float(fs.min())
     else:
@@ -655,9 +601,7 @@ def fit_law(prob, restarts=RESTARTS, seed=0, engine="batched"):
     n_theta = len({tuple(np.round(x, 3)) for x in xs[conv]})
     # a parameter on the App. F box (E -> e^-3, alpha -> 0, ...) flags a degenerate or poorly identified fit
     lo, hi = _box(p)
-    span = hi - lo
-    on_bounds = [PARAM_NAMES[j] for j in range(p)
-                 if best_x[j] - lo[j] <= 1e-6 * span[j] or hi[j] - best_x[j] <= 1e-6 * span[j]]
+    on_bounds = [PARAM_NAMES[j] for j in range(p) if min(best_x[j] - lo[j], hi[j] - best_x[j]) <= 1e-6 * (hi - lo)[j]]
     return {"theta": best_x, "huber": float(best_f), "hits": max(hits, 1), "restarts": restarts,
             "n_converged": int(conv.sum()), "distinct_optima": n_obj, "distinct_theta": n_theta,
             "on_bounds": on_bounds, "seed": seed, "engine": engine, "seconds": time.perf_counter() - t0}
@@ -666,18 +610,14 @@ def fit_law(prob, restarts=RESTARTS, seed=0, engine="batched"):
 def describe(prob, res, name="joint"):
     """The report block of a fit: E, A, B, alpha, beta, phi, R^2 on raw nats, RMSE, max|res|, per-r residuals.
     name says which fit this is (joint, r=2, low half, ...) in its warnings, so a flag points at the right fit."""
-    th = res["theta"]
-    pred = predict(th, prob)                             # (n,) L_hat in nats
-    L = prob["val_loss"]
-    resid = L - pred                                     # actual - predicted, in nats (Table 7 sign)
+    th, L = res["theta"], prob["val_loss"]
+    resid = L - predict(th, prob)                        # (n,) actual - predicted, in nats (Table 7 sign)
     # R^2 on raw nats (Table 1 caption), not on the log scale the objective uses
     ss_tot = float(np.sum((L - L.mean()) ** 2))
-    # Table 7: per-architecture n, mean residual, max |residual| and RMSE
-    per_r = {}
-    for r in np.unique(prob["n_loops"]):
-        m = prob["n_loops"] == r                         # this architecture's runs
-        per_r[str(int(r))] = {"n": int(m.sum()), "mean": float(resid[m].mean()),
-                              "max_abs": float(np.abs(resid[m]).max()), "rmse": float(np.sqrt(np.mean(resid[m] ** 2)))}
+    # Table 7: per-architecture n, mean residual, max |residual| and RMSE (m: this architecture's runs)
+    per_r = {str(int(r)): {"n": int(m.sum()), "mean": float(resid[m].mean()), "max_abs": float(np.abs(resid[m]).max()),
+                           "rmse": float(np.sqrt(np.mean(resid[m] ** 2)))}
+             for r, m in ((r, prob["n_loops"] == r) for r in np.unique(prob["n_loops"]))}
     block = {"E": math.exp(th[2]), "A": math.exp(th[0]), "B": math.exp(th[1]), "alpha": float(th[3]),
              "beta": float(th[4]), "phi": float(th[5]) if prob["phi_fixed"] is None else prob["phi_fixed"],
              "theta": [float(v) for v in th],
@@ -718,8 +658,7 @@ def bootstrap_phi(runs, theta_hat, n_boot=N_BOOT, seed=0, boot_restarts=BOOT_RES
     cells = sorted(set(own)) if cells is None else [(float(c), int(r)) for c, r in cells]
     cell_id = np.array([cells.index(c) for c in own])     # ValueError if a run's cell is not in the given list
     draws = rng.integers(0, len(cells), size=(n_boot, len(cells)))            # (B, n_cells) cell indices
-    counts = np.stack([np.bincount(row, minlength=len(cells)) for row in draws])
-    W = counts[:, cell_id].astype(float)                                        # (B, n) run weights
+    W = np.stack([np.bincount(row, minlength=len(cells)) for row in draws])[:, cell_id].astype(float)  # (B, n)
     # one batched problem: row i*B + j is start i (0 = warm start) of resample j, with resample j's weights
     k = 1 + boot_restarts
     x0 = np.concatenate([np.repeat(np.asarray(theta_hat)[None], n_boot, 0),
@@ -730,9 +669,7 @@ def bootstrap_phi(runs, theta_hat, n_boot=N_BOOT, seed=0, boot_restarts=BOOT_RES
         print(f"bootstrap: {n_boot} resamples of {len(cells)} cells, {k * n_boot} starts screened at once",
               file=sys.stderr, flush=True)
     xs, fs, _ = _screen(prob, x0, Wk)
-    xs = xs.reshape(k, n_boot, 6)
-    fs = fs.reshape(k, n_boot)
-    phis, wins = np.empty(n_boot), 0
+    xs, fs, phis, wins = xs.reshape(k, n_boot, 6), fs.reshape(k, n_boot), np.empty(n_boot), 0
     for i in range(n_boot):
         # tight-tolerance polish: a warm start that stops early barely moves and would make the CI too narrow
         xw, fw = _polish(prob, xs[0, i], W[i])
@@ -769,10 +706,8 @@ def arch_polys(r, arch=None):
     arch = arch or {}                                            # flops.accounting_args beyond d_model, n_loops
     ds = np.array([256.0, 512.0, 768.0, 1024.0])
     vals = np.array([[*flops.param_split(int(d), r, **arch), flops.flops_per_token(int(d), r, **arch)] for d in ds])
-    V = np.vander(ds[:3], 3)
-    coef = np.linalg.solve(V, vals[:3])                                         # (3, 3): columns once, rec, flops
-    check = np.vander(ds[3:], 3) @ coef
-    if not np.allclose(check[0], vals[3], rtol=1e-9, atol=0.5):
+    coef = np.linalg.solve(np.vander(ds[:3], 3), vals[:3])                     # (3, 3): columns once, rec, flops
+    if not np.allclose((np.vander(ds[3:], 3) @ coef)[0], vals[3], rtol=1e-9, atol=0.5):
         raise ValueError(f"flops.py accounting for r={r} {arch} is not quadratic in d_model; cannot invert it")
     return {"once": coef[:, 0], "rec": coef[:, 1], "flops": coef[:, 2]}
 
@@ -795,18 +730,14 @@ def optimal_width(E, A, B, alpha, beta, n_of_d, f_of_d, C):
                       f"optimum (alpha={alpha:.3g}, beta={beta:.3g})")
     lo, hi = grid[max(j - 1, 0)], grid[min(j + 1, len(grid) - 1)]
     u = minimize_scalar(loss, bounds=(lo, hi), method="bounded", options={"xatol": 1e-10}).x
-    d = math.exp(u)
-    return d, float(n_of_d(d)), float(C / f_of_d(d)), float(loss(u))
+    return math.exp(u), float(n_of_d(math.exp(u))), float(C / f_of_d(math.exp(u))), float(loss(u))
 
 
 def _frontier_rows(blocks, arch, aspect, budgets, joint=False):
     """Compute-optimal rows (budget, r, d*, s*, N*, N_eff*, D*, L*) for each r, from per-arch or joint laws."""
     rows = []
-    for r in sorted(arch):
-        blk = blocks if joint else blocks.get(str(r))
-        if blk is None:
-            continue
-        poly = arch_polys(r, arch[r])                           # this r's own N(d), F(d) (records' architecture)
+    for r in [r for r in sorted(arch) if joint or str(r) in blocks]:
+        blk, poly = blocks if joint else blocks[str(r)], arch_polys(r, arch[r])   # this r's own N(d), F(d)
         # per-arch law: N = N_once + N_rec (Eq. 2). Joint law at fixed r (App. G.3): N_eff = N_once + r^phi N_rec,
         # so a higher phi shrinks the optimal width (A_eff = A g_r^-alpha falls as g_r = N_eff / N rises)
         g = r ** blk["phi"] if joint else 1.0
@@ -855,9 +786,7 @@ def equivalence(phi, arch, n_ref=1e9):
     at phi = 0.46, architecture.md §8.7).
     """
     out = {}
-    for r in sorted(arch):
-        if r == 1:
-            continue
+    for r in [r for r in sorted(arch) if r != 1]:
         # the comparison is at equal width and l_eff (F.4), so both models share d: solve N_1(d) = n_ref once
         base = {k: v for k, v in arch[r].items() if k != "n_loops_bwd"}      # the same-width r = 1 model
         p1, pr = arch_polys(1, base), arch_polys(r, arch[r])
@@ -895,10 +824,10 @@ def run_protocol(runs, restarts=RESTARTS, n_boot=N_BOOT, seed=0, boot_restarts=B
     loops = sorted(set(int(r) for r in runs["n_loops"]))
     if len(loops) < 2:
         raise ValueError(f"the joint law needs at least two architectures (n_loops values); got only r={loops}")
-    for r in loops:
-        if np.sum(runs["n_loops"] == r) < 5:
-            raise ValueError(f"r={r} has {int(np.sum(runs['n_loops'] == r))} runs; its Chinchilla fit (Eq. 2) has "
-                             f"5 parameters and needs at least 5 runs")
+    for r, n in ((r, int(np.sum(runs["n_loops"] == r))) for r in loops):
+        if n < 5:
+            raise ValueError(f"r={r} has {n} runs; its Chinchilla fit (Eq. 2) has 5 parameters and needs at least 5 "
+                             "runs")
     arch_map(runs)                                    # one architecture per r, checked before the fits run
     t0 = time.perf_counter()
     out = {"n_runs": int(len(runs["val_loss"])), "loops": loops, "seed": seed, "restarts": restarts,
@@ -906,17 +835,15 @@ def run_protocol(runs, restarts=RESTARTS, n_boot=N_BOOT, seed=0, boot_restarts=B
     # Table 1: per-architecture Chinchilla fits (Eq. 2 on N = N_once + N_rec)
     out["per_arch"] = {}
     for r in loops:
-        sub = subset(runs, runs["n_loops"] == r)
         try:
-            out["per_arch"][str(r)] = fit_block(sub, phi=0.0, restarts=restarts, seed=seed, name=f"r={r}")
+            out["per_arch"][str(r)] = fit_block(subset(runs, runs["n_loops"] == r), 0.0, restarts, seed, name=f"r={r}")
         except ValueError as err:
             raise ValueError(f"per-architecture fit r={r}: {err}") from None
         out["per_arch"][str(r)]["phi"] = None      # Eq. 2 has no phi (fitted internally as N_eff at phi = 0)
     # Table 2: joint law with free phi, and the restricted fits phi = 0 (pure sharing) and phi = 1 (non-looped).
     # All three use the same seeded starts; the restricted ones simply drop the phi column (5 parameters)
-    out["joint"] = fit_block(runs, None, restarts, seed)
-    out["phi0"] = fit_block(runs, 0.0, restarts, seed, name="phi=0")
-    out["phi1"] = fit_block(runs, 1.0, restarts, seed, name="phi=1")
+    for key, phi in (("joint", None), ("phi0", 0.0), ("phi1", 1.0)):
+        out[key] = fit_block(runs, phi, restarts, seed, name="joint" if phi is None else f"phi={phi:g}")
     # App. F.3: lower and upper half of the budgets (paper: C <= 2.15e18, n=56 / C >= 4.64e18, n=60). Splitting
     # the sorted budgets in two reproduces the paper's thresholds on its grid and carries over to any other grid
     # (the mini study's budgets, a case study's four budgets); a half that cannot identify phi is skipped, not fitted
@@ -924,26 +851,21 @@ def run_protocol(runs, restarts=RESTARTS, n_boot=N_BOOT, seed=0, boot_restarts=B
     out["halves"] = {}
     for name, sel in (("low", budgets[:len(budgets) // 2]), ("high", budgets[len(budgets) // 2:])):
         sub = subset(runs, np.isin(runs["flops_budget"], sel))
-        if len(budgets) < 2 or len(set(sub["n_loops"])) < 2 or len(sub["val_loss"]) < 6:
-            out["halves"][name] = {"skipped": f"needs >= 2 budgets in all, and >= 2 architectures and >= 6 runs "
-                                              f"per half (budgets {sel})"}
-            continue
         try:
-            blk = fit_block(sub, None, restarts, seed, name=f"{name} half, App. F.3")
+            if len(budgets) < 2 or len(set(sub["n_loops"])) < 2 or len(sub["val_loss"]) < 6:
+                raise ValueError(f"needs >= 2 budgets in all, and >= 2 architectures and >= 6 runs per half "
+                                 f"(budgets {sel})")
+            out["halves"][name] = dict(fit_block(sub, None, restarts, seed, name=f"{name} half, App. F.3"),
+                                       budgets=[float(c) for c in sel])
         except ValueError as err:          # a half can be degenerate (equal losses) where the whole is not
             out["halves"][name] = {"skipped": str(err)}
-            continue
-        blk["budgets"] = [float(c) for c in sel]
-        out["halves"][name] = blk
     # App. F.2: block bootstrap of the free-phi fit (the restricted variants are not bootstrapped, as in the paper)
     if n_boot > 0:
         out["bootstrap"] = bootstrap_phi(runs, out["joint"]["theta"], n_boot, seed, boot_restarts, progress)
     # §4.2 / App. G.3 / F.4: compute-optimal allocation from the records' own architecture
     out["frontier"] = frontier(out["per_arch"], out["joint"], runs)
     sweeps = loop_sweeps(runs)
-    if sweeps:
-        out["loop_sweep"] = sweeps
-    out["seconds"] = time.perf_counter() - t0
+    out.update({"loop_sweep": sweeps} if sweeps else {}, seconds=time.perf_counter() - t0)
     out["flags"] = assess(out, runs)
     return out
 
@@ -953,11 +875,8 @@ def loop_sweeps(runs):
     [{n_loops (trained r), flops_budget, n_params, val_loss (at r), curve: [{n_loops: r', val_loss}], gain}], where
     gain = L(largest r') - L(r' = r) in nats (negative: more loops at test time help)."""
     out = []
-    for i, curve in enumerate(runs.get("sweep") or []):
-        if not curve:
-            continue
-        r = int(runs["n_loops"][i])
-        at = {int(p["n_loops"]): float(p["val_loss"]) for p in curve}
+    for i, curve in [(i, c) for i, c in enumerate(runs.get("sweep") or []) if c]:
+        r, at = int(runs["n_loops"][i]), {int(p["n_loops"]): float(p["val_loss"]) for p in curve}
         top = max(at)
         out.append({"n_loops": r, "flops_budget": float(runs["flops_budget"][i]), "source": runs["source"][i],
                     "n_params": float(runs["n_once"][i] + runs["n_rec"][i]), "val_loss": float(runs["val_loss"][i]),
@@ -974,18 +893,13 @@ def select_runs(runs, case=None, loops=None):
     # mixing them in one fit would mix architectures, so every analysis picks its runs here
     base = np.array([_is_baseline(c) for c in runs["case"]])
     labels = sorted({str(c) for c in runs["case"] if not _is_baseline(c)})
-    if case is None:
-        if not base.any():
-            raise ValueError(f"every run carries a case label ({', '.join(labels)}); choose one with --case")
-        sel = base
-    else:
-        is_case = np.array([c == case for c in runs["case"]])
-        if not is_case.any():
-            raise ValueError(f"no run has case {case!r}; cases present: {', '.join(labels) or 'none'}")
-        sel = is_case.copy()
-        if not np.any(is_case & (runs["n_loops"] == 1)):
-            budgets = set(runs["flops_budget"][is_case])
-            sel |= base & np.isin(runs["flops_budget"], list(budgets)) & (runs["n_loops"] == 1)
+    sel = base if case is None else np.array([c == case for c in runs["case"]])
+    if not sel.any():
+        raise ValueError(f"every run carries a case label ({', '.join(labels)}); choose one with --case" if case is None
+                         else f"no run has case {case!r}; cases present: {', '.join(labels) or 'none'}")
+    if case is not None and not np.any(sel & (runs["n_loops"] == 1)):
+        sel = sel | (base & np.isin(runs["flops_budget"], list(set(runs["flops_budget"][sel])))
+                     & (runs["n_loops"] == 1))
     if loops is not None:
         sel &= np.isin(runs["n_loops"], list(loops))
     if not sel.any():
@@ -996,8 +910,8 @@ def select_runs(runs, case=None, loops=None):
 def _canonical_order(runs):
     """The runs sorted by (budget, r, N, D): a fit then does not depend on the order the folders were walked in, and
     a variant whose runs equal the baseline's gives the baseline's fit and bootstrap bit for bit (delta-phi = 0)."""
-    idx = np.lexsort((runs["tokens"], runs["n_once"] + runs["n_rec"], runs["n_loops"], runs["flops_budget"]))
-    return {k: (v[idx] if isinstance(v, np.ndarray) else [v[i] for i in idx]) for k, v in runs.items()}
+    return subset(runs, np.lexsort((runs["tokens"], runs["n_once"] + runs["n_rec"], runs["n_loops"],
+                                    runs["flops_budget"])))
 
 
 def run_case(runs, case, loops=None, **kw):
@@ -1016,13 +930,11 @@ def run_case(runs, case, loops=None, **kw):
     bblk = fit_block(base, None, kw.get("restarts", RESTARTS), kw.get("seed", 0), name="case baseline")
     # the baseline may lack some of the case's budgets: then it is refitted on fewer, and says so (_budgets_said,
     # the budget_mismatch flag); baseline_runs lets --cases check that the baseline study fitted these same runs
-    out["case"] = {"name": case, "budgets": budgets, "baseline_budgets": sorted(set(float(c) for c in
-                                                                                    base["flops_budget"])),
+    out["case"] = {"name": case, "budgets": budgets, "baseline_budgets": sorted(set(map(float, base["flops_budget"]))),
                    "baseline": bblk, "variant": out["joint"], "delta_phi": out["joint"]["phi"] - bblk["phi"],
                    "n_variant": out["n_runs"], "n_baseline": bblk["n"], "baseline_runs": runs_record(base)}
-    n_boot = kw.get("n_boot", N_BOOT)
-    if n_boot > 0:
-        out["case"].update(paired_delta_bootstrap(variant, base, out, bblk, n_boot, kw.get("seed", 0),
+    if kw.get("n_boot", N_BOOT) > 0:
+        out["case"].update(paired_delta_bootstrap(variant, base, out, bblk, kw.get("n_boot", N_BOOT), kw.get("seed", 0),
                                                   kw.get("boot_restarts", BOOT_RESTARTS), kw.get("progress", True)))
     out["flags"] = assess(out, variant)   # again, now with the refitted baseline that delta-phi depends on
     return out
@@ -1081,8 +993,7 @@ def _add_flag(flags, name, item):
     """One flag per condition; a second finding of the same kind adds an item to its message."""
     flag = next((f for f in flags if f["name"] == name), None)
     if flag is None:
-        flag = {"name": name, "items": []}
-        flags.append(flag)
+        flags.append(flag := {"name": name, "items": []})
     if item not in flag["items"]:
         flag["items"].append(item)
     flag["message"] = f"{FLAG_TEXT[name]}: {'; '.join(flag['items'])}"
@@ -1098,7 +1009,7 @@ def assess(res, runs):
         few_resamples   a bootstrap CI from fewer than MIN_CI_RESAMPLES resamples
     main() adds unfinished_runs (run folders without done.json) and the fitter's own warnings (single_hit,
     duplicate_runs, frontier_edge)."""
-    flags = []
+    flags, bs = [], res.get("bootstrap")
     # each fit block with the runs it was fitted on
     if "chinchilla" in res:
         blocks = {("fit" if g == "all" else f"group {g}"): (b, np.array([x == g for x in runs["group"]]))
@@ -1111,14 +1022,11 @@ def assess(res, runs):
     for name, (b, _) in blocks.items():
         # fit_law's on_bounds is exact (1e-6 of the box); a polish stopped in a flat valley a hair inside the
         # bound (phi = 2.9997) is the same finding, so 1e-3 of the box counts here
-        p = len(b["theta"])
-        lo, hi = _box(p)
-        near = [PARAM_NAMES[j] for j in range(p) if min(b["theta"][j] - lo[j], hi[j] - b["theta"][j])
-                <= NEAR_BOUND * (hi[j] - lo[j])]
-        names = [k for k in PARAM_NAMES if k in b["on_bounds"] or k in near]
+        (lo, hi), th = _box(len(b["theta"])), b["theta"]
+        names = [k for j, k in enumerate(PARAM_NAMES[:len(th)])
+                 if k in b["on_bounds"] or min(th[j] - lo[j], hi[j] - th[j]) <= NEAR_BOUND * (hi[j] - lo[j])]
         if names:
             _add_flag(flags, "on_bound", f"{name} fit: {', '.join(names)}")
-    bs = res.get("bootstrap")
     if bs:
         at = int(np.sum(np.abs(np.abs(np.asarray(bs["phi"])) - BOX_HI[5]) <= NEAR_BOUND * (BOX_HI[5] - BOX_LO[5])))
         if at > 0.025 * bs["n_resamples"]:
@@ -1131,12 +1039,12 @@ def assess(res, runs):
         if m is None:
             continue
         C, D = runs["flops_budget"][m], runs["tokens"][m]
-        if np.all(np.isfinite(C)) and len(set(C)) == 1:
-            _add_flag(flags, "single_budget", f"{name} fit: every run at C = {C[0]:.3g}")
-            if name == "joint":
+        finite = np.all(np.isfinite(C))                  # chinchilla mode has no budget: one D is the finding
+        if len(set(C if finite else D)) == 1:
+            _add_flag(flags, "single_budget", f"{name} fit: every run at "
+                      + (f"C = {C[0]:.3g}" if finite else f"D = {D[0]:.3g} tokens"))
+            if name == "joint" and finite:
                 break                                    # every per-architecture fit shares it: said once
-        elif not np.all(np.isfinite(C)) and len(set(D)) == 1:
-            _add_flag(flags, "single_budget", f"{name} fit: every run at D = {D[0]:.3g} tokens")
     if "case" in res:       # the refitted baseline's budgets: those of the case it has runs at (run_case)
         c = res["case"]
         bb = c.get("baseline_budgets", c["budgets"])
@@ -1146,9 +1054,8 @@ def assess(res, runs):
             _add_flag(flags, "budget_mismatch", f"no baseline runs at C = "
                       f"{', '.join(f'{x:.3g}' for x in c['budgets'] if x not in bb)}")
     for name, (b, _) in blocks.items():
-        p = len(b["theta"])
-        if b["n"] < RUNS_PER_PARAM * p:
-            _add_flag(flags, "few_runs", f"{name} fit: {b['n']} runs for {p} parameters")
+        if b["n"] < RUNS_PER_PARAM * len(b["theta"]):
+            _add_flag(flags, "few_runs", f"{name} fit: {b['n']} runs for {len(b['theta'])} parameters")
     if bs and bs["n_resamples"] < MIN_CI_RESAMPLES:
         _add_flag(flags, "few_resamples", f"{bs['n_resamples']} resamples")
     return flags
@@ -1188,12 +1095,9 @@ def write_synthetic(path, phi, noise, seed, overwrite=False):
     key = common.request_key("fit", {"synthetic": os.path.abspath(path), "phi": phi, "noise": noise, "seed": seed})
     common.check_dir_writable(os.path.dirname(os.path.abspath(path)), "--synthetic")
     common.check_owned([path], key, overwrite, "--synthetic")
-    rows = synthetic_rows(phi, noise, seed)
-    buf = io.StringIO(newline="")
-    wr = csv.writer(buf)
-    wr.writerow(SYNTH_COLUMNS)
-    for row in rows:
-        wr.writerow([repr(row[k]) if isinstance(row[k], float) else row[k] for k in SYNTH_COLUMNS])
+    rows, buf = synthetic_rows(phi, noise, seed), io.StringIO(newline="")
+    csv.writer(buf).writerows([SYNTH_COLUMNS] + [[repr(row[k]) if isinstance(row[k], float) else row[k]
+                                                   for k in SYNTH_COLUMNS] for row in rows])
     try:
         common.write_owned(path, buf.getvalue(), key)
     except OSError as err:
@@ -1209,15 +1113,19 @@ def _sig2(x):
     return f"{float(f'{x:.2g}'):g}"
 
 
+def _table(head, rows, title=None):
+    """Markdown lines: the title and a blank line (if given), the header, the separator, one line per row (a list
+    of already formatted cells)."""
+    return ([title, ""] if title else []) + [f"| {' | '.join(head)} |", "|---" * len(head) + "|"] + \
+        [f"| {' | '.join(map(str, row))} |" for row in rows]
+
+
 def _table1(blocks, title):
     """Table 1's layout (one row per architecture or group), plus n, hits and bound flags as diagnostics."""
-    lines = [title, "", "| Arch. | A | α | B | β | E | Huber (×10⁻⁵) | R² | n | hits | on bounds |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for key, b in blocks.items():
-        lines.append(f"| {key} | {_sig2(b['A'])} | {b['alpha']:.3f} | {_sig2(b['B'])} | {b['beta']:.3f} | "
-                     f"{b['E']:.2f} | {b['huber'] / 1e-5:.2f} | {b['r2']:.4f} | {b['n']} | {b['hits']} | "
-                     f"{', '.join(b['on_bounds']) or '-'} |")
-    return lines
+    return _table(("Arch.", "A", "α", "B", "β", "E", "Huber (×10⁻⁵)", "R²", "n", "hits", "on bounds"),
+                  [(key, _sig2(b["A"]), f"{b['alpha']:.3f}", _sig2(b["B"]), f"{b['beta']:.3f}", f"{b['E']:.2f}",
+                    f"{b['huber'] / 1e-5:.2f}", f"{b['r2']:.4f}", b["n"], b["hits"], ", ".join(b["on_bounds"]) or "-")
+                   for key, b in blocks.items()], title)
 
 
 def _flag_names(res):
@@ -1234,27 +1142,23 @@ def report_text(res):
     # rule 6 of issue 12: what limits these numbers comes before the numbers
     if res.get("flags"):
         L += ["## Warnings: read the numbers below with these in mind", ""]
-        L += [f"- **{f['name']}**: {f['message']}" for f in res["flags"]]
-        L.append("")
+        L += [f"- **{f['name']}**: {f['message']}" for f in res["flags"]] + [""]
     if "chinchilla" in res:
-        L += _table1(_chin_groups(res), "## Chinchilla fits (Eq. 2; layout of Table 1)")
-        return "\n".join(L) + "\n"
+        return "\n".join(L + _table1(_chin_groups(res), "## Chinchilla fits (Eq. 2; layout of Table 1)")) + "\n"
     # Table 1: the per-architecture exponents are not comparable across r (N means different things under sharing,
     # §4.2); the frontier below is the comparable quantity
-    L += _table1({f"r={k}": v for k, v in res["per_arch"].items()},
-                 "## Table 1: per-architecture Chinchilla fits (Eq. 2)")
+    L += _table1({f"r={k}": v for k, v in res["per_arch"].items()}, "## Table 1: per-architecture Chinchilla fits "
+                 "(Eq. 2)")
     # Table 2: the free-phi row carries the bootstrap CI next to the point estimate; A and B are omitted as in the
     # paper (loosely identified under iso-compute designs), the Huber value and hits are diagnostics
     bs = res.get("bootstrap")
     ci = f" [{bs['phi_lo']:.2f}, {bs['phi_hi']:.2f}]" if bs else ""
-    L += ["", "## Table 2: joint law (Eq. 3)", "", "| Form | α | β | E | φ | R² | Huber (×10⁻⁵) | hits |",
-          "|---|---|---|---|---|---|---|---|"]
-    for name, key, phi_txt in (("Joint, φ free", "joint", f"{res['joint']['phi']:.3f}{ci}{_flag_names(res)}"),
-                               ("Restricted (φ = 0, pure sharing cost)", "phi0", "0.00"),
-                               ("Restricted (φ = 1, non-looped equivalence)", "phi1", "1.00")):
-        b = res[key]
-        L.append(f"| {name} | {b['alpha']:.3f} | {b['beta']:.3f} | {b['E']:.2f} | {phi_txt} | {b['r2']:.4f} | "
-                 f"{b['huber'] / 1e-5:.2f} | {b['hits']} |")
+    L += [""] + _table(("Form", "α", "β", "E", "φ", "R²", "Huber (×10⁻⁵)", "hits"), [
+        (name, f"{b['alpha']:.3f}", f"{b['beta']:.3f}", f"{b['E']:.2f}", phi_txt, f"{b['r2']:.4f}",
+         f"{b['huber'] / 1e-5:.2f}", b["hits"]) for name, b, phi_txt in (
+            ("Joint, φ free", res["joint"], f"{res['joint']['phi']:.3f}{ci}{_flag_names(res)}"),
+            ("Restricted (φ = 0, pure sharing cost)", res["phi0"], "0.00"),
+            ("Restricted (φ = 1, non-looped equivalence)", res["phi1"], "1.00"))], "## Table 2: joint law (Eq. 3)")
     if bs:
         L += ["", f"Block bootstrap ({bs['n_resamples']} resamples of {bs['n_cells']} (budget, r) cells): median φ "
               f"{bs['phi_median']:.3f}, 95% CI [{bs['phi_lo']:.3f}, {bs['phi_hi']:.3f}], {bs['n_le0']} resamples at "
@@ -1262,25 +1166,23 @@ def report_text(res):
               f"{bs['random_start_wins']}."]
     # Table 7: a shared phi should leave no architecture with a disproportionate share of the residual mass
     j = res["joint"]
-    L += ["", "## Table 7: joint-law residuals by architecture (actual − predicted, nats)", "",
-          "| Architecture | n | mean resid | max \\|resid\\| | RMSE |", "|---|---|---|---|---|"]
-    for r, st in j["per_r"].items():
-        L.append(f"| r={r} | {st['n']} | {st['mean']:+.3f} | {st['max_abs']:.3f} | {st['rmse']:.3f} |")
+    L += [""] + _table(("Architecture", "n", "mean resid", "max \\|resid\\|", "RMSE"), [
+        (f"r={r}", st["n"], f"{st['mean']:+.3f}", f"{st['max_abs']:.3f}", f"{st['rmse']:.3f}")
+        for r, st in j["per_r"].items()], "## Table 7: joint-law residuals by architecture (actual − predicted, nats)")
     L.append(f"| pooled | {j['n']} | | {j['max_abs_resid']:.3f} | {j['rmse']:.3f} |")
     # App. F.3: phi should not drift with scale inside the compute window
-    L += ["", "## Budget halves (App. F.3)", ""]
-    for name, b in res["halves"].items():
-        L.append(f"- {name}: skipped ({b['skipped']})" if "skipped" in b else
-                 f"- {name} (C ∈ [{min(b['budgets']):.3g}, {max(b['budgets']):.3g}], n = {b['n']}): "
-                 f"φ = {b['phi']:.3f}, R² = {b['r2']:.4f}")
+    L += ["", "## Budget halves (App. F.3)", ""] + [
+        f"- {name}: skipped ({b['skipped']})" if "skipped" in b else f"- {name} (C ∈ [{min(b['budgets']):.3g}, "
+        f"{max(b['budgets']):.3g}], n = {b['n']}): φ = {b['phi']:.3f}, R² = {b['r2']:.4f}"
+        for name, b in res["halves"].items()]
     if "case" in res:
         # Table 3: baseline refitted on the case's budgets, then the variant; delta-phi is the paper's summary number
         c = res["case"]
-        L += ["", f"## Table 3: case study `{c['name']}` (budgets {', '.join(f'{x:.3g}' for x in c['budgets'])})", "",
-              "| Variant | α | β | E | φ | R² | n |", "|---|---|---|---|---|---|---|"]
-        for name, b in ((f"Baseline (refitted on {_budgets_said(c)})", c["baseline"]), (c["name"], c["variant"])):
-            L.append(f"| {name} | {b['alpha']:.3f} | {b['beta']:.3f} | {b['E']:.2f} | {b['phi']:.3f} | "
-                     f"{b['r2']:.4f} | {b['n']} |")
+        L += [""] + _table(("Variant", "α", "β", "E", "φ", "R²", "n"), [
+            (name, f"{b['alpha']:.3f}", f"{b['beta']:.3f}", f"{b['E']:.2f}", f"{b['phi']:.3f}", f"{b['r2']:.4f}",
+             b["n"]) for name, b in ((f"Baseline (refitted on {_budgets_said(c)})", c["baseline"]),
+                                     (c["name"], c["variant"]))],
+            f"## Table 3: case study `{c['name']}` (budgets {', '.join(f'{x:.3g}' for x in c['budgets'])})")
         ci = (f" [{c['delta_phi_lo']:+.3f}, {c['delta_phi_hi']:+.3f}] (paired block bootstrap, "
               f"{len(c['delta_phi_boot'])} resamples of {c['paired_cells']} cells; {c['n_delta_le0']} at Δφ ≤ 0)"
               if "delta_phi_lo" in c else "")
@@ -1290,65 +1192,80 @@ def report_text(res):
         # design expected to extrapolate, the prelude-initialised state of the paper is not
         sw = res["loop_sweep"]
         rps = sorted({p["n_loops"] for e in sw for p in e["curve"]})
-        L += ["", "## Test-time loop extrapolation (App. A; eval.py --n-loops-sweep, figure loop_sweep.png)", "",
-              "| trained r | C | N | " + " | ".join(f"r'={k}" for k in rps) + " | L(r'max) − L(r) |",
-              "|---" * (len(rps) + 4) + "|"]
-        for e in sw:
-            at = {p["n_loops"]: p["val_loss"] for p in e["curve"]}
-            L.append(f"| {e['n_loops']} | {e['flops_budget']:.3g} | {e['n_params']:.3g} | "
-                     + " | ".join(f"{at[k]:.3f}" if k in at else "-" for k in rps)
-                     + f" | {'-' if e['gain'] is None else format(e['gain'], '+.3f')} |")
+        at = [{p["n_loops"]: p["val_loss"] for p in e["curve"]} for e in sw]
+        L += [""] + _table(("trained r", "C", "N", *(f"r'={k}" for k in rps), "L(r'max) − L(r)"), [
+            (e["n_loops"], f"{e['flops_budget']:.3g}", f"{e['n_params']:.3g}",
+             *(f"{a[k]:.3f}" if k in a else "-" for k in rps), "-" if e["gain"] is None else f"{e['gain']:+.3f}")
+            for e, a in zip(sw, at)], "## Test-time loop extrapolation (App. A; eval.py --n-loops-sweep, figure "
+                                      "loop_sweep.png)")
     if "frontier" in res:
-        # §4.2: the frontier L*_r(C) is comparable across r; gap = L*_r - L*_1 at the same budget
-        fr = res["frontier"]
-        L += ["", "## Compute-optimal frontier (per-architecture laws; §4.2, Fig. 3)", "",
-              "| C | r | s* | N* | D* | L* | gap to r=1 |", "|---|---|---|---|---|---|---|"]
-        for row in fr["rows"]:
-            gap = "-" if row["gap"] is None else f"{row['gap']:+.3f}"
-            L.append(f"| {row['flops_budget']:.3g} | {row['n_loops']} | {row['scale']:.1f} | {row['n_params']:.3g} | "
-                     f"{row['tokens']:.3g} | {row['loss']:.3f} | {gap} |")
-        L += ["", "| r | N* ∝ C^a | D* ∝ C^b | gap range (nats) |", "|---|---|---|---|"]
-        for r, ex in fr["exponents"].items():
-            gap = fr["gaps"].get(r)
-            L.append(f"| {r} | {ex['n_star']:.2f} | {ex['d_star']:.2f} | "
-                     f"{'-' if gap is None else f'[{gap[0]:.3f}, {gap[1]:.3f}]'} |")
-        # App. G.3: the joint law read at fixed r gives one more set of optimal widths; a case study's phi shift
-        # moves these (truncated BPTT widens, hyperconnections narrow)
-        rs = sorted({row["n_loops"] for row in fr["joint_rows"]})
-        L += ["", "Compute-optimal scale s* from the joint law at fixed r (App. G.3):", "",
-              "| C | " + " | ".join(f"r={r}" for r in rs) + " |", "|---" * (len(rs) + 1) + "|"]
-        for C in sorted({row["flops_budget"] for row in fr["joint_rows"]}):
-            L.append(f"| {C:.3g} | " + " | ".join(f"{row['scale']:.1f}" for row in fr["joint_rows"]
-                                                   if row["flops_budget"] == C) + " |")
-        L += ["", f"## Equivalent sizes (App. F.4, φ = {res['joint']['phi']:.3f}, N_rec includes the injection layer)",
-              "", "| r | N (r=1) | N unique | N_eff | unique ratio | N_eff ratio | r^φ | FLOPs ratio |",
-              "|---|---|---|---|---|---|---|---|"]
-        for r, e in fr["equivalence"].items():
-            L.append(f"| {r} | {e['n_nonlooped']:.3g} | {e['n_unique']:.3g} | {e['n_eff']:.3g} | "
-                     f"{e['unique_ratio']:.3f} | {e['eff_ratio']:.3f} | {e['amplification']:.2f} | "
-                     f"{e['flops_ratio']:.3f} |")
+        L += _frontier_text(res)
     return "\n".join(L) + "\n"
 
 
+def _frontier_text(res):
+    """The frontier sections of report.md: per-arch optima and gaps, exponents, the joint law's s* (App. G.3) and
+    the App. F.4 equivalent sizes."""
+    # §4.2: the frontier L*_r(C) is comparable across r; gap = L*_r - L*_1 at the same budget
+    fr, f = res["frontier"], lambda x, fmt: "-" if x is None else format(x, fmt)
+    L = [""] + _table(("C", "r", "s*", "N*", "D*", "L*", "gap to r=1"), [
+        (f"{row['flops_budget']:.3g}", row["n_loops"], f"{row['scale']:.1f}", f"{row['n_params']:.3g}",
+         f"{row['tokens']:.3g}", f"{row['loss']:.3f}", f(row["gap"], "+.3f")) for row in fr["rows"]],
+        "## Compute-optimal frontier (per-architecture laws; §4.2, Fig. 3)")
+    L += [""] + _table(("r", "N* ∝ C^a", "D* ∝ C^b", "gap range (nats)"), [
+        (r, f"{ex['n_star']:.2f}", f"{ex['d_star']:.2f}", "-" if r not in fr["gaps"] else
+         f"[{fr['gaps'][r][0]:.3f}, {fr['gaps'][r][1]:.3f}]") for r, ex in fr["exponents"].items()])
+    # App. G.3: the joint law read at fixed r gives one more set of optimal widths; a case study's phi shift
+    # moves these (truncated BPTT widens, hyperconnections narrow)
+    rs = sorted({row["n_loops"] for row in fr["joint_rows"]})
+    L += ["", "Compute-optimal scale s* from the joint law at fixed r (App. G.3):", ""] + _table(
+        ("C", *(f"r={r}" for r in rs)), [(f"{C:.3g}", *(f"{row['scale']:.1f}" for row in fr["joint_rows"]
+                                                      if row["flops_budget"] == C))
+                                         for C in sorted({row["flops_budget"] for row in fr["joint_rows"]})])
+    return L + [""] + _table(("r", "N (r=1)", "N unique", "N_eff", "unique ratio", "N_eff ratio", "r^φ", "FLOPs ratio"),
+                             [(r, f"{e['n_nonlooped']:.3g}", f"{e['n_unique']:.3g}", f"{e['n_eff']:.3g}",
+                               f"{e['unique_ratio']:.3f}", f"{e['eff_ratio']:.3f}", f"{e['amplification']:.2f}",
+                               f"{e['flops_ratio']:.3f}") for r, e in fr["equivalence"].items()],
+                             f"## Equivalent sizes (App. F.4, φ = {res['joint']['phi']:.3f}, N_rec includes the "
+                             "injection layer)")
+
+
 def _jsonable(x):
-    """numpy scalars/arrays -> plain JSON types (NaN -> null, which strict JSON readers accept)."""
+    """numpy scalars/arrays -> plain JSON types (NaN and inf -> null, which strict JSON readers accept)."""
     if isinstance(x, dict):
         return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
+    if isinstance(x, (list, tuple, np.ndarray)):
         return [_jsonable(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return _jsonable(x.tolist())
-    if isinstance(x, (np.floating, float)):
-        return None if not math.isfinite(float(x)) else float(x)
-    if isinstance(x, np.integer):
-        return int(x)
-    if isinstance(x, np.bool_):
-        return bool(x)
-    return x
+    if isinstance(x, (float, np.floating)):
+        return float(x) if math.isfinite(x) else None
+    return x.item() if isinstance(x, np.generic) else x
 
 
 # -----------------------------------------------------------------------------
-# Figures (matplotlib, Agg: renders without a display)
+# Figures (matplotlib, Agg: renders without a display), rendered in memory and written as one set with the report
+
+def _pyplot():
+    """matplotlib.pyplot on the Agg backend (renders with no display: clusters, CI). Imported on first use, not at
+    the top: the fits need no plotting, and pyplot costs ~1 s to import."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _png(fig):
+    """A matplotlib figure as PNG bytes (closed afterwards): nothing is written here, so a figure that fails leaves
+    no file behind."""
+    buf = io.BytesIO()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")          # tight_layout's "not compatible" notes on odd axes
+            fig.tight_layout()
+            fig.savefig(buf, format="png", dpi=110)
+    finally:
+        _pyplot().close(fig)
+    return buf.getvalue()
+
 
 def _lim(*arrays):
     """[lo, hi] of the finite values (a diagonal or an axis range); padded when they are all equal, [0, 1] when none
@@ -1362,42 +1279,83 @@ def _lim(*arrays):
     return [lo - pad, hi + pad]
 
 
+def _diagonal(ax, runs, **labels):
+    """The y = x line of a predicted-vs-actual panel, framed by the actual losses (a wild prediction is clipped)."""
+    lim = _lim(runs["val_loss"])
+    ax.plot(lim, lim, "k--", lw=0.8)
+    ax.set(xlabel="actual loss (nats)", xlim=lim, ylim=lim, **labels)
+
+
 def make_figures(res, runs):
     """iso_flops.png (Fig. 2 style, one panel per r), pred_vs_actual.png (Fig. 8 / 10), frontier.png (Fig. 3:
-    L*, N*, D* vs C), phi.png (restricted fits + bootstrap histogram). Returns {file name: PNG bytes}: nothing is
-    written here, so a figure that fails leaves no file behind (main writes the whole set at once)."""
+    L*, N*, D* vs C), phi.png (restricted fits + bootstrap histogram), loop_sweep.png (App. A, when swept); in
+    chinchilla mode pred_vs_actual.png only. Returns {file name: PNG bytes} (main writes the whole set at once)."""
     plt = _pyplot()
-    figs = {}
     rs = sorted(set(int(r) for r in runs["n_loops"]))
     colors = {r: plt.cm.tab10(i) for i, r in enumerate(rs)}
-
-    def save(fig, name):
-        assert name in OUTPUTS, f"add {name} to OUTPUTS so --overwrite can manage it"
-        figs[name] = _png(fig)
-
     if "chinchilla" in res:
         # Chinchilla mode has no FLOPs model and no phi: only the predicted-vs-actual scatter applies
         fig, ax = plt.subplots(figsize=(5, 5))
         for grp, b in _chin_groups(res).items():
             m = np.array([g == grp for g in runs["group"]])
-            pred = predict(b["theta"], _pack(subset(runs, m), 0.0))
-            ax.scatter(runs["val_loss"][m], pred, s=14, label=grp)
-        lim = _lim(runs["val_loss"])
-        ax.plot(lim, lim, "k--", lw=0.8)
-        ax.set(xlabel="actual loss (nats)", ylabel="predicted loss (nats)", title="Chinchilla fits (Eq. 2)",
-               xlim=lim, ylim=lim)
+            ax.scatter(runs["val_loss"][m], predict(b["theta"], _pack(subset(runs, m), 0.0)), s=14, label=grp)
+        _diagonal(ax, runs, ylabel="predicted loss (nats)", title="Chinchilla fits (Eq. 2)")
         ax.legend(fontsize=7)
-        save(fig, "pred_vs_actual.png")
-        return figs
+        return {"pred_vs_actual.png": _png(fig)}
+    figs = {"iso_flops.png": _iso_flops_figure(plt, res, runs, rs)}
+    # predicted vs actual (Fig. 8 and Fig. 10 style): per-arch laws (20 parameters in all) next to the joint law
+    # (6 parameters); points on the diagonal = a good fit, colour = architecture
+    fig, axes = plt.subplots(1, 2, figsize=(9, 4.4), sharey=True)
+    pj = predict(res["joint"]["theta"], _pack(runs))
+    for r in rs:
+        m = runs["n_loops"] == r
+        pa = predict(res["per_arch"][str(r)]["theta"], _pack(subset(runs, m), 0.0))
+        axes[0].scatter(runs["val_loss"][m], pa, s=14, color=colors[r], label=f"r={r}")
+        axes[1].scatter(runs["val_loss"][m], pj[m], s=14, color=colors[r], label=f"r={r}")
+    _diagonal(axes[0], runs, title="per-architecture (Eq. 2)", ylabel="predicted loss (nats)")
+    _diagonal(axes[1], runs, title=f"joint (Eq. 3), φ = {res['joint']['phi']:.3f}, RMSE {res['joint']['rmse']:.3f}")
+    axes[0].legend(fontsize=7)
+    figs["pred_vs_actual.png"] = _png(fig)
+    # frontier (Fig. 3): L*_r(C), N*(C), D*(C); looped optima sit wider in d yet lower in N, and train on fewer tokens
+    if "frontier" in res:
+        fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+        for r in rs:
+            rows = [row for row in res["frontier"]["rows"] if row["n_loops"] == r]
+            for ax, key in zip(axes, ("loss", "n_params", "tokens")):
+                ax.plot([row["flops_budget"] for row in rows], [row[key] for row in rows], "o-", color=colors[r],
+                        label=f"r={r}", ms=4)
+        for ax, lab, yscale in zip(axes, ("L*(C) (nats)", "N*(C)", "D*(C) (tokens)"), ("linear", "log", "log")):
+            ax.set_xscale("log")
+            ax.set(xlabel="compute C (FLOPs)", ylabel=lab, yscale=yscale)
+        axes[0].legend(fontsize=7)
+        figs["frontier.png"] = _png(fig)
+    figs["phi.png"] = _phi_figure(plt, res)
+    if res.get("loop_sweep"):
+        # App. A: val loss vs test-time r' for each swept model; the trained r is marked
+        fig, ax = plt.subplots(figsize=(5.2, 3.8))
+        for e in res["loop_sweep"]:
+            x, y = [p["n_loops"] for p in e["curve"]], [p["val_loss"] for p in e["curve"]]
+            c = colors.get(e["n_loops"], "k")
+            ax.plot(x, y, "o-", ms=3, color=c, label=f"trained r={e['n_loops']} (C={e['flops_budget']:.3g})")
+            if e["n_loops"] in x:
+                ax.plot(e["n_loops"], y[x.index(e["n_loops"])], "*", ms=12, color=c, mec="k", mew=0.5)
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="test-time loops r'", ylabel="validation loss (nats)", title="test-time loop extrapolation")
+        ax.legend(fontsize=7)
+        figs["loop_sweep.png"] = _png(fig)
+    assert set(figs) <= set(OUTPUTS), "add a new figure to OUTPUTS so --overwrite can manage it"
+    return figs
 
+
+def _iso_flops_figure(plt, res, runs, rs):
+    """iso-FLOP profiles (Fig. 2): loss vs N per budget, the per-arch law along the width (D = C / F(d)) and, as
+    stars, the compute optima (N*, L*)."""
     budgets = sorted(set(float(c) for c in runs["flops_budget"]))
     bcol = {c: plt.cm.viridis(i / max(len(budgets) - 1, 1)) for i, c in enumerate(budgets)}
     arch, _ = arch_map(runs)
-    # iso-FLOP profiles: loss vs N per budget, with the per-arch law along the width (D = C / F(d)) and the optimum
     fig, axes = plt.subplots(1, len(rs), figsize=(4 * len(rs), 3.6), sharey=True, squeeze=False)
     for ax, r in zip(axes[0], rs):
-        b = res["per_arch"][str(r)]
-        poly = arch_polys(r, arch[r])
+        b, poly = res["per_arch"][str(r)], arch_polys(r, arch[r])
         for C in budgets:
             m = (runs["n_loops"] == r) & (runs["flops_budget"] == C)
             if not m.any():
@@ -1409,56 +1367,25 @@ def make_figures(res, runs):
             Nd = np.polyval(poly["once"], d) + np.polyval(poly["rec"], d)
             keep = (Nd > N.min() / 1.6) & (Nd < N.max() * 1.6)
             Dd = C / np.polyval(poly["flops"], d[keep])
-            Ld = b["E"] + b["A"] * Nd[keep] ** -b["alpha"] + b["B"] * Dd ** -b["beta"]
-            ax.plot(Nd[keep], Ld, color=bcol[C], lw=1)
-        for row in res.get("frontier", {}).get("rows", []):          # stars: the compute optima (N*, L*), Fig. 2
-            if row["n_loops"] == r:
-                ax.plot(row["n_params"], row["loss"], "*", color=bcol[row["flops_budget"]], ms=10, mec="k", mew=0.5)
+            ax.plot(Nd[keep], b["E"] + b["A"] * Nd[keep] ** -b["alpha"] + b["B"] * Dd ** -b["beta"], color=bcol[C],
+                    lw=1)
+        for row in [row for row in res.get("frontier", {}).get("rows", []) if row["n_loops"] == r]:
+            ax.plot(row["n_params"], row["loss"], "*", color=bcol[row["flops_budget"]], ms=10, mec="k", mew=0.5)
         ax.set_xscale("log")
         ax.xaxis.set_minor_formatter(plt.NullFormatter())     # a narrow N range would label every minor tick
         ax.set(title=f"r = {r}", xlabel="unique parameters N")
     axes[0][0].set_ylabel("validation loss (nats)")
     axes[0][0].legend(title="C (FLOPs)", fontsize=7)
-    save(fig, "iso_flops.png")
-    # predicted vs actual (Fig. 8 and Fig. 10 style): per-arch laws (20 parameters in all) next to the joint law
-    # (6 parameters); points on the diagonal = a good fit, colour = architecture
-    fig, axes = plt.subplots(1, 2, figsize=(9, 4.4), sharey=True)
-    pj = predict(res["joint"]["theta"], _pack(runs))
-    for r in rs:
-        m = runs["n_loops"] == r
-        pa = predict(res["per_arch"][str(r)]["theta"], _pack(subset(runs, m), 0.0))
-        axes[0].scatter(runs["val_loss"][m], pa, s=14, color=colors[r], label=f"r={r}")
-        axes[1].scatter(runs["val_loss"][m], pj[m], s=14, color=colors[r], label=f"r={r}")
-    lim = _lim(runs["val_loss"])           # the actual losses set the frame; a wild prediction is clipped
-    for ax, title in zip(axes, ("per-architecture (Eq. 2)", f"joint (Eq. 3), φ = {res['joint']['phi']:.3f}, "
-                                                            f"RMSE {res['joint']['rmse']:.3f}")):
-        ax.plot(lim, lim, "k--", lw=0.8)
-        ax.set(xlabel="actual loss (nats)", title=title, xlim=lim, ylim=lim)
-    axes[0].set_ylabel("predicted loss (nats)")
-    axes[0].legend(fontsize=7)
-    save(fig, "pred_vs_actual.png")
-    # frontier (Fig. 3): L*_r(C), N*(C), D*(C); looped optima sit wider in d yet lower in N, and train on fewer tokens
-    if "frontier" in res:
-        fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-        for r in rs:
-            rows = [row for row in res["frontier"]["rows"] if row["n_loops"] == r]
-            C = [row["flops_budget"] for row in rows]
-            for ax, key in zip(axes, ("loss", "n_params", "tokens")):
-                ax.plot(C, [row[key] for row in rows], "o-", color=colors[r], label=f"r={r}", ms=4)
-        for ax, lab in zip(axes, ("L*(C) (nats)", "N*(C)", "D*(C) (tokens)")):
-            ax.set_xscale("log")
-            ax.set(xlabel="compute C (FLOPs)", ylabel=lab)
-        axes[1].set_yscale("log")
-        axes[2].set_yscale("log")
-        axes[0].legend(fontsize=7)
-        save(fig, "frontier.png")
-    # phi: the restricted-fit comparison (Fig. 1 right: R^2 drops at phi = 0 and phi = 1) and the bootstrap
-    # histogram with its 95% interval (dashed) and the point estimate (solid)
+    return _png(fig)
+
+
+def _phi_figure(plt, res):
+    """phi: the restricted-fit comparison (Fig. 1 right: R^2 drops at phi = 0 and phi = 1) and the bootstrap
+    histogram with its 95% interval (dashed) and the point estimate (solid)."""
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
-    names = [f"φ free ({res['joint']['phi']:.2f})", "φ = 0", "φ = 1"]
     r2 = [res[k]["r2"] for k in ("joint", "phi0", "phi1")]
     r2 = [v if v is not None and math.isfinite(v) else 0.0 for v in r2]   # undefined R^2 draws as an empty bar
-    axes[0].bar(names, r2, color=["C0", "C1", "C2"])
+    axes[0].bar([f"φ free ({res['joint']['phi']:.2f})", "φ = 0", "φ = 1"], r2, color=["C0", "C1", "C2"])
     axes[0].set_ylim(min(r2) - 0.2 * (max(r2) - min(r2) + 1e-4), 1.0)    # R^2 near 1: zoom on the differences
     axes[0].set(ylabel="R² (raw nats)", title="joint law: free vs restricted φ" + (" (flagged)" if res.get("flags")
                                                                                    else ""))
@@ -1468,24 +1395,8 @@ def make_figures(res, runs):
         axes[1].hist(phis[np.isfinite(phis)], bins=30, range=tuple(_lim(phis)), color="C0", alpha=0.8)
         for v, ls in ((bs["phi_lo"], "--"), (bs["phi_hi"], "--"), (res["joint"]["phi"], "-")):
             axes[1].axvline(v, color="k", ls=ls, lw=1)
-        axes[1].set(xlabel="φ", ylabel="resamples",
-                    title=f"block bootstrap: [{bs['phi_lo']:.2f}, {bs['phi_hi']:.2f}]")
-    save(fig, "phi.png")
-    if res.get("loop_sweep"):
-        # App. A: val loss vs test-time r' for each swept model; the trained r is marked
-        fig, ax = plt.subplots(figsize=(5.2, 3.8))
-        for e in res["loop_sweep"]:
-            x = [p["n_loops"] for p in e["curve"]]
-            y = [p["val_loss"] for p in e["curve"]]
-            c = colors.get(e["n_loops"], "k")
-            ax.plot(x, y, "o-", ms=3, color=c, label=f"trained r={e['n_loops']} (C={e['flops_budget']:.3g})")
-            if e["n_loops"] in x:
-                ax.plot(e["n_loops"], y[x.index(e["n_loops"])], "*", ms=12, color=c, mec="k", mew=0.5)
-        ax.set_xscale("log", base=2)
-        ax.set(xlabel="test-time loops r'", ylabel="validation loss (nats)", title="test-time loop extrapolation")
-        ax.legend(fontsize=7)
-        save(fig, "loop_sweep.png")
-    return figs
+        axes[1].set(xlabel="φ", ylabel="resamples", title=f"block bootstrap: [{bs['phi_lo']:.2f}, {bs['phi_hi']:.2f}]")
+    return _png(fig)
 
 
 # -----------------------------------------------------------------------------
@@ -1496,8 +1407,7 @@ CASES_MARK = "<!-- case studies: written by fit.py --cases; everything below is 
 
 def _top_gap(res, r=8):
     """L*_r - L*_1 of the frontier at the largest budget (§4.2), or None."""
-    rows = [row for row in (res.get("frontier") or {}).get("rows", []) if row["n_loops"] == r]
-    rows = [row for row in rows if row["gap"] is not None]
+    rows = [row for row in (res.get("frontier") or {}).get("rows", []) if row["n_loops"] == r and row["gap"] is not None]
     return max(rows, key=lambda row: row["flops_budget"])["gap"] if rows else None
 
 
@@ -1521,14 +1431,11 @@ def case_summary(out_dir):
     with --out OUT/case_NAME): rows of phi [CI], the refitted baseline's phi, delta-phi [paired CI], R^2, the r=8
     frontier gap at the top budget and the mean test-time extrapolation gain per case. A case fitted from other runs
     than the baseline study is refused (_same_runs). Returns {"rows", "sweeps": {name: loop_sweep}, "fit_key"}."""
-    found = [("baseline", os.path.join(out_dir, "fit.json"))]
-    for name in sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []:
-        if name.startswith("case_") and os.path.isfile(os.path.join(out_dir, name, "fit.json")):
-            found.append((name[len("case_"):], os.path.join(out_dir, name, "fit.json")))
+    found = [("baseline", os.path.join(out_dir, "fit.json"))] + [
+        (name[len("case_"):], os.path.join(out_dir, name, "fit.json"))
+        for name in (sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []) if name.startswith("case_")]
     rows, sweeps, base = [], {}, None
-    for name, path in found:
-        if not os.path.isfile(path):
-            continue
+    for name, path in [(n, p) for n, p in found if os.path.isfile(p)]:
         res = common.read_json(path)
         if "joint" not in res:
             continue                                  # a chinchilla fit: no phi to compare
@@ -1571,54 +1478,29 @@ def write_case_summary(summary, out_dir, overwrite=False):
     common.check_owned([os.path.join(out_dir, n) for n in CASES_OUTPUTS if n != "report.md"], key, overwrite,
                        "--cases")
     f = lambda x, fmt: "-" if x is None else format(x, fmt)
+    ci = lambda row, k, fmt: "" if row[f"{k}_lo"] is None else f" [{row[f'{k}_lo']:{fmt}}, {row[f'{k}_hi']:{fmt}}]"
     L = [CASES_MARK, "", "## Case studies (§5, Table 3; runs/mini.sh --case NAME)", "",
          "Δφ = φ(case) − baseline φ, the baseline refitted on the case's budgets inside the case's fit (from runs of "
          "the baseline study above: checked); its CI is a paired block bootstrap over the (budget, r) cells. Gap: "
          "L*(r=8) − L*(r=1) of the compute-optimal frontier at the top budget (nats). Extrapolation: mean over the "
-         "swept models of L(largest r') − L(trained r), nats (negative: more test-time loops help).", "",
-         "| case | φ [95% CI] | baseline φ | Δφ [95% CI] | R² | n | r=8 gap | extrapolation | flags |",
-         "|---|---|---|---|---|---|---|---|---|"]
-    for row in summary["rows"]:
-        ci = f" [{row['phi_lo']:.2f}, {row['phi_hi']:.2f}]" if row["phi_lo"] is not None else ""
-        dci = (f" [{row['delta_phi_lo']:+.2f}, {row['delta_phi_hi']:+.2f}]" if row["delta_phi_lo"] is not None else "")
-        L.append(f"| {row['name']} | {row['phi']:.3f}{ci} | {f(row['baseline_phi'], '.3f')} | "
-                 f"{f(row['delta_phi'], '+.3f')}{dci} | {row['r2']:.4f} | {row['n']} | {f(row['gap8'], '+.3f')} | "
-                 f"{f(row['extrapolation_gain'], '+.3f')} | {', '.join(name for name, _ in row['flags']) or '-'} |")
+         "swept models of L(largest r') − L(trained r), nats (negative: more test-time loops help).", ""]
+    L += _table(("case", "φ [95% CI]", "baseline φ", "Δφ [95% CI]", "R²", "n", "r=8 gap", "extrapolation", "flags"), [
+        (row["name"], f"{row['phi']:.3f}{ci(row, 'phi', '.2f')}", f(row["baseline_phi"], ".3f"),
+         f"{f(row['delta_phi'], '+.3f')}{ci(row, 'delta_phi', '+.2f')}", f"{row['r2']:.4f}", row["n"],
+         f(row["gap8"], "+.3f"), f(row["extrapolation_gain"], "+.3f"), ", ".join(n for n, _ in row["flags"]) or "-")
+        for row in summary["rows"]])
     flagged = [row for row in summary["rows"] if row["flags"]]
     if flagged:                                   # the table names the flags; here, which fits each one concerns
         L += ["", "Flags, and the fits they concern:"]
         L += [f"- {row['name']}: " + " | ".join(f"{name}: {items}" for name, items in row["flags"]) for row in flagged]
     L += ["", "Figures: cases.png (φ and its CI per case), cases_loops.png (val loss vs test-time r' per case)."]
-    files = _case_figures(summary)
-    head = ""
+    files, head = _case_figures(summary), ""
     if os.path.isfile(report):
         with open(report, encoding="utf-8", errors="replace") as fh:
             head = fh.read().split(CASES_MARK)[0].rstrip("\n") + "\n\n"
     files["report.md"] = (head + "\n".join(L) + "\n").encode()
     write_set(out_dir, files, {n: rkey if n == "report.md" else key for n in files})
     return [os.path.join(out_dir, n) for n in sorted(files, key=lambda n: n != "report.md")]
-
-
-def _pyplot():
-    """matplotlib.pyplot on the Agg backend (renders with no display: clusters, CI). Imported on first use, not at
-    the top: the fits need no plotting, and pyplot costs ~1 s to import."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
-def _png(fig):
-    """A matplotlib figure as PNG bytes (closed afterwards): figures are rendered in memory and written as a set."""
-    buf = io.BytesIO()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")          # tight_layout's "not compatible" notes on odd axes
-            fig.tight_layout()
-            fig.savefig(buf, format="png", dpi=110)
-    finally:
-        _pyplot().close(fig)
-    return buf.getvalue()
 
 
 def _case_figures(summary):
@@ -1631,7 +1513,7 @@ def _case_figures(summary):
         lo = row["phi"] - row["phi_lo"] if row["phi_lo"] is not None else 0
         hi = row["phi_hi"] - row["phi"] if row["phi_hi"] is not None else 0
         ax.errorbar(i, row["phi"], yerr=[[max(lo, 0)], [max(hi, 0)]], fmt="o", capsize=4, color=color[row["name"]])
-    for v in (0, 1):
+    for v in (0, 1):                                 # the paper's two reference values of phi
         ax.axhline(v, color="grey", ls=":", lw=0.8)
     ax.set_xticks(range(len(rows)), [r["name"] for r in rows])
     ax.set(ylabel="φ (95% block-bootstrap CI)", title="recurrence exponent per case (§5)")
@@ -1662,10 +1544,9 @@ def run_chinchilla(runs, restarts=RESTARTS, seed=0):
     out = {"n_runs": int(len(runs["val_loss"])), "seed": seed, "restarts": restarts, "chinchilla": {}}
     t0 = time.perf_counter()
     for grp in groups:
-        m = np.array([g == grp for g in runs["group"]])
-        sub = subset(runs, m)
-        sub["n_rec"] = sub["n_once"] + sub["n_rec"]          # N = N_once + N_rec, one term: r^phi drops out
-        sub["n_once"] = np.zeros_like(sub["n_rec"])
+        sub = subset(runs, np.array([g == grp for g in runs["group"]]))
+        # N = N_once + N_rec, one term: r^phi drops out
+        sub.update(n_rec=sub["n_once"] + sub["n_rec"], n_once=np.zeros_like(sub["n_rec"]))
         try:
             out["chinchilla"][grp] = fit_block(sub, 0.0, restarts, seed, name=f"group {grp}")
         except ValueError as err:
@@ -1700,8 +1581,7 @@ def runs_record(runs):
     line for CSV rows) and key -- a digest of the identity train.py recorded (when the record has one), the case
     label and the numbers the fit reads -- and the digest of the sorted keys. Equal digests mean the same runs,
     whatever folder they were read from; a retrained run or an edited val_loss changes its key."""
-    n = len(runs["val_loss"])
-    ident = runs.get("identity") or [None] * n
+    n, ident = len(runs["val_loss"]), runs.get("identity") or [None] * len(runs["val_loss"])
     keys = [common.request_key("run", [ident[i], runs["case"][i]] + [float(runs[k][i]) for k in REQUIRED])
             for i in range(n)]
     return {"n": n, "digest": common.request_key("runs", sorted(keys)), "dirs": list(runs.get("dir") or []),
@@ -1748,7 +1628,6 @@ def _loops(text):
 def parse_args(argv=None):
     # defaults are the paper's protocol (App. F: 500 restarts, 200 resamples); tests pass smaller numbers
     p = common.Parser(prog="fit.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    num = common.number
     p.add_argument("runs_dir", nargs="?", help="folder tree of done.json run records")
     p.add_argument("--csv", help="CSV of runs instead of a runs folder")
     p.add_argument("--law", choices=("joint", "chinchilla"), default="joint", help="joint law (Eq. 3) or Eq. 2 only")
@@ -1757,29 +1636,27 @@ def parse_args(argv=None):
     p.add_argument("--out", help="output folder for fit.json, report.md and the figures")
     p.add_argument("--overwrite", action="store_true", help="replace files fit.py did not write for this same "
                    "request (in --out, --cases DIR or the --synthetic file)")
-    p.add_argument("--seed", type=num(int, "[0, 9.2e18]"), default=0, help="seed of the restarts and the bootstrap")
-    p.add_argument("--restarts", type=num(int, "[1, 100000]"), default=RESTARTS,
-                   help="uniform starts per fit (App. F: 500)")
-    p.add_argument("--bootstrap", type=num(int, "[0, 100000]"), default=N_BOOT,
-                   help="block-bootstrap resamples (App. F.2: 200)")
-    p.add_argument("--boot-restarts", type=num(int, "[0, 1000]"), default=BOOT_RESTARTS,
-                   help="random starts per resample besides the warm start")
+    for flag, kind, interval, default, what in (
+            ("seed", int, "[0, 9.2e18]", 0, "seed of the restarts and the bootstrap"),
+            ("restarts", int, "[1, 100000]", RESTARTS, "uniform starts per fit (App. F: 500)"),
+            ("bootstrap", int, "[0, 100000]", N_BOOT, "block-bootstrap resamples (App. F.2: 200)"),
+            ("boot-restarts", int, "[0, 1000]", BOOT_RESTARTS, "random starts per resample besides the warm start"),
+            ("phi", float, f"[{BOX_LO[5]}, {BOX_HI[5]}]", SYNTH_TRUTH["phi"], "--synthetic: true phi"),
+            ("noise", float, "[0, 1]", 0.01, "--synthetic: Gaussian noise in nats")):
+        p.add_argument("--" + flag, type=common.number(kind, interval), default=default, help=f"{what}; in {interval}")
     p.add_argument("--cases", metavar="DIR", help="summarise DIR/fit.json and DIR/case_*/fit.json into DIR/report.md")
     p.add_argument("--synthetic", metavar="OUT.csv", help="write the synthetic 116-run grid and exit")
-    p.add_argument("--phi", type=num(float, f"[{BOX_LO[5]}, {BOX_HI[5]}]"), default=SYNTH_TRUTH["phi"],
-                   help="--synthetic: true phi")
-    p.add_argument("--noise", type=num(float, "[0, 1]"), default=0.01, help="--synthetic: Gaussian noise in nats")
     args = p.parse_args(argv)
     if args.synthetic or args.cases:     # these need no runs input and write no fit folder
         if args.runs_dir or args.csv or args.out or (args.synthetic and args.cases):
             p.error("--synthetic and --cases take no RUNS_DIR, --csv, --out or each other")
         return args
-    if args.case is not None and _is_baseline(args.case):
-        p.error(f"--case {args.case!r} names the main grid (runs without a case label); leave --case out")
-    if (args.runs_dir is None) == (args.csv is None):
-        p.error("give exactly one input: RUNS_DIR or --csv FILE")
-    if not args.out:
-        p.error("--out DIR is required")
+    for bad, why in ((args.case is not None and _is_baseline(args.case), f"--case {args.case!r} names the main grid "
+                      "(runs without a case label); leave --case out"),
+                     ((args.runs_dir is None) == (args.csv is None), "give exactly one input: RUNS_DIR or --csv FILE"),
+                     (not args.out, "--out DIR is required")):
+        if bad:
+            p.error(why)
     return args
 
 
@@ -1814,23 +1691,21 @@ def fit_outputs(args):
         rows = load_csv(args.csv) if args.csv else load_records(args.runs_dir)
         unfinished = [] if args.csv else unfinished_runs(args.runs_dir)
         runs = runs_from_rows(rows, args.law)
+        sel = select_runs(runs, args.case, args.loops)     # what the fit (and the figures) use: a case's variant
         if args.law == "chinchilla":
-            runs = select_runs(runs, args.case, args.loops)
-            res = run_chinchilla(runs, args.restarts, args.seed)
+            res = run_chinchilla(sel, args.restarts, args.seed)
         elif args.case:
             res = run_case(runs, args.case, args.loops, restarts=args.restarts, n_boot=args.bootstrap,
                            seed=args.seed, boot_restarts=args.boot_restarts)
-            runs = select_runs(runs, args.case, args.loops)           # what the figures show: the variant's runs
         else:
-            runs = select_runs(runs, None, args.loops)
-            res = run_protocol(runs, args.restarts, args.bootstrap, args.seed, args.boot_restarts)
+            res = run_protocol(sel, args.restarts, args.bootstrap, args.seed, args.boot_restarts)
     if unfinished:
         _add_flag(res["flags"], "unfinished_runs", f"{len(unfinished)} under {args.runs_dir} "
                   f"({', '.join(unfinished[:5])}{', ...' if len(unfinished) > 5 else ''})")
     _fit_warning_flags(res["flags"], [w for w in caught if issubclass(w.category, UserWarning)])
-    res.update(input=args.csv or args.runs_dir, request=request, request_key=key, runs=runs_record(runs))
+    res.update(input=args.csv or args.runs_dir, request=request, request_key=key, runs=runs_record(sel))
     try:
-        files = make_figures(res, runs)
+        files = make_figures(res, sel)
     except Exception as err:         # a plotting bug must not cost the fit a traceback or a half-written folder
         raise ValueError(f"drawing the figures failed ({type(err).__name__}: {err}); nothing was written") from None
     files["report.md"] = report_text(res).encode()
@@ -1841,56 +1716,51 @@ def fit_outputs(args):
     return res
 
 
+def summary_lines(res, out):
+    """What the CLI prints after a fit: each Eq. 2 fit, the restricted fits, the case line, every flag, and last
+    (where a user looks) the phi line with its 95% CI and flag names, and a case study's delta-phi line."""
+    blocks = _chin_groups(res) if "chinchilla" in res else {f"r={r}": b for r, b in res["per_arch"].items()}
+    L = [f"{name}: A={_sig2(b['A'])} alpha={b['alpha']:.3f} B={_sig2(b['B'])} beta={b['beta']:.3f} E={b['E']:.2f} "
+         f"R2={b['r2']:.4f}" for name, b in blocks.items()]
+    L += [] if "chinchilla" in res else [f"{k}: R2={res[k]['r2']:.4f} (free phi: {res['joint']['r2']:.4f})"
+                                         for k in ("phi0", "phi1")]
+    c = res.get("case")
+    if c:
+        L.append(f"case {c['name']}: phi {c['variant']['phi']:.3f} vs baseline phi {c['baseline']['phi']:.3f} "
+                 f"refitted on {_budgets_said(c)}; delta phi = {c['delta_phi']:+.3f}")
+    L += [f"WARNING [{f['name']}]: {f['message']}" for f in res["flags"]] + [f"wrote {out}/fit.json, report.md and "
+                                                                             "figures"]
+    if "chinchilla" not in res:
+        bs = res.get("bootstrap")
+        ci = f" [{bs['phi_lo']:.2f}, {bs['phi_hi']:.2f}]" if bs else " (no bootstrap CI)"
+        L.append(f"phi = {res['joint']['phi']:.2f}{ci}{_flag_names(res)}")
+    if c:                                 # the case study's one line (runs/mini.sh --case greps it)
+        dci = f" [{c['delta_phi_lo']:+.3f}, {c['delta_phi_hi']:+.3f}]" if "delta_phi_lo" in c else ""
+        L.append(f"delta_phi({c['name']}) = {c['delta_phi']:+.3f}{dci}{_flag_names(res)}")
+    return L
+
+
 def main(argv=None):
     args = parse_args(argv)
     try:
         if args.cases:
             summary = case_summary(args.cases)
             paths = write_case_summary(summary, args.cases, args.overwrite)
-        elif args.synthetic:
+            for row in summary["rows"]:
+                print(f"{row['name']:>10}: phi {row['phi']:.3f}" + ("" if row["delta_phi"] is None else
+                      f" | delta_phi {row['delta_phi']:+.3f} vs baseline phi {row['baseline_phi']:.3f} refitted in "
+                      "the case's fit"))
+            print(f"wrote {', '.join(paths)}")
+            return summary
+        if args.synthetic:
             rows = write_synthetic(args.synthetic, args.phi, args.noise, args.seed, args.overwrite)
-        else:
-            res = fit_outputs(args)
+            print(f"wrote {len(rows)} synthetic runs (phi={args.phi}, noise={args.noise}, seed={args.seed}) to "
+                  f"{args.synthetic}")
+            return None
+        res = fit_outputs(args)
     except ValueError as err:
         common.fail("fit.py", err)
-    if args.cases:
-        for row in summary["rows"]:
-            d = "" if row["delta_phi"] is None else (f" | delta_phi {row['delta_phi']:+.3f} vs baseline phi "
-                                                     f"{row['baseline_phi']:.3f} refitted in the case's fit")
-            print(f"{row['name']:>10}: phi {row['phi']:.3f}{d}")
-        print(f"wrote {', '.join(paths)}")
-        return summary
-    if args.synthetic:
-        print(f"wrote {len(rows)} synthetic runs (phi={args.phi}, noise={args.noise}, seed={args.seed}) to "
-              f"{args.synthetic}")
-        return None
-    if "chinchilla" in res:
-        for grp, b in _chin_groups(res).items():
-            print(f"{grp}: E={b['E']:.3f} A={_sig2(b['A'])} alpha={b['alpha']:.3f} B={_sig2(b['B'])} "
-                  f"beta={b['beta']:.3f} R2={b['r2']:.4f}")
-    else:
-        for r, b in res["per_arch"].items():
-            print(f"r={r}: A={_sig2(b['A'])} alpha={b['alpha']:.3f} B={_sig2(b['B'])} beta={b['beta']:.3f} "
-                  f"E={b['E']:.2f} R2={b['r2']:.4f}")
-        for key in ("phi0", "phi1"):
-            print(f"{key}: R2={res[key]['r2']:.4f} (free phi: {res['joint']['r2']:.4f})")
-        if "case" in res:
-            c = res["case"]
-            print(f"case {c['name']}: phi {c['variant']['phi']:.3f} vs baseline phi {c['baseline']['phi']:.3f} "
-                  f"refitted on {_budgets_said(c)}; delta phi = {c['delta_phi']:+.3f}")
-    # rule 6: every flag, then (last, where a user looks) the phi line carrying the flag names
-    for f in res["flags"]:
-        print(f"WARNING [{f['name']}]: {f['message']}")
-    print(f"wrote {args.out}/fit.json, report.md and figures")
-    if "chinchilla" not in res:
-        # the one line a user reads: point estimate and 95% block-bootstrap CI (Table 2 style), and its flags
-        bs = res.get("bootstrap")
-        ci = f" [{bs['phi_lo']:.2f}, {bs['phi_hi']:.2f}]" if bs else " (no bootstrap CI)"
-        print(f"phi = {res['joint']['phi']:.2f}{ci}{_flag_names(res)}")
-        if "case" in res:                     # the case study's one line (runs/mini.sh --case greps it)
-            c = res["case"]
-            dci = f" [{c['delta_phi_lo']:+.3f}, {c['delta_phi_hi']:+.3f}]" if "delta_phi_lo" in c else ""
-            print(f"delta_phi({c['name']}) = {c['delta_phi']:+.3f}{dci}{_flag_names(res)}")
+    print("\n".join(summary_lines(res, args.out)))
     return res
 
 
