@@ -165,6 +165,7 @@ def load_records(runs_dir):
         raise ValueError(f"runs directory {runs_dir!r} " + ("is not a folder" if os.path.exists(runs_dir) else
                                                             "does not exist"))
     recs = []
+    # sorted walk: the records (and so a fit's runs) come in the same order on every filesystem
     for root, _, files in sorted(os.walk(runs_dir, onerror=_walk_error)):
         if "done.json" not in files:
             continue
@@ -177,6 +178,8 @@ def load_records(runs_dir):
             acc = flops.accounting_args(mcfg)
         except ValueError as err:
             raise ValueError(f"{path}: config {err}") from None
+        # the top-level fields the fit reads must agree with the config the run trained: an edited budget or r would
+        # otherwise be fitted silently at the wrong place (issue 18 §3)
         for key, cfg in (("n_loops", mcfg), ("flops_budget", tcfg), ("case", tcfg)):
             mine, theirs = rec.get(key), cfg.get(key, rec.get(key))
             if key == "case":                                   # no case key in the record = the main grid ("")
@@ -242,7 +245,7 @@ def _value(row, key):
     """row[key] as a float, checked against LIMITS[key]: a number (not a blank, text or JSON true), finite, inside
     the range, whole where INTEGERS says so; else a ValueError naming the file (and line) and the key."""
     val = row.get(key)
-    try:
+    try:            # CSV cells are text, done.json values numbers: float() reads both; JSON true is not a count
         x = float(val)
         why = "is not a number" if isinstance(val, bool) else common.check_number(x, *LIMITS[key])
     except (TypeError, ValueError, OverflowError):
@@ -315,6 +318,7 @@ def _check_accounting(rows, runs):
     the fits and the bootstrap."""
     for i, row in enumerate(rows):
         r, kw = int(runs["n_loops"][i]), row["arch"]
+        # one call per row: each costs microseconds, so no cache is kept
         try:
             flops.flops_per_token(64, r, **kw)         # any width: the layout and mode checks do not depend on d
         except (ValueError, TypeError, OverflowError) as err:
@@ -334,6 +338,7 @@ def arch_map(runs):
     """({r: flops kwargs}, {r: aspect ratio}) of the selected runs. Every run of one r must share its architecture,
     else that r's frontier is ill-defined (a case-study variant and the baseline differ: select one with --case)."""
     arch, aspect = {}, {}
+    # None values are flops.py defaults (full BPTT): dropped, so a record that spells them out matches one that doesn't
     for a, asp, r, src in zip(runs["arch"], runs["aspect"], runs["n_loops"], runs["source"]):
         a, r = {k: v for k, v in a.items() if v is not None}, int(r)
         if arch.setdefault(r, a) != a:
@@ -1407,7 +1412,8 @@ CASES_MARK = "<!-- case studies: written by fit.py --cases; everything below is 
 
 def _top_gap(res, r=8):
     """L*_r - L*_1 of the frontier at the largest budget (§4.2), or None."""
-    rows = [row for row in (res.get("frontier") or {}).get("rows", []) if row["n_loops"] == r and row["gap"] is not None]
+    rows = [row for row in (res.get("frontier") or {}).get("rows", []) if row["n_loops"] == r]
+    rows = [row for row in rows if row["gap"] is not None]
     return max(rows, key=lambda row: row["flops_budget"])["gap"] if rows else None
 
 
@@ -1416,6 +1422,7 @@ def _same_runs(base, base_path, res, path):
     the baseline study's own phi, so the two must rest on the same runs: every run of the case's baseline refit must
     be a run of OUT/fit.json (runs_record keys). Else one line naming both files (issue 18 §1)."""
     want, have = (res.get("case") or {}).get("baseline_runs"), base.get("runs")
+    # a fit.json from before issue 18 has no runs record: nothing can be matched, so nothing is claimed
     for p, rec in ((path, want), (base_path, have)):
         if not (isinstance(rec, dict) and isinstance(rec.get("keys"), list)):
             raise ValueError(f"{p}: records no runs digest (an older fit.py wrote it), so its runs cannot be matched "
@@ -1435,6 +1442,7 @@ def case_summary(out_dir):
         (name[len("case_"):], os.path.join(out_dir, name, "fit.json"))
         for name in (sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []) if name.startswith("case_")]
     rows, sweeps, base = [], {}, None
+    # the baseline first: every case row is checked against it as it is read (_same_runs)
     for name, path in [(n, p) for n, p in found if os.path.isfile(p)]:
         res = common.read_json(path)
         if "joint" not in res:
@@ -1469,6 +1477,8 @@ def write_case_summary(summary, out_dir, overwrite=False):
     or an earlier --cases on OUT did, and stays that fit's (the section goes below its report, and the fit may
     rewrite it); the figures where an earlier --cases on OUT wrote them; anything else only with overwrite.
     Checked before any drawing."""
+    # --cases on one folder is one request, whatever the case fits inside it; the report may also belong to the
+    # baseline fit that wrote OUT/fit.json (its request_key), below whose report the section goes
     key = common.request_key("fit", {"cases": os.path.abspath(out_dir)})
     report = os.path.join(out_dir, "report.md")
     owner = common.owner_of(report)
@@ -1540,6 +1550,7 @@ def _case_figures(summary):
 
 def run_chinchilla(runs, restarts=RESTARTS, seed=0):
     """Eq. 2 per group (the CSV's group column, or r for looped records); a single fit when there is one group."""
+    # groups: the CSV's group column (or r); each is fitted on its own, with the same seeded starts
     groups = sorted(set(runs["group"]))
     out = {"n_runs": int(len(runs["val_loss"])), "seed": seed, "restarts": restarts, "chinchilla": {}}
     t0 = time.perf_counter()
@@ -1581,6 +1592,8 @@ def runs_record(runs):
     line for CSV rows) and key -- a digest of the identity train.py recorded (when the record has one), the case
     label and the numbers the fit reads -- and the digest of the sorted keys. Equal digests mean the same runs,
     whatever folder they were read from; a retrained run or an edited val_loss changes its key."""
+    # the key covers what makes a run this run (train.py's identity) and what the fit takes from it; the folder
+    # name is kept beside it for people, not in it: a copied runs folder is the same runs
     n, ident = len(runs["val_loss"]), runs.get("identity") or [None] * len(runs["val_loss"])
     keys = [common.request_key("run", [ident[i], runs["case"][i]] + [float(runs[k][i]) for k in REQUIRED])
             for i in range(n)]
@@ -1594,6 +1607,7 @@ def write_set(folder, files, keys, remove=()):
     the first rename: a full disk or an error changes nothing. Then the names in remove go (the old fit.json, an
     earlier fit's outputs this one does not write) and the files are renamed in, the first name of files last
     (fit.json: a folder with a fit.json holds that fit's complete set)."""
+    # renaming: set once the last temporary is written -- from then on an error leaves a partial set, and says so
     names, renaming = list(files), []
     try:
         os.makedirs(folder, exist_ok=True)
@@ -1609,7 +1623,7 @@ def write_set(folder, files, keys, remove=()):
                         os.unlink(os.path.join(folder, name))
                 return
 
-            def fill(tmp):
+            def fill(tmp):             # common.atomic_write hands us its fresh temporary; the next file nests inside
                 with open(tmp, "wb") as fh:
                     fh.write(files[names[i]])
                 nest(i + 1)
@@ -1647,6 +1661,7 @@ def parse_args(argv=None):
     p.add_argument("--cases", metavar="DIR", help="summarise DIR/fit.json and DIR/case_*/fit.json into DIR/report.md")
     p.add_argument("--synthetic", metavar="OUT.csv", help="write the synthetic 116-run grid and exit")
     args = p.parse_args(argv)
+    # mode rules argparse cannot express: one error line each, exit status 2 (common.Parser)
     if args.synthetic or args.cases:     # these need no runs input and write no fit folder
         if args.runs_dir or args.csv or args.out or (args.synthetic and args.cases):
             p.error("--synthetic and --cases take no RUNS_DIR, --csv, --out or each other")
@@ -1678,6 +1693,8 @@ def fit_outputs(args):
     """The fit a CLI invocation asks for, written into --out; returns its result. Every input or output problem is a
     ValueError before any fit runs; the outputs are rendered in memory and written as one set at the end, so a
     failure anywhere leaves --out as it was."""
+    # ownership first (rule 2): every output name in --out must be ours for this request, or --overwrite given --
+    # checked for all of OUTPUTS, so the stale ones removed at the end are covered too
     request = _request(args)
     key = common.request_key("fit", request)
     common.check_dir_writable(args.out, "--out")
@@ -1699,6 +1716,7 @@ def fit_outputs(args):
                            seed=args.seed, boot_restarts=args.boot_restarts)
         else:
             res = run_protocol(sel, args.restarts, args.bootstrap, args.seed, args.boot_restarts)
+    # flags that only the CLI can see: run folders without a record, and the fitter's own warnings
     if unfinished:
         _add_flag(res["flags"], "unfinished_runs", f"{len(unfinished)} under {args.runs_dir} "
                   f"({', '.join(unfinished[:5])}{', ...' if len(unfinished) > 5 else ''})")
@@ -1709,6 +1727,7 @@ def fit_outputs(args):
     except Exception as err:         # a plotting bug must not cost the fit a traceback or a half-written folder
         raise ValueError(f"drawing the figures failed ({type(err).__name__}: {err}); nothing was written") from None
     files["report.md"] = report_text(res).encode()
+    # fit.json lists the set it belongs to, so a reader can tell a complete folder from a partial one
     res["outputs"] = sorted(files) + ["fit.json"]
     files = {"fit.json": json.dumps(_jsonable(res), indent=1).encode(), **files}      # fit.json first: renamed last
     stale = [n for n in OUTPUTS if n not in files and os.path.lexists(os.path.join(args.out, n))]
@@ -1719,6 +1738,7 @@ def fit_outputs(args):
 def summary_lines(res, out):
     """What the CLI prints after a fit: each Eq. 2 fit, the restricted fits, the case line, every flag, and last
     (where a user looks) the phi line with its 95% CI and flag names, and a case study's delta-phi line."""
+    # one line per Eq. 2 fit: per architecture, or per chinchilla group
     blocks = _chin_groups(res) if "chinchilla" in res else {f"r={r}": b for r, b in res["per_arch"].items()}
     L = [f"{name}: A={_sig2(b['A'])} alpha={b['alpha']:.3f} B={_sig2(b['B'])} beta={b['beta']:.3f} E={b['E']:.2f} "
          f"R2={b['r2']:.4f}" for name, b in blocks.items()]
@@ -1731,6 +1751,7 @@ def summary_lines(res, out):
     L += [f"WARNING [{f['name']}]: {f['message']}" for f in res["flags"]] + [f"wrote {out}/fit.json, report.md and "
                                                                              "figures"]
     if "chinchilla" not in res:
+        # the one line a user reads: point estimate and 95% block-bootstrap CI (Table 2 style), and its flags
         bs = res.get("bootstrap")
         ci = f" [{bs['phi_lo']:.2f}, {bs['phi_hi']:.2f}]" if bs else " (no bootstrap CI)"
         L.append(f"phi = {res['joint']['phi']:.2f}{ci}{_flag_names(res)}")
@@ -1742,6 +1763,7 @@ def summary_lines(res, out):
 
 def main(argv=None):
     args = parse_args(argv)
+    # three modes; every user error in any of them is one line and exit status 2 (common.fail), before any work
     try:
         if args.cases:
             summary = case_summary(args.cases)

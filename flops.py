@@ -13,7 +13,6 @@ Not here: the model (model.py builds what these formulas count), learning rates 
 """
 import argparse
 import json
-import math
 
 import common
 
@@ -60,18 +59,15 @@ def accounting_args(cfg) -> dict:
     lacks (or sets to None: n_loops_bwd = None is full BPTT) are left out, so the paper's defaults apply. Each value
     is checked (an integer count in range, a known injection): a hand-edited record fails here, naming the field."""
     get = cfg.get if isinstance(cfg, dict) else (lambda k: getattr(cfg, k, None))
-    out = {k: get(k) for k in ACCOUNTING if get(k) is not None}
-    width = {k: get(k) for k in ("scale", "aspect_ratio") if get(k) is not None}
-    for k, v in width.items():
-        _check_int(k, v, 1)
-    if "d_model" not in out and "scale" in width:
-        out["d_model"] = width.get("aspect_ratio", ASPECT_RATIO) * width["scale"]
+    out = {k: get(k) for k in (*ACCOUNTING, "scale", "aspect_ratio") if get(k) is not None}
     for k, v in out.items():
-        if k == "injection":
-            if v not in INJECTIONS:
-                raise ValueError(f"injection must be one of {INJECTIONS}, got {v!r:.40}")
-        else:
-            _check_int(k, v, ACCOUNTING[k])
+        if k != "injection":
+            _check_int(k, v, ACCOUNTING.get(k, 1))
+        elif v not in INJECTIONS:
+            raise ValueError(f"injection must be one of {INJECTIONS}, got {v!r:.40}")
+    scale, aspect = out.pop("scale", None), out.pop("aspect_ratio", ASPECT_RATIO)
+    if "d_model" not in out and scale is not None:
+        out["d_model"] = aspect * scale
     return out
 
 
@@ -86,10 +82,8 @@ def pad_vocab(vocab_size: int) -> int:
 
 def layout(n_loops, n_layers_eff=20, n_layers_prelude=2, n_layers_coda=2):
     """(prelude, recur, coda) block counts with l_eff = l_p + r·l_recur + l_c (§3.1, iso-depth)."""
-    _check_int("n_loops", n_loops, 1)
-    _check_int("n_layers_eff", n_layers_eff, 1)
-    _check_int("n_layers_prelude", n_layers_prelude, 0)
-    _check_int("n_layers_coda", n_layers_coda, 0)
+    accounting_args(dict(n_loops=n_loops, n_layers_eff=n_layers_eff, n_layers_prelude=n_layers_prelude,
+                         n_layers_coda=n_layers_coda))            # integer counts, each at least its ACCOUNTING minimum
     if 16 % n_loops != 0:       # r must divide 16 (r_max = 16, §6): r in {1, 2, 4, 8, 16}
         raise ValueError(f"n_loops={n_loops} must divide 16")
     if n_loops == 1:            # the baseline: one plain stack of l_eff blocks, no prelude / coda / injection
@@ -167,10 +161,9 @@ def flops_per_token(d_model, n_loops, n_layers_eff=20, n_layers_prelude=2, n_lay
     (k = n_loops_bwd < r, truncated BPTT) cost forward only, attention included: that gives D_trunc/D_full ~ 1.31.
     """
     mode = _check_mode(d_model, n_loops, injection, hc_lanes)
-    _check_int("seq_len", seq_len, 1)
     p, rec, c = layout(n_loops, n_layers_eff, n_layers_prelude, n_layers_coda)
     k = n_loops if n_loops_bwd is None else n_loops_bwd             # gradient window (App. G.1); None = full BPTT
-    _check_int("n_loops_bwd", k, 1)
+    accounting_args(dict(seq_len=seq_len, n_loops_bwd=k))
     if k > n_loops:
         raise ValueError(f"n_loops_bwd={k} exceeds n_loops={n_loops}")
     if mode == "hyper" and k != n_loops:
@@ -203,10 +196,9 @@ def forward_flops_per_token(d_model, n_loops, n_layers_eff=20, n_layers_prelude=
 
 def tokens_for_budget(flops_budget, flops_per_token, batch_tokens=BATCH_TOKENS):
     """The authors' horizon rule: steps = round(C / (F·B)), D = steps·B (gives Table 5 exactly)."""
-    if not (isinstance(flops_budget, (int, float)) and flops_budget > 0 and math.isfinite(flops_budget)):
-        raise ValueError(f"flops_budget must be a positive finite number, got {flops_budget!r}")
-    if not (isinstance(flops_per_token, (int, float)) and flops_per_token > 0):
-        raise ValueError(f"flops_per_token must be positive, got {flops_per_token!r}")
+    for name, v in (("flops_budget", flops_budget), ("flops_per_token", flops_per_token)):
+        if common.check_number(v, "(0, inf)"):
+            raise ValueError(f"{name} {common.check_number(v, '(0, inf)')}")
     _check_int("batch_tokens", batch_tokens, 1)
     steps = round(flops_budget / (flops_per_token * batch_tokens))
     if steps < 1:
@@ -227,9 +219,8 @@ def grid_runs(loops=LOOPS, n_layers_eff=20, injection="linear", batch_tokens=BAT
     for budget, widths in GRID.items():
         for r in loops:
             for s in widths:
-                d = aspect_ratio * s
-                n_once, n_rec = param_split(d, r, n_layers_eff, p, c, injection)
-                f = flops_per_token(d, r, n_layers_eff, p, c, injection)
+                d, kw = aspect_ratio * s, (n_layers_eff, p, c, injection)
+                (n_once, n_rec), f = param_split(d, r, *kw), flops_per_token(d, r, *kw)
                 steps, tokens = tokens_for_budget(budget, f, batch_tokens)
                 runs.append(dict(flops_budget=budget, n_loops=r, scale=s, d_model=d, n_once=n_once, n_rec=n_rec,
                                  n_params=n_once + n_rec, flops_per_token=f, tokens=tokens, steps=steps))
@@ -323,14 +314,14 @@ def main(argv=None):
                           f"{r['kv_bytes'] / 1e6:6.0f} MB ({r['kv_bytes_x']:.1f}x) | fwd {r['fwd_flops'] / 1e9:.2f} "
                           f"GFLOP/token ({r['fwd_flops_x']:.3f}x)")
         else:
-            acc = accounting_args(vars(a))
-            n_once, n_rec = param_split(**acc)
-            f = flops_per_token(**acc)
+            acc = accounting_args(vars(a))                   # the flags are named as the ModelConfig fields
+            (n_once, n_rec), f = param_split(**acc), flops_per_token(**acc)
             steps, tokens = tokens_for_budget(a.flops_budget, f)
             out = dict(scale=a.scale, d_model=acc["d_model"], n_loops=a.n_loops, injection=a.injection,
                        layout=layout(a.n_loops, a.n_layers_eff, a.n_layers_prelude, a.n_layers_coda),
                        n_once=n_once, n_rec=n_rec, n_params=n_once + n_rec, flops_per_token=f,
-                       fwd_flops_per_token=forward_flops_per_token(**acc), flops_budget=a.flops_budget, steps=steps, tokens=tokens)
+                       fwd_flops_per_token=forward_flops_per_token(**acc), flops_budget=a.flops_budget,
+                       steps=steps, tokens=tokens)
             if not a.json:
                 for key, val in out.items():
                     print(f"{key:>20} {val:,}" if isinstance(val, int) else f"{key:>20} {val}")
@@ -344,8 +335,7 @@ def main(argv=None):
 def _print_grid(runs, mfu, peak_flops):
     """Table 6: N (M) per (s, r) and r=1 tokens (B) per (s, C); then every run; then the GPU-hour plan."""
     cell = {(x["flops_budget"], x["n_loops"], x["scale"]): x for x in runs}
-    widths = sorted({x["scale"] for x in runs})
-    loops = sorted({x["n_loops"] for x in runs})
+    widths, loops = sorted({x["scale"] for x in runs}), sorted({x["n_loops"] for x in runs})
     print("   s      d " + "".join(f"  N r={r:<3}" for r in loops) + "".join(f"{'D@%.3g' % c:>11}" for c in GRID))
     for s in widths:
         row = {x["n_loops"]: x for x in runs if x["scale"] == s}

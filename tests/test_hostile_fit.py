@@ -183,8 +183,8 @@ def test_malformed_and_foreign_done_json(tmp_path):
     _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")], "key 'scale' must be int, got str 'wide'", tmp_path)
     rec["scale"], rec["config"] = 6, {"n_layers_eff": 10 ** 400}          # a count flops.py cannot multiply
     (runs / "run3" / "done.json").write_text(json.dumps(rec))
-    _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")], "config n_layers_eff must be an integer in [1, 1e+09]",
-             tmp_path)
+    _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")],
+             "config n_layers_eff must be an integer in [1, 1e+09]", tmp_path)
 
 
 def test_cases_summary_refuses_a_broken_fit_json_by_name(tmp_path):
