@@ -75,7 +75,7 @@ python data.py prepare --source default --tokenizer "$OUT/tokenizer.model" --out
 python data.py stream-bench --mb 16   # streaming prepare: MB/s, peak RSS; the issue-13 1 GB figure: --mb 1000 (~5 min idle)
 
 hdr "4. fit protocol on the 116-run synthetic grid vs naive scipy"
-python fit.py --bench
+python runs/bench_fit.py
 
 hdr "5. continuation scoring, batched vs one example at a time (equal-length prompts, then mixed lengths)"
 python eval.py bench --equal-length 64
