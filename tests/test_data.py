@@ -9,6 +9,7 @@ import os
 import random
 import re
 import socket
+import sys
 import time
 
 import numpy as np
@@ -17,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+import common
 import data
 
 BOS = 1
@@ -508,11 +510,13 @@ def test_streaming_prepare_is_bounded_deterministic_and_worker_independent(tmp_p
 
 
 def test_stream_bench_corpus_is_sized_seeded_and_varied(tmp_path):
-    """The generated corpus of `data.py stream-bench` (runs/bench.sh): the size asked, the same bytes per seed, and
+    """The generated corpus of runs/bench_data.py (runs/bench.sh): the size asked, the same bytes per seed, and
     documents both shorter and longer than a 2,049-token row (~4 chars a token), so the bench packs and crops."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runs"))
+    import bench_data
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-    assert abs(data.generate_corpus(str(a), 2) - 2e6) < 2e5 and abs(a.stat().st_size - 2e6) < 2e5
-    data.generate_corpus(str(b), 2)
+    assert abs(bench_data.generate_corpus(str(a), 2) - 2e6) < 2e5 and abs(a.stat().st_size - 2e6) < 2e5
+    bench_data.generate_corpus(str(b), 2)
     assert a.read_bytes() == b.read_bytes()
     lens = [len(t) for t in data.iter_source(str(a))]
     assert min(lens) < 500 and max(lens) > 4 * 2049 and len(lens) > 300
@@ -566,7 +570,7 @@ def test_init_dist_plain_and_gloo(monkeypatch, capsys):
     import torch.distributed as dist
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(k, raising=False)
-    rank, world, device = data.init_dist()
+    rank, world, device = common.init_dist()
     assert (rank, world) == (0, 1) and device.type in ("cpu", "cuda")
     with socket.socket() as s:                                    # a free port for the one-rank gloo group
         s.bind(("127.0.0.1", 0))
@@ -574,14 +578,14 @@ def test_init_dist_plain_and_gloo(monkeypatch, capsys):
     monkeypatch.setenv("RANK", "0"), monkeypatch.setenv("WORLD_SIZE", "1"), monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1"), monkeypatch.setenv("MASTER_PORT", str(port))
     try:
-        rank, world, device = data.init_dist()
+        rank, world, device = common.init_dist()
         assert (rank, world) == (0, 1) and dist.is_initialized()
         if device.type == "cpu":
             assert dist.get_backend() == "gloo"
     finally:
         dist.destroy_process_group()
     monkeypatch.setenv("RANK", "1")
-    data.print0("hidden")
+    common.print0("hidden")
     monkeypatch.setenv("RANK", "0")
-    data.print0("shown")
+    common.print0("shown")
     assert capsys.readouterr().out == "shown\n"

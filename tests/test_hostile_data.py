@@ -284,9 +284,9 @@ def test_prepacked_corrupt_parquet_and_meta(tmp_path, capsys):
     (out / "val-00000.parquet").write_bytes(os.urandom(500))
     assert "val-00000.parquet: not a readable parquet file" in cli(["check", out], tmp_path, capsys, 1)
     (out / "meta_train.json").write_text('{"vocab_size": 300, "seq_len": ')
-    assert "meta_train.json: not valid JSON" in cli(["check", out], tmp_path, capsys, 1)
+    assert "meta_train.json:1: not valid JSON" in cli(["check", out], tmp_path, capsys, 1)
     (out / "meta_train.json").write_text('{"vocab_size": "300", "seq_len": 32}')
-    assert "meta_train.json: vocab_size is '300'" in cli(["check", out], tmp_path, capsys, 1)
+    assert "meta_train.json: key 'vocab_size' must be int, got str '300'" in cli(["check", out], tmp_path, capsys, 1)
 
 
 def test_real_process_one_line_exit_1(tmp_path, tok):
