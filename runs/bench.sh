@@ -76,7 +76,7 @@ hdr "4. fit protocol on the 116-run synthetic grid vs naive scipy"
 python fit.py --bench
 
 hdr "5. continuation scoring, batched vs one example at a time (equal-length prompts, then mixed lengths)"
-python eval.py bench --equal-length 64
-python eval.py bench
+python runs/bench_eval.py --equal-length 64 --out "$OUT/eval_bench_equal.json"
+python runs/bench_eval.py --out "$OUT/eval_bench_mixed.json"
 
 hdr "done in $(( $(date +%s) - T0 )) s"

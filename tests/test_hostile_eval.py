@@ -1,4 +1,4 @@
-"""Hostile-input tests for eval.py's CLIs (issue 12): main (checkpoint), `primitives` and `bench`.
+"""Hostile-input tests for eval.py's CLIs (issues 12, 18): main (checkpoint), `primitives`, runs/bench_eval.py.
 
 Every case asserts the exit status, a one-line message that names the culprit (flag, file and line), no traceback,
 and that every file that existed before is byte-identical afterwards. Most cases run eval.main in-process: a
@@ -18,6 +18,9 @@ import torch
 
 import eval as E
 import data
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runs"))
+import bench_eval  # noqa: E402
 from test_eval import SEQ_LEN, corpus_texts, tiny_model, tok  # noqa: F401  (tok: the module-scoped tokenizer)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,10 +46,11 @@ def run_dir(tmp_path_factory, tok):
 
 
 def cli(argv, capsys):
-    """(exit status, the message, stdout) of `python eval.py *argv`, run in-process."""
+    """(exit status, the message, stdout) of `python eval.py *argv` (argv[0] == "bench": runs/bench_eval.py),
+    run in-process."""
     msg = ""
     try:
-        E.main(argv)
+        bench_eval.main(argv[1:]) if argv[:1] == ["bench"] else E.main(argv)
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -92,7 +96,7 @@ def tasks(tmp_path):
 
 MAIN_FLAGS = [("--temperature", "nan"), ("--temperature", "inf"), ("--temperature", "-0.5"), ("--top-k", "-1"),
               ("--max-new-tokens", "0"), ("--seed", "-3"), ("--n-loops", "0"), ("--n-loops", "2.5"),
-              ("--device-batch", "0"), ("--batch-tokens", "-1"), ("--val-tokens", "-2"), ("--val-tokens", "1e9")]
+              ("--device-batch", "0"), ("--batch-tokens", "-1"), ("--val-tokens", "-2"), ("--val-tokens", "1.5")]
 
 
 @pytest.mark.parametrize("flag,value", MAIN_FLAGS, ids=[f"{f}={v}" for f, v in MAIN_FLAGS])
@@ -104,7 +108,7 @@ def test_main_numeric_flags_checked_at_parse(flag, value, run_dir, capsys):
 SUB_FLAGS = [(["bench", "--seq-len", "0"], "--seq-len"), (["bench", "--n-examples", "nan"], "--n-examples"),
              (["bench", "--n-loops", "-1"], "--n-loops"), (["bench", "--equal-length", "999"], "--equal-length"),
              (["bench", "--batch-tokens", "inf"], "--batch-tokens"), (["primitives", "--out", "x", "--n", "0"], "--n"),
-             (["primitives", "--out", "x", "--n", "1e3"], "--n"), (["bench", "--no-such-flag"], "--no-such-flag")]
+             (["primitives", "--out", "x", "--n", "1.5"], "--n"), (["bench", "--no-such-flag"], "--no-such-flag")]
 
 
 @pytest.mark.parametrize("argv,flag", SUB_FLAGS, ids=[" ".join(a) for a, _ in SUB_FLAGS])
@@ -138,7 +142,7 @@ def test_out_in_missing_folder_fails_before_any_scoring(run_dir, capsys, tmp_pat
 
 def test_out_folder_and_out_with_sample_refused(run_dir, capsys, tmp_path):
     roots = [os.path.dirname(run_dir["out"]), str(tmp_path)]
-    refused([run_dir["out"], "--tasks", "none", "--out", str(tmp_path)], capsys, 1, str(tmp_path), "is a folder",
+    refused([run_dir["out"], "--tasks", "none", "--out", str(tmp_path)], capsys, 1, str(tmp_path), "not a file",
             roots=roots)
     refused([run_dir["out"], "--sample", "x", "--out", str(tmp_path / "s.json")], capsys, 1, "--sample", "--out",
             roots=roots)
@@ -173,7 +177,7 @@ def test_foreign_out_file_refused_unless_overwrite(run_dir, capsys, tmp_path):
     r4 = tmp_path / "r4.json"
     assert cli([run_dir["out"], "--tasks", "none", "--val-tokens", "0", "--n-loops", "4", "--out", str(r4)],
                capsys)[0] == 0
-    refused([run_dir["out"], "--tasks", "none", "--out", str(r4)], capsys, 1, str(r4), "n_loops 2", roots=roots)
+    refused([run_dir["out"], "--tasks", "none", "--out", str(r4)], capsys, 1, str(r4), "another request", roots=roots)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
@@ -288,9 +292,9 @@ def test_failed_task_keeps_the_other_results(run_dir, capsys, tmp_path, tasks):
 
 
 def test_disk_full_at_the_end_prints_the_result_instead_of_losing_it(run_dir, capsys, tmp_path, tasks, monkeypatch):
-    def full(path, write):
+    def full(path, blob, key):
         raise OSError(28, "No space left on device", path)
-    monkeypatch.setattr(E, "atomic_write", full)
+    monkeypatch.setattr(E, "write_owned", full)
     out = tmp_path / "e.json"
     code, msg, stdout = cli([run_dir["out"], "--tasks", "induction_head", "--task-dir", str(tasks), "--out", str(out)],
                             capsys)
