@@ -253,6 +253,32 @@ def test_reads_the_authors_published_layout_unchanged(tmp_path):
     x, y = loader(str(out), tokenizer_hash="anything: the release records none").next_batch()
     assert (x.numpy() == rows[:2, :-1]).all() and (y.numpy() == rows[:2, 1:]).all()
 
+def test_data_identity_is_the_content_not_the_size_or_path(tmp_path):
+    """Issue 18 §1: a run's identity names its data by content. Two packings of the same size (the same documents
+    with other token ids: the same rows, files and counts) differ; the same prepare twice, in two folders, is the
+    same; a published prepack without recorded hashes is told apart by its files' parquet footers."""
+    docs = id_docs(300)
+    shifted = [[2 + (t - 1) % 398 for t in d] for d in docs]              # ids stay in [2, 400), lengths unchanged
+    a, b, c = prep(tmp_path, "a", docs=docs), prep(tmp_path, "b", docs=docs), prep(tmp_path, "c", docs=shifted)
+    meta = lambda d: {k: v for k, v in data.read_meta(d).items() if k not in ("files", "request")}
+    assert meta(a) == meta(c) and data.read_meta(a)["files"] != data.read_meta(c)["files"]    # same size
+    assert data.data_identity(a) == data.data_identity(b) != data.data_identity(c)
+    assert data.data_identity(a).startswith("data-sha256:")
+    assert data.data_identity(prep(tmp_path, "d", docs=docs, seq_len=16)) != data.data_identity(a)
+    ids = []
+    for k in range(2):                                                    # the release's layout: no hashes
+        out = tmp_path / f"pub{k}"
+        out.mkdir()
+        for split in ("train", "val"):
+            rows = np.random.default_rng(k).integers(2, 400, size=(10, SEQ + 1)).astype(np.uint16)
+            rows[:, 0] = BOS
+            pq.write_table(pa.table({"tokens": pa.array(rows.tolist(), type=pa.list_(pa.uint16()))}),
+                           out / f"{split}-00000.parquet")
+            (out / f"meta_{split}.json").write_text(json.dumps(dict(vocab_size=400, seq_len=SEQ, num_shards=1)))
+        ids.append(data.data_identity(str(out)))
+    assert ids[0] != ids[1] and data.data_identity(str(tmp_path / "pub0")) == ids[0]
+
+
 # -----------------------------------------------------------------------------
 # 5. Bad input: a clear error, nothing written
 
