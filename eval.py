@@ -681,6 +681,22 @@ def write_primitives(out_dir, n=1000, overwrite=False) -> list:
 # Checkpoints: read safely, sized before they are built, weights checked against the config and for finiteness
 
 CKPT_KEYS = ("model", "model_config")      # what eval needs from train.py's ckpt.pt; train.py's resume needs more
+# The other entries eval reads from a ckpt.pt, each (type, range): a hand-edited one is a one-line error, never a
+# traceback or a wrong default (train_config.eval_tokens: train.py's limit, -1 = the whole val split).
+CKPT_FIELDS = {"tokenizer_hash": (str, None), "train_config": (dict, None)}
+TRAIN_FIELDS = {"data": (str, None), "tokenizer": (str, None), "eval_tokens": (int, "[-1, inf)")}
+
+
+def _check_record(obj, schema, where, prefix=""):
+    """common.read_json's key check for a record inside a file (a checkpoint's dicts, a meta's model_config):
+    a present key must have its type (bool is never a number) and lie in its range; one line naming file and key."""
+    for key, (types, interval) in schema.items():
+        v = obj.get(key)
+        bad = v is not None and (not isinstance(v, types) or isinstance(v, bool))
+        why = f"must be {getattr(types, '__name__', 'a number')}, got {type(v).__name__} {v!r:.40}" if bad else \
+            check_number(v, interval) if interval else None
+        if why:
+            raise ValueError(f"{where}: key '{prefix}{key}' {why}")
 
 
 def read_checkpoint(path, keys=CKPT_KEYS) -> dict:
@@ -733,6 +749,8 @@ def read_checkpoint(path, keys=CKPT_KEYS) -> dict:
         if not isinstance(ck["model"], dict):
             raise ValueError(f"{path}: the weights are a {type(ck['model']).__name__}, not a state dict")
         ck["model"] = {_strip_prefix(k): v for k, v in ck["model"].items()}
+    _check_record(ck, CKPT_FIELDS, path)
+    _check_record(ck.get("train_config") or {}, TRAIN_FIELDS, path, "train_config.")
     return ck
 
 
@@ -894,15 +912,7 @@ def _release_config(meta, where) -> dict:
         raise ValueError(f"{where}: model_config: " + "; ".join(
             s for s in (f"unknown fields {unknown} (a newer or older release?)" if unknown else "",
                         f"missing fields {missing}" if missing else "") if s))
-    for key, (types, interval) in RELEASE_FIELDS.items():
-        v = mc.get(key)
-        types = types if isinstance(types, tuple) else (types,)
-        if v is not None and (not isinstance(v, types) or isinstance(v, bool)):
-            raise ValueError(f"{where}: key 'model_config.{key}' must be {'/'.join(t.__name__ for t in types)}, "
-                             f"got {type(v).__name__} {v!r:.40}")
-        why = check_number(v, interval) if interval and v is not None else None
-        if why:
-            raise ValueError(f"{where}: key 'model_config.{key}' {why}")
+    _check_record(mc, RELEASE_FIELDS, where, "model_config.")
     return dict(RELEASE_DEFAULTS, **mc)
 
 
@@ -1312,6 +1322,8 @@ def main(argv=None):
     except (ValueError, OSError) as e:                       # read-only folder, disk full: the errno line names it
         why = f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename and e.strerror else first_line(e)
         raise SystemExit(f"eval.py: error: {why}") from None
+    except KeyboardInterrupt:                                # Ctrl-C: one line, nothing half-written
+        raise SystemExit("eval.py: interrupted; nothing was written (eval.json is written last, atomically)") from None
 
 
 if __name__ == "__main__":
