@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 import sentencepiece as spm
 
 # atomic_write / stale_temps / init_dist / print0 are common.py's; they stay importable from here for train.py.
-from common import (Parser, atomic_write, check_owned, first_line, init_dist, number, print0, read_json,  # noqa: F401
+from common import (Parser, atomic_write, check_dir_writable, check_owned, first_line, init_dist, number, print0, read_json,  # noqa: F401
                     request_key, require, stale_temps, write_owned)
 
 # torch is imported inside the functions that need it: the tokenizer/prepare CLI then starts in ~1 s, not ~10 s.
@@ -350,6 +350,11 @@ def _jsonl_docs(p):
             if not isinstance(rec["text"], str):
                 raise ValueError(f"{where}: \"text\" is {type(rec['text']).__name__} {str(rec['text'])[:40]!r}, "
                                  "expected a string")
+            try:                                         # JSON allows lone surrogates ("\ud800"): no tokenizer can
+                rec["text"].encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise ValueError(f"{where}: \"text\" holds a lone surrogate ({rec['text'][e.start]!r} at character "
+                                 f"{e.start}), which is not text any tokenizer can encode") from None
             yield rec["text"]
 
 
@@ -551,10 +556,9 @@ def _claim_out_dir(out_dir, request, overwrite=False):
     'fresh' (absent or empty), 'resume' (an unfinished prepare of this same request), 'done' (a finished prepare of
     this same request, every file the one written), 'overwrite' (anything else, and overwrite was asked). Anything
     else is refused, naming what the directory holds."""
+    check_dir_writable(out_dir, "--out")                 # a folder, or creatable as one (a file in the way: refused)
     if not os.path.exists(out_dir):
         return "fresh", None
-    if not os.path.isdir(out_dir):
-        raise ValueError(f"--out {out_dir} exists and is not a directory")
     names = sorted(os.listdir(out_dir))
     if not names:
         return "fresh", None

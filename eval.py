@@ -952,6 +952,8 @@ def load_release(root, step=None, device="cpu", release_rope=True):
     if not os.path.isfile(meta_path):
         raise ValueError(f"{meta_path} not found: the release writes it beside {os.path.basename(steps[step])}")
     meta = read_json(meta_path, RELEASE_META)
+    if meta.get("step") not in (None, step):                       # a meta copied from another step: not this one's
+        raise ValueError(f"{meta_path}: key 'step' is {meta['step']}, but it sits beside model_{step:06d}.pt")
     c = _release_config(meta, meta_path)
     where = f"{meta_path}: model_config"
     if c["input_injection"] not in RELEASE_INJECTION:
@@ -1195,16 +1197,14 @@ def _open_run(a, sweep):
     tokenizer = tokenizer_for(ck, data_dir, a.tokenizer)
     check_inputs(cfg, ck, tokenizer, data_dir)
     r_eval = cfg.n_loops if a.n_loops is None else a.n_loops
-    if cfg.injection == "hyper" and r_eval != cfg.n_loops and cfg.n_loops > 1:
-        raise ValueError(f"--n-loops {r_eval}: hyperconnection scalars exist for exactly r={cfg.n_loops} iterations")
     if sweep and not (data_dir and os.path.isdir(data_dir)):
         raise ValueError(f"--n-loops-sweep needs the validation split: data dir {data_dir!r} not found (pass --data)")
-    for r_test in sweep or ():                               # refuse before any work: the model says what it can run
+    for r_test in sweep or [r_eval]:                         # refuse before any work: the model says what it can run
         try:
             model.check_n_loops(r_test)
         except ValueError as err:
-            raise ValueError(f"--n-loops-sweep: injection {cfg.injection!r} cannot run r'={r_test} "
-                             f"(trained r={cfg.n_loops}): {err}") from None
+            raise ValueError(f"{'--n-loops-sweep' if sweep else '--n-loops'}: injection {cfg.injection!r} cannot run "
+                             f"r'={r_test} (trained r={cfg.n_loops}): {err}") from None
     run = dict(model=model, ck=ck, tokenizer=tokenizer, data_dir=data_dir, r_eval=r_eval, rank=rank, world=world,
                device=device, step=ck["release"]["step"] if "release" in ck else None)
     if a.sample is None:

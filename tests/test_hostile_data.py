@@ -91,6 +91,7 @@ def prepare_args(src, tok, out, *extra):
     ('{"body": "x"}', 'src.jsonl:3: expected an object with a "text" field'),
     ('[1, 2]', 'src.jsonl:3: expected an object'),
     ('{"text": "unterminated', 'src.jsonl:3: invalid JSON'),
+    ('{"text": "a\\ud800b"}', 'src.jsonl:3: "text" holds a lone surrogate'),     # was a TypeError traceback
 ])
 def test_bad_jsonl_record_names_file_and_line(tmp_path, tok, capsys, record, culprit):
     recs = good_records()
@@ -150,6 +151,12 @@ def test_val_docs_larger_than_the_corpus_fails_before_any_work(tmp_path, tok, ca
     assert "--val-docs 20 must be in [1, 19]" in line and not (tmp_path / "out").exists()
     line = cli(prepare_args(src, tok, tmp_path / "out", "--rows-per-file", "10000000"), tmp_path, capsys, 1)
     assert "--rows-per-file 10,000,000" in line and not (tmp_path / "out").exists()     # no 1 GB row buffer
+
+
+def test_out_under_a_file_refused_before_reading_the_source(tmp_path, tok, capsys):
+    src = write_jsonl(tmp_path / "src.jsonl", good_records())
+    for out, culprit in ((src, "is a file, not a folder"), (src / "sub", "is a file, so the folder cannot be created")):
+        assert culprit in cli(prepare_args(src, tok, out), tmp_path, capsys, 1)
 
 
 def test_missing_source_and_foreign_tokenizer(tmp_path, tok, capsys):

@@ -448,3 +448,17 @@ def test_own_eval_json_edited_since_is_no_longer_ours(run_dir, capsys, tmp_path)
     out.write_text(out.read_text().replace('"crop": true', '"crop": true, "my note": 1'))
     refused([run_dir["out"], "--tasks", "none", "--val-tokens", "0", "--out", str(out)], capsys, 1, str(out),
             "edited since", "--overwrite", roots=[str(tmp_path)])
+
+
+def test_release_meta_of_another_step_or_type_refused(tmp_path, capsys):
+    """A meta copied from another step would report that step's val_loss as this one's; a string val_loss or a
+    meta that is not an object are the reader's one-line errors."""
+    root = tmp_path / "rel"
+    root.mkdir()
+    (root / "model_000100.pt").write_bytes(b"never read")
+    meta = root / "meta_000100.json"
+    for doc, culprit in ((dict(step=5, model_config=RELEASE_MC), "key 'step' is 5, but it sits beside model_000100"),
+                         (dict(step=100, val_loss="3.5", model_config=RELEASE_MC), "key 'val_loss' must be"),
+                         ([RELEASE_MC], "expected a JSON object, got list")):
+        meta.write_text(json.dumps(doc))
+        refused([str(root), "--tasks", "none"], capsys, 1, str(meta), culprit, roots=[str(tmp_path)])
