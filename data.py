@@ -1066,19 +1066,18 @@ class PackedLoader:
         counts = []
         for name, path in zip(names, self.paths):
             pf = _parquet_file(path)
-            schema = pf.schema_arrow
-            field = schema.field("tokens").type if "tokens" in schema.names else None
+            field = pf.schema_arrow.field("tokens").type if "tokens" in pf.schema_arrow.names else None
             if field is None or not pa.types.is_list(field) or field.value_type not in (pa.uint16(), pa.uint32()):
                 raise ValueError(f"{path}: column tokens is {field}, expected list<uint16|uint32>")
             if meta["vocab_size"] > np.iinfo(field.value_type.to_pandas_dtype()).max + 1:
                 raise ValueError(f"{path}: vocab_size {meta['vocab_size']:,} is too large for {field.value_type}")
             # the writer's column statistics give the largest id of every file for free: an id >= vocab_size (or a
             # meta whose vocab_size is below the data's largest id) is refused now, not as an IndexError mid-run
-            for g in range(pf.metadata.num_row_groups):
-                st = pf.metadata.row_group(g).column(0).statistics
-                if st is not None and st.has_min_max and int(st.max) >= meta["vocab_size"]:
-                    raise ValueError(f"{path}: token id {int(st.max):,} >= vocab_size {meta['vocab_size']:,} of "
-                                     f"meta_{split}.json (wrong meta, or ids from another tokenizer)")
+            stats = [pf.metadata.row_group(g).column(0).statistics for g in range(pf.metadata.num_row_groups)]
+            top = max((int(st.max) for st in stats if st is not None and st.has_min_max), default=-1)
+            if top >= meta["vocab_size"]:
+                raise ValueError(f"{path}: token id {top:,} >= vocab_size {meta['vocab_size']:,} of "
+                                 f"meta_{split}.json (wrong meta, or ids from another tokenizer)")
             counts.append(pf.metadata.num_rows)
             want = meta.get("files", {}).get(name)
             if want and (want["rows"] != counts[-1] or want["sha256"] != _sha256_file(path)):

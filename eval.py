@@ -486,9 +486,10 @@ def evaluate_task(model, tokenizer, items, *, shots, delimiter=" ", cap=CAP, seq
                                   crop=crop)
         nats, ntok, exact = score_examples(model, examples, batch_tokens=batch_tokens, n_loops=n_loops,
                                            pad_id=tokenizer.bos_id)
-    # e.g. one of this rank's items does not fit: the other ranks must still reach
+    # e.g. one of this rank's items does not fit: the other ranks must still reach the all-reduce below, then
+    # all of them raise
     except ValueError as e:
-        err, examples, nats, ntok, exact = str(e), [], [], [], []     # the all-reduce below, then all raise
+        err, examples, nats, ntok, exact = str(e), [], [], [], []
     # Sums, not means, cross the ranks (in fp64): the token-weighted loss and bpb are then exact under DDP.
     device = next(model.parameters()).device
     lm = items[0]["kind"] == "lm"
@@ -662,7 +663,8 @@ def write_primitives(out_dir, n=1000, overwrite=False) -> list:
 CKPT_KEYS = ("model", "model_config")
 # The other entries eval reads from a ckpt.pt, each (type, range): a hand-edited one is a one-line error, never a
 # traceback or a wrong default (train_config.eval_tokens: train.py's limit, -1 = the whole val split).
-CKPT_FIELDS = {"tokenizer_hash": (str, None), "train_config": (dict, None)}
+CKPT_FIELDS = {"model": (dict, None), "model_config": (dict, None), "tokenizer_hash": (str, None),
+               "train_config": (dict, None)}
 TRAIN_FIELDS = {"data": (str, None), "tokenizer": (str, None), "eval_tokens": (int, "[-1, inf)")}
 
 
@@ -715,22 +717,17 @@ def read_checkpoint(path, keys=CKPT_KEYS) -> dict:
     if missing:
         raise ValueError(f"{path} has no {missing} entr{'y' if len(missing) == 1 else 'ies'} (keys: {sorted(ck)}): "
                          "not a complete train.py checkpoint")
+    _check_record(ck, CKPT_FIELDS, path)
+    _check_record(ck.get("train_config") or {}, TRAIN_FIELDS, path, "train_config.")
     if "model" in ck and "model_config" in ck:
-        mc = ck["model_config"]
-        if not isinstance(mc, dict):
-            raise ValueError(f"{path}: model_config is a {type(mc).__name__}, not a dict")
-        unknown = sorted(set(mc) - {f.name for f in dataclasses.fields(ModelConfig)})
+        unknown = sorted(set(ck["model_config"]) - {f.name for f in dataclasses.fields(ModelConfig)})
         if unknown:
             raise ValueError(f"{path}: model_config has fields this model.py does not know: {unknown}")
         try:
-            ModelConfig(**mc)
+            ModelConfig(**ck["model_config"])
         except (TypeError, ValueError) as e:
             raise ValueError(f"{path}: invalid model_config: {e}") from None
-        if not isinstance(ck["model"], dict):
-            raise ValueError(f"{path}: the weights are a {type(ck['model']).__name__}, not a state dict")
         ck["model"] = {_strip_prefix(k): v for k, v in ck["model"].items()}
-    _check_record(ck, CKPT_FIELDS, path)
-    _check_record(ck.get("train_config") or {}, TRAIN_FIELDS, path, "train_config.")
     return ck
 
 
