@@ -56,11 +56,11 @@ print(f"ratio | memory r=8 / r=1, full BPTT: {num(r8, mem) / num(r1, mem):.2f} |
 PY
 
 hdr "2. MuonH step (polar express + sphere retraction) for the 120 matrices of an s = 10 model"
-python optim.py --bench --bench-steps 2
+python runs/bench_optim.py --bench-steps 2
 
 hdr "2b. optimizer step, 1 rank vs sharded MuonH on 2 ranks (gloo on CPU, 1 thread per rank, d = 256, 120 matrices)"
-OMP_NUM_THREADS=1 python optim.py --bench --scale 4 --bench-steps 3 | tee "$OUT/optim_shard.txt"
-OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 optim.py --bench --scale 4 \
+OMP_NUM_THREADS=1 python runs/bench_optim.py --scale 4 --bench-steps 3 | tee "$OUT/optim_shard.txt"
+OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 runs/bench_optim.py --scale 4 \
   --bench-steps 3 2>"$OUT/optim_shard.err" | tee -a "$OUT/optim_shard.txt"
 python - "$OUT/optim_shard.txt" <<'PY'
 import re, sys
