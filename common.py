@@ -195,6 +195,8 @@ def read_json(path: str, schema: typing.Optional[dict] = None) -> dict:
         raise ValueError(f"{path}:{err.lineno}: not valid JSON ({err.msg}, column {err.colno})") from None
     except UnicodeDecodeError as err:
         raise ValueError(f"{path}: not UTF-8 text (byte {err.start})") from None
+    except (ValueError, RecursionError) as err:       # a 5,000-digit integer, or nesting deeper than the stack
+        raise ValueError(f"{path}: not a JSON record ({first_line(err)})") from None
     except OSError as err:
         raise ValueError(f"{path}: cannot read ({err.strerror})") from None
     if not isinstance(obj, dict):
