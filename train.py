@@ -80,8 +80,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import common
 import flops
 from common import print0
-from data import PackedLoader, load_tokenizer, read_meta
-from eval import load_checkpoint, load_weights, read_checkpoint, val_loss
+from data import PackedLoader, data_identity, load_tokenizer, read_meta
+from eval import load_checkpoint, load_weights, model_bytes, read_checkpoint, val_loss
 from model import ATTN_BACKENDS, LoopedGPT, ModelConfig, resolve_attention
 from optim import build_optimizer, hyperp_lrs, lr_multiplier, reference, set_lr_multiplier
 
@@ -166,16 +166,17 @@ class TrainConfig:
 
 
 # Allowed values of every int / float field of ModelConfig and TrainConfig, in common.py's interval notation: checked
-# when the CLI parses the flag (common.number) and again for configs built in Python (common.check_fields). Rules
+# when the CLI parses the flag (common.number) and again for configs built in Python (common.check_fields). Counts
+# stop at flops.py's MAX_COUNT (1e9), so the accounting never refuses what the CLI let through. Rules
 # across fields (r divides 16, head_dim divides d, one horizon, ...) stay in the classes' __post_init__. A test checks
 # that every numeric field of both classes has a row here.
 LIMITS = {
     # ModelConfig (model.py)
-    "scale": ("[1, inf)", "width multiplier s"), "aspect_ratio": ("[1, inf)", "d_model / s; 64 in the paper"),
-    "n_loops": ("[1, 16]", "recurrences r"), "n_layers_eff": ("[1, inf)", "effective depth l_eff; 20 in the paper"),
-    "n_layers_prelude": ("[0, inf)", "prelude blocks"), "n_layers_coda": ("[0, inf)", "coda blocks"),
-    "head_dim": ("[2, inf)", "attention head width"), "vocab_size": ("[2, inf)", "vocabulary; default: the data's"),
-    "seq_len": ("[1, inf)", "context length T; must equal the data's"), "hc_lanes": ("[2, inf)", "hc lanes K"),
+    "scale": ("[1, 1e9]", "width multiplier s"), "aspect_ratio": ("[1, 1e9]", "d_model / s; 64 in the paper"),
+    "n_loops": ("[1, 16]", "recurrences r"), "n_layers_eff": ("[1, 1e9]", "effective depth l_eff; 20 in the paper"),
+    "n_layers_prelude": ("[0, 1e9]", "prelude blocks"), "n_layers_coda": ("[0, 1e9]", "coda blocks"),
+    "head_dim": ("[2, 1e9]", "attention head width"), "vocab_size": ("[2, 1e9]", "vocabulary; default: the data's"),
+    "seq_len": ("[1, 1e9]", "context length T; must equal the data's"), "hc_lanes": ("[2, 1e9]", "hc lanes K"),
     "state_init_std": ("(0, 1000]", "sigma of the random initial state"),
     "n_loops_bwd": ("[1, 16]", "gradient window r_bwd; none = full BPTT"),
     "logit_softcap": ("(0, 10000]", "logit soft cap; Table 4: 15"), "rope_base": ("(1, 1e12]", "RoPE theta"),
@@ -220,20 +221,6 @@ def parse_args(argv=None) -> tuple:
 
 # -----------------------------------------------------------------------------
 # Run identity (rule 1): what a record or checkpoint must match before it is handed back or continued.
-
-def data_identity(data_dir: str) -> str:
-    """The data's content identity: a hash of both splits' metas as recorded -- per-file sha256 and row counts (data.py
-    writes them; PackedLoader checks every file against them), tokenizer hash, seq_len, vocabulary -- not the path.
-    The authors' published metas record no file hashes: the files' names and sizes stand in for them."""
-    h = hashlib.sha256()
-    for split in ("train", "val"):
-        meta = common.read_json(os.path.join(data_dir, f"meta_{split}.json"))
-        files = meta.get("files") or {n: os.path.getsize(os.path.join(data_dir, n)) for n in os.listdir(data_dir)
-                                      if n.startswith(f"{split}-") and n.endswith(".parquet")}
-        h.update(json.dumps([split, files, *(meta.get(k) for k in ("tokenizer_hash", "seq_len", "vocab_size"))],
-                            sort_keys=True).encode())
-    return h.hexdigest()[:16]
-
 
 def weights_identity(state: dict) -> str:
     """A hash of a state dict's names, dtypes, shapes and bytes: the --init-from checkpoint's identity. (A run's own
@@ -376,11 +363,6 @@ def device_memory(device) -> tuple:
     return (min(have, int(float(cap))), f"NANOLOOP_MEMORY_CAP={cap}") if cap else (have, what)
 
 
-def n_params_all(cfg, g) -> int:
-    """Every parameter: flops.py's non-embedding N_once + N_rec plus wte and lm_head (V_pad x d each)."""
-    return g.n_once + g.n_rec + 2 * cfg.vocab_padded * cfg.d_model
-
-
 def check_disk(tc, g, cfg, start_step: int) -> None:
     """A checkpoint is written beside the previous one, then replaces it: if the disk cannot hold the writes to come,
     say so now rather than at step 1000. A checkpoint is at most the weights and two optimizer moments each; with two
@@ -388,7 +370,7 @@ def check_disk(tc, g, cfg, start_step: int) -> None:
     ce, path, top = tc.ckpt_every, os.path.join(tc.out_dir, CKPT_NAME), os.path.abspath(tc.out_dir)
     writes = 0 if start_step >= g.steps else (g.steps // ce - start_step // ce if ce else 0) + (
         0 if ce and g.steps % ce == 0 else 1)
-    est, old = 12 * n_params_all(cfg, g) + 2**16, os.path.getsize(path) if os.path.exists(path) else 0
+    est, old = 3 * model_bytes(cfg)[1] + 2**16, os.path.getsize(path) if os.path.exists(path) else 0
     while not os.path.isdir(top):
         top = os.path.dirname(top)
     st, need_bytes = os.statvfs(top), (0, est, 2 * est - min(old, est))[min(writes, 2)]
@@ -442,12 +424,12 @@ def preflight(model_cfg, tc, world: int, device) -> SimpleNamespace:
     attn, attn_rule = resolve_attention(tc.attn, device, use_bf16)
     use_compile = (device.type == "cuda") if tc.compile is None else tc.compile
     g = derive(cfg, tc, world)
-    # fp32 weights + grads + two moments (16 B per parameter) + RoPE (cos, sin of 10 T x head_dim / 2), before any
-    # allocation: --vocab-size 1e10 is a one-line refusal naming its size, never an allocator's RuntimeError
-    state, (have, what) = 16 * n_params_all(cfg, g) + 40 * cfg.seq_len * cfg.head_dim, device_memory(device)
-    need(state <= have or tc.plan, f"the model does not fit: {n_params_all(cfg, g):,} parameters (d_model "
-         f"{cfg.d_model}, l_eff {cfg.n_layers_eff}, vocab {cfg.vocab_padded:,} padded) need {state / 2**30:,.1f} GiB "
-         f"for weights, gradients and optimizer state, more than the {have / 2**30:,.1f} GiB of {what}")
+    # fp32 weights, gradients and two optimizer moments: 4 x the weights' bytes (eval.model_bytes, from the config),
+    # before any allocation: --vocab-size 1e10 is a one-line refusal naming its size, never the allocator's error
+    state, (have, what) = 4 * model_bytes(cfg)[1], device_memory(device)
+    need(state <= have or tc.plan, f"the model does not fit: d_model {cfg.d_model}, l_eff {cfg.n_layers_eff}, vocab "
+         f"{cfg.vocab_padded:,} padded, seq_len {cfg.seq_len:,}: its weights, gradients and optimizer state need "
+         f"{state / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB of {what}")
     identity = None
     if facts is not None:
         identity = run_identity(cfg, tc, facts.identity, init_id, "bf16" if use_bf16 else "fp32", attn, use_compile)
@@ -467,15 +449,6 @@ def preflight(model_cfg, tc, world: int, device) -> SimpleNamespace:
 # -----------------------------------------------------------------------------
 # The derived quantities: geometry, accounting, horizon, learning rates (pure: printed with their rules at start-up)
 
-def accounting(cfg) -> tuple:
-    """(N_once, N_rec, F_train per token) of THIS config from flops.py, the single source (the built model must
-    agree): F depends on width, layout, injection, hc lanes, the BPTT window (Eq. 6), T and the padded vocabulary."""
-    arch = dict(d_model=cfg.d_model, n_loops=cfg.n_loops, n_layers_eff=cfg.n_layers_eff, injection=cfg.injection,
-                n_layers_prelude=cfg.n_layers_prelude, n_layers_coda=cfg.n_layers_coda, hc_lanes=cfg.hc_lanes)
-    F = flops.flops_per_token(**arch, n_loops_bwd=cfg.n_loops_bwd, seq_len=cfg.seq_len, vocab_size=cfg.vocab_size)
-    return (*flops.param_split(**arch), F)
-
-
 def derive(cfg, tc, world: int) -> SimpleNamespace:
     """Batch geometry (B = rows x T; rows = device_batch x world x accum, style B8), the accounting, the horizon
     (steps, tokens, and the D of the HyperP data factor, unrounded as the release keeps it) and the peak LRs."""
@@ -486,7 +459,10 @@ def derive(cfg, tc, world: int) -> SimpleNamespace:
     need(B % T == 0, f"--batch-tokens {B} is not a multiple of --seq-len {T}")
     need((B // T) % (db * world) == 0, f"--batch-tokens {B} is not divisible by device_batch x seq_len x world = "
          f"{db} x {T} x {world} = {db * T * world}")
-    n_once, n_rec, F = accounting(cfg)
+    # Accounting of THIS config from flops.py, the single source (the built model must agree): F depends on width,
+    # layout, injection, hc lanes, the BPTT window (Eq. 6), T and the padded vocabulary.
+    arch = flops.accounting_args(cfg)
+    (n_once, n_rec), F = flops.param_split(**arch), flops.flops_per_token(**arch)
     try:
         if tc.flops_budget is not None:
             steps, tokens = flops.tokens_for_budget(tc.flops_budget, F, B)
@@ -581,7 +557,7 @@ def pick_device_batch(model, tc, g, world: int, autocast, static: int) -> tuple:
     mem = lambda k: static + 1.2 * (max(2 * one - two, 0) + k * per_row)
     cands = [k for k in range(g.per_rank, 0, -1) if g.per_rank % k == 0]
     if device.type == "cuda":                 # the model only bounds the trials (2x: it may overestimate); the
-        budget = have - 8 * n_params_all(model.cfg, g)      # optimizer's two moments are not allocated yet
+        budget = have - 2 * model_bytes(model.cfg)[1]       # optimizer's two moments are not allocated yet
         rows = next((k for k in cands if mem(k) <= 2 * have and probe(model, k, autocast, budget)), 0)
         rule = f"largest divisor of {g.per_rank} rows per rank whose trial micro-step fits {have / 2**30:.1f} GiB"
     else:
@@ -613,14 +589,12 @@ def startup_print(run, world: int, device_batch, db_rule: str, peak, peak_rule: 
             ("layout p-recur-c", f"{p}-{rec}-{c}", f"l_eff = {p} + {r} x {rec} + {c} = {cfg.n_layers_eff} (§3.1)"),
             ("injection", cfg.injection if r > 1 else "none (r = 1)", "Eq. 5 linear default; App. C.2 / G.1"),
             ("bptt", bptt, "Eq. 6; truncation only when --n-loops-bwd is given"),
-            ("n_once / n_rec", f"{g.n_once:,} / {g.n_rec:,}", "flops.param_split, norm gains included (Table 6)"),
-            ("n_params", f"{g.n_once + g.n_rec:,}", "N = N_once + N_rec, non-embedding"),
+            ("n_once + n_rec", f"{g.n_once:,} + {g.n_rec:,}", "N, non-embedding, norm gains included (Table 6)"),
             ("flops_per_token", f"{g.F:,}", "F_train: 6 N_exec + attention 12 d T per layer + 6 d V_pad  (§3.2)"),
             ("batch", f"{g.B:,} tok = {g.batch_rows} rows", f"{g.per_rank} rows per rank x {world} ranks"),
             ("device batch", device_batch or "auto", db_rule),
             ("steps", f"{g.steps:,}", g.horizon_rule), ("tokens", f"{g.tokens:,}", "steps x B (whole steps)"),
-            ("flops", f"{g.tokens * g.F:.4g}", "tokens x F" + (f" (budget {tc.flops_budget:.4g})" if tc.flops_budget
-                                                               else "")),
+            ("flops", f"{g.tokens * g.F:.4g}", f"tokens x F (budget {tc.flops_budget or 'none'})"),
             ("lr data tokens D", f"{g.lr_tokens:,}", "enters (D / D_ref)^-0.32 on MuonH  (App. D.2)"),
             ("D_ref", f"{g.d_ref:,.0f}", "--d-ref" if tc.d_ref is not None else "10 x effective params of the s=10 "
              f"reference (d={g.width_ref}, l_eff={cfg.n_layers_eff})  (optimizer §2.3)"),

@@ -356,7 +356,7 @@ def test_loss_goes_down_on_real_text(tmp_path):
 def test_every_config_field_is_in_the_identity_or_excluded(tiny_data):
     names = {f.name for cls in (train.ModelConfig, train.TrainConfig) for f in train.dataclasses.fields(cls)}
     mcfg, tcfg = train.parse_args(["--steps", "1"])
-    ident = train.run_identity(mcfg, tcfg, train.data_identity(tiny_data), None, "fp32", "sdpa", False)
+    ident = train.run_identity(mcfg, tcfg, data.data_identity(tiny_data), None, "fp32", "sdpa", False)
     print(f"\n{len(ident)} identity keys; excluded: {train.IDENTITY_EXCLUDED}")
     assert names - set(train.IDENTITY_EXCLUDED) <= set(ident), "a field is in neither list"
     assert set(train.IDENTITY_EXCLUDED) <= names, "IDENTITY_EXCLUDED names a field that does not exist"
@@ -365,7 +365,7 @@ def test_every_config_field_is_in_the_identity_or_excluded(tiny_data):
     # the data identity is the content, not the path: a copy has the same identity, another packing another one
     copy = os.path.join(os.path.dirname(tiny_data), "copy_of_tiny")
     shutil.copytree(tiny_data, copy, dirs_exist_ok=True)
-    assert train.data_identity(copy) == train.data_identity(tiny_data)
+    assert data.data_identity(copy) == data.data_identity(tiny_data)
 
 
 def test_record_and_checkpoint_carry_the_identity(tiny_data, tmp_path):
@@ -374,7 +374,7 @@ def test_record_and_checkpoint_carry_the_identity(tiny_data, tmp_path):
     ck = torch.load(out / "ckpt.pt", weights_only=True)
     assert rec["identity"] == ck["identity"] == json.load(open(out / "done.json"))["identity"]
     assert rec["identity"]["case"] == "bptt" and rec["identity"]["precision"] == "fp32"
-    assert rec["identity"]["data"] == train.data_identity(tiny_data)
+    assert rec["identity"]["data"] == data.data_identity(tiny_data)
     # --plan asks without training: the out-dir's status for this identity
     plan = run(tiny_argv(tiny_data, out, "--steps", "2", "--case", "bptt", "--plan"))
     assert plan["status"] == "finished" and plan["identity"] == rec["identity"]
@@ -394,7 +394,7 @@ def test_auto_device_batch_picks_the_largest_that_fits_and_keeps_the_loss(tiny_d
     mcfg = train.dataclasses.replace(mcfg, vocab_size=128)
     model = train.LoopedGPT(mcfg)
     g = train.derive(mcfg, tcfg, 1)
-    static = 16 * train.n_params_all(mcfg, g) + 40 * mcfg.seq_len * mcfg.head_dim
+    static = 4 * train.model_bytes(mcfg)[1]                                       # weights, grads, moments
     one, two = (train.probe(model, k, train.nullcontext) for k in (1, 2))
     need = lambda k: static + 1.2 * (max(2 * one - two, 0) + k * (two - one))
     monkeypatch.setenv("NANOLOOP_MEMORY_CAP", str(int(need(4) + 0.5 * (need(8) - need(4)))))   # 4 fits, 8 does not
