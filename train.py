@@ -96,8 +96,8 @@ LOCK_NAME = "train.lock"   # out_dir/train.lock: "pid P host H" of the one proce
 # Matched as whole words of the device name, longest key first, so "H100 NVL" wins over "H100" and "GH200" is not
 # an "H200"; the SXM parts report a plain "H100" / "H200". A device not listed gets MFU "n/a", never a guess.
 PEAK_FLOPS = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H200 NVL": 835e12, "H200": 989e12,
-              "GH200": 989e12, "H800 PCIe": 756e12, "H800": 989e12, "B200": 2.25e15, "GB200": 2.5e15,
-              "A100": 312e12, "A800": 312e12, "L40S": 362e12, "L4": 121e12}
+              "GH200": 989e12, "H800 PCIe": 756e12, "H800": 989e12, "H20": 148e12, "B200": 2.25e15, "GB200": 2.5e15,
+              "B100": 1.75e15, "A100": 312e12, "A800": 312e12, "L40S": 362e12, "L4": 121e12}
 PLAN_MFU = 0.4             # model FLOPs utilisation assumed for the device-hour estimate printed at start-up
 HORIZONS = ("flops_budget", "tokens", "tokens_per_param", "steps")   # exactly one gives the run's length
 CKPT_KEYS = ("model", "optimizer", "loader", "rng", "step", "val_loss", "wall_time_s", "tokenizer_hash",

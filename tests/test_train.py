@@ -437,7 +437,7 @@ def test_loss_is_read_only_at_logging_steps(tiny_data, tmp_path, monkeypatch):
 @pytest.mark.parametrize("name, want", [
     ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12), ("NVIDIA H100 NVL", 835e12),
     ("NVIDIA H200", 989e12), ("NVIDIA H200 NVL", 835e12), ("NVIDIA GH200 480GB", 989e12), ("NVIDIA B200", 2.25e15),
-    ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA L40S", 362e12), ("NVIDIA L4", 121e12),
+    ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA L40S", 362e12), ("NVIDIA L4", 121e12), ("NVIDIA H20", 148e12),
     ("NVIDIA L40", None), ("NVIDIA GeForce RTX 4090", None), ("cpu", None)])
 def test_peak_flops_table_matches_the_most_specific_device(name, want):
     tc = train.parse_args(["--steps", "1"])[1]
