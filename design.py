@@ -27,7 +27,6 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
 
 import argparse
-import io
 import itertools
 import json
 import math
@@ -37,6 +36,7 @@ import warnings
 import numpy as np
 from scipy.special import erf
 
+import common
 import fit
 import flops
 
@@ -51,8 +51,8 @@ Z95 = 1.959964         # two-sided 95% normal quantile: half-width = Z95 * sd
 MFU, PEAK = 0.4, 989e12    # flops.py grid's planning convention: 40% of an H100's dense bf16 peak
 
 
-def fail(message):
-    """Raise the ValueError that the CLI prints as one error line (callable inside an expression)."""
+def refuse(message):
+    """Raise the ValueError that the CLI prints as one error line (common.fail); usable inside an expression."""
     raise ValueError(message)
 
 
@@ -75,7 +75,7 @@ def make_pool(cells=None, loops=flops.LOOPS, arch=None, aspect=flops.ASPECT_RATI
     arch, rows = arch or {}, []
     for budget, widths in (flops.GRID if cells is None else cells).items():
         for r, s in itertools.product(loops, widths):
-            n_once, n_rec = flops.param_split(aspect * s, r, **{k: arch[k] for k in arch if k in fit.ARCH_KEYS})
+            n_once, n_rec = flops.param_split(aspect * s, r, **arch)
             f = flops.flops_per_token(aspect * s, r, **arch)
             try:
                 tokens = flops.tokens_for_budget(budget, f, batch)[1]
@@ -88,7 +88,7 @@ def make_pool(cells=None, loops=flops.LOOPS, arch=None, aspect=flops.ASPECT_RATI
                                  tokens=tokens, arch=arch, aspect_ratio=aspect, val_loss=1.0, source=name, case=case,
                                  name=name, cost=float(tokens * f)))
     # through fit.py's own row checks: a pool the fit would refuse (an n_loops flops.py cannot count) stops here
-    runs = fit.runs_from_rows(rows or fail("the candidate pool is empty (check --budgets, --scales and --tpp)"))
+    runs = fit.runs_from_rows(rows or refuse("the candidate pool is empty (check --budgets, --scales and --tpp)"))
     runs["name"], runs["cost"] = [row["name"] for row in rows], np.array([row["cost"] for row in rows])
     return runs
 
@@ -109,10 +109,10 @@ def load_prior(path):
     if path is None:
         return np.array(PAPER_THETA), PAPER_RMSE
     # any fit.py fit.json: its joint block holds theta in PARAM_NAMES' order and the residual RMSE in nats
-    joint = fit._read_json_object(path).get("joint")
+    joint = common.read_json(path).get("joint")
     th, rmse = (joint.get("theta"), joint.get("rmse")) if isinstance(joint, dict) else (None, None)
     ok = isinstance(th, list) and len(th) == 6 and all(isinstance(v, (int, float)) for v in th + [rmse])
-    return (np.array(th, dtype=float), float(rmse)) if ok and np.all(np.isfinite(th)) and 0 < rmse < 10 else fail(
+    return (np.array(th, dtype=float), float(rmse)) if ok and np.all(np.isfinite(th)) and 0 < rmse < 10 else refuse(
         f"{path}: no joint fit with a 6-number theta and an rmse (is it a fit.py fit.json?)")
 
 
@@ -123,7 +123,7 @@ def read_list(path):
             names = [ln.split()[0] for ln in fh if ln.strip() and not ln.lstrip().startswith("#")]
     except (OSError, UnicodeDecodeError) as err:
         raise ValueError(f"{path}: cannot read a run list ({err})") from None
-    return names or fail(f"{path}: lists no runs")
+    return names or refuse(f"{path}: lists no runs")
 
 
 def universe(groups):
@@ -196,7 +196,7 @@ def choose(U, budget=math.inf, k=None, target=None, min_per_r=5):
     # FLOPs of the cheapest runs that would bring every r to min_per_r: kept in reserve while any r lacks runs
     fill = lambda T: sum(np.sort(U["cost"][U["cand"] & ~T & (U["r"] == r)])[:short(T, r)].sum() for r in rs)
     if used(S) + fill(S) > budget * (1 + 1e-9):
-        fail(f"{budget:.3g} FLOPs cannot pay for {min_per_r} runs of every r ({fill(S):.3g} at the cheapest); raise "
+        refuse(f"{budget:.3g} FLOPs cannot pay for {min_per_r} runs of every r ({fill(S):.3g} at the cheapest); raise "
              f"the budget or lower --min-per-r")
     while True:
         cur, cand = variance(U, S)[0], np.flatnonzero(U["cand"] & ~S & (U["cost"] <= budget - used(S)))
@@ -238,12 +238,12 @@ def plan(a):
     # one request, one target; every bad flag is refused here, before a pool is built
     targets = [x for x in (a.target_halfwidth, a.budget_flops, a.budget_gpu_hours) if x is not None]
     if len(targets) > 1 or not (targets or a.next or a.reference) or len(a.tpp) != 2:
-        fail("give one target (--target-halfwidth, --budget-flops or --budget-gpu-hours), or --next K, or a "
+        refuse("give one target (--target-halfwidth, --budget-flops or --budget-gpu-hours), or --next K, or a "
              "--reference to match; --tpp takes LO,HI")
     if a.delta_phi is not None and a.runs:
-        fail("--delta-phi designs against Table 6's finished baseline grid; it takes no --runs")
+        refuse("--delta-phi designs against Table 6's finished baseline grid; it takes no --runs")
     if a.scales is None and any(c not in flops.GRID for c in a.budgets or ()):
-        fail("--budgets outside Table 6 need --scales (the widths to sweep at them)")
+        refuse("--budgets outside Table 6 need --scales (the widths to sweep at them)")
     arch = {k: getattr(a, k) for k in ("n_layers_eff", "n_layers_prelude", "n_layers_coda", "seq_len", "vocab_size")}
     cells = {c: (a.scales or flops.GRID[c]) for c in a.budgets or flops.GRID}
     pool = lambda cells, tpp, case=None: make_pool(cells, a.loops, arch, a.aspect_ratio, a.batch_tokens, tpp, case)
@@ -272,7 +272,7 @@ def plan(a):
     # the search; with a target, choose stops at the first set that reaches it (greedy per FLOP, no swaps)
     S = choose(U, budget, a.next, target, a.min_per_r)
     if target and variance(U, S)[0] > target:
-        fail(f"the whole pool predicts a half-width of {Z95 * math.sqrt(variance(U, S)[0]):.4f}; widen it "
+        refuse(f"the whole pool predicts a half-width of {Z95 * math.sqrt(variance(U, S)[0]):.4f}; widen it "
              f"(--budgets, --scales) or relax --target-halfwidth")
     new, runs, hw = np.flatnonzero(S & ~U["fixed"]), U["runs"], Z95 * math.sqrt(variance(U, S)[0])
     cost = float(U["cost"][new].sum())
@@ -282,18 +282,6 @@ def plan(a):
             f"(noise {sigma:.4g} nats; prior {a.prior or 'the paper, Table 2'}: phi {theta[5]:.3f})"] + [
         f"{runs['name'][i]:<18} # C={runs['flops_budget'][i]:g} r={runs['n_loops'][i]} N="
         f"{runs['n_once'][i] + runs['n_rec'][i]:.0f} D={runs['tokens'][i]:.0f} FLOPs={U['cost'][i]:.4g}" for i in new]
-
-
-def owned(path, request, overwrite):
-    """The text file design.py writes for this request carries it on line 2 ("# request: {...}"); a file at path
-    that does not (another request's, or anything design.py did not write) is refused unless overwrite. Returns
-    a function that puts the tag into a text and writes it atomically (fit.py's writer)."""
-    tag = "# request: " + json.dumps(fit._jsonable(request), sort_keys=True)
-    if os.path.lexists(path) and not overwrite:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            if fh.read().split("\n")[1:2] != [tag]:
-                fail(f"--out {path!r} holds a file design.py did not write for this request; pass --overwrite")
-    return lambda text: fit._atomic_write(path, text.replace("\n", f"\n{tag}\n", 1).encode())
 
 
 # -----------------------------------------------------------------------------
@@ -405,10 +393,7 @@ def simulate(a):
 def sim_outputs(res, request):
     """{file: bytes}: sim.json (everything), sim.md (one table per section), sim.png (median CI half-width vs
     GPU-hours, one line per design, the full grid as a star)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    f = lambda x, fmt: "-" if x is None or not math.isfinite(x) else format(x, fmt)
+    plt, f = fit._pyplot(), lambda x, fmt: "-" if x is None or not math.isfinite(x) else format(x, fmt)
     L = ["# design.py simulate", "", f"Protocol per replicate: {json.dumps(request['protocol'])}; truth: the paper's "
          f"law (Table 2) with independent N(0, {PAPER_RMSE}^2) nats per run.", ""]
     for sec, title in (("phi", "φ at equal cost"), ("case", f"Δφ = {request['delta_phi']:+g}, the grid done"),
@@ -432,29 +417,28 @@ def sim_outputs(res, request):
     ax.set(xscale="log", yscale="log", xlabel=f"GPU-hours (MFU {MFU:g} of {PEAK:.3g} FLOP/s)",
            ylabel="median 95% CI half-width of φ", title=f"{request['reps']} noisy replicates per point")
     ax.legend(fontsize=7)
-    fig.savefig(buf := io.BytesIO(), format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return {"sim.md": "\n".join(L), "sim.png": buf.getvalue(),
+    return {"sim.md": "\n".join(L), "sim.png": fit._png(fig),
             "sim.json": json.dumps(fit._jsonable(dict(res, request=request)), indent=1).encode()}
 
 
 # -----------------------------------------------------------------------------
 # CLI: one flag table per command, turned into argparse (bad values: one-line errors, exit 2, before any work)
 
-def _list(kind, lo):
-    """argparse type: comma-separated numbers, each checked like flops.py's flags."""
-    return lambda text: [flops._number(kind, lo, lo_open=kind is float)(t) for t in text.split(",")]
+def _list(kind, interval):
+    """argparse type: comma-separated numbers, each checked by common.number like every other flag."""
+    return lambda text: [common.number(kind, interval)(t) for t in text.split(",")]
 
 
-POS, INT0, INT1, PHI = (flops._number(float, 0, lo_open=True), flops._number(int, 0), flops._number(int, 1),
-                        flops._number(float, -3, 3))
+POS, INT0, INT1, PHI = (common.number(float, "(0, inf)"), common.number(int, "[0, inf)"),
+                        common.number(int, "[1, inf)"), common.number(float, "[-3, 3]"))
+FLOATS, INTS = _list(float, "(0, inf)"), _list(int, "[1, inf)")
 # (flag, type, default, help) per command. plan: the pool (Table 6 unless --budgets / --scales widen it; the
 # architecture flags make a mini study's pool), the prior and its noise, one target, finished runs, a case.
 # simulate: the replicates and the protocol (the paper's by default), the pools, the case and sequential set-up.
 FLAGS = {"plan": [
     ("--out", str, None, "write the run list here (runs/grid.sh --only FILE)"), ("--runs", str, None, "finished runs"),
-    ("--budgets", _list(float, 0), None, "pool budgets C (Table 6's)"), ("--loops", _list(int, 1), [1, 2, 4, 8], ""),
-    ("--scales", _list(int, 1), None, "pool widths s at every budget"), ("--tpp", _list(float, 0), list(TPP), "LO,HI"),
+    ("--budgets", FLOATS, None, "pool budgets C (Table 6's)"), ("--loops", INTS, [1, 2, 4, 8], ""),
+    ("--scales", INTS, None, "pool widths s at every budget"), ("--tpp", FLOATS, list(TPP), "LO,HI"),
     *((f"--{k}", INT0 if "-pre" in k or "coda" in k else INT1, v, "") for k, v in (
         ("aspect-ratio", 64), ("n-layers-eff", 20), ("n-layers-prelude", 2), ("n-layers-coda", 2),
         ("seq-len", flops.SEQ_LEN), ("vocab-size", flops.V_LLAMA), ("batch-tokens", flops.BATCH_TOKENS))),
@@ -465,20 +449,20 @@ FLAGS = {"plan": [
     ("--target-halfwidth", POS, None, "the cheapest design with this predicted 95%% half-width"),
     ("--budget-flops", POS, None, ""), ("--budget-gpu-hours", POS, None, "at --mfu x --peak-flops"),
     ("--next", INT1, None, "the next K runs beside --runs"), ("--delta-phi", PHI, None, "a case study's shift"),
-    ("--mfu", flops._number(float, 0, 1, lo_open=True), MFU, ""), ("--peak-flops", POS, PEAK, "")],
+    ("--mfu", common.number(float, "(0, 1]"), MFU, ""), ("--peak-flops", POS, PEAK, "")],
     "simulate": [
     ("--out", str, "out/design_sim", "folder for sim.json, sim.md, sim.png"), ("--seed", INT0, 0, ""),
     ("--reps", INT1, 20, "noisy replicates per design"), ("--restarts", INT1, fit.RESTARTS, "App. F: 500"),
     ("--bootstrap", INT1, fit.N_BOOT, "App. F.2: 200"), ("--boot-restarts", INT0, fit.BOOT_RESTARTS, ""),
-    ("--fractions", _list(float, 0), [0.05, 0.1, 0.25, 0.5], "design budgets as shares of the grid's FLOPs"),
-    ("--scales", _list(int, 1), list(range(4, 40, 2)), "wider pool: widths"),
-    ("--extra-budgets", _list(float, 0), [1e17, 2.15e17], "wider pool: budgets besides Table 6's"),
-    ("--delta-phi", PHI, 0.19, "hc's shift, Table 3"), ("--case-fractions", _list(float, 0), [0.25, 0.5], ""),
+    ("--fractions", FLOATS, [0.05, 0.1, 0.25, 0.5], "design budgets as shares of the grid's FLOPs"),
+    ("--scales", INTS, list(range(4, 40, 2)), "wider pool: widths"),
+    ("--extra-budgets", FLOATS, [1e17, 2.15e17], "wider pool: budgets besides Table 6's"),
+    ("--delta-phi", PHI, 0.19, "hc's shift, Table 3"), ("--case-fractions", FLOATS, [0.25, 0.5], ""),
     ("--next", INT1, 8, "sequential: runs per round"), ("--rounds", INT1, 5, ""), ("--seq-target", POS, 0.06, "")]}
 
 
 def main(argv=None):
-    ap = flops._Parser(prog="design.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = common.Parser(prog="design.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     for cmd, table in FLAGS.items():
         p = sub.add_parser(cmd)
@@ -488,29 +472,27 @@ def main(argv=None):
     a = ap.parse_args(argv)
     request = {k: v for k, v in vars(a).items() if k not in ("out", "overwrite")}
     try:
-        if a.out and os.path.lexists(a.out) and os.path.isdir(a.out) != (a.cmd == "simulate"):
-            fail(f"--out {a.out!r} is a {'folder' if a.cmd == 'plan' else 'file'}")
-        # plan: the output file is checked before the design is computed, and written whole (atomic) after it
+        # common.py's ownership rule: a path this same request wrote may be rewritten, nothing else is replaced;
+        # plan's file and simulate's three are checked before any work and written whole (atomic) after it
+        key = common.request_key("design.py", request)
         if a.cmd == "plan":
-            write = a.out and owned(a.out, request, a.overwrite)       # refused before any work
+            common.check_owned([a.out] if a.out else [], key, a.overwrite)
             print(text := "\n".join(plan(a)) + "\n", end="")
             if a.out:
-                write(text)
+                common.write_owned(a.out, text, key)
                 print(f"wrote {a.out} (train it: NPROC=8 bash runs/grid.sh --only {a.out})")
             return 0
-        # simulate: sim.md carries the request; another simulation's folder is refused before any fit
+        common.check_dir_writable(a.out, "--out")
+        common.check_owned([os.path.join(a.out, n) for n in ("sim.json", "sim.md", "sim.png")], key, a.overwrite)
         request["protocol"] = {k: request[k] for k in ("reps", "restarts", "bootstrap", "boot_restarts", "seed")}
-        fit._check_target_dir(a.out, "--out")
-        write = owned(os.path.join(a.out, "sim.md"), request, a.overwrite)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")     # fit_block's single-hit notes on small sets: the tables say enough
             files = sim_outputs(simulate(a), request)
     except ValueError as err:
-        ap.exit(2, f"design.py: error: {err}\n")
+        common.fail("design.py", err)
     os.makedirs(a.out, exist_ok=True)
-    for name in ("sim.json", "sim.png"):
-        fit._atomic_write(os.path.join(a.out, name), files[name])
-    write(files["sim.md"])                  # last: the request tag in sim.md marks a complete set
+    for name in ("sim.md", "sim.png", "sim.json"):          # sim.json last: it marks a complete set
+        common.write_owned(os.path.join(a.out, name), files[name], key)
     print(f"wrote {a.out}/sim.json, sim.md, sim.png")
     return 0
 

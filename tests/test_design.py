@@ -127,13 +127,13 @@ def test_sequential_mode_adds_k_runs_beside_the_finished_ones(tmp_path):
     (["plan"], "give one target"),
     (["plan", "--budget-flops", "1e18"], "cannot pay for 5 runs of every r"),
     (["plan", "--budget-flops", "1e20", "--target-halfwidth", "0.05"], "give one target"),
-    (["plan", "--budget-flops", "-1"], "must be a finite number > 0"),
+    (["plan", "--budget-flops", "-1"], "must be in (0, inf)"),
     (["plan", "--budget-flops", "1e20", "--bogus"], "unrecognized arguments: --bogus"),
     (["plan", "--budget-flops", "1e20", "--budgets", "3e17"], "need --scales"),
     (["plan", "--budget-flops", "1e20", "--prior", "README.md"], "not valid JSON"),
     (["plan", "--next", "4", "--runs", "no/such/dir"], "does not exist"),
     (["plan", "--target-halfwidth", "0.001"], "whole pool predicts"),
-    (["plan", "--budget-flops", "1e20", "--out", "tests"], "is a folder"),
+    (["plan", "--budget-flops", "1e20", "--out", "tests"], "not a file"),
     (["simulate", "--out", "README.md"], "is a file"),
 ])
 def test_bad_input_is_one_error_line(args, needle):
