@@ -416,6 +416,7 @@ def sim_outputs(res, request):
     ax.axhline(1.2 * full["median_halfwidth"], color="grey", ls=":", lw=1, label="1.2 x full grid")
     ax.set(xscale="log", yscale="log", xlabel=f"GPU-hours (MFU {MFU:g} of {PEAK:.3g} FLOP/s)",
            ylabel="median 95% CI half-width of φ", title=f"{request['reps']} noisy replicates per point")
+    ax.xaxis.set_minor_formatter(plt.NullFormatter())         # 2 x 10^1, 3 x 10^1, ... would overlap
     ax.legend(fontsize=7)
     return {"sim.md": "\n".join(L), "sim.png": fit._png(fig),
             "sim.json": json.dumps(fit._jsonable(dict(res, request=request)), indent=1).encode()}
