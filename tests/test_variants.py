@@ -371,3 +371,32 @@ def test_mini_case_bad_name():
     for args in (["--case", "gated"], ["--case"]):
         proc = _mini("--dry-run", *args)
         assert proc.returncode == 2 and "--case" in proc.stderr
+
+
+# -----------------------------------------------------------------------------
+# issue 19 §1: passthrough with truncated BPTT, refused in one process and on 2 gloo ranks before any work
+
+@pytest.mark.ddp
+def test_passthrough_truncated_refused_on_one_process_and_two_ranks(tiny_data, tmp_path):
+    # It used to cut wte and the prelude out of the graph: DDP failed at step 2 ("Expected to have finished
+    # reduction"), one process trained without ever updating them. Now every rank refuses it in one line, exit 2.
+    import sys
+    from test_train import TINY
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    argv = [*TINY, "--data", tiny_data, "--out-dir", str(tmp_path / "run"), "--steps", "3", "--n-loops-bwd", "1"]
+    launchers = {1: [sys.executable, "train.py"],
+                 2: [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py"]}
+    for ranks, launch in launchers.items():
+        p = subprocess.run([*launch, *argv, "--injection", "passthrough"], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=240)
+        said = [ln for ln in (p.stdout + p.stderr).splitlines() if "passthrough' needs full BPTT" in ln]
+        print(f"\n{ranks} rank(s): exit {p.returncode}; {said[0]}")
+        assert p.returncode != 0 and len(said) == ranks and said[0].startswith("train.py: error: ModelConfig: ")
+        assert "Expected to have finished reduction" not in p.stderr and not (tmp_path / "run").exists()
+        if ranks == 1:
+            assert p.returncode == 2 and "Traceback" not in p.stderr
+    # the same truncation with an injection that re-reads e every iteration trains on 2 ranks past step 2
+    p = subprocess.run([*launchers[2], *argv, "--injection", "linear"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.load(open(tmp_path / "run" / "done.json"))["n_loops_bwd"] == 1
