@@ -1,0 +1,171 @@
+"""
+runs/bench_train.py -- training throughput and memory of one configuration, on synthetic tokens (issue 19 §5, 18 §4).
+
+What `train.py --bench-steps` used to do, outside the trainer: build the model (model.py) and the optimizer
+(optim.build_optimizer at optim.hyperp_lrs) as a run does, take one untimed warm-up step (allocation, compile), time
+--steps optimizer steps of --accum micro-batches each, and print one line:
+    bench | n_loops 4 | bptt full | d_model 128 | tok/s 1,234 | mfu n/a (...) | peak_rss 345 MiB | optimizer 9% ...
+With --out FILE the figures are also written as JSON, atomically; a FILE this tool did not write for this same
+request is never replaced without --overwrite.
+Run:   python runs/bench_train.py --scale 10 --n-loops 4 --device-batch 16 --steps 5 [--out F.json]
+       every ModelConfig field is a flag (--n-loops-bwd, --seq-len, ...; defaults: the paper's s = 10, r = 4).
+       CUDA: bf16 autocast and torch.compile (inductor) as a run uses them; CPU: fp32 eager.
+Used by: runs/bench.sh part 1; runs/gpu_check.py (train_bench, peak_flops, check_out, write_json).
+MFU = F_train (flops.py: the budget's FLOPs per token) x tok/s / (world x peak). The peak is the dense bf16 datasheet
+figure matched by device name (PEAK_FLOPS); any other device (a CPU included) gets MFU n/a with the reason, never a
+guessed figure.
+"""
+import contextlib
+import dataclasses
+import json
+import os
+import pathlib
+import resource
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the flat top-level modules
+import torch                                                                          # noqa: E402
+
+import flops                                                                          # noqa: E402
+from data import atomic_write                                                         # noqa: E402
+from eval import _number, _Parser                 # noqa: E402  one-line errors, checked numbers (common.py's, later)
+from model import LoopedGPT, ModelConfig, resolve_attention                           # noqa: E402
+from optim import build_optimizer, hyperp_lrs                                         # noqa: E402
+
+# Dense bf16 tensor-core peak per GPU, FLOP/s (vendor datasheets quote 2x with 2:4 sparsity; these are half of it).
+# Matched as a substring of torch.cuda.get_device_name, first match wins: the NVL / PCIe cards (lower clocks and
+# power) come before the SXM parts whose names they contain, GB200 before B200, H200 before H20.
+PEAK_FLOPS = {"H100 NVL": 835e12, "H100 PCIe": 756e12, "H200 NVL": 835e12, "H800 PCIe": 756e12, "GH200": 989e12,
+              "H100": 989e12, "H200": 989e12, "H800": 989e12, "H20": 148e12, "GB200": 2.5e15, "B200": 2.25e15,
+              "B100": 1.75e15, "A100": 312e12, "A800": 312e12, "L40S": 362e12}
+
+
+def peak_flops(device_name: str) -> tuple:
+    """device name -> (peak FLOP/s, the PEAK_FLOPS key it matched), or (None, why there is no figure).
+    A device missing here (a new part, a CPU) never borrows another's figure: its MFU is n/a until it is added."""
+    found = [(value, key) for key, value in PEAK_FLOPS.items() if key.lower() in device_name.lower()]
+    return found[0] if found else (None, f"no datasheet peak for {device_name!r} in PEAK_FLOPS")
+
+
+def check_out(path: str, mine: dict, overwrite: bool) -> None:
+    """Refuse (ValueError, before any work) to write `path` unless it is new, or its "written_by" is `mine` (this
+    tool, this same request), or --overwrite. A folder there is always refused; the file's folder is created. A link
+    is replaced by the new file (os.replace), never written through."""
+    try:                                                # our records are KBs: a larger file is not ours anyway
+        with open(path, "rb") as f:
+            old = json.loads(f.read(1 << 24))
+    except FileNotFoundError:
+        old = {"written_by": mine}                      # nothing there: ours to create
+    except (OSError, ValueError):                       # a folder, unreadable, not JSON
+        old = None
+    if os.path.isdir(path) or not (overwrite or isinstance(old, dict) and old.get("written_by") == mine):
+        raise ValueError(f"{path} exists and was not written by {mine['tool']} for this same request (or is a "
+                         "folder): pass --overwrite to replace a file, or choose another --out")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)        # out/ on a fresh clone
+
+
+def write_json(path: str, obj: dict) -> None:
+    """Atomic (data.atomic_write: temp, fsync, rename): a reader or a kill never leaves half a record."""
+    atomic_write(path, lambda tmp: pathlib.Path(tmp).write_text(json.dumps(obj, indent=1) + "\n"))
+
+
+def peak_memory(device) -> dict:
+    """Peak memory since the last call, then a reset: CUDA allocated and reserved bytes (the cache is emptied first,
+    so the next reserved peak is its own); on CPU the process's peak RSS (Linux: KiB), which cannot be reset."""
+    if device.type != "cuda":
+        return dict(peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    out = dict(cuda_max_allocated=torch.cuda.max_memory_allocated(device),
+               cuda_max_reserved=torch.cuda.max_memory_reserved(device))
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    return out
+
+
+def train_bench(cfg, device, device_batch, steps, accum=1, bf16=False, compile_backend=None, attn="sdpa",
+                world=1, rank=0, seed=0) -> tuple:
+    """Build as a run does; 1 warm-up + `steps` timed optimizer steps on random tokens -> (figures, model, optimizer).
+
+    A step is `accum` micro-batches of device_batch rows on each of `world` ranks (DDP must be initialised); rank k
+    takes its rows of one global batch drawn from `seed`, so 1 rank at world x device_batch rows computes the same
+    steps as `world` ranks. The device is synchronised around the optimizer step to time it on its own."""
+    torch.manual_seed(seed)
+    peak_memory(device)                                          # reset: the figures below are this run's
+    model = LoopedGPT(cfg).to(device)
+    model.set_attention(attn)
+    model.wte.to(dtype=torch.bfloat16 if bf16 else torch.float32)   # App. C.1: bf16 embedding storage on GPU
+    rows, T = device_batch * world * accum, cfg.seq_len          # global batch rows per optimizer step
+    lrs = hyperp_lrs(cfg.d_model, cfg.n_loops, 100 * rows * T, rows * T, d_model_ref=10 * cfg.aspect_ratio)
+    opt = build_optimizer(model.param_groups(), lrs, polar_bf16=bf16)
+    ddp = model if world == 1 else torch.nn.parallel.DistributedDataParallel(   # as train.py: DDP, then compile
+        model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False,
+        gradient_as_bucket_view=True)
+    net = torch.compile(ddp, backend=compile_backend) if compile_backend else ddp
+    clock = lambda: (device.type != "cuda" or torch.cuda.synchronize(device), time.perf_counter())[1]  # noqa: E731
+    gen, times, losses = torch.Generator().manual_seed(seed), [], []
+    for step in range(steps + 1):
+        xy = torch.randint(0, cfg.vocab_size, (rows, T + 1), generator=gen).view(accum, world, device_batch, T + 1)
+        t0 = clock()
+        for micro in range(accum):                               # grads all-reduce on the last micro-step only
+            with ddp.no_sync() if world > 1 and micro < accum - 1 else contextlib.nullcontext():
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                    loss = net(xy[micro, rank, :, :-1].to(device), xy[micro, rank, :, 1:].to(device))   # (,) mean
+                (loss / accum).backward()
+            losses.append(loss.detach().float() / accum)
+        t1 = clock()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append((clock() - t0, clock() - t1))
+    per_step = torch.stack(losses).view(steps + 1, accum).sum(1)    # (steps + 1,) this rank's step losses
+    if world > 1:                                                # global-batch mean (gloo has no AVG: sum / world)
+        torch.distributed.all_reduce(per_step)
+    step_s, opt_s = (sum(t[i] for t in times[1:]) / steps for i in (0, 1))   # the warm-up step is not timed
+    F = flops.flops_per_token(cfg.d_model, cfg.n_loops, cfg.n_layers_eff, cfg.n_layers_prelude, cfg.n_layers_coda,
+                              cfg.injection, cfg.hc_lanes, cfg.n_loops_bwd, T, cfg.vocab_size)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    peak, key = peak_flops(name)
+    return dict(device=name, scale=cfg.scale, d_model=cfg.d_model, n_loops=cfg.n_loops, n_loops_bwd=cfg.n_loops_bwd,
+                device_batch=device_batch, accum=accum, world=world, precision="bf16" if bf16 else "fp32", attn=attn,
+                compile=compile_backend or False, steps=steps, first_step_s=times[0][0], step_s=step_s,
+                optim_share=opt_s / step_s, tok_per_s=rows * T / step_s, flops_per_token=F, peak_key=key,
+                mfu=F * rows * T / step_s / (world * peak) if peak else None, losses=(per_step / world).tolist(),
+                **peak_memory(device)), model, opt
+
+
+def main(argv=None) -> dict:
+    """The CLI: flags checked (one-line errors, exit 2) before anything is built; prints the line, writes --out."""
+    p = _Parser(prog="runs/bench_train.py", description="training tok/s, MFU and peak memory on synthetic tokens")
+    for f in dataclasses.fields(ModelConfig):                  # one flag per architecture field, its default kept
+        kind = int if f.name == "n_loops_bwd" else type(f.default)
+        p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=f.default,
+                       type=_number(kind, 0 if kind is int else None) if kind in (int, float) else kind)
+    for name, default in (("device-batch", 8), ("steps", 5), ("accum", 1)):
+        p.add_argument("--" + name, type=_number(int, 1), default=default)
+    p.add_argument("--out", help="also write the figures here as JSON")
+    p.add_argument("--overwrite", action="store_true", help="replace an --out this tool did not write")
+    a = p.parse_args(argv)
+    cuda = torch.cuda.is_available()                          # the run's defaults: bf16 + inductor on CUDA only
+    device = torch.device("cuda" if cuda else "cpu")
+    mine = {"tool": "runs/bench_train.py", "request": {k: v for k, v in vars(a).items() if k not in ("out", "overwrite")}}
+    try:                                                       # every refusal before any work, in one line
+        cfg = ModelConfig(**{f.name: getattr(a, f.name) for f in dataclasses.fields(ModelConfig)})
+        if a.out:
+            check_out(a.out, mine, a.overwrite)
+    except ValueError as err:
+        p.error(str(err))
+    r = train_bench(cfg, device, a.device_batch, a.steps, a.accum, cuda, "inductor" if cuda else None,
+                    resolve_attention("auto", device, cuda)[0])[0]
+    # One line; bench.sh keeps these in OUT/train_bench.txt. MFU n/a: no datasheet peak for this device (the reason).
+    mem = " | ".join(f"{k} {v / 2**20:,.0f} MiB" for k, v in r.items() if "max" in k or "rss" in k)
+    mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.2f}%"
+    print(f"bench | n_loops {r['n_loops']} | bptt {r['n_loops_bwd'] or 'full'} | d_model {r['d_model']} | tok/s "
+          f"{r['tok_per_s']:,.0f} | mfu {mfu} ({r['peak_key']}) | {mem} | optimizer {100 * r['optim_share']:.0f}% of "
+          f"the step | {r['precision']} {r['attn']} compile {r['compile']} | mean of {r['steps']} steps after the first",
+          flush=True)
+    if a.out:
+        write_json(a.out, {"written_by": mine, **r})
+    return r
+
+
+if __name__ == "__main__":
+    main()
