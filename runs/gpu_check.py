@@ -35,8 +35,8 @@ from model import LoopedGPT, ModelConfig, attend, attention_summary, resolve_att
 
 TOOL, ROOT = "runs/gpu_check.py", os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # stage -> (name, estimated seconds on one H100/H200, on a 2-core CPU with --cpu-smoke)
-STAGES = {1: ("environment", 20, 3), 2: ("attention", 25, 3), 3: ("memory", 90, 4), 4: ("throughput", 200, 4),
-          5: ("ddp", 90, 14), 6: ("compile", 50, 8)}
+STAGES = {1: ("environment", 20, 5), 2: ("attention", 25, 5), 3: ("memory", 90, 6), 4: ("throughput", 200, 6),
+          5: ("ddp", 90, 15), 6: ("compile", 50, 10)}
 SMOKE = dict(aspect_ratio=16, head_dim=16, n_layers_prelude=0, n_layers_coda=0, vocab_size=256, seq_len=64)
 
 

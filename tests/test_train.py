@@ -347,15 +347,3 @@ def test_loss_goes_down_on_real_text(tmp_path):
     print(f"\n200 steps on {n:,} characters: first train loss {first:.3f}, val_loss {rec['val_loss']:.3f} nats "
           f"vs unigram entropy {unigram:.3f} nats (uniform {math.log(128):.3f})")
     assert rec["val_loss"] < unigram - 0.5
-
-
-# -----------------------------------------------------------------------------
-# Bench mode: tokens/s, MFU and peak memory for a config, on synthetic tokens (no data dir needed)
-
-def test_bench_mode_reports_throughput(tmp_path):
-    rec = run([*TINY, "--vocab-size", "128", "--bench-steps", "3", "--out-dir", str(tmp_path)])
-    print(f"\nbench: {rec['tok_per_s']:,.0f} tok/s, mfu {100 * rec['mfu']:.2f}% of {rec['peak_flops']:.3g}, "
-          f"peak RSS {rec['peak_rss'] / 2**20:,.0f} MiB")
-    assert rec["tok_per_s"] > 0 and 0 < rec["mfu"] and rec["peak_rss"] > 0 and rec["timed_steps"] == 2
-    assert json.load(open(tmp_path / "bench.json"))["tok_per_s"] == rec["tok_per_s"]
-    assert not (tmp_path / "done.json").exists() and not (tmp_path / "ckpt.pt").exists()
