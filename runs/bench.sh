@@ -50,7 +50,10 @@ T0=$(date +%s)
 hdr() { printf '\n==== %s  [%ds]\n' "$*" "$(( $(date +%s) - T0 ))"; }
 
 hdr "1. training throughput and memory (CPU, fp32 eager, $STEPS timed steps each; tiny models run on 1 thread)"
-for i in "${!CASES[@]}"; do     # one process per case: peak RSS is per process
+# One process per case (peak RSS is per process); each writes OUT/train/NAME.json (runs/bench_train.py --out), which
+# the ratios below read, and prints the line kept in OUT/train_bench.txt. tok/s per executed layer is the same
+# ratio as tok/s here: every case executes l_eff = 10 layers per token.
+for i in "${!CASES[@]}"; do
   # shellcheck disable=SC2086
   OMP_NUM_THREADS=1 python runs/bench_train.py "${TRAIN[@]}" --steps "$STEPS" ${CASES[$i]} \
     --out "$OUT/train/${NAMES[$i]}.json"

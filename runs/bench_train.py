@@ -15,7 +15,6 @@ MFU = F_train (flops.py: the budget's FLOPs per token) x tok/s / (world x peak).
 figure matched by device name (PEAK_FLOPS); any other device (a CPU included) gets MFU n/a with the reason, never a
 guessed figure.
 """
-import contextlib
 import dataclasses
 import json
 import os
@@ -75,42 +74,44 @@ def peak_memory(device) -> dict:
     so the next reserved peak is its own); on CPU the process's peak RSS (Linux: KiB), which cannot be reset."""
     if device.type != "cuda":
         return dict(peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-    out = dict(cuda_max_allocated=torch.cuda.max_memory_allocated(device),
-               cuda_max_reserved=torch.cuda.max_memory_reserved(device))
+    stats = torch.cuda.memory_stats(device)                      # the counters max_memory_allocated/reserved read
+    out = {f"cuda_max_{k}": stats[f"{k}_bytes.all.peak"] for k in ("allocated", "reserved")}
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     return out
 
 
 def train_bench(cfg, device, device_batch, steps, accum=1, bf16=False, compile_backend=None, attn="sdpa",
-                world=1, rank=0, seed=0) -> tuple:
+                world=1, rank=0, seed=0, wrap=None) -> tuple:
     """Build as a run does; 1 warm-up + `steps` timed optimizer steps on random tokens -> (figures, model, optimizer).
 
-    A step is `accum` micro-batches of device_batch rows on each of `world` ranks (DDP must be initialised); rank k
-    takes its rows of one global batch drawn from `seed`, so 1 rank at world x device_batch rows computes the same
-    steps as `world` ranks. The device is synchronised around the optimizer step to time it on its own."""
+    A step is `accum` micro-batches of device_batch rows on each of `world` ranks; rank k takes its rows of one global
+    batch drawn from `seed`, so 1 rank at world x device_batch rows computes the same steps as `world` ranks. Several
+    ranks: the process group is up and wrap(model) is the DDP module (compiled after wrapping, as train.py does;
+    accum must then be 1: no no_sync here). The device is synchronised around the optimizer step to time it alone."""
     torch.manual_seed(seed)
     peak_memory(device)                                          # reset: the figures below are this run's
     model = LoopedGPT(cfg).to(device)
     model.set_attention(attn)
     model.wte.to(dtype=torch.bfloat16 if bf16 else torch.float32)   # App. C.1: bf16 embedding storage on GPU
     rows, T = device_batch * world * accum, cfg.seq_len          # global batch rows per optimizer step
+    # The run's HyperP LRs for a horizon of 100 such steps: the values only need to be those of a plausible run, since
+    # the step's cost does not depend on them (MuonH and AdamW do the same work at any LR).
     lrs = hyperp_lrs(cfg.d_model, cfg.n_loops, 100 * rows * T, rows * T, d_model_ref=10 * cfg.aspect_ratio)
     opt = build_optimizer(model.param_groups(), lrs, polar_bf16=bf16)
-    ddp = model if world == 1 else torch.nn.parallel.DistributedDataParallel(   # as train.py: DDP, then compile
-        model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False,
-        gradient_as_bucket_view=True)
-    net = torch.compile(ddp, backend=compile_backend) if compile_backend else ddp
+    net = wrap(model) if wrap else model
+    net = torch.compile(net, backend=compile_backend) if compile_backend else net
     clock = lambda: (device.type != "cuda" or torch.cuda.synchronize(device), time.perf_counter())[1]  # noqa: E731
+    # Tokens are drawn on the host from one seeded generator, then moved: every rank (and a 1-rank run of the same
+    # global batch) sees the same rows, and throughput does not depend on token values.
     gen, times, losses = torch.Generator().manual_seed(seed), [], []
     for step in range(steps + 1):
         xy = torch.randint(0, cfg.vocab_size, (rows, T + 1), generator=gen).view(accum, world, device_batch, T + 1)
         t0 = clock()
-        for micro in range(accum):                               # grads all-reduce on the last micro-step only
-            with ddp.no_sync() if world > 1 and micro < accum - 1 else contextlib.nullcontext():
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                    loss = net(xy[micro, rank, :, :-1].to(device), xy[micro, rank, :, 1:].to(device))   # (,) mean
-                (loss / accum).backward()
+        for micro in range(accum):                               # gradient accumulation over micro-batches
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                loss = net(xy[micro, rank, :, :-1].to(device), xy[micro, rank, :, 1:].to(device))   # (,) mean CE
+            (loss / accum).backward()                            # optimizer.md §5: divided by the accum steps
             losses.append(loss.detach().float() / accum)
         t1 = clock()
         opt.step()
@@ -146,7 +147,9 @@ def main(argv=None) -> dict:
     a = p.parse_args(argv)
     cuda = torch.cuda.is_available()                          # the run's defaults: bf16 + inductor on CUDA only
     device = torch.device("cuda" if cuda else "cpu")
-    mine = {"tool": "runs/bench_train.py", "request": {k: v for k, v in vars(a).items() if k not in ("out", "overwrite")}}
+    # The request: every flag but where the output goes. A rerun of the same request may replace its own file.
+    mine = {"tool": "runs/bench_train.py", "request": {k: v for k, v in vars(a).items() if k not in ("out",
+                                                                                                "overwrite")}}
     try:                                                       # every refusal before any work, in one line
         cfg = ModelConfig(**{f.name: getattr(a, f.name) for f in dataclasses.fields(ModelConfig)})
         if a.out:
@@ -160,8 +163,8 @@ def main(argv=None) -> dict:
     mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.2f}%"
     print(f"bench | n_loops {r['n_loops']} | bptt {r['n_loops_bwd'] or 'full'} | d_model {r['d_model']} | tok/s "
           f"{r['tok_per_s']:,.0f} | mfu {mfu} ({r['peak_key']}) | {mem} | optimizer {100 * r['optim_share']:.0f}% of "
-          f"the step | {r['precision']} {r['attn']} compile {r['compile']} | mean of {r['steps']} steps after the first",
-          flush=True)
+          f"the step | {r['precision']} {r['attn']} compile {r['compile']} | mean of {r['steps']} steps after the "
+          "first", flush=True)
     if a.out:
         write_json(a.out, {"written_by": mine, **r})
     return r

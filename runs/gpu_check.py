@@ -15,6 +15,20 @@ stored at the start, and a stage that overran drops the ones after it. The estim
 a GPU: each stage's entry records wall_s beside estimate_s. --cpu-smoke runs every stage on CPU with tiny sizes
 (CI), compiling with the aot_eager backend (stages 5 and 6; the others run eager there).
 Run:   bash runs/gpu_check.sh [--budget S] [--out F] [--overwrite]  |  bash runs/gpu_check.sh --cpu-smoke --out F
+
+The JSON: {"written_by": {tool, request}, "plan": {"estimates_s", "dropped"}, "stages": {"1": {name, estimate_s,
+status: ok | failed | timed out | dropped, wall_s, result | error | reason}, ...}}. Figures are bytes, seconds and
+tokens per second; "mfu" is null where the device has no datasheet peak (the stage-1 "peak" entry says why).
+What the figures answer, and what they do not:
+  - stage 2: FA's max |diff| to fp32 should be the size of bf16 SDPA's; the chunked-decoding diff is ~0 in fp32.
+  - stage 3 is eager: a cell that fits here fits compiled (inductor saves no more); an OOM entry gives the rows
+    that failed, the cell's "device_batch" the rows that fit.
+  - stage 4 is the trainer's step (bf16, compiled, accumulation to B = 262,144) on random tokens: no data loading.
+  - stage 5 on one GPU puts both ranks on it (NCCL >= 2.30 allows it behind NCCL_MULTI_RANK_GPU_ENABLE; an older
+    NCCL refuses and the stage fails saying which NCCL): it checks correctness (losses, weights in sync), not
+    scaling; with two or more GPUs visible the ranks take cuda:0 and cuda:1.
+  - stage 6 counts dynamo graphs: 1 per variant means no graph break; more after the training steps, a recompile.
+Scratch files (a stage's result, the stage-3 checkpoints, the 2-rank rendezvous) go beside --out and are removed.
 """
 import argparse
 import contextlib
@@ -59,12 +73,14 @@ def run_setup(smoke) -> tuple:
 
 
 def device_of(smoke):
+    """The one device a stage measures: cuda (the current device) on a GPU, cpu under --cpu-smoke."""
     return torch.device("cpu" if smoke else "cuda")
 
 
 def stage_environment(smoke) -> dict:
     """What the figures below depend on, and what a run's start-up line will say about attention and MFU."""
     device, cuda = device_of(smoke), not smoke
+    # The attention backend as --attn auto resolves it for a bf16 run; the line is what train.py prints at start-up
     name, (backend, why) = torch.cuda.get_device_name() if cuda else "cpu", resolve_attention("auto", device, True)
     git = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     return dict(python=sys.version.split()[0], torch=torch.__version__, cuda=torch.version.cuda, device=name,
@@ -80,6 +96,7 @@ def stage_attention(smoke) -> dict:
     chunk, one token), per backend, and FA vs SDPA vs fp32 on the full forward."""
     device = device_of(smoke)
     backend = resolve_attention("auto", device, True)[0]
+    # s = 10 shapes (B = 4 rows of T = 2048, 5 heads of 128); fp32 masters, each backend casts its own copy
     base = [torch.randn((2, 64, 2, 16) if smoke else (4, 2048, 5, 128), device=device) for _ in range(3)]  # B T H D
 
     def fwd_bwd(kind, dtype):
@@ -91,6 +108,8 @@ def stage_attention(smoke) -> dict:
     ref, sdpa, fast = fwd_bwd("sdpa", torch.float32), fwd_bwd("sdpa", torch.bfloat16), fwd_bwd(backend, torch.bfloat16)
     res = dict(backend=backend, ref_max_abs=diff(ref, [0 * t for t in ref]), sdpa_bf16_vs_fp32=diff(sdpa, ref),
                fa_bf16_vs_fp32=diff(fast, ref), fa_vs_sdpa_bf16=diff(fast, sdpa))
+    # The decode case of eval.py: a prefill, then a chunk of Tq > 1 tokens after a cache (FlashAttention's bottom-right
+    # causal alignment, SDPA's explicit mask), then one token; logits must match the full forward's.
     model, n, logits = LoopedGPT(cfg_for(smoke, 10, 4)).to(device), 48 if smoke else 480, []
     idx = torch.randint(0, model.cfg.vocab_size, (2, n), device=device)
     for kind, bf16 in ((backend, True), ("sdpa", True), ("sdpa", False)):
@@ -109,6 +128,8 @@ def stage_memory(smoke) -> dict:
     same rows, then a checkpoint save beside --out (deleted after). An OOM is recorded and the rows halved."""
     device, (bf16, _, attn) = device_of(smoke), run_setup(smoke)
     res = {"rule": "release: 32 rows, 16 at s >= 18, 8 at s >= 30", "mode": "eager" + ", bf16" * bf16}
+    # The cells most likely not to fit 80 GB: r = 8 at s = 16 and 28 under full BPTT (8 x the recurrent activations),
+    # and the widest model, s = 34 at r = 1 (most weights and optimizer state).
     for s, r in ((16, 8), (28, 8), (34, 1)):
         cfg, rows, cell = cfg_for(smoke, s, r), release_rows(s, smoke), res.setdefault(f"s{s}_r{r}", {})
         while rows >= 1 and "save" not in cell:
@@ -122,6 +143,7 @@ def stage_memory(smoke) -> dict:
                 cell.update(save=peak_memory(device), save_s=time.time() - t, ckpt_bytes=os.path.getsize(path))
                 os.remove(path)
             except torch.cuda.OutOfMemoryError as err:     # record it, then try half the rows
+                # (gradient accumulation keeps the global batch, so the largest rows that fit is what a run needs)
                 cell.setdefault("oom", []).append({"device_batch": rows, "error": str(err).splitlines()[0]})
                 rows //= 2
             model = opt = None
@@ -132,9 +154,11 @@ def stage_throughput(smoke) -> dict:
     """The trainer's path (compiled, bf16) at B = 262,144 tokens by accumulation; 3 timed steps after the first.
     A cell's compile seconds are about first_step_s - step_s."""
     device, (bf16, backend, attn), res = device_of(smoke), run_setup(smoke), {}
+    # s = 10 is the App. C.2 reference; s = 6 the grid's smallest width, where launch overheads weigh most
     for s in (10, 6):
         for r in (1, 4, 8):
-            rows = release_rows(s, smoke)
+            rows = release_rows(s, smoke)                    # 128 rows of 2048 = B; accumulation makes up the rest
+            # The optimizer steps once per 128 / rows micro-batches, so its share here is the one a grid run pays
             rec = train_bench(cfg_for(smoke, s, r), device, rows, 3, (4 if smoke else 128) // rows, bf16,
                               None if smoke else backend, attn)[0]           # smoke: eager (5 and 6 compile)
             res[f"s{s}_r{r}"] = {k: v for k, v in rec.items() if k not in ("losses", "device", "steps")}
@@ -150,10 +174,15 @@ def ddp_rank(rank, smoke, result) -> None:
         torch.cuda.set_device(device)
     dist.init_process_group("gloo" if smoke else "nccl", init_method=f"file://{result}.store", rank=rank,
                             world_size=2)
-    from torch._dynamo.utils import counters
+    from torch._dynamo.utils import counters             # after init: DDP's graph split shows in the count
     bf16, backend, attn = run_setup(smoke)
+    ddp = lambda m: torch.nn.parallel.DistributedDataParallel(   # noqa: E731  train.py's wrapping
+        m, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False,
+        gradient_as_bucket_view=True)
     rec, model, opt = train_bench(cfg_for(smoke, 10, 2 if smoke else 4), device, 2 if smoke else 8, 3, 1, bf16,
-                                  backend, attn, 2, rank)
+                                  backend, attn, 2, rank, wrap=ddp)
+    # Each rank orthogonalises only its own matrices and all-gathers the rest: a wrong gather shows as weights that
+    # differ between ranks, so compare a checksum of every parameter (fp64 sums: MIN == MAX only if all agree).
     total = torch.stack([p.detach().double().sum() for p in model.parameters()]).sum().reshape(1)
     lo, hi = total.clone(), total.clone()                 # after sharded MuonH's all-gather the ranks must agree
     dist.all_reduce(lo, dist.ReduceOp.MIN)
@@ -169,11 +198,13 @@ def stage_ddp(smoke) -> dict:
     bf16, backend, attn = run_setup(smoke)
     one = train_bench(cfg_for(smoke, 10, 2 if smoke else 4), device_of(smoke), 4 if smoke else 16, 3, 1, bf16,
                       None if smoke else backend, attn)[0]        # smoke: eager here, compiled on the 2 ranks
+    # The ranks rendezvous through a file store beside --out (no port to find); rank 0 writes its figures there too
     result = f"{os.path.abspath(OUT)}.ddp{os.getpid()}"
     ranks = [subprocess.Popen([sys.executable, __file__, "--ddp-rank", str(k), "--result", result] + ["--cpu-smoke"]
                               * smoke, env=dict(os.environ, NCCL_MULTI_RANK_GPU_ENABLE="1"),
                               preexec_fn=die_with_parent) for k in (0, 1)]
-    codes = [p.wait() for p in ranks]
+    codes = [p.wait() for p in ranks]                    # the stage's own timeout bounds this wait
+    # A failed rank leaves the other waiting in a collective until NCCL / gloo time out; the stage timeout covers it
     with contextlib.suppress(FileNotFoundError):
         os.remove(result + ".store")
     if codes != [0, 0]:
@@ -192,6 +223,9 @@ def stage_compile(smoke) -> dict:
     dynamo graphs after 4 steps (1 = no break, no recompile) and compile seconds (first step - a later one)."""
     from torch._dynamo.utils import counters
     device, (bf16, backend, attn), res = device_of(smoke), run_setup(smoke), {}
+    # The grid's baseline, a truncated-BPTT cell (grad mode switches inside the loop), hyperconnections (per-iteration
+    # scalars indexed in the loop) and the plain r = 1 stack, each with the run's attention kernel (a FlashAttention
+    # build that dynamo cannot trace shows up here as a graph break)
     for label, r, kw in (("r4", 4, {}), ("r8_bptt4", 8, dict(n_loops_bwd=4)), ("r4_hyper", 4, dict(injection="hyper")),
                          ("r1", 1, {})):
         model = LoopedGPT(cfg_for(smoke, 10, r, **kw)).to(device)
@@ -202,7 +236,7 @@ def stage_compile(smoke) -> dict:
         res[label] = dict(graphs=e.graph_count, breaks=e.graph_break_count, why=[str(b.reason)[:200] for b in
                                                                                  e.break_reasons[:3]])
         torch._dynamo.reset()
-    counters.clear()
+    counters.clear()                                     # count only the training graphs from here
     rec = train_bench(cfg_for(smoke, 10, 4), device, release_rows(10, smoke), 3, 1, bf16, backend, attn)[0]
     graphs = counters["stats"]["unique_graphs"]
     return dict(res, train=dict(dynamo_graphs=graphs, recompiles=graphs - res["r4"]["graphs"], backend=backend,
@@ -221,6 +255,8 @@ RUN, OUT = {1: stage_environment, 2: stage_attention, 3: stage_memory, 4: stage_
 
 def run_child(n, smoke, timeout) -> dict:
     """Stage n in its own process (this script --stage n), killed after `timeout` s -> its status, result, wall_s."""
+    # The stage writes its own result file (atomically): a stage that dies leaves it empty, which reads as "failed"
+    # with the exit status, and a kill of this process leaves the JSON as it was after the previous stage.
     fd, result = tempfile.mkstemp(prefix=f".gpu_check_stage{n}_", suffix=".json", dir=os.path.dirname(OUT))
     os.close(fd)
     t = time.monotonic()
@@ -237,6 +273,8 @@ def run_child(n, smoke, timeout) -> dict:
 
 
 def main(argv=None) -> int:
+    """The CLI, and the entry of the stage and rank processes (hidden flags). The parent checks every flag and --out
+    before any stage, prints the plan, then runs the stages in order; exit 1 if one failed or timed out."""
     global OUT
     p = argparse.ArgumentParser(prog=TOOL, description="staged device check (issue 19 §5)", allow_abbrev=False)
     p.error = lambda msg: p.exit(2, f"{TOOL}: error: {msg}\n")        # one line, no usage block
@@ -266,6 +304,8 @@ def main(argv=None) -> int:
         check_out(a.out, mine, a.overwrite)
     except ValueError as err:
         p.error(str(err))
+    # The plan: stages run in priority order while their summed estimates fit the budget; the rest are dropped.
+    # At run time a stage that overran can only drop later ones (a stage's timeout is never past the budget).
     est = {n: v[2 if a.cpu_smoke else 1] for n, v in STAGES.items()}
     cut = next((n for n in STAGES if sum(est[k] for k in STAGES if k <= n) > a.budget), None)   # first not to fit
     plan = {"estimates_s": est, "dropped": [n for n in STAGES if cut and n >= cut]}
