@@ -75,7 +75,7 @@ def peak_memory(device) -> dict:
     if device.type != "cuda":
         return dict(peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     stats = torch.cuda.memory_stats(device)                      # the counters max_memory_allocated/reserved read
-    out = {f"cuda_max_{k}": stats[f"{k}_bytes.all.peak"] for k in ("allocated", "reserved")}
+    out = {f"cuda_max_{k}": stats.get(f"{k}_bytes.all.peak", 0) for k in ("allocated", "reserved")}
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     return out
