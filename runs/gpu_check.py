@@ -188,8 +188,10 @@ def ddp_rank(rank, smoke, result) -> None:
     dist.all_reduce(lo, dist.ReduceOp.MIN)
     dist.all_reduce(hi, dist.ReduceOp.MAX)
     if rank == 0:
+        # DDPOptimizer splits the compiled graph at bucket boundaries; each piece is one AOT-autograd compile
         write_json(result, dict(rec, muonh_shards=opt.world, ranks_weight_sum_spread=(hi - lo).item(),
-                                dynamo_graphs=counters["stats"]["unique_graphs"], placement=str(device)))
+                                dynamo_graphs=counters["stats"]["unique_graphs"], placement=str(device),
+                                ddp_subgraphs=counters["aot_autograd"]["total"]))
     dist.destroy_process_group()
 
 
@@ -214,7 +216,7 @@ def stage_ddp(smoke) -> dict:
     os.remove(result)
     pick = lambda rec, *more: {k: rec[k] for k in ("tok_per_s", "step_s", "first_step_s", "optim_share", *more)}  # noqa
     return dict(one_rank=pick(one), two_ranks=pick(two, "muonh_shards", "placement", "ranks_weight_sum_spread",
-                                                    "dynamo_graphs"),
+                                                    "dynamo_graphs", "ddp_subgraphs"),
                 max_abs_loss_diff=max(abs(x - y) for x, y in zip(one["losses"], two["losses"])))
 
 
