@@ -284,6 +284,7 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=float, default=480.0, help="seconds for all stages (default %(default)s)")
     p.add_argument("--out", default="out/gpu_check.json", help="the JSON (default %(default)s)")
     p.add_argument("--overwrite", action="store_true", help="replace an --out this tool did not write")
+    p.add_argument("--dry-run", action="store_true", help="print the plan (stages, estimates, drops) and stop")
     for hidden, kind in (("--stage", RUN), ("--ddp-rank", (0, 1))):   # internal: one stage's or rank's process
         p.add_argument(hidden, type=int, choices=kind, help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
@@ -299,11 +300,11 @@ def main(argv=None) -> int:
         return write_json(a.result, out)
     if not 0 < a.budget < 1e6:
         p.error(f"argument --budget: must be seconds in (0, 1e6), got {a.budget:g}")
-    if not a.cpu_smoke and not torch.cuda.is_available():
+    if not (a.cpu_smoke or a.dry_run or torch.cuda.is_available()):
         p.error("no CUDA device visible; `bash runs/gpu_check.sh --cpu-smoke` runs the stages on CPU")
     mine = {"tool": TOOL, "request": {"cpu_smoke": a.cpu_smoke, "budget": a.budget}}
-    try:
-        check_out(a.out, mine, a.overwrite)
+    try:                                                   # a dry run writes nothing: no --out to check
+        a.dry_run or check_out(a.out, mine, a.overwrite)
     except ValueError as err:
         p.error(str(err))
     # The plan: stages run in priority order while their summed estimates fit the budget; the rest are dropped.
@@ -313,6 +314,8 @@ def main(argv=None) -> int:
     plan = {"estimates_s": est, "dropped": [n for n in STAGES if cut and n >= cut]}
     print(f"gpu-check: {len(STAGES)} stages, ~{sum(est.values())} s estimated, --budget {a.budget:g} s; dropped: "
           + (", ".join(f"{n} {STAGES[n][0]} (~{est[n]} s)" for n in plan["dropped"]) or "none"), flush=True)
+    if a.dry_run:
+        return 0
     rec, t0 = {"written_by": mine, "plan": plan, "stages": {}}, time.monotonic()
     write_json(a.out, rec)
     for n, (name, *_) in STAGES.items():

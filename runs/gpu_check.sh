@@ -9,6 +9,7 @@
 #          MuonH), 6 compile (graph breaks, recompiles, compile seconds). Details: runs/gpu_check.py.
 # Usage:   bash runs/gpu_check.sh [--budget SECONDS] [--out FILE] [--overwrite]   one GPU; FILE: out/gpu_check.json
 #          bash runs/gpu_check.sh --cpu-smoke [--out FILE]      every stage on CPU with tiny sizes (CI, ~30 s idle)
+#          bash runs/gpu_check.sh --dry-run [--budget SECONDS]   the plan: stages, estimates, what the budget drops
 # Output:  FILE, rewritten atomically after every stage (a killed check keeps the stages it finished); a FILE the
 #          check did not write for the same flags is refused unless --overwrite. Exit 1 if a stage failed.
 # Cost:    at most --budget seconds (default 480) on one GPU: the last stages are dropped when their estimates no

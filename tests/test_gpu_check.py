@@ -154,3 +154,35 @@ def test_peak_flops_table_covers_the_grid_gpus():
     assert bench_train.peak_flops("NVIDIA H100 NVL")[0] < bench_train.peak_flops("NVIDIA H100 80GB HBM3")[0]
     value, why = bench_train.peak_flops("NVIDIA RTX PRO 6000")
     assert value is None and "no datasheet peak for 'NVIDIA RTX PRO 6000'" in why
+
+
+def test_bench_sh_lines_parse_through_bench_train(tmp_path, monkeypatch):
+    # runs/bench.sh part 1 calls runs/bench_train.py (no longer train.py --bench-steps): every line it would run is
+    # accepted by bench_train's CLI and its ModelConfig, up to the work (train_bench replaced by a sentinel)
+    import shlex
+    proc = subprocess.run(["bash", "runs/bench.sh", "--dry-run", str(tmp_path / "b")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0 and len(lines) == 5 and not (tmp_path / "b").exists()   # a dry run writes nothing
+
+    class Started(Exception):
+        pass
+
+    def sentinel(*a, **k):
+        raise Started
+    monkeypatch.setattr(bench_train, "train_bench", sentinel)
+    for line in lines:
+        words = shlex.split(line)
+        assert words[:2] == ["python", "runs/bench_train.py"]
+        with pytest.raises(Started):
+            bench_train.main(words[2:])
+
+
+def test_bench_sh_refuses_a_foreign_out(tmp_path):
+    # issue 18 §2: `bash runs/bench.sh OUT` used to overwrite OUT/train_bench.txt; a folder it did not make is refused
+    (tmp_path / "train_bench.txt").write_text("my notes")
+    proc = subprocess.run(["bash", "runs/bench.sh", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and "did not write" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert sorted(os.listdir(tmp_path)) == ["train_bench.txt"] and (tmp_path / "train_bench.txt").read_text() == \
+        "my notes"
