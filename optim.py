@@ -10,10 +10,10 @@ Implements paper §4.1 and App. D (recipe, LR sweep and transfer), following Hyp
     HyperP peak LRs:  eta_MuonH = 0.014 b (D/D_ref)^-0.32;  wte 0.3 b w;  lm_head 0.004 b w;  norm 0.005 w;  hc 0.01 w
         with w = (d/640)^-1/2 and b = (B/262,144)^0.558.  Schedule: lr_mult = 0.1 + 0.9 (N - step)/N.
 Run:   python optim.py --scale 10 --tokens 983315200 [--n-loops 1] [--batch-tokens 262144] [--json]
-       python optim.py --bench            # MuonH step time for the matrices of one s=10 model, on this CPU
-       torchrun --standalone --nproc_per_node=2 optim.py --bench      # the same, sharded over 2 gloo CPU ranks
+       (the MuonH step benchmark is runs/bench_optim.py, the per-step op count runs/op_count.py)
 Test:  pytest tests/test_optim.py
-Read in this order: hyperp_lrs -> lr_multiplier -> polar_express -> muonh_update -> MuonHAdamW -> build_optimizer
+Read in this order: reference -> hyperp_lrs -> lr_multiplier -> polar_express -> muonh_update -> MuonHAdamW ->
+build_optimizer
 Not here: which parameter is a "matrix" (model.py param_groups), the token horizon (flops.py / train.py).
 Distributed: sharded MuonH (optimizer.md §4). train.py wraps the model in DDP, so after backward every rank holds the
 same all-reduced (mean) gradients. Each rank then runs MuonH only on the whole matrices it owns (a contiguous chunk of
@@ -21,15 +21,14 @@ every same-shape stack), keeps momentum and R only for those, and all-gathers th
 tensors stay replicated. state_dict() gathers a full, world-size-independent state; load_state_dict() keeps the
 owned part. World size 1 owns everything and gathers nothing: the replicated optimizer, bit for bit.
 """
-import argparse
 import json
 import math
 import numbers
-import os
-import time
 
 import torch
 import torch.distributed as dist
+
+from common import Parser, number
 
 # -----------------------------------------------------------------------------
 # Constants (paper §4.1 unless stated; "release" = kschwethelm/looped-lm-scaling at ad7d8f3)
@@ -44,7 +43,8 @@ ADAM_EPS = 1e-10            # release setup_optimizer
 MUONH_MOMENTUM = 0.95       # constant from step 0: the release has no 0.85 -> 0.95 ramp (setup_optimizer)
 NS_STEPS = 5                # Polar Express iterations
 FINAL_LR_FRAC = 0.1         # "each LR linearly decayed to 10% of its peak" (§4.1)
-D_MODEL_REF = 640           # width of the s=10 reference model (release base_train.py: REF_SIZE * aspect_ratio)
+REF_SCALE = 10              # the HyperP reference is the s = 10 model of the run's aspect ratio (App. C.2, D.1)
+D_MODEL_REF = 640           # its width on the paper's grid (release base_train.py: REF_SIZE * aspect_ratio)
 BATCH_REF = 262_144         # B_ref = 2^18 tokens, the App. D.1 batch-sweep winner
 BATCH_EXP = 0.558           # eta* ∝ B^0.558 (HyperP §5.4; the release uses it instead of nanochat's sqrt rule)
 DATA_EXP = 0.32             # eta* ∝ D^-0.32 (HyperP §3.4; paper App. D.2)
@@ -65,14 +65,18 @@ POLAR_EXPRESS_COEFFS = (
 # settles where the paper is silent, as read there:
 #   - momentum: buffer.lerp_(g, 1 - mu), then the direction g.lerp_(buffer, mu); mu = 0.95 with no ramp.
 #   - pre-scale by 1.02 ||X||_F + 1e-6 in bf16, 5 iterations, X^T X form for tall matrices; then rescale to R
-#     (norm clamped at 1e-10), W -= lr U, W *= R / ||W||_F (clamped). No shape factor, WD or second moment.
+#     in bf16 (norm clamped at 1e-10), W -= bf16(lr) U, W *= R / ||W||_F (clamped). No shape factor, WD or
+#     second moment. muonh_update repeats it op for op (bf16 on CPU: bit-identical, tests/test_optim.py).
 #   - R = ||W||_F per matrix at the first step, cached (per shape group, in the first param's state) and saved.
 #     Here R lives in each parameter's own state: same numbers, and a checkpoint does not depend on the grouping.
 #   - LRs: MuonH gets batch x data factors, no width factor; wte / lm_head get batch x width; norm (0.005) and
 #     hc (0.01) get width only. D_ref from a meta-device reference model (0-20-0 for r=1, 2-4-2 for looped),
 #     its effective params counted at the training run's r (base_train.py get_scaling_params uses the run's r).
 #   - schedule: get_lr_multiplier with warmup 0 and a warmdown over all N steps to final_lr_frac 0.1.
-#   - the fused kernel rounds the update and eta to bf16 on GPU; here eta is applied in fp32 (project choice).
+#   - the fused kernel rounds the update and eta to bf16 on GPU, and so does the bf16 path here; the fp32 path (CPU)
+#     applies eta in fp32.
+#   - one torch.compile'd kernel per same-shape stack (AdamW: one per tensor); here the same on CUDA (AdamW: one
+#     foreach op per formula term and group), eager on CPU, where inductor's fusion would change the rounding.
 
 # build_optimizer: contract group name -> (optimizer kind, key of its peak LR in the hyperp_lrs dict)
 GROUPS = {"matrix": ("muonh", "muonh_lr"), "wte": ("adamw", "wte_lr"), "lm_head": ("adamw", "lm_head_lr"),
@@ -87,27 +91,39 @@ def _positive(name, value):
 # -----------------------------------------------------------------------------
 # HyperP learning-rate transfer (paper §4.1, App. D.2)
 
+def reference(n_loops, aspect_ratio=64, head_dim=128, n_layers_eff=20, n_layers_prelude=2, n_layers_coda=2):
+    """(d_model_ref, D_ref): the HyperP reference of a run, its ONE definition (train.py and the CLI call it).
+
+    The release (scripts/base_train.py) builds the reference at s = REF_SCALE = 10 of the run's aspect ratio:
+      d_model_ref = 10 x aspect_ratio, the muP width anchor w = (d / d_model_ref)^-1/2, NOT rounded (D_REF_DIM);
+      D_ref = 10 x the effective params of the reference model, whose own width is 10 x aspect_ratio rounded UP
+              to a multiple of head_dim (as the release builds every model), counted at the run's r.
+    The two widths differ only when 10 x aspect_ratio is not a multiple of head_dim (never on the paper's grid: 640).
+    The layout is the run's depth (l_eff, prelude, coda; see reference_tokens); the paper's defaults give the release's
+    constants, 983,315,200 (r=1), 606,380,800 / 1,016,083,200 / 1,835,488,000 (r = 2 / 4 / 8)."""
+    _positive("head_dim", head_dim)                          # aspect_ratio and the rest: reference_tokens checks
+    width = REF_SCALE * aspect_ratio
+    built = -(-width // head_dim) * head_dim                 # the reference model's width (ceil to head_dim)
+    return width, reference_tokens(n_loops, built, n_layers_eff, n_layers_prelude, n_layers_coda)
+
+
 def reference_tokens(n_loops, d_model=D_MODEL_REF, n_layers_eff=20, n_layers_prelude=2, n_layers_coda=2,
                      ratio=REF_DATA_RATIO, ref_loops=4):
-    """D_ref: `ratio` x the reuse-weighted, embedding-free parameter count of the family's s=10 reference model,
-    counted at the TRAINING run's r = n_loops (App. D.2; optimizer.md §2.3).
+    """D_ref: `ratio` x the reuse-weighted, embedding-free parameter count of a reference model of width d_model,
+    counted at the TRAINING run's r = n_loops (App. D.2; optimizer.md §2.3). Which width: reference() decides.
 
     The release (scripts/base_train.py, build_reference_model + get_scaling_params) builds one reference per family
-    at s = 10 and takes its effective params with the run's own num_recur, not the reference's:
+    and takes its effective params with the run's own num_recur, not the reference's:
         r = 1:   0-20-0 passthrough     l_eff (12 d^2 + 2 d) + 3 d                          -> 983,315,200 at d = 640
         r > 1:   2-4-2 linear injection (p + c)(12 d^2 + 2 d) + 3 d + r [l_rec (12 d^2 + 2 d) + 2 d^2]
-                 = 19,667,840 + r 20,485,120 at d = 640  ->  D_ref = 606,380,800 (r=2), 1,016,083,200 (r=4),
-                   1,835,488,000 (r=8)
+                 = 19,667,840 + r 20,485,120 at d = 640
     (12 d^2 per block: Q, K, V, O and the 4x MLP; 2 d: its two RMSNorm gains; 3 d: the three model norms; 2 d^2:
     W_inject, run once per loop.) So the looped reference is NOT one constant: an r=2 run is referenced against a
     smaller D_ref than an r=8 run, which moves its MuonH LR by (D_ref(r)/D_ref(4))^0.32 (1.18x less at r=2).
     D_ref must not follow the current model's width: that would cancel the horizon correction.
-
-    Other depths / aspect ratios (a project generalisation; the paper's grid gives the release's numbers): the
-    reference keeps the run's l_eff and prelude/coda, with a recurrent block of (l_eff - p - c) / ref_loops layers
-    (the 2-4-2 shape at l_eff = 20; 1-2-1 for the CPU mini study's l_eff = 10; a fractional count is kept as it is,
-    it only sets a constant). d_model is the reference width,
-    s = 10 x the run's aspect ratio rounded up to a multiple of head_dim, as the release rounds it.
+    Other depths (a project generalisation; the paper's grid gives the release's numbers): the reference keeps the
+    run's l_eff and prelude/coda, with a recurrent block of (l_eff - p - c) / ref_loops layers (2-4-2 at l_eff = 20;
+    1-2-1 for the CPU mini study's l_eff = 10; a fractional count is kept as it is, it only sets a constant).
     """
     for name, v in (("n_loops", n_loops), ("d_model", d_model), ("n_layers_eff", n_layers_eff),
                     ("ratio", ratio), ("ref_loops", ref_loops)):
@@ -128,13 +144,19 @@ def hyperp_factors(d_model, n_loops, tokens, batch_tokens=BATCH_REF, d_ref=None,
                    batch_ref=BATCH_REF):
     """The three HyperP correction factors and the D_ref used; hyperp_lrs multiplies the base LRs by them.
 
+    (d_model_ref, d_ref) come from reference(); left out, they are the paper's (reference(n_loops)). A d_ref alone
+    overrides D_ref; a non-paper d_model_ref needs its d_ref too, so no second rule for D_ref exists here.
     batch_ref is the batch at which the base LRs were tuned (App. D.1: 2^18 tokens). A scaled-down study whose
     batch is far below it (the CPU mini study runs ~2K-token steps) re-anchors here instead of extrapolating the
     (B/B_ref)^0.558 rule two orders of magnitude outside the range it was fitted on."""
     for name, v in (("d_model", d_model), ("n_loops", n_loops), ("tokens", tokens), ("batch_tokens", batch_tokens),
                     ("d_model_ref", d_model_ref), ("batch_ref", batch_ref)):
         _positive(name, v)
-    d_ref = reference_tokens(n_loops, d_model=d_model_ref) if d_ref is None else d_ref
+    if d_ref is None:
+        if d_model_ref != D_MODEL_REF:
+            raise ValueError(f"d_model_ref {d_model_ref} is not the paper's {D_MODEL_REF}: pass the d_ref that "
+                             "optim.reference() gives with it")
+        d_ref = reference(n_loops)[1]
     _positive("d_ref", d_ref)
     return {"width": (d_model / d_model_ref) ** -0.5,     # muP width rule on AdamW only (release setup_optimizer)
             "batch": (batch_tokens / batch_ref) ** BATCH_EXP,
@@ -146,9 +168,7 @@ def hyperp_lrs(d_model, n_loops, tokens, batch_tokens=BATCH_REF, base_lr=MUONH_L
                d_model_ref=D_MODEL_REF, batch_ref=BATCH_REF):
     """Peak LR of every group for a run of width d_model, r = n_loops, D = tokens, B = batch_tokens.
 
-    d_model_ref is the width of the s=10 reference (640 = 10 x aspect ratio 64). The release derives it, and the
-    default D_ref, from the run's aspect ratio (base_train.py: REF_SIZE * aspect_ratio), so a study at another
-    aspect ratio passes d_model_ref = 10 x its aspect ratio; d_ref overrides D_ref outright (see reference_tokens).
+    d_model_ref, d_ref: the run's reference, from reference() (default: the paper's, 640 and the family's D_ref).
 
     D is the run's token horizon: int(C / F_train) for grid runs (release base_train.py, target-FLOPs path).
     MuonH gets no width factor: the sphere radius R ∝ sqrt(d_out) already transfers across width (HyperP Thm 2).
@@ -158,11 +178,9 @@ def hyperp_lrs(d_model, n_loops, tokens, batch_tokens=BATCH_REF, base_lr=MUONH_L
     _positive("base_lr", base_lr)
     f = hyperp_factors(d_model, n_loops, tokens, batch_tokens, d_ref, d_model_ref, batch_ref)
     w, b = f["width"], f["batch"]
-    return {"muonh_lr": base_lr * b * f["data"],     # eta = 0.014 b (D/D_ref)^-0.32 (App. D.2)
-            "wte_lr": WTE_LR * b * w,
-            "lm_head_lr": LM_HEAD_LR * b * w,
-            "norm_lr": NORM_LR * w,                   # hard-coded without b in the release
-            "hc_lr": HC_LR * w}
+    # eta = 0.014 b (D/D_ref)^-0.32 (App. D.2); norm and hc are hard-coded without b in the release
+    return {"muonh_lr": base_lr * b * f["data"], "wte_lr": WTE_LR * b * w, "lm_head_lr": LM_HEAD_LR * b * w,
+            "norm_lr": NORM_LR * w, "hc_lr": HC_LR * w}
 
 
 # -----------------------------------------------------------------------------
@@ -193,9 +211,11 @@ def polar_express(G, steps=NS_STEPS, bf16=None):
 
     bf16 on CUDA (as the release), fp32 on CPU (fp64 stays fp64: the DDP test runs in fp64); bf16=True/False forces
     it (train.py --precision: bf16 on CPU runs the CUDA numerics, fp32 on CUDA the CPU ones). The input is
-    pre-scaled by 1.02 ||G||_F so all singular values lie below 1, where the polynomials are designed to work. A tall
-    matrix is iterated on its transpose so the Gram matrix A is the small (min x min) one;
-    p(X) = a X + (b A + c A^2) X with A = X X^T is the odd quintic above.
+    pre-scaled by 1.02 ||G||_F so all singular values lie below 1, where the polynomials are designed to work.
+    p(X) = a X + b X X^T X + c (X X^T)^2 X, the odd quintic above, grouped through the SMALL Gram matrix, as the
+    release writes it: wide (rows <= cols) A = X X^T, X <- a X + (b A + c A^2) X; tall A = X^T X,
+    X <- a X + X (b A + c A^2). (Iterating a tall matrix on its transpose is the same in exact arithmetic and, on
+    CPU, measured bit for bit; only this form is the release's kernel on every backend.)
     """
     if G.ndim < 2:
         raise ValueError(f"polar_express needs matrices (..., rows, cols), got shape {tuple(G.shape)}")
@@ -205,27 +225,34 @@ def polar_express(G, steps=NS_STEPS, bf16=None):
     X = G.to(torch.bfloat16 if bf16 else torch.promote_types(G.dtype, torch.float32))   # fp64 stays fp64
     X = X / (X.norm(dim=(-2, -1), keepdim=True) * 1.02 + 1e-6)     # ||X||_2 <= ||X||_F < 1
     tall = X.size(-2) > X.size(-1)
-    if tall:
-        X = X.mT                                                    # (..., cols, rows): now wide
     for a, b, c in POLAR_EXPRESS_COEFFS[:steps]:
-        A = X @ X.mT                                                # (..., k, k), k = min(rows, cols)
-        X = a * X + (b * A + c * (A @ A)) @ X
-    return X.mT if tall else X
+        A = X.mT @ X if tall else X @ X.mT                          # (..., k, k), k = min(rows, cols)
+        B = b * A + c * (A @ A)                                     # (..., k, k)
+        X = a * X + (X @ B if tall else B @ X)
+    return X
 
 
-def muonh_update(grad, momentum_buffer, radius, momentum=MUONH_MOMENTUM, ns_steps=NS_STEPS, bf16=None):
-    """MuonH update U (K, rows, cols) with ||U_k||_F = R_k, for a stack of K same-shape matrices.
+def muonh_update(G, W, M, R, mu, lr, ns_steps=NS_STEPS, bf16=None):
+    """One MuonH step for a stack of K same-shape matrices: what the release's fused kernel does, op for op.
+    Returns the new weights (K, rows, cols); W itself is not written (inductor 2.13 miscompiles an in-place retraction
+    that reduces over the tensor it writes: KeyError 'buf28' on CPU, the release's kernel included).
 
-    grad: (K, rows, cols); momentum_buffer: same shape, updated in place; radius: (K, 1, 1) fp32.
+    G: (K, rows, cols) gradients, overwritten (it ends as the Nesterov direction); W: (K, rows, cols) weights;
+    M: their momentum, updated in place; R: (K, 1, 1) radii ||W_0||_F (fp32; fp64 for fp64 weights).
+    mu, lr: Python floats (the CPU fp32 path: eta applied in fp32, one rounding) or 0-d fp32 CPU tensors (the bf16
+    and compiled paths). As tensors they are rounded as the release rounds them: mu to G's dtype, eta and eta U to
+    the update's dtype (bf16: 0.014 -> 0.013977), and one compiled graph then serves every LR of the schedule.
     Any scalar on the orthogonalised direction (e.g. Muon's sqrt(max(1, rows/cols)) shape factor) cancels in the
     rescale to R, so there is none: every matrix takes the same angular step eta.
     """
-    momentum_buffer.lerp_(grad, 1 - momentum)                       # m <- mu m + (1-mu) g
-    nesterov = grad.lerp(momentum_buffer, momentum)                 # n = g + mu (m - g): Nesterov look-ahead
-    work = torch.promote_types(grad.dtype, torch.float32)          # fp32 (fp64 if the params are fp64)
-    O = polar_express(nesterov, ns_steps, bf16).to(work)            # (K, rows, cols)
-    O_norm = O.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10)    # (K, 1, 1)
-    return (O * (radius / O_norm)).to(grad.dtype)                   # U: ||U||_F = R, so ||U||/||W|| = 1
+    mu = mu.to(G.dtype) if isinstance(mu, torch.Tensor) else mu
+    M.lerp_(G, 1 - mu)                                              # m <- mu m + (1-mu) g
+    N = G.lerp_(M, mu)                                              # n = g + mu (m - g): Nesterov look-ahead
+    O = polar_express(N, ns_steps, bf16)                            # (K, rows, cols), bf16 or fp32
+    U = O * (R.to(O.dtype) / O.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10))   # ||U_k||_F = R_k
+    # W' = W - eta U: a tensor eta as the release rounds it (eta and eta U in U's dtype), a float eta in fp32
+    W = W - lr.to(U.dtype) * U if isinstance(lr, torch.Tensor) else W.sub(U, alpha=lr)
+    return W * (R.to(W.dtype) / W.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10))  # retract: R W' / ||W'||_F
 
 
 # -----------------------------------------------------------------------------
@@ -257,6 +284,10 @@ class MuonHAdamW(torch.optim.Optimizer):
       AdamW: exp_avg, exp_avg_sq (like the param), step (0-d fp32 on CPU), as torch.optim.AdamW.
     No weight decay anywhere (first-order no-op on the sphere, HyperP Thm 1; paper §4.1), no gradient clipping,
     no NorMuon second moment (the release's docstring mentions one; its kernel has none).
+    Few ops per step (issue 19): a stack's momenta, radii and steps live in one stacked tensor whose slices ARE the
+    per-parameter state (_packed), so a same-shape stack costs one stack of W and of G, one muonh_update (compiled to
+    a fused kernel on CUDA: compile=None means "if the matrices are on CUDA"), one foreach copy back; AdamW is one
+    foreach op per formula term per group. runs/op_count.py counts them.
 
     shard=True under an initialised torch.distributed splits MuonH over the default group's ranks (the design note
     above): MuonH state then exists only for owned matrices. Without a process group, or with shard=False, every rank
@@ -264,7 +295,7 @@ class MuonHAdamW(torch.optim.Optimizer):
     and state_dict() (collectives) with identical, already averaged gradients, which DDP provides.
     """
 
-    def __init__(self, param_groups, shard=True, polar_bf16=None):
+    def __init__(self, param_groups, shard=True, polar_bf16=None, compile=None):
         self.polar_bf16 = polar_bf16    # Polar Express in bf16: None = on CUDA only (see polar_express)
         groups = []
         for i, g in enumerate(param_groups):
@@ -303,6 +334,14 @@ class MuonHAdamW(torch.optim.Optimizer):
         self._not_owned = {id(p) for stacks in self._stacks for params, lo, hi, _ in stacks
                            for i, p in enumerate(params) if not lo <= i < hi}
         self._checked = set()    # stacks whose init norms every rank has checked (first step)
+        self._packs = {}         # (state key, param ids) -> (stacked tensor, its slices handed out as the state)
+        cuda = any(p.is_cuda for g in self.param_groups if g["kind"] == "muonh" for p in g["params"])
+        compiled = cuda if compile is None else compile
+        # As the release: one fused graph per stack shape, its LR and momentum passed as 0-d CPU tensors (a new
+        # float would recompile); fullgraph so a graph break is an error, not a silent fallback to eager.
+        self._update = torch.compile(muonh_update, dynamic=False, fullgraph=True) if compiled else muonh_update
+        self._tensor_scalars = compiled or bool(polar_bf16) or (polar_bf16 is None and cuda)
+        self._mu_t, self._lr_t = torch.tensor(0.0), torch.tensor(0.0)
 
     def _plan(self, group):
         """[(params, lo, hi, c)] per same-shape stack of a MuonH group: this rank owns params[lo:hi], c per rank.
@@ -321,10 +360,8 @@ class MuonHAdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        with torch.enable_grad():
+            loss = closure() if closure is not None else None
         gathers = []        # MuonH all-gathers in flight while the next stack and AdamW compute
         for group, stacks in zip(self.param_groups, self._stacks):
             if group["kind"] == "muonh":
@@ -364,21 +401,16 @@ class MuonHAdamW(torch.optim.Optimizer):
             self.state[p].update(R=radii[id(p)], momentum_buffer=torch.zeros_like(p), step=torch.tensor(0.0))
         act = [p for p in own if p.grad is not None]
         if act:
-            states = [self.state[p] for p in act]
             W = torch.stack(act)                                               # (k, rows, cols), k <= c owned
             G = torch.stack([p.grad for p in act])                             # (k, rows, cols) mean gradients
-            M = torch.stack([s["momentum_buffer"] for s in states])            # (k, rows, cols)
-            R = torch.stack([s["R"] for s in states]).view(-1, 1, 1)           # (k, 1, 1) fp32
-            U = muonh_update(G, M, R, group["momentum"], group["ns_steps"],
-                              self.polar_bf16)                       # (k, rows, cols), ||U_i|| = R_i
-            W.sub_(U, alpha=group["lr"])             # W' = W - eta U, eta applied in fp32 (the release rounds it
-            #                                          to bf16: 0.014 -> 0.013977; a project choice)
-            W_norm = torch.linalg.vector_norm(W, dim=(-2, -1), keepdim=True, dtype=rdt).clamp_min(1e-10)
-            W.mul_((R / W_norm).to(W.dtype))         # retract: W = R W' / ||W'||_F
-            for p, s, w, m in zip(act, states, W.unbind(0), M.unbind(0)):
-                p.copy_(w)
-                s["momentum_buffer"].copy_(m)
-                s["step"] += 1
+            M, R, S = (self._packed(act, key) for key in ("momentum_buffer", "R", "step"))   # (k, ...) state
+            S.add_(1)
+            mu, lr = group["momentum"], group["lr"]
+            if self._tensor_scalars:                 # 0-d CPU tensors: the release's rounding, one compiled graph
+                mu, lr = self._mu_t.fill_(mu), self._lr_t.fill_(lr)
+            bf16 = W.is_cuda if self.polar_bf16 is None else self.polar_bf16
+            W = self._update(G, W, M, R.view(-1, 1, 1), mu, lr, group["ns_steps"], bf16)
+            torch._foreach_copy_(act, list(W.unbind(0)))                       # the weights take the new values
         if self.world == 1:                  # owns the whole stack: nothing to gather (the replicated optimizer)
             return []
         # Every rank sends its c owned slots (zero-padded past K) and receives the whole padded stack.
@@ -387,21 +419,39 @@ class MuonHAdamW(torch.optim.Optimizer):
         return [(dist.all_gather_into_tensor(full, send, async_op=True), full, params, lo, hi)]
 
     def _step_adamw(self, group):
-        # Single-tensor AdamW exactly as torch.optim.AdamW computes it (decoupled WD = 0, so no decay term).
+        """AdamW exactly as torch.optim.AdamW's single-tensor path computes it (decoupled WD = 0, so no decay term),
+        one foreach op per term for the whole group (on CPU torch loops the same per-tensor kernels: same bits)."""
         beta1, beta2 = group["betas"]
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            g, s = p.grad, self.state[p]
-            if not s:
-                s.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
-            s["step"] += 1
-            t = s["step"].item()
-            s["exp_avg"].lerp_(g, 1 - beta1)                                  # first moment
-            s["exp_avg_sq"].mul_(beta2).addcmul_(g, g, value=1 - beta2)       # second moment
-            step_size = group["lr"] / (1 - beta1 ** t)                        # bias corrections
-            denom = (s["exp_avg_sq"].sqrt() / math.sqrt(1 - beta2 ** t)).add_(group["eps"])
-            p.addcdiv_(s["exp_avg"], denom, value=-step_size)
+        live = [p for p in group["params"] if p.grad is not None]
+        if not live:
+            return
+        for p in live:
+            if not self.state[p]:
+                self.state[p].update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+        steps = self._packed(live, "step")                                   # (n,) fp32 on CPU
+        ts = steps.add_(1).tolist()                                          # no device sync: steps live on CPU
+        m, v = ([self.state[p][k] for p in live] for k in ("exp_avg", "exp_avg_sq"))
+        g = [p.grad for p in live]
+        torch._foreach_lerp_(m, g, 1 - beta1)                                # first moment
+        torch._foreach_mul_(v, beta2)
+        torch._foreach_addcmul_(v, g, g, value=1 - beta2)                    # second moment
+        denom = torch._foreach_sqrt(v)
+        torch._foreach_div_(denom, [math.sqrt(1 - beta2 ** t) for t in ts])  # bias corrections
+        torch._foreach_add_(denom, group["eps"])
+        torch._foreach_addcdiv_(live, m, denom, [-group["lr"] / (1 - beta1 ** t) for t in ts])
+
+    def _packed(self, params, key):
+        """The state[key] of params as ONE stacked tensor (k, ...) whose slices are the state tensors themselves, so
+        an in-place op on it updates every parameter's state (and state_dict sees it). Built on first use; rebuilt
+        (one copy) whenever a state tensor was replaced, e.g. by load_state_dict."""
+        views = [self.state[p][key] for p in params]
+        pack = self._packs.get((key, *map(id, params)))
+        if pack is None or any(a is not b for a, b in zip(pack[1], views)):
+            buf = torch.stack(views)
+            pack = self._packs[(key, *map(id, params))] = (buf, buf.unbind(0))
+            for p, view in zip(params, pack[1]):
+                self.state[p][key] = view
+        return pack[0]
 
     def state_dict(self):
         """torch's state_dict, in the replicated format whatever the world size: every MuonH matrix's R, momentum
@@ -457,12 +507,11 @@ class MuonHAdamW(torch.optim.Optimizer):
         super().load_state_dict({**state_dict, "state": keep})
         for pid, p in zip(ids, params):
             R = keep.get(pid, {}).get("R")
-            if R is not None:
-                rdt = torch.promote_types(p.dtype, torch.float32)
-                self.state[p]["R"] = R.detach().to(device=p.device, dtype=rdt).clone()
+            if R is not None:                       # fp32 (fp64 for fp64 params), as the first step made it
+                self.state[p]["R"] = R.detach().to(p.device, torch.promote_types(p.dtype, torch.float32)).clone()
 
 
-def build_optimizer(groups, lrs, shard=True, polar_bf16=None):
+def build_optimizer(groups, lrs, shard=True, polar_bf16=None, compile=None):
     """One MuonHAdamW over the model's labelled groups (LoopedGPT.param_groups()) with peak LRs from hyperp_lrs.
 
     "matrix" -> MuonH at lrs["muonh_lr"]; "wte", "lm_head", "norm", "hc" -> AdamW at lrs["<name>_lr"].
@@ -483,112 +532,47 @@ def build_optimizer(groups, lrs, shard=True, polar_bf16=None):
         param_groups.append(dict(name=name, kind=kind, params=params, lr=lrs[lr_key]))
     if not param_groups:
         raise ValueError("build_optimizer got no parameters in any group")
-    return MuonHAdamW(param_groups, shard=shard, polar_bf16=polar_bf16)
+    return MuonHAdamW(param_groups, shard=shard, polar_bf16=polar_bf16, compile=compile)
 
 
 # -----------------------------------------------------------------------------
-# CLI: the peak-LR table of a run, and a MuonH step benchmark
-
-def bench(d_model=D_MODEL_REF, n_loops=1, steps=3, seed=0):
-    """Seconds per MuonH step (CPU, fp32) for every matrix of one model: 6 shapes per block, plus W_inject if r > 1.
-
-    Under an initialised process group (torchrun) the step is sharded: every rank draws the same gradients (what DDP
-    leaves behind), runs Polar Express on the matrices it owns and all-gathers the rest; the time includes that."""
-    if n_loops < 1 or 16 % n_loops:
-        raise ValueError(f"n_loops must divide 16 (iso-depth layout, §3.1), got {n_loops}")
-    n_blocks = 20 if n_loops == 1 else 4 + 16 // n_loops        # 0-20-0, or 2-(16/r)-2 unique blocks
-    d = d_model
-    shapes = [(d, d)] * 4 + [(4 * d, d), (d, 4 * d)]            # c_q, c_k, c_v, attn.c_proj, mlp.c_fc, mlp.c_proj
-    gen = torch.Generator().manual_seed(seed)
-    params = [torch.nn.Parameter(torch.randn(*s, generator=gen) / s[1] ** 0.5) for s in shapes * n_blocks]
-    if n_loops > 1:
-        params.append(torch.nn.Parameter(torch.randn(d, 2 * d, generator=gen) / (2 * d) ** 0.5))
-    for p in params:
-        p.grad = torch.randn(p.shape, generator=gen)
-    opt = MuonHAdamW([dict(kind="muonh", name="matrix", params=params, lr=MUONH_LR)])
-    opt.step()                                                  # warm-up: caches R, allocates momenta
-    times, cpu = [], []
-    for _ in range(steps):
-        if opt.world > 1:
-            dist.barrier()                                      # all ranks start the timed step together
-        t0, c0 = time.perf_counter(), time.process_time()
-        opt.step()
-        times.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)                    # this rank's CPU time: robust on a shared machine
-    return {"n_matrices": len(params), "n_blocks": n_blocks, "seconds_per_step": sum(times) / len(times),
-            "cpu_seconds_per_step": sum(cpu) / len(cpu),
-            "min_seconds": min(times), "threads": torch.get_num_threads(), "world": opt.world, "rank": opt.rank}
-
+# CLI: the peak-LR table of a run (the reference as train.py computes it, through reference())
 
 def main(argv=None):
-    class Parser(argparse.ArgumentParser):     # one-line errors, as every nanoloop CLI (issue 12, rule 5)
-        def error(self, message):
-            self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-    def positive(kind):                       # argparse type: a finite number > 0, checked when parsed
-        def parse(text):
-            try:
-                x = kind(text)
-                _positive("value", x)
-            except (ValueError, OverflowError):
-                raise argparse.ArgumentTypeError(f"must be a finite {'integer' if kind is int else 'number'} > 0, "
-                                                 f"got {text!r}") from None
-            return x
-        return parse
-
-    p = Parser(prog="optim.py", description="HyperP peak learning rates (paper §4.1, App. D) or a MuonH benchmark.")
-    p.add_argument("--scale", type=positive(int), help="width scale s; d_model = aspect_ratio * s")
-    p.add_argument("--aspect-ratio", type=positive(int), default=64, help="d_model per unit of scale (paper: 64)")
-    p.add_argument("--tokens", type=positive(float), help="training tokens D (grid runs: int(C / F_train))")
-    p.add_argument("--n-loops", type=positive(int), default=1,
-                   help="r; selects the D_ref family and the r it is counted at")
-    p.add_argument("--batch-tokens", type=positive(int), default=BATCH_REF, help="tokens per optimizer step B")
-    p.add_argument("--base-lr", type=positive(float), default=MUONH_LR, help="MuonH base LR fed to HyperP")
-    p.add_argument("--d-ref", type=positive(float), default=None,
-                   help="override D_ref (default: the family constant)")
+    p = Parser(prog="optim.py", description="HyperP peak learning rates of a run (paper §4.1, App. D).")
+    pos_int, pos = number(int, "(0, inf)"), number(float, "(0, inf)")
+    p.add_argument("--scale", type=pos_int, required=True, help="width scale s; d_model = aspect_ratio * s")
+    p.add_argument("--aspect-ratio", type=pos_int, default=64, help="d_model per unit of scale (paper: 64)")
+    p.add_argument("--head-dim", type=pos_int, default=128, help="the reference's width is rounded up to it")
+    p.add_argument("--n-layers-eff", type=pos_int, default=20, help="l_eff of the run (and its reference)")
+    p.add_argument("--n-layers-prelude", type=number(int, "[0, inf)"), default=2, help="prelude layers (r > 1)")
+    p.add_argument("--n-layers-coda", type=number(int, "[0, inf)"), default=2, help="coda layers (r > 1)")
+    p.add_argument("--tokens", type=pos_int, required=True, help="training tokens D (grid runs: int(C / F_train))")
+    p.add_argument("--n-loops", type=pos_int, default=1, help="r; selects the D_ref family and the r it is counted at")
+    p.add_argument("--batch-tokens", type=pos_int, default=BATCH_REF, help="tokens per optimizer step B")
+    p.add_argument("--base-lr", type=pos, default=MUONH_LR, help="MuonH base LR fed to HyperP")
+    p.add_argument("--d-ref", type=pos, default=None, help="override D_ref (default: the family constant)")
     p.add_argument("--json", action="store_true", help="print the peak LRs as one JSON object")
-    p.add_argument("--bench", action="store_true", help="time one MuonH step over an s-scale model's matrices")
-    p.add_argument("--bench-steps", type=positive(int), default=3, help="timed steps in --bench (after one warm-up)")
     a = p.parse_args(argv)
-    if a.bench:
-        d = a.aspect_ratio * (a.scale or 10)
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:         # under torchrun: sharded MuonH over gloo CPU ranks
-            dist.init_process_group("gloo")
-        try:
-            r = bench(d, a.n_loops, a.bench_steps)
-        except ValueError as e:
-            p.error(str(e))
-        finally:
-            if dist.is_initialized():
-                dist.destroy_process_group()
-        if r["rank"] == 0:
-            ranks = f"{r['world']} ranks (sharded, gloo)" if r["world"] > 1 else "1 rank"
-            print(f"MuonH step, CPU fp32, d_model {d}, r={a.n_loops}: {r['n_matrices']} matrices "
-                  f"({r['n_blocks']} blocks x 6 shapes{' + inject' if a.n_loops > 1 else ''}) | {ranks} | "
-                  f"{r['seconds_per_step']:.3f} s/step (mean of {a.bench_steps}, min {r['min_seconds']:.3f}; "
-                  f"rank-0 CPU {r['cpu_seconds_per_step']:.3f} s) | {r['threads']} threads per rank")
-        return r
-    if a.scale is None or a.tokens is None:
-        p.error("--scale and --tokens are required (or pass --bench)")
-    d, d_model_ref = a.aspect_ratio * a.scale, a.aspect_ratio * 10     # the reference is s = 10 (release)
+    d = a.aspect_ratio * a.scale
     try:
-        lrs = hyperp_lrs(d, a.n_loops, int(a.tokens), a.batch_tokens, a.base_lr, a.d_ref, d_model_ref)
-        f = hyperp_factors(d, a.n_loops, int(a.tokens), a.batch_tokens, a.d_ref, d_model_ref)
+        d_model_ref, d_ref = reference(a.n_loops, a.aspect_ratio, a.head_dim, a.n_layers_eff, a.n_layers_prelude,
+                                       a.n_layers_coda)
+        d_ref = a.d_ref or d_ref
+        lrs = hyperp_lrs(d, a.n_loops, a.tokens, a.batch_tokens, a.base_lr, d_ref, d_model_ref)
+        f = hyperp_factors(d, a.n_loops, a.tokens, a.batch_tokens, d_ref, d_model_ref)
     except ValueError as e:
         p.error(str(e))
     if a.json:
-        out = {**lrs, "d_ref": int(f["d_ref"])}
-        print(json.dumps(out))
+        print(json.dumps(out := {**lrs, "d_ref": int(f["d_ref"])}))
         return out
-    family = ("r=1 family: 0-20-0 ref" if a.n_loops == 1 else
-              f"looped family: 2-4-2 ref counted at r={a.n_loops}")
-    print(f"HyperP peak LRs | d_model {d} (s={a.scale}) | r={a.n_loops} | D {int(a.tokens):,} | B {a.batch_tokens:,}")
+    family = "r=1 family: 0-20-0 ref" if a.n_loops == 1 else f"looped family: 2-4-2 ref counted at r={a.n_loops}"
+    print(f"HyperP peak LRs | d_model {d} (s={a.scale}) | r={a.n_loops} | D {a.tokens:,} | B {a.batch_tokens:,}")
     print(f"  w = (d/{d_model_ref})^-0.5 = {f['width']:.6f} | b = (B/{BATCH_REF})^{BATCH_EXP} = {f['batch']:.6f} | "
           f"(D/D_ref)^-{DATA_EXP} = {f['data']:.6f}, D_ref {int(f['d_ref']):,} "
           f"({'override' if a.d_ref else family})")
-    rules = {"muonh_lr": ("matrix", "MuonH", f"{a.base_lr} * b * (D/D_ref)^-0.32"),
-             "wte_lr": ("wte", "AdamW", f"{WTE_LR} * b * w"),
-             "lm_head_lr": ("lm_head", "AdamW", f"{LM_HEAD_LR} * b * w"),
+    rules = {"muonh_lr": ("matrix", "MuonH", f"{a.base_lr} * b * (D/D_ref)^-0.32"), "wte_lr": ("wte", "AdamW",
+             f"{WTE_LR} * b * w"), "lm_head_lr": ("lm_head", "AdamW", f"{LM_HEAD_LR} * b * w"),
              "norm_lr": ("norm", "AdamW", f"{NORM_LR} * w"), "hc_lr": ("hc", "AdamW", f"{HC_LR} * w")}
     print(f"  {'group':8s} {'optim':6s} {'rule':30s} peak LR")
     for key, (group, opt, rule) in rules.items():

@@ -7,7 +7,8 @@
 #          Paper: 2.793 / 2.797 / 7.400 / 2.757 nats (passthrough fails to train).
 # Usage:   NPROC=8 bash runs/ablation_injection.sh [--dry-run]     OUT=out/ablation_injection by default
 # Cost:    5 runs, 5.0e18 training FLOPs = ~3.5 H100-hours at 40% MFU of 989 TFLOP/s (bf16 dense).
-# Resume:  run it again: finished runs (done.json) are skipped, preempted ones continue from their ckpt.pt.
+# Resume:  run it again: every run goes to train.py --resume, which hands back a finished run's record (same run
+#          identity), continues a preempted one from its ckpt.pt and refuses a foreign done.json (runs/launch.bash).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/ablation_injection}
@@ -24,8 +25,8 @@ declare -A FLAGS=(                                        # variant -> train.py 
 source runs/launch.bash "$@"                              # launch / finish / --dry-run
 
 for v in "${VARIANTS[@]}"; do
-  # shellcheck disable=SC2086  # FLAGS values are flag lists: split them on purpose
-  launch "$OUT/$v" --flops-budget "$BUDGET" --scale "$SCALE" --n-loops "$LOOPS" ${FLAGS[$v]} --case injection
+  read -ra flags <<< "${FLAGS[$v]}"                      # a flag list: split at blanks, never globbed
+  launch "$OUT/$v" --flops-budget "$BUDGET" --scale "$SCALE" --n-loops "$LOOPS" "${flags[@]}" --case injection
 done
 
 finish "all runs done"

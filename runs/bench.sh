@@ -5,7 +5,7 @@
 #   2. MuonH step time for the matrix stack of one s = 10 model (d = 640); 2b. the optimizer step on 1 rank vs
 #      sharded over 2 ranks (gloo on CPU, one thread per rank: each rank orthogonalises half of the matrices);
 #   3. tokenise + pack tokens/s on all cores vs a single-threaded encode loop, and the streaming prepare's MB/s
-#      and peak RSS on a generated corpus (16 MB here; `python data.py stream-bench --mb 1000` for the 1 GB figure);
+#      and peak RSS on a generated corpus (16 MB here; `python runs/bench_data.py --mb 1000` for the 1 GB figure);
 #   4. the full fit protocol (9 fits x 500 restarts + 200 bootstrap refits) vs naive serial scipy;
 #   5. batched vs one-at-a-time continuation scoring.
 # Usage: bash runs/bench.sh [--dry-run] [OUT]       (OUT defaults to out/bench; ~3-5 min on a 2-core CPU, no GPU)
@@ -69,11 +69,11 @@ print(f"ratio | memory r=8 / r=1, full BPTT: {r['r8'][mem] / r['r1'][mem]:.2f} |
 PY
 
 hdr "2. MuonH step (polar express + sphere retraction) for the 120 matrices of an s = 10 model"
-python optim.py --bench --bench-steps 2
+python runs/bench_optim.py --bench-steps 2
 
 hdr "2b. optimizer step, 1 rank vs sharded MuonH on 2 ranks (gloo on CPU, 1 thread per rank, d = 256, 120 matrices)"
-OMP_NUM_THREADS=1 python optim.py --bench --scale 4 --bench-steps 3 | tee "$OUT/optim_shard.txt"
-OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 optim.py --bench --scale 4 \
+OMP_NUM_THREADS=1 python runs/bench_optim.py --scale 4 --bench-steps 3 | tee "$OUT/optim_shard.txt"
+OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 runs/bench_optim.py --scale 4 \
   --bench-steps 3 2>"$OUT/optim_shard.err" | tee -a "$OUT/optim_shard.txt"
 python - "$OUT/optim_shard.txt" <<'PY'
 import re, sys
@@ -82,16 +82,14 @@ print(f"ratio | optimizer step 1 rank / 2 ranks: wall {w1 / w2:.2f}, CPU per ran
       "of the Polar Express work; the all-gather and the stacking copies are the rest; wall needs an idle machine)")
 PY
 
-hdr "3. tokenise + pack, all cores vs one thread (default corpus, 1,024-piece BPE)"
-[[ -f "$OUT/tokenizer.model" ]] || python data.py tokenizer --corpus default --vocab-size 1024 --out "$OUT/tokenizer.model" >/dev/null
-python data.py prepare --source default --tokenizer "$OUT/tokenizer.model" --out "$OUT/unused" --seq-len 128 --bench
-python data.py stream-bench --mb 16   # streaming prepare: MB/s, peak RSS; the issue-13 1 GB figure: --mb 1000 (~5 min idle)
+hdr "3. tokenise + pack, all cores vs one thread (default corpus, 1,024-piece BPE); the streaming prepare"
+python runs/bench_data.py --mb 16 --out "$OUT/data"   # the issue-13 1 GB figure: --mb 1000 (~5 min idle)
 
 hdr "4. fit protocol on the 116-run synthetic grid vs naive scipy"
-python fit.py --bench
+python runs/bench_fit.py
 
 hdr "5. continuation scoring, batched vs one example at a time (equal-length prompts, then mixed lengths)"
-python eval.py bench --equal-length 64
-python eval.py bench
+python runs/bench_eval.py --equal-length 64 --out "$OUT/eval_bench_equal.json"
+python runs/bench_eval.py --out "$OUT/eval_bench_mixed.json"
 
 hdr "done in $(( $(date +%s) - T0 )) s"

@@ -9,7 +9,8 @@
 # Usage:   NPROC=8 bash runs/depth.sh [--dry-run]         OUT=out/grid/depth by default
 #          then: python fit.py out/grid --case depth18 (or depth24)
 # Cost:    160 runs, 3.64e20 training FLOPs = ~255 H100-hours at 40% MFU of 989 TFLOP/s (bf16 dense).
-# Resume:  run it again: finished runs (done.json) are skipped, preempted ones continue from their ckpt.pt.
+# Resume:  run it again: every run goes to train.py --resume, which hands back a finished run's record (same run
+#          identity), continues a preempted one from its ckpt.pt and refuses a foreign done.json (runs/launch.bash).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/grid/depth}

@@ -8,7 +8,8 @@
 # Usage:   NPROC=8 bash runs/extrapolate.sh [--dry-run]   OUT=out/extrapolate by default
 #          multi-node: sbatch --nodes=4 runs/slurm.sh <the train.py flags of one --dry-run line>
 # Cost:    2 runs, 7.92e20 training FLOPs = ~556 H100-hours at 40% MFU of 989 TFLOP/s (bf16 dense).
-# Resume:  run it again: finished runs (done.json) are skipped, preempted ones continue from their ckpt.pt.
+# Resume:  run it again: every run goes to train.py --resume, which hands back a finished run's record (same run
+#          identity), continues a preempted one from its ckpt.pt and refuses a foreign done.json (runs/launch.bash).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/extrapolate}
@@ -28,4 +29,4 @@ for r in "${LOOPS[@]}"; do
 done
 
 finish "all runs done"
-for r in "${LOOPS[@]}"; do echo "downstream suite (Table 10): python eval.py $OUT/s${SCALE}_r${r}"; done
+for r in "${LOOPS[@]}"; do echo "downstream suite (Table 10): $(shell_line python eval.py "$OUT/s${SCALE}_r${r}")"; done

@@ -5,10 +5,11 @@
 #          2-(16/r)-2 looped stacks with linear injection and full BPTT. Each run trains steps = round(C / (F B)) steps
 #          of B = 262,144 tokens (flops.py) at the HyperP LRs (optim.py) and leaves OUT/<run>/done.json for fit.py.
 # Usage:   NPROC=8 bash runs/grid.sh [--dry-run]       OUT=out/grid by default; NPROC = GPUs on this node
-#          --dry-run prints one `torchrun ... train.py ...` line per run still to do, and exits.
+#          --dry-run prints one `torchrun ... train.py ...` line per run, and exits.
 #          python flops.py grid --mfu 0.4             the same 116 runs with N, tokens, steps and the GPU-hour plan
 # Cost:    7.26e20 training FLOPs = ~510 H100-hours at 40% MFU of 989 TFLOP/s (bf16 dense); ~1,600 A100-hours.
-# Resume:  run it again: finished runs (done.json) are skipped, preempted ones continue from their ckpt.pt.
+# Resume:  run it again: every run goes to train.py --resume, which hands back a finished run's record (same run
+#          identity), continues a preempted one from its ckpt.pt and refuses a foreign done.json (runs/launch.bash).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/grid}
@@ -30,4 +31,4 @@ for C in "${BUDGETS[@]}"; do
   done
 done
 
-finish "grid complete -> fit the joint law with: python fit.py $OUT --out $OUT/fit"
+finish "grid complete -> fit the joint law with: $(shell_line python fit.py "$OUT" --out "$OUT/fit")"

@@ -11,7 +11,8 @@
 #          Validation every 500 steps, as in the authors' sweep.
 # Usage:   NPROC=8 bash runs/lr_sweep.sh [--dry-run]      OUT=out/lr_sweep by default
 # Cost:    112 runs (7 cells x 2 r x 8 LRs), 2.13e20 training FLOPs = ~150 H100-hours at 40% MFU of 989 TFLOP/s.
-# Resume:  run it again: finished runs (done.json) are skipped, preempted ones continue from their ckpt.pt.
+# Resume:  run it again: every run goes to train.py --resume, which hands back a finished run's record (same run
+#          identity), continues a preempted one from its ckpt.pt and refuses a foreign done.json (runs/launch.bash).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/lr_sweep}
@@ -38,4 +39,4 @@ for cell in "${CELLS[@]}"; do
   done
 done
 
-finish "LR sweep complete: val_loss per (cell, r, eta_base) is in $OUT/*/done.json"
+finish "LR sweep complete: val_loss per (cell, r, eta_base) is in $(shell_line "$OUT")/*/done.json"

@@ -3,7 +3,7 @@
 # iso-FLOP grid over r in {1,2,4,8} at one effective depth -> validation loss -> the joint law fit -> phi with a
 # 95% block-bootstrap CI, the report and the figures. Paper §4.1 (grid), §4.2-4.3 and App. F (fit), scaled down.
 #
-# Usage: bash runs/mini.sh [--quick] [--dry-run] [--case NAME] [OUT]   (OUT defaults to out/mini, or out/mini_quick)
+# Usage: bash runs/mini.sh [--quick] [--dry-run] [--case NAME] [--overwrite] [OUT]   (OUT: out/mini, or out/mini_quick)
 #   --quick      a smaller grid (2 budgets, 24 runs) and a lighter fit protocol: a ~2.5 minute smoke test
 #   --dry-run    print the launch list (one train.py line per run) and exit
 #   --case NAME  a case study (§5, Table 3) at mini scale, NAME in CASES below: trains the looped cells (r = 2, 4, 8)
@@ -15,11 +15,14 @@
 #                finished baseline study (cp -a out/mini out/mini_cases) to train only the case's 33 runs.
 # After the fit, the lowest-loss model of each looped r at the largest budget is evaluated at test-time loop
 # counts r' in SWEEP (eval.py --n-loops-sweep; App. A loop extrapolation) and the report gets loop_sweep.png.
-# OUT is mini.sh's own folder: a new or empty one is adopted (OUT/.nanoloop-mini records its grid), a folder mini.sh
-# made for the same grid is resumed, anything else is refused; mini.sh deletes only files it wrote. JOBS=N workers.
-# Cost: 0 GPU-hours; ~15 minutes on a 2-core CPU (README states the measured time). JOBS=2 worker processes, one
-# thread each (tiny models use one core better than two). Resumable: a second invocation skips runs whose
-# done.json exists and resumes a killed run from its last checkpoint; fit.py reads only done.json, which train.py
+#   --overwrite  adopt an OUT mini.sh did not make, or made for another grid (nothing deleted; OUT/runs joins the fit)
+# OUT is mini.sh's own folder (common.py claim-dir, the ownership rule every tool shares): a new or empty one is
+# adopted (OUT/.nanoloop-mini records its grid), a folder mini.sh made for the same grid is resumed (a --case run
+# shares its baseline's grid), anything else is refused in one line (exit 2) before any work; mini.sh deletes only
+# files it wrote. Cost: 0 GPU-hours; ~15 minutes on a 2-core CPU (README states the measured time). JOBS=2 worker
+# processes, one thread each (tiny models use one core better than two). Resumable: every run of the grid goes to
+# train.main with --resume, which hands back the record of a finished run of the same identity, resumes a killed
+# run from its last checkpoint and refuses a done.json of another run; fit.py reads only done.json, which train.py
 # writes atomically as its very last act, so a half-finished run never enters the fit.
 #
 # How the paper's setup is scaled down (README, "What the mini study can and cannot show"):
@@ -42,20 +45,26 @@ cd "$(dirname "$0")/.."
 # one more line here; its Delta-phi is then `bash runs/mini.sh --case NAME`.
 declare -A CASES=([bptt]="" [hc]="--injection hyper --hc-lanes 2" [diagonal]="--injection diagonal"
                   [additive]="--injection additive" [random]="--state-init random --state-init-std 1.0")
-QUICK=0; DRY=0; OUT=""; CASE=""
+QUICK=0; DRY=0; OUT=""; CASE=""; CASE_GIVEN=0; OVERWRITE=0
 while (( $# )); do
   case "$1" in
     --quick) QUICK=1 ;;
     --dry-run) DRY=1 ;;
+    --overwrite) OVERWRITE=1 ;;
     --case) (( $# >= 2 )) || { echo "runs/mini.sh: --case needs a NAME (one of: ${!CASES[*]})" >&2; exit 2; }
-            CASE=$2; shift ;;
-    -*) echo "runs/mini.sh: unknown flag $1 (usage: bash runs/mini.sh [--quick] [--dry-run] [--case NAME] [OUT])" >&2
-        exit 2 ;;
-    *) OUT="$1"; [[ -n "$OUT" ]] || { echo "runs/mini.sh: OUT is empty: name a folder, e.g. out/mini" >&2; exit 2; } ;;
+            CASE=$2; CASE_GIVEN=1; shift ;;
+    -*) echo "runs/mini.sh: unknown flag $1 (usage: bash runs/mini.sh [--quick] [--dry-run] [--case NAME]" \
+             "[--overwrite] [OUT])" >&2; exit 2 ;;
+    *) [[ -z $OUT ]] || { echo "runs/mini.sh: two OUT folders given ('$OUT', '${1//$'\n'/\\n}'): name one" >&2
+                          exit 2; }
+       OUT="$1"; [[ -n "$OUT" ]] || { echo "runs/mini.sh: OUT is empty: name a folder, e.g. out/mini" >&2; exit 2; }
+       [[ $OUT != *$'\n'* ]] || { echo "runs/mini.sh: OUT holds a newline: name a plain folder" >&2; exit 2; } ;;
   esac
   shift
 done
-if [[ -n $CASE && ! -v CASES[$CASE] ]]; then
+known=0                                       # compared key by key: bash < 5.2 expands a subscript twice, so
+for k in "${!CASES[@]}"; do [[ $k == "$CASE" ]] && known=1; done   # `-v CASES[$CASE]` could run a $(...) in NAME
+if [[ $CASE_GIVEN == 1 && $known == 0 ]]; then
   echo "runs/mini.sh: --case wants one of: ${!CASES[*]} (got '${CASE}')" >&2; exit 2
 fi
 JOBS=${JOBS:-2}
@@ -84,16 +93,20 @@ fi
 DATA="$OUT/data"; RUNS="$OUT/runs"
 
 # ---- the launch list: one train.py invocation per (budget, r, width) ---------------------------------------
-# Each entry of ARGS is shell-quoted (printf %q), so an OUT with spaces reaches train.py as one argument.
+# Each entry of ARGS is shell-quoted (shell_line), so an OUT with spaces or non-ASCII characters reaches train.py as
+# one argument in any locale.
+source runs/launch.bash --functions
 NAMES=(); ARGS=(); BASE_NAMES=()   # BASE_NAMES: the baseline grid (a case adds its runs to NAMES)
 for C in "${BUDGETS[@]}"; do for r in "${LOOPS[@]}"; do for s in ${SCALES[$C]}; do
   NAMES+=("C${C}_r${r}_s${s}")
-  ARGS+=("--flops-budget $C --n-loops $r --scale $s --data $(printf %q "$DATA") --out-dir $(printf %q "$RUNS/C${C}_r${r}_s${s}")")
+  ARGS+=("$(shell_line --flops-budget "$C" --n-loops "$r" --scale "$s" --data "$DATA" \
+            --out-dir "$RUNS/C${C}_r${r}_s${s}")")
   BASE_NAMES+=("C${C}_r${r}_s${s}")
   if [[ -n $CASE && $r != 1 ]]; then         # the case's looped cell beside the baseline's (same C, r, s)
     flags=${CASES[$CASE]}; [[ $CASE == bptt ]] && flags="--n-loops-bwd $(( (r + 1) / 2 ))"
     NAMES+=("case_${CASE}/C${C}_r${r}_s${s}")
-    ARGS+=("--flops-budget $C --n-loops $r --scale $s --data $(printf %q "$DATA") --out-dir $(printf %q "$RUNS/case_${CASE}/C${C}_r${r}_s${s}")")
+    ARGS+=("$(shell_line --flops-budget "$C" --n-loops "$r" --scale "$s" --data "$DATA" \
+              --out-dir "$RUNS/case_${CASE}/C${C}_r${r}_s${s}")")
     ARGS[-1]+=" $flags --case $CASE"
   fi
 done; done; done
@@ -103,26 +116,23 @@ if [[ $DRY == 1 ]]; then
 fi
 
 die() { echo "runs/mini.sh: $*" >&2; exit 1; }
+refuse() { echo "runs/mini.sh: $*" >&2; exit 2; }              # a refusal: one line, before any work
 # ---- 0. OUT must be mini.sh's own folder (rule 2: never write into, or delete from, a folder it did not make) --
-MARK="$OUT/.nanoloop-mini"
-OWN='^(\.nanoloop-mini|tokenizer\.model|data|runs|case_[a-z_]+|launch\.txt|fit\.log|fit\.json|report\.md|[a-z_]+\.png)$'
-if [[ -e "$OUT" && ! -d "$OUT" ]]; then die "OUT $OUT is a file, not a folder: pick another OUT"; fi
-if [[ -d "$OUT" && ! -f "$MARK" ]]; then
-  # adopt an empty folder, or one holding only what an earlier mini.sh writes (before the marker existed)
-  foreign=$(ls -A "$OUT" | grep -Ev "$OWN" | head -3 | tr '\n' ' ' || true)
-  [[ -d "$OUT/runs" ]] || foreign=$(ls -A "$OUT" | head -3 | tr '\n' ' ')   # mini.sh always made runs/ first
-  if [[ -n "$foreign" ]]; then
-    die "OUT $OUT exists and was not made by mini.sh (it holds: $foreign): pick a new or empty OUT"
-  fi
-fi
-# The marker records which grid OUT holds: a --quick study and a full one (or two versions of the grid) never mix
-# in one runs/ folder, where fit.py would fit them together.
+# The request is the grid: a --quick study and a full one (or two versions of the grid) never mix in one runs/
+# folder, where fit.py would fit them together. A --case study shares its baseline's grid (BASE_NAMES), so it
+# resumes the baseline's folder. common.py claim-dir keeps the marker, OUT/.nanoloop-mini.
 GRID="grid $(printf '%s\n' "${ARCH[*]}" "${BASE_NAMES[*]}" | cksum | cut -d' ' -f1) ($([[ $QUICK == 1 ]] && echo quick || echo full))"
-if [[ -s "$MARK" && "$(cat "$MARK")" != "$GRID" ]]; then
-  die "OUT $OUT holds another mini study ($(cat "$MARK"); this one is $GRID): pick another OUT"
+MARK="$OUT/.nanoloop-mini"
+claim=(python common.py claim-dir "$OUT" mini "$GRID")
+(( OVERWRITE )) && claim+=(--overwrite)
+if [[ -f $MARK && ! -L $MARK && $(head -c 100 "$MARK") == "grid "* ]]; then   # a marker in words (mini.sh before
+  legacy=$(head -c 100 "$MARK")                                                # claim-dir): the grid it names
+  [[ $legacy == "$GRID" || $OVERWRITE == 1 ]] ||
+    refuse "OUT $OUT holds another mini study ($legacy; this one is $GRID): pick another OUT"
+  claim+=(--overwrite)                                         # our own study of this grid: re-marked, as it is
 fi
-mkdir -p "$OUT" "$RUNS" ${CASE:+"$RUNS/case_$CASE" "$OUT/case_$CASE"}
-[[ -s "$MARK" ]] || { printf '%s\n' "$GRID" > "$MARK.$$.tmp" && mv -f "$MARK.$$.tmp" "$MARK"; }
+state=$("${claim[@]}" 2>&1) || { state=${state%$'\n'}; refuse "${state##*error: }"; }
+mkdir -p -- "$OUT" "$RUNS" ${CASE:+"$RUNS/case_$CASE" "$OUT/case_$CASE"}
 if command -v flock >/dev/null; then             # one mini.sh per OUT; the kernel drops the lock when we exit
   exec 9<"$OUT"
   flock -n 9 || die "OUT $OUT is in use by another runs/mini.sh: wait for it, or pick another OUT"
@@ -132,12 +142,20 @@ T0=$(date +%s)
 say() { printf '[mini %4ds] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
 trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; echo "[mini] interrupted: rerun the same command to resume" >&2; exit 130' INT TERM
 export OMP_NUM_THREADS=1
+[[ $state != overwrite ]] || say "adopted $OUT (--overwrite): nothing in it deleted; its runs/ joins this study"
 
 for tmp in "$OUT"/.*.tmp; do                  # temporaries of an interrupted atomic write (never complete files)
   if [[ -f "$tmp" && "$(basename "$tmp")" =~ ^\..+\.([0-9a-f]{8}|[0-9]+)\.tmp$ ]]; then
     rm -f "$tmp"; say "removed $tmp, a temporary file left by an interrupted write"
   fi
 done
+
+# A worker claims a run with the folder RUNS/NAME.claim and marks it NAME.claim/ok once train.main has returned its
+# record; the claims of an interrupted invocation go first (a claim holding anything else is not mini.sh's).
+unclaim() {  # unclaim RUNS/NAME.claim: remove a claim; anything else inside it is not mini.sh's to delete
+  rm -f -- "$1/ok"; rmdir -- "$1" 2>/dev/null || refuse "$1 holds what mini.sh did not put there: move it away"
+}
+for n in "${NAMES[@]}"; do [[ ! -e "$RUNS/$n.claim" ]] || unclaim "$RUNS/$n.claim"; done
 
 # ---- 1. tokenizer and packed data (each step skipped when its output exists; both are written atomically) -----
 if [[ ! -f "$OUT/tokenizer.model" ]]; then
@@ -153,16 +171,12 @@ fi
 
 # ---- 2. the iso-FLOP grid, JOBS worker processes ---------------------------------------------------------------
 # Each worker is one Python process that imports torch once and calls train.main() for the next unclaimed run of
-# the launch list -- the same code path as `python train.py <flags>`, minus ~5 s of start-up per run. A finished run
-# (done.json) is skipped; a killed one resumes from its ckpt.pt (--resume true).
-n_todo=0
-for i in "${!NAMES[@]}"; do [[ -f "$RUNS/${NAMES[$i]}/done.json" ]] || n_todo=$((n_todo + 1)); done
-say "grid: ${#NAMES[@]} runs (${n_todo} to train), budgets ${BUDGETS[*]}, r in {${LOOPS[*]}}, $JOBS workers"
+# the launch list -- the same code path as `python train.py <flags>`, minus ~5 s of start-up per run. Every run goes
+# to train.main (--resume true): a finished run of the same identity hands back its record at once (and is not
+# announced again), a killed one resumes from its ckpt.pt, a done.json of another run stops the grid naming why.
+say "grid: ${#NAMES[@]} runs, budgets ${BUDGETS[*]}, r in {${LOOPS[*]}}, $JOBS workers"
 for (( i = ${#NAMES[@]} - 1; i >= 0; i-- )); do echo "${NAMES[$i]} ${ARCH[*]} ${ARGS[$i]}"; done > "$OUT/.launch.txt.$$.tmp"
 mv -f "$OUT/.launch.txt.$$.tmp" "$OUT/launch.txt"           # atomic, like every file nanoloop writes
-for n in "${NAMES[@]}"; do                                 # claims of an interrupted invocation (empty folders)
-  if [[ -d "$RUNS/$n.claim" ]]; then rmdir "$RUNS/$n.claim"; fi
-done
 worker() {  # take the next unclaimed run of launch.txt (largest budget first) until none is left
   exec python - "$OUT/launch.txt" "$RUNS" "$T0" <<'PY'    # exec: the job pid is python itself, so a kill reaches it
 import contextlib, os, shlex, sys, time, traceback
@@ -170,8 +184,7 @@ import train
 launch, runs, t0 = sys.argv[1], sys.argv[2], int(sys.argv[3])
 for line in open(launch).read().splitlines():
     name, *argv = shlex.split(line)
-    if os.path.exists(os.path.join(runs, name, "done.json")):
-        continue
+    had_record = os.path.exists(os.path.join(runs, name, "done.json"))    # for the progress line only
     try:
         os.mkdir(os.path.join(runs, name + ".claim"))       # atomic: exactly one worker gets each run
     except FileExistsError:
@@ -186,20 +199,34 @@ for line in open(launch).read().splitlines():
                    str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__)
             sys.__stderr__.write(f"runs/mini.sh: run {name} failed: {msg} (log: {log_path})\n")
             sys.exit(1)
-    print(f"[mini {time.time() - t0:5.0f}s] done {name}: val_loss {rec['val_loss']:.4f} nats ({time.time() - t:.0f} s)",
-          flush=True)
+    open(os.path.join(runs, name + ".claim", "ok"), "w").close()   # this run is accounted for
+    if not had_record:
+        print(f"[mini {time.time() - t0:5.0f}s] done {name}: val_loss {rec['val_loss']:.4f} nats "
+              f"({time.time() - t:.0f} s)", flush=True)
 PY
 }
 PIDS=()
 for k in $(seq 1 "$JOBS"); do worker & PIDS+=($!); done
-while (( $(jobs -rp | wc -l) > 0 )); do
-  if ! wait -n; then                                        # one worker failed: stop the others, then say which run
+unfinished() {  # unfinished claimed|all: the runs without a record from train.main (claimed: only those started)
+  for n in "${NAMES[@]}"; do [[ -f "$RUNS/$n.claim/ok" || ( $1 == claimed && ! -d "$RUNS/$n.claim" ) ]] ||
+    printf '%s ' "$n"; done
+}
+left=("${PIDS[@]}")
+while (( ${#left[@]} )); do       # poll, not `wait -n`: a worker that exited before the first wait is seen too
+  still=()
+  for pid in "${left[@]}"; do
+    if kill -0 "$pid" 2>/dev/null; then still+=("$pid"); continue; fi
+    wait "$pid" && continue                                 # one worker failed: stop the others, then say which run
     kill "${PIDS[@]}" 2>/dev/null || true; wait || true
-    held=$(for n in "${NAMES[@]}"; do [[ -d "$RUNS/$n.claim" && ! -f "$RUNS/$n/done.json" ]] && echo -n "$n "; done)
-    die "a worker failed (its run and log are named above; unfinished runs: ${held:-none}); the other workers were" \
-        "stopped. Fix the cause and rerun the same command to resume"
-  fi
+    die "a worker failed (its run and log are named above; unfinished runs: $(unfinished claimed)); the other" \
+        "workers were stopped. Fix the cause and rerun the same command to resume"
+  done
+  left=(${still[@]+"${still[@]}"})
+  (( ${#left[@]} == 0 )) || sleep 1
 done
+missing=$(unfinished all)                                  # every run accounted for by train.main, none assumed
+[[ -z $missing ]] || die "runs without a record from train.main: $missing; rerun the same command to resume"
+for n in "${NAMES[@]}"; do unclaim "$RUNS/$n.claim"; done   # every run is done: the claims go
 
 # ---- 3. test-time loop extrapolation (App. A): the lowest-loss model of each looped r at the largest budget ----
 # is evaluated at every r' in SWEEP; fit.py picks the curves up from eval.json (skipped when already there)
@@ -242,7 +269,7 @@ say "fitting (fit.py ${FIT[*]:-paper protocol})"
 python fit.py "$RUNS" --out "$OUT" --overwrite "${FIT[@]}" | tee "$OUT/fit.log"   # OUT is mini.sh's own
 
 # ---- 5. look at a model: a KV-cached sample from the r = 4 run at the middle width of the largest budget -------
-S=$(echo ${SCALES[$C]} | cut -d' ' -f2)
+read -r _ S _ <<< "${SCALES[$C]}"                  # the middle width
 say "sample from $RUNS/C${C}_r4_s${S} (r = 4, KV-cached decoding):"
 python eval.py "$RUNS/C${C}_r4_s${S}" --sample "ROMEO." --max-new-tokens 48 --seed 0 || true
 say "report: $OUT/report.md | figures: $OUT/*.png | total $(( $(date +%s) - T0 )) s"

@@ -11,12 +11,13 @@ import torch.distributed as dist
 
 import data
 import eval as E
+from common import init_dist
 from model import LoopedGPT, ModelConfig
 
 
 def main():
     data_dir, weights, n_tokens, tok_path, out = sys.argv[1:6]
-    rank, world, device = data.init_dist()
+    rank, world, device = init_dist()
     ck = torch.load(weights, map_location="cpu", weights_only=True)
     cfg = ModelConfig(**ck["model_config"])
     model = LoopedGPT(cfg)

@@ -9,6 +9,7 @@ import os
 import random
 import re
 import socket
+import sys
 import time
 
 import numpy as np
@@ -17,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+import common
 import data
 
 BOS = 1
@@ -250,6 +252,32 @@ def test_reads_the_authors_published_layout_unchanged(tmp_path):
     (out / "meta_train.json").write_text(json.dumps(meta))
     x, y = loader(str(out), tokenizer_hash="anything: the release records none").next_batch()
     assert (x.numpy() == rows[:2, :-1]).all() and (y.numpy() == rows[:2, 1:]).all()
+
+def test_data_identity_is_the_content_not_the_size_or_path(tmp_path):
+    """Issue 18 §1: a run's identity names its data by content. Two packings of the same size (the same documents
+    with other token ids: the same rows, files and counts) differ; the same prepare twice, in two folders, is the
+    same; a published prepack without recorded hashes is told apart by its files' parquet footers."""
+    docs = id_docs(300)
+    shifted = [[2 + (t - 1) % 398 for t in d] for d in docs]              # ids stay in [2, 400), lengths unchanged
+    a, b, c = prep(tmp_path, "a", docs=docs), prep(tmp_path, "b", docs=docs), prep(tmp_path, "c", docs=shifted)
+    meta = lambda d: {k: v for k, v in data.read_meta(d).items() if k not in ("files", "request")}
+    assert meta(a) == meta(c) and data.read_meta(a)["files"] != data.read_meta(c)["files"]    # same size
+    assert data.data_identity(a) == data.data_identity(b) != data.data_identity(c)
+    assert data.data_identity(a).startswith("data-sha256:")
+    assert data.data_identity(prep(tmp_path, "d", docs=docs, seq_len=16)) != data.data_identity(a)
+    ids = []
+    for k in range(2):                                                    # the release's layout: no hashes
+        out = tmp_path / f"pub{k}"
+        out.mkdir()
+        for split in ("train", "val"):
+            rows = np.random.default_rng(k).integers(2, 400, size=(10, SEQ + 1)).astype(np.uint16)
+            rows[:, 0] = BOS
+            pq.write_table(pa.table({"tokens": pa.array(rows.tolist(), type=pa.list_(pa.uint16()))}),
+                           out / f"{split}-00000.parquet")
+            (out / f"meta_{split}.json").write_text(json.dumps(dict(vocab_size=400, seq_len=SEQ, num_shards=1)))
+        ids.append(data.data_identity(str(out)))
+    assert ids[0] != ids[1] and data.data_identity(str(tmp_path / "pub0")) == ids[0]
+
 
 # -----------------------------------------------------------------------------
 # 5. Bad input: a clear error, nothing written
@@ -508,11 +536,13 @@ def test_streaming_prepare_is_bounded_deterministic_and_worker_independent(tmp_p
 
 
 def test_stream_bench_corpus_is_sized_seeded_and_varied(tmp_path):
-    """The generated corpus of `data.py stream-bench` (runs/bench.sh): the size asked, the same bytes per seed, and
+    """The generated corpus of runs/bench_data.py (runs/bench.sh): the size asked, the same bytes per seed, and
     documents both shorter and longer than a 2,049-token row (~4 chars a token), so the bench packs and crops."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runs"))
+    import bench_data
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-    assert abs(data.generate_corpus(str(a), 2) - 2e6) < 2e5 and abs(a.stat().st_size - 2e6) < 2e5
-    data.generate_corpus(str(b), 2)
+    assert abs(bench_data.generate_corpus(str(a), 2) - 2e6) < 2e5 and abs(a.stat().st_size - 2e6) < 2e5
+    bench_data.generate_corpus(str(b), 2)
     assert a.read_bytes() == b.read_bytes()
     lens = [len(t) for t in data.iter_source(str(a))]
     assert min(lens) < 500 and max(lens) > 4 * 2049 and len(lens) > 300
@@ -566,7 +596,7 @@ def test_init_dist_plain_and_gloo(monkeypatch, capsys):
     import torch.distributed as dist
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(k, raising=False)
-    rank, world, device = data.init_dist()
+    rank, world, device = common.init_dist()
     assert (rank, world) == (0, 1) and device.type in ("cpu", "cuda")
     with socket.socket() as s:                                    # a free port for the one-rank gloo group
         s.bind(("127.0.0.1", 0))
@@ -574,14 +604,14 @@ def test_init_dist_plain_and_gloo(monkeypatch, capsys):
     monkeypatch.setenv("RANK", "0"), monkeypatch.setenv("WORLD_SIZE", "1"), monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1"), monkeypatch.setenv("MASTER_PORT", str(port))
     try:
-        rank, world, device = data.init_dist()
+        rank, world, device = common.init_dist()
         assert (rank, world) == (0, 1) and dist.is_initialized()
         if device.type == "cpu":
             assert dist.get_backend() == "gloo"
     finally:
         dist.destroy_process_group()
     monkeypatch.setenv("RANK", "1")
-    data.print0("hidden")
+    common.print0("hidden")
     monkeypatch.setenv("RANK", "0")
-    data.print0("shown")
+    common.print0("shown")
     assert capsys.readouterr().out == "shown\n"

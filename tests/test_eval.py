@@ -10,6 +10,7 @@ import math
 import os
 import random
 import re
+import sys
 
 import pytest
 import torch
@@ -427,8 +428,11 @@ def test_cli_writes_eval_json_with_missing_task(run_dir, tmp_path):
 
 
 def test_bench_batched_equals_one_at_a_time():
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runs"))
+    import bench_eval                                   # runs/bench_eval.py: the benchmark left the core file
     model = tiny_model(vocab_size=VOCAB)
-    res = E.bench_scorer(model, E.synthetic_examples(24, VOCAB, lengths=(20, 30, 40)), batch_tokens=512)
+    res = bench_eval.bench_scorer(model, bench_eval.synthetic_examples(24, VOCAB, lengths=(20, 30, 40)),
+                                  batch_tokens=512)
     assert res["n_examples"] == 24 and res["max_abs_diff_nats"] < 1e-4
 
 

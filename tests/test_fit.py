@@ -3,7 +3,7 @@
   1 recovery          test_recovery_phi_and_bootstrap_coverage, test_noiseless_data_recovers_every_parameter
   2 restricted ranks  test_restricted_fits_rank_below_free_phi (on the CLI run's fit.json)
   3 chinchilla mode   test_chinchilla_mode_recovers_params_and_reports_eq4
-  4 batched == scipy  test_batched_engine_equals_unbatched_scipy  (the timing itself: python fit.py --bench)
+  4 batched == scipy  test_batched_engine_equals_unbatched_scipy  (the timing itself: python runs/bench_fit.py)
   5 bad input         test_bad_input_* , test_duplicate_runs_warn
   6 figures           test_cli_writes_json_report_and_figures_headless
 Fits use fewer restarts / resamples than the paper's 500 / 200 to keep the file fast; the acceptance allows it.
@@ -286,8 +286,7 @@ def test_case_study_delta_phi_against_refitted_baseline(tmp_path):
     runs = fit.runs_from_rows(fit.load_records(str(tmp_path)))
     res = fit.run_case(runs, "hc", restarts=30, n_boot=10, boot_restarts=0, progress=False)
     c = res["case"]
-    fit.write_report(res, str(tmp_path / "report.md"))
-    assert "Table 3: case study `hc`" in open(tmp_path / "report.md").read()
+    assert "Table 3: case study `hc`" in fit.report_text(res)
     print(f"variant phi {res['joint']['phi']:.3f} (n={c['n_variant']}), baseline phi {c['baseline']['phi']:.3f} "
           f"(n={c['n_baseline']}), delta {c['delta_phi']:+.3f}")
     assert c["n_variant"] == 80 and c["n_baseline"] == 80                # 20 cells x 4 r at the four lower budgets
@@ -347,13 +346,14 @@ def _rows(n=12, **override):
     return rows
 
 
-def test_bad_input_missing_columns_and_keys(tmp_path):
+def test_bad_input_missing_columns_and_keys(tmp_path, capsys):
     path = tmp_path / "bad.csv"
     path.write_text("flops_budget,n_loops,n_once,n_rec,tokens\n1e18,1,0,1000,1000\n")
     with pytest.raises(ValueError, match="missing val_loss"):
         fit.runs_from_rows(fit.load_csv(str(path)))
-    with pytest.raises(SystemExit, match="missing val_loss"):
+    with pytest.raises(SystemExit) as exc:                   # common.fail: one line on stderr, exit status 2
         fit.main(["--csv", str(path), "--out", str(tmp_path / "o")])
+    assert exc.value.code == 2 and "missing val_loss" in capsys.readouterr().err
     os.makedirs(tmp_path / "run0")
     (tmp_path / "run0" / "done.json").write_text(json.dumps({"flops_budget": 1e18, "n_loops": 2, "val_loss": 2.5}))
     with pytest.raises(ValueError, match="missing n_once, n_rec, tokens"):
@@ -365,15 +365,15 @@ def test_bad_input_missing_columns_and_keys(tmp_path):
         fit.runs_from_rows([dict(tokens=1e9, val_loss=2.0, source="x", arch={})], "chinchilla")
 
 
-@pytest.mark.parametrize("key,value,msg", [("n_rec", 0, "n_rec must be positive"),
-                                           ("tokens", -5, "tokens must be positive"),
-                                           ("val_loss", 0.0, "val_loss must be positive"),
-                                           ("n_once", -1, "n_once must be non-negative"),
-                                           ("val_loss", float("nan"), "NaN"),
+@pytest.mark.parametrize("key,value,msg", [("n_rec", 0, r"n_rec=0 must be in \[1, 1e15\]"),
+                                           ("tokens", -5, r"tokens=-5 must be in \[1, 1e16\]"),
+                                           ("val_loss", 0.0, r"val_loss=0.0 must be in \(0, 100\]"),
+                                           ("n_once", -1, r"n_once=-1 must be in \[0, 1e15\]"),
+                                           ("val_loss", float("nan"), "must be a finite number"),
                                            ("tokens", "abc", "not a number"),
-                                           ("n_loops", 1.5, "positive integer"),
-                                           ("tokens", 0.5, "below 1; N and tokens are counts"),
-                                           ("flops_budget", 0, "flops_budget must be positive")])
+                                           ("n_loops", 1.5, "must be a whole number"),
+                                           ("tokens", 0.5, "a count, not billions"),
+                                           ("flops_budget", 0, r"flops_budget=0 must be in \(0, 1e30\]")])
 def test_bad_input_values(key, value, msg):
     # each bad value in the first row alone must stop the fit, naming the row and the column
     with pytest.raises(ValueError, match=msg):

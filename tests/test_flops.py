@@ -5,8 +5,12 @@ Every number below is transcribed from the paper (Tables 5 and 6, §3.1, App. F.
 from the exact integers of the authors' counting; nothing is read from disk. stdlib + pytest only, no torch.
 Test: pytest tests/test_flops.py
 """
+import ast
+import inspect
 import json
+import os
 import statistics
+import types
 
 import pytest
 
@@ -276,9 +280,45 @@ def test_cli(capsys):
         assert err.value.code != 0
 
 
+def test_accounting_args_is_the_one_map_from_a_config():
+    # param_split, flops_per_token and forward_flops_per_token take the same arguments, and accounting_args builds
+    # them from a ModelConfig-like object or a done.json model_config dict (d_model = aspect_ratio x scale)
+    sig = [list(inspect.signature(f).parameters) for f in (flops.param_split, flops.flops_per_token,
+                                                           flops.forward_flops_per_token)]
+    assert sig[0] == sig[1] == sig[2] == list(flops.ACCOUNTING)
+    cfg = dict(scale=10, aspect_ratio=64, n_loops=4, n_layers_eff=20, n_layers_prelude=2, n_layers_coda=2,
+               injection="hyper", hc_lanes=3, n_loops_bwd=None, seq_len=1024, vocab_size=1000, head_dim=128)
+    acc = flops.accounting_args(cfg)
+    assert acc == dict(d_model=640, **{k: v for k, v in cfg.items() if k in flops.ACCOUNTING and v is not None})
+    obj = types.SimpleNamespace(**cfg, d_model=640)                          # ModelConfig has d_model as a property
+    assert flops.accounting_args(obj) == acc
+    assert flops.param_split(**acc) == flops.param_split(640, 4, injection="hyper", hc_lanes=3)
+    assert flops.flops_per_token(**acc) == flops.flops_per_token(640, 4, injection="hyper", hc_lanes=3,
+                                                                 seq_len=1024, vocab_size=1000)
+    assert flops.accounting_args({"injection": "linear"}) == {"injection": "linear"}     # the rest: defaults
+    for bad, culprit in (({"n_layers_eff": 10 ** 400}, "n_layers_eff must be an integer"),
+                         ({"hc_lanes": True}, "hc_lanes must be an integer"), ({"scale": 2.5}, "scale must be"),
+                         ({"injection": "gated"}, "injection must be one of")):
+        with pytest.raises(ValueError, match=culprit):
+            flops.accounting_args(bad)
+
+
+def test_every_model_config_field_is_counted_or_listed():
+    # the variant recipe (README): a ModelConfig field either changes a count -- it is in flops.ACCOUNTING, or is
+    # scale / aspect_ratio, which make d_model -- or is listed here as changing neither N nor F. A new field in
+    # neither list fails. model.py is parsed, not imported, so this file stays free of torch.
+    tree = ast.parse(open(os.path.join(os.path.dirname(flops.__file__), "model.py")).read())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ModelConfig")
+    fields = {s.target.id for s in cls.body if isinstance(s, ast.AnnAssign)}
+    not_counted = {"head_dim", "state_init", "state_init_std", "logit_softcap", "rope_base", "norm_eps"}
+    assert fields - not_counted == (set(flops.ACCOUNTING) - {"d_model"}) | {"scale", "aspect_ratio"}
+
+
 def test_stdlib_only():
-    # fit.py and the CLI must work without torch: importing flops pulls in nothing outside the standard library
+    # fit.py and the CLI must work without torch: importing flops (and common.py, its plumbing) pulls in nothing
+    # outside the standard library, and fit.py adds numpy and scipy but never torch
     import subprocess
     import sys
-    code = "import sys, flops; bad = {'torch', 'numpy', 'scipy'} & set(sys.modules); assert not bad, bad"
-    subprocess.run([sys.executable, "-c", code], cwd=flops.__file__.rsplit("/", 1)[0], check=True)
+    for mod, banned in (("flops", "{'torch', 'numpy', 'scipy'}"), ("fit", "{'torch'}")):
+        code = f"import sys, {mod}; bad = {banned} & set(sys.modules); assert not bad, bad"
+        subprocess.run([sys.executable, "-c", code], cwd=flops.__file__.rsplit("/", 1)[0], check=True)

@@ -88,9 +88,10 @@ def prepare_args(src, tok, out, *extra):
 @pytest.mark.parametrize("record, culprit", [
     ('{"text": 42}', 'src.jsonl:3: "text" is int'),
     ('{"text": null}', 'src.jsonl:3: "text" is NoneType'),
-    ('{"body": "x"}', 'src.jsonl:3: expected an object with a "text" field'),
-    ('[1, 2]', 'src.jsonl:3: expected an object'),
+    ('{"body": "x"}', 'src.jsonl:3: no "text" field'),
+    ('[1, 2]', 'src.jsonl:3: expected a JSON object'),
     ('{"text": "unterminated', 'src.jsonl:3: invalid JSON'),
+    ('{"text": "a\\ud800b"}', 'src.jsonl:3: a string holds a lone surrogate'),     # was a TypeError traceback
 ])
 def test_bad_jsonl_record_names_file_and_line(tmp_path, tok, capsys, record, culprit):
     recs = good_records()
@@ -150,6 +151,12 @@ def test_val_docs_larger_than_the_corpus_fails_before_any_work(tmp_path, tok, ca
     assert "--val-docs 20 must be in [1, 19]" in line and not (tmp_path / "out").exists()
     line = cli(prepare_args(src, tok, tmp_path / "out", "--rows-per-file", "10000000"), tmp_path, capsys, 1)
     assert "--rows-per-file 10,000,000" in line and not (tmp_path / "out").exists()     # no 1 GB row buffer
+
+
+def test_out_under_a_file_refused_before_reading_the_source(tmp_path, tok, capsys):
+    src = write_jsonl(tmp_path / "src.jsonl", good_records())
+    for out, culprit in ((src, "is a file, not a folder"), (src / "sub", "is a file, so the folder cannot be created")):
+        assert culprit in cli(prepare_args(src, tok, out), tmp_path, capsys, 1)
 
 
 def test_missing_source_and_foreign_tokenizer(tmp_path, tok, capsys):
@@ -284,9 +291,9 @@ def test_prepacked_corrupt_parquet_and_meta(tmp_path, capsys):
     (out / "val-00000.parquet").write_bytes(os.urandom(500))
     assert "val-00000.parquet: not a readable parquet file" in cli(["check", out], tmp_path, capsys, 1)
     (out / "meta_train.json").write_text('{"vocab_size": 300, "seq_len": ')
-    assert "meta_train.json: not valid JSON" in cli(["check", out], tmp_path, capsys, 1)
+    assert "meta_train.json:1: not valid JSON" in cli(["check", out], tmp_path, capsys, 1)
     (out / "meta_train.json").write_text('{"vocab_size": "300", "seq_len": 32}')
-    assert "meta_train.json: vocab_size is '300'" in cli(["check", out], tmp_path, capsys, 1)
+    assert "meta_train.json: key 'vocab_size' must be int, got str '300'" in cli(["check", out], tmp_path, capsys, 1)
 
 
 def test_real_process_one_line_exit_1(tmp_path, tok):

@@ -1,4 +1,4 @@
-"""Hostile-input tests for eval.py's CLIs (issue 12): main (checkpoint), `primitives` and `bench`.
+"""Hostile-input tests for eval.py's CLIs (issues 12, 18): main (checkpoint), `primitives`, runs/bench_eval.py.
 
 Every case asserts the exit status, a one-line message that names the culprit (flag, file and line), no traceback,
 and that every file that existed before is byte-identical afterwards. Most cases run eval.main in-process: a
@@ -9,6 +9,7 @@ tokenizer and a run of its tiny model with random weights (d_model 32, seq_len 6
 import dataclasses
 import gzip
 import json
+import re
 import os
 import subprocess
 import sys
@@ -18,6 +19,9 @@ import torch
 
 import eval as E
 import data
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runs"))
+import bench_eval  # noqa: E402
 from test_eval import SEQ_LEN, corpus_texts, tiny_model, tok  # noqa: F401  (tok: the module-scoped tokenizer)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,10 +47,11 @@ def run_dir(tmp_path_factory, tok):
 
 
 def cli(argv, capsys):
-    """(exit status, the message, stdout) of `python eval.py *argv`, run in-process."""
+    """(exit status, the message, stdout) of `python eval.py *argv` (argv[0] == "bench": runs/bench_eval.py),
+    run in-process."""
     msg = ""
     try:
-        E.main(argv)
+        bench_eval.main(argv[1:]) if argv[:1] == ["bench"] else E.main(argv)
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -92,7 +97,7 @@ def tasks(tmp_path):
 
 MAIN_FLAGS = [("--temperature", "nan"), ("--temperature", "inf"), ("--temperature", "-0.5"), ("--top-k", "-1"),
               ("--max-new-tokens", "0"), ("--seed", "-3"), ("--n-loops", "0"), ("--n-loops", "2.5"),
-              ("--device-batch", "0"), ("--batch-tokens", "-1"), ("--val-tokens", "-2"), ("--val-tokens", "1e9")]
+              ("--device-batch", "0"), ("--batch-tokens", "-1"), ("--val-tokens", "-2"), ("--val-tokens", "1.5")]
 
 
 @pytest.mark.parametrize("flag,value", MAIN_FLAGS, ids=[f"{f}={v}" for f, v in MAIN_FLAGS])
@@ -104,7 +109,7 @@ def test_main_numeric_flags_checked_at_parse(flag, value, run_dir, capsys):
 SUB_FLAGS = [(["bench", "--seq-len", "0"], "--seq-len"), (["bench", "--n-examples", "nan"], "--n-examples"),
              (["bench", "--n-loops", "-1"], "--n-loops"), (["bench", "--equal-length", "999"], "--equal-length"),
              (["bench", "--batch-tokens", "inf"], "--batch-tokens"), (["primitives", "--out", "x", "--n", "0"], "--n"),
-             (["primitives", "--out", "x", "--n", "1e3"], "--n"), (["bench", "--no-such-flag"], "--no-such-flag")]
+             (["primitives", "--out", "x", "--n", "1.5"], "--n"), (["bench", "--no-such-flag"], "--no-such-flag")]
 
 
 @pytest.mark.parametrize("argv,flag", SUB_FLAGS, ids=[" ".join(a) for a, _ in SUB_FLAGS])
@@ -138,7 +143,7 @@ def test_out_in_missing_folder_fails_before_any_scoring(run_dir, capsys, tmp_pat
 
 def test_out_folder_and_out_with_sample_refused(run_dir, capsys, tmp_path):
     roots = [os.path.dirname(run_dir["out"]), str(tmp_path)]
-    refused([run_dir["out"], "--tasks", "none", "--out", str(tmp_path)], capsys, 1, str(tmp_path), "is a folder",
+    refused([run_dir["out"], "--tasks", "none", "--out", str(tmp_path)], capsys, 1, str(tmp_path), "not a file",
             roots=roots)
     refused([run_dir["out"], "--sample", "x", "--out", str(tmp_path / "s.json")], capsys, 1, "--sample", "--out",
             roots=roots)
@@ -173,7 +178,7 @@ def test_foreign_out_file_refused_unless_overwrite(run_dir, capsys, tmp_path):
     r4 = tmp_path / "r4.json"
     assert cli([run_dir["out"], "--tasks", "none", "--val-tokens", "0", "--n-loops", "4", "--out", str(r4)],
                capsys)[0] == 0
-    refused([run_dir["out"], "--tasks", "none", "--out", str(r4)], capsys, 1, str(r4), "n_loops 2", roots=roots)
+    refused([run_dir["out"], "--tasks", "none", "--out", str(r4)], capsys, 1, str(r4), "another request", roots=roots)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
@@ -201,11 +206,11 @@ GOOD_MC = json.dumps({"query": "Q?", "choices": ["a", "b"], "gold": 1}).encode()
 BAD_RECORDS = [
     ("gold-true", json.dumps({"query": "Q?", "choices": ["a", "b"], "gold": True}).encode(), "gold"),
     ("gold-float", json.dumps({"query": "Q?", "choices": ["a", "b"], "gold": 1.0}).encode(), "gold"),
-    ("bad-utf8", b'{"query": "Q\xff?", "choices": ["a", "b"], "gold": 0}', "utf-8"),
+    ("bad-utf8", b'{"query": "Q\xff?", "choices": ["a", "b"], "gold": 0}', "invalid UTF-8"),
     ("lone-surrogate", b'{"query": "Q\\ud800?", "choices": ["a", "b"], "gold": 0}', "surrogate"),
     ("delimiter-int", json.dumps({"query": "Q?", "choices": ["a", "b"], "gold": 0, "delimiter": 3}).encode(),
      "delimiter"),
-    ("torn-json", b'{"query": "Q?", "choices": ["a", ', "malformed"),
+    ("torn-json", b'{"query": "Q?", "choices": ["a", ', "invalid JSON"),
 ]
 
 
@@ -233,7 +238,7 @@ def test_olmo_requests_bad_doc_id_and_truncated_gzip(tmp_path):
     raw = gzip.compress(("\n".join([json.dumps(dict(reqs[0], doc_id=i)) for i in range(500)]) + "\n").encode())
     with open(path, "wb") as f:
         f.write(raw[:len(raw) // 2])                                             # a truncated download
-    with pytest.raises(ValueError, match=f"{path}.*cannot read the task file"):
+    with pytest.raises(ValueError, match=f"{path}.*cannot read the file"):
         E.load_task_file(path)
 
 
@@ -288,9 +293,9 @@ def test_failed_task_keeps_the_other_results(run_dir, capsys, tmp_path, tasks):
 
 
 def test_disk_full_at_the_end_prints_the_result_instead_of_losing_it(run_dir, capsys, tmp_path, tasks, monkeypatch):
-    def full(path, write):
+    def full(path, blob, key):
         raise OSError(28, "No space left on device", path)
-    monkeypatch.setattr(E, "atomic_write", full)
+    monkeypatch.setattr(E, "write_owned", full)
     out = tmp_path / "e.json"
     code, msg, stdout = cli([run_dir["out"], "--tasks", "induction_head", "--task-dir", str(tasks), "--out", str(out)],
                             capsys)
@@ -329,3 +334,131 @@ def test_real_process_one_line_no_traceback(run_dir, tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
     assert f"--out {out}" in proc.stderr and "does not exist" in proc.stderr
     assert snapshot(os.path.dirname(run_dir["out"])) == before and not os.path.exists(tmp_path / "missing")
+
+
+# -----------------------------------------------------------------------------
+# 8. eval identity (issue 18 §3): the data's tokenizer is the checkpoint's whatever --tokenizer says; ids within the
+#    model's vocabulary; finite weights; a model too large for this machine refused up front, naming its size
+
+def _run_variant(root, data_dir, tok, mutate=None, **kw):
+    """A run dir like run_dir's (tiny random model, ckpt.pt + done.json) with mutate(ck) applied to its checkpoint."""
+    model = tiny_model(**kw)
+    ck = {"model": model.state_dict(), "model_config": dataclasses.asdict(model.cfg),
+          "train_config": {"data": data_dir, "eval_tokens": -1}, "tokenizer_hash": tok.identity}
+    if mutate:
+        mutate(ck)
+    os.makedirs(root)
+    torch.save(ck, os.path.join(root, "ckpt.pt"))
+    with open(os.path.join(root, "done.json"), "w") as f:
+        json.dump({"val_loss": None}, f)
+    return str(root)
+
+
+def _data(root, tok, **kw):
+    """A prepared val/train split of the test corpus, tokenised by tok but recorded as kw says (hash, vocab)."""
+    args = dict(seq_len=SEQ_LEN, vocab_size=tok.vocab_size, bos_id=tok.bos_id, tokenizer_hash=tok.identity,
+                val_docs=40, seed=0, source="tests/test_hostile_eval.py", tokenizer=tok.spec)
+    data.prepare_docs(tok.encode(corpus_texts(200, seed=11)), str(root), **dict(args, **kw))
+    return str(root)
+
+
+def test_data_of_another_tokenizer_refused_whatever_tokenizer_says(run_dir, tok, capsys, tmp_path):
+    other = _data(tmp_path / "other", tok, tokenizer_hash="sentencepiece:another")
+    roots = [os.path.dirname(run_dir["out"]), str(tmp_path)]
+    for extra in (["--tasks", "none"], ["--tasks", "induction_head", "--val-tokens", "0"]):   # even with no val loss
+        refused([run_dir["out"], "--data", other, "--tokenizer", tok.spec, *extra], capsys, 1, "--data", other,
+                "sentencepiece:another", tok.identity, roots=roots)
+    # a checkpoint that records no tokenizer (a release, an old run): the data is checked against the tokenizer
+    bare = _run_variant(tmp_path / "bare", other, tok, mutate=lambda ck: ck.pop("tokenizer_hash"))
+    refused([bare, "--tokenizer", tok.spec, "--tasks", "none"], capsys, 1, "sentencepiece:another",
+            f"tokenizer is {tok.identity}", roots=roots)
+    # the data's own tokenizer.model swapped for another one: the copy no longer matches the recorded hash
+    swapped = _data(tmp_path / "swapped", tok)
+    foreign = data.train_tokenizer(corpus_texts(60, seed=3), 360, str(tmp_path / "t360.model"), num_threads=1)
+    with open(foreign.spec, "rb") as src, open(os.path.join(swapped, "tokenizer.model"), "wb") as dst:
+        dst.write(src.read())
+    bare2 = _run_variant(tmp_path / "bare2", swapped, tok, mutate=lambda ck: ck.pop("tokenizer_hash"))
+    refused([bare2, "--tasks", "none"], capsys, 1, foreign.identity, roots=roots)
+
+
+def test_ids_beyond_the_model_vocabulary_refused(run_dir, tok, capsys, tmp_path):
+    roots = [os.path.dirname(run_dir["out"]), str(tmp_path)]
+    wide = _data(tmp_path / "wide", tok, vocab_size=tok.vocab_size + 64)      # a meta of a larger vocabulary
+    refused([run_dir["out"], "--data", wide, "--tasks", "none"], capsys, 1, "--data", f"{tok.vocab_size + 64:,}",
+            "beyond the model's vocabulary", roots=roots)
+    small = _run_variant(tmp_path / "small", run_dir["data"], tok, vocab_size=256)   # model vocab < tokenizer's
+    refused([small, "--sample", "hi"], capsys, 1, f"tokenizer vocab {tok.vocab_size}", "model vocab 256",
+            roots=roots)
+
+
+def test_non_finite_weights_refused_before_scoring(run_dir, tok, capsys, tmp_path):
+    def poison(ck):
+        ck["model"]["lm_head.weight"][0, 0] = float("nan")
+        ck["model"]["recur.0.mlp.c_fc.weight"][1, 2] = float("inf")
+    bad = _run_variant(tmp_path / "nan", run_dir["data"], tok, mutate=poison)
+    refused([bad, "--tasks", "induction_head"], capsys, 1, "2 holding NaN or inf", "lm_head.weight",
+            "recur.0.mlp.c_fc.weight", roots=[str(tmp_path)])
+    assert not os.path.exists(os.path.join(bad, "eval.json"))
+
+
+RELEASE_MC = dict(sequence_len=64, vocab_size=384, size=4, n_head=2, n_kv_head=2, n_embd=256, n_prelude=1,
+                  n_recur_block=1, n_coda=1, num_recur=2, bptt_k=2, input_injection="inject_init_prelude",
+                  num_lanes=2, logit_softcap=15.0)
+
+
+@pytest.mark.parametrize("field,value,culprit", [
+    ("sequence_len", 10 ** 8, "GiB for its weights and RoPE tables"),      # RoPE: 10 T x D/2 entries
+    ("vocab_size", 10 ** 10, "GiB for its weights and RoPE tables"),       # wte + lm_head: 2 V d
+    ("sequence_len", 1e8, "key 'model_config.sequence_len' must be int, got float"),
+    ("logit_softcap", float("nan"), "key 'model_config.logit_softcap' must be a finite number"),
+    ("num_recur", "2", "key 'model_config.num_recur' must be int, got str"),
+])
+def test_release_meta_sizes_and_types_refused_up_front(tmp_path, capsys, field, value, culprit):
+    """A hand-edited release meta: refused by the reader or by the memory check before its weights are even read
+    (the model file here is not a checkpoint at all), one line naming the file."""
+    root = tmp_path / "rel"
+    root.mkdir()
+    (root / "model_000100.pt").write_bytes(b"never read: the meta is refused first")
+    meta = root / "meta_000100.json"
+    meta.write_text(json.dumps(dict(step=100, val_loss=3.5, model_config=dict(RELEASE_MC, **{field: value}))))
+    with pytest.raises(ValueError, match=re.escape(culprit)) as exc:
+        E.load_release(str(root))
+    assert str(meta) in str(exc.value) and "\n" not in str(exc.value)
+    refused([str(root), "--tasks", "none"], capsys, 1, str(meta), culprit, roots=[str(tmp_path)])
+
+
+def test_nanoloop_checkpoint_too_large_and_hand_edited_entries(run_dir, tok, capsys, tmp_path):
+    roots = [str(tmp_path)]
+    huge = _run_variant(tmp_path / "huge", run_dir["data"], tok,
+                        mutate=lambda ck: ck["model_config"].update(seq_len=10 ** 8))   # RoPE of 10^9 positions
+    refused([huge, "--tasks", "none"], capsys, 1, os.path.join(huge, "ckpt.pt"), "seq_len 100,000,000", "GiB",
+            roots=roots)
+    for name, mutate, culprit in (
+            ("str_tokens", lambda ck: ck["train_config"].update(eval_tokens="-1"), "'train_config.eval_tokens'"),
+            ("list_config", lambda ck: ck.update(train_config=["data"]), "'train_config' must be dict"),
+            ("int_hash", lambda ck: ck.update(tokenizer_hash=7), "'tokenizer_hash' must be str")):
+        run = _run_variant(tmp_path / name, run_dir["data"], tok, mutate=mutate)
+        refused([run, "--tasks", "none"], capsys, 1, os.path.join(run, "ckpt.pt"), culprit, roots=roots)
+
+
+def test_own_eval_json_edited_since_is_no_longer_ours(run_dir, capsys, tmp_path):
+    """The ownership ledger knows the file it wrote (inode, size, mtime): one the user edited afterwards is theirs."""
+    out = tmp_path / "e.json"
+    assert cli([run_dir["out"], "--tasks", "none", "--val-tokens", "0", "--out", str(out)], capsys)[0] == 0
+    out.write_text(out.read_text().replace('"crop": true', '"crop": true, "my note": 1'))
+    refused([run_dir["out"], "--tasks", "none", "--val-tokens", "0", "--out", str(out)], capsys, 1, str(out),
+            "edited since", "--overwrite", roots=[str(tmp_path)])
+
+
+def test_release_meta_of_another_step_or_type_refused(tmp_path, capsys):
+    """A meta copied from another step would report that step's val_loss as this one's; a string val_loss or a
+    meta that is not an object are the reader's one-line errors."""
+    root = tmp_path / "rel"
+    root.mkdir()
+    (root / "model_000100.pt").write_bytes(b"never read")
+    meta = root / "meta_000100.json"
+    for doc, culprit in ((dict(step=5, model_config=RELEASE_MC), "key 'step' is 5, but it sits beside model_000100"),
+                         (dict(step=100, val_loss="3.5", model_config=RELEASE_MC), "key 'val_loss' must be"),
+                         ([RELEASE_MC], "expected a JSON object, got list")):
+        meta.write_text(json.dumps(doc))
+        refused([str(root), "--tasks", "none"], capsys, 1, str(meta), culprit, roots=[str(tmp_path)])

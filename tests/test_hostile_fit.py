@@ -17,6 +17,7 @@ import sys
 import numpy as np
 import pytest
 
+import common
 import fit
 import flops
 
@@ -102,13 +103,16 @@ def good_csv(tmp_path):
 # fit.py: bad values, named by file and line, refused before any fit
 
 @pytest.mark.parametrize("col,value,culprit", [
-    ("tokens", "1e300", "tokens = 1e+300 is out of range"),
-    ("tokens", "-5", "tokens must be positive"),
-    ("val_loss", "nan", "val_loss='nan' is NaN or infinite"),
-    ("val_loss", "1e308", "val_loss = 1e+308 is out of range"),
-    ("flops_budget", "inf", "flops_budget='inf' is NaN or infinite"),
+    ("tokens", "1e300", "tokens='1e300' must be in [1, 1e16] (training tokens: a count, not billions)"),
+    ("tokens", "-5", "tokens='-5' must be in [1, 1e16]"),
+    ("tokens", "0.5", "tokens='0.5' must be in [1, 1e16]"),
+    ("val_loss", "nan", "val_loss='nan' must be a finite number in (0, 100]"),
+    ("val_loss", "1e308", "val_loss='1e308' must be in (0, 100] (nats)"),
+    ("val_loss", "x", "val_loss='x' is not a number"),
+    ("flops_budget", "inf", "flops_budget='inf' must be a finite number"),
     ("n_loops", "3", "n_loops=3 is not an architecture flops.py can count"),
-    ("n_loops", "1e300", "n_loops must be a positive integer"),
+    ("n_loops", "2.5", "n_loops='2.5' must be a whole number"),
+    ("n_loops", "1e300", "n_loops='1e300' must be in [1, 16]"),
 ])
 def test_bad_value_named_by_file_and_line(tmp_path, col, value, culprit):
     rows = _rows()
@@ -171,14 +175,16 @@ def test_malformed_and_foreign_done_json(tmp_path):
     rec = {k: _rows()[3][k] for k in COLS}
     rec["val_loss"] = True                                                  # JSON true is not a loss
     (runs / "run3" / "done.json").write_text(json.dumps(rec))
-    _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")], "val_loss=True is not a number", tmp_path)
+    _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")], "key 'val_loss' must be int/float, got bool True",
+             tmp_path)
     rec["val_loss"], rec["scale"] = 2.5, "wide"
     del rec["d_model"]
     (runs / "run3" / "done.json").write_text(json.dumps(rec))
-    _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")], "scale='wide' must be a positive integer", tmp_path)
+    _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")], "key 'scale' must be int, got str 'wide'", tmp_path)
     rec["scale"], rec["config"] = 6, {"n_layers_eff": 10 ** 400}          # a count flops.py cannot multiply
     (runs / "run3" / "done.json").write_text(json.dumps(rec))
-    _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")], "config n_layers_eff=", tmp_path)
+    _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")],
+             "config n_layers_eff must be an integer in [1, 1e+09]", tmp_path)
 
 
 def test_cases_summary_refuses_a_broken_fit_json_by_name(tmp_path):
@@ -229,7 +235,7 @@ def test_out_naming_a_file_or_unwritable_fails_before_the_fit(tmp_path, good_csv
     _refused(fit.main, ["--csv", good_csv, "--out", str(tmp_path / "afile")] + LIGHT, "is a file, not a folder",
              tmp_path)
     _refused(fit.main, ["--csv", good_csv, "--out", str(tmp_path / "afile" / "sub")] + LIGHT,
-             "is a file, not a folder", tmp_path)
+             "afile is a file, so the folder cannot be created", tmp_path)
     os.makedirs(tmp_path / "o" / "phi.png")                       # one of our names, but a folder
     _refused(fit.main, ["--csv", good_csv, "--out", str(tmp_path / "o"), "--overwrite"] + LIGHT, "not a file",
              tmp_path)
@@ -242,17 +248,17 @@ def test_out_holding_another_fit_is_refused(tmp_path, good_csv, monkeypatch):
     (out / "fit.json").write_text(json.dumps({"request": {"input": "/elsewhere.csv"}}))
     (out / "phi.png").write_bytes(b"old figure")
     (out / "notes.txt").write_text("the user's own file\n")
-    _refused(fit.main, ["--csv", good_csv, "--out", str(out)] + LIGHT, "already holds fit.json, phi.png from a "
-             "different fit; pass --overwrite", tmp_path)
+    _refused(fit.main, ["--csv", good_csv, "--out", str(out)] + LIGHT, "fit.json exists and was written by someone "
+             "else (or edited since); pass --overwrite", tmp_path)
     (out / "fit.json").unlink()                                   # a stray phi.png alone is not ours either
-    _refused(fit.main, ["--csv", good_csv, "--out", str(out)] + LIGHT, "from something other than this fit",
+    _refused(fit.main, ["--csv", good_csv, "--out", str(out)] + LIGHT, "phi.png exists and was written by someone",
              tmp_path)
 
 
 def test_synthetic_never_replaces_a_different_file(tmp_path):
     (tmp_path / "s.csv").write_text("my data\n")
-    _refused(fit.main, ["--synthetic", str(tmp_path / "s.csv")], "exists and holds something else", tmp_path)
-    _refused(fit.main, ["--synthetic", str(tmp_path)], "is a folder", tmp_path)
+    _refused(fit.main, ["--synthetic", str(tmp_path / "s.csv")], "exists and was written by someone else", tmp_path)
+    _refused(fit.main, ["--synthetic", str(tmp_path)], "is not a file; it is never replaced", tmp_path)
     _refused(fit.main, ["--synthetic", str(tmp_path / "s.csv" / "x.csv")], "is a file, not a folder", tmp_path)
     assert _cli(fit.main, ["--synthetic", str(tmp_path / "s.csv"), "--overwrite"])[0] == 0
     assert len(fit.load_csv(str(tmp_path / "s.csv"))) == 116
@@ -288,7 +294,8 @@ def test_uniform_noise_does_not_print_a_confident_phi(noise_fit):
     report = open(out / "report.md").read()
     assert "## Warnings" in report and "**low_r2**" in report
     assert "WARNING: " in [ln for ln in report.splitlines() if ln.startswith("| Joint, φ free")][0]
-    assert sorted(res["outputs"]) == sorted(os.listdir(out))        # exactly the listed set, no temporaries
+    assert sorted(res["outputs"]) == sorted(os.listdir(out))[1:]    # the listed set and the ledger, no temporaries
+    assert sorted(os.listdir(out))[0] == common.LEDGER
 
 
 def test_overwrite_removes_the_earlier_outputs_and_nothing_else(noise_fit, tmp_path):
@@ -296,7 +303,7 @@ def test_overwrite_removes_the_earlier_outputs_and_nothing_else(noise_fit, tmp_p
     out = tmp_path / "out"
     shutil.copytree(first, out)
     (out / "notes.txt").write_text("the user's own file\n")
-    (out / ".phi.png.k1ll3d.tmp").write_bytes(b"half a figure")       # a temporary left by a killed fit.py
+    (out / ".phi.png.0badc0de.tmp").write_bytes(b"half a figure")     # a temporary left by a killed fit.py
     (out / "mine.tmp").write_text("not ours\n")
     # a different request (--law chinchilla) into the folder of a joint fit: refused, then allowed with --overwrite
     _refused(fit.main, ["--csv", csv_path, "--law", "chinchilla", "--out", str(out)] + LIGHT, "--overwrite", tmp_path)
@@ -304,7 +311,8 @@ def test_overwrite_removes_the_earlier_outputs_and_nothing_else(noise_fit, tmp_p
                            + LIGHT)
     assert rc == 0, err
     # no stale phi.png (the joint fit's) and no stale temporary of ours; the user's files stay
-    assert sorted(os.listdir(out)) == ["fit.json", "mine.tmp", "notes.txt", "pred_vs_actual.png", "report.md"]
+    assert sorted(os.listdir(out)) == [common.LEDGER, "fit.json", "mine.tmp", "notes.txt", "pred_vs_actual.png",
+                                       "report.md"]
     assert (out / "notes.txt").read_text() == "the user's own file\n"
     assert "chinchilla" in json.load(open(out / "fit.json"))
     # the same request again rewrites its own outputs without --overwrite (a resumed runs/mini.sh does this)
@@ -324,15 +332,17 @@ def test_failed_figures_or_full_disk_leave_the_folder_as_it_was(noise_fit, tmp_p
     _refused(fit.main, argv, "drawing the figures failed (RuntimeError: renderer exploded); nothing was written",
              tmp_path)
     monkeypatch.undo()
-    real, calls = fit.tempfile.mkstemp, []
+    real, calls = os.open, []
 
-    def full_disk(*a, **k):
-        calls.append(1)
-        if len(calls) > 2:                                      # two temporaries written, then the disk is full
-            raise OSError(28, "No space left on device")
-        return real(*a, **k)
-    monkeypatch.setattr(fit.tempfile, "mkstemp", full_disk)
+    def full_disk(path, flags, *a, **k):
+        if flags & os.O_EXCL:                                   # common.atomic_write creating a temporary
+            calls.append(path)
+            if len(calls) > 2:                                  # two temporaries written, then the disk is full
+                raise OSError(28, "No space left on device")
+        return real(path, flags, *a, **k)
+    monkeypatch.setattr(common.os, "open", full_disk)
     _refused(fit.main, argv, "cannot write (No space left on device); nothing was changed", tmp_path)
+    assert len(calls) == 3 and not [n for n in os.listdir(out) if n.endswith(".tmp")]
 
 
 def test_figures_draw_degenerate_data(noise_fit):
@@ -431,17 +441,163 @@ def test_flops_flags_validated_at_parse(tmp_path, argv, culprit):
 
 
 def test_flops_semantic_errors_are_one_line(tmp_path):
-    _refused(flops.main, ["params", "--n-loops", "3"], "n_loops=3 must divide 16", tmp_path, code=1)
-    _refused(flops.main, ["params", "--injection", "hyper", "--hc-lanes", "1"], "hc_lanes", tmp_path, code=1)
+    _refused(flops.main, ["params", "--n-loops", "3"], "n_loops=3 must divide 16", tmp_path, code=2)
+    _refused(flops.main, ["params", "--injection", "hyper", "--hc-lanes", "1"], "hc_lanes", tmp_path, code=2)
 
 
 def test_cli_subprocess_exit_status_and_one_line(tmp_path):
     # the real entry points: exit status, one stderr line, no traceback
     for cmd, code, culprit in ((["flops.py", "grid", "--mfu", "0.4", "--peak-flops", "inf"], 2, "--peak-flops"),
-                               (["fit.py", "--csv", str(tmp_path / "none.csv"), "--out", str(tmp_path / "o")], 1,
+                               (["fit.py", "--csv", str(tmp_path / "none.csv"), "--out", str(tmp_path / "o")], 2,
                                 "does not exist")):
         p = subprocess.run([sys.executable, *cmd], cwd=ROOT, capture_output=True, text=True, timeout=120)
         lines = p.stderr.strip().splitlines()
         assert p.returncode == code and len(lines) == 1 and culprit in lines[0], (p.returncode, p.stderr)
         assert "Traceback" not in p.stderr and p.stdout == ""
     assert os.listdir(tmp_path) == []
+
+
+# -----------------------------------------------------------------------------
+# Issue 18: which runs a fit used, the case baseline's budgets, start-up failures, hand-edited records, ownership
+
+def _case_tree(root, base_budgets=(4.64e17, 1e18, 2.15e18), case_budgets=(4.64e17, 1e18, 2.15e18), seed=0):
+    """A runs folder as runs/mini.sh leaves it: baseline r = 1, 4 at base_budgets and a case "x" (r = 4 only, phi
+    0.66: it borrows the baseline's r = 1 runs) at case_budgets, one done.json each."""
+    _write_records(root, _rows(budgets=base_budgets, seed=seed))
+    for i, row in enumerate(r for r in fit.synthetic_rows(0.66, 0.01, seed + 1) if r["n_loops"] == 4
+                            and r["flops_budget"] in case_budgets):
+        os.makedirs(root / "case_x" / f"run{i}")
+        (root / "case_x" / f"run{i}" / "done.json").write_text(json.dumps(dict({k: row[k] for k in COLS}, case="x")))
+    return str(root)
+
+
+def test_cases_refuses_a_delta_phi_against_another_runs_folder(tmp_path, capsys):
+    # D/fit.json fitted from runs B, D/case_x/fit.json from runs A: the case row's delta-phi would not be the
+    # difference of the two phi the table shows. Refused, one line naming both; refitting D from A makes it agree
+    a, b, d = _case_tree(tmp_path / "a"), _case_tree(tmp_path / "b", seed=7), tmp_path / "study"
+    assert _cli(fit.main, [b, "--out", str(d)] + LIGHT)[0] == 0
+    assert _cli(fit.main, [a, "--case", "x", "--out", str(d / "case_x")] + LIGHT)[0] == 0
+    res = json.load(open(d / "case_x" / "fit.json"))
+    assert res["runs"]["n"] == 28 and res["case"]["baseline_runs"]["n"] == 28 and "request_key" in res
+    assert sorted(res["runs"]["dirs"])[:2] == ["case_x/run0", "case_x/run1"]
+    line = _refused(fit.main, ["--cases", str(d)], "its baseline was refitted on other runs", tmp_path)
+    assert os.path.join("case_x", "fit.json") in line and os.path.join("study", "fit.json") in line
+    assert _cli(fit.main, [a, "--out", str(d), "--overwrite"] + LIGHT)[0] == 0
+    rc, out, err = _cli(fit.main, ["--cases", str(d)])
+    assert rc == 0, err
+    base = json.load(open(d / "fit.json"))
+    assert base["runs"]["digest"] == res["case"]["baseline_runs"]["digest"]       # the same runs, same digest
+    row = [ln for ln in open(d / "report.md").read().splitlines() if ln.startswith("| x |")][0].split(" | ")
+    phi, bphi, dphi = float(row[1].split()[0]), float(row[2]), float(row[3].split()[0])
+    assert abs(phi - bphi - dphi) <= 0.0011                                       # the two phi shown, to rounding
+    assert f"delta_phi {res['case']['delta_phi']:+.3f} vs baseline phi {res['case']['baseline']['phi']:.3f}" in out
+
+
+def test_cases_never_replaces_a_figure_or_report_it_did_not_write(tmp_path):
+    a, d = _case_tree(tmp_path / "a"), tmp_path / "study"
+    assert _cli(fit.main, [a, "--out", str(d)] + LIGHT)[0] == 0
+    assert _cli(fit.main, [a, "--case", "x", "--out", str(d / "case_x")] + LIGHT)[0] == 0
+    (d / "cases.png").write_bytes(b"the user's own figure")
+    _refused(fit.main, ["--cases", str(d)], "cases.png exists and was written by someone else", tmp_path)
+    assert _cli(fit.main, ["--cases", str(d), "--overwrite"])[0] == 0
+    assert (d / "cases.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert _cli(fit.main, ["--cases", str(d)])[0] == 0                            # its own files: no --overwrite
+    (d / "report.md").write_text("# my notes\n")                                  # the report, edited by hand
+    _refused(fit.main, ["--cases", str(d)], "report.md exists and was written by someone else", tmp_path)
+    # the baseline fit (same request) still rewrites the report --cases appended to, without --overwrite
+    assert _cli(fit.main, ["--cases", str(d), "--overwrite"])[0] == 0
+    assert _cli(fit.main, [a, "--out", str(d)] + LIGHT)[0] == 0
+
+
+def test_case_baseline_on_fewer_budgets_says_so_and_flags_it(tmp_path):
+    # the case has 2.15e18, the baseline does not: the baseline is refitted on 2 of the case's 3 budgets, and the
+    # message says so (it said "on the same budgets"); with one budget left, single_budget is raised for it
+    runs = _case_tree(tmp_path / "r", base_budgets=(4.64e17, 1e18))
+    rc, out, err = _cli(fit.main, [runs, "--case", "x", "--out", str(tmp_path / "o")] + LIGHT)
+    assert rc == 0, err
+    assert "refitted on 2 of the case's 3 budgets (no baseline runs at C = 2.15e+18)" in out
+    assert "refitted on the same budgets" not in out
+    res = json.load(open(tmp_path / "o" / "fit.json"))
+    flags = {f["name"]: f["message"] for f in res["flags"]}
+    assert "no baseline runs at C = 2.15e+18" in flags["budget_mismatch"]
+    assert "Baseline (refitted on 2 of the case's 3 budgets" in open(tmp_path / "o" / "report.md").read()
+    runs = _case_tree(tmp_path / "s", base_budgets=(1e18,), case_budgets=(4.64e17, 1e18))
+    rc, out, err = _cli(fit.main, [runs, "--case", "x", "--out", str(tmp_path / "o1")] + LIGHT)
+    assert rc == 0, err
+    phi_line = [ln for ln in out.splitlines() if ln.startswith("phi = ")][0]
+    assert "single_budget" in phi_line and "budget_mismatch" in phi_line
+    flags = {f["name"]: f["message"] for f in json.load(open(tmp_path / "o1" / "fit.json"))["flags"]}
+    assert "case baseline fit: every run at C = 1e+18" in flags["single_budget"]
+    # a fit of the same runs with every budget present says "the same budgets" and raises neither flag
+    runs = _case_tree(tmp_path / "t")
+    rc, out, _ = _cli(fit.main, [runs, "--case", "x", "--out", str(tmp_path / "o2")] + LIGHT)
+    assert rc == 0 and "refitted on the same budgets" in out and "budget_mismatch" not in out
+
+
+def test_a_folder_with_only_train_log_is_an_unfinished_run(tmp_path):
+    # what runs/launch.bash leaves when a cell fails at start-up: train.log and nothing else
+    runs = tmp_path / "runs"
+    _write_records(runs, _rows())
+    os.makedirs(runs / "C1e18_r4_s8")
+    (runs / "C1e18_r4_s8" / "train.log").write_text("train.py: error: --data out/x: no such folder\n")
+    assert "train.log" in fit.UNFINISHED
+    rc, out, err = _cli(fit.main, [str(runs), "--out", str(tmp_path / "o")] + LIGHT)
+    assert rc == 0, err
+    assert "unfinished_runs" in [ln for ln in out.splitlines() if ln.startswith("phi = ")][0]
+    flags = {f["name"]: f["message"] for f in json.load(open(tmp_path / "o" / "fit.json"))["flags"]}
+    assert "1 under" in flags["unfinished_runs"] and "C1e18_r4_s8" in flags["unfinished_runs"]
+
+
+@pytest.mark.parametrize("key,value,culprit", [
+    ("val_loss", "2.5", "key 'val_loss' must be int/float, got str '2.5'"),
+    ("val_loss", float("nan"), "key 'val_loss' must be a finite number in (0, 100]"),
+    ("tokens", 1e300, "key 'tokens' must be in [1, 1e16]"),
+    ("n_loops", 32, "key 'n_loops' must be in [1, 16]"),
+    ("n_loops", 4.0, "key 'n_loops' must be int, got float"),
+    ("flops_budget", -1.0, "key 'flops_budget' must be in (0, 1e30]"),
+    ("case", 5, "key 'case' must be str"),
+    ("identity", "abc", "key 'identity' must be dict"),
+    ("n_loops", 2, "key 'n_loops' is 2 but the record's config says 4"),
+    ("flops_budget", 2e18, "key 'flops_budget' is 2e+18 but the record's config says 1e+18"),
+    ("case", "bptt", "key 'case' is 'bptt' but the record's config says ''"),
+])
+def test_a_hand_edited_done_json_field_is_one_line_naming_file_and_key(tmp_path, key, value, culprit):
+    runs = tmp_path / "runs"
+    _write_records(runs, _rows())
+    path = runs / "run15" / "done.json"                 # r = 4 at C = 1e18
+    rec = json.loads(path.read_text())
+    assert rec["n_loops"] == 4 and rec["flops_budget"] == 1e18
+    rec["config"] = {"model_config": {"n_loops": 4}, "train_config": {"flops_budget": 1e18, "case": ""}}
+    rec[key] = value
+    path.write_text(json.dumps(rec))                  # json writes NaN for float("nan"), as a hand edit might
+    line = _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")] + LIGHT, culprit, tmp_path)
+    assert str(path) in line
+
+
+def test_eval_json_sweep_hand_edited_is_named(tmp_path):
+    # a loop sweep beside a run is read with the record; a torn or edited one is named, not silently dropped
+    runs = tmp_path / "runs"
+    _write_records(runs, _rows())
+    for text, culprit in (('{"n_loops_sweep": ', "not valid JSON"),
+                          ('{"n_loops_sweep": [{"n_loops": 2, "val_loss": "low"}]}', "n_loops_sweep must be a list")):
+        (runs / "run3" / "eval.json").write_text(text)
+        line = _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")] + LIGHT, culprit, tmp_path)
+        assert os.path.join("run3", "eval.json") in line
+
+
+def test_outputs_that_are_links_and_case_baseline_flag_are_refused(tmp_path, good_csv):
+    # a link in --out is never written through, even with --overwrite; --case baseline names the main grid
+    (tmp_path / "mine.txt").write_text("mine\n")
+    os.makedirs(tmp_path / "o")
+    os.symlink(tmp_path / "mine.txt", tmp_path / "o" / "report.md")
+    _refused(fit.main, ["--csv", good_csv, "--out", str(tmp_path / "o"), "--overwrite"] + LIGHT, "is a link",
+             tmp_path)
+    _refused(fit.main, ["--csv", good_csv, "--case", "baseline", "--out", str(tmp_path / "p")], "names the main grid",
+             tmp_path, code=2)
+
+
+def test_record_limits_agree_with_train_limits():
+    # "the same limits as the CLI": where a record field is a train.py flag, fit.py's range is train.py's
+    train = pytest.importorskip("train")
+    for key in ("flops_budget", "n_loops"):
+        assert fit.LIMITS[key][0] == train.LIMITS[key][0], key

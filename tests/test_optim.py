@@ -3,6 +3,7 @@
 One test (or a few) per acceptance item of issue 3; each prints the number it measures. CPU, fp32, tiny shapes.
 Run: python -m pytest -q -s tests/test_optim.py
 """
+import importlib.util
 import io
 import json
 import math
@@ -13,9 +14,9 @@ import pytest
 import torch
 
 import optim
-from optim import (MuonHAdamW, build_optimizer, hyperp_lrs, lr_multiplier, muonh_update, polar_express,
+from optim import (MuonHAdamW, build_optimizer, hyperp_lrs, lr_multiplier, muonh_update, polar_express, reference,
                    reference_tokens, set_lr_multiplier)
-from conftest import run_torchrun
+from conftest import ROOT, run_torchrun
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ddp_optim_worker  # noqa: E402  (tests/ is not a package)
@@ -38,17 +39,20 @@ def test_muonh_keeps_every_matrix_on_its_sphere():
     shapes = [(16, 16), (16, 16), (64, 16), (16, 64), (16, 32)]      # square, tall (c_fc), wide (c_proj, inject)
     params = _matrices(shapes)
     R0 = [p.detach().norm().item() for p in params]                 # the init norms = the radii
-    opt, lr = _muonh(params), 0.05
+    opt, lr, mu = _muonh(params), 0.05, 0.95
     gen = torch.Generator().manual_seed(1)
     worst_w, worst_u = 0.0, 0.0
     for step in range(12):
         for p in params:
             p.grad = torch.randn(p.shape, generator=gen)
-        # predict this step's update from a copy of the state with the same function the step uses
+        # predict this step from a copy of the state, written from the formulas (not with muonh_update)
         olds = [p.detach().clone() for p in params]
         moms = [opt.state[p]["momentum_buffer"].clone() if opt.state[p] else torch.zeros_like(p) for p in params]
-        U = [muonh_update(p.grad[None], m[None], torch.tensor(R).view(1, 1, 1))[0]
-             for p, m, R in zip(params, moms, R0)]
+        U = []
+        for p, m, R in zip(params, moms, R0):
+            m = m.lerp(p.grad, 1 - mu)                                           # momentum
+            O = polar_express(p.grad.lerp(m, mu))                                # Nesterov direction, orthogonalised
+            U.append(R * O / O.norm())                                           # rescaled to the radius
         opt.step()
         for p, W, u, R in zip(params, olds, U, R0):
             worst_u = max(worst_u, abs((lr * u).norm().item() / (lr * R) - 1))   # ||eta U|| = eta R
@@ -56,6 +60,7 @@ def test_muonh_keeps_every_matrix_on_its_sphere():
             assert torch.allclose(p.detach(), W_pre * (R / W_pre.norm()), atol=1e-6)
             worst_w = max(worst_w, abs(p.detach().norm().item() / R - 1))
             assert opt.state[p]["R"].dtype == torch.float32 and opt.state[p]["R"].item() == pytest.approx(R, 1e-7)
+            assert opt.state[p]["step"].item() == step + 1
     print(f"\n[item 1] 12 steps, 5 shapes: max | ||W||/R - 1 | = {worst_w:.2e}, max | ||eta U||/(eta R) - 1 | = "
           f"{worst_u:.2e}")
     assert worst_w < 1e-5 and worst_u < 1e-5
@@ -134,6 +139,79 @@ def test_muonh_step_matches_reference(shape):
         assert err < 1e-5
 
 
+# 3b. The release's kernel (nanochat/optim.py muon_step_fused, kschwethelm/looped-lm-scaling ad7d8f3), same inputs.
+# Measured on CPU (eager, 1 thread) against the release's own code, stacks (4,128,128), (2,512,128) tall,
+# (2,128,512) wide, (1,128,256) inject, (3,48,32) tall, (3,32,48), with momentum 0.1 randn, eta 0.014:
+#   bf16: muonh_update (tensor eta/mu, as MuonHAdamW passes them) == the release's kernel BIT FOR BIT, weights and
+#         momenta, tall shapes included; 3 MuonHAdamW steps == 3 steps of the release's MuonAdamW, bitwise.
+#         (main before issue 19, fp32 rescale and eta: 2.5e-3 .. 3.0e-2 of the update.)
+#   fp32: the CPU path (float eta, one rounding) vs the kernel with its bf16 cast made fp32: <= 5.2e-6 of the
+#         update; the same with tensor eta/mu (the compiled path): bitwise.
+# The reference below follows the kernel's op order as optim.py's notes describe it; it must stay exactly that.
+
+def _release_order(G, W, M, R, mu, lr, dtype):
+    """One MuonH step in the release's op order, in place; dtype bf16 = its kernel, fp32 = its cast made fp32."""
+    mu, lr = torch.tensor(mu), torch.tensor(lr)
+    M.lerp_(G, 1 - mu)
+    G.lerp_(M, mu)                                      # the Nesterov direction overwrites the gradient
+    X = G.to(dtype)
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) * 1.02 + 1e-6)
+    for a, b, c in optim.POLAR_EXPRESS_COEFFS:
+        if X.shape[-2] > X.shape[-1]:                   # tall: the Gram matrix is X^T X, applied on the right
+            S = X.mT @ X
+            X = a * X + X @ (b * S + c * (S @ S))
+        else:
+            S = X @ X.mT
+            X = a * X + (b * S + c * (S @ S)) @ X
+    X = X * (R.to(dtype) / X.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10))   # rescale in the working dtype
+    W.sub_(lr.to(dtype) * X)                            # eta rounded to the working dtype too
+    W.mul_(R / W.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10))
+
+
+@pytest.mark.parametrize("shape", [(3, 32, 48), (3, 48, 32), (2, 24, 24)])     # wide, tall, square stacks
+def test_muonh_update_is_the_release_kernel(shape):
+    gen = torch.Generator().manual_seed(11)
+    W = torch.randn(*shape, generator=gen) / shape[-1] ** 0.5
+    G, M = torch.randn(*shape, generator=gen), 0.1 * torch.randn(*shape, generator=gen)
+    R = W.norm(dim=(-2, -1), keepdim=True)
+    runs = {}
+    for name, dtype, mu, lr in (("release bf16", torch.bfloat16, 0.95, 0.014), ("release fp32", torch.float32,
+                                0.95, 0.014)):
+        w, g, m = W.clone(), G.clone(), M.clone()
+        _release_order(g, w, m, R, mu, lr, dtype)
+        runs[name] = (w, m)
+    for name, mu, lr, bf16 in (("ours bf16", torch.tensor(0.95), torch.tensor(0.014), True),
+                               ("ours fp32 (CPU)", 0.95, 0.014, False),
+                               ("ours fp32 tensor eta", torch.tensor(0.95), torch.tensor(0.014), False)):
+        g, m = G.clone(), M.clone()
+        runs[name] = (muonh_update(g, W, m, R, mu, lr, bf16=bf16), m)
+    upd = (runs["release fp32"][0] - W).norm()
+    rel = {k: ((runs[k][0] - runs["release " + k.split()[1]][0]).norm() / upd).item() for k in runs if "ours" in k}
+    print(f"\n[item 3b] {shape}: |W - W_release| / |update|: " + ", ".join(f"{k} {v:.1e}" for k, v in rel.items()))
+    assert all(torch.equal(a, b) for a, b in zip(runs["ours bf16"], runs["release bf16"]))          # bitwise
+    assert all(torch.equal(a, b) for a, b in zip(runs["ours fp32 tensor eta"], runs["release fp32"]))
+    assert 0 < rel["ours fp32 (CPU)"] <= 1e-4          # float eta: one rounding less than the kernel's, not bitwise
+
+
+def test_compiled_update_compiles_and_stays_on_the_sphere():
+    """The CUDA path compiles muonh_update (one fused graph per stack). Compiled here with inductor on CPU, one tall
+    bf16 stack (~10 s): it must build (an in-place retraction did not: inductor KeyError 'buf28', the release's
+    kernel too, torch 2.13) and match eager to bf16 rounding. Measured: 5.7e-2 of the update (inductor rounds the
+    fused pointwise chain once, eager bf16 after every op; the release's compiled kernel does the same)."""
+    gen = torch.Generator().manual_seed(5)
+    W = torch.randn(2, 64, 32, generator=gen) / 32 ** 0.5
+    G, M = torch.randn(2, 64, 32, generator=gen), torch.zeros(2, 64, 32)
+    R = W.norm(dim=(-2, -1), keepdim=True)
+    mu, lr = torch.tensor(0.95), torch.tensor(0.014)
+    eager = muonh_update(G.clone(), W, M.clone(), R, mu, lr, bf16=True)
+    M_c = M.clone()
+    compiled = torch.compile(muonh_update, dynamic=False, fullgraph=True)(G.clone(), W, M_c, R, mu, lr, bf16=True)
+    rel = ((compiled - eager).norm() / (eager - W).norm()).item()
+    sphere = ((compiled.norm(dim=(-2, -1), keepdim=True) / R - 1).abs().max()).item()
+    print(f"\n[issue 19] compiled vs eager bf16 MuonH step: {rel:.1e} of the update; max | ||W||/R - 1 | = {sphere:.1e}")
+    assert rel < 0.15 and sphere < 1e-5 and torch.equal(M_c, M.lerp(G, 0.05000001192092896))   # momentum: exact
+
+
 # -----------------------------------------------------------------------------
 # 4. The AdamW path equals torch.optim.AdamW
 
@@ -188,6 +266,25 @@ def test_hyperp_test_vectors():
     assert round(flag["lm_head_lr"], 6) == 0.003194 and round(flag["norm_lr"], 6) == 0.002712
 
 
+def test_reference_has_one_owner():
+    # the paper's grid: the release's constants, and the CLI prints what reference() gives
+    assert reference(1) == (640, 983_315_200)
+    assert [reference(r)[1] for r in (2, 4, 8)] == [606_380_800, 1_016_083_200, 1_835_488_000]
+    # a non-paper shape: aspect 24, head_dim 64 -> muP anchor 240 (not rounded, release D_REF_DIM), while D_ref counts
+    # the reference model the release would build, 240 rounded up to 256
+    width, d_ref = reference(4, aspect_ratio=24, head_dim=64)
+    assert width == 240 and d_ref == reference_tokens(4, d_model=256) != reference_tokens(4, d_model=240)
+    got = optim.main(["--scale", "4", "--aspect-ratio", "24", "--head-dim", "64", "--n-loops", "4", "--tokens", "1e8",
+                      "--json"])
+    assert got["d_ref"] == d_ref and got == {**hyperp_lrs(96, 4, 10 ** 8, d_ref=d_ref, d_model_ref=240),
+                                             "d_ref": d_ref}
+    # the run's depth: the mini study's l_eff 10, 1-?-1 at aspect 16 / head_dim 16 (160 is a multiple: no rounding)
+    assert reference(8, 16, 16, 10, 1, 1) == (160, reference_tokens(8, 160, 10, 1, 1))
+    # no second rule for D_ref: a non-paper width needs its D_ref from reference()
+    with pytest.raises(ValueError, match="reference"):
+        hyperp_lrs(96, 4, 10 ** 8, d_model_ref=240)
+
+
 def test_hyperp_data_rule_for_4x_tokens():
     base = hyperp_lrs(640, 4, 1_000_000_000)
     four = hyperp_lrs(640, 4, 4_000_000_000)
@@ -210,7 +307,8 @@ def test_hyperp_data_rule_for_4x_tokens():
     with pytest.raises(ValueError, match="no recurrent layers"):
         reference_tokens(4, d_model=32, n_layers_eff=4)
     # another aspect ratio (16): the s=10 reference is d = 160, for the width rule and the default D_ref alike
-    mini = hyperp_lrs(160, 4, reference_tokens(4, d_model=160), d_model_ref=160)
+    width, d_ref = reference(4, aspect_ratio=16, head_dim=16)
+    mini = hyperp_lrs(160, 4, d_ref, d_ref=d_ref, d_model_ref=width)
     assert mini["muonh_lr"] == pytest.approx(0.014, rel=1e-12) and mini["wte_lr"] == pytest.approx(0.3, rel=1e-12)
 
 
@@ -234,11 +332,53 @@ def test_cli_lr_table(capsys):
         optim.main(["--scale", "10", "--tokens", "-5"])
 
 
+def _runs_module(name):
+    """A runs/*.py script imported as a module (runs/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "runs", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_schedule_and_bench():
     assert lr_multiplier(0, 100) == 1.0 and lr_multiplier(100, 100) == pytest.approx(0.1)
     assert lr_multiplier(50, 100) == pytest.approx(0.55)
-    r = optim.bench(d_model=16, n_loops=2, steps=1)
+    bench = _runs_module("bench_optim")                       # the MuonH benchmark of runs/bench.sh
+    r = bench.bench(d_model=16, n_loops=2, steps=1)
     assert r["n_matrices"] == (2 + 8 + 2) * 6 + 1 and r["seconds_per_step"] > 0
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--n-loops", "3"])                        # a layout that does not exist: exit 2 before work
+    assert exc.value.code == 2
+
+
+def _top_level_ops(fn):
+    """aten ops dispatched from Python by fn() (ops nested inside another aten op are not counted)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    events = [e for e in prof.events() if e.name.startswith("aten::")]
+    def nested(e):
+        while (e := e.cpu_parent) is not None:
+            if e.name.startswith("aten::"):
+                return True
+        return False
+    return sum(not nested(e) for e in events)
+
+
+def test_step_ops_do_not_grow_with_the_stack():
+    """Issue 19: a same-shape stack is one fused update, so the ops Python dispatches per step do not depend on how
+    many matrices (or AdamW tensors) there are. runs/op_count.py gives the per-step figure of a real model."""
+    counts = {}
+    for k in (2, 8):
+        mats = _matrices([(16, 16)] * k + [(48, 16)] * k)
+        gains = [torch.nn.Parameter(torch.ones(16)) for _ in range(k)]
+        opt = MuonHAdamW([dict(kind="muonh", params=mats, lr=0.02), dict(kind="adamw", params=gains, lr=0.01)])
+        for p in mats + gains:
+            p.grad = torch.randn(p.shape)
+        opt.step()                                            # first step: state init (per matrix, once)
+        counts[k] = _top_level_ops(opt.step)
+    print(f"\n[issue 19] top-level aten ops per optimizer step: {counts} (2 vs 8 matrices per stack)")
+    assert counts[2] == counts[8] <= 160            # measured 152: ~70 per MuonH stack, ~10 for the AdamW group
 
 
 # -----------------------------------------------------------------------------
@@ -421,7 +561,7 @@ def test_errors():
 @pytest.mark.parametrize("argv, flag", [
     (["--scale", "10", "--tokens", "inf"], "--tokens"),            # int(inf) used to be an OverflowError traceback
     (["--scale", "10", "--tokens", "nan"], "--tokens"),
-    (["--scale", "1", "--bench", "--bench-steps", "-1"], "--bench-steps"),   # used to divide by zero after the work
+    (["--scale", "10", "--tokens", "1e9", "--head-dim", "0"], "--head-dim"),
     (["--scale", "10", "--tokens", "1e9", "--d-ref", "nan"], "--d-ref"),
     (["--scale", "0", "--tokens", "1e9"], "--scale"),
 ])

@@ -2,13 +2,20 @@
 train.parse_args with its bash arrays substituted (bash itself expands them under --dry-run), and each sweep lists
 exactly the paper's runs: 116 for the grid (Table 6), 69 / 63 for the case studies (§5), 5 for Table 5, ...
 
-Run: pytest -q tests/test_runs.py   (bash only, no training; a stale flag fails here instead of in a 116-run sweep)
+Issue 18: a sweep never decides "finished" from the existence of a done.json (every run goes to train.py --resume,
+here a fake torchrun on PATH that plays train.py's part), mini.sh owns its OUT through common.py claim-dir, and paths
+with spaces and non-ASCII characters survive every script under LC_ALL=C and C.UTF-8.
+
+Run: pytest -q tests/test_runs.py   (bash only, no training except two tiny runs; a stale flag fails here instead
+of in a 116-run sweep)
 """
 import glob
+import hashlib
 import math
 import os
 import shlex
 import subprocess
+import sys
 
 import pytest
 
@@ -136,18 +143,6 @@ def test_case_studies_and_ablations_match_the_paper(tmp_path):
           f"extrapolate {len(ext)}")
 
 
-def test_sweeps_skip_finished_runs(tmp_path):
-    """Resumable: a run whose done.json exists is skipped; the rest are still listed (with --resume)."""
-    lines = dry_run(os.path.join(ROOT, "runs", "grid.sh"), tmp_path)
-    first = out_dir(launches(lines)[0][1])
-    os.makedirs(first)
-    open(os.path.join(first, "done.json"), "w").write("{}")
-    again = dry_run(os.path.join(ROOT, "runs", "grid.sh"), tmp_path)
-    skipped = [ln for ln in again if ln.startswith("skip")]
-    print(f"\nafter finishing {first}: {len(launches(again))} launches, skipped: {skipped}")
-    assert len(launches(again)) == 115 and skipped == [f"skip {first} (done.json exists)"]
-
-
 @pytest.mark.parametrize("env, args, needle", [
     ({}, ["--bogus"], "unknown argument '--bogus'"),          # used to launch the whole sweep with the typo ignored
     ({"NPROC": "abc"}, ["--dry-run"], "NPROC=abc must be a whole number"),
@@ -155,9 +150,329 @@ def test_sweeps_skip_finished_runs(tmp_path):
 ])
 def test_sweep_scripts_refuse_bad_arguments_before_launching(env, args, needle, tmp_path):
     # issue 12 rule 5 on every sweep script (they share runs/launch.bash): one line, exit 2, nothing created
-    for script in ("grid.sh", "case_hc.sh", "lr_sweep.sh"):
+    for script in LAUNCH_SCRIPTS:
         proc = subprocess.run(["bash", f"runs/{script}", *args], cwd=ROOT, capture_output=True, text=True,
                               env={**os.environ, "OUT": str(tmp_path / "out"), **env}, timeout=30)
         print(f"\n{script} {env} {args} -> {proc.stderr.strip()}")
         assert proc.returncode == 2 and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
         assert proc.stdout == "" and not (tmp_path / "out").exists()
+
+
+# -----------------------------------------------------------------------------
+# Issue 18 §1: "finished" is train.py's decision. A fake torchrun on PATH plays train.py --resume: it trains a run
+# without a record, hands back the record of the same run, and refuses (exit 2) any other done.json -- the 0-byte
+# and the copied one the old sweep skipped as finished.
+
+WEIRD = "x y/é ü"                                          # a space and non-ASCII characters in every path below
+LAUNCH_SCRIPTS = ["grid.sh", "case_bptt.sh", "case_hc.sh", "ablation_injection.sh", "lr_sweep.sh", "depth.sh",
+                  "extrapolate.sh"]                        # the sweeps that source runs/launch.bash
+FAKE_TORCHRUN = r"""#!/usr/bin/env bash
+out=; prev=
+for a in "$@"; do [[ $prev == --out-dir ]] && out=$a; prev=$a; done
+printf '%s\n' "$out" >> "$FAKE_CALLS"
+[[ ${!#} == --resume ]] || { echo "fake: no --resume" >&2; exit 3; }
+[[ -n ${FAKE_INTERRUPT_AT:-} && $(wc -l < "$FAKE_CALLS") -ge $FAKE_INTERRUPT_AT ]] && { kill -INT "$PPID"; exit 130; }
+want="{\"run\": \"$out\"}"
+if [[ -e $out/done.json ]]; then
+  [[ $(cat "$out/done.json") == "$want" ]] && { echo "handed back $out"; exit 0; }
+  echo "train.py: error: $out/done.json is not the record of this run" >&2; exit 2
+fi
+printf '%s' "$want" > "$out/done.json"; echo "trained $out"
+"""
+
+
+def fake_bin(tmp_path):
+    """A folder holding the fake torchrun; returns the env to run a sweep with it first on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "torchrun").write_text(FAKE_TORCHRUN)
+    os.chmod(bin_dir / "torchrun", 0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_CALLS": str(tmp_path / "calls.txt")}
+
+
+def sweep(script, *args, env=None, locale="C.UTF-8", timeout=120):
+    full = {**os.environ, "NPROC": "1", "LC_ALL": locale, **(env or {})}
+    return subprocess.run(["bash", f"runs/{script}", *args], cwd=ROOT, env=full, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize("script", LAUNCH_SCRIPTS)
+def test_sweep_dry_run_keeps_odd_paths_whole(script, tmp_path):
+    """Spaces, non-ASCII, glob characters, quotes, $(...) and backslashes in OUT come back as one word per path
+    (shlex, as a user pasting the line into a shell gets them), under LC_ALL=C."""
+    out = str(tmp_path / "é ü" / "a*b?[c] $(x) `y` 'q' \\z")
+    proc = sweep(script, "--dry-run", env={"OUT": out}, locale="C")
+    outs = [out_dir(argv) for _, argv in launches(proc.stdout.splitlines())]
+    assert proc.returncode == 0 and outs and all(o.startswith(out + "/") for o in outs), proc.stdout[:500]
+    assert len(set(outs)) == len(outs) and not os.path.exists(tmp_path / "é ü")
+
+
+@pytest.mark.parametrize("locale", ["C", "C.UTF-8"])
+def test_sweep_hands_every_run_to_train_py(locale, tmp_path):
+    """`NPROC=1 bash runs/grid.sh`: a 0-byte done.json and one copied from another run are not skipped as finished:
+    train.py refuses both, the sweep goes on, counts them failed, names them and exits 1."""
+    out = tmp_path / WEIRD / "grid"
+    env = {**fake_bin(tmp_path), "OUT": str(out)}
+    cells = [out_dir(argv) for _, argv in launches(sweep("grid.sh", "--dry-run", env=env, locale=locale)
+                                                    .stdout.splitlines())]
+    assert len(cells) == 116 and cells[0].startswith(str(out) + "/")           # one word each, in any locale
+    empty, copied, same = cells[3], cells[7], cells[11]
+    for c in (empty, copied, same):
+        os.makedirs(c)
+    open(os.path.join(empty, "done.json"), "w").close()                          # 0 bytes
+    open(os.path.join(copied, "done.json"), "w").write(f'{{"run": "{same}"}}')   # another run's record
+    open(os.path.join(same, "done.json"), "w").write(f'{{"run": "{same}"}}')     # its own: handed back
+    dry = sweep("grid.sh", "--dry-run", env=env, locale=locale)
+    assert len(launches(dry.stdout.splitlines())) == 116 and "3 have a done.json" in dry.stderr
+    proc = sweep("grid.sh", env=env, locale=locale)
+    calls = open(env["FAKE_CALLS"], encoding="utf-8").read().splitlines()
+    print(f"\n{locale}: exit {proc.returncode}; {len(calls)} train.py calls\n{proc.stderr.strip()}")
+    assert calls == cells                                                         # every run, once, none skipped
+    assert proc.returncode == 1 and "runs/grid.sh: 116 runs: 114 finished, 2 failed" in proc.stdout
+    assert sorted(ln for ln in proc.stderr.splitlines() if ln.startswith("FAILED: ")) == sorted(
+        [f"FAILED: {c} (exit 2: {c}/done.json is not the record of this run)" for c in (empty, copied)])
+    assert os.path.getsize(os.path.join(empty, "done.json")) == 0                 # neither is replaced
+    assert "handed back" in open(os.path.join(same, "train.log"), encoding="utf-8").read()
+    assert "grid complete" not in proc.stdout
+
+
+def test_sweep_stops_on_interrupt_and_refuses_link_and_odd_out(tmp_path):
+    """Ctrl-C stops the sweep (it is not one failed run to step over); a train.log that is a link is not appended
+    through; OUT=-x is a folder, never a flag; an OUT with a newline is refused before any launch."""
+    env = {**fake_bin(tmp_path), "OUT": str(tmp_path / "abl")}
+    victim = tmp_path / "victim.txt"
+    victim.write_text("a user's file\n")
+    os.makedirs(tmp_path / "abl" / "additive")
+    os.symlink(victim, tmp_path / "abl" / "additive" / "train.log")
+    proc = sweep("ablation_injection.sh", env={**env, "FAKE_INTERRUPT_AT": "3"})
+    calls = open(env["FAKE_CALLS"]).read().splitlines()
+    print(f"\ninterrupted: exit {proc.returncode}, calls {calls}\n{proc.stderr.strip()}")
+    assert proc.returncode == 130 and [os.path.basename(c) for c in calls] == ["linear", "passthrough", "hyper"]
+    assert "interrupted at run 4" in proc.stderr.splitlines()[-1]                # "random" is never started
+    assert victim.read_text() == "a user's file\n" and "train.log is a link" in proc.stderr
+    proc = sweep("extrapolate.sh", "--dry-run", env={**env, "OUT": "-x"})
+    argvs = [argv for _, argv in launches(proc.stdout.splitlines())]
+    assert proc.returncode == 0 and [out_dir(a) for a in argvs] == ["./-x/s34_r1", "./-x/s34_r4"]
+    assert [parse("", a)[1].out_dir for a in argvs] == ["./-x/s34_r1", "./-x/s34_r4"]
+    (tmp_path / "ext").mkdir()
+    (tmp_path / "ext" / "s34_r1").write_text("a file where a run folder goes\n")
+    proc = sweep("extrapolate.sh", env={**env, "OUT": str(tmp_path / "ext")})       # counted failed; the next runs
+    assert proc.returncode == 1 and "2 runs: 1 finished, 1 failed" in proc.stdout and "cannot make" in proc.stderr
+    assert (tmp_path / "ext" / "s34_r1").read_text() == "a file where a run folder goes\n"
+    proc = sweep("extrapolate.sh", env={**env, "OUT": str(tmp_path / "a\nb")})
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "newline" in proc.stderr
+    assert proc.stdout == "" and len(open(env["FAKE_CALLS"]).read().splitlines()) == 4   # nothing launched
+
+
+# -----------------------------------------------------------------------------
+# runs/slurm.sh: the sweep submits every run not queued (its job's train.py decides), paths survive, no globbing
+
+def test_slurm_sweep_leaves_finished_to_train_py_and_keeps_paths(tmp_path):
+    grid = tmp_path / WEIRD
+    os.makedirs(grid / "C1e18_r4_s10")
+    (grid / "C1e18_r4_s10" / "done.json").write_text("")                       # 0 bytes: not "finished"
+    (tmp_path / "--partition=gpuA").write_text("")                              # a glob would match this
+    env = {"OUT": str(grid), "SBATCH_ARGS": "--partition=gpu* --qos=low", "PATH": os.environ["PATH"]}
+    for locale in ("C", "C.UTF-8"):
+        p = subprocess.run(["bash", "runs/slurm.sh", "--sweep", "runs/grid.sh", "--dry-run"], cwd=ROOT,
+                           env={**os.environ, **env, "LC_ALL": locale}, capture_output=True, text=True, timeout=120)
+        lines = p.stdout.splitlines()
+        print(f"\n{locale}: {p.stderr.strip()}\n{lines[0]}")
+        assert p.returncode == 0 and len(lines) == 116 and "116 submitted (dry run) (1 with a done.json" in p.stderr
+        words = shlex.split(lines[0])
+        assert words[:4] == ["sbatch", words[1], "--partition=gpu*", "--qos=low"] and words[4] == "runs/slurm.sh"
+        outs = [out_dir(shlex.split(ln)) for ln in lines]
+        assert all(o.startswith(str(grid) + "/") for o in outs) and str(grid / "C1e18_r4_s10") in outs
+        train.parse_args(words[5:])
+    # a sweep script that fails (here with two lines on stderr): one line, exit 2, nothing submitted
+    bad = tmp_path / "bad.sh"
+    bad.write_text("echo first >&2; echo 'second: the reason' >&2; exit 3\n")
+    p = subprocess.run(["bash", "runs/slurm.sh", "--sweep", str(bad)], cwd=ROOT, env=os.environ,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        f"runs/slurm.sh: bash {bad} --dry-run failed: second: the reason"] and p.stdout == ""
+    # single-run mode: the launch line keeps the path as one word; bad numbers are refused in one line
+    p = subprocess.run(["bash", "runs/slurm.sh", "--dry-run", "--steps", "2", "--out-dir", str(grid)], cwd=ROOT,
+                       env={**os.environ, "LC_ALL": "C"}, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and shlex.split(p.stdout)[-2:] == [str(grid), "--resume"]
+    p = subprocess.run(["bash", "runs/slurm.sh", "--steps", "2", "--out-dir", str(tmp_path / "--partition=gpuA")],
+                       cwd=ROOT, env=os.environ, capture_output=True, text=True, timeout=60)   # a file in the way
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "cannot make this folder" in p.stderr
+    for bad in ({"NPROC": "abc"}, {"NPROC": "0"}, {"MASTER_PORT": "99999"}, {"MASTER_PORT": "x"}):
+        for args in (["--dry-run", "--steps", "2"], ["--sweep", "runs/grid.sh", "--dry-run"]):
+            if "MASTER_PORT" in bad and "--sweep" in args:
+                continue
+            p = subprocess.run(["bash", "runs/slurm.sh", *args], cwd=ROOT, env={**os.environ, **bad},
+                               capture_output=True, text=True, timeout=60)
+            assert p.returncode == 2 and p.stdout == "" and len(p.stderr.strip().splitlines()) == 1, (bad, p.stderr)
+            assert list(bad)[0] in p.stderr
+
+
+def test_slurm_real_tiny_run_in_an_odd_path(tmp_path, tiny_data):
+    """One real torchrun through runs/slurm.sh (outside SLURM: one node, c10d on localhost) under LC_ALL=C, into a
+    folder with a space and non-ASCII characters; the same command again hands back the same record; a 0-byte
+    done.json is refused by train.py, not taken as finished, and left as it was."""
+    import socket
+    with socket.socket() as s:                                   # a free port: other test sessions share the host
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    tiny = ["--scale", "1", "--head-dim", "32", "--n-layers-eff", "4", "--n-layers-prelude", "1",
+            "--n-layers-coda", "1", "--n-loops", "2", "--seq-len", "32", "--batch-tokens", "256", "--device-batch",
+            "4", "--eval-tokens", "512", "--steps", "2", "--data", tiny_data]
+    env = {**os.environ, "LC_ALL": "C", "NPROC": "1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1"}
+    env = {k: v for k, v in env.items() if not k.startswith("SLURM_")}
+    run_dir = tmp_path / WEIRD / "run"
+
+    def slurm(out):
+        return subprocess.run(["bash", "runs/slurm.sh", *tiny, "--out-dir", str(out)], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=300)
+    p = slurm(run_dir)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    rec = open(run_dir / "done.json", "rb").read()
+    again = slurm(run_dir)
+    print(f"\nsecond call: {again.stdout.strip().splitlines()[-1:]}")
+    assert again.returncode == 0 and open(run_dir / "done.json", "rb").read() == rec
+    torn = tmp_path / WEIRD / "torn"
+    torn.mkdir()
+    (torn / "done.json").write_bytes(b"")
+    p = slurm(torn)
+    print(f"0-byte done.json: exit {p.returncode}: {[ln for ln in p.stdout.splitlines() if 'error' in ln][-1:]}")
+    assert p.returncode != 0 and (torn / "done.json").read_bytes() == b"" and not (torn / "ckpt.pt").exists()
+
+
+# -----------------------------------------------------------------------------
+# Issue 18 §2: runs/mini.sh owns OUT through common.py claim-dir. A `python` shim stops mini.sh at its first data
+# step (after the claim), so these checks cost no training.
+
+MINI_SHIM = f"""#!/bin/sh
+case "$1" in data.py) echo "shim: stopped before data.py" >&2; exit 9 ;; esac
+exec {shlex.quote(sys.executable)} "$@"
+"""
+
+
+def mini(*args, shim=None, env=None, locale="C.UTF-8", timeout=60):
+    full = {**os.environ, "LC_ALL": locale, **(env or {})}
+    if shim:
+        full["PATH"] = f"{shim}:{full['PATH']}"
+    return subprocess.run(["bash", "runs/mini.sh", *args], cwd=ROOT, env=full, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def files(root):
+    """{path: sha256 (None for a folder)} of everything under root (what a refusal must leave as it was)."""
+    out = {}
+    for d, dirs, names in os.walk(root):
+        out.update({os.path.join(d, n): None for n in dirs})
+        out.update({os.path.join(d, n): hashlib.sha256(open(os.path.join(d, n), "rb").read()).hexdigest()
+                    for n in names})
+    return out
+
+
+@pytest.fixture()
+def shim(tmp_path):
+    d = tmp_path / "shim"
+    d.mkdir()
+    (d / "python").write_text(MINI_SHIM)
+    os.chmod(d / "python", 0o755)
+    return str(d)
+
+
+def refused(proc, *needles):
+    lines = proc.stderr.strip().splitlines()
+    print(f"\nexit {proc.returncode}: {lines}")
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("runs/mini.sh: "), proc.stderr
+    assert proc.stdout == "" and all(n in lines[0] for n in needles)
+
+
+@pytest.mark.parametrize("locale", ["C", "C.UTF-8"])
+def test_mini_claims_only_its_own_out(locale, tmp_path, shim):
+    out = tmp_path / WEIRD / "study"
+    proc = mini("--quick", str(out), shim=shim, locale=locale)                 # new: claimed, then the shim stops
+    assert proc.returncode == 9 and "shim: stopped" in proc.stderr
+    assert sorted(os.listdir(out)) == [".nanoloop-mini", "runs"]
+    proc = mini("--quick", str(out), shim=shim, locale=locale)                 # its own, same grid: resumed
+    assert proc.returncode == 9, proc.stderr
+    proc = mini("--quick", "--case", "hc", str(out), shim=shim, locale=locale)  # a case shares the baseline's grid
+    assert proc.returncode == 9, proc.stderr
+    foreign = tmp_path / WEIRD / "foreign"                                     # runs/ and fit outputs it never made
+    (foreign / "runs" / "C3e10_r1_s1").mkdir(parents=True)
+    (foreign / "fit.json").write_text('{"phi": 0.5}\n')
+    (foreign / "report.md").write_text("my notes\n")
+    (tmp_path / "file").write_text("x\n")
+    before = files(tmp_path)
+    refused(mini(str(out), shim=shim, locale=locale), str(out), "another request of mini")   # the full grid
+    refused(mini("--quick", str(foreign), shim=shim, locale=locale), str(foreign), "did not make", "--overwrite")
+    refused(mini("--quick", "--case", "bptt", str(foreign), shim=shim, locale=locale), "did not make")
+    refused(mini("--quick", str(tmp_path / "file"), shim=shim, locale=locale), "is a file")
+    refused(mini("--quick", "a", "b"), "two OUT folders")
+    refused(mini("--quick", "--bogus", str(out)), "unknown flag --bogus")
+    refused(mini("--quick", str(tmp_path / "a\nb")), "newline")
+    assert files(tmp_path) == before                                           # every refusal: nothing touched
+    proc = mini("--quick", "--overwrite", str(foreign), shim=shim, locale=locale)   # asked for: adopted, kept
+    assert proc.returncode == 9 and (foreign / "report.md").read_text() == "my notes\n"
+
+
+def test_mini_resumes_its_study_marked_in_words(tmp_path, shim):
+    """A study an earlier mini.sh made (its marker names the grid in words) resumes; another grid's is refused."""
+    out = tmp_path / "old"
+    (out / "runs").mkdir(parents=True)
+    (out / ".nanoloop-mini").write_text("grid 380655468 (quick)\n")            # what mini.sh wrote before claim-dir
+    proc = mini("--quick", str(out), shim=shim)
+    assert proc.returncode == 9, proc.stderr
+    proc = mini("--quick", str(out), shim=shim)                                 # re-marked by claim-dir: resumed
+    assert proc.returncode == 9, proc.stderr
+    other = tmp_path / "other"
+    (other / "runs").mkdir(parents=True)
+    (other / ".nanoloop-mini").write_text("grid 380655468 (quick)\n")
+    refused(mini(str(other), shim=shim), "holds another mini study", "(quick)", "(full)")
+
+
+def test_mini_claims_of_runs(tmp_path, shim):
+    """An interrupted invocation's claims (RUNS/NAME.claim, with or without its ok mark) are cleared before any
+    work; a claim folder holding a file mini.sh did not put there is refused and kept (it would hide its run)."""
+    out = tmp_path / "study"
+    assert mini("--quick", str(out), shim=shim).returncode == 9
+    (out / "runs" / "C3e10_r1_s1.claim").mkdir()
+    (out / "runs" / "C3e10_r2_s1.claim").mkdir()
+    (out / "runs" / "C3e10_r2_s1.claim" / "ok").write_text("")
+    assert mini("--quick", str(out), shim=shim).returncode == 9 and not any(
+        n.endswith(".claim") for n in os.listdir(out / "runs"))
+    (out / "runs" / "C6e10_r4_s2.claim").mkdir()
+    (out / "runs" / "C6e10_r4_s2.claim" / "keep.txt").write_text("mine\n")
+    before = files(tmp_path)
+    refused(mini("--quick", str(out), shim=shim), "C6e10_r4_s2.claim holds what mini.sh did not put there")
+    assert files(tmp_path) == before
+
+
+@pytest.mark.parametrize("locale", ["C", "C.UTF-8"])
+def test_mini_dry_run_paths_in_any_locale(locale, tmp_path):
+    out = str(tmp_path / WEIRD)
+    proc = mini("--quick", "--dry-run", "--case", "hc", out, locale=locale)
+    lines = [ln for ln in proc.stdout.splitlines() if "train.py" in ln]
+    assert proc.returncode == 0 and len(lines) == 24 + 18
+    for ln in lines:
+        _, tcfg = train.parse_args(shlex.split(ln)[2:])
+        assert tcfg.data == out + "/data" and tcfg.out_dir.startswith(out + "/runs/")
+    assert not os.path.exists(out)                                              # --dry-run writes nothing
+
+
+def test_mini_worker_hands_a_torn_record_to_train(tmp_path, shim, tiny_data):
+    """The launch list the workers read (shlex) carries an OUT with a space and non-ASCII characters under LC_ALL=C,
+    and a 0-byte done.json is not skipped as finished: the first run (largest budget first) reaches train.main with
+    that exact path, which refuses the record; the run is named with its log, mini.sh exits 1, the file is kept."""
+    import shutil
+    out = tmp_path / WEIRD / "study"
+    assert mini("--quick", str(out), shim=shim).returncode == 9                 # claimed by mini.sh itself
+    (out / "tokenizer.model").write_text("(unused: the data below exists)\n")
+    shutil.copytree(tiny_data, out / "data")
+    (out / "runs" / "C6e10_r8_s3").mkdir()
+    (out / "runs" / "C6e10_r8_s3" / "done.json").write_bytes(b"")
+    proc = mini("--quick", str(out), env={"JOBS": "1"}, locale="C", timeout=300)
+    lines = proc.stderr.strip().splitlines()
+    print(f"\nexit {proc.returncode}:\n" + "\n".join(lines))
+    failed = [ln for ln in lines if " failed: " in ln]
+    assert proc.returncode == 1 and failed and failed[0].startswith("runs/mini.sh: run C6e10_r8_s3 failed: ")
+    assert "done.json" in failed[0] and f"(log: {out}/runs/C6e10_r8_s3.log)" in failed[0]
+    assert lines[-1].startswith("runs/mini.sh: a worker failed")
+    assert (out / "runs" / "C6e10_r8_s3" / "done.json").read_bytes() == b""
+    assert not any(n.endswith(".json") for n in os.listdir(out / "runs"))

@@ -312,7 +312,7 @@ def test_case_delta_phi_recovers_shift_with_ci_and_summary(tmp_path, capsys):
     c = res["case"]
     # the baseline study's outputs as runs/mini.sh leaves them (its fit.json and report.md), from the refit above
     with open(out / "fit.json", "w") as fh:
-        json.dump(fit._jsonable({"joint": c["baseline"]}), fh)
+        json.dump(fit._jsonable({"joint": c["baseline"], "runs": c["baseline_runs"]}), fh)
     (out / "report.md").write_text("# fit.py report\n\n## Table 2: joint law (Eq. 3)\n")
     line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("delta_phi(diagonal) = ")]
     print(f"\n{line}")
@@ -322,8 +322,8 @@ def test_case_delta_phi_recovers_shift_with_ci_and_summary(tmp_path, capsys):
     assert abs(c["delta_phi"] - 0.20) < 0.06 and c["delta_phi_lo"] <= c["delta_phi"] <= c["delta_phi_hi"]
     assert c["delta_phi_lo"] > 0                                    # a 0.2 shift at 5 mnats of noise is resolved
     # the summary table lands in study/report.md below the baseline's report, regenerated on every call
-    for _ in range(2):
-        summary = fit.main(["--cases", str(out)])
+    for flags in (["--overwrite"], []):               # the hand-written report.md is adopted once
+        summary = fit.main(["--cases", str(out), *flags])
     assert [r["name"] for r in summary["rows"]] == ["baseline", "diagonal"]
     report = open(out / "report.md").read()
     assert report.count(fit.CASES_MARK) == 1 and "## Table 2: joint law" in report
@@ -333,8 +333,9 @@ def test_case_delta_phi_recovers_shift_with_ci_and_summary(tmp_path, capsys):
     assert [name for name, _ in row["flags"]] == [f["name"] for f in res["flags"]] and row["flags"]
     assert f"| {', '.join(f['name'] for f in res['flags'])} |" in report
     assert f"- diagonal: {res['flags'][0]['name']}: {'; '.join(res['flags'][0]['items'])}" in report
-    with pytest.raises(SystemExit, match="no fit.json"):
+    with pytest.raises(SystemExit):
         fit.main(["--cases", str(tmp_path / "nothing")])
+    assert "no fit.json" in capsys.readouterr().err
 
 
 # -----------------------------------------------------------------------------

@@ -1,0 +1,146 @@
+"""
+runs/bench_eval.py -- eval.py's scorer benchmark (runs/bench.sh section 5), kept out of the core file.
+
+Tokens/s of the batched continuation scorer (eval.score_examples) vs one example at a time, on the same examples in
+the same process (best of 2 timings each, alternating, so a noisy shared CPU hurts both alike), and the largest
+difference of their per-example losses (only float summation order differs). The model is a random tiny one by
+default (a CPU mini-study shape: d = 64, r = 4, l_eff = 10), or a trained run's (--checkpoint RUN, on its tokenizer
+and the first --n-examples items of --task).
+
+Usage: python runs/bench_eval.py [--equal-length 64] [--checkpoint RUN [--task induction_head --task-dir DIR]]
+       [--out FILE.json [--overwrite]]      (FILE: written through the ownership ledger; replaced only if ours)
+"""
+import json
+import os
+import random
+import sys
+import time
+
+# flat top-level files
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import common  # noqa: E402
+import eval as E  # noqa: E402
+
+# torch, like the project's modules, only after sys.path names the repository root
+import torch  # noqa: E402
+
+
+def bench_scorer(model, examples, *, batch_tokens=8192, n_loops=None, pad_id=0, repeats=2) -> dict:
+    """Batched vs one-at-a-time tokens/s and the largest per-example |difference| in nats, printed and returned."""
+    # model input positions processed per pass
+    n_in = sum(len(e.tokens) - 1 for e in examples)
+    # warm-up: the first forward pays for allocator and kernel set-up, which neither timing should include
+    E.score_examples(model, examples[:4], batch_tokens=batch_tokens, n_loops=n_loops, pad_id=pad_id)
+    best, nats = {0: float("inf"), batch_tokens: float("inf")}, {}
+    # alternate the two modes so that a burst of load from other jobs falls on both, and keep each one's best
+    for _ in range(repeats):
+        for bt in best:
+            t0 = time.perf_counter()
+            nats[bt] = E.score_examples(model, examples, batch_tokens=bt, n_loops=n_loops, pad_id=pad_id)[0]
+            best[bt] = min(best[bt], time.perf_counter() - t0)
+    out = dict(n_examples=len(examples), input_tokens=n_in, batch_tokens=batch_tokens,
+               one_at_a_time_tok_s=n_in / best[0], batched_tok_s=n_in / best[batch_tokens],
+               max_abs_diff_nats=max((abs(a - b) for a, b in zip(nats[0], nats[batch_tokens])), default=0.0))
+    # > 1: batching pays; the issue-6 target is >= 3x on equal-length prompts
+    out["speedup"] = out["batched_tok_s"] / out["one_at_a_time_tok_s"]
+    print(f"bench | {len(examples)} examples, {n_in:,} tokens | one-at-a-time {out['one_at_a_time_tok_s']:,.0f} "
+          f"tok/s | batched {out['batched_tok_s']:,.0f} tok/s | speedup {out['speedup']:.1f}x "
+          f"| max |diff| {out['max_abs_diff_nats']:.2e} nats")
+    return out
+
+
+# Random prompts: the scorer's speed depends on their lengths and the batch width, not on which tokens they hold
+def synthetic_examples(n, vocab, lengths=(32, 48, 64, 80, 96, 112, 128), span=3, seed=0):
+    """Random token sequences with the length spread of (cropped) few-shot prompts and a short gold span: scoring
+    speed does not depend on which tokens they are."""
+    g, out = random.Random(seed), []
+    for _ in range(n):
+        L = g.choice(lengths) + 1
+        out.append(E.Example([1] + [g.randrange(2, vocab) for _ in range(L - 1)], L - span, 3 * span))
+    return out
+
+
+# -----------------------------------------------------------------------------
+# The two models to time: a random tiny one (no checkpoint needed), or a trained run's on one of its tasks
+
+
+def _random_model(a):
+    """The checkpoint-free model, sized (common check_memory, eval's) before it is built."""
+    torch.manual_seed(0)
+    cfg = E.ModelConfig(scale=a.scale, aspect_ratio=a.aspect_ratio, head_dim=a.head_dim, n_loops=a.n_loops,
+                        n_layers_eff=a.n_layers_eff, n_layers_prelude=1, n_layers_coda=1, vocab_size=a.vocab_size,
+                        # its own checks (e.g. layout) raise ValueError
+                        seq_len=a.seq_len)
+    # parameters from eval.model_bytes (device bytes / 4, the RoPE tables included): sized before it is built
+    n_params = E.model_bytes(cfg)[1] / 4
+    # refused before allocating, not an out-of-memory crash
+    if n_params > 1e9:
+        raise ValueError(f"bench model of ~{n_params / 1e9:.1f}B parameters (d_model {cfg.d_model}): the scorer "
+                         f"benchmark is for small models; lower --scale / --aspect-ratio / --vocab-size")
+    device = common.init_dist()[2]
+    model = E.LoopedGPT(cfg).to(device).eval()
+    print(f"bench model: d_model {cfg.d_model}, r {cfg.n_loops}, l_eff {cfg.n_layers_eff}, vocab {cfg.vocab_size}, "
+          f"{device.type}, {torch.get_num_threads()} threads")
+    # mixed lengths 1/4 .. 1 x seq_len in 8 steps, like cropped few-shot prompts; or one length (the best case)
+    lengths = ((a.equal_length,) if a.equal_length
+               else tuple(range(a.seq_len // 4, a.seq_len + 1, max(1, a.seq_len // 8))))
+    return model, synthetic_examples(a.n_examples, a.vocab_size, lengths), 0
+
+
+def _trained_model(a):
+    """A run's model and tokenizer (eval.py's own loaders and identity checks) on one task's first items."""
+    # the same loaders and checks as `python eval.py RUN`: size, finite weights, tokenizer identity
+    model, ck = E.load_checkpoint(a.checkpoint, common.init_dist()[2])
+    tok = E.tokenizer_for(ck, (ck.get("train_config") or {}).get("data"), a.tokenizer)
+    E.check_inputs(model.cfg, ck, tok, None)
+    items, src, shots = E.load_task(a.task, a.task_dir)
+    if items is None:
+        raise ValueError(f"--task {a.task}: no task file (looked in {', '.join(src['looked_in']) or 'no task dir'})")
+    # the task's own seeded order and few-shot prompts, capped at --n-examples
+    items = E.shuffle_and_cap(items, a.n_examples)
+    return model, E.build_examples(items, range(len(items)), tok, shots=shots, delimiter=E.TASKS[a.task].delimiter,
+                                   seq_len=model.cfg.seq_len), tok.bos_id
+
+
+def main(argv=None):
+    """The figures, printed and returned; with --out also written as json. Bad input: one line, exit 1/2."""
+    p = common.Parser(prog="runs/bench_eval.py", description=__doc__.split("\n\n")[1])
+    pos, add = common.number(int, "[1, inf)"), p.add_argument
+    add("--scale", type=pos, default=1)
+    add("--aspect-ratio", type=pos, default=64)
+    add("--head-dim", type=pos, default=32)
+    add("--n-loops", type=common.number(int, "[1, 1024]"), default=4)
+    add("--n-layers-eff", type=pos, default=10)
+    add("--vocab-size", type=common.number(int, "[8, inf)"), default=2048)
+    add("--seq-len", type=common.number(int, "[8, 65536]"), default=128, help="prompts are 1/4 .. 1 x seq_len")
+    add("--n-examples", type=common.number(int, "[8, inf)"), default=256)
+    add("--batch-tokens", type=common.number(int, "[8, inf)"), default=8192)
+    add("--equal-length", type=common.number(int, "[0, inf)"), default=0, help="every prompt this many tokens "
+        "(batching's best case, the issue-6 target: >= 3x); 0 = mixed lengths 1/4 .. 1 x seq_len")
+    add("--checkpoint", default=None, help="a trained run instead of a random model (eval.load_checkpoint)")
+    add("--tokenizer", default=None, help="with --checkpoint: tokenizer spec (default: the run's data's)")
+    add("--task", default="induction_head", choices=sorted(E.TASKS), help="with --checkpoint: the task scored")
+    add("--task-dir", default=None, help="with --checkpoint: the task files' root")
+    add("--out", default=None, help="also write the figures to this json file")
+    add("--overwrite", action="store_true", help="let --out replace a file this script did not write")
+    a = p.parse_args(argv)
+    if a.equal_length > a.seq_len:
+        p.error(f"argument --equal-length: must be <= --seq-len ({a.seq_len}), got {a.equal_length}")
+    # the request is every flag that shapes the figures: the same command replaces its own --out, nothing else
+    request = {k: v for k, v in vars(a).items() if k not in ("out", "overwrite")}
+    key = common.request_key("bench_eval", request)
+    try:
+        # checked before any work: a file this script did not write for this request is kept unless --overwrite
+        if a.out:
+            common.check_owned([a.out], key, a.overwrite, "--out")
+        model, examples, pad = (_trained_model if a.checkpoint else _random_model)(a)
+        out = dict(request, **bench_scorer(model, examples, batch_tokens=a.batch_tokens, pad_id=pad))
+        if a.out:
+            common.write_owned(a.out, json.dumps(out, indent=2) + "\n", key)
+    except (ValueError, OSError) as err:
+        raise SystemExit(f"runs/bench_eval.py: error: {common.first_line(err)}") from None
+    return out
+
+
+if __name__ == "__main__":
+    main()

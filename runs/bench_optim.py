@@ -1,0 +1,89 @@
+"""
+runs/bench_optim.py -- seconds per MuonH step for the matrices of one model, on this CPU (a benchmark, not a test).
+
+Moved out of optim.py (issue 18: benchmarks leave the core files). runs/bench.sh calls it twice: once on 1 rank,
+once under torchrun with 2 gloo ranks, where the step is sharded (each rank orthogonalises the matrices it owns and
+all-gathers the rest; the time includes that).
+Run:  python runs/bench_optim.py [--scale 10] [--n-loops 1] [--bench-steps 3]
+      torchrun --standalone --nproc_per_node=2 runs/bench_optim.py --scale 4
+"""
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repo root, after PYTHONPATH
+from common import Parser, number  # noqa: E402
+from optim import MUONH_LR, MuonHAdamW  # noqa: E402
+
+
+def bench(d_model=640, n_loops=1, steps=3, seed=0):
+    """Seconds per MuonH step (CPU, fp32) for every matrix of one model: 6 shapes per block, plus W_inject if r > 1.
+
+    Under an initialised process group (torchrun) every rank draws the same gradients (what DDP leaves behind)."""
+    if n_loops < 1 or 16 % n_loops:
+        raise ValueError(f"n_loops must divide 16 (iso-depth layout, §3.1), got {n_loops}")
+    n_blocks = 20 if n_loops == 1 else 4 + 16 // n_loops        # 0-20-0, or 2-(16/r)-2 unique blocks
+    d = d_model
+    # The block's matrices as model.py holds them (out, in): one stack of 4 K per (d, d) shape after grouping
+    shapes = [(d, d)] * 4 + [(4 * d, d), (d, 4 * d)]            # c_q, c_k, c_v, attn.c_proj, mlp.c_fc, mlp.c_proj
+    # Fan-in init (App. C.1) and random gradients: the step's cost does not depend on the values, only on the shapes
+    gen = torch.Generator().manual_seed(seed)
+    params = [torch.nn.Parameter(torch.randn(*s, generator=gen) / s[1] ** 0.5) for s in shapes * n_blocks]
+    # Looped models (r > 1) add the single W_inject (d, 2 d): a stack of K = 1, which sharding cannot split
+    if n_loops > 1:
+        params.append(torch.nn.Parameter(torch.randn(d, 2 * d, generator=gen) / (2 * d) ** 0.5))
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=gen)
+    # One MuonH group, as build_optimizer makes it; sharded over the ranks when a process group is up
+    opt = MuonHAdamW([dict(kind="muonh", name="matrix", params=params, lr=MUONH_LR)])
+    opt.step()                                                  # warm-up: caches R, allocates momenta
+    # Timed steps: the gradients stay as they are (the step does not consume them), so every step does the same work
+    times, cpu = [], []
+    for _ in range(steps):
+        if opt.world > 1:
+            dist.barrier()                                      # all ranks start the timed step together
+        t0, c0 = time.perf_counter(), time.process_time()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)                    # this rank's CPU time: robust on a shared machine
+    # Mean and min wall seconds (min: the least disturbed step on a shared machine), and this rank's CPU seconds
+    return {"n_matrices": len(params), "n_blocks": n_blocks, "seconds_per_step": sum(times) / len(times),
+            "cpu_seconds_per_step": sum(cpu) / len(cpu),
+            "min_seconds": min(times), "threads": torch.get_num_threads(), "world": opt.world, "rank": opt.rank}
+
+
+def main(argv=None):
+    """CLI: parse (one-line errors), join the gloo group under torchrun, time, print one line on rank 0."""
+    p = Parser(prog="runs/bench_optim.py", description="MuonH step time over an s-scale model's matrices (CPU).")
+    p.add_argument("--scale", type=number(int, "(0, inf)"), default=10, help="width scale s (d = aspect x s)")
+    p.add_argument("--aspect-ratio", type=number(int, "(0, inf)"), default=64, help="d_model per unit of scale")
+    p.add_argument("--n-loops", type=number(int, "(0, inf)"), default=1, help="r (must divide 16)")
+    p.add_argument("--bench-steps", type=number(int, "(0, inf)"), default=3, help="timed steps after one warm-up")
+    a = p.parse_args(argv)
+    d = a.aspect_ratio * a.scale                               # d_model, as model.py computes it (§3.1)
+    # torchrun sets WORLD_SIZE; gloo, because this is a CPU benchmark (runs/bench.sh §2b)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:             # under torchrun: sharded MuonH over gloo CPU ranks
+        dist.init_process_group("gloo")
+    try:
+        r = bench(d, a.n_loops, a.bench_steps)
+    except ValueError as e:                                     # raised before any work: one line, exit 2
+        p.error(str(e))
+    finally:                                                    # leave no process group behind, even on an error
+        # destroy_process_group is collective-free: safe on every rank whatever happened above
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if r["rank"] == 0:                                          # one line per run: runs/bench.sh parses it
+        # "s/step" and "CPU ... s" are the two numbers runs/bench.sh reads to form its 1-rank / 2-rank ratio
+        ranks = f"{r['world']} ranks (sharded, gloo)" if r["world"] > 1 else "1 rank"
+        print(f"MuonH step, CPU fp32, d_model {d}, r={a.n_loops}: {r['n_matrices']} matrices "
+              f"({r['n_blocks']} blocks x 6 shapes{' + inject' if a.n_loops > 1 else ''}) | {ranks} | "
+              f"{r['seconds_per_step']:.3f} s/step (mean of {a.bench_steps}, min {r['min_seconds']:.3f}; "
+              f"rank-0 CPU {r['cpu_seconds_per_step']:.3f} s) | {r['threads']} threads per rank")
+    return r
+
+
+if __name__ == "__main__":
+    main()

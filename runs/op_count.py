@@ -1,0 +1,75 @@
+"""
+runs/op_count.py -- aten ops per optimizer step and per whole train step, on CPU (issue 19 §3; a benchmark, not a test).
+
+The model is what `train.py --scale 2 --n-loops 4` builds: ModelConfig defaults (the paper's 2-4-2 layout, l_eff 20,
+aspect 64 -> d = 128, linear injection, vocab 32,001) at s = 2, r = 4; only the batch (2 rows) and T (64) are small:
+the op count does not depend on them. fp32, eager: the CPU numerics. One warm-up step first (the optimizer's first
+step initialises its state), then one profiled optimizer.step() and one profiled fwd + bwd + step + zero_grad.
+Two figures each: every aten op the profiler records ("all": nested ones too, e.g. the cat inside a stack, or the
+per-tensor kernels a foreach op loops over on CPU) and the top-level ones, dispatched from Python (on CUDA each is
+roughly one kernel launch; a foreach or compiled op is one multi-tensor kernel).
+Run:  python runs/op_count.py                           (this checkout's optim.py)
+      PYTHONPATH=/path/to/other/checkout python runs/op_count.py      (e.g. main's, for the before figure)
+      python runs/op_count.py --compile     the CUDA path's structure (bf16, one compiled update per stack) on CPU:
+                                            inductor's C++ build takes ~1 min on 2 cores
+"""
+import os
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # repo root AFTER PYTHONPATH
+import optim  # noqa: E402
+from common import Parser  # noqa: E402
+from model import LoopedGPT, ModelConfig  # noqa: E402
+
+
+def count(fn):
+    """(all aten ops, top-level aten ops) that fn() dispatches."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    ops = [e for e in prof.events() if e.name.startswith("aten::")]
+
+    def nested(e):                          # inside another aten op (cpu_parent climbs the recorded call tree)
+        while (e := e.cpu_parent) is not None:
+            if e.name.startswith("aten::"):
+                return True
+        return False
+    return len(ops), sum(not nested(e) for e in ops)
+
+
+def main(argv=None):
+    p = Parser(prog="runs/op_count.py", description="aten ops per optimizer step and per train step (CPU).")
+    p.add_argument("--compile", action="store_true", help="count the compiled bf16 MuonH path (the CUDA default)")
+    a = p.parse_args(argv)
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    cfg = ModelConfig(scale=2, n_loops=4, seq_len=64)
+    model = LoopedGPT(cfg)
+    lrs = optim.hyperp_lrs(cfg.d_model, cfg.n_loops, tokens=10 ** 8)
+    extra = dict(polar_bf16=True, compile=True) if a.compile else dict(polar_bf16=False)
+    opt = optim.build_optimizer(model.param_groups(), lrs, **extra)
+    # One batch of random tokens: the ops dispatched do not depend on the token values
+    x = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len + 1), generator=torch.Generator().manual_seed(1))
+
+    def train_step():
+        model(x[:, :-1], x[:, 1:]).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    train_step()                                                # warm-up: optimizer state is created here
+    model(x[:, :-1], x[:, 1:]).backward()
+    step_all, step_top = count(opt.step)                        # the optimizer step alone
+    opt.zero_grad(set_to_none=True)
+    whole_all, whole_top = count(train_step)                    # fwd + bwd + step + zero_grad
+    groups = model.param_groups()          # what the optimizer holds: the "matrix" group is MuonH, the rest AdamW
+    print(f"op count | {optim.__file__} | s=2 r=4 d={cfg.d_model} layout {'-'.join(map(str, cfg.partition))}, "
+          f"{len(groups['matrix'])} MuonH matrices, {sum(len(v) for k, v in groups.items() if k != 'matrix')} "
+          f"AdamW tensors | CPU {'bf16, compiled MuonH update' if a.compile else 'fp32 eager'}")
+    print(f"  optimizer.step():     {step_all:5d} aten ops ({step_top} top-level)")
+    print(f"  whole train step:     {whole_all:5d} aten ops ({whole_top} top-level)")
+
+
+if __name__ == "__main__":
+    main()
