@@ -31,9 +31,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from flops import layout, pad_vocab
+from flops import INJECTIONS, layout, pad_vocab
 
-INJECTIONS = ("linear", "additive", "passthrough", "hyper", "diagonal")   # App. C.2, App. G.1 (hyper), App. A
+# INJECTIONS, defined once in flops.py (which counts their FLOPs): linear (Eq. 5), additive and passthrough (App. C.2),
+# hyper (App. G.1, Eq. 7), diagonal (App. A, after Parcae).
 STATE_INITS = ("prelude", "random")                           # h(0) = e (App. C.1) | N(0, std^2) (project)
 
 # Attention backends (Table 4: FA-3 on H100, FA-2 on A100). Which one runs is decided once per run by

@@ -8,17 +8,20 @@
 #      and peak RSS on a generated corpus (16 MB here; `python runs/bench_data.py --mb 1000` for the 1 GB figure);
 #   4. the full fit protocol (9 fits x 500 restarts + 200 bootstrap refits) vs naive serial scipy;
 #   5. batched vs one-at-a-time continuation scoring.
-# Usage: bash runs/bench.sh [--dry-run] [OUT]       (OUT defaults to out/bench; ~3-5 min on a 2-core CPU, no GPU)
-# OUT is bench.sh's own folder: a new or empty one is adopted (OUT/.nanoloop-bench marks it), one it made is reused,
-# and a non-empty folder without the marker is refused, so files bench.sh did not write are never replaced.
+# Usage: bash runs/bench.sh [--dry-run] [--overwrite] [OUT]  (OUT: out/bench; ~3-5 min on a 2-core CPU, no GPU)
+# OUT is bench.sh's own folder (common.py claim-dir): a new or empty one is adopted (OUT/.nanoloop-bench marks it),
+# one it made for the same parameters is reused, and any other non-empty folder is refused (exit 2), so files
+# bench.sh did not write are never replaced; --overwrite adopts such a folder (and lets part 1 replace its files).
 # Numbers are wall clock on whatever else the machine is doing: run it on an idle machine to compare commits.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DRY=0; OUT=""
+DRY=0; OUT=""; OVERWRITE=""
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY=1 ;;
-    -*) echo "runs/bench.sh: unknown flag $arg (usage: bash runs/bench.sh [--dry-run] [OUT])" >&2; exit 2 ;;
+    --overwrite) OVERWRITE=--overwrite ;;
+    -*) echo "runs/bench.sh: unknown flag $arg (usage: bash runs/bench.sh [--dry-run] [--overwrite] [OUT])" >&2
+        exit 2 ;;
     *) OUT="$arg" ;;
   esac
 done
@@ -39,13 +42,11 @@ if [[ $DRY == 1 ]]; then
   done
   exit 0
 fi
-# ---- ownership: write only into a folder bench.sh made (issue 18 §2) -----------------------------------------
-MARK="$OUT/.nanoloop-bench"
-if [[ -e "$OUT" && ! -d "$OUT" ]]; then echo "runs/bench.sh: OUT $OUT is a file, not a folder: pick another OUT" >&2; exit 2; fi
-if [[ -d "$OUT" && ! -f "$MARK" && -n "$(ls -A "$OUT")" ]]; then
-  echo "runs/bench.sh: $OUT holds files bench.sh did not write (no $MARK): pick a new or empty OUT" >&2; exit 2
-fi
-mkdir -p "$OUT/train" && touch "$MARK"
+# ---- ownership: OUT is bench.sh's own folder (common.py claim-dir, the rule every tool shares; issue 18 §2) ------
+# The request is the benchmark's parameters: a folder made for other ones is refused, not mixed.
+state=$(python common.py claim-dir "$OUT" bench "${TRAIN[*]} steps $STEPS" ${OVERWRITE:+"$OVERWRITE"} 2>&1) ||
+  { state=${state%$'\n'}; echo "runs/bench.sh: ${state##*error: }" >&2; exit 2; }
+mkdir -p -- "$OUT/train"
 T0=$(date +%s)
 hdr() { printf '\n==== %s  [%ds]\n' "$*" "$(( $(date +%s) - T0 ))"; }
 
@@ -56,7 +57,7 @@ hdr "1. training throughput and memory (CPU, fp32 eager, $STEPS timed steps each
 for i in "${!CASES[@]}"; do
   # shellcheck disable=SC2086
   OMP_NUM_THREADS=1 python runs/bench_train.py "${TRAIN[@]}" --steps "$STEPS" ${CASES[$i]} \
-    --out "$OUT/train/${NAMES[$i]}.json"
+    --out "$OUT/train/${NAMES[$i]}.json" ${OVERWRITE:+"$OVERWRITE"}
 done | tee "$OUT/train_bench.txt"
 python - "$OUT/train" <<'PY'
 import json, os, sys

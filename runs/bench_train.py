@@ -5,12 +5,12 @@ What `train.py --bench-steps` used to do, outside the trainer: build the model (
 (optim.build_optimizer at optim.hyperp_lrs) as a run does, take one untimed warm-up step (allocation, compile), time
 --steps optimizer steps of --accum micro-batches each, and print one line:
     bench | n_loops 4 | bptt full | d_model 128 | tok/s 1,234 | mfu n/a (...) | peak_rss 345 MiB | optimizer 9% ...
-With --out FILE the figures are also written as JSON, atomically; a FILE this tool did not write for this same
-request is never replaced without --overwrite.
+With --out FILE the figures are also written as JSON (common.write_owned: atomic, recorded in the folder's ledger);
+a FILE this tool did not write for this same request is never replaced without --overwrite (common.check_owned).
 Run:   python runs/bench_train.py --scale 10 --n-loops 4 --device-batch 16 --steps 5 [--out F.json]
        every ModelConfig field is a flag (--n-loops-bwd, --seq-len, ...; defaults: the paper's s = 10, r = 4).
        CUDA: bf16 autocast and torch.compile (inductor) as a run uses them; CPU: fp32 eager.
-Used by: runs/bench.sh part 1; runs/gpu_check.py (train_bench, peak_flops, check_out, write_json).
+Used by: runs/bench.sh part 1; runs/gpu_check.py (train_bench, peak_memory, peak_flops).
 MFU = F_train (flops.py: the budget's FLOPs per token) x tok/s / (world x peak). The peak is the dense bf16 datasheet
 figure matched by device name (PEAK_FLOPS); any other device (a CPU included) gets MFU n/a with the reason, never a
 guessed figure.
@@ -18,7 +18,6 @@ guessed figure.
 import dataclasses
 import json
 import os
-import pathlib
 import resource
 import sys
 import time
@@ -26,9 +25,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the flat top-level modules
 import torch                                                                          # noqa: E402
 
+import common                                                                         # noqa: E402
 import flops                                                                          # noqa: E402
-from data import atomic_write                                                         # noqa: E402
-from eval import _number, _Parser                 # noqa: E402  one-line errors, checked numbers (common.py's, later)
 from model import LoopedGPT, ModelConfig, resolve_attention                           # noqa: E402
 from optim import build_optimizer, hyperp_lrs                                         # noqa: E402
 
@@ -45,28 +43,6 @@ def peak_flops(device_name: str) -> tuple:
     A device missing here (a new part, a CPU) never borrows another's figure: its MFU is n/a until it is added."""
     found = [(value, key) for key, value in PEAK_FLOPS.items() if key.lower() in device_name.lower()]
     return found[0] if found else (None, f"no datasheet peak for {device_name!r} in PEAK_FLOPS")
-
-
-def check_out(path: str, mine: dict, overwrite: bool) -> None:
-    """Refuse (ValueError, before any work) to write `path` unless it is new, or its "written_by" is `mine` (this
-    tool, this same request), or --overwrite. A folder there is always refused; the file's folder is created. A link
-    is replaced by the new file (os.replace), never written through."""
-    try:                                                # our records are KBs: a larger file is not ours anyway
-        with open(path, "rb") as f:
-            old = json.loads(f.read(1 << 24))
-    except FileNotFoundError:
-        old = {"written_by": mine}                      # nothing there: ours to create
-    except (OSError, ValueError):                       # a folder, unreadable, not JSON
-        old = None
-    if os.path.isdir(path) or not (overwrite or isinstance(old, dict) and old.get("written_by") == mine):
-        raise ValueError(f"{path} exists and was not written by {mine['tool']} for this same request (or is a "
-                         "folder): pass --overwrite to replace a file, or choose another --out")
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)        # out/ on a fresh clone
-
-
-def write_json(path: str, obj: dict) -> None:
-    """Atomic (data.atomic_write: temp, fsync, rename): a reader or a kill never leaves half a record."""
-    atomic_write(path, lambda tmp: pathlib.Path(tmp).write_text(json.dumps(obj, indent=1) + "\n"))
 
 
 def peak_memory(device) -> dict:
@@ -95,9 +71,9 @@ def train_bench(cfg, device, device_batch, steps, accum=1, bf16=False, compile_b
     model.set_attention(attn)
     model.wte.to(dtype=torch.bfloat16 if bf16 else torch.float32)   # App. C.1: bf16 embedding storage on GPU
     rows, T = device_batch * world * accum, cfg.seq_len          # global batch rows per optimizer step
-    # The run's HyperP LRs for a horizon of 100 such steps: the values only need to be those of a plausible run, since
-    # the step's cost does not depend on them (MuonH and AdamW do the same work at any LR).
-    lrs = hyperp_lrs(cfg.d_model, cfg.n_loops, 100 * rows * T, rows * T, d_model_ref=10 * cfg.aspect_ratio)
+    # HyperP LRs (the paper's reference) for a horizon of 100 such steps: the values only need to be those of a
+    # plausible run, since the step's cost does not depend on them (MuonH and AdamW do the same work at any LR).
+    lrs = hyperp_lrs(cfg.d_model, cfg.n_loops, 100 * rows * T, rows * T)
     opt = build_optimizer(model.param_groups(), lrs, polar_bf16=bf16)
     net = wrap(model) if wrap else model
     net = torch.compile(net, backend=compile_backend) if compile_backend else net
@@ -121,8 +97,7 @@ def train_bench(cfg, device, device_batch, steps, accum=1, bf16=False, compile_b
     if world > 1:                                                # global-batch mean (gloo has no AVG: sum / world)
         torch.distributed.all_reduce(per_step)
     step_s, opt_s = (sum(t[i] for t in times[1:]) / steps for i in (0, 1))   # the warm-up step is not timed
-    F = flops.flops_per_token(cfg.d_model, cfg.n_loops, cfg.n_layers_eff, cfg.n_layers_prelude, cfg.n_layers_coda,
-                              cfg.injection, cfg.hc_lanes, cfg.n_loops_bwd, T, cfg.vocab_size)
+    F = flops.flops_per_token(**flops.accounting_args(cfg))      # the run's F_train (truncated loops fwd-only)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     peak, key = peak_flops(name)
     return dict(device=name, scale=cfg.scale, d_model=cfg.d_model, n_loops=cfg.n_loops, n_loops_bwd=cfg.n_loops_bwd,
@@ -135,27 +110,25 @@ def train_bench(cfg, device, device_batch, steps, accum=1, bf16=False, compile_b
 
 def main(argv=None) -> dict:
     """The CLI: flags checked (one-line errors, exit 2) before anything is built; prints the line, writes --out."""
-    p = _Parser(prog="runs/bench_train.py", description="training tok/s, MFU and peak memory on synthetic tokens")
-    for f in dataclasses.fields(ModelConfig):                  # one flag per architecture field, its default kept
-        kind = int if f.name == "n_loops_bwd" else type(f.default)
-        p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=f.default,
-                       type=_number(kind, 0 if kind is int else None) if kind in (int, float) else kind)
+    p = common.Parser(prog="runs/bench_train.py", description="training tok/s, MFU and peak memory, synthetic tokens")
+    common.add_dataclass_flags(p, ModelConfig, {})             # every architecture field; ModelConfig checks them
     for name, default in (("device-batch", 8), ("steps", 5), ("accum", 1)):
-        p.add_argument("--" + name, type=_number(int, 1), default=default)
+        p.add_argument("--" + name, type=common.number(int, "[1, inf)"), default=default)
     p.add_argument("--out", help="also write the figures here as JSON")
-    p.add_argument("--overwrite", action="store_true", help="replace an --out this tool did not write")
+    p.add_argument("--overwrite", action="store_true", help="let --out replace a file this tool did not write")
     a = p.parse_args(argv)
     cuda = torch.cuda.is_available()                          # the run's defaults: bf16 + inductor on CUDA only
     device = torch.device("cuda" if cuda else "cpu")
     # The request: every flag but where the output goes. A rerun of the same request may replace its own file.
-    mine = {"tool": "runs/bench_train.py", "request": {k: v for k, v in vars(a).items() if k not in ("out",
-                                                                                                "overwrite")}}
+    key = common.request_key("bench_train", {k: v for k, v in vars(a).items() if k not in ("out", "overwrite")})
     try:                                                       # every refusal before any work, in one line
         cfg = ModelConfig(**{f.name: getattr(a, f.name) for f in dataclasses.fields(ModelConfig)})
-        if a.out:
-            check_out(a.out, mine, a.overwrite)
+        if a.out:                                              # its folder is made here (out/ on a fresh clone)
+            common.check_dir_writable(os.path.dirname(os.path.abspath(a.out)), "--out's folder")
+            common.check_owned([a.out], key, a.overwrite, "--out")
+            os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     except ValueError as err:
-        p.error(str(err))
+        common.fail(p.prog, err)
     r = train_bench(cfg, device, a.device_batch, a.steps, a.accum, cuda, "inductor" if cuda else None,
                     resolve_attention("auto", device, cuda)[0])[0]
     # One line; bench.sh keeps these in OUT/train_bench.txt. MFU n/a: no datasheet peak for this device (the reason).
@@ -166,7 +139,7 @@ def main(argv=None) -> dict:
           f"the step | {r['precision']} {r['attn']} compile {r['compile']} | mean of {r['steps']} steps after the "
           "first", flush=True)
     if a.out:
-        write_json(a.out, {"written_by": mine, **r})
+        common.write_owned(a.out, json.dumps(r, indent=1) + "\n", key)
     return r
 
 

@@ -44,7 +44,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from bench_train import check_out, peak_flops, peak_memory, train_bench, write_json
+from bench_train import peak_flops, peak_memory, train_bench   # first: it puts the repo root on sys.path
+import common                                                  # noqa: E402, I100
 from model import LoopedGPT, ModelConfig, attend, attention_summary, resolve_attention
 
 TOOL, ROOT = "runs/gpu_check.py", os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -189,9 +190,9 @@ def ddp_rank(rank, smoke, result) -> None:
     dist.all_reduce(hi, dist.ReduceOp.MAX)
     if rank == 0:
         # DDPOptimizer splits the compiled graph at bucket boundaries; each piece is one AOT-autograd compile
-        write_json(result, dict(rec, muonh_shards=opt.world, ranks_weight_sum_spread=(hi - lo).item(),
+        common.atomic_write(result, json.dumps(dict(rec, muonh_shards=opt.world, ranks_weight_sum_spread=(hi - lo).item(),
                                 dynamo_graphs=counters["stats"]["unique_graphs"], placement=str(device),
-                                ddp_subgraphs=counters["aot_autograd"]["total"]))
+                                ddp_subgraphs=counters["aot_autograd"]["total"])))
     dist.destroy_process_group()
 
 
@@ -278,10 +279,10 @@ def main(argv=None) -> int:
     """The CLI, and the entry of the stage and rank processes (hidden flags). The parent checks every flag and --out
     before any stage, prints the plan, then runs the stages in order; exit 1 if one failed or timed out."""
     global OUT
-    p = argparse.ArgumentParser(prog=TOOL, description="staged device check (issue 19 §5)", allow_abbrev=False)
-    p.error = lambda msg: p.exit(2, f"{TOOL}: error: {msg}\n")        # one line, no usage block
+    p = common.Parser(prog=TOOL, description="staged device check (issue 19 §5)")
     p.add_argument("--cpu-smoke", action="store_true", help="every stage on CPU with tiny sizes (CI)")
-    p.add_argument("--budget", type=float, default=480.0, help="seconds for all stages (default %(default)s)")
+    p.add_argument("--budget", type=common.number(float, "(0, 1e6)"), default=480.0,
+                   help="seconds for all stages (default %(default)s)")
     p.add_argument("--out", default="out/gpu_check.json", help="the JSON (default %(default)s)")
     p.add_argument("--overwrite", action="store_true", help="replace an --out this tool did not write")
     p.add_argument("--dry-run", action="store_true", help="print the plan (stages, estimates, drops) and stop")
@@ -297,16 +298,18 @@ def main(argv=None) -> int:
             out = {"status": "ok", "result": RUN[a.stage](a.cpu_smoke)}
         except Exception as err:                           # one stage's failure must not cost the next stages
             out = {"status": "failed", "error": f"{type(err).__name__}: {err}"[:2000]}
-        return write_json(a.result, out)
-    if not 0 < a.budget < 1e6:
-        p.error(f"argument --budget: must be seconds in (0, 1e6), got {a.budget:g}")
+        return common.atomic_write(a.result, json.dumps(out))
     if not (a.cpu_smoke or a.dry_run or torch.cuda.is_available()):
         p.error("no CUDA device visible; `bash runs/gpu_check.sh --cpu-smoke` runs the stages on CPU")
-    mine = {"tool": TOOL, "request": {"cpu_smoke": a.cpu_smoke, "budget": a.budget}}
+    # Ownership: the JSON is this tool's for this same request (the ledger beside it says so), or --overwrite
+    request = {"cpu_smoke": a.cpu_smoke, "budget": a.budget}
+    key, folder = common.request_key("gpu_check", request), os.path.dirname(OUT)
     try:                                                   # a dry run writes nothing: no --out to check
-        a.dry_run or check_out(a.out, mine, a.overwrite)
+        if not a.dry_run:
+            common.check_dir_writable(folder, "--out's folder")
+            common.check_owned([a.out], key, a.overwrite, "--out")
     except ValueError as err:
-        p.error(str(err))
+        common.fail(TOOL, err)
     # The plan: stages run in priority order while their summed estimates fit the budget; the rest are dropped.
     # At run time a stage that overran can only drop later ones (a stage's timeout is never past the budget).
     est = {n: v[2 if a.cpu_smoke else 1] for n, v in STAGES.items()}
@@ -316,8 +319,9 @@ def main(argv=None) -> int:
           + (", ".join(f"{n} {STAGES[n][0]} (~{est[n]} s)" for n in plan["dropped"]) or "none"), flush=True)
     if a.dry_run:
         return 0
-    rec, t0 = {"written_by": mine, "plan": plan, "stages": {}}, time.monotonic()
-    write_json(a.out, rec)
+    os.makedirs(folder, exist_ok=True)                     # out/ on a fresh clone
+    rec, t0 = {"tool": TOOL, "request": request, "plan": plan, "stages": {}}, time.monotonic()
+    common.write_owned(a.out, json.dumps(rec, indent=1), key)
     for n, (name, *_) in STAGES.items():
         left = a.budget - (time.monotonic() - t0)
         entry = rec["stages"][str(n)] = {"name": name, "estimate_s": est[n]}
@@ -326,7 +330,7 @@ def main(argv=None) -> int:
             entry.update(status="dropped", reason=f"--budget {a.budget:g} s: {left:.0f} s left, ~{est[n]} s needed")
         else:
             entry.update(run_child(n, a.cpu_smoke, timeout=min(left, 3 * est[n] + 60)))
-        write_json(a.out, rec)                               # after every stage: a kill keeps what is done
+        common.write_owned(a.out, json.dumps(rec, indent=1), key)   # after every stage: a kill keeps what is done
         print(f"gpu-check [{time.monotonic() - t0:5.0f}s] stage {n} {name}: {entry['status']} "
               f"{json.dumps(entry.get('result', entry.get('reason', entry.get('error'))))[:600]}", flush=True)
     print(f"gpu-check: wrote {a.out}", flush=True)

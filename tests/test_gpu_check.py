@@ -53,7 +53,7 @@ def test_cpu_smoke_runs_every_stage(tmp_path):
     assert ddp["max_abs_loss_diff"] < 1e-5 and two["muonh_shards"] == 2 and two["ranks_weight_sum_spread"] == 0
     assert all(comp[v]["breaks"] == 0 for v in ("r4", "r8_bptt4", "r4_hyper", "r1"))
     assert comp["train"]["recompiles"] == 0 and comp["train"]["compile_s"] > 0
-    assert sorted(os.listdir(tmp_path)) == ["gpu_check.json"]           # no scratch file left beside it
+    assert sorted(os.listdir(tmp_path)) == [".nanoloop-owned.json", "gpu_check.json"]   # no scratch left (ledger)
     again = check("--cpu-smoke", "--budget", "400", "--out", str(out))  # another request: refused, file kept
     assert again.returncode == 2 and len(again.stderr.strip().splitlines()) == 1 and "--overwrite" in again.stderr
     assert json.loads(out.read_text()) == rec
@@ -89,13 +89,14 @@ def test_budget_drops_the_last_stages(tmp_path):
 
 
 @pytest.mark.parametrize("argv, msg", [
-    (["--cpu-smoke", "--budget", "-1"], "--budget: must be seconds in (0, 1e6)"),
-    (["--cpu-smoke", "--budget", "nan"], "--budget: must be seconds"),
-    (["--cpu-smoke", "--budget", "soon"], "argument --budget: invalid float value"),
+    (["--cpu-smoke", "--budget", "-1"], "argument --budget: must be in (0, 1e6), got -1"),
+    (["--cpu-smoke", "--budget", "nan"], "argument --budget: must be a finite number in (0, 1e6)"),
+    (["--cpu-smoke", "--budget", "soon"], "argument --budget: expected a number, got 'soon'"),
     (["--cpu-smoke", "--stages", "1"], "unrecognized arguments: --stages"),
     (["--budget", "100"], "no CUDA device visible"),                  # this CPU machine, without --cpu-smoke
-    (["--cpu-smoke", "--out", "FOLDER"], "or is a folder"),
-    (["--cpu-smoke", "--out", "FOREIGN"], "was not written by runs/gpu_check.py for this same request"),
+    (["--cpu-smoke", "--out", "FOLDER"], "is not a file; it is never replaced"),
+    (["--cpu-smoke", "--out", "FOREIGN"], "exists and was written by someone else (or edited since); pass "
+                                          "--overwrite"),
 ])
 def test_bad_flags_are_one_line_errors_before_any_work(argv, msg, tmp_path, capsys, monkeypatch):
     (tmp_path / "foreign.json").write_text('{"mine": "not yours"}')
@@ -124,7 +125,8 @@ def test_bench_train_reports_and_owns_its_output(tmp_path, capsys):
     assert line.startswith("bench | n_loops 2 | bptt full | d_model 32 | tok/s ") and "mfu n/a (no datasheet" in line
     assert rec["tok_per_s"] > 0 and rec["mfu"] is None and rec["peak_rss"] > 0 and len(rec["losses"]) == 4
     saved = json.loads(out.read_text())
-    assert saved["tok_per_s"] == rec["tok_per_s"] and saved["written_by"]["tool"] == "runs/bench_train.py"
+    assert saved["tok_per_s"] == rec["tok_per_s"] and sorted(os.listdir(tmp_path)) == [".nanoloop-owned.json",
+                                                                                        "bench.json"]
     bench_train.main([*TINY, "--steps", "3", "--out", str(out)])        # the same request: its own file, replaced
     with pytest.raises(SystemExit) as exc:                              # another request: refused, file kept
         bench_train.main([*TINY, "--steps", "2", "--out", str(out)])
@@ -133,7 +135,7 @@ def test_bench_train_reports_and_owns_its_output(tmp_path, capsys):
     assert json.loads(out.read_text())["steps"] == 2
 
 
-@pytest.mark.parametrize("argv, msg", [(["--steps", "0"], "argument --steps: must be >= 1"),
+@pytest.mark.parametrize("argv, msg", [(["--steps", "0"], "argument --steps: must be in [1, inf), got 0"),
                                        (["--device-batch", "2.5"], "argument --device-batch"),
                                        (["--n-loops", "3"], "n_loops=3 must divide 16"),
                                        (["--injection", "passthrough", "--n-loops-bwd", "1"], "needs full BPTT")])
@@ -183,6 +185,7 @@ def test_bench_sh_refuses_a_foreign_out(tmp_path):
     (tmp_path / "train_bench.txt").write_text("my notes")
     proc = subprocess.run(["bash", "runs/bench.sh", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
-    assert proc.returncode == 2 and "did not write" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert proc.returncode == 2 and "files this tool did not make" in proc.stderr and "--overwrite" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
     assert sorted(os.listdir(tmp_path)) == ["train_bench.txt"] and (tmp_path / "train_bench.txt").read_text() == \
         "my notes"
