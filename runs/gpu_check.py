@@ -320,6 +320,8 @@ def main(argv=None) -> int:
     if a.dry_run:
         return 0
     os.makedirs(folder, exist_ok=True)                     # out/ on a fresh clone
+    if a.cpu_smoke:                                        # tiny models: one thread each is faster on a shared CPU
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
     rec, t0 = {"tool": TOOL, "request": request, "plan": plan, "stages": {}}, time.monotonic()
     common.write_owned(a.out, json.dumps(rec, indent=1), key)
     for n, (name, *_) in STAGES.items():
@@ -329,6 +331,7 @@ def main(argv=None) -> int:
             cut = cut or n
             entry.update(status="dropped", reason=f"--budget {a.budget:g} s: {left:.0f} s left, ~{est[n]} s needed")
         else:
+            # a stage may overrun its estimate (3x + 60 s) but never the budget: the timeout is what is left at most
             entry.update(run_child(n, a.cpu_smoke, timeout=min(left, 3 * est[n] + 60)))
         common.write_owned(a.out, json.dumps(rec, indent=1), key)   # after every stage: a kill keeps what is done
         print(f"gpu-check [{time.monotonic() - t0:5.0f}s] stage {n} {name}: {entry['status']} "
