@@ -190,9 +190,9 @@ def ddp_rank(rank, smoke, result) -> None:
     dist.all_reduce(hi, dist.ReduceOp.MAX)
     if rank == 0:
         # DDPOptimizer splits the compiled graph at bucket boundaries; each piece is one AOT-autograd compile
-        common.atomic_write(result, json.dumps(dict(rec, muonh_shards=opt.world, ranks_weight_sum_spread=(hi - lo).item(),
-                                dynamo_graphs=counters["stats"]["unique_graphs"], placement=str(device),
-                                ddp_subgraphs=counters["aot_autograd"]["total"])))
+        common.atomic_write(result, json.dumps(dict(
+            rec, muonh_shards=opt.world, ranks_weight_sum_spread=(hi - lo).item(), placement=str(device),
+            dynamo_graphs=counters["stats"]["unique_graphs"], ddp_subgraphs=counters["aot_autograd"]["total"])))
     dist.destroy_process_group()
 
 
