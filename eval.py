@@ -126,10 +126,11 @@ PRIMITIVES = ("var_assign_d0_math", "var_assign_d0_code", "var_assign_d1_math", 
               "induction_head")
 
 
-def _autocast(device):
-    """bf16 autocast on CUDA only, as in training; CPU paths stay fp32 and eager (project rule)."""
-    if device.type == "cuda":
-        return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+def _autocast(device, bf16=None):
+    """bf16 autocast on CUDA only, as in training; CPU paths stay fp32 and eager (project rule). bf16: the run's
+    precision when the caller knows it (train.py: an fp32 run is evaluated in fp32, a bf16 one in bf16)."""
+    if (device.type == "cuda") if bf16 is None else bf16:
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
@@ -143,13 +144,13 @@ def _all_reduce_sum(t):
 # -----------------------------------------------------------------------------
 # Validation loss (paper §4.1; data.md §4: token-mean CE in nats, fp64 accumulation, all-reduced)
 
-def val_loss(model, loader, tokens, n_loops=None) -> float:
+def val_loss(model, loader, tokens, n_loops=None, bf16=None) -> float:
     """Mean next-token cross entropy in nats over the first tokens // seq_len rows of the loader's split.
 
     Exact: every row of that fixed set is scored once across all ranks (loader.epoch slices rows by rank), and the
     sums of nats and token counts are kept in fp64 and all-reduced before the division. The model runs in eval mode
     under no_grad; its train/eval mode is restored afterwards. n_loops: evaluate at r' != trained r (test-time loop
-    extrapolation, App. A).
+    extrapolation, App. A). bf16: autocast or not (None = bf16 on CUDA only).
     """
     seq_len = int(loader.seq_len)
     # whole rows only: 70.8M = 34,560 x 2048 (§4.1)
@@ -160,7 +161,7 @@ def val_loss(model, loader, tokens, n_loops=None) -> float:
     model.eval()
     sums = torch.zeros(2, dtype=torch.float64, device=device)       # [sum of nats, number of scored tokens]
     try:
-        with torch.no_grad(), _autocast(device):
+        with torch.no_grad(), _autocast(device, bf16):
             for x, y in loader.epoch(n_rows):                       # x, y (B, T) int64, this rank's rows
                 # (B, T) nats, 0 where y == -1; summed in fp64 with the count of scored targets
                 loss = model(x, y, reduction="none", n_loops=n_loops)

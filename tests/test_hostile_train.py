@@ -19,10 +19,13 @@ import socket
 import subprocess
 import sys
 import time
+import dataclasses
+import typing
 
 import pytest
 import torch
 
+import common
 import data
 import train
 from conftest import ROOT
@@ -111,6 +114,7 @@ def copy_run(finished, tmp_path):
     ("--norm-eps", "inf"), ("--norm-eps", "nan"), ("--rope-base", "inf"), ("--logit-softcap", "inf"),
     ("--state-init-std", "inf"), ("--scale", "0"), ("--head-dim", "-2"), ("--muonh-lr", "-0.01"),
     ("--flops-budget", "nan"), ("--seed", "-1"), ("--eval-every", "-5"), ("--peak-flops", "inf"),
+    ("--vocab-size", "1e10"), ("--seq-len", "1e10"), ("--log-every", "0"), ("--device-batch", "-1"),
 ])
 def test_bad_value_is_one_line_at_parse_time(flag, value, tmp_path, capsys, monkeypatch, tiny_data):
     before = snapshot(tmp_path)
@@ -125,9 +129,9 @@ def test_bad_value_is_one_line_at_parse_time(flag, value, tmp_path, capsys, monk
 def test_every_numeric_config_field_has_limits():
     """One table drives the checks: a new int/float field without a row would go unchecked."""
     for cls in (train.ModelConfig, train.TrainConfig):
-        hints = train.typing.get_type_hints(cls)
-        numeric = [f.name for f in train.dataclasses.fields(cls)
-                   if any(t in (int, float) for t in (hints[f.name], *train.typing.get_args(hints[f.name])))]
+        hints = typing.get_type_hints(cls)
+        numeric = [f.name for f in dataclasses.fields(cls)
+                   if any(t in (int, float) for t in (hints[f.name], *typing.get_args(hints[f.name])))]
         missing = [n for n in numeric if n not in train.LIMITS]
         print(f"\n{cls.__name__}: {len(numeric)} numeric fields, all in LIMITS: {not missing}")
         assert not missing
@@ -147,7 +151,7 @@ def test_unusable_out_dir(case, tmp_path, capsys, monkeypatch, tiny_data):
     out = {"empty": "", "file": str(tmp_path / "notes.txt"), "under-file": str(tmp_path / "notes.txt" / "run")}[case]
     before = snapshot(tmp_path)
     code, out_s, err = cli(tiny(tiny_data, out, "--steps", "2"), capsys, monkeypatch)
-    one_error_line(code, out_s, err, 1, "--out-dir")
+    one_error_line(code, out_s, err, 2, "--out-dir")
     assert "nanoloop train" not in out_s                         # failed before printing the plan
     assert_untouched(before, snapshot(tmp_path))
 
@@ -173,7 +177,7 @@ def test_disk_too_full_for_a_checkpoint_fails_before_training(tmp_path, capsys, 
     monkeypatch.setattr(os, "statvfs", lambda p: os.statvfs_result((4096, 4096, 10, 1, 1, 10, 1, 1, 0, 255))
                         if str(p).startswith(str(tmp_path)) else real(p))
     code, out, err = cli(tiny(tiny_data, tmp_path / "run", "--steps", "2"), capsys, monkeypatch)
-    one_error_line(code, out, err, 1, "--out-dir", "4,096 bytes free")
+    one_error_line(code, out, err, 2, "--out-dir", "4,096 bytes free")
     assert "step 00001" not in out and not (tmp_path / "run").exists()      # not even an empty folder left
 
 
@@ -196,7 +200,7 @@ def test_disk_full_during_checkpoint_keeps_the_previous_one(tmp_path, capsys, mo
     one_error_line(code, out_s, err, 1, "No space left on device", "ckpt.pt", "previous")
     monkeypatch.undo()
     assert calls == [2, 4] and torch.load(out / "ckpt.pt", weights_only=True)["step"] == 2
-    assert sorted(os.listdir(out)) == ["ckpt.pt", "log.jsonl"]   # no temporary left, lock released
+    assert sorted(os.listdir(out)) == [common.LEDGER, "ckpt.pt", "log.jsonl"]   # no temporary left, lock released
 
 
 # -----------------------------------------------------------------------------
@@ -211,7 +215,7 @@ def test_second_trainer_refuses_naming_the_holder(finished, tmp_path, capsys, mo
         holder.flush()
         before = snapshot(tmp_path)
         code, out_s, err = cli(tiny(tiny_data, out, "--steps", "2", "--resume"), capsys, monkeypatch)
-        one_error_line(code, out_s, err, 1, "pid 4242 host gpu-node-7", str(out))
+        one_error_line(code, out_s, err, 2, "pid 4242 host gpu-node-7", str(out))
         assert_untouched(before, snapshot(tmp_path))
 
 
@@ -221,7 +225,7 @@ def test_foreign_lock_file_is_refused(finished, tmp_path, capsys, monkeypatch, t
     (out / "train.lock").write_text("my shopping list\n")
     before = snapshot(tmp_path)
     code, out_s, err = cli(tiny(tiny_data, out, "--steps", "2", "--resume"), capsys, monkeypatch)
-    one_error_line(code, out_s, err, 1, "train.lock", "not written by train.py")
+    one_error_line(code, out_s, err, 2, "train.lock", "not written by nanoloop")
     assert_untouched(before, snapshot(tmp_path))
 
 
@@ -244,9 +248,9 @@ def test_kill_leftovers_are_repaired_on_resume(finished, tmp_path, capsys, monke
     assert "removed" in out_s and ".ckpt.pt.0badf00d.tmp" in out_s
     assert "log.jsonl: dropped a torn last line" in out_s
     assert (out / "log.jsonl").read_text() == log_before          # repaired: exactly the lines before the kill
-    assert sorted(os.listdir(out)) == ["ckpt.pt", "done.json", "log.jsonl"]
+    assert sorted(os.listdir(out)) == [common.LEDGER, "ckpt.pt", "done.json", "log.jsonl"]
     assert_untouched(before, snapshot(tmp_path), changed={str(out / "log.jsonl"), str(out / ".ckpt.pt.0badf00d.tmp"),
-                                                          str(out / "train.lock")})
+                                                          str(out / "train.lock"), str(out / common.LEDGER)})
 
 
 # -----------------------------------------------------------------------------
@@ -258,7 +262,7 @@ def test_foreign_log_is_refused_and_kept(finished, tmp_path, capsys, monkeypatch
     (out / "log.jsonl").write_text('{"step": 1, "loss": 4.8}\nmy notes, not JSON\n{"step": 2, "loss": 4.7}\n')
     before = snapshot(tmp_path)
     code, out_s, err = cli(tiny(tiny_data, out, "--steps", "2", "--resume"), capsys, monkeypatch)
-    one_error_line(code, out_s, err, 1, "log.jsonl line 2")
+    one_error_line(code, out_s, err, 2, "log.jsonl line 2")
     assert_untouched(before, snapshot(tmp_path))
 
 
@@ -266,7 +270,7 @@ def test_record_of_another_run_is_not_handed_back(finished, tmp_path, capsys, mo
     out = copy_run(finished, tmp_path)
     before = snapshot(tmp_path)
     code, out_s, err = cli(tiny(tiny_data, out, "--steps", "3", "--resume"), capsys, monkeypatch)  # was 2 steps
-    one_error_line(code, out_s, err, 1, "done.json", "different run", "'steps': (2, 3)")
+    one_error_line(code, out_s, err, 2, "done.json", "different run", "steps: 2 vs 3")
     assert_untouched(before, snapshot(tmp_path))
 
 
@@ -275,7 +279,7 @@ def test_corrupt_record_is_one_line(finished, tmp_path, capsys, monkeypatch, tin
     (out / "done.json").write_text('{"val_loss": 4.8')
     before = snapshot(tmp_path)
     code, out_s, err = cli(tiny(tiny_data, out, "--steps", "2", "--resume"), capsys, monkeypatch)
-    one_error_line(code, out_s, err, 1, "done.json", "not a train.py record")
+    one_error_line(code, out_s, err, 2, "done.json", "not a train.py record")
     assert_untouched(before, snapshot(tmp_path))
 
 
@@ -291,9 +295,143 @@ def test_atomic_write_never_follows_a_planted_link(tmp_path):
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")
     os.symlink(victim, tmp_path / ".out.json.tmp")                # the name the old helper wrote through
-    data.atomic_write(str(tmp_path / "out.json"), lambda tmp: open(tmp, "w").write("{}\n"))
+    common.atomic_write(str(tmp_path / "out.json"), "{}\n")
     assert victim.read_text() == "precious\n" and (tmp_path / "out.json").read_text() == "{}\n"
-    assert data.stale_temps(str(tmp_path)) == []
+    assert common.stale_temps(str(tmp_path)) == []
+
+
+# -----------------------------------------------------------------------------
+# 4b. One run identity (issue 18 §1): a record or checkpoint is this run's only if its identity is this run's
+
+@pytest.mark.parametrize("flags, culprit", [
+    (["--eval-tokens", "256"], "eval_tokens: 512 vs 256"), (["--precision", "bf16"], "precision: 'fp32' vs 'bf16'"),
+    (["--case", "bptt"], "case: '' vs 'bptt'"), (["--seed", "1"], "seed: 0 vs 1")])
+def test_finished_run_with_another_identity_is_not_handed_back(flags, culprit, finished, tmp_path, capsys,
+                                                              monkeypatch, tiny_data):
+    out = copy_run(finished, tmp_path)
+    before = snapshot(tmp_path)
+    code, out_s, err = cli(tiny(tiny_data, out, "--steps", "2", "--resume", *flags), capsys, monkeypatch)
+    one_error_line(code, out_s, err, 2, "done.json", "different run", culprit)
+    assert_untouched(before, snapshot(tmp_path))
+
+
+def test_finished_run_is_handed_back_whatever_the_excluded_flags(finished, tmp_path, capsys, monkeypatch, tiny_data):
+    """Fields that cannot change the result (device batch, checkpoint / eval cadence, logging) are not the identity."""
+    out = copy_run(finished, tmp_path)
+    before = snapshot(tmp_path)
+    code, out_s, err = cli(tiny(tiny_data, out, "--steps", "2", "--resume", "--device-batch", "2", "--eval-every",
+                                "1", "--ckpt-every", "7", "--log-every", "3"), capsys, monkeypatch)
+    assert code == 0 and err == "" and "the run is finished (same run identity)" in out_s
+    assert_untouched(before, snapshot(tmp_path))
+
+
+def test_killed_run_resumed_on_another_packing_is_refused(tmp_path, capsys, monkeypatch, tiny_data):
+    """Killed at step 2, then resumed with --data naming another packing of the same documents: refused, naming
+    the data, instead of training on the other rows under the old record's name."""
+    out = tmp_path / "run"
+    env = dict(os.environ, NANOLOOP_FAULT="kill@2", OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    proc = subprocess.run([sys.executable, TRAIN, *tiny(tiny_data, out, "--steps", "4", "--ckpt-every", "1")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9 and torch.load(out / "ckpt.pt", weights_only=True)["step"] == 2, proc.stderr[-500:]
+    import random
+    rng, docs = random.Random(0), []
+    for _ in range(600):                                         # conftest's documents, packed with another seed
+        n, start = rng.randint(5, 60), rng.randint(2, 120)
+        docs.append([2 + (start + 3 * i) % 126 for i in range(n)])
+    other = tmp_path / "other_packing"
+    data.prepare_docs(docs, str(other), seq_len=32, vocab_size=128, bos_id=1, tokenizer_hash="synthetic-test",
+                      val_docs=60, seed=1, source="tests/conftest.py synthetic")
+    assert data.read_meta(str(other))["tokenizer_hash"] == data.read_meta(tiny_data)["tokenizer_hash"]
+    capsys.readouterr()                                          # prepare_docs's progress lines
+    before = snapshot(tmp_path)
+    code, out_s, err = cli(tiny(other, out, "--steps", "4", "--ckpt-every", "1", "--resume"), capsys, monkeypatch)
+    one_error_line(code, out_s, err, 2, "ckpt.pt", "different run", "data: ")
+    assert_untouched(before, snapshot(tmp_path))
+
+
+@pytest.mark.parametrize("case", ["zero-bytes", "copied", "no-identity"])
+def test_a_record_this_run_did_not_write_is_not_finished(case, finished, tmp_path, capsys, monkeypatch, tiny_data):
+    """A 0-byte done.json, one copied from another run, or one from a train.py without run identities is never
+    taken for "finished" (a sweep that asks train.py skips none of them)."""
+    out = copy_run(finished, tmp_path)
+    rec = json.load(open(out / "done.json"))
+    if case == "zero-bytes":
+        (out / "done.json").write_bytes(b"")
+    elif case == "copied":                                       # the record of a 3-step run of another seed
+        other = tmp_path / "other"
+        train.main(*train.parse_args(tiny(tiny_data, other, "--steps", "3", "--seed", "5")))
+        shutil.copy(other / "done.json", out / "done.json")
+    else:
+        (out / "done.json").write_text(json.dumps({k: v for k, v in rec.items() if k != "identity"}))
+    want = {"zero-bytes": ["not a train.py record", "not valid JSON"], "copied": ["different run", "steps: 3 vs 2"],
+            "no-identity": ["records no run identity", "older train.py"]}[case]
+    before = snapshot(tmp_path)
+    code, out_s, err = cli(tiny(tiny_data, out, "--steps", "2", "--resume"), capsys, monkeypatch)
+    one_error_line(code, out_s, err, 2, "done.json", *want)
+    code, out_s, err = cli(tiny(tiny_data, out, "--steps", "2", "--plan"), capsys, monkeypatch)   # a sweep's question
+    one_error_line(code, out_s, err, 2, "done.json", *want)
+    assert_untouched(before, snapshot(tmp_path))
+
+
+def test_checkpoint_without_identity_is_refused(finished, tmp_path, capsys, monkeypatch, tiny_data):
+    out = copy_run(finished, tmp_path)
+    os.remove(out / "done.json")
+    ck = torch.load(out / "ckpt.pt", weights_only=True)
+    del ck["identity"]
+    torch.save(ck, out / "ckpt.pt")
+    before = snapshot(tmp_path)
+    code, out_s, err = cli(tiny(tiny_data, out, "--steps", "2", "--resume"), capsys, monkeypatch)
+    one_error_line(code, out_s, err, 2, "ckpt.pt", "records no run identity")
+    assert_untouched(before, snapshot(tmp_path))
+
+
+# -----------------------------------------------------------------------------
+# 4c. Memory (issue 18 §3) and a filesystem without flock (issue 19 §1)
+
+@pytest.mark.parametrize("flags, env, culprit", [
+    (["--vocab-size", "1e9"], {}, "physical RAM"),
+    ([], {"NANOLOOP_MEMORY_CAP": "1e6"}, "NANOLOOP_MEMORY_CAP=1e6")])
+def test_a_model_that_cannot_fit_is_refused_before_allocating(flags, env, culprit, tmp_path, capsys, monkeypatch,
+                                                              tiny_data):
+    monkeypatch.setattr(train, "LoopedGPT", None)                # building a model would raise TypeError
+    code, out, err = cli(tiny(tiny_data, tmp_path / "run", "--steps", "2", *flags), capsys, monkeypatch, env=env)
+    one_error_line(code, out, err, 2, "does not fit", "optimizer state need", "GiB", culprit)
+    assert not (tmp_path / "run").exists()
+
+
+def test_no_flock_still_locks_and_refuses_a_live_holder(finished, tmp_path, capsys, monkeypatch, tiny_data):
+    """Lustre without -o flock / NFS nolock: flock fails with ENOLCK. A run still takes the lock (a pid lock file),
+    and a second trainer is refused naming the live holder and the missing flock, not a disk or permission error."""
+    calls = []
+
+    def no_flock(fd, op):
+        calls.append(op)
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    seen = {}
+    real_acquire = common.acquire_lock
+
+    def acquire(folder, name="train.lock"):                     # what the lock file says while the run holds it
+        fd = real_acquire(folder, name)
+        seen["lock"] = open(os.path.join(folder, name)).read().strip()
+        return fd
+    monkeypatch.setattr(common, "acquire_lock", acquire)
+    code, out_s, err = cli(tiny(tiny_data, tmp_path / "run", "--steps", "2"), capsys, monkeypatch)
+    assert code == 0 and err == "" and calls and (tmp_path / "run" / "done.json").exists()
+    assert seen["lock"] == f"pid {os.getpid()} host {socket.gethostname()}"
+    assert not (tmp_path / "run" / "train.lock").exists()      # released
+    out = copy_run(finished, tmp_path / "second")
+    os.remove(out / "done.json")
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (out / "train.lock").write_text(f"pid {holder.pid} host {socket.gethostname()}\n")
+        before = snapshot(tmp_path)
+        code, out_s, err = cli(tiny(tiny_data, out, "--steps", "2", "--resume"), capsys, monkeypatch)
+        one_error_line(code, out_s, err, 2, f"locked by pid {holder.pid}", "no flock")
+        assert_untouched(before, snapshot(tmp_path))
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 # -----------------------------------------------------------------------------
@@ -319,7 +457,7 @@ def test_mini_keeps_files_it_did_not_create(tmp_path):
     (x / "data" / "important.txt").write_text("do not delete\n")
     before = snapshot(tmp_path)
     proc = mini("--quick", str(x))
-    mini_error(proc, 1, str(x), "not made by mini.sh")
+    mini_error(proc, 2, str(x), "holds files this tool did not make")
     assert_untouched(before, snapshot(tmp_path))
     assert sorted(os.listdir(x)) == ["data"]
 
@@ -336,7 +474,7 @@ def test_mini_out_is_a_file_or_empty(case, tmp_path):
     (tmp_path / "f").write_text("a user's file\n")
     before = snapshot(tmp_path)
     proc = mini("--quick", str(tmp_path / "f") if case == "file" else "")
-    mini_error(proc, 1 if case == "file" else 2, "OUT")
+    mini_error(proc, 2, "OUT")
     assert_untouched(before, snapshot(tmp_path))
 
 
@@ -348,7 +486,7 @@ def test_mini_never_mixes_two_grids_in_one_out(tmp_path):
     (out / ".nanoloop-mini").write_text("grid 380655468 (quick)\n")
     before = snapshot(tmp_path)
     proc = mini(str(out))                                            # the full grid into the quick study's folder
-    mini_error(proc, 1, str(out), "holds another mini study", "(quick)", "(full)")
+    mini_error(proc, 2, str(out), "holds another mini study", "(quick)", "(full)")
     assert_untouched(before, snapshot(tmp_path))
 
 
@@ -368,12 +506,13 @@ def test_mini_failed_worker_stops_the_others_and_is_named(tmp_path, tiny_data):
     """A grid whose data does not fit (seq_len 32 vs the grid's 128): the first worker to fail names its run and
     log, the other worker is stopped, the script exits 1; the OUT path has a space in it."""
     out = tmp_path / "mini study"
-    (out / "runs").mkdir(parents=True)                           # the layout an earlier mini.sh leaves: adopted
+    (out / "runs").mkdir(parents=True)                           # an earlier mini.sh's layout, adopted with
+                                                                 # --overwrite (nothing is deleted)
     (out / "tokenizer.model").write_text("(unused: the data below exists)\n")
     shutil.copytree(tiny_data, out / "data")
     before = snapshot(tmp_path)
     t = time.time()
-    proc = mini("--quick", str(out), env={"JOBS": "2"}, timeout=600)
+    proc = mini("--quick", "--overwrite", str(out), env={"JOBS": "2"}, timeout=600)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     print(f"\nexit {proc.returncode} after {time.time() - t:.0f} s:\n" + "\n".join(lines))
     assert proc.returncode == 1 and "Traceback" not in proc.stdout + proc.stderr

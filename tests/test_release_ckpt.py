@@ -305,7 +305,8 @@ def test_corrupt_ckpt_in_train_resume(tiny_data, tmp_path):
     mcfg, tcfg = train.parse_args(argv)
     mcfg = ModelConfig(**dict(asdict(mcfg), vocab_size=128))                 # what the run would train
     extra = {k: 0 for k in train.CKPT_KEYS if k not in ("model", "model_config")}
-    extra.update(train_config=asdict(tcfg), tokenizer_hash="synthetic-test")        # the conftest corpus
+    extra.update(train_config=asdict(tcfg), tokenizer_hash="synthetic-test",         # the conftest corpus
+                 identity=train.run_identity(mcfg, tcfg, data.data_identity(tiny_data), None, "fp32", "sdpa", False))
     for case, path in _corrupt_ckpts(str(tmp_path), mcfg, extra).items():
         with pytest.raises(ValueError) as exc:
             train.main(*train.parse_args(argv + ["--out-dir", os.path.dirname(path)]))

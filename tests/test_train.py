@@ -215,7 +215,8 @@ def test_interrupted_checkpoint_write_keeps_previous(tiny_data, tmp_path, refere
     left = sorted(os.listdir(out))
     print(f"\ncheckpoint writes: {calls}; out_dir after the interrupted write: {left}")
     assert calls == [5, 10] and sha(out / "ckpt.pt") == previous["sha"]   # the step-5 file, byte for byte
-    assert left == ["ckpt.pt", "log.jsonl"]            # the half-written temporary is removed, the lock released
+    assert left == [".nanoloop-owned.json", "ckpt.pt", "log.jsonl"]   # the half-written temporary is removed,
+                                                       # the lock released; the ownership ledger names the step-5 file
     assert torch.load(out / "ckpt.pt", weights_only=True)["step"] == 5
     run(argv + ["--resume"])
     assert_same_as_reference(out, reference)
@@ -300,8 +301,8 @@ def test_data_tokenizer_mismatch_fails_before_work(tiny_data, tmp_path, monkeypa
         meta["tokenizer_hash"] = "another-tokenizer"
         json.dump(meta, open(other / f"meta_{split}.json", "w"))
     monkeypatch.setattr(train, "LoopedGPT", None)                     # any use would raise TypeError
-    with pytest.raises(ValueError, match="tokenised with synthetic-test, but .* tokenised with another-tokenizer"):
-        run(tiny_argv(other, out, "--steps", "2", "--resume"))
+    with pytest.raises(ValueError, match=r"ckpt.pt is the record of a different run \(recorded vs now: data: "):
+        run(tiny_argv(other, out, "--steps", "2", "--resume"))          # the data identity holds the tokenizer
     meta = data.read_meta(str(other), "val")
     meta["tokenizer_hash"] = "a-third-one"
     json.dump(meta, open(other / "meta_val.json", "w"))
@@ -347,3 +348,113 @@ def test_loss_goes_down_on_real_text(tmp_path):
     print(f"\n200 steps on {n:,} characters: first train loss {first:.3f}, val_loss {rec['val_loss']:.3f} nats "
           f"vs unigram entropy {unigram:.3f} nats (uniform {math.log(128):.3f})")
     assert rec["val_loss"] < unigram - 0.5
+
+
+# -----------------------------------------------------------------------------
+# Run identity (issue 18 §1): every config field is in the identity or named as unable to change a result
+
+def test_every_config_field_is_in_the_identity_or_excluded(tiny_data):
+    names = {f.name for cls in (train.ModelConfig, train.TrainConfig) for f in train.dataclasses.fields(cls)}
+    mcfg, tcfg = train.parse_args(["--steps", "1"])
+    ident = train.run_identity(mcfg, tcfg, data.data_identity(tiny_data), None, "fp32", "sdpa", False)
+    print(f"\n{len(ident)} identity keys; excluded: {train.IDENTITY_EXCLUDED}")
+    assert names - set(train.IDENTITY_EXCLUDED) <= set(ident), "a field is in neither list"
+    assert set(train.IDENTITY_EXCLUDED) <= names, "IDENTITY_EXCLUDED names a field that does not exist"
+    assert not set(train.IDENTITY_EXCLUDED) & set(ident)
+    assert {"data", "init_from", "precision", "attn", "compile", "case", "eval_tokens"} <= set(ident)
+    # the data identity is the content, not the path: a copy has the same identity, another packing another one
+    copy = os.path.join(os.path.dirname(tiny_data), "copy_of_tiny")
+    shutil.copytree(tiny_data, copy, dirs_exist_ok=True)
+    assert data.data_identity(copy) == data.data_identity(tiny_data)
+
+
+def test_record_and_checkpoint_carry_the_identity(tiny_data, tmp_path):
+    out = tmp_path / "run"
+    rec = run(tiny_argv(tiny_data, out, "--steps", "2", "--case", "bptt"))
+    ck = torch.load(out / "ckpt.pt", weights_only=True)
+    assert rec["identity"] == ck["identity"] == json.load(open(out / "done.json"))["identity"]
+    assert rec["identity"]["case"] == "bptt" and rec["identity"]["precision"] == "fp32"
+    assert rec["identity"]["data"] == data.data_identity(tiny_data)
+    # --plan asks without training: the out-dir's status for this identity
+    plan = run(tiny_argv(tiny_data, out, "--steps", "2", "--case", "bptt", "--plan"))
+    assert plan["status"] == "finished" and plan["identity"] == rec["identity"]
+    assert run(tiny_argv(tiny_data, tmp_path / "new", "--steps", "2", "--plan"))["status"] == "fresh"
+
+
+# -----------------------------------------------------------------------------
+# Issue 19: the device batch that fits, no host sync between logging steps, MFU only from a known peak
+
+def test_auto_device_batch_picks_the_largest_that_fits_and_keeps_the_loss(tiny_data, tmp_path, monkeypatch,
+                                                                          capsys):
+    """Under a simulated memory cap the auto device batch is the largest divisor of the rows per rank whose memory
+    model fits; its losses equal a fixed device batch's at the same global batch (fp32, <= 1e-6)."""
+    i = TINY.index("--device-batch")
+    argv = TINY[:i] + TINY[i + 2:]                                                  # 8 rows per step, auto
+    mcfg, tcfg = train.parse_args([*argv, "--steps", "1", "--data", tiny_data])
+    mcfg = train.dataclasses.replace(mcfg, vocab_size=128)
+    model = train.LoopedGPT(mcfg)
+    g = train.derive(mcfg, tcfg, 1)
+    static = 4 * train.model_bytes(mcfg)[1]                                       # weights, grads, moments
+    one, two = (train.probe(model, k, train.nullcontext) for k in (1, 2))
+    need = lambda k: static + 1.2 * (max(2 * one - two, 0) + k * (two - one))
+    monkeypatch.setenv("NANOLOOP_MEMORY_CAP", str(int(need(4) + 0.5 * (need(8) - need(4)))))   # 4 fits, 8 does not
+    auto = run([*argv, "--steps", "4", "--data", tiny_data, "--out-dir", str(tmp_path / "auto")])
+    out = capsys.readouterr().out
+    print("\n" + next(ln for ln in out.splitlines() if "device batch" in ln and "rows x" in ln))
+    assert auto["device_batch"] == 4 and "largest divisor of 8 rows per rank" in out
+    monkeypatch.setenv("NANOLOOP_MEMORY_CAP", str(int(need(8)) + 1))
+    assert run([*argv, "--steps", "1", "--data", tiny_data, "--out-dir", str(tmp_path / "all")])["device_batch"] == 8
+    monkeypatch.delenv("NANOLOOP_MEMORY_CAP")
+    fixed = run([*argv, "--device-batch", "2", "--steps", "4", "--data", tiny_data, "--out-dir", str(tmp_path / "f")])
+    diff = max(abs(a - b) for a, b in zip(losses(tmp_path / "auto"), losses(tmp_path / "f")))
+    print(f"auto (4 rows x 2) vs fixed (2 rows x 4): max |loss diff| {diff:.2e}; val {auto['val_loss']:.7f} vs "
+          f"{fixed['val_loss']:.7f}")
+    assert fixed["device_batch"] == 2 and diff <= 1e-6 and abs(auto["val_loss"] - fixed["val_loss"]) <= 1e-6
+    monkeypatch.setenv("NANOLOOP_MEMORY_CAP", str(int(need(1) - 1)))          # not even one row: refused, one line
+    with pytest.raises(ValueError, match="one row of 32 tokens does not fit"):
+        run([*argv, "--steps", "1", "--data", tiny_data, "--out-dir", str(tmp_path / "none")])
+
+
+def test_plan_falls_back_to_the_release_device_batch():
+    for scale, want in ((10, 32), (20, 16), (34, 8)):
+        assert run(["--flops-budget", "1e19", "--scale", str(scale), "--plan"])["device_batch"] == want
+
+
+def test_loss_is_read_only_at_logging_steps(tiny_data, tmp_path, monkeypatch):
+    """No .item() (a host sync) in train.py between logging steps: 8 steps at --log-every 4 read the loss twice."""
+    real, calls = torch.Tensor.item, []
+
+    def item(t):
+        if sys._getframe(1).f_code.co_filename == train.__file__:
+            calls.append(sys._getframe(1).f_code.co_name)
+        return real(t)
+    monkeypatch.setattr(torch.Tensor, "item", item)
+    run(tiny_argv(tiny_data, tmp_path / "run", "--steps", "8", "--log-every", "4", "--ckpt-every", "0"))
+    print(f"\n.item() calls from train.py over 8 steps: {calls}")
+    assert calls == ["read_loss", "read_loss"] and len(losses(tmp_path / "run")) == 2
+
+
+@pytest.mark.parametrize("name, want", [
+    ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12), ("NVIDIA H100 NVL", 835e12),
+    ("NVIDIA H200", 989e12), ("NVIDIA H200 NVL", 835e12), ("NVIDIA GH200 480GB", 989e12), ("NVIDIA B200", 2.25e15),
+    ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA L40S", 362e12), ("NVIDIA L4", 121e12), ("NVIDIA H20", 148e12),
+    ("NVIDIA L40", None), ("NVIDIA GeForce RTX 4090", None), ("cpu", None)])
+def test_peak_flops_table_matches_the_most_specific_device(name, want):
+    tc = train.parse_args(["--steps", "1"])[1]
+    peak, rule = train.peak_flops(tc, name)
+    print(f"\n{name!r} -> {peak} ({rule})")
+    assert peak == want and (peak or "n/a" in rule)
+
+
+def test_evaluation_runs_in_the_runs_precision(tiny_data, tmp_path, monkeypatch):
+    """An fp32 run is evaluated in fp32 on CUDA too (issue 19 §4): train.py passes its precision to val_loss, and
+    eval's autocast follows it whatever the device."""
+    import contextlib
+    import eval as E
+    seen, real = [], train.val_loss
+    monkeypatch.setattr(train, "val_loss", lambda *a, **k: seen.append(k.get("bf16")) or real(*a, **k))
+    run(tiny_argv(tiny_data, tmp_path / "fp32", "--steps", "1"))
+    run(tiny_argv(tiny_data, tmp_path / "bf16", "--steps", "1", "--precision", "bf16"))
+    assert seen == [False, True]
+    assert isinstance(E._autocast(torch.device("cuda"), bf16=False), contextlib.nullcontext)
+    assert isinstance(E._autocast(torch.device("cpu"), bf16=True), torch.autocast)
