@@ -12,8 +12,8 @@ Run:   python runs/bench_train.py --scale 10 --n-loops 4 --device-batch 16 --ste
        CUDA: bf16 autocast and torch.compile (inductor) as a run uses them; CPU: fp32 eager.
 Used by: runs/bench.sh part 1; runs/gpu_check.py (train_bench, peak_memory, peak_flops).
 MFU = F_train (flops.py: the budget's FLOPs per token) x tok/s / (world x peak). The peak is the dense bf16 datasheet
-figure matched by device name (PEAK_FLOPS); any other device (a CPU included) gets MFU n/a with the reason, never a
-guessed figure.
+figure matched by device name (train.py's PEAK_FLOPS, as a run prints it); any other device (a CPU included) gets
+MFU n/a with the reason, never a guessed figure.
 """
 import dataclasses
 import json
@@ -21,28 +21,21 @@ import os
 import resource
 import sys
 import time
+import types
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the flat top-level modules
 import torch                                                                          # noqa: E402
 
 import common                                                                         # noqa: E402
 import flops                                                                          # noqa: E402
+import train                                                                          # noqa: E402
 from model import LoopedGPT, ModelConfig, resolve_attention                           # noqa: E402
 from optim import build_optimizer, hyperp_lrs                                         # noqa: E402
 
-# Dense bf16 tensor-core peak per GPU, FLOP/s (vendor datasheets quote 2x with 2:4 sparsity; these are half of it).
-# Matched as a substring of torch.cuda.get_device_name, first match wins: the NVL / PCIe cards (lower clocks and
-# power) come before the SXM parts whose names they contain, GB200 before B200, H200 before H20.
-PEAK_FLOPS = {"H100 NVL": 835e12, "H100 PCIe": 756e12, "H200 NVL": 835e12, "H800 PCIe": 756e12, "GH200": 989e12,
-              "H100": 989e12, "H200": 989e12, "H800": 989e12, "H20": 148e12, "GB200": 2.5e15, "B200": 2.25e15,
-              "B100": 1.75e15, "A100": 312e12, "A800": 312e12, "L40S": 362e12}
-
-
 def peak_flops(device_name: str) -> tuple:
-    """device name -> (peak FLOP/s, the PEAK_FLOPS key it matched), or (None, why there is no figure).
-    A device missing here (a new part, a CPU) never borrows another's figure: its MFU is n/a until it is added."""
-    found = [(value, key) for key, value in PEAK_FLOPS.items() if key.lower() in device_name.lower()]
-    return found[0] if found else (None, f"no datasheet peak for {device_name!r} in PEAK_FLOPS")
+    """(peak FLOP/s, rule) by train.py's PEAK_FLOPS (dense bf16 datasheet figures, the one table), or (None, why):
+    a device missing there (a new part, a CPU) never borrows another's figure; its MFU is n/a."""
+    return train.peak_flops(types.SimpleNamespace(peak_flops=None), device_name)
 
 
 def peak_memory(device) -> dict:
@@ -50,11 +43,10 @@ def peak_memory(device) -> dict:
     so the next reserved peak is its own); on CPU the process's peak RSS (Linux: KiB), which cannot be reset."""
     if device.type != "cuda":
         return dict(peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-    stats = torch.cuda.memory_stats(device)                      # the counters max_memory_allocated/reserved read
-    out = {f"cuda_max_{k}": stats.get(f"{k}_bytes.all.peak", 0) for k in ("allocated", "reserved")}
+    stats = torch.cuda.memory_stats(device)      # a snapshot of what max_memory_allocated / _reserved read, then reset
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
-    return out
+    return {f"cuda_max_{k}": stats.get(f"{k}_bytes.all.peak", 0) for k in ("allocated", "reserved")}
 
 
 def train_bench(cfg, device, device_batch, steps, accum=1, bf16=False, compile_backend=None, attn="sdpa",
@@ -133,9 +125,9 @@ def main(argv=None) -> dict:
                     resolve_attention("auto", device, cuda)[0])[0]
     # One line; bench.sh keeps these in OUT/train_bench.txt. MFU n/a: no datasheet peak for this device (the reason).
     mem = " | ".join(f"{k} {v / 2**20:,.0f} MiB" for k, v in r.items() if "max" in k or "rss" in k)
-    mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.2f}%"
+    mfu = r["peak_key"] if r["mfu"] is None else f"{100 * r['mfu']:.2f}% ({r['peak_key']})"
     print(f"bench | n_loops {r['n_loops']} | bptt {r['n_loops_bwd'] or 'full'} | d_model {r['d_model']} | tok/s "
-          f"{r['tok_per_s']:,.0f} | mfu {mfu} ({r['peak_key']}) | {mem} | optimizer {100 * r['optim_share']:.0f}% of "
+          f"{r['tok_per_s']:,.0f} | mfu {mfu} | {mem} | optimizer {100 * r['optim_share']:.0f}% of "
           f"the step | {r['precision']} {r['attn']} compile {r['compile']} | mean of {r['steps']} steps after the "
           "first", flush=True)
     if a.out:

@@ -122,7 +122,8 @@ def test_bench_train_reports_and_owns_its_output(tmp_path, capsys):
     rec = bench_train.main([*TINY, "--steps", "3", "--out", str(out)])
     line = capsys.readouterr().out.strip()
     print(f"\n{line}")
-    assert line.startswith("bench | n_loops 2 | bptt full | d_model 32 | tok/s ") and "mfu n/a (no datasheet" in line
+    assert line.startswith("bench | n_loops 2 | bptt full | d_model 32 | tok/s ")
+    assert "| mfu n/a: 'cpu' is not in PEAK_FLOPS" in line                   # train.py's table: no guessed figure
     assert rec["tok_per_s"] > 0 and rec["mfu"] is None and rec["peak_rss"] > 0 and len(rec["losses"]) == 4
     saved = json.loads(out.read_text())
     assert saved["tok_per_s"] == rec["tok_per_s"] and sorted(os.listdir(tmp_path)) == [".nanoloop-owned.json",
@@ -145,17 +146,6 @@ def test_bench_train_bad_flags_are_one_line(argv, msg, capsys, monkeypatch):
         bench_train.main([*TINY, *argv])
     err = capsys.readouterr().err.strip()
     assert exc.value.code == 2 and len(err.splitlines()) == 1 and msg in err, err
-
-
-def test_peak_flops_table_covers_the_grid_gpus():
-    # issue 19 §4: H100 / H200 NVL and PCIe variants and B200 get their own figure; anything else gets none
-    for name, key in [("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H100 PCIe", "H100 PCIe"), ("NVIDIA H100 NVL",
-                      "H100 NVL"), ("NVIDIA H200", "H200"), ("NVIDIA H200 NVL", "H200 NVL"), ("NVIDIA B200", "B200"),
-                      ("NVIDIA GB200", "GB200"), ("NVIDIA A100-SXM4-80GB", "A100"), ("NVIDIA H20", "H20")]:
-        assert bench_train.peak_flops(name) == (bench_train.PEAK_FLOPS[key], key), name
-    assert bench_train.peak_flops("NVIDIA H100 NVL")[0] < bench_train.peak_flops("NVIDIA H100 80GB HBM3")[0]
-    value, why = bench_train.peak_flops("NVIDIA RTX PRO 6000")
-    assert value is None and "no datasheet peak for 'NVIDIA RTX PRO 6000'" in why
 
 
 def test_bench_sh_lines_parse_through_bench_train(tmp_path, monkeypatch):
