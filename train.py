@@ -82,7 +82,7 @@ import flops
 from common import print0
 from data import PackedLoader, data_identity, load_tokenizer, read_meta
 from eval import load_checkpoint, load_weights, model_bytes, read_checkpoint, val_loss
-from model import ATTN_BACKENDS, LoopedGPT, ModelConfig, resolve_attention
+from model import ATTN_BACKENDS, LoopedGPT, ModelConfig, attention_summary, resolve_attention
 from optim import build_optimizer, hyperp_lrs, lr_multiplier, reference, set_lr_multiplier
 
 REPO_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -442,7 +442,7 @@ def preflight(model_cfg, tc, world: int, device) -> SimpleNamespace:
         check_disk(tc, g, cfg, ckpt["step"] if ckpt else 0)
     return SimpleNamespace(cfg=cfg, tc=tc, g=g, facts=facts, identity=identity, status=status, record=record,
                            ckpt=ckpt, init_state=init_state, use_bf16=use_bf16, attn=attn, attn_rule=attn_rule,
-                           use_compile=use_compile, hook=hook, state_bytes=state,
+                           use_compile=use_compile, hook=hook, state_bytes=state, device=device,
                            dev_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
 
 
@@ -605,7 +605,8 @@ def startup_print(run, world: int, device_batch, db_rule: str, peak, peak_rule: 
              "final step only (data.md §4)"),
             ("precision", "bf16 (autocast, wte, Polar Express)" if run.use_bf16 else "fp32", ("--precision" if
              tc.precision else "default: bf16 on CUDA, fp32 on CPU") + "; eval in the same"),
-            ("attention", run.attn, run.attn_rule),
+            ("attention", run.attn, attention_summary(run.attn, run.device, run.use_bf16) + (
+                "; forced by --attn" if tc.attn != "auto" else "")),
             ("compile", run.use_compile, "default: on for CUDA, off for CPU" + ("; after DDP" if world > 1 else "")),
             ("loss read / log", f"every {tc.log_every} step(s)", "the only host syncs, + every eval / checkpoint"),
             ("mfu peak", f"{peak:.4g} FLOP/s per device" if peak else "n/a", peak_rule),
