@@ -840,21 +840,19 @@ def _text_docs(source, doc_chars, max_docs, tok, capacity, workers, stats):
 
         def batches():
             """The split's documents after the first `skip` (already packed), cut into encode batches."""
-            batch, chars, seen = [], 0, 0
-            for i, text in enumerate(iter_source(source, doc_chars, max_docs)):
-                if i >= len(is_val):
-                    raise ValueError(f"source {source!r} changed while preparing (more documents than counted)")
-                if is_val[i] != want:
-                    continue
-                seen += 1
-                if seen <= skip:
-                    continue
+            texts = iter_source(source, doc_chars, max_docs)
+            # is_val first: zip stops on it without taking a document, so one past the count is still in texts
+            picked = (text for v, text in zip(is_val, texts) if v == want)
+            batch, chars = [], 0
+            for text in itertools.islice(picked, skip, None):
                 stats["huge_docs"] += len(text) > HUGE_DOC_CHARS
                 batch.append(text)
                 chars += len(text)
                 if chars >= BATCH_CHARS or len(batch) >= 4096:
                     yield batch
                     batch, chars = [], 0
+            if next(texts, None) is not None:
+                raise ValueError(f"source {source!r} changed while preparing (more documents than counted)")
             if batch:
                 yield batch
         if workers <= 0:

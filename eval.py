@@ -348,10 +348,8 @@ class Example:
 def _common_prefix(seqs):
     """Length of the longest prefix shared by every sequence in seqs."""
     n = min(len(s) for s in seqs)
-    for i in range(n):
-        if any(s[i] != seqs[0][i] for s in seqs[1:]):
-            return i
-    return n
+    # the first position where some sequence differs from the first one; n when none does
+    return next((i for i in range(n) if any(s[i] != seqs[0][i] for s in seqs[1:])), n)
 
 
 def crop_example(ex: Example, max_len: int) -> Example:
@@ -862,12 +860,8 @@ RELEASE_META = {"step": (int, "[0, inf)"), "val_loss": ((int, float), "[0, inf)"
 
 def _release_steps(root) -> dict:
     """{step: model path} of root/model_<digits>.pt (aliases such as model_pre_warmdown.pt are not steps)."""
-    out = {}
-    for name in os.listdir(root):
-        m = re.fullmatch(r"model_(\d+)\.pt", name)
-        if m:
-            out[int(m.group(1))] = os.path.join(root, name)
-    return out
+    found = (re.fullmatch(r"model_(\d+)\.pt", name) for name in os.listdir(root))
+    return {int(m.group(1)): os.path.join(root, m.group(0)) for m in found if m}
 
 
 def release_rope_tables(n_pos, head_dim, base):
