@@ -780,7 +780,10 @@ def check_memory(cfg, device, source) -> None:
     """Refuse, naming the size, a model whose weights cannot fit in this machine's memory (physical RAM, and the
     GPU's total memory on CUDA): a hand-edited sequence_len 1e8 or vocab_size 1e10 is then one line up front, never
     the allocator's RuntimeError (or the OOM killer) halfway through building the model."""
-    host, dev = model_bytes(cfg)
+    try:                                                           # a count past flops' limits names its source
+        host, dev = model_bytes(cfg)
+    except ValueError as err:
+        raise ValueError(f"{source}: {err}") from None
     try:
         limits = [("host RAM", host, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))]
     except (ValueError, OSError):                                  # no sysconf: the allocator decides
