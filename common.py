@@ -16,6 +16,7 @@ inside init_dist only). Each of the README's "Guarantees" that is plumbing has e
 Shell scripts reach the same mechanisms through `python common.py claim-dir DIR TOOL REQUEST [--overwrite]`.
 """
 import argparse
+import contextlib
 import dataclasses
 import errno
 import fcntl
@@ -88,24 +89,14 @@ def check_number(v, interval: str, what: str = "") -> typing.Optional[str]:
 
 def parse_int(text: str) -> int:
     """An integer, also written in exact float notation: --tokens 47e9, --batch-tokens 2.62144e5."""
-    try:
+    # int() first: it is exact for any length, where float() would round 2**53 + 1
+    with contextlib.suppress(ValueError):
         return int(text)
-    except ValueError:
-        try:
-            f = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if not (math.isfinite(f) and f.is_integer()):
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}")
-        return int(f)
-
-
-def parse_float(text: str) -> float:
-    """A float; the range (and finiteness) check is number()'s, so "inf" parses here and is refused there."""
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    with contextlib.suppress(ValueError):
+        f = float(text)
+        if math.isfinite(f) and f.is_integer():
+            return int(f)
+    raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}")
 
 
 def parse_bool(text: str) -> bool:
@@ -120,10 +111,16 @@ def parse_bool(text: str) -> bool:
 def number(kind, interval: str = "(-inf, inf)", what: str = ""):
     """argparse type: kind (int or float) parsed, then checked against interval; nan and inf are refused when the
     flag is parsed, naming it, instead of surfacing later as a NaN loss or a 0-hour plan."""
-    conv = parse_int if kind is int else parse_float
 
     def parse(text):
-        v = conv(text)
+        if kind is int:
+            v = parse_int(text)
+        else:
+            # the range (and finiteness) check is check_number's, so "inf" parses here and is refused just below
+            try:
+                v = float(text)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
         why = check_number(v, interval, what)
         if why:
             raise argparse.ArgumentTypeError(why)
@@ -138,12 +135,9 @@ def _field_comments(cls) -> dict:
         src = inspect.getsource(cls)
     except (OSError, TypeError):
         return {}
-    out = {}
-    for line in src.splitlines():
-        m = re.match(r"\s+(\w+)\s*:[^=#]+=[^#]*#\s*(.+)$", line)
-        if m:
-            out[m.group(1)] = m.group(2).strip().replace("%", "%%")     # argparse formats help with %
-    return out
+    # "    name: type = default   # comment" -> {name: comment}; % doubled because argparse %-formats help texts
+    found = (re.match(r"\s+(\w+)\s*:[^=#]+=[^#]*#\s*(.+)$", line) for line in src.splitlines())
+    return {m.group(1): m.group(2).strip().replace("%", "%%") for m in found if m}
 
 
 def add_dataclass_flags(parser: argparse.ArgumentParser, cls, limits: dict) -> None:
@@ -202,14 +196,13 @@ def read_json(path: str, schema: typing.Optional[dict] = None) -> dict:
     if not isinstance(obj, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(obj).__name__}")
     for key, (types, interval) in (schema or {}).items():
-        if key not in obj or obj[key] is None:
+        v = obj.get(key)
+        if v is None:                                  # absent, or null: the caller's require() decides
             continue
-        v = obj[key]
         types = types if isinstance(types, tuple) else (types,)
-        ok = isinstance(v, types) and not (isinstance(v, bool) and bool not in types)
-        if not ok:
-            names = "/".join(t.__name__ for t in types)
-            raise ValueError(f"{path}: key {key!r} must be {names}, got {type(v).__name__} {v!r:.40}")
+        if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
+            raise ValueError(f"{path}: key {key!r} must be {'/'.join(t.__name__ for t in types)}, got "
+                             f"{type(v).__name__} {v!r:.40}")
         why = check_number(v, interval) if interval and isinstance(v, (int, float)) else None
         if why:
             raise ValueError(f"{path}: key {key!r} {why}")
@@ -236,49 +229,54 @@ def identity_diff(a: dict, b: dict) -> list:
 # One atomic writer: the real name only ever holds a complete file.
 
 
-def atomic_write(path: str, data) -> None:
-    """Write data (bytes, str, or a callable write(tmp_path)) to path through a temporary, fsync, rename.
+def _fsync(path: str) -> None:
+    # by path, so one helper serves the temporary (its bytes on disk before the rename makes them the real file)
+    # and the folder (the rename itself on disk); O_RDONLY is enough for fsync on Linux, also for a folder
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
-    The temporary is created exclusively (O_EXCL: never a pre-existing path, never through a link) in the target's
-    folder as ".NAME.<8 hex>.tmp". A Python-level failure (an error, ENOSPC, Ctrl-C) removes it; a kill -9 can
-    leave one, which never shadows the real file and which stale_temps() finds. fsync before the rename, so a power
-    loss cannot reorder data and rename; the folder is fsync'd after it where the OS allows."""
-    folder, base = os.path.dirname(path) or ".", os.path.basename(path)
+
+def _fresh_temp(folder: str, base: str) -> str:
+    """An empty ".BASE.<8 hex>.tmp" in folder that did not exist before: O_EXCL never opens a pre-existing path,
+    O_NOFOLLOW never a link, so a name planted in the folder can neither be clobbered nor written through."""
     for _ in range(100):                                   # a fresh random name; retry on a clash
         tmp = os.path.join(folder, f".{base}.{os.urandom(4).hex()}.tmp")
         try:                                               # 0o666 & ~umask, as a plain open() gives
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666))
-            break
+            return tmp
         except FileExistsError:
             continue
-    else:
-        raise FileExistsError(f"could not create a fresh temporary file in {folder}")
+    raise FileExistsError(f"could not create a fresh temporary file in {folder}")
+
+
+def atomic_write(path: str, data) -> None:
+    """Write data (bytes, str, or a callable write(tmp_path)) to path through a temporary, fsync, rename.
+
+    The temporary is created exclusively in the target's folder (_fresh_temp), so the rename never crosses a
+    filesystem. A Python-level failure (an error, ENOSPC, Ctrl-C) removes it; a kill -9 can leave one, which never
+    shadows the real file and which stale_temps() finds. fsync before the rename, so a power loss cannot reorder
+    data and rename; the folder is fsync'd after it where the OS allows."""
+    folder = os.path.dirname(path) or "."
+    tmp = _fresh_temp(folder, os.path.basename(path))
     try:
-        if callable(data):
+        if callable(data):                                 # torch.save(state, tmp) and other writers that want a path
             data(tmp)
         else:
             with open(tmp, "wb") as fh:
                 fh.write(data.encode() if isinstance(data, str) else data)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync(tmp)
         os.replace(tmp, path)                              # readers see the old file or the new one
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.remove(tmp)
-        except OSError:
-            pass
         raise
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
+    # Some filesystems refuse to open or fsync a folder; the file is complete either way, only the rename's
+    # durability across a power loss is then the OS's to give
+    with contextlib.suppress(OSError):
+        _fsync(folder)
 
 
 def stale_temps(folder: str) -> list:
@@ -480,10 +478,8 @@ def acquire_lock(folder: str, name: str = "train.lock") -> int:
 
 def release_lock(fd: int, folder: str, name: str = "train.lock") -> None:
     """Remove the lock file, then drop the flock (closing the fd): the next writer finds no holder."""
-    try:
+    with contextlib.suppress(OSError):            # already gone: a takeover or a hand removal
         os.remove(os.path.join(folder, name))
-    except OSError:
-        pass
     os.close(fd)
 
 
