@@ -182,6 +182,8 @@ def read_json(path: str, schema: typing.Optional[dict] = None) -> dict:
     schema maps key -> (types, interval or None): a present key must have one of the types (bool is never a
     number), and a number must lie in the interval -- the same limits the CLI applies, so a hand-edited record
     cannot carry a value no flag could. Keys are checked when present; callers require what they need."""
+    # Every way a file can fail to be a record maps to one line naming it: a torn write (JSONDecodeError), binary
+    # junk (UnicodeDecodeError), a pathological number or nesting (ValueError, RecursionError), an unreadable path.
     try:
         with open(path, "rb") as fh:
             obj = json.loads(fh.read())
@@ -364,6 +366,8 @@ def owner_of(path: str) -> typing.Optional[str]:
 def check_owned(paths, key: str, overwrite: bool = False, flag: str = "--out") -> None:
     """Before any work: every existing path in paths must be ours for this request (key), or --overwrite given.
     A folder or a link in the way is refused even with --overwrite (we never write through or over one)."""
+    # Checked for every path before the first is written, so a refusal never leaves half a request's outputs behind;
+    # lexists, not exists: a dangling link is something in the way too
     for path in paths:
         if not os.path.lexists(path):
             continue
@@ -378,6 +382,8 @@ def check_owned(paths, key: str, overwrite: bool = False, flag: str = "--out") -
 
 def write_owned(path: str, data, key: str) -> None:
     """atomic_write, then record path as written by key in its folder's ledger (itself written atomically)."""
+    # The file first, then its ledger entry: a kill in between leaves a file the ledger does not claim, which only
+    # makes the next run more careful (it asks for --overwrite), never lets it replace something it did not write
     atomic_write(path, data)
     folder = os.path.dirname(path) or "."
     led = _ledger(folder)
@@ -389,6 +395,8 @@ def claim_dir(folder: str, tool: str, request, overwrite: bool = False, flag: st
     """A folder one tool owns whole (runs/mini.sh's OUT, runs/bench.sh's OUT): adopted if absent or empty, resumed
     if its marker names this same tool and request, refused otherwise (unless overwrite: then re-marked; nothing
     is deleted). Returns "fresh", "resume" or "overwrite"."""
+    # A folder-wide marker, not the per-file ledger: a script's OUT fills with files written by many tools (train.py,
+    # fit.py, ...), and what the script owns is the folder as a whole, which the marker's request key names
     check_dir_writable(folder, flag)
     mark = os.path.join(folder, f".nanoloop-{tool}")
     key = request_key(tool, request)
@@ -435,6 +443,10 @@ def acquire_lock(folder: str, name: str = "train.lock") -> int:
     The lock file holds "pid P host H". A live holder makes this fail with a message naming it; a killed holder's
     lock is taken over, and said so. Creating the folder and the lock also probes that folder is writable."""
     path, me = os.path.join(folder, name), f"pid {os.getpid()} host {socket.gethostname()}"
+    # Why a loop: open, read the holder, lock -- and only then is the file known to be the one at the path; a holder
+    # that released meanwhile removed it (release_lock), so the lock would be on an unlinked inode: open it anew.
+    # Why not O_EXCL alone: it cannot tell a live holder from a killed one; flock does (the kernel drops a dead
+    # process's lock), and the pid text covers the filesystems without flock.
     try:
         os.makedirs(folder, exist_ok=True)
         while True:
@@ -491,6 +503,7 @@ def init_dist():
     """Returns (rank, world, device). gloo on CPU, so torchrun ranks really synchronise."""
     import torch
     import torch.distributed as dist
+    # Imported here, not at the top: fit.py and flops.py import this module and must never pay for (or need) torch
     if "RANK" not in os.environ:
         return 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu")
     backend = "nccl" if torch.cuda.is_available() else "gloo"
