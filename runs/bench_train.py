@@ -10,7 +10,9 @@ a FILE this tool did not write for this same request is never replaced without -
 Run:   python runs/bench_train.py --scale 10 --n-loops 4 --device-batch 16 --steps 5 [--out F.json]
        every ModelConfig field is a flag (--n-loops-bwd, --seq-len, ...; defaults: the paper's s = 10, r = 4).
        CUDA: bf16 autocast and torch.compile (inductor) as a run uses them; CPU: fp32 eager.
-Used by: runs/bench.sh part 1; runs/gpu_check.py (train_bench, peak_memory, peak_flops).
+Used by: runs/bench.sh part 1; runs/gpu_check.py (build, train_bench, peak_memory, claim_out): the one place a
+benchmark builds a model and its optimizer and claims its --out. (runs/op_count.py builds its own: it must also run
+against another checkout's modules, through PYTHONPATH, for a before figure.)
 MFU = F_train (flops.py: the budget's FLOPs per token) x tok/s / (world x peak). The peak is the dense bf16 datasheet
 figure matched by device name (train.py's PEAK_FLOPS, as a run prints it); any other device (a CPU included) gets
 MFU n/a with the reason, never a guessed figure.
@@ -21,7 +23,6 @@ import os
 import resource
 import sys
 import time
-import types
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the flat top-level modules
 import torch                                                                          # noqa: E402
@@ -31,12 +32,6 @@ import flops                                                                    
 import train                                                                          # noqa: E402
 from model import LoopedGPT, ModelConfig, resolve_attention                           # noqa: E402
 from optim import build_optimizer, hyperp_lrs                                         # noqa: E402
-
-def peak_flops(device_name: str) -> tuple:
-    """(peak FLOP/s, rule) by train.py's PEAK_FLOPS (dense bf16 datasheet figures, the one table), or (None, why):
-    a device missing there (a new part, a CPU) never borrows another's figure; its MFU is n/a."""
-    return train.peak_flops(types.SimpleNamespace(peak_flops=None), device_name)
-
 
 def peak_memory(device) -> dict:
     """Peak memory since the last call, then a reset: CUDA allocated and reserved bytes (the cache is emptied first,
@@ -49,6 +44,31 @@ def peak_memory(device) -> dict:
     return {f"cuda_max_{k}": stats.get(f"{k}_bytes.all.peak", 0) for k in ("allocated", "reserved")}
 
 
+def build(cfg, device, rows, bf16=False, attn="sdpa", seed=0, **optim_kw) -> tuple:
+    """(model, optimizer) as a run builds them: seeded init, the attention kernel, the embedding in bf16 on the bf16
+    path (App. C.1), MuonH + AdamW (optim.build_optimizer) at HyperP's LRs for `rows` rows of T per step.
+
+    The LRs are those of a plausible 100-step run: a step's cost (and its op count) does not depend on them, since
+    MuonH and AdamW do the same work at any LR. optim_kw overrides build_optimizer's arguments."""
+    torch.manual_seed(seed)
+    model = LoopedGPT(cfg).to(device)
+    model.set_attention(attn)
+    model.wte.to(dtype=torch.bfloat16 if bf16 else torch.float32)
+    tokens = rows * cfg.seq_len
+    opt = build_optimizer(model.param_groups(), hyperp_lrs(cfg.d_model, cfg.n_loops, 100 * tokens, tokens),
+                          **{"polar_bf16": bf16, **optim_kw})
+    return model, opt
+
+
+def claim_out(path: str, key: str, overwrite: bool) -> None:
+    """Before any work, --out's checks as one-line ValueErrors: its folder writable, the file absent or written by
+    this tool for this same request (common.check_owned: the folder's ledger), unless --overwrite. The folder is
+    made here (out/ on a fresh clone), so the write at the end cannot fail for want of it."""
+    common.check_dir_writable(os.path.dirname(os.path.abspath(path)), "--out's folder")
+    common.check_owned([path], key, overwrite, "--out")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+
+
 def train_bench(cfg, device, device_batch, steps, accum=1, bf16=False, compile_backend=None, attn="sdpa",
                 world=1, rank=0, seed=0, wrap=None) -> tuple:
     """Build as a run does; 1 warm-up + `steps` timed optimizer steps on random tokens -> (figures, model, optimizer).
@@ -57,16 +77,9 @@ def train_bench(cfg, device, device_batch, steps, accum=1, bf16=False, compile_b
     batch drawn from `seed`, so 1 rank at world x device_batch rows computes the same steps as `world` ranks. Several
     ranks: the process group is up and wrap(model) is the DDP module (compiled after wrapping, as train.py does;
     accum must then be 1: no no_sync here). The device is synchronised around the optimizer step to time it alone."""
-    torch.manual_seed(seed)
     peak_memory(device)                                          # reset: the figures below are this run's
-    model = LoopedGPT(cfg).to(device)
-    model.set_attention(attn)
-    model.wte.to(dtype=torch.bfloat16 if bf16 else torch.float32)   # App. C.1: bf16 embedding storage on GPU
     rows, T = device_batch * world * accum, cfg.seq_len          # global batch rows per optimizer step
-    # HyperP LRs (the paper's reference) for a horizon of 100 such steps: the values only need to be those of a
-    # plausible run, since the step's cost does not depend on them (MuonH and AdamW do the same work at any LR).
-    lrs = hyperp_lrs(cfg.d_model, cfg.n_loops, 100 * rows * T, rows * T)
-    opt = build_optimizer(model.param_groups(), lrs, polar_bf16=bf16)
+    model, opt = build(cfg, device, rows, bf16, attn, seed)
     net = wrap(model) if wrap else model
     net = torch.compile(net, backend=compile_backend) if compile_backend else net
     clock = lambda: (device.type != "cuda" or torch.cuda.synchronize(device), time.perf_counter())[1]  # noqa: E731
@@ -91,7 +104,7 @@ def train_bench(cfg, device, device_batch, steps, accum=1, bf16=False, compile_b
     step_s, opt_s = (sum(t[i] for t in times[1:]) / steps for i in (0, 1))   # the warm-up step is not timed
     F = flops.flops_per_token(**flops.accounting_args(cfg))      # the run's F_train (truncated loops fwd-only)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    peak, key = peak_flops(name)
+    peak, key = train.peak_flops(name)
     return dict(device=name, scale=cfg.scale, d_model=cfg.d_model, n_loops=cfg.n_loops, n_loops_bwd=cfg.n_loops_bwd,
                 device_batch=device_batch, accum=accum, world=world, precision="bf16" if bf16 else "fp32", attn=attn,
                 compile=compile_backend or False, steps=steps, first_step_s=times[0][0], step_s=step_s,
@@ -115,10 +128,8 @@ def main(argv=None) -> dict:
     key = common.request_key("bench_train", {k: v for k, v in vars(a).items() if k not in ("out", "overwrite")})
     try:                                                       # every refusal before any work, in one line
         cfg = ModelConfig(**{f.name: getattr(a, f.name) for f in dataclasses.fields(ModelConfig)})
-        if a.out:                                              # its folder is made here (out/ on a fresh clone)
-            common.check_dir_writable(os.path.dirname(os.path.abspath(a.out)), "--out's folder")
-            common.check_owned([a.out], key, a.overwrite, "--out")
-            os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+        if a.out:
+            claim_out(a.out, key, a.overwrite)
     except ValueError as err:
         common.fail(p.prog, err)
     r = train_bench(cfg, device, a.device_batch, a.steps, a.accum, cuda, "inductor" if cuda else None,

@@ -44,11 +44,12 @@ import time
 import torch
 import torch.distributed as dist
 
-from bench_train import peak_flops, peak_memory, train_bench   # first: it puts the repo root on sys.path
+from bench_train import claim_out, peak_memory, train_bench    # first: it puts the repo root on sys.path
 import common                                                  # noqa: E402, I100
+from train import git_info, peak_flops, release_device_batch
 from model import LoopedGPT, ModelConfig, attend, attention_summary, resolve_attention
 
-TOOL, ROOT = "runs/gpu_check.py", os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOOL = "runs/gpu_check.py"
 # stage -> (name, estimated seconds on one H100/H200, on a 2-core CPU with --cpu-smoke)
 STAGES = {1: ("environment", 20, 5), 2: ("attention", 25, 5), 3: ("memory", 90, 6), 4: ("throughput", 200, 6),
           5: ("ddp", 90, 15), 6: ("compile", 50, 10)}
@@ -63,9 +64,9 @@ def cfg_for(smoke, s, r, **kw) -> ModelConfig:
 
 
 def release_rows(s, smoke) -> int:
-    """Rows per device by the release's rule (train.py default_device_batch until --device-batch auto replaces it):
-    32, or 16 at s >= 18, or 8 at s >= 30; smoke: an eighth of it."""
-    return (32 if s < 18 else 16 if s < 30 else 8) // (8 if smoke else 1)
+    """Rows per device by the release's rule (train.release_device_batch, --plan's fallback), 32, or 16 at s >= 18,
+    or 8 at s >= 30, of the 128 rows of B = 262,144 at T = 2048; smoke: an eighth of it."""
+    return release_device_batch(s, 128) // (8 if smoke else 1)
 
 
 def run_setup(smoke) -> tuple:
@@ -83,12 +84,12 @@ def stage_environment(smoke) -> dict:
     device, cuda = device_of(smoke), not smoke
     # The attention backend as --attn auto resolves it for a bf16 run; the line is what train.py prints at start-up
     name, (backend, why) = torch.cuda.get_device_name() if cuda else "cpu", resolve_attention("auto", device, True)
-    git = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     return dict(python=sys.version.split()[0], torch=torch.__version__, cuda=torch.version.cuda, device=name,
                 gpus=torch.cuda.device_count(), capability=torch.cuda.get_device_capability() if cuda else None,
                 memory_gib=torch.cuda.get_device_properties(0).total_memory / 2**30 if cuda else None,
                 nccl=torch.cuda.nccl.version() if cuda else None, peak=peak_flops(name), attention=backend,
-                attention_reason=why, attention_line=attention_summary(backend, device, True), git=git or None)
+                attention_reason=why, attention_line=attention_summary(backend, device, True),
+                git=git_info()["git_commit"])
 
 
 def stage_attention(smoke) -> dict:
@@ -303,11 +304,10 @@ def main(argv=None) -> int:
         p.error("no CUDA device visible; `bash runs/gpu_check.sh --cpu-smoke` runs the stages on CPU")
     # Ownership: the JSON is this tool's for this same request (the ledger beside it says so), or --overwrite
     request = {"cpu_smoke": a.cpu_smoke, "budget": a.budget}
-    key, folder = common.request_key("gpu_check", request), os.path.dirname(OUT)
+    key = common.request_key("gpu_check", request)
     try:                                                   # a dry run writes nothing: no --out to check
         if not a.dry_run:
-            common.check_dir_writable(folder, "--out's folder")
-            common.check_owned([a.out], key, a.overwrite, "--out")
+            claim_out(a.out, key, a.overwrite)             # bench_train's: folder writable (made), file ours
     except ValueError as err:
         common.fail(TOOL, err)
     # The plan: stages run in priority order while their summed estimates fit the budget; the rest are dropped.
@@ -319,7 +319,6 @@ def main(argv=None) -> int:
           + (", ".join(f"{n} {STAGES[n][0]} (~{est[n]} s)" for n in plan["dropped"]) or "none"), flush=True)
     if a.dry_run:
         return 0
-    os.makedirs(folder, exist_ok=True)                     # out/ on a fresh clone
     if a.cpu_smoke:                                        # tiny models: one thread each is faster on a shared CPU
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     rec, t0 = {"tool": TOOL, "request": request, "plan": plan, "stages": {}}, time.monotonic()
