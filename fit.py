@@ -115,6 +115,15 @@ CASES_OUTPUTS = ("report.md", "cases.png", "cases_loops.png")
 SYNTH_TRUTH = {"E": 1.57, "A": 25.0, "B": 1000.0, "alpha": 0.199, "beta": 0.369, "phi": 0.46}
 
 
+class FitWarning(UserWarning):
+    """A fitter warning that is also a flag (assess, _fit_warning_flags): warnings show the message, and the CLI
+    files it under flag = (name in FLAG_TEXT, the item naming the fit or run it concerns)."""
+
+    def __init__(self, message, name, item):
+        super().__init__(message)
+        self.flag = (name, item)
+
+
 def _box(p):
     """(lo, hi) of the App. F box for a p-parameter law (p = 5: phi fixed or Chinchilla; p = 6: free phi)."""
     return BOX_LO[:p], BOX_HI[:p]
@@ -302,8 +311,8 @@ def runs_from_rows(rows, law="joint"):
     for i, k in enumerate(zip(*[out["n_rec" if k == "n_params" else k] for k in named], out["group"],
                               map(str, out["case"]))):
         if k in seen:
-            warnings.warn(f"duplicate run: {out['source'][i]} repeats {out['source'][seen[k]]} "
-                          f"(same {', '.join(named)}); both are kept")
+            item = f"{out['source'][i]} repeats {out['source'][seen[k]]} (same {', '.join(named)}); both are kept"
+            warnings.warn(FitWarning(f"duplicate run: {item}", "duplicate_runs", item))
         seen.setdefault(k, i)
     if not chin_cols:
         _check_accounting(rows, out)
@@ -632,8 +641,9 @@ def describe(prob, res, name="joint"):
     block.update({k: v for k, v in res.items() if k != "theta"})    # huber, hits, on_bounds, seed, timing
     # fitting.md §3: one hit out of hundreds means the optimum was found once and may not be found again
     if block["hits"] == 1:
-        warnings.warn(f"fit over {block['n']} runs ({name}): only one of {res['restarts']} restarts reached the best "
-                      f"objective; the optimum may not be reproducible")
+        item = f"fit over {block['n']} runs ({name})"
+        warnings.warn(FitWarning(f"{item}: only one of {res['restarts']} restarts reached the best objective; the "
+                                 "optimum may not be reproducible", "single_hit", item))
     return block
 
 
@@ -731,8 +741,9 @@ def optimal_width(E, A, B, alpha, beta, n_of_d, f_of_d, C):
     j = int(np.argmin(loss(grid)))
     if j in (0, len(grid) - 1):
         # alpha or beta at 0 (a degenerate fit): L is monotone in d and has no interior optimum
-        warnings.warn(f"compute optimum at C={C:.3g} sits on the edge of d in [1, 1e7]; the law has no interior "
-                      f"optimum (alpha={alpha:.3g}, beta={beta:.3g})")
+        item = f"C={C:.3g} (alpha={alpha:.3g}, beta={beta:.3g})"
+        warnings.warn(FitWarning(f"compute optimum at C={C:.3g} sits on the edge of d in [1, 1e7]; the law has no "
+                                 f"interior optimum (alpha={alpha:.3g}, beta={beta:.3g})", "frontier_edge", item))
     lo, hi = grid[max(j - 1, 0)], grid[min(j + 1, len(grid) - 1)]
     u = minimize_scalar(loss, bounds=(lo, hi), method="bounded", options={"xatol": 1e-10}).x
     return math.exp(u), float(n_of_d(math.exp(u))), float(C / f_of_d(math.exp(u))), float(loss(u))
@@ -838,13 +849,7 @@ def run_protocol(runs, restarts=RESTARTS, n_boot=N_BOOT, seed=0, boot_restarts=B
     out = {"n_runs": int(len(runs["val_loss"])), "loops": loops, "seed": seed, "restarts": restarts,
            "n_convention": "N_once + N_rec as recorded (Table 6 convention: non-embedding, norm gains included)"}
     # Table 1: per-architecture Chinchilla fits (Eq. 2 on N = N_once + N_rec)
-    out["per_arch"] = {}
-    for r in loops:
-        try:
-            out["per_arch"][str(r)] = fit_block(subset(runs, runs["n_loops"] == r), 0.0, restarts, seed, name=f"r={r}")
-        except ValueError as err:
-            raise ValueError(f"per-architecture fit r={r}: {err}") from None
-        out["per_arch"][str(r)]["phi"] = None      # Eq. 2 has no phi (fitted internally as N_eff at phi = 0)
+    out["per_arch"] = _eq2_fits(runs, runs["n_loops"], restarts, seed, "r={}", "per-architecture fit ")
     # Table 2: joint law with free phi, and the restricted fits phi = 0 (pure sharing) and phi = 1 (non-looped).
     # All three use the same seeded starts; the restricted ones simply drop the phi column (5 parameters)
     for key, phi in (("joint", None), ("phi0", 0.0), ("phi1", 1.0)):
@@ -1550,23 +1555,28 @@ def _case_figures(summary):
 
 def run_chinchilla(runs, restarts=RESTARTS, seed=0):
     """Eq. 2 per group (the CSV's group column, or r for looped records); a single fit when there is one group."""
-    # groups: the CSV's group column (or r); each is fitted on its own, with the same seeded starts
-    groups = sorted(set(runs["group"]))
-    out = {"n_runs": int(len(runs["val_loss"])), "seed": seed, "restarts": restarts, "chinchilla": {}}
+    out = {"n_runs": int(len(runs["val_loss"])), "seed": seed, "restarts": restarts}
     t0 = time.perf_counter()
-    for grp in groups:
-        sub = subset(runs, np.array([g == grp for g in runs["group"]]))
-        # N = N_once + N_rec, one term: r^phi drops out
-        sub.update(n_rec=sub["n_once"] + sub["n_rec"], n_once=np.zeros_like(sub["n_rec"]))
-        try:
-            out["chinchilla"][grp] = fit_block(sub, 0.0, restarts, seed, name=f"group {grp}")
-        except ValueError as err:
-            raise ValueError(f"group {grp}: {err}") from None
-        out["chinchilla"][grp]["phi"] = None          # Eq. 2 has no phi
-    if groups == ["all"]:
+    # groups: the CSV's group column (or r); each is fitted on its own, with the same seeded starts
+    out["chinchilla"] = _eq2_fits(runs, runs["group"], restarts, seed, "group {}")
+    if list(out["chinchilla"]) == ["all"]:
         out["chinchilla"] = out["chinchilla"]["all"]          # no group column: the block is the one fit
     out["seconds"] = time.perf_counter() - t0
     out["flags"] = assess(out, runs)
+    return out
+
+
+def _eq2_fits(runs, labels, restarts, seed, name, what=""):
+    """Eq. 2 on each group of runs (labels: the (n,) group of every run), in sorted group order: {str(group): fit
+    block}. name.format(group) names the fit in its warnings, what + that name in its errors. Eq. 2 is fitted as
+    Eq. 3 with phi fixed at 0 -- N_eff = N_once + r^0 N_rec = N, one term -- and has no phi: the block says None."""
+    out = {}
+    for g in sorted(set(labels)):
+        try:
+            sub = subset(runs, np.array([x == g for x in labels]))
+            out[str(g)] = dict(fit_block(sub, 0.0, restarts, seed, name=name.format(g)), phi=None)
+        except ValueError as err:
+            raise ValueError(f"{what}{name.format(g)}: {err}") from None
     return out
 
 
@@ -1678,15 +1688,8 @@ def parse_args(argv=None):
 def _fit_warning_flags(flags, caught):
     """Add the fitter's own warnings (warnings.warn) to flags, one flag per kind, so fit.json keeps them too."""
     for w in caught:
-        msg = str(w.message)
-        if msg.startswith("fit over"):                  # "fit over 29 runs (joint): only one of 40 restarts ..."
-            _add_flag(flags, "single_hit", msg.split(":")[0])
-        elif msg.startswith("duplicate run: "):
-            _add_flag(flags, "duplicate_runs", msg[len("duplicate run: "):])
-        elif msg.startswith("compute optimum at "):    # "... at C=2.15e+19 sits on the edge ... (alpha=.., beta=..)"
-            _add_flag(flags, "frontier_edge", f"{msg.split()[3]} {msg[msg.rfind('('):]}")
-        else:
-            _add_flag(flags, "fit_warning", msg)
+        # a FitWarning names its flag and item; any other warning (numpy, scipy) is a fit_warning with its text
+        _add_flag(flags, *getattr(w.message, "flag", ("fit_warning", str(w.message))))
 
 
 def fit_outputs(args):
