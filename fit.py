@@ -986,14 +986,14 @@ FLAG_TEXT = {
     "low_r2": f"R² on raw nats is below {R2_LOW}: the law explains little of the variance of these losses",
     "single_budget": "one compute budget (one D): N and D are not varied independently, so the N and D terms "
                      "(A, alpha against B, beta, E) are not separately identified",
+    "budget_mismatch": "the baseline lacks some of the case's budgets, so it was refitted on fewer and delta-phi "
+                       "compares fits over different budget windows",
     "few_runs": f"fewer than {RUNS_PER_PARAM} runs per fitted parameter",
     "few_resamples": f"the 95% CI rests on fewer than {MIN_CI_RESAMPLES} bootstrap resamples (App. F.2 uses 200)",
     "unfinished_runs": "run folders with a checkpoint or log but no done.json (killed, failed or still training) "
                        "are not in this fit",
     "single_hit": "only one restart reached the best objective, so the optimum may not be reproducible",
     "duplicate_runs": "runs repeat a configuration and count twice in Eq. 4",
-    "budget_mismatch": "the baseline lacks some of the case's budgets, so it was refitted on fewer and delta-phi "
-                       "compares fits over different budget windows",
     "frontier_edge": "a compute optimum sits on the edge of the width range (the law has no interior optimum)",
     "fit_warning": "the fitter warned",
 }
@@ -1029,7 +1029,8 @@ def assess(res, runs):
         blocks.update({f"r={r}": (b, runs["n_loops"] == int(r)) for r, b in res["per_arch"].items()})
         if "case" in res:
             blocks["case baseline"] = (res["case"]["baseline"], None)
-    for name, (b, _) in blocks.items():
+    said_budget = False                                 # the joint fit's one budget is every r's: said once
+    for name, (b, m) in blocks.items():
         # fit_law's on_bounds is exact (1e-6 of the box); a polish stopped in a flat valley a hair inside the
         # bound (phi = 2.9997) is the same finding, so 1e-3 of the box counts here
         (lo, hi), th = _box(len(b["theta"])), b["theta"]
@@ -1037,24 +1038,21 @@ def assess(res, runs):
                  if k in b["on_bounds"] or min(th[j] - lo[j], hi[j] - th[j]) <= NEAR_BOUND * (hi[j] - lo[j])]
         if names:
             _add_flag(flags, "on_bound", f"{name} fit: {', '.join(names)}")
+        if not b["r2"] >= R2_LOW:                       # NaN (no variance) counts as low
+            _add_flag(flags, "low_r2", f"{name} fit R² = {b['r2']:.3f}")
+        if b["n"] < RUNS_PER_PARAM * len(b["theta"]):
+            _add_flag(flags, "few_runs", f"{name} fit: {b['n']} runs for {len(b['theta'])} parameters")
+        C, D = (None, None) if m is None or said_budget else (runs["flops_budget"][m], runs["tokens"][m])
+        finite = C is not None and np.all(np.isfinite(C))    # chinchilla mode has no budget: one D is the finding
+        if C is not None and len(set(C if finite else D)) == 1:
+            _add_flag(flags, "single_budget", f"{name} fit: every run at "
+                      + (f"C = {C[0]:.3g}" if finite else f"D = {D[0]:.3g} tokens"))
+            said_budget = name == "joint" and finite
     if bs:
         at = int(np.sum(np.abs(np.abs(np.asarray(bs["phi"])) - BOX_HI[5]) <= NEAR_BOUND * (BOX_HI[5] - BOX_LO[5])))
         if at > 0.025 * bs["n_resamples"]:
             _add_flag(flags, "on_bound", f"bootstrap: {at} of {bs['n_resamples']} resamples at phi = ±{BOX_HI[5]:g}, "
                                          f"the CI is cut by the box")
-    for name, (b, _) in blocks.items():
-        if not b["r2"] >= R2_LOW:                       # NaN (no variance) counts as low
-            _add_flag(flags, "low_r2", f"{name} fit R² = {b['r2']:.3f}")
-    for name, (b, m) in blocks.items():
-        if m is None:
-            continue
-        C, D = runs["flops_budget"][m], runs["tokens"][m]
-        finite = np.all(np.isfinite(C))                  # chinchilla mode has no budget: one D is the finding
-        if len(set(C if finite else D)) == 1:
-            _add_flag(flags, "single_budget", f"{name} fit: every run at "
-                      + (f"C = {C[0]:.3g}" if finite else f"D = {D[0]:.3g} tokens"))
-            if name == "joint" and finite:
-                break                                    # every per-architecture fit shares it: said once
     if "case" in res:       # the refitted baseline's budgets: those of the case it has runs at (run_case)
         c = res["case"]
         bb = c.get("baseline_budgets", c["budgets"])
@@ -1063,12 +1061,10 @@ def assess(res, runs):
         if len(bb) < len(c["budgets"]):
             _add_flag(flags, "budget_mismatch", f"no baseline runs at C = "
                       f"{', '.join(f'{x:.3g}' for x in c['budgets'] if x not in bb)}")
-    for name, (b, _) in blocks.items():
-        if b["n"] < RUNS_PER_PARAM * len(b["theta"]):
-            _add_flag(flags, "few_runs", f"{name} fit: {b['n']} runs for {len(b['theta'])} parameters")
     if bs and bs["n_resamples"] < MIN_CI_RESAMPLES:
         _add_flag(flags, "few_resamples", f"{bs['n_resamples']} resamples")
-    return flags
+    # one block at a time finds the flags out of order: list them in FLAG_TEXT's order (its first six are assess's)
+    return sorted(flags, key=lambda f: list(FLAG_TEXT).index(f["name"]))
 
 
 # -----------------------------------------------------------------------------
