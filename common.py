@@ -16,6 +16,7 @@ inside init_dist only). Each of the README's "Guarantees" that is plumbing has e
 Shell scripts reach the same mechanisms through `python common.py claim-dir DIR TOOL REQUEST [--overwrite]`.
 """
 import argparse
+import contextlib
 import dataclasses
 import errno
 import fcntl
@@ -88,24 +89,14 @@ def check_number(v, interval: str, what: str = "") -> typing.Optional[str]:
 
 def parse_int(text: str) -> int:
     """An integer, also written in exact float notation: --tokens 47e9, --batch-tokens 2.62144e5."""
-    try:
+    # int() first: it is exact for any length, where float() would round 2**53 + 1
+    with contextlib.suppress(ValueError):
         return int(text)
-    except ValueError:
-        try:
-            f = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if not (math.isfinite(f) and f.is_integer()):
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}")
-        return int(f)
-
-
-def parse_float(text: str) -> float:
-    """A float; the range (and finiteness) check is number()'s, so "inf" parses here and is refused there."""
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    with contextlib.suppress(ValueError):
+        f = float(text)
+        if math.isfinite(f) and f.is_integer():
+            return int(f)
+    raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}")
 
 
 def parse_bool(text: str) -> bool:
@@ -120,10 +111,16 @@ def parse_bool(text: str) -> bool:
 def number(kind, interval: str = "(-inf, inf)", what: str = ""):
     """argparse type: kind (int or float) parsed, then checked against interval; nan and inf are refused when the
     flag is parsed, naming it, instead of surfacing later as a NaN loss or a 0-hour plan."""
-    conv = parse_int if kind is int else parse_float
 
     def parse(text):
-        v = conv(text)
+        if kind is int:
+            v = parse_int(text)
+        else:
+            # the range (and finiteness) check is check_number's, so "inf" parses here and is refused just below
+            try:
+                v = float(text)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
         why = check_number(v, interval, what)
         if why:
             raise argparse.ArgumentTypeError(why)
@@ -138,12 +135,9 @@ def _field_comments(cls) -> dict:
         src = inspect.getsource(cls)
     except (OSError, TypeError):
         return {}
-    out = {}
-    for line in src.splitlines():
-        m = re.match(r"\s+(\w+)\s*:[^=#]+=[^#]*#\s*(.+)$", line)
-        if m:
-            out[m.group(1)] = m.group(2).strip().replace("%", "%%")     # argparse formats help with %
-    return out
+    # "    name: type = default   # comment" -> {name: comment}; % doubled because argparse %-formats help texts
+    found = (re.match(r"\s+(\w+)\s*:[^=#]+=[^#]*#\s*(.+)$", line) for line in src.splitlines())
+    return {m.group(1): m.group(2).strip().replace("%", "%%") for m in found if m}
 
 
 def add_dataclass_flags(parser: argparse.ArgumentParser, cls, limits: dict) -> None:
@@ -188,6 +182,8 @@ def read_json(path: str, schema: typing.Optional[dict] = None) -> dict:
     schema maps key -> (types, interval or None): a present key must have one of the types (bool is never a
     number), and a number must lie in the interval -- the same limits the CLI applies, so a hand-edited record
     cannot carry a value no flag could. Keys are checked when present; callers require what they need."""
+    # Every way a file can fail to be a record maps to one line naming it: a torn write (JSONDecodeError), binary
+    # junk (UnicodeDecodeError), a pathological number or nesting (ValueError, RecursionError), an unreadable path.
     try:
         with open(path, "rb") as fh:
             obj = json.loads(fh.read())
@@ -202,14 +198,13 @@ def read_json(path: str, schema: typing.Optional[dict] = None) -> dict:
     if not isinstance(obj, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(obj).__name__}")
     for key, (types, interval) in (schema or {}).items():
-        if key not in obj or obj[key] is None:
+        v = obj.get(key)
+        if v is None:                                  # absent, or null: the caller's require() decides
             continue
-        v = obj[key]
         types = types if isinstance(types, tuple) else (types,)
-        ok = isinstance(v, types) and not (isinstance(v, bool) and bool not in types)
-        if not ok:
-            names = "/".join(t.__name__ for t in types)
-            raise ValueError(f"{path}: key {key!r} must be {names}, got {type(v).__name__} {v!r:.40}")
+        if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
+            raise ValueError(f"{path}: key {key!r} must be {'/'.join(t.__name__ for t in types)}, got "
+                             f"{type(v).__name__} {v!r:.40}")
         why = check_number(v, interval) if interval and isinstance(v, (int, float)) else None
         if why:
             raise ValueError(f"{path}: key {key!r} {why}")
@@ -236,49 +231,54 @@ def identity_diff(a: dict, b: dict) -> list:
 # One atomic writer: the real name only ever holds a complete file.
 
 
-def atomic_write(path: str, data) -> None:
-    """Write data (bytes, str, or a callable write(tmp_path)) to path through a temporary, fsync, rename.
+def _fsync(path: str) -> None:
+    # by path, so one helper serves the temporary (its bytes on disk before the rename makes them the real file)
+    # and the folder (the rename itself on disk); O_RDONLY is enough for fsync on Linux, also for a folder
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
-    The temporary is created exclusively (O_EXCL: never a pre-existing path, never through a link) in the target's
-    folder as ".NAME.<8 hex>.tmp". A Python-level failure (an error, ENOSPC, Ctrl-C) removes it; a kill -9 can
-    leave one, which never shadows the real file and which stale_temps() finds. fsync before the rename, so a power
-    loss cannot reorder data and rename; the folder is fsync'd after it where the OS allows."""
-    folder, base = os.path.dirname(path) or ".", os.path.basename(path)
+
+def _fresh_temp(folder: str, base: str) -> str:
+    """An empty ".BASE.<8 hex>.tmp" in folder that did not exist before: O_EXCL never opens a pre-existing path,
+    O_NOFOLLOW never a link, so a name planted in the folder can neither be clobbered nor written through."""
     for _ in range(100):                                   # a fresh random name; retry on a clash
         tmp = os.path.join(folder, f".{base}.{os.urandom(4).hex()}.tmp")
         try:                                               # 0o666 & ~umask, as a plain open() gives
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666))
-            break
+            return tmp
         except FileExistsError:
             continue
-    else:
-        raise FileExistsError(f"could not create a fresh temporary file in {folder}")
+    raise FileExistsError(f"could not create a fresh temporary file in {folder}")
+
+
+def atomic_write(path: str, data) -> None:
+    """Write data (bytes, str, or a callable write(tmp_path)) to path through a temporary, fsync, rename.
+
+    The temporary is created exclusively in the target's folder (_fresh_temp), so the rename never crosses a
+    filesystem. A Python-level failure (an error, ENOSPC, Ctrl-C) removes it; a kill -9 can leave one, which never
+    shadows the real file and which stale_temps() finds. fsync before the rename, so a power loss cannot reorder
+    data and rename; the folder is fsync'd after it where the OS allows."""
+    folder = os.path.dirname(path) or "."
+    tmp = _fresh_temp(folder, os.path.basename(path))
     try:
-        if callable(data):
+        if callable(data):                                 # torch.save(state, tmp) and other writers that want a path
             data(tmp)
         else:
             with open(tmp, "wb") as fh:
                 fh.write(data.encode() if isinstance(data, str) else data)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync(tmp)
         os.replace(tmp, path)                              # readers see the old file or the new one
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.remove(tmp)
-        except OSError:
-            pass
         raise
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
+    # Some filesystems refuse to open or fsync a folder; the file is complete either way, only the rename's
+    # durability across a power loss is then the OS's to give
+    with contextlib.suppress(OSError):
+        _fsync(folder)
 
 
 def stale_temps(folder: str) -> list:
@@ -366,6 +366,8 @@ def owner_of(path: str) -> typing.Optional[str]:
 def check_owned(paths, key: str, overwrite: bool = False, flag: str = "--out") -> None:
     """Before any work: every existing path in paths must be ours for this request (key), or --overwrite given.
     A folder or a link in the way is refused even with --overwrite (we never write through or over one)."""
+    # Checked for every path before the first is written, so a refusal never leaves half a request's outputs behind;
+    # lexists, not exists: a dangling link is something in the way too
     for path in paths:
         if not os.path.lexists(path):
             continue
@@ -380,6 +382,8 @@ def check_owned(paths, key: str, overwrite: bool = False, flag: str = "--out") -
 
 def write_owned(path: str, data, key: str) -> None:
     """atomic_write, then record path as written by key in its folder's ledger (itself written atomically)."""
+    # The file first, then its ledger entry: a kill in between leaves a file the ledger does not claim, which only
+    # makes the next run more careful (it asks for --overwrite), never lets it replace something it did not write
     atomic_write(path, data)
     folder = os.path.dirname(path) or "."
     led = _ledger(folder)
@@ -391,6 +395,8 @@ def claim_dir(folder: str, tool: str, request, overwrite: bool = False, flag: st
     """A folder one tool owns whole (runs/mini.sh's OUT, runs/bench.sh's OUT): adopted if absent or empty, resumed
     if its marker names this same tool and request, refused otherwise (unless overwrite: then re-marked; nothing
     is deleted). Returns "fresh", "resume" or "overwrite"."""
+    # A folder-wide marker, not the per-file ledger: a script's OUT fills with files written by many tools (train.py,
+    # fit.py, ...), and what the script owns is the folder as a whole, which the marker's request key names
     check_dir_writable(folder, flag)
     mark = os.path.join(folder, f".nanoloop-{tool}")
     key = request_key(tool, request)
@@ -437,6 +443,10 @@ def acquire_lock(folder: str, name: str = "train.lock") -> int:
     The lock file holds "pid P host H". A live holder makes this fail with a message naming it; a killed holder's
     lock is taken over, and said so. Creating the folder and the lock also probes that folder is writable."""
     path, me = os.path.join(folder, name), f"pid {os.getpid()} host {socket.gethostname()}"
+    # Why a loop: open, read the holder, lock -- and only then is the file known to be the one at the path; a holder
+    # that released meanwhile removed it (release_lock), so the lock would be on an unlinked inode: open it anew.
+    # Why not O_EXCL alone: it cannot tell a live holder from a killed one; flock does (the kernel drops a dead
+    # process's lock), and the pid text covers the filesystems without flock.
     try:
         os.makedirs(folder, exist_ok=True)
         while True:
@@ -480,10 +490,8 @@ def acquire_lock(folder: str, name: str = "train.lock") -> int:
 
 def release_lock(fd: int, folder: str, name: str = "train.lock") -> None:
     """Remove the lock file, then drop the flock (closing the fd): the next writer finds no holder."""
-    try:
+    with contextlib.suppress(OSError):            # already gone: a takeover or a hand removal
         os.remove(os.path.join(folder, name))
-    except OSError:
-        pass
     os.close(fd)
 
 
@@ -495,6 +503,7 @@ def init_dist():
     """Returns (rank, world, device). gloo on CPU, so torchrun ranks really synchronise."""
     import torch
     import torch.distributed as dist
+    # Imported here, not at the top: fit.py and flops.py import this module and must never pay for (or need) torch
     if "RANK" not in os.environ:
         return 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu")
     backend = "nccl" if torch.cuda.is_available() else "gloo"

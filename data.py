@@ -189,12 +189,11 @@ class Tokenizer:
     def encode(self, texts, num_threads=None):
         """list[str] -> list[list[int]], no BOS/EOS; one call encodes the batch on num_threads cores."""
         n = num_threads or os.cpu_count() or 1
-        if self.spec == "gpt2" and n == 1:
-            # no thread pool for a single thread
-            return [self._tt.encode_ordinary(t) for t in texts]
-        if self.spec == "gpt2":
-            return self._tt.encode_ordinary_batch(list(texts), num_threads=n)
-        return self._sp.encode(list(texts), num_threads=n)
+        if self.spec != "gpt2":
+            return self._sp.encode(list(texts), num_threads=n)
+        # no thread pool for a single thread
+        return [self._tt.encode_ordinary(t) for t in texts] if n == 1 else \
+            self._tt.encode_ordinary_batch(list(texts), num_threads=n)
 
     def decode(self, ids):
         """ids -> text; an id past the pieces is a special token, rendered as its text."""
@@ -203,16 +202,13 @@ class Tokenizer:
         if bad:
             raise ValueError(f"token id {bad[0]} outside this tokenizer's vocabulary [0, {self.vocab_size})")
         # runs of ordinary ids, split at special ids
-        out, run = [], []
-        for i in ids + [None]:
-            if i is None or i in self.specials:
-                if run:
-                    out.append(self._tt.decode(run) if self.spec == "gpt2" else self._sp.decode(run))
-                    run = []
-                if i is not None:
-                    out.append(self.specials[i])
+        out = []
+        for special, run in itertools.groupby(ids, key=lambda i: i in self.specials):
+            run = list(run)
+            if special:
+                out += [self.specials[i] for i in run]
             else:
-                run.append(i)
+                out.append(self._tt.decode(run) if self.spec == "gpt2" else self._sp.decode(run))
         return "".join(out)
 
 
@@ -429,8 +425,6 @@ def iter_source(source, doc_chars=1000, max_docs=None):
     doc_chars sets the default corpus's piece length: a short seq_len wants short pieces, or best-fit packing crops
     (drops) most of each scene.
     """
-    if max_docs is not None and max_docs < 1:
-        raise ValueError(f"max_docs={max_docs} must be >= 1")
     reader = lambda p: _jsonl_docs(p) if p.endswith(".jsonl") else _parquet_docs(p) if p.endswith(".parquet") \
         else _text_doc(p)
     docs = default_corpus(doc_chars) if source == "default" else (t for p in source_paths(source) for t in reader(p))
@@ -654,11 +648,9 @@ def _clear_ours(out_dir):
             os.remove(os.path.join(out_dir, name))
 
 
-def _check_sizes(seq_len, rows_per_file, buffer_size):
-    """Sizes >= 1; one file of rows is held in memory while it fills, and parquet list offsets are int32: cap it."""
-    for name, v in (("seq_len", seq_len), ("rows_per_file", rows_per_file), ("buffer_size", buffer_size)):
-        if v < 1:
-            raise ValueError(f"{name}={v} must be >= 1")
+def _check_sizes(seq_len, rows_per_file):
+    """One file of rows is held in memory while it fills, and parquet list offsets are int32: cap it (sizes >= 1
+    are the parser's checks)."""
     if rows_per_file * (seq_len + 1) > MAX_FILE_TOKENS:
         raise ValueError(f"--rows-per-file {rows_per_file:,} x (seq_len+1) = {rows_per_file * (seq_len + 1):,} "
                          f"tokens per file; keep it <= {MAX_FILE_TOKENS:,} (the release: 15,000 x 2,049)")
@@ -848,21 +840,19 @@ def _text_docs(source, doc_chars, max_docs, tok, capacity, workers, stats):
 
         def batches():
             """The split's documents after the first `skip` (already packed), cut into encode batches."""
-            batch, chars, seen = [], 0, 0
-            for i, text in enumerate(iter_source(source, doc_chars, max_docs)):
-                if i >= len(is_val):
-                    raise ValueError(f"source {source!r} changed while preparing (more documents than counted)")
-                if is_val[i] != want:
-                    continue
-                seen += 1
-                if seen <= skip:
-                    continue
+            texts = iter_source(source, doc_chars, max_docs)
+            # is_val first: zip stops on it without taking a document, so one past the count is still in texts
+            picked = (text for v, text in zip(is_val, texts) if v == want)
+            batch, chars = [], 0
+            for text in itertools.islice(picked, skip, None):
                 stats["huge_docs"] += len(text) > HUGE_DOC_CHARS
                 batch.append(text)
                 chars += len(text)
                 if chars >= BATCH_CHARS or len(batch) >= 4096:
                     yield batch
                     batch, chars = [], 0
+            if next(texts, None) is not None:
+                raise ValueError(f"source {source!r} changed while preparing (more documents than counted)")
             if batch:
                 yield batch
         if workers <= 0:
@@ -886,7 +876,7 @@ def prepare_source(source, tok, out_dir, *, seq_len, val_docs=None, seed=0, max_
                    rows_per_file=ROWS_PER_FILE, buffer_size=BUFFER_SIZE, workers=0, overwrite=False, log=print):
     """`python data.py prepare`: stream a text source into DIR. Returns (metas, how) with how in
     {"fresh", "resume", "overwrite", "done"} ("done": DIR already holds this very request, nothing is written)."""
-    _check_sizes(seq_len, rows_per_file, buffer_size)
+    _check_sizes(seq_len, rows_per_file)
     desc, fingerprint = describe_source(source, doc_chars)
     request = json.loads(json.dumps(dict(
         version=PREPARE_VERSION, source=fingerprint, max_docs=max_docs, tokenizer=tok.identity,
@@ -924,7 +914,7 @@ def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, 
     "gpt2", recorded so eval can decode. Every input check runs before anything is written; DIR must be new, empty,
     or this same request's; a split too small for one row leaves nothing behind.
     """
-    _check_sizes(seq_len, rows_per_file, buffer_size)
+    _check_sizes(seq_len, rows_per_file)
     _dtype_for(vocab_size)
     if not 0 <= bos_id < vocab_size:
         raise ValueError(f"bos_id {bos_id} outside the vocabulary [0, {vocab_size})")

@@ -348,10 +348,8 @@ class Example:
 def _common_prefix(seqs):
     """Length of the longest prefix shared by every sequence in seqs."""
     n = min(len(s) for s in seqs)
-    for i in range(n):
-        if any(s[i] != seqs[0][i] for s in seqs[1:]):
-            return i
-    return n
+    # the first position where some sequence differs from the first one; n when none does
+    return next((i for i in range(n) if any(s[i] != seqs[0][i] for s in seqs[1:])), n)
 
 
 def crop_example(ex: Example, max_len: int) -> Example:
@@ -782,7 +780,10 @@ def check_memory(cfg, device, source) -> None:
     """Refuse, naming the size, a model whose weights cannot fit in this machine's memory (physical RAM, and the
     GPU's total memory on CUDA): a hand-edited sequence_len 1e8 or vocab_size 1e10 is then one line up front, never
     the allocator's RuntimeError (or the OOM killer) halfway through building the model."""
-    host, dev = model_bytes(cfg)
+    try:                                                           # a count past flops' limits names its source
+        host, dev = model_bytes(cfg)
+    except ValueError as err:
+        raise ValueError(f"{source}: {err}") from None
     try:
         limits = [("host RAM", host, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))]
     except (ValueError, OSError):                                  # no sysconf: the allocator decides
@@ -862,12 +863,8 @@ RELEASE_META = {"step": (int, "[0, inf)"), "val_loss": ((int, float), "[0, inf)"
 
 def _release_steps(root) -> dict:
     """{step: model path} of root/model_<digits>.pt (aliases such as model_pre_warmdown.pt are not steps)."""
-    out = {}
-    for name in os.listdir(root):
-        m = re.fullmatch(r"model_(\d+)\.pt", name)
-        if m:
-            out[int(m.group(1))] = os.path.join(root, name)
-    return out
+    found = (re.fullmatch(r"model_(\d+)\.pt", name) for name in os.listdir(root))
+    return {int(m.group(1)): os.path.join(root, m.group(0)) for m in found if m}
 
 
 def release_rope_tables(n_pos, head_dim, base):

@@ -115,6 +115,15 @@ CASES_OUTPUTS = ("report.md", "cases.png", "cases_loops.png")
 SYNTH_TRUTH = {"E": 1.57, "A": 25.0, "B": 1000.0, "alpha": 0.199, "beta": 0.369, "phi": 0.46}
 
 
+class FitWarning(UserWarning):
+    """A fitter warning that is also a flag (assess, _fit_warning_flags): warnings show the message, and the CLI
+    files it under flag = (name in FLAG_TEXT, the item naming the fit or run it concerns)."""
+
+    def __init__(self, message, name, item):
+        super().__init__(message)
+        self.flag = (name, item)
+
+
 def _box(p):
     """(lo, hi) of the App. F box for a p-parameter law (p = 5: phi fixed or Chinchilla; p = 6: free phi)."""
     return BOX_LO[:p], BOX_HI[:p]
@@ -302,8 +311,8 @@ def runs_from_rows(rows, law="joint"):
     for i, k in enumerate(zip(*[out["n_rec" if k == "n_params" else k] for k in named], out["group"],
                               map(str, out["case"]))):
         if k in seen:
-            warnings.warn(f"duplicate run: {out['source'][i]} repeats {out['source'][seen[k]]} "
-                          f"(same {', '.join(named)}); both are kept")
+            item = f"{out['source'][i]} repeats {out['source'][seen[k]]} (same {', '.join(named)}); both are kept"
+            warnings.warn(FitWarning(f"duplicate run: {item}", "duplicate_runs", item))
         seen.setdefault(k, i)
     if not chin_cols:
         _check_accounting(rows, out)
@@ -632,8 +641,9 @@ def describe(prob, res, name="joint"):
     block.update({k: v for k, v in res.items() if k != "theta"})    # huber, hits, on_bounds, seed, timing
     # fitting.md §3: one hit out of hundreds means the optimum was found once and may not be found again
     if block["hits"] == 1:
-        warnings.warn(f"fit over {block['n']} runs ({name}): only one of {res['restarts']} restarts reached the best "
-                      f"objective; the optimum may not be reproducible")
+        item = f"fit over {block['n']} runs ({name})"
+        warnings.warn(FitWarning(f"{item}: only one of {res['restarts']} restarts reached the best objective; the "
+                                 "optimum may not be reproducible", "single_hit", item))
     return block
 
 
@@ -731,8 +741,9 @@ def optimal_width(E, A, B, alpha, beta, n_of_d, f_of_d, C):
     j = int(np.argmin(loss(grid)))
     if j in (0, len(grid) - 1):
         # alpha or beta at 0 (a degenerate fit): L is monotone in d and has no interior optimum
-        warnings.warn(f"compute optimum at C={C:.3g} sits on the edge of d in [1, 1e7]; the law has no interior "
-                      f"optimum (alpha={alpha:.3g}, beta={beta:.3g})")
+        item = f"C={C:.3g} (alpha={alpha:.3g}, beta={beta:.3g})"
+        warnings.warn(FitWarning(f"compute optimum at C={C:.3g} sits on the edge of d in [1, 1e7]; the law has no "
+                                 f"interior optimum (alpha={alpha:.3g}, beta={beta:.3g})", "frontier_edge", item))
     lo, hi = grid[max(j - 1, 0)], grid[min(j + 1, len(grid) - 1)]
     u = minimize_scalar(loss, bounds=(lo, hi), method="bounded", options={"xatol": 1e-10}).x
     return math.exp(u), float(n_of_d(math.exp(u))), float(C / f_of_d(math.exp(u))), float(loss(u))
@@ -838,13 +849,7 @@ def run_protocol(runs, restarts=RESTARTS, n_boot=N_BOOT, seed=0, boot_restarts=B
     out = {"n_runs": int(len(runs["val_loss"])), "loops": loops, "seed": seed, "restarts": restarts,
            "n_convention": "N_once + N_rec as recorded (Table 6 convention: non-embedding, norm gains included)"}
     # Table 1: per-architecture Chinchilla fits (Eq. 2 on N = N_once + N_rec)
-    out["per_arch"] = {}
-    for r in loops:
-        try:
-            out["per_arch"][str(r)] = fit_block(subset(runs, runs["n_loops"] == r), 0.0, restarts, seed, name=f"r={r}")
-        except ValueError as err:
-            raise ValueError(f"per-architecture fit r={r}: {err}") from None
-        out["per_arch"][str(r)]["phi"] = None      # Eq. 2 has no phi (fitted internally as N_eff at phi = 0)
+    out["per_arch"] = _eq2_fits(runs, runs["n_loops"], restarts, seed, "r={}", "per-architecture fit ")
     # Table 2: joint law with free phi, and the restricted fits phi = 0 (pure sharing) and phi = 1 (non-looped).
     # All three use the same seeded starts; the restricted ones simply drop the phi column (5 parameters)
     for key, phi in (("joint", None), ("phi0", 0.0), ("phi1", 1.0)):
@@ -981,14 +986,14 @@ FLAG_TEXT = {
     "low_r2": f"R² on raw nats is below {R2_LOW}: the law explains little of the variance of these losses",
     "single_budget": "one compute budget (one D): N and D are not varied independently, so the N and D terms "
                      "(A, alpha against B, beta, E) are not separately identified",
+    "budget_mismatch": "the baseline lacks some of the case's budgets, so it was refitted on fewer and delta-phi "
+                       "compares fits over different budget windows",
     "few_runs": f"fewer than {RUNS_PER_PARAM} runs per fitted parameter",
     "few_resamples": f"the 95% CI rests on fewer than {MIN_CI_RESAMPLES} bootstrap resamples (App. F.2 uses 200)",
     "unfinished_runs": "run folders with a checkpoint or log but no done.json (killed, failed or still training) "
                        "are not in this fit",
     "single_hit": "only one restart reached the best objective, so the optimum may not be reproducible",
     "duplicate_runs": "runs repeat a configuration and count twice in Eq. 4",
-    "budget_mismatch": "the baseline lacks some of the case's budgets, so it was refitted on fewer and delta-phi "
-                       "compares fits over different budget windows",
     "frontier_edge": "a compute optimum sits on the edge of the width range (the law has no interior optimum)",
     "fit_warning": "the fitter warned",
 }
@@ -1024,7 +1029,8 @@ def assess(res, runs):
         blocks.update({f"r={r}": (b, runs["n_loops"] == int(r)) for r, b in res["per_arch"].items()})
         if "case" in res:
             blocks["case baseline"] = (res["case"]["baseline"], None)
-    for name, (b, _) in blocks.items():
+    said_budget = False                                 # the joint fit's one budget is every r's: said once
+    for name, (b, m) in blocks.items():
         # fit_law's on_bounds is exact (1e-6 of the box); a polish stopped in a flat valley a hair inside the
         # bound (phi = 2.9997) is the same finding, so 1e-3 of the box counts here
         (lo, hi), th = _box(len(b["theta"])), b["theta"]
@@ -1032,24 +1038,21 @@ def assess(res, runs):
                  if k in b["on_bounds"] or min(th[j] - lo[j], hi[j] - th[j]) <= NEAR_BOUND * (hi[j] - lo[j])]
         if names:
             _add_flag(flags, "on_bound", f"{name} fit: {', '.join(names)}")
+        if not b["r2"] >= R2_LOW:                       # NaN (no variance) counts as low
+            _add_flag(flags, "low_r2", f"{name} fit R² = {b['r2']:.3f}")
+        if b["n"] < RUNS_PER_PARAM * len(b["theta"]):
+            _add_flag(flags, "few_runs", f"{name} fit: {b['n']} runs for {len(b['theta'])} parameters")
+        C, D = (None, None) if m is None or said_budget else (runs["flops_budget"][m], runs["tokens"][m])
+        finite = C is not None and np.all(np.isfinite(C))    # chinchilla mode has no budget: one D is the finding
+        if C is not None and len(set(C if finite else D)) == 1:
+            _add_flag(flags, "single_budget", f"{name} fit: every run at "
+                      + (f"C = {C[0]:.3g}" if finite else f"D = {D[0]:.3g} tokens"))
+            said_budget = name == "joint" and finite
     if bs:
         at = int(np.sum(np.abs(np.abs(np.asarray(bs["phi"])) - BOX_HI[5]) <= NEAR_BOUND * (BOX_HI[5] - BOX_LO[5])))
         if at > 0.025 * bs["n_resamples"]:
             _add_flag(flags, "on_bound", f"bootstrap: {at} of {bs['n_resamples']} resamples at phi = ±{BOX_HI[5]:g}, "
                                          f"the CI is cut by the box")
-    for name, (b, _) in blocks.items():
-        if not b["r2"] >= R2_LOW:                       # NaN (no variance) counts as low
-            _add_flag(flags, "low_r2", f"{name} fit R² = {b['r2']:.3f}")
-    for name, (b, m) in blocks.items():
-        if m is None:
-            continue
-        C, D = runs["flops_budget"][m], runs["tokens"][m]
-        finite = np.all(np.isfinite(C))                  # chinchilla mode has no budget: one D is the finding
-        if len(set(C if finite else D)) == 1:
-            _add_flag(flags, "single_budget", f"{name} fit: every run at "
-                      + (f"C = {C[0]:.3g}" if finite else f"D = {D[0]:.3g} tokens"))
-            if name == "joint" and finite:
-                break                                    # every per-architecture fit shares it: said once
     if "case" in res:       # the refitted baseline's budgets: those of the case it has runs at (run_case)
         c = res["case"]
         bb = c.get("baseline_budgets", c["budgets"])
@@ -1058,12 +1061,10 @@ def assess(res, runs):
         if len(bb) < len(c["budgets"]):
             _add_flag(flags, "budget_mismatch", f"no baseline runs at C = "
                       f"{', '.join(f'{x:.3g}' for x in c['budgets'] if x not in bb)}")
-    for name, (b, _) in blocks.items():
-        if b["n"] < RUNS_PER_PARAM * len(b["theta"]):
-            _add_flag(flags, "few_runs", f"{name} fit: {b['n']} runs for {len(b['theta'])} parameters")
     if bs and bs["n_resamples"] < MIN_CI_RESAMPLES:
         _add_flag(flags, "few_resamples", f"{bs['n_resamples']} resamples")
-    return flags
+    # one block at a time finds the flags out of order: list them in FLAG_TEXT's order (its first six are assess's)
+    return sorted(flags, key=lambda f: list(FLAG_TEXT).index(f["name"]))
 
 
 # -----------------------------------------------------------------------------
@@ -1550,23 +1551,28 @@ def _case_figures(summary):
 
 def run_chinchilla(runs, restarts=RESTARTS, seed=0):
     """Eq. 2 per group (the CSV's group column, or r for looped records); a single fit when there is one group."""
-    # groups: the CSV's group column (or r); each is fitted on its own, with the same seeded starts
-    groups = sorted(set(runs["group"]))
-    out = {"n_runs": int(len(runs["val_loss"])), "seed": seed, "restarts": restarts, "chinchilla": {}}
+    out = {"n_runs": int(len(runs["val_loss"])), "seed": seed, "restarts": restarts}
     t0 = time.perf_counter()
-    for grp in groups:
-        sub = subset(runs, np.array([g == grp for g in runs["group"]]))
-        # N = N_once + N_rec, one term: r^phi drops out
-        sub.update(n_rec=sub["n_once"] + sub["n_rec"], n_once=np.zeros_like(sub["n_rec"]))
-        try:
-            out["chinchilla"][grp] = fit_block(sub, 0.0, restarts, seed, name=f"group {grp}")
-        except ValueError as err:
-            raise ValueError(f"group {grp}: {err}") from None
-        out["chinchilla"][grp]["phi"] = None          # Eq. 2 has no phi
-    if groups == ["all"]:
+    # groups: the CSV's group column (or r); each is fitted on its own, with the same seeded starts
+    out["chinchilla"] = _eq2_fits(runs, runs["group"], restarts, seed, "group {}")
+    if list(out["chinchilla"]) == ["all"]:
         out["chinchilla"] = out["chinchilla"]["all"]          # no group column: the block is the one fit
     out["seconds"] = time.perf_counter() - t0
     out["flags"] = assess(out, runs)
+    return out
+
+
+def _eq2_fits(runs, labels, restarts, seed, name, what=""):
+    """Eq. 2 on each group of runs (labels: the (n,) group of every run), in sorted group order: {str(group): fit
+    block}. name.format(group) names the fit in its warnings, what + that name in its errors. Eq. 2 is fitted as
+    Eq. 3 with phi fixed at 0 -- N_eff = N_once + r^0 N_rec = N, one term -- and has no phi: the block says None."""
+    out = {}
+    for g in sorted(set(labels)):
+        try:
+            sub = subset(runs, np.array([x == g for x in labels]))
+            out[str(g)] = dict(fit_block(sub, 0.0, restarts, seed, name=name.format(g)), phi=None)
+        except ValueError as err:
+            raise ValueError(f"{what}{name.format(g)}: {err}") from None
     return out
 
 
@@ -1678,15 +1684,8 @@ def parse_args(argv=None):
 def _fit_warning_flags(flags, caught):
     """Add the fitter's own warnings (warnings.warn) to flags, one flag per kind, so fit.json keeps them too."""
     for w in caught:
-        msg = str(w.message)
-        if msg.startswith("fit over"):                  # "fit over 29 runs (joint): only one of 40 restarts ..."
-            _add_flag(flags, "single_hit", msg.split(":")[0])
-        elif msg.startswith("duplicate run: "):
-            _add_flag(flags, "duplicate_runs", msg[len("duplicate run: "):])
-        elif msg.startswith("compute optimum at "):    # "... at C=2.15e+19 sits on the edge ... (alpha=.., beta=..)"
-            _add_flag(flags, "frontier_edge", f"{msg.split()[3]} {msg[msg.rfind('('):]}")
-        else:
-            _add_flag(flags, "fit_warning", msg)
+        # a FitWarning names its flag and item; any other warning (numpy, scipy) is a fit_warning with its text
+        _add_flag(flags, *getattr(w.message, "flag", ("fit_warning", str(w.message))))
 
 
 def fit_outputs(args):

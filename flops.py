@@ -189,9 +189,8 @@ def forward_flops_per_token(d_model, n_loops, n_layers_eff=20, n_layers_prelude=
     """F_fwd per token (Eq. 1): every term of the full-BPTT F_train is forward 2x + backward 4x, so F_train = 3 F_fwd.
     At inference seq_len is the context the new token attends over (full-T convention, as in training); the
     gradient window n_loops_bwd is accepted (accounting_args) and has no effect on a forward pass."""
-    full = flops_per_token(d_model, n_loops, n_layers_eff, n_layers_prelude, n_layers_coda, injection, hc_lanes,
-                           None, seq_len, vocab_size)
-    return full // 3
+    return flops_per_token(d_model, n_loops, n_layers_eff, n_layers_prelude, n_layers_coda, injection, hc_lanes,
+                           None, seq_len, vocab_size) // 3
 
 
 def tokens_for_budget(flops_budget, flops_per_token, batch_tokens=BATCH_TOKENS):

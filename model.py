@@ -14,11 +14,14 @@ Run:   nothing to run; used by train.py / eval.py.   Test: pytest tests/test_mod
 Read in this order: ModelConfig -> Block -> LoopedGPT.forward -> init_weights -> generate
 Precision: fp32 parameters and residual stream; under --precision bf16 (the CUDA default) the trainer wraps forward
 in bf16 autocast (matmuls bf16); logits, softcap and loss are fp32 either way. The model never prints.
+Attention: FA-3, FA-2 or SDPA, resolved once per run (resolve_attention); attention_summary() is the start-up line
+that names the kernel, where it was imported from and, when FA-3 does not run, why and how to get it.
 Not here: parameter / FLOP formulas (flops.py; tests check they match this module), learning rates (optim.py).
 
-paper -> code:  r n_loops | s scale (d = 64 s) | l_prelude / l_recur / l_coda n_layers_prelude / _recur / _coda |
+paper -> code:  r n_loops | s scale (d = 64 s) | l_prelude / l_recur / l_coda n_layers_prelude / partition[1] / _coda |
                 r_bwd n_loops_bwd | K hc_lanes | N_once / N_rec LoopedGPT.param_split()
 """
+import importlib
 import itertools
 import math
 from dataclasses import dataclass
@@ -28,9 +31,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from flops import layout, pad_vocab
+from flops import INJECTIONS, layout, pad_vocab
 
-INJECTIONS = ("linear", "additive", "passthrough", "hyper", "diagonal")   # App. C.2, App. G.1 (hyper), App. A
+# INJECTIONS, defined once in flops.py (which counts their FLOPs): linear (Eq. 5), additive and passthrough (App. C.2),
+# hyper (App. G.1, Eq. 7), diagonal (App. A, after Parcae).
 STATE_INITS = ("prelude", "random")                           # h(0) = e (App. C.1) | N(0, std^2) (project)
 
 # Attention backends (Table 4: FA-3 on H100, FA-2 on A100). Which one runs is decided once per run by
@@ -39,15 +43,35 @@ STATE_INITS = ("prelude", "random")                           # h(0) = e (App. C
 # resolve (eval.py's decoding), where FlashAttention is used for bf16/fp16 CUDA tensors on a capable device.
 # FlashAttention only takes fp16/bf16 CUDA tensors; SDPA (F.scaled_dot_product_attention) runs anywhere.
 ATTN_BACKENDS = ("auto", "fa3", "fa2", "sdpa")
-try:
-    from flash_attn_interface import flash_attn_func as _fa3_func           # FlashAttention-3 (Hopper build)
-except (ImportError, OSError):
-    _fa3_func = None
-try:
-    from flash_attn import flash_attn_func as _fa2_func                     # FlashAttention-2
-except (ImportError, OSError):
-    _fa2_func = None
-_FLASH = {"fa3": _fa3_func, "fa2": _fa2_func}
+# Where each FlashAttention is found, first importable module wins (issue 19 §4). FA-3 is not on PyPI: the
+# flash-attention repo's hopper/ build (and the flash_attn_3 wheels made from it) installs the top-level module
+# flash_attn_interface; newer packaged builds also ship it as flash_attn_3.flash_attn_interface. `pip install
+# flash-attn` gives FA-2 only, as flash_attn.flash_attn_func; its own flash_attn.flash_attn_interface module is FA-2
+# as well, so it is never taken for FA-3.
+FLASH_MODULES = {"fa3": ("flash_attn_interface", "flash_attn_3.flash_attn_interface"), "fa2": ("flash_attn",)}
+FLASH_HOWTO = {"fa3": "install FlashAttention-3: build the flash-attention repo's hopper/ folder (cd hopper && "
+                      "python setup.py install) or install a flash_attn_3 wheel built for this torch and CUDA",
+               "fa2": "install flash_attn (pip install flash-attn)"}
+
+
+def _find_flash(name) -> tuple:
+    """(flash_attn_func or None, where it came from or why not) for "fa3" / "fa2", trying FLASH_MODULES in order.
+
+    A module that is installed but fails to import (a build against another torch or CUDA, a missing extension) is
+    reported with its error, so the start-up line can tell "not installed" from "installed but broken"."""
+    why = []
+    for module in FLASH_MODULES[name]:
+        try:
+            return importlib.import_module(module).flash_attn_func, module
+        except (ImportError, OSError, AttributeError) as err:   # OSError: a CUDA library the build needs is absent
+            # "not installed" only when the module (or its package) itself is missing, not something it imports
+            absent = isinstance(err, ModuleNotFoundError) and module.startswith(str(err.name))
+            why.append(f"{module}: " + ("not installed" if absent else f"{type(err).__name__}: {err}"))
+    return None, "; ".join(why)
+
+
+# backend -> flash_attn_func (None: not importable), and backend -> the module it came from or why it did not
+_FLASH, _FLASH_FROM = (dict(zip(("fa3", "fa2"), column)) for column in zip(_find_flash("fa3"), _find_flash("fa2")))
 
 
 def _attn_unusable(name, device, bf16) -> Optional[str]:
@@ -62,12 +86,18 @@ def _attn_unusable(name, device, bf16) -> Optional[str]:
     if name == "fa2" and cap < (8, 0):
         return f"fa2 needs compute capability >= 8.0 (Ampere or newer), this device is {cap[0]}.{cap[1]}"
     if _FLASH[name] is None:
-        pkg = "flash_attn_interface (FlashAttention-3, built from flash-attention/hopper)" if name == "fa3" \
-            else "flash_attn (pip install flash-attn)"
-        return f"{name} is not importable: install {pkg}"
+        return f"{name} is not importable: {FLASH_HOWTO[name]} ({_FLASH_FROM[name]})"
     if not bf16:
         return f"{name} takes only bf16/fp16 tensors; it needs --precision bf16"
     return None
+
+
+def attention_summary(backend: str, device, bf16: bool) -> str:
+    """One line for the start-up print: the attention kernel that runs (backend from resolve_attention) and where
+    it was imported from; unless it is FA-3, why FA-3 does not run here and, where that is the cure, how to get it."""
+    origin = _FLASH_FROM.get(backend, "torch scaled_dot_product_attention" if backend == "sdpa" else "picked per call")
+    why = None if backend == "fa3" else _attn_unusable("fa3", torch.device(device), bf16) or "--attn chose another"
+    return f"attention kernel: {backend} ({origin})" + (f"; not fa3: {why}" if why else "")
 
 
 def resolve_attention(requested: str, device, bf16: bool) -> tuple:
@@ -96,6 +126,12 @@ def resolve_attention(requested: str, device, bf16: bool) -> tuple:
 
 @dataclass
 class ModelConfig:
+    """Every architecture choice of one run; the defaults are the paper's s = 10, r = 4 reference (Table 4).
+
+    Validated when built (__post_init__): a bad value is a ValueError naming the field, so train.py / eval.py turn it
+    into a one-line error before any work. Combinations the paper's mechanism cannot train are refused here too
+    (random state without a path for e, hyperconnections or passthrough with truncated BPTT), not left to fail (or
+    silently not learn) at step 2. Derived sizes are properties, so a config is never internally inconsistent."""
     scale: int = 10                     # s; d_model = aspect_ratio * s (§3.1; s = 10 is the App. C.2 reference)
     aspect_ratio: int = 64              # d = 64 s (§3.1); the CPU mini study uses smaller values, e.g. 16
     n_loops: int = 4                    # r, iterations of the shared recurrent block (§3.1; grid r in {1,2,4,8})
@@ -120,8 +156,7 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig: {msg}")
         for name in ("scale", "aspect_ratio", "n_loops", "n_layers_eff", "head_dim", "vocab_size", "seq_len",
                      "hc_lanes", "n_layers_prelude", "n_layers_coda"):
-            v = getattr(self, name)
-            need(isinstance(v, int) and not isinstance(v, bool), f"{name} must be an int, got {v!r}")
+            need(type(getattr(self, name)) is int, f"{name} must be an int, got {getattr(self, name)!r}")  # no bool
         need(self.n_loops >= 1 and 16 % self.n_loops == 0,
              f"n_loops={self.n_loops} must divide 16 (r in {{1, 2, 4, 8, 16}}; §6)")
         need(min(self.scale, self.aspect_ratio, self.vocab_size, self.seq_len) >= 1,
@@ -142,6 +177,12 @@ class ModelConfig:
                  f"n_loops_bwd={self.n_loops_bwd!r} must be None (full BPTT) or in [1, n_loops={self.n_loops}]")
             need(self.injection != "hyper" or self.n_loops_bwd == self.n_loops,
                  "hyperconnections use full BPTT (App. G.1); leave n_loops_bwd=None")
+            # Passthrough (u = h) reads e only through h(0), and Eq. 6 detaches every iteration before the window,
+            # so no gradient would ever reach wte, norm_emb or the prelude: they would silently stay at their init
+            # (and DDP, finding them unused, fails at step 2). The release has the same zero gradient; refuse.
+            need(self.injection != "passthrough" or self.n_loops_bwd == self.n_loops, "injection='passthrough' needs "
+                 "full BPTT: e enters only through h(0), which n_loops_bwd < n_loops detaches (Eq. 6), so wte and the "
+                 "prelude would never train; leave n_loops_bwd=None or pick another injection")
         need(min(self.logit_softcap, self.rope_base, self.norm_eps) > 0,
              "logit_softcap, rope_base and norm_eps must be > 0")
         try:                                    # the recur block must divide evenly: (l_eff - p - c) % r == 0
@@ -151,20 +192,18 @@ class ModelConfig:
 
     @property
     def d_model(self) -> int:
+        """d = aspect_ratio x s (§3.1): width is the only thing the grid's s changes."""
         return self.aspect_ratio * self.scale
 
     @property
     def n_head(self) -> int:
+        """H = d / head_dim: heads grow with width at a fixed head size of 128 (Table 4)."""
         return self.d_model // self.head_dim
 
     @property
     def partition(self) -> tuple:
         """(prelude, recur, coda) block counts; r = 1 gives (0, l_eff, 0) whatever prelude/coda say."""
         return layout(self.n_loops, self.n_layers_eff, self.n_layers_prelude, self.n_layers_coda)
-
-    @property
-    def n_layers_recur(self) -> int:
-        return self.partition[1]
 
     @property
     def vocab_padded(self) -> int:
@@ -183,6 +222,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
+        """x (..., d) -> x / rms(x) * gain, same shape; the fused kernel computes in the input's dtype."""
         return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)
 
 
@@ -204,7 +244,8 @@ def attend(q, k, v, backend="auto"):
     """Causal attention of Tq queries, the last Tq positions, over Tk >= Tq keys. q (B, Tq, H, D), k/v (B, Tk, H, D).
 
     Full causal attention, no window, no dropout (Table 4). backend: "fa3" | "fa2" | "sdpa" (resolved by
-    resolve_attention) or "auto" (FlashAttention for half-precision CUDA tensors where it can run). Returns (B, Tq, H, D)."""
+    resolve_attention) or "auto" (FlashAttention for half-precision CUDA tensors where it can run).
+    Returns (B, Tq, H, D)."""
     Tq, Tk = q.size(1), k.size(1)
     half = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
     if backend == "auto":
@@ -216,13 +257,10 @@ def attend(q, k, v, backend="auto"):
         out = _FLASH[backend](q, k, v, causal=True)               # causal mask is bottom-right aligned: Tq <= Tk ok
         return out[0] if isinstance(out, tuple) else out          # FA-3 may also return the log-sum-exp
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))              # (B, H, T, D), SDPA's layout
-    if Tq == Tk:                                                  # training / prefill: plain causal mask
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    elif Tq == 1:                                                 # one decoded token sees every cached key
-        y = F.scaled_dot_product_attention(q, k, v)
-    else:                                                         # a chunk after a cache: query j sees keys <= Tk-Tq+j
-        mask = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(diagonal=Tk - Tq)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    # Training / prefill (Tq = Tk): the plain causal mask. One decoded token (Tq = 1) sees every cached key: no mask.
+    # A chunk after a cache (1 < Tq < Tk): query j sees keys <= Tk - Tq + j, an explicit bottom-right-aligned mask.
+    mask = None if Tq in (1, Tk) else torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(diagonal=Tk - Tq)
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=Tq == Tk)
     return y.transpose(1, 2)
 
 
@@ -240,6 +278,8 @@ class CausalSelfAttention(nn.Module):
         self.backend = "auto"                                        # set by LoopedGPT.set_attention
 
     def forward(self, x, rope, kv=None):
+        """x (B, T, d) -> (B, T, d). rope: (cos, sin) for these T positions; kv: (KVCache, slot) when decoding, so
+        the new keys/values are appended to this layer's slot and the queries attend over the whole cached prefix."""
         B, T, _ = x.shape
         q = self.c_q(x).view(B, T, self.n_head, self.head_dim)      # (B, T, H, D)
         k = self.c_k(x).view(B, T, self.n_head, self.head_dim)
@@ -264,6 +304,7 @@ class MLP(nn.Module):
         self.c_proj = nn.Linear(4 * cfg.d_model, cfg.d_model, bias=False)
 
     def forward(self, x):
+        """x (B, T, d) -> (B, T, d) through the (B, T, 4d) hidden layer, relu(z)^2 (Table 4)."""
         return self.c_proj(F.relu(self.c_fc(x)).square())
 
 
@@ -278,6 +319,7 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x, rope, kv=None):
+        """x (B, T, d) -> (B, T, d): two residual updates, each reading a normalised copy of the stream."""
         x = x + self.attn(self.norm_attn(x), rope, kv)
         return x + self.mlp(self.norm_mlp(x))
 
@@ -301,6 +343,7 @@ class DiagonalInjection(nn.Module):
         self.dt_bias = nn.Parameter(torch.empty(d))     # (d,)
 
     def forward(self, e, h):
+        """e (prelude output), h (state), both (B, T, d) -> u (B, T, d), the recurrent block's input."""
         dt = F.softplus(self.dt_bias)                   # (d,) Delta > 0
         decay = torch.exp(-dt * torch.exp(self.A_log))  # (d,) exp(-Delta A) in (0, 1)
         return (decay * h + dt * self.B(e)).type_as(e)  # (B, T, d); B e in the autocast dtype, the sum in fp32
@@ -319,10 +362,11 @@ class KVCache:
         self.k = self.v = None                         # (n_slots, B, max_len, H, D) each
 
     def update(self, slot, k, v):
+        """Write k, v (B, T, H, D) at positions pos .. pos + T of `slot`; return that slot's keys and values for
+        positions 0 .. pos + T, each (B, pos + T, H, D). pos itself advances once per model call (forward)."""
         B, T, H, D = k.shape
         if self.k is None:
-            self.k = k.new_zeros(self.n_slots, B, self.max_len, H, D)
-            self.v = v.new_zeros(self.n_slots, B, self.max_len, H, D)
+            self.k, self.v = (t.new_zeros(self.n_slots, B, self.max_len, H, D) for t in (k, v))
         self.k[slot, :, self.pos:self.pos + T] = k
         self.v[slot, :, self.pos:self.pos + T] = v
         return self.k[slot, :, :self.pos + T], self.v[slot, :, :self.pos + T]
@@ -363,6 +407,7 @@ class LoopedGPT(nn.Module):
         self.init_weights()
 
     def blocks(self):
+        """Every distinct Block once (prelude, recur, coda): for init and labelling, not the execution order."""
         return itertools.chain(self.prelude, self.recur, self.coda)
 
     def set_attention(self, backend: str):
@@ -373,6 +418,7 @@ class LoopedGPT(nn.Module):
             blk.attn.backend = backend
 
     def hc_params(self):
+        """The hyperconnection scalars alpha, M, beta (Eq. 7) that exist; [] for every other injection mode."""
         return [p for p in (self.hc_alpha, self.hc_mix, self.hc_beta) if p is not None]
 
     @torch.no_grad()
@@ -491,6 +537,9 @@ class LoopedGPT(nn.Module):
             raise ValueError(f"positions up to {pos + T} exceed the RoPE table ({self.rope_cos.size(0)}) or cache")
         rope = (self.rope_cos[pos:pos + T], self.rope_sin[pos:pos + T])     # (T, D/2) each
         n_pre, n_layers_recur = len(self.prelude), len(self.recur)
+        # An n_loops override keeps the window's size, capped at n: a shorter run still backpropagates its last k
+        # iterations. Where e enters every iteration (linear, additive, diagonal) the prelude gets gradient through
+        # those; passthrough (e only in h(0)) is refused with truncation in ModelConfig for exactly that reason.
         k_bwd = n if cfg.n_loops_bwd is None else min(cfg.n_loops_bwd, n)   # gradient window r_bwd (Eq. 6)
 
         # 1. embed + prelude (once)
@@ -543,8 +592,7 @@ class LoopedGPT(nn.Module):
         logits = cfg.logit_softcap * torch.tanh(logits / cfg.logit_softcap)      # softcap in fp32 (Table 4)
         if targets is None:
             return logits
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1,
-                               reduction=reduction)
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1, reduction=reduction)
         return loss.view(B, T) if reduction == "none" else loss
 
     # -------------------------------------------------------------------------
@@ -566,6 +614,7 @@ class LoopedGPT(nn.Module):
             raise ValueError(f"need temperature >= 0 and top_k None or int >= 1, got {temperature}, {top_k}")
         if max_new_tokens == 0:
             return idx
+        # One cache for prompt + continuation: prefill writes every slot for T0 positions, each step one more.
         cache = self.new_kv_cache(idx.size(1) + max_new_tokens, n_loops)
         logits = self(idx, generator=generator, kv_cache=cache)[:, -1]      # prefill: (B, V)
         out = [idx]

@@ -214,9 +214,7 @@ def polar_express(G, steps=NS_STEPS, bf16=None):
     pre-scaled by 1.02 ||G||_F so all singular values lie below 1, where the polynomials are designed to work.
     p(X) = a X + b X X^T X + c (X X^T)^2 X, the odd quintic above, grouped through the SMALL Gram matrix, as the
     release writes it: wide (rows <= cols) A = X X^T, X <- a X + (b A + c A^2) X; tall A = X^T X,
-    X <- a X + X (b A + c A^2). (Iterating a tall matrix on its transpose is the same in exact arithmetic and, on
-    CPU, measured bit for bit; only this form is the release's kernel on every backend.)
-    """
+    X <- a X + X (b A + c A^2) in bf16 (the release's kernel), the wide form on the transpose in fp32 (see below)."""
     if G.ndim < 2:
         raise ValueError(f"polar_express needs matrices (..., rows, cols), got shape {tuple(G.shape)}")
     if not 1 <= steps <= len(POLAR_EXPRESS_COEFFS):
@@ -225,11 +223,18 @@ def polar_express(G, steps=NS_STEPS, bf16=None):
     X = G.to(torch.bfloat16 if bf16 else torch.promote_types(G.dtype, torch.float32))   # fp64 stays fp64
     X = X / (X.norm(dim=(-2, -1), keepdim=True) * 1.02 + 1e-6)     # ||X||_2 <= ||X||_F < 1
     tall = X.size(-2) > X.size(-1)
+    # bf16 iterates a tall matrix in the release's X^T X form, op for op (its kernel, bitwise). fp32 / fp64 iterate
+    # it on its transpose, as every earlier nanoloop run did: the two forms are equal in exact arithmetic but differ
+    # by an ulp at some small shapes (e.g. 32 x 8, the mini study's s = 1 MLP), so the fp32 results stay bit for bit.
+    gram_right = tall and X.dtype == torch.bfloat16
+    flip = tall and not gram_right
+    if flip:
+        X = X.mT                                                    # (..., cols, rows): now wide
     for a, b, c in POLAR_EXPRESS_COEFFS[:steps]:
-        A = X.mT @ X if tall else X @ X.mT                          # (..., k, k), k = min(rows, cols)
+        A = X.mT @ X if gram_right else X @ X.mT                    # (..., k, k), k = min(rows, cols)
         B = b * A + c * (A @ A)                                     # (..., k, k)
-        X = a * X + (X @ B if tall else B @ X)
-    return X
+        X = a * X + (X @ B if gram_right else B @ X)
+    return X.mT if flip else X
 
 
 def muonh_update(G, W, M, R, mu, lr, ns_steps=NS_STEPS, bf16=None):

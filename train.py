@@ -82,7 +82,7 @@ import flops
 from common import print0
 from data import PackedLoader, data_identity, load_tokenizer, read_meta
 from eval import load_checkpoint, load_weights, model_bytes, read_checkpoint, val_loss
-from model import ATTN_BACKENDS, LoopedGPT, ModelConfig, resolve_attention
+from model import ATTN_BACKENDS, LoopedGPT, ModelConfig, attention_summary, resolve_attention
 from optim import build_optimizer, hyperp_lrs, lr_multiplier, reference, set_lr_multiplier
 
 REPO_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -442,7 +442,7 @@ def preflight(model_cfg, tc, world: int, device) -> SimpleNamespace:
         check_disk(tc, g, cfg, ckpt["step"] if ckpt else 0)
     return SimpleNamespace(cfg=cfg, tc=tc, g=g, facts=facts, identity=identity, status=status, record=record,
                            ckpt=ckpt, init_state=init_state, use_bf16=use_bf16, attn=attn, attn_rule=attn_rule,
-                           use_compile=use_compile, hook=hook, state_bytes=state,
+                           use_compile=use_compile, hook=hook, state_bytes=state, device=device,
                            dev_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
 
 
@@ -500,11 +500,12 @@ def release_device_batch(scale: int, per_rank: int) -> int:
     return max(k for k in range(1, min(rule, per_rank) + 1) if per_rank % k == 0)
 
 
-def peak_flops(tc, dev_name: str) -> tuple:
-    """(peak FLOP/s per device or None, rule): --peak-flops, else PEAK_FLOPS by the longest key found as whole words
-    in the device name. None -- MFU n/a -- for a device not in the table: never another device's figure."""
-    if tc.peak_flops:
-        return tc.peak_flops, "--peak-flops"
+def peak_flops(dev_name: str, override: Optional[float] = None) -> tuple:
+    """(peak FLOP/s per device or None, rule): override (--peak-flops), else PEAK_FLOPS by the longest key found as
+    whole words in the device name. None -- MFU n/a -- for a device not in the table: never another device's figure.
+    runs/bench_train.py and runs/gpu_check.py read the same table through this function."""
+    if override:
+        return override, "--peak-flops"
     for key in sorted(PEAK_FLOPS, key=len, reverse=True):
         if re.search(rf"(?<![A-Za-z0-9]){re.escape(key)}(?![A-Za-z0-9])", dev_name, re.IGNORECASE):
             return PEAK_FLOPS[key], f"PEAK_FLOPS[{key!r}]: dense bf16 datasheet figure for {dev_name!r}"
@@ -605,7 +606,8 @@ def startup_print(run, world: int, device_batch, db_rule: str, peak, peak_rule: 
              "final step only (data.md §4)"),
             ("precision", "bf16 (autocast, wte, Polar Express)" if run.use_bf16 else "fp32", ("--precision" if
              tc.precision else "default: bf16 on CUDA, fp32 on CPU") + "; eval in the same"),
-            ("attention", run.attn, run.attn_rule),
+            ("attention", run.attn, attention_summary(run.attn, run.device, run.use_bf16) + (
+                "; forced by --attn" if tc.attn != "auto" else "")),
             ("compile", run.use_compile, "default: on for CUDA, off for CPU" + ("; after DDP" if world > 1 else "")),
             ("loss read / log", f"every {tc.log_every} step(s)", "the only host syncs, + every eval / checkpoint"),
             ("mfu peak", f"{peak:.4g} FLOP/s per device" if peak else "n/a", peak_rule),
@@ -665,6 +667,15 @@ def git_info() -> dict:
         return {"git_commit": None, "git_dirty": None, "git_diff_sha256": None}
 
 
+def write_run_file(path: str, data, key: str, what: str, then: str) -> None:
+    """common.write_owned (atomic, recorded under the run's request key), a failure one line: "could not write
+    WHATPATH: why; THEN" -- why from common.write_failure (torch.save wraps ENOSPC in a RuntimeError)."""
+    try:
+        common.write_owned(path, data, key)
+    except (OSError, RuntimeError) as err:
+        raise OSError(f"could not write {what}{path}: {common.write_failure(err, path)}; {then}") from None
+
+
 def rng_state() -> dict:
     """The RNGs a step can touch, torch's (CPU and CUDA), as tensors so the checkpoint loads with weights_only=True.
     Nothing in a step draws from numpy's or Python's generators (the loader and the state noise are seeded by row)."""
@@ -702,7 +713,7 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     # rank in accum micro-steps; total_steps from the horizon rule (App. E); the peak LRs of HyperP (App. D.2).
     B, F, total_steps, lrs, r, d = g.B, g.F, g.steps, g.lrs, cfg.n_loops, cfg.d_model
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if run.use_bf16 else nullcontext
-    peak, peak_rule = peak_flops(tc, run.dev_name)
+    peak, peak_rule = peak_flops(run.dev_name, tc.peak_flops)
 
     # ---- 3. The start-up print -----------------------------------------------------------------------------------
     plan_db, db_rule = tc.device_batch, "--device-batch"
@@ -803,13 +814,10 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
                      "rng": rng_state(), "step": step, "val_loss": val, "identity": run.identity,
                      "wall_time_s": wall_before + time.time() - t_loop, "tokenizer_hash": run.facts.tok_hash,
                      "model_config": asdict(cfg), "train_config": asdict(tc)}
-            try:
-                if master:
-                    common.write_owned(ckpt_path, lambda tmp: torch.save(state, tmp), key)
-            except (OSError, RuntimeError) as err:          # torch wraps ENOSPC in a RuntimeError
+            if master:
                 kept = f"{ckpt_path} still holds the previous one" if os.path.exists(ckpt_path) else "none was kept"
-                raise OSError(f"could not write the step-{step} checkpoint {ckpt_path}: "
-                              f"{common.write_failure(err, ckpt_path)}; {kept}. Free space, then --resume") from None
+                write_run_file(ckpt_path, lambda tmp: torch.save(state, tmp), key, f"the step-{step} checkpoint ",
+                               f"{kept}. Free space, then --resume")
             if world > 1:
                 dist.barrier()
 
@@ -897,11 +905,8 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
                   mem_label: mem, "attn": run.attn, "precision": "bf16" if run.use_bf16 else "fp32",
                   "compile": run.use_compile, **git_info(), **({"case": tc.case} if tc.case else {})}
         if master:
-            try:
-                common.write_owned(done_path, json.dumps(record, indent=1) + "\n", key)
-            except OSError as err:
-                raise OSError(f"could not write {done_path}: {common.write_failure(err, done_path)}; the final "
-                              "checkpoint is kept. Free space, then rerun with --resume to write the record") from None
+            write_run_file(done_path, json.dumps(record, indent=1) + "\n", key, "", "the final checkpoint is kept. "
+                           "Free space, then rerun with --resume to write the record")
             print0(f"done: val_loss {last_val:.4f} nats after {g.tokens:,} tokens -> {done_path}")
         if world > 1:
             dist.barrier()

@@ -8,15 +8,20 @@
 #      and peak RSS on a generated corpus (16 MB here; `python runs/bench_data.py --mb 1000` for the 1 GB figure);
 #   4. the full fit protocol (9 fits x 500 restarts + 200 bootstrap refits) vs naive serial scipy;
 #   5. batched vs one-at-a-time continuation scoring.
-# Usage: bash runs/bench.sh [--dry-run] [OUT]       (OUT defaults to out/bench; ~3-5 min on a 2-core CPU, no GPU)
+# Usage: bash runs/bench.sh [--dry-run] [--overwrite] [OUT]  (OUT: out/bench; ~3-5 min on a 2-core CPU, no GPU)
+# OUT is bench.sh's own folder (common.py claim-dir): a new or empty one is adopted (OUT/.nanoloop-bench marks it),
+# one it made for the same parameters is reused, and any other non-empty folder is refused (exit 2), so files
+# bench.sh did not write are never replaced; --overwrite adopts such a folder (and lets part 1 replace its files).
 # Numbers are wall clock on whatever else the machine is doing: run it on an idle machine to compare commits.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DRY=0; OUT=""
+DRY=0; OUT=""; OVERWRITE=""
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY=1 ;;
-    -*) echo "runs/bench.sh: unknown flag $arg (usage: bash runs/bench.sh [--dry-run] [OUT])" >&2; exit 2 ;;
+    --overwrite) OVERWRITE=--overwrite ;;
+    -*) echo "runs/bench.sh: unknown flag $arg (usage: bash runs/bench.sh [--dry-run] [--overwrite] [OUT])" >&2
+        exit 2 ;;
     *) OUT="$arg" ;;
   esac
 done
@@ -24,35 +29,44 @@ OUT=${OUT:-out/bench}
 
 # ---- parameters -----------------------------------------------------------------------------------------------
 # A CPU-sized model: d = 128 (aspect 32, s = 4), head_dim 32, l_eff = 10 as in the mini study, T = 256.
+# 16 rows of 256 tokens per step (4,096 tokens), one micro-batch.
 TRAIN=(--aspect-ratio 32 --scale 4 --head-dim 32 --n-layers-eff 10 --n-layers-prelude 1 --n-layers-coda 1
-       --seq-len 256 --batch-tokens 4096 --device-batch 16 --vocab-size 2048)
+       --seq-len 256 --device-batch 16 --vocab-size 2048)
 STEPS=6
+NAMES=(r1 r4 r8 r8_bptt4 r8_bptt1)
 CASES=("--n-loops 1" "--n-loops 4" "--n-loops 8" "--n-loops 8 --n-loops-bwd 4" "--n-loops 8 --n-loops-bwd 1")
 
 if [[ $DRY == 1 ]]; then
-  for c in "${CASES[@]}"; do echo "python train.py ${TRAIN[*]} --bench-steps $STEPS $c --out-dir $OUT/train"; done
+  for i in "${!CASES[@]}"; do
+    echo "python runs/bench_train.py ${TRAIN[*]} --steps $STEPS ${CASES[$i]} --out $OUT/train/${NAMES[$i]}.json"
+  done
   exit 0
 fi
-mkdir -p "$OUT"
+# ---- ownership: OUT is bench.sh's own folder (common.py claim-dir, the rule every tool shares; issue 18 §2) ------
+# The request is the benchmark's parameters: a folder made for other ones is refused, not mixed.
+state=$(python common.py claim-dir "$OUT" bench "${TRAIN[*]} steps $STEPS" ${OVERWRITE:+"$OVERWRITE"} 2>&1) ||
+  { state=${state%$'\n'}; echo "runs/bench.sh: ${state##*error: }" >&2; exit 2; }
+mkdir -p -- "$OUT/train"
 T0=$(date +%s)
 hdr() { printf '\n==== %s  [%ds]\n' "$*" "$(( $(date +%s) - T0 ))"; }
 
 hdr "1. training throughput and memory (CPU, fp32 eager, $STEPS timed steps each; tiny models run on 1 thread)"
-for c in "${CASES[@]}"; do
+# One process per case (peak RSS is per process); each writes OUT/train/NAME.json (runs/bench_train.py --out), which
+# the ratios below read, and prints the line kept in OUT/train_bench.txt. tok/s per executed layer is the same
+# ratio as tok/s here: every case executes l_eff = 10 layers per token.
+for i in "${!CASES[@]}"; do
   # shellcheck disable=SC2086
-  OMP_NUM_THREADS=1 python train.py "${TRAIN[@]}" --bench-steps "$STEPS" $c --out-dir "$OUT/train" | grep '^bench'
+  OMP_NUM_THREADS=1 python runs/bench_train.py "${TRAIN[@]}" --steps "$STEPS" ${CASES[$i]} \
+    --out "$OUT/train/${NAMES[$i]}.json" ${OVERWRITE:+"$OVERWRITE"}
 done | tee "$OUT/train_bench.txt"
-python - "$OUT/train_bench.txt" <<'PY'
-import re, sys
-rows = [dict(re.findall(r"(n_loops|bptt|executed-layer tok/s|peak_rss|max_allocated) ([\w,. ]+?) (?=\||MiB)", l))
-        for l in open(sys.argv[1])]
-num = lambda row, k: float(row[k].replace(",", "").split()[0])
-r1, r4, r8, r8k4, r8k1 = rows
-print(f"ratio | executed-layer tok/s r=4 / r=1: {num(r4, 'executed-layer tok/s') / num(r1, 'executed-layer tok/s'):.2f} "
-      "(>= ~1: looping costs no speed per executed layer)")
-mem = "peak_rss" if "peak_rss" in r1 else "max_allocated"
-print(f"ratio | memory r=8 / r=1, full BPTT: {num(r8, mem) / num(r1, mem):.2f} | truncated (last 4 / last 1 of 8): "
-      f"{num(r8k4, mem) / num(r1, mem):.2f} / {num(r8k1, mem) / num(r1, mem):.2f}")
+python - "$OUT/train" <<'PY'
+import json, os, sys
+r = {n: json.load(open(os.path.join(sys.argv[1], n + ".json"))) for n in ("r1", "r4", "r8", "r8_bptt4", "r8_bptt1")}
+mem = "peak_rss" if "peak_rss" in r["r1"] else "cuda_max_allocated"
+print(f"ratio | tok/s r=4 / r=1 (both execute l_eff = 10 layers per token): "
+      f"{r['r4']['tok_per_s'] / r['r1']['tok_per_s']:.2f} (>= ~1: looping costs no speed per executed layer)")
+print(f"ratio | memory r=8 / r=1, full BPTT: {r['r8'][mem] / r['r1'][mem]:.2f} | truncated (last 4 / last 1 of 8): "
+      f"{r['r8_bptt4'][mem] / r['r1'][mem]:.2f} / {r['r8_bptt1'][mem] / r['r1'][mem]:.2f}")
 PY
 
 hdr "2. MuonH step (polar express + sphere retraction) for the 120 matrices of an s = 10 model"

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# runs/gpu_check.sh -- the one-shot GPU check: run it the first time a GPU is available (issue 13 §7).
+# runs/gpu_check.sh -- the staged device check (issue 19 §5): run it once on one GPU before the first launch.
 #
-# Purpose: every figure a cluster launch depends on, from the code paths a grid run uses, printed then written as
-#          JSON: the attention backend --attn auto picks (FA-3 on 9.x, FA-2 on >= 8.0, else SDPA) and why; bf16
-#          FlashAttention vs SDPA max |diff| on the logits of an s=10 r=4 forward (next to bf16 vs fp32 SDPA, the
-#          scale of bf16 rounding); compiled (inductor) vs eager loss and gradients; tok/s, MFU and the optimizer
-#          (MuonH + AdamW) step time of s=10 and s=20 at r=1 and r=4 (train.py bench mode, seq 2048,
-#          B = 262,144 by accumulation at the default device batch, compiled, bf16); peak CUDA memory of the
-#          largest grid cells, s=34 at r=1 and r=8, at their default device batch (8 rows), a few steps.
-# Usage:   bash runs/gpu_check.sh [--out FILE]         one GPU; FILE defaults to out/gpu_check.json
-#          bash runs/gpu_check.sh --cpu-smoke [--out FILE]   the same steps on CPU with tiny sizes (CI, ~10 s);
-#                                                    compile there uses aot_eager (inductor's C++ build takes minutes)
-#          bash runs/gpu_check.sh --dry-run             the bench rows as train.py launch lines
-# Cost:    designed for < 8 minutes on one H100/H200 (six compiles dominate); not yet measured on a GPU.
+# Purpose: every figure a cluster launch depends on, measured on the code paths a grid run uses, stage by stage in
+#          priority order: 1 environment (versions, device, MFU peak key, attention backend), 2 attention (FA vs SDPA
+#          vs fp32, forward and backward; KV-cached chunked decoding), 3 memory (peak allocated and reserved at the
+#          release's device batch of s16 r8, s28 r8, s34 r1, an eval forward, a checkpoint save), 4 throughput
+#          (tok/s, MFU and the optimizer's share at r = 1, 4, 8, s = 10 and 6), 5 ddp (2 ranks vs 1, compiled, sharded
+#          MuonH), 6 compile (graph breaks, recompiles, compile seconds). Details: runs/gpu_check.py.
+# Usage:   bash runs/gpu_check.sh [--budget SECONDS] [--out FILE] [--overwrite]   one GPU; FILE: out/gpu_check.json
+#          bash runs/gpu_check.sh --cpu-smoke [--out FILE]      every stage on CPU with tiny sizes (CI, ~30 s idle)
+#          bash runs/gpu_check.sh --dry-run [--budget SECONDS]   the plan: stages, estimates, what the budget drops
+# Output:  FILE, rewritten atomically after every stage (a killed check keeps the stages it finished); a FILE the
+#          check did not write for the same flags is refused unless --overwrite. Exit 1 if a stage failed.
+# Cost:    at most --budget seconds (default 480) on one GPU: the last stages are dropped when their estimates no
+#          longer fit, and the plan says which before anything runs. Not yet measured on a GPU.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-exec python train.py gpu-check "$@"
+exec python "$(dirname "$0")/gpu_check.py" "$@"

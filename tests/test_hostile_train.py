@@ -89,6 +89,14 @@ def one_error_line(code, out, err, want_code, *culprits):
         assert c in lines[0], (c, lines[0])
 
 
+def refused_untouched(argv, tmp_path, capsys, monkeypatch, *culprits):
+    """`train.py ARGV` exits 2 with one error line naming every culprit, and every file under tmp_path is as it was."""
+    before = snapshot(tmp_path)
+    code, out_s, err = cli(argv, capsys, monkeypatch)
+    one_error_line(code, out_s, err, 2, *culprits)
+    assert_untouched(before, snapshot(tmp_path))
+
+
 def tiny(data_dir, out_dir, *extra):
     return [*TINY, "--data", str(data_dir), "--out-dir", str(out_dir), *extra]
 
@@ -223,10 +231,8 @@ def test_foreign_lock_file_is_refused(finished, tmp_path, capsys, monkeypatch, t
     out = copy_run(finished, tmp_path)
     os.remove(out / "done.json")
     (out / "train.lock").write_text("my shopping list\n")
-    before = snapshot(tmp_path)
-    code, out_s, err = cli(tiny(tiny_data, out, "--steps", "2", "--resume"), capsys, monkeypatch)
-    one_error_line(code, out_s, err, 2, "train.lock", "not written by nanoloop")
-    assert_untouched(before, snapshot(tmp_path))
+    refused_untouched(tiny(tiny_data, out, "--steps", "2", "--resume"), tmp_path, capsys, monkeypatch,
+                      "train.lock", "not written by nanoloop")
 
 
 def test_kill_leftovers_are_repaired_on_resume(finished, tmp_path, capsys, monkeypatch, tiny_data):
@@ -260,10 +266,8 @@ def test_foreign_log_is_refused_and_kept(finished, tmp_path, capsys, monkeypatch
     out = copy_run(finished, tmp_path)
     os.remove(out / "done.json")
     (out / "log.jsonl").write_text('{"step": 1, "loss": 4.8}\nmy notes, not JSON\n{"step": 2, "loss": 4.7}\n')
-    before = snapshot(tmp_path)
-    code, out_s, err = cli(tiny(tiny_data, out, "--steps", "2", "--resume"), capsys, monkeypatch)
-    one_error_line(code, out_s, err, 2, "log.jsonl line 2")
-    assert_untouched(before, snapshot(tmp_path))
+    refused_untouched(tiny(tiny_data, out, "--steps", "2", "--resume"), tmp_path, capsys, monkeypatch,
+                      "log.jsonl line 2")
 
 
 def test_record_of_another_run_is_not_handed_back(finished, tmp_path, capsys, monkeypatch, tiny_data):

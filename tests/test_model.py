@@ -249,11 +249,36 @@ def test_truncated_bptt_detached_loops_get_no_gradient():
     assert g_trunc["prelude.0.attn.c_q.weight"].norm() > 0       # the prelude still learns through e
 
 
+def test_every_accepted_truncated_config_trains_every_weight():
+    # issue 19 §1: passthrough + n_loops_bwd < r left wte and the prelude without gradient (DDP then failed at step
+    # 2, one process silently never trained them). Every config ModelConfig accepts must give EVERY parameter a
+    # non-zero gradient; the one that cannot is refused when built.
+    checked, refused = 0, []
+    for mode in ("linear", "additive", "passthrough", "hyper", "diagonal", "random"):
+        for r, k in [(2, 1), (4, 1), (4, 2), (4, 4), (8, 4)]:
+            try:
+                cfg = tiny_cfg(n_layers_eff=2 + r, n_layers_prelude=1, n_layers_coda=1, n_loops=r, n_loops_bwd=k,
+                               **mode_kwargs(mode))
+            except ValueError as err:
+                refused.append((mode, r, k, str(err)))
+                continue
+            m = LoopedGPT(cfg)
+            g = grads(m, tokens())
+            dead = [n for n, p in m.named_parameters() if n not in g or not g[n].abs().sum() > 0]
+            assert not dead, f"{mode} r={r} k={k}: no gradient for {dead}"
+            checked += 1
+    print(f"\n{checked} truncated configs train every weight; refused: {[(m, r, k) for m, r, k, _ in refused]}")
+    assert {(m, r, k) for m, r, k, _ in refused} == {("hyper", r, k) for r, k in [(2, 1), (4, 1), (4, 2), (8, 4)]} | \
+        {("passthrough", r, k) for r, k in [(2, 1), (4, 1), (4, 2), (8, 4)]}
+    assert all("passthrough' needs full BPTT" in e for m, _, _, e in refused if m == "passthrough")
+
+
 # -----------------------------------------------------------------------------
 # Acceptance 6: KV-cached decoding == full forward (one KV slot per recurrence)
 
-@pytest.mark.parametrize("r,mode", [(1, "linear"), (4, "linear"), (4, "hyper"), (4, "additive")])
+@pytest.mark.parametrize("r,mode", [(1, "linear"), (4, "linear"), (4, "hyper"), (4, "additive"), (4, "diagonal")])
 def test_cached_decoding_equals_full_forward(r, mode):
+    # (a random state init draws fresh noise per call, so only h(0) = e has a position-exact cached counterpart)
     torch.manual_seed(0)
     m = LoopedGPT(tiny_cfg(n_loops=r, injection=mode))
     with torch.no_grad():   # perturb every parameter so the test is not passed by the identity-like init
@@ -307,11 +332,12 @@ def test_sdpa_fallback_when_flash_attn_absent(monkeypatch):
             fresh = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(fresh)
         return fresh
-    absent = load_fresh("model_no_flash", {"flash_attn": None, "flash_attn_interface": None})
+    no_fa3 = {"flash_attn_interface": None, "flash_attn_3": None, "flash_attn_3.flash_attn_interface": None}
+    absent = load_fresh("model_no_flash", {"flash_attn": None, **no_fa3})
     assert absent._FLASH == {"fa3": None, "fa2": None}
     fake = types.ModuleType("flash_attn")
     fake.flash_attn_func = lambda q, k, v, causal: q
-    present = load_fresh("model_fake_flash", {"flash_attn": fake, "flash_attn_interface": None})
+    present = load_fresh("model_fake_flash", {"flash_attn": fake, **no_fa3})
     assert present._FLASH["fa2"] is fake.flash_attn_func and present._FLASH["fa3"] is None
     # CPU: auto resolves to SDPA, and the forward goes through F.scaled_dot_product_attention once per executed
     # layer (l_eff = 20) even where flash-attn is importable (it takes only half-precision CUDA tensors)
@@ -353,6 +379,50 @@ def test_attention_backend_by_capability(monkeypatch, cap, fa3, fa2, bf16, want)
                 model.resolve_attention(forced, "cuda", bf16)
 
 
+def test_flash_attention_found_under_its_install_names(monkeypatch, tmp_path):
+    # issue 19 §4: `pip install flash-attn` has no flash_attn_interface; FA-3 is also installed as the packaged
+    # flash_attn_3.flash_attn_interface. A module that is there but fails to import is told apart from an absent one.
+    fa3 = lambda q, k, v, causal: (q, None)
+    pkg, sub = types.ModuleType("flash_attn_3"), types.ModuleType("flash_attn_3.flash_attn_interface")
+    sub.flash_attn_func = fa3
+    for name, mod in [("flash_attn_interface", None), ("flash_attn_3", pkg), ("flash_attn_3.flash_attn_interface", sub)]:
+        monkeypatch.setitem(sys.modules, name, mod)
+    assert model._find_flash("fa3") == (fa3, "flash_attn_3.flash_attn_interface")
+    monkeypatch.setitem(sys.modules, "flash_attn_3.flash_attn_interface", None)
+    fn, why = model._find_flash("fa3")
+    assert fn is None and why == "flash_attn_interface: not installed; flash_attn_3.flash_attn_interface: not installed"
+    monkeypatch.delitem(sys.modules, "flash_attn_interface")              # a build whose CUDA extension is missing
+    (tmp_path / "flash_attn_interface.py").write_text("import flash_attn_3_cuda_ext_not_built\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fn, why = model._find_flash("fa3")
+    print(f"\n{why}")
+    assert fn is None and why.startswith("flash_attn_interface: ModuleNotFoundError: No module named "
+                                         "'flash_attn_3_cuda_ext_not_built'")
+
+
+def test_attention_summary_names_the_kernel_and_how_to_get_fa3(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setitem(model._FLASH, "fa3", None)
+    monkeypatch.setitem(model._FLASH_FROM, "fa3", "flash_attn_interface: not installed")
+    monkeypatch.setitem(model._FLASH, "fa2", lambda *a, **k: None)
+    monkeypatch.setitem(model._FLASH_FROM, "fa2", "flash_attn")
+    backend = model.resolve_attention("auto", "cuda", True)[0]
+    line = model.attention_summary(backend, "cuda", True)               # H100 with pip's flash-attn only
+    print(f"\n{line}")
+    assert backend == "fa2" and line.startswith("attention kernel: fa2 (flash_attn); not fa3: fa3 is not importable")
+    assert "hopper/" in line and "flash_attn_3 wheel" in line and "\n" not in line
+    monkeypatch.setitem(model._FLASH, "fa3", lambda *a, **k: None)
+    monkeypatch.setitem(model._FLASH_FROM, "fa3", "flash_attn_interface")
+    assert model.attention_summary("fa3", "cuda", True) == "attention kernel: fa3 (flash_attn_interface)"
+    assert model.attention_summary("sdpa", "cuda", False).endswith("not fa3: fa3 takes only bf16/fp16 tensors; it "
+                                                                    "needs --precision bf16")
+    assert model.attention_summary("fa2", "cuda", True).endswith("not fa3: --attn chose another")
+    assert model.attention_summary("sdpa", "cpu", False) == ("attention kernel: sdpa (torch scaled_dot_product_"
+                                                             "attention); not fa3: fa3 needs a CUDA device, this is cpu")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert "only on compute capability 9.x" in model.attention_summary("fa2", "cuda", True)    # A100: no hint
+
+
 def test_forced_attention_errors_name_the_reason(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 6))
     monkeypatch.setitem(model._FLASH, "fa2", None)
@@ -382,6 +452,7 @@ def test_forced_attention_errors_name_the_reason(monkeypatch):
     (dict(n_loops=4, injection="hyper", n_loops_bwd=2), "full BPTT"),
     (dict(hc_lanes=1), "hc_lanes=1"),
     (dict(injection="passthrough", state_init="random"), "state_init='random' needs"),
+    (dict(n_loops=4, injection="passthrough", n_loops_bwd=2), "passthrough' needs full BPTT"),   # issue 19 §1
     (dict(head_dim=15, aspect_ratio=15), "must be even"),
     (dict(scale=2.0), "scale must be an int"),
 ])

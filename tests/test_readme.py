@@ -80,8 +80,9 @@ def test_file_map_lists_every_file_with_its_size():
     for cells in rows:
         path = re.search(r"`([^`]+)`", cells[0]).group(1)
         listed[path] = int(cells[1].replace(",", "")) if cells[1].replace(",", "").isdigit() else None
-    tracked = [p for p in ("flops.py", "model.py", "optim.py", "data.py", "eval.py", "train.py", "fit.py")]
-    tracked += sorted("runs/" + f for f in os.listdir(os.path.join(ROOT, "runs")) if f.endswith(".sh"))
+    # every top-level Python file and every runs/ script or benchmark: a new file cannot hide from the map
+    tracked = sorted(f for f in os.listdir(ROOT) if f.endswith(".py"))
+    tracked += sorted("runs/" + f for f in os.listdir(os.path.join(ROOT, "runs")) if f.endswith((".sh", ".bash", ".py")))
     for path in tracked:
         assert path in listed, f"README file map misses {path}"
     for path, lines in listed.items():

@@ -440,10 +440,10 @@ def test_loss_is_read_only_at_logging_steps(tiny_data, tmp_path, monkeypatch):
     ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA L40S", 362e12), ("NVIDIA L4", 121e12), ("NVIDIA H20", 148e12),
     ("NVIDIA L40", None), ("NVIDIA GeForce RTX 4090", None), ("cpu", None)])
 def test_peak_flops_table_matches_the_most_specific_device(name, want):
-    tc = train.parse_args(["--steps", "1"])[1]
-    peak, rule = train.peak_flops(tc, name)
+    peak, rule = train.peak_flops(name)
     print(f"\n{name!r} -> {peak} ({rule})")
     assert peak == want and (peak or "n/a" in rule)
+    assert train.peak_flops(name, 5e14) == (5e14, "--peak-flops")      # --peak-flops wins over the table
 
 
 def test_evaluation_runs_in_the_runs_precision(tiny_data, tmp_path, monkeypatch):

@@ -166,21 +166,11 @@ def test_diagonal_gradients_reach_A_log_dt_bias_B(n_loops_bwd):
     assert abs((up - down) / 2e-3 - (m.diag.A_log.grad * v).sum().item()) < 2e-3
 
 
-def test_diagonal_cached_decoding_equals_full_forward():
-    # (a random state init draws fresh noise per call, so only h(0) = e has a position-exact cached counterpart)
+def test_diagonal_greedy_decoding_at_a_test_time_r():
+    # cached == full forward for diagonal is test_model's test_cached_decoding_equals_full_forward[4-diagonal];
+    # here: greedy decoding through the cache at r' = 6 equals the uncached argmax loop at r' = 6
     m = perturb(LoopedGPT(tiny_cfg(n_loops=4)), 0.02)
     idx = tokens(T=24)
-    with torch.no_grad():
-        full = m(idx)                                                     # (B, T, V)
-        cache = m.new_kv_cache(max_len=24)
-        assert cache.n_slots == 10                                        # l_eff slots for every r
-        parts = [m(idx[:, :5], kv_cache=cache)]                           # prefill
-        parts += [m(idx[:, t:t + 1], kv_cache=cache) for t in range(5, 20)]   # one token at a time
-        parts.append(m(idx[:, 20:24], kv_cache=cache))                    # a chunk after a cache (masked path)
-    cached = torch.cat(parts, dim=1)
-    err = (cached - full).abs().max().item()
-    print(f"diagonal: max |cached - full| logits = {err:.2e}")
-    assert cached.shape == full.shape and err < 1e-5
     out = m.generate(idx[:, :6], 6, temperature=0, n_loops=6)            # greedy decoding at a test-time r' = 6
     ref = idx[:, :6]
     with torch.no_grad():
@@ -372,3 +362,32 @@ def test_mini_case_bad_name():
     for args in (["--case", "gated"], ["--case"]):
         proc = _mini("--dry-run", *args)
         assert proc.returncode == 2 and "--case" in proc.stderr
+
+
+# -----------------------------------------------------------------------------
+# issue 19 §1: passthrough with truncated BPTT, refused in one process and on 2 gloo ranks before any work
+
+@pytest.mark.ddp
+def test_passthrough_truncated_refused_on_one_process_and_two_ranks(tiny_data, tmp_path):
+    # It used to cut wte and the prelude out of the graph: DDP failed at step 2 ("Expected to have finished
+    # reduction"), one process trained without ever updating them. Now every rank refuses it in one line, exit 2.
+    import sys
+    from test_train import TINY
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    argv = [*TINY, "--data", tiny_data, "--out-dir", str(tmp_path / "run"), "--steps", "3", "--n-loops-bwd", "1"]
+    launchers = {1: [sys.executable, "train.py"],
+                 2: [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py"]}
+    for ranks, launch in launchers.items():
+        p = subprocess.run([*launch, *argv, "--injection", "passthrough"], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=240)
+        said = [ln for ln in (p.stdout + p.stderr).splitlines() if "passthrough' needs full BPTT" in ln]
+        print(f"\n{ranks} rank(s): exit {p.returncode}; {said[0]}")
+        assert p.returncode != 0 and len(said) == ranks and said[0].startswith("train.py: error: ModelConfig: ")
+        assert "Expected to have finished reduction" not in p.stderr and not (tmp_path / "run").exists()
+        if ranks == 1:
+            assert p.returncode == 2 and "Traceback" not in p.stderr
+    # the same truncation with an injection that re-reads e every iteration trains on 2 ranks past step 2
+    p = subprocess.run([*launchers[2], *argv, "--injection", "linear"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.load(open(tmp_path / "run" / "done.json"))["n_loops_bwd"] == 1

@@ -1,0 +1,150 @@
+"""
+runs/bench_train.py -- training throughput and memory of one configuration, on synthetic tokens (issue 19 §5, 18 §4).
+
+What `train.py --bench-steps` used to do, outside the trainer: build the model (model.py) and the optimizer
+(optim.build_optimizer at optim.hyperp_lrs) as a run does, take one untimed warm-up step (allocation, compile), time
+--steps optimizer steps of --accum micro-batches each, and print one line:
+    bench | n_loops 4 | bptt full | d_model 128 | tok/s 1,234 | mfu n/a (...) | peak_rss 345 MiB | optimizer 9% ...
+With --out FILE the figures are also written as JSON (common.write_owned: atomic, recorded in the folder's ledger);
+a FILE this tool did not write for this same request is never replaced without --overwrite (common.check_owned).
+Run:   python runs/bench_train.py --scale 10 --n-loops 4 --device-batch 16 --steps 5 [--out F.json]
+       every ModelConfig field is a flag (--n-loops-bwd, --seq-len, ...; defaults: the paper's s = 10, r = 4).
+       CUDA: bf16 autocast and torch.compile (inductor) as a run uses them; CPU: fp32 eager.
+Used by: runs/bench.sh part 1; runs/gpu_check.py (build, train_bench, peak_memory, claim_out): the one place a
+benchmark builds a model and its optimizer and claims its --out. (runs/op_count.py builds its own: it must also run
+against another checkout's modules, through PYTHONPATH, for a before figure.)
+MFU = F_train (flops.py: the budget's FLOPs per token) x tok/s / (world x peak). The peak is the dense bf16 datasheet
+figure matched by device name (train.py's PEAK_FLOPS, as a run prints it); any other device (a CPU included) gets
+MFU n/a with the reason, never a guessed figure.
+"""
+import dataclasses
+import json
+import os
+import resource
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the flat top-level modules
+import torch                                                                          # noqa: E402
+
+import common                                                                         # noqa: E402
+import flops                                                                          # noqa: E402
+import train                                                                          # noqa: E402
+from model import LoopedGPT, ModelConfig, resolve_attention                           # noqa: E402
+from optim import build_optimizer, hyperp_lrs                                         # noqa: E402
+
+def peak_memory(device) -> dict:
+    """Peak memory since the last call, then a reset: CUDA allocated and reserved bytes (the cache is emptied first,
+    so the next reserved peak is its own); on CPU the process's peak RSS (Linux: KiB), which cannot be reset."""
+    if device.type != "cuda":
+        return dict(peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    stats = torch.cuda.memory_stats(device)      # a snapshot of what max_memory_allocated / _reserved read, then reset
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    return {f"cuda_max_{k}": stats.get(f"{k}_bytes.all.peak", 0) for k in ("allocated", "reserved")}
+
+
+def build(cfg, device, rows, bf16=False, attn="sdpa", seed=0, **optim_kw) -> tuple:
+    """(model, optimizer) as a run builds them: seeded init, the attention kernel, the embedding in bf16 on the bf16
+    path (App. C.1), MuonH + AdamW (optim.build_optimizer) at HyperP's LRs for `rows` rows of T per step.
+
+    The LRs are those of a plausible 100-step run: a step's cost (and its op count) does not depend on them, since
+    MuonH and AdamW do the same work at any LR. optim_kw overrides build_optimizer's arguments."""
+    torch.manual_seed(seed)
+    model = LoopedGPT(cfg).to(device)
+    model.set_attention(attn)
+    model.wte.to(dtype=torch.bfloat16 if bf16 else torch.float32)
+    tokens = rows * cfg.seq_len
+    opt = build_optimizer(model.param_groups(), hyperp_lrs(cfg.d_model, cfg.n_loops, 100 * tokens, tokens),
+                          **{"polar_bf16": bf16, **optim_kw})
+    return model, opt
+
+
+def claim_out(path: str, key: str, overwrite: bool) -> None:
+    """Before any work, --out's checks as one-line ValueErrors: its folder writable, the file absent or written by
+    this tool for this same request (common.check_owned: the folder's ledger), unless --overwrite. The folder is
+    made here (out/ on a fresh clone), so the write at the end cannot fail for want of it."""
+    common.check_dir_writable(os.path.dirname(os.path.abspath(path)), "--out's folder")
+    common.check_owned([path], key, overwrite, "--out")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+
+
+def train_bench(cfg, device, device_batch, steps, accum=1, bf16=False, compile_backend=None, attn="sdpa",
+                world=1, rank=0, seed=0, wrap=None) -> tuple:
+    """Build as a run does; 1 warm-up + `steps` timed optimizer steps on random tokens -> (figures, model, optimizer).
+
+    A step is `accum` micro-batches of device_batch rows on each of `world` ranks; rank k takes its rows of one global
+    batch drawn from `seed`, so 1 rank at world x device_batch rows computes the same steps as `world` ranks. Several
+    ranks: the process group is up and wrap(model) is the DDP module (compiled after wrapping, as train.py does;
+    accum must then be 1: no no_sync here). The device is synchronised around the optimizer step to time it alone."""
+    peak_memory(device)                                          # reset: the figures below are this run's
+    rows, T = device_batch * world * accum, cfg.seq_len          # global batch rows per optimizer step
+    model, opt = build(cfg, device, rows, bf16, attn, seed)
+    net = wrap(model) if wrap else model
+    net = torch.compile(net, backend=compile_backend) if compile_backend else net
+    clock = lambda: (device.type != "cuda" or torch.cuda.synchronize(device), time.perf_counter())[1]  # noqa: E731
+    # Tokens are drawn on the host from one seeded generator, then moved: every rank (and a 1-rank run of the same
+    # global batch) sees the same rows, and throughput does not depend on token values.
+    gen, times, losses = torch.Generator().manual_seed(seed), [], []
+    for step in range(steps + 1):
+        xy = torch.randint(0, cfg.vocab_size, (rows, T + 1), generator=gen).view(accum, world, device_batch, T + 1)
+        t0 = clock()
+        for micro in range(accum):                               # gradient accumulation over micro-batches
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                loss = net(xy[micro, rank, :, :-1].to(device), xy[micro, rank, :, 1:].to(device))   # (,) mean CE
+            (loss / accum).backward()                            # optimizer.md §5: divided by the accum steps
+            losses.append(loss.detach().float() / accum)
+        t1 = clock()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append((clock() - t0, clock() - t1))
+    per_step = torch.stack(losses).view(steps + 1, accum).sum(1)    # (steps + 1,) this rank's step losses
+    if world > 1:                                                # global-batch mean (gloo has no AVG: sum / world)
+        torch.distributed.all_reduce(per_step)
+    step_s, opt_s = (sum(t[i] for t in times[1:]) / steps for i in (0, 1))   # the warm-up step is not timed
+    F = flops.flops_per_token(**flops.accounting_args(cfg))      # the run's F_train (truncated loops fwd-only)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    peak, key = train.peak_flops(name)
+    return dict(device=name, scale=cfg.scale, d_model=cfg.d_model, n_loops=cfg.n_loops, n_loops_bwd=cfg.n_loops_bwd,
+                device_batch=device_batch, accum=accum, world=world, precision="bf16" if bf16 else "fp32", attn=attn,
+                compile=compile_backend or False, steps=steps, first_step_s=times[0][0], step_s=step_s,
+                optim_share=opt_s / step_s, tok_per_s=rows * T / step_s, flops_per_token=F, peak_key=key,
+                mfu=F * rows * T / step_s / (world * peak) if peak else None, losses=(per_step / world).tolist(),
+                **peak_memory(device)), model, opt
+
+
+def main(argv=None) -> dict:
+    """The CLI: flags checked (one-line errors, exit 2) before anything is built; prints the line, writes --out."""
+    p = common.Parser(prog="runs/bench_train.py", description="training tok/s, MFU and peak memory, synthetic tokens")
+    common.add_dataclass_flags(p, ModelConfig, {})             # every architecture field; ModelConfig checks them
+    for name, default in (("device-batch", 8), ("steps", 5), ("accum", 1)):
+        p.add_argument("--" + name, type=common.number(int, "[1, inf)"), default=default)
+    p.add_argument("--out", help="also write the figures here as JSON")
+    p.add_argument("--overwrite", action="store_true", help="let --out replace a file this tool did not write")
+    a = p.parse_args(argv)
+    cuda = torch.cuda.is_available()                          # the run's defaults: bf16 + inductor on CUDA only
+    device = torch.device("cuda" if cuda else "cpu")
+    # The request: every flag but where the output goes. A rerun of the same request may replace its own file.
+    key = common.request_key("bench_train", {k: v for k, v in vars(a).items() if k not in ("out", "overwrite")})
+    try:                                                       # every refusal before any work, in one line
+        cfg = ModelConfig(**{f.name: getattr(a, f.name) for f in dataclasses.fields(ModelConfig)})
+        if a.out:
+            claim_out(a.out, key, a.overwrite)
+    except ValueError as err:
+        common.fail(p.prog, err)
+    r = train_bench(cfg, device, a.device_batch, a.steps, a.accum, cuda, "inductor" if cuda else None,
+                    resolve_attention("auto", device, cuda)[0])[0]
+    # One line; bench.sh keeps these in OUT/train_bench.txt. MFU n/a: no datasheet peak for this device (the reason).
+    mem = " | ".join(f"{k} {v / 2**20:,.0f} MiB" for k, v in r.items() if "max" in k or "rss" in k)
+    mfu = r["peak_key"] if r["mfu"] is None else f"{100 * r['mfu']:.2f}% ({r['peak_key']})"
+    print(f"bench | n_loops {r['n_loops']} | bptt {r['n_loops_bwd'] or 'full'} | d_model {r['d_model']} | tok/s "
+          f"{r['tok_per_s']:,.0f} | mfu {mfu} | {mem} | optimizer {100 * r['optim_share']:.0f}% of "
+          f"the step | {r['precision']} {r['attn']} compile {r['compile']} | mean of {r['steps']} steps after the "
+          "first", flush=True)
+    if a.out:
+        common.write_owned(a.out, json.dumps(r, indent=1) + "\n", key)
+    return r
+
+
+if __name__ == "__main__":
+    main()

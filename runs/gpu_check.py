@@ -1,0 +1,343 @@
+"""
+runs/gpu_check.py -- the staged device check (issue 19 §5): run it once the first time a GPU is available.
+
+Six stages in priority order, each in its own process with a timeout; the JSON (--out, default out/gpu_check.json) is
+rewritten atomically after every stage, so a check killed at any point keeps every stage it finished:
+    1 environment   versions, device, GPUs, NCCL, the MFU peak key, the attention backend and its start-up line
+    2 attention     fwd + bwd of FA vs SDPA vs fp32 on s = 10 shapes; full forward vs KV-cached chunked decoding
+    3 memory        peak allocated / reserved at the release's device batch of the worst cells (s16 r8, s28 r8,
+                    s34 r1; halved on OOM), an eval forward and a checkpoint save (eager: compiled runs save less)
+    4 throughput    tok/s, MFU and the optimizer's share of the step, r = 1, 4, 8 at s = 10 and s = 6 (B = 262,144)
+    5 ddp           2 ranks (on one GPU if only one is visible) vs 1 rank, compiled, sharded MuonH: same losses
+    6 compile       graph breaks (torch._dynamo.explain) of four variants, recompiles and compile seconds
+--budget SECONDS (default 480) drops the last stages once their estimates no longer fit: the plan is printed and
+stored at the start, and a stage that overran drops the ones after it. The estimates are guesses until measured on
+a GPU: each stage's entry records wall_s beside estimate_s. --cpu-smoke runs every stage on CPU with tiny sizes
+(CI), compiling with the aot_eager backend (stages 5 and 6; the others run eager there).
+Run:   bash runs/gpu_check.sh [--budget S] [--out F] [--overwrite]  |  bash runs/gpu_check.sh --cpu-smoke --out F
+
+The JSON: {"written_by": {tool, request}, "plan": {"estimates_s", "dropped"}, "stages": {"1": {name, estimate_s,
+status: ok | failed | timed out | dropped, wall_s, result | error | reason}, ...}}. Figures are bytes, seconds and
+tokens per second; "mfu" is null where the device has no datasheet peak (the stage-1 "peak" entry says why).
+What the figures answer, and what they do not:
+  - stage 2: FA's max |diff| to fp32 should be the size of bf16 SDPA's; the chunked-decoding diff is ~0 in fp32.
+  - stage 3 is eager: a cell that fits here fits compiled (inductor saves no more); an OOM entry gives the rows
+    that failed, the cell's "device_batch" the rows that fit.
+  - stage 4 is the trainer's step (bf16, compiled, accumulation to B = 262,144) on random tokens: no data loading.
+  - stage 5 on one GPU puts both ranks on it (NCCL >= 2.30 allows it behind NCCL_MULTI_RANK_GPU_ENABLE; an older
+    NCCL refuses and the stage fails saying which NCCL): it checks correctness (losses, weights in sync), not
+    scaling; with two or more GPUs visible the ranks take cuda:0 and cuda:1.
+  - stage 6 counts dynamo graphs: 1 per variant means no graph break; more after the training steps, a recompile.
+Scratch files (a stage's result, the stage-3 checkpoints, the 2-rank rendezvous) go beside --out and are removed.
+"""
+import argparse
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+
+from bench_train import claim_out, peak_memory, train_bench    # first: it puts the repo root on sys.path
+import common                                                  # noqa: E402, I100
+from train import git_info, peak_flops, release_device_batch
+from model import LoopedGPT, ModelConfig, attend, attention_summary, resolve_attention
+
+TOOL = "runs/gpu_check.py"
+# stage -> (name, estimated seconds on one H100/H200, on a 2-core CPU with --cpu-smoke)
+STAGES = {1: ("environment", 20, 5), 2: ("attention", 25, 5), 3: ("memory", 90, 6), 4: ("throughput", 200, 6),
+          5: ("ddp", 90, 15), 6: ("compile", 50, 10)}
+SMOKE = dict(aspect_ratio=16, head_dim=16, n_layers_prelude=0, n_layers_coda=0, vocab_size=256, seq_len=64)
+
+
+def cfg_for(smoke, s, r, **kw) -> ModelConfig:
+    """The grid's architecture at width s with r loops (T = 2048, the paper's vocabulary). Smoke: every code path,
+    none of the size: d = 16 (s // 8), and one block run r times (0-1-0), since compile time grows with the layers."""
+    return ModelConfig(scale=max(1, s // 8), n_layers_eff=r, n_loops=r, **SMOKE, **kw) if smoke else \
+        ModelConfig(scale=s, n_loops=r, **kw)
+
+
+def release_rows(s, smoke) -> int:
+    """Rows per device by the release's rule (train.release_device_batch, --plan's fallback), 32, or 16 at s >= 18,
+    or 8 at s >= 30, of the 128 rows of B = 262,144 at T = 2048; smoke: an eighth of it."""
+    return release_device_batch(s, 128) // (8 if smoke else 1)
+
+
+def run_setup(smoke) -> tuple:
+    """(bf16, compile backend, attention backend) of a run here: CUDA bf16 + inductor; smoke fp32 + aot_eager."""
+    return not smoke, "aot_eager" if smoke else "inductor", resolve_attention("auto", device_of(smoke), not smoke)[0]
+
+
+def device_of(smoke):
+    """The one device a stage measures: cuda (the current device) on a GPU, cpu under --cpu-smoke."""
+    return torch.device("cpu" if smoke else "cuda")
+
+
+def stage_environment(smoke) -> dict:
+    """What the figures below depend on, and what a run's start-up line will say about attention and MFU."""
+    device, cuda = device_of(smoke), not smoke
+    # The attention backend as --attn auto resolves it for a bf16 run; the line is what train.py prints at start-up
+    name, (backend, why) = torch.cuda.get_device_name() if cuda else "cpu", resolve_attention("auto", device, True)
+    return dict(python=sys.version.split()[0], torch=torch.__version__, cuda=torch.version.cuda, device=name,
+                gpus=torch.cuda.device_count(), capability=torch.cuda.get_device_capability() if cuda else None,
+                memory_gib=torch.cuda.get_device_properties(0).total_memory / 2**30 if cuda else None,
+                nccl=torch.cuda.nccl.version() if cuda else None, peak=peak_flops(name), attention=backend,
+                attention_reason=why, attention_line=attention_summary(backend, device, True),
+                git=git_info()["git_commit"])
+
+
+def stage_attention(smoke) -> dict:
+    """bf16 FA and SDPA against fp32 SDPA: max |diff| over the output and dq, dk, dv (loss sum(out^2)), beside the
+    reference's own size; then one model's logits: full forward vs KV-cached decoding in three chunks (prefill, a
+    chunk, one token), per backend, and FA vs SDPA vs fp32 on the full forward."""
+    device = device_of(smoke)
+    backend = resolve_attention("auto", device, True)[0]
+    # s = 10 shapes (B = 4 rows of T = 2048, 5 heads of 128); fp32 masters, each backend casts its own copy
+    base = [torch.randn((2, 64, 2, 16) if smoke else (4, 2048, 5, 128), device=device) for _ in range(3)]  # B T H D
+
+    def fwd_bwd(kind, dtype):
+        qkv = [t.to(dtype).clone().requires_grad_() for t in base]      # fresh leaves: their own .grad
+        out = attend(*qkv, backend=kind)
+        out.float().square().sum().backward()
+        return [out.float()] + [t.grad.float() for t in qkv]
+    diff = lambda a, b: max((x - y).abs().max().item() for x, y in zip(a, b))   # noqa: E731
+    ref, sdpa, fast = fwd_bwd("sdpa", torch.float32), fwd_bwd("sdpa", torch.bfloat16), fwd_bwd(backend, torch.bfloat16)
+    res = dict(backend=backend, ref_max_abs=diff(ref, [0 * t for t in ref]), sdpa_bf16_vs_fp32=diff(sdpa, ref),
+               fa_bf16_vs_fp32=diff(fast, ref), fa_vs_sdpa_bf16=diff(fast, sdpa))
+    # The decode case of eval.py: a prefill, then a chunk of Tq > 1 tokens after a cache (FlashAttention's bottom-right
+    # causal alignment, SDPA's explicit mask), then one token; logits must match the full forward's.
+    model, n, logits = LoopedGPT(cfg_for(smoke, 10, 4)).to(device), 48 if smoke else 480, []
+    idx = torch.randint(0, model.cfg.vocab_size, (2, n), device=device)
+    for kind, bf16 in ((backend, True), ("sdpa", True), ("sdpa", False)):
+        model.set_attention(kind)
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            full, cache = model(idx), model.new_kv_cache(n)
+            chunks = [model(idx[:, a:b], kv_cache=cache) for a, b in ((0, n // 2), (n // 2, n - 1), (n - 1, n))]
+        res[f"kv_chunked_vs_full_{kind}_{'bf16' if bf16 else 'fp32'}"] = diff([torch.cat(chunks, 1)], [full])
+        logits.append(full)
+    return dict(res, logits_fa_vs_sdpa_bf16=diff(logits[:1], logits[1:2]), logits_bf16_vs_fp32=diff(logits[1:2],
+                                                                                                    logits[2:]))
+
+
+def stage_memory(smoke) -> dict:
+    """Per cell: one warm-up + one timed step (the optimizer state exists from the first), an eval forward of the
+    same rows, then a checkpoint save beside --out (deleted after). An OOM is recorded and the rows halved."""
+    device, (bf16, _, attn) = device_of(smoke), run_setup(smoke)
+    res = {"rule": "release: 32 rows, 16 at s >= 18, 8 at s >= 30", "mode": "eager" + ", bf16" * bf16}
+    # The cells most likely not to fit 80 GB: r = 8 at s = 16 and 28 under full BPTT (8 x the recurrent activations),
+    # and the widest model, s = 34 at r = 1 (most weights and optimizer state).
+    for s, r in ((16, 8), (28, 8), (34, 1)):
+        cfg, rows, cell = cfg_for(smoke, s, r), release_rows(s, smoke), res.setdefault(f"s{s}_r{r}", {})
+        while rows >= 1 and "save" not in cell:
+            try:
+                rec, model, opt = train_bench(cfg, device, rows, 1, bf16=bf16, attn=attn)
+                cell.update(device_batch=rows, train={k: v for k, v in rec.items() if "max" in k or "rss" in k})
+                with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                    model(torch.randint(0, cfg.vocab_size, (rows, cfg.seq_len), device=device))
+                cell["eval"], t, path = peak_memory(device), time.time(), f"{os.path.abspath(OUT)}.ckpt_s{s}_r{r}.pt"
+                torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path)
+                cell.update(save=peak_memory(device), save_s=time.time() - t, ckpt_bytes=os.path.getsize(path))
+                os.remove(path)
+            except torch.cuda.OutOfMemoryError as err:     # record it, then try half the rows
+                # (gradient accumulation keeps the global batch, so the largest rows that fit is what a run needs)
+                cell.setdefault("oom", []).append({"device_batch": rows, "error": str(err).splitlines()[0]})
+                rows //= 2
+            model = opt = None
+    return res
+
+
+def stage_throughput(smoke) -> dict:
+    """The trainer's path (compiled, bf16) at B = 262,144 tokens by accumulation; 3 timed steps after the first.
+    A cell's compile seconds are about first_step_s - step_s."""
+    device, (bf16, backend, attn), res = device_of(smoke), run_setup(smoke), {}
+    # s = 10 is the App. C.2 reference; s = 6 the grid's smallest width, where launch overheads weigh most
+    for s in (10, 6):
+        for r in (1, 4, 8):
+            rows = release_rows(s, smoke)                    # 128 rows of 2048 = B; accumulation makes up the rest
+            # The optimizer steps once per 128 / rows micro-batches, so its share here is the one a grid run pays
+            rec = train_bench(cfg_for(smoke, s, r), device, rows, 3, (4 if smoke else 128) // rows, bf16,
+                              None if smoke else backend, attn)[0]           # smoke: eager (5 and 6 compile)
+            res[f"s{s}_r{r}"] = {k: v for k, v in rec.items() if k not in ("losses", "device", "steps")}
+            torch._dynamo.reset()                            # the next model compiles from scratch
+    return res
+
+
+def ddp_rank(rank, smoke, result) -> None:
+    """One of stage 5's 2 ranks (this script --ddp-rank k): gloo on CPU, NCCL on CUDA (both ranks on cuda:0 when one
+    GPU is visible: NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1; older NCCL refuses, and the stage says so)."""
+    device = torch.device("cuda", rank % torch.cuda.device_count()) if not smoke else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("gloo" if smoke else "nccl", init_method=f"file://{result}.store", rank=rank,
+                            world_size=2)
+    from torch._dynamo.utils import counters             # after init: DDP's graph split shows in the count
+    bf16, backend, attn = run_setup(smoke)
+    ddp = lambda m: torch.nn.parallel.DistributedDataParallel(   # noqa: E731  train.py's wrapping
+        m, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False,
+        gradient_as_bucket_view=True)
+    rec, model, opt = train_bench(cfg_for(smoke, 10, 2 if smoke else 4), device, 2 if smoke else 8, 3, 1, bf16,
+                                  backend, attn, 2, rank, wrap=ddp)
+    # Each rank orthogonalises only its own matrices and all-gathers the rest: a wrong gather shows as weights that
+    # differ between ranks, so compare a checksum of every parameter (fp64 sums: MIN == MAX only if all agree).
+    total = torch.stack([p.detach().double().sum() for p in model.parameters()]).sum().reshape(1)
+    lo, hi = total.clone(), total.clone()                 # after sharded MuonH's all-gather the ranks must agree
+    dist.all_reduce(lo, dist.ReduceOp.MIN)
+    dist.all_reduce(hi, dist.ReduceOp.MAX)
+    if rank == 0:
+        # DDPOptimizer splits the compiled graph at bucket boundaries; each piece is one AOT-autograd compile
+        common.atomic_write(result, json.dumps(dict(
+            rec, muonh_shards=opt.world, ranks_weight_sum_spread=(hi - lo).item(), placement=str(device),
+            dynamo_graphs=counters["stats"]["unique_graphs"], ddp_subgraphs=counters["aot_autograd"]["total"])))
+    dist.destroy_process_group()
+
+
+def stage_ddp(smoke) -> dict:
+    """1 rank at 2x the rows vs 2 ranks (2 processes) on the same global batches: losses, tok/s, weights in sync."""
+    bf16, backend, attn = run_setup(smoke)
+    one = train_bench(cfg_for(smoke, 10, 2 if smoke else 4), device_of(smoke), 4 if smoke else 16, 3, 1, bf16,
+                      None if smoke else backend, attn)[0]        # smoke: eager here, compiled on the 2 ranks
+    # The ranks rendezvous through a file store beside --out (no port to find); rank 0 writes its figures there too
+    result = f"{os.path.abspath(OUT)}.ddp{os.getpid()}"
+    ranks = [subprocess.Popen([sys.executable, __file__, "--ddp-rank", str(k), "--result", result] + ["--cpu-smoke"]
+                              * smoke, env=dict(os.environ, NCCL_MULTI_RANK_GPU_ENABLE="1"),
+                              preexec_fn=die_with_parent) for k in (0, 1)]
+    codes = [p.wait() for p in ranks]                    # the stage's own timeout bounds this wait
+    # A failed rank leaves the other waiting in a collective until NCCL / gloo time out; the stage timeout covers it
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(result + ".store")
+    if codes != [0, 0]:
+        raise RuntimeError(f"the 2-rank run exited {codes} (NCCL {None if smoke else torch.cuda.nccl.version()})")
+    with open(result) as f:
+        two = json.load(f)
+    os.remove(result)
+    pick = lambda rec, *more: {k: rec[k] for k in ("tok_per_s", "step_s", "first_step_s", "optim_share", *more)}  # noqa
+    return dict(one_rank=pick(one), two_ranks=pick(two, "muonh_shards", "placement", "ranks_weight_sum_spread",
+                                                    "dynamo_graphs", "ddp_subgraphs"),
+                max_abs_loss_diff=max(abs(x - y) for x, y in zip(one["losses"], two["losses"])))
+
+
+def stage_compile(smoke) -> dict:
+    """Graph breaks of one forward + loss per variant (dynamo only: no codegen), then the trainer's compiled step:
+    dynamo graphs after 4 steps (1 = no break, no recompile) and compile seconds (first step - a later one)."""
+    from torch._dynamo.utils import counters
+    device, (bf16, backend, attn), res = device_of(smoke), run_setup(smoke), {}
+    # The grid's baseline, a truncated-BPTT cell (grad mode switches inside the loop), hyperconnections (per-iteration
+    # scalars indexed in the loop) and the plain r = 1 stack, each with the run's attention kernel (a FlashAttention
+    # build that dynamo cannot trace shows up here as a graph break)
+    for label, r, kw in (("r4", 4, {}), ("r8_bptt4", 8, dict(n_loops_bwd=4)), ("r4_hyper", 4, dict(injection="hyper")),
+                         ("r1", 1, {})):
+        model = LoopedGPT(cfg_for(smoke, 10, r, **kw)).to(device)
+        model.set_attention(attn)
+        x = torch.randint(0, model.cfg.vocab_size, (1, model.cfg.seq_len), device=device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            e = torch._dynamo.explain(model)(x, x)
+        res[label] = dict(graphs=e.graph_count, breaks=e.graph_break_count, why=[str(b.reason)[:200] for b in
+                                                                                 e.break_reasons[:3]])
+        torch._dynamo.reset()
+    counters.clear()                                     # count only the training graphs from here
+    rec = train_bench(cfg_for(smoke, 10, 4), device, release_rows(10, smoke), 3, 1, bf16, backend, attn)[0]
+    graphs = counters["stats"]["unique_graphs"]
+    return dict(res, train=dict(dynamo_graphs=graphs, recompiles=graphs - res["r4"]["graphs"], backend=backend,
+                                compile_s=rec["first_step_s"] - rec["step_s"], first_step_s=rec["first_step_s"]))
+
+
+def die_with_parent() -> None:
+    """preexec_fn: a stage (or a DDP rank) is SIGKILLed when its parent dies, even by SIGKILL (Linux prctl)."""
+    with contextlib.suppress(AttributeError, OSError):
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)           # PR_SET_PDEATHSIG = 1
+
+
+RUN, OUT = {1: stage_environment, 2: stage_attention, 3: stage_memory, 4: stage_throughput, 5: stage_ddp,
+            6: stage_compile}, None                      # OUT: --out, beside which the stages put scratch files
+
+
+def run_child(n, smoke, timeout) -> dict:
+    """Stage n in its own process (this script --stage n), killed after `timeout` s -> its status, result, wall_s."""
+    # The stage writes its own result file (atomically): a stage that dies leaves it empty, which reads as "failed"
+    # with the exit status, and a kill of this process leaves the JSON as it was after the previous stage.
+    fd, result = tempfile.mkstemp(prefix=f".gpu_check_stage{n}_", suffix=".json", dir=os.path.dirname(OUT))
+    os.close(fd)
+    t = time.monotonic()
+    try:
+        code = subprocess.run([sys.executable, __file__, "--stage", str(n), "--result", result, "--out", OUT]
+                              + ["--cpu-smoke"] * smoke, timeout=timeout, preexec_fn=die_with_parent).returncode
+        with open(result) as f:
+            out = json.load(f) if os.path.getsize(result) else {"status": "failed", "error": f"exit status {code}"}
+    except subprocess.TimeoutExpired:
+        out = {"status": "timed out", "error": f"killed after its {timeout:.0f} s timeout"}
+    finally:
+        os.remove(result)
+    return dict(out, wall_s=round(time.monotonic() - t, 1))
+
+
+def main(argv=None) -> int:
+    """The CLI, and the entry of the stage and rank processes (hidden flags). The parent checks every flag and --out
+    before any stage, prints the plan, then runs the stages in order; exit 1 if one failed or timed out."""
+    global OUT
+    p = common.Parser(prog=TOOL, description="staged device check (issue 19 §5)")
+    p.add_argument("--cpu-smoke", action="store_true", help="every stage on CPU with tiny sizes (CI)")
+    p.add_argument("--budget", type=common.number(float, "(0, 1e6)"), default=480.0,
+                   help="seconds for all stages (default %(default)s)")
+    p.add_argument("--out", default="out/gpu_check.json", help="the JSON (default %(default)s)")
+    p.add_argument("--overwrite", action="store_true", help="replace an --out this tool did not write")
+    p.add_argument("--dry-run", action="store_true", help="print the plan (stages, estimates, drops) and stop")
+    for hidden, kind in (("--stage", RUN), ("--ddp-rank", (0, 1))):   # internal: one stage's or rank's process
+        p.add_argument(hidden, type=int, choices=kind, help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    OUT = os.path.abspath(a.out)
+    if a.ddp_rank is not None:
+        return ddp_rank(a.ddp_rank, a.cpu_smoke, a.result)
+    if a.stage:                                            # a stage's process: any failure is recorded, not raised
+        try:
+            out = {"status": "ok", "result": RUN[a.stage](a.cpu_smoke)}
+        except Exception as err:                           # one stage's failure must not cost the next stages
+            out = {"status": "failed", "error": f"{type(err).__name__}: {err}"[:2000]}
+        return common.atomic_write(a.result, json.dumps(out))
+    if not (a.cpu_smoke or a.dry_run or torch.cuda.is_available()):
+        p.error("no CUDA device visible; `bash runs/gpu_check.sh --cpu-smoke` runs the stages on CPU")
+    # Ownership: the JSON is this tool's for this same request (the ledger beside it says so), or --overwrite
+    request = {"cpu_smoke": a.cpu_smoke, "budget": a.budget}
+    key = common.request_key("gpu_check", request)
+    try:                                                   # a dry run writes nothing: no --out to check
+        if not a.dry_run:
+            claim_out(a.out, key, a.overwrite)             # bench_train's: folder writable (made), file ours
+    except ValueError as err:
+        common.fail(TOOL, err)
+    # The plan: stages run in priority order while their summed estimates fit the budget; the rest are dropped.
+    # At run time a stage that overran can only drop later ones (a stage's timeout is never past the budget).
+    est = {n: v[2 if a.cpu_smoke else 1] for n, v in STAGES.items()}
+    cut = next((n for n in STAGES if sum(est[k] for k in STAGES if k <= n) > a.budget), None)   # first not to fit
+    plan = {"estimates_s": est, "dropped": [n for n in STAGES if cut and n >= cut]}
+    print(f"gpu-check: {len(STAGES)} stages, ~{sum(est.values())} s estimated, --budget {a.budget:g} s; dropped: "
+          + (", ".join(f"{n} {STAGES[n][0]} (~{est[n]} s)" for n in plan["dropped"]) or "none"), flush=True)
+    if a.dry_run:
+        return 0
+    if a.cpu_smoke:                                        # tiny models: one thread each is faster on a shared CPU
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+    rec, t0 = {"tool": TOOL, "request": request, "plan": plan, "stages": {}}, time.monotonic()
+    common.write_owned(a.out, json.dumps(rec, indent=1), key)
+    for n, (name, *_) in STAGES.items():
+        left = a.budget - (time.monotonic() - t0)
+        entry = rec["stages"][str(n)] = {"name": name, "estimate_s": est[n]}
+        if (cut and n >= cut) or est[n] > left:               # from the first stage that does not fit, all dropped
+            cut = cut or n
+            entry.update(status="dropped", reason=f"--budget {a.budget:g} s: {left:.0f} s left, ~{est[n]} s needed")
+        else:
+            # a stage may overrun its estimate (3x + 60 s) but never the budget: the timeout is what is left at most
+            entry.update(run_child(n, a.cpu_smoke, timeout=min(left, 3 * est[n] + 60)))
+        common.write_owned(a.out, json.dumps(rec, indent=1), key)   # after every stage: a kill keeps what is done
+        print(f"gpu-check [{time.monotonic() - t0:5.0f}s] stage {n} {name}: {entry['status']} "
+              f"{json.dumps(entry.get('result', entry.get('reason', entry.get('error'))))[:600]}", flush=True)
+    print(f"gpu-check: wrote {a.out}", flush=True)
+    return 0 if all(e["status"] in ("ok", "dropped") for e in rec["stages"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
