@@ -317,7 +317,7 @@ def replicate(U, picks, truth, sigma, kw, name):
         rng = np.random.default_rng([kw["seed"], rep])
         runs = dict(U["runs"], val_loss=U["loss"] + sigma * rng.standard_normal(len(U["loss"])))
         out.append([(*measure(fit.subset(runs, S), kw, kw["seed"] + rep), U["cost"][S].sum()) for S in picks(rng)])
-    # a refused fit counts as a failed replicate: infinite half-width, not covered
+    # a refused fit counts as a failed replicate with an infinite interval (so it "covers"; the table says how many)
     est, lo, hi, cost = np.moveaxis(np.array(out), 2, 0)            # each (reps, masks)
     for t, (e, l, h) in enumerate(zip(est.T, lo.T, hi.T)):
         rows.append({"design": name + (f", round {t}" if est.shape[1] > 1 else ""), "reps": kw["reps"],
