@@ -52,11 +52,24 @@ def first_line(text) -> str:
     return lines[0] if lines else "unknown error"
 
 
+class Refusal(SystemExit):
+    """SystemExit with status 2 that also carries its one-line message: the shell sees the status and the line on
+    stderr, and a caller in the same process (a test, a notebook, mini.sh's workers) reads it from str(exception)."""
+
+    def __init__(self, message: str):
+        super().__init__(2)
+        self.message = message
+
+    def __str__(self):
+        return self.message
+
+
 def fail(prog: str, err) -> typing.NoReturn:
     """Exit with the one-line error of err (a ValueError / OSError raised by a check), status 2."""
-    sys.stderr.write(f"{prog}: error: {first_line(err)}\n")
+    line = f"{prog}: error: {first_line(err)}"
+    sys.stderr.write(line + "\n")
     sys.stderr.flush()
-    raise SystemExit(2)
+    raise Refusal(line)
 
 
 # -----------------------------------------------------------------------------

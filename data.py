@@ -46,8 +46,8 @@ import pyarrow.parquet as pq
 import sentencepiece as spm
 
 # atomic_write / stale_temps / init_dist / print0 are common.py's; they stay importable from here for train.py.
-from common import (Parser, atomic_write, check_dir_writable, check_owned, first_line, init_dist, number, print0, read_json,  # noqa: F401
-                    request_key, require, stale_temps, write_owned)
+from common import (Parser, atomic_write, check_dir_writable, check_owned, fail, first_line,  # noqa: F401
+                    init_dist, number, print0, read_json, request_key, require, stale_temps, write_owned)
 
 # torch is imported inside the functions that need it: the tokenizer/prepare CLI then starts in ~1 s, not ~10 s.
 
@@ -1266,7 +1266,7 @@ def main(argv=None):
     # bad input; a missing or read-only folder, a full disk
     except (ValueError, OSError) as e:
         why = f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename and e.strerror else first_line(e)
-        raise SystemExit(f"data.py: error: {why}") from None
+        fail("data.py", why)
     except KeyboardInterrupt:
         print(f"interrupted: rerun the same command to {'resume' if a.cmd == 'prepare' else 'start over'}",
               file=sys.stderr)

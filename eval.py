@@ -54,7 +54,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import flops
-from common import (Parser, check_number, check_owned, first_line, init_dist, number, print0, read_json,
+from common import (Parser, check_number, check_owned, fail, first_line, init_dist, number, print0, read_json,
                     request_key, write_owned)
 from data import PackedLoader, jsonl_records, load_tokenizer, read_meta
 from model import LoopedGPT, ModelConfig
@@ -1303,7 +1303,7 @@ def main(argv=None):
     # read-only folder, disk full: the errno line names it
     except (ValueError, OSError) as e:
         why = f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename and e.strerror else first_line(e)
-        raise SystemExit(f"eval.py: error: {why}") from None
+        fail("eval.py", why)
     except KeyboardInterrupt:                                # Ctrl-C: one line, nothing half-written
         raise SystemExit("eval.py: interrupted; nothing was written (eval.json is written last, atomically)") from None
 

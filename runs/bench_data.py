@@ -126,7 +126,7 @@ def stream_bench(work, mb, seq_len, workers):
 
 
 def main(argv=None):
-    """Both figures, printed; with --out also written to OUT/bench_data.json. Bad input: one line, exit 1/2."""
+    """Both figures, printed; with --out also written to OUT/bench_data.json. Bad input: one line, exit 2."""
     p = common.Parser(prog="runs/bench_data.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--mb", type=common.number(float, "(0, 1e6)"), default=16.0, help="generated corpus size in MB "
                    "(1000 for the issue-13 figure)")
@@ -157,7 +157,7 @@ def main(argv=None):
         else:
             shutil.rmtree(work)
     except (ValueError, OSError) as err:
-        raise SystemExit(f"runs/bench_data.py: error: {common.first_line(err)}") from None
+        common.fail("runs/bench_data.py", err)
     return figures
 
 

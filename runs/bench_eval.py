@@ -103,7 +103,7 @@ def _trained_model(a):
 
 
 def main(argv=None):
-    """The figures, printed and returned; with --out also written as json. Bad input: one line, exit 1/2."""
+    """The figures, printed and returned; with --out also written as json. Bad input: one line, exit 2."""
     p = common.Parser(prog="runs/bench_eval.py", description=__doc__.split("\n\n")[1])
     pos, add = common.number(int, "[1, inf)"), p.add_argument
     add("--scale", type=pos, default=1)
@@ -138,7 +138,7 @@ def main(argv=None):
         if a.out:
             common.write_owned(a.out, json.dumps(out, indent=2) + "\n", key)
     except (ValueError, OSError) as err:
-        raise SystemExit(f"runs/bench_eval.py: error: {common.first_line(err)}") from None
+        common.fail("runs/bench_eval.py", err)
     return out
 
 

@@ -97,7 +97,7 @@ def test_bad_jsonl_record_names_file_and_line(tmp_path, tok, capsys, record, cul
     recs = good_records()
     recs[2] = record
     src = write_jsonl(tmp_path / "src.jsonl", recs)
-    line = cli(prepare_args(src, tok, tmp_path / "out"), tmp_path, capsys, 1)
+    line = cli(prepare_args(src, tok, tmp_path / "out"), tmp_path, capsys, 2)
     assert culprit in line
     assert not (tmp_path / "out").exists()
 
@@ -106,22 +106,22 @@ def test_invalid_utf8_names_file_and_line(tmp_path, tok, capsys):
     raw = b"".join(json.dumps(r).encode() + b"\n" for r in good_records(10))
     (tmp_path / "src.jsonl").write_bytes(raw + b'{"text": "caf\xe9"}\n')
     assert "src.jsonl:11: invalid UTF-8" in cli(prepare_args(tmp_path / "src.jsonl", tok, tmp_path / "out"),
-                                                tmp_path, capsys, 1)
+                                                tmp_path, capsys, 2)
     (tmp_path / "doc.txt").write_bytes(b"line one\nline two\nbad \xff byte\n")
     assert "doc.txt:3: invalid UTF-8" in cli(prepare_args(tmp_path / "doc.txt", tok, tmp_path / "out"),
-                                             tmp_path, capsys, 1)
+                                             tmp_path, capsys, 2)
     assert not (tmp_path / "out").exists()
 
 
 def test_parquet_text_column_of_numbers_and_corrupt_parquet(tmp_path, tok, capsys):
     pq.write_table(pa.table({"text": pa.array(list(range(50)))}), tmp_path / "nums.parquet")
     assert "nums.parquet: column 'text' holds int64" in cli(
-        prepare_args(tmp_path / "nums.parquet", tok, tmp_path / "out"), tmp_path, capsys, 1)
+        prepare_args(tmp_path / "nums.parquet", tok, tmp_path / "out"), tmp_path, capsys, 2)
     good = tmp_path / "good.parquet"
     pq.write_table(pa.table({"text": [r["text"] for r in good_records()]}), good)
     (tmp_path / "cut.parquet").write_bytes(good.read_bytes()[:len(good.read_bytes()) // 2])   # truncated copy
     assert "cut.parquet: not a readable parquet file" in cli(
-        prepare_args(tmp_path / "cut.parquet", tok, tmp_path / "out"), tmp_path, capsys, 1)
+        prepare_args(tmp_path / "cut.parquet", tok, tmp_path / "out"), tmp_path, capsys, 2)
     assert not (tmp_path / "out").exists()
 
 # -----------------------------------------------------------------------------
@@ -141,31 +141,31 @@ def test_tokenizer_cli_values_and_existing_out(tmp_path, tok, capsys):
     assert "argument --vocab-size" in cli(["tokenizer", "--corpus", "default", "--vocab-size", "10", "--out",
                                            tmp_path / "t.model"], tmp_path, capsys, 2)
     (tmp_path / "mine.model").write_bytes(b"the user's own model")
-    line = cli(["tokenizer", "--corpus", "default", "--out", tmp_path / "mine.model"], tmp_path, capsys, 1)
+    line = cli(["tokenizer", "--corpus", "default", "--out", tmp_path / "mine.model"], tmp_path, capsys, 2)
     assert "mine.model exists" in line and "--overwrite" in line
 
 
 def test_val_docs_larger_than_the_corpus_fails_before_any_work(tmp_path, tok, capsys):
     src = write_jsonl(tmp_path / "src.jsonl", good_records(20))
-    line = cli(prepare_args(src, tok, tmp_path / "out", "--val-docs", "20"), tmp_path, capsys, 1)
+    line = cli(prepare_args(src, tok, tmp_path / "out", "--val-docs", "20"), tmp_path, capsys, 2)
     assert "--val-docs 20 must be in [1, 19]" in line and not (tmp_path / "out").exists()
-    line = cli(prepare_args(src, tok, tmp_path / "out", "--rows-per-file", "10000000"), tmp_path, capsys, 1)
+    line = cli(prepare_args(src, tok, tmp_path / "out", "--rows-per-file", "10000000"), tmp_path, capsys, 2)
     assert "--rows-per-file 10,000,000" in line and not (tmp_path / "out").exists()     # no 1 GB row buffer
 
 
 def test_out_under_a_file_refused_before_reading_the_source(tmp_path, tok, capsys):
     src = write_jsonl(tmp_path / "src.jsonl", good_records())
     for out, culprit in ((src, "is a file, not a folder"), (src / "sub", "is a file, so the folder cannot be created")):
-        assert culprit in cli(prepare_args(src, tok, out), tmp_path, capsys, 1)
+        assert culprit in cli(prepare_args(src, tok, out), tmp_path, capsys, 2)
 
 
 def test_missing_source_and_foreign_tokenizer(tmp_path, tok, capsys):
     assert "matches no file" in cli(prepare_args(tmp_path / "nothing*.jsonl", tok, tmp_path / "out"),
-                                    tmp_path, capsys, 1)
+                                    tmp_path, capsys, 2)
     (tmp_path / "fake.model").write_bytes(b"\x00\x01 not a model")
     src = write_jsonl(tmp_path / "src.jsonl", good_records())
     assert "fake.model is not a sentencepiece model" in cli(
-        prepare_args(src, tmp_path / "fake.model", tmp_path / "out"), tmp_path, capsys, 1)
+        prepare_args(src, tmp_path / "fake.model", tmp_path / "out"), tmp_path, capsys, 2)
 
 # -----------------------------------------------------------------------------
 # --out: only this same request's directory is reused or resumed; anything else needs --overwrite
@@ -176,7 +176,7 @@ def test_out_dir_with_foreign_files_is_refused_and_overwrite_keeps_them(tmp_path
     out = tmp_path / "out"
     out.mkdir()
     (out / "important.txt").write_text("keep me")
-    line = cli(prepare_args(src, tok, out), tmp_path, capsys, 1)
+    line = cli(prepare_args(src, tok, out), tmp_path, capsys, 2)
     assert "important.txt" in line and "--overwrite" in line
     data.main(prepare_args(str(src), tok, str(out), "--overwrite"))
     assert (out / "important.txt").read_text() == "keep me" and (out / "meta_val.json").exists()
@@ -185,7 +185,7 @@ def test_out_dir_with_foreign_files_is_refused_and_overwrite_keeps_them(tmp_path
     before = snapshot(out)
     data.main(prepare_args(str(src), tok, str(out)))
     assert "nothing to do" in capsys.readouterr().out and snapshot(out) == before
-    line = cli(prepare_args(src, tok, out, "--seed", "1"), tmp_path, capsys, 1)
+    line = cli(prepare_args(src, tok, out, "--seed", "1"), tmp_path, capsys, 2)
     assert "different request" in line
 
 
@@ -197,7 +197,7 @@ def test_modified_prepared_set_is_not_reused(tmp_path, tok, capsys):
     f0 = out / "train-00000.parquet"
     rows = pq.read_table(f0).column("tokens").to_pylist()
     pq.write_table(pa.table({"tokens": pa.array(rows[::-1], type=pa.list_(pa.uint16()))}), f0)
-    assert "files differ from its metas" in cli(prepare_args(src, tok, out), tmp_path, capsys, 1)
+    assert "files differ from its metas" in cli(prepare_args(src, tok, out), tmp_path, capsys, 2)
 
 
 def test_cli_prepare_killed_midway_resumes_by_itself(tmp_path, tok, capsys, monkeypatch):
@@ -279,7 +279,7 @@ def published(tmp_path, train_max=290, val_max=290, vocab=300, stats=True):
 ])
 def test_prepacked_bad_ids_are_refused_at_load(tmp_path, capsys, kw, culprit):
     out = published(tmp_path, **kw)
-    assert culprit in cli(["check", out], tmp_path, capsys, 1)
+    assert culprit in cli(["check", out], tmp_path, capsys, 2)
     split = "val" if "val" in culprit else "train"
     with pytest.raises(ValueError, match="token id"):                  # at construction: before any training step
         data.PackedLoader(str(out), split, seq_len=32, batch_rows=2, device_batch=2)
@@ -289,18 +289,18 @@ def test_prepacked_corrupt_parquet_and_meta(tmp_path, capsys):
     out = published(tmp_path)
     assert "ok:" in (data.main(["check", str(out)]) or capsys.readouterr().out)
     (out / "val-00000.parquet").write_bytes(os.urandom(500))
-    assert "val-00000.parquet: not a readable parquet file" in cli(["check", out], tmp_path, capsys, 1)
+    assert "val-00000.parquet: not a readable parquet file" in cli(["check", out], tmp_path, capsys, 2)
     (out / "meta_train.json").write_text('{"vocab_size": 300, "seq_len": ')
-    assert "meta_train.json:1: not valid JSON" in cli(["check", out], tmp_path, capsys, 1)
+    assert "meta_train.json:1: not valid JSON" in cli(["check", out], tmp_path, capsys, 2)
     (out / "meta_train.json").write_text('{"vocab_size": "300", "seq_len": 32}')
-    assert "meta_train.json: key 'vocab_size' must be int, got str '300'" in cli(["check", out], tmp_path, capsys, 1)
+    assert "meta_train.json: key 'vocab_size' must be int, got str '300'" in cli(["check", out], tmp_path, capsys, 2)
 
 
-def test_real_process_one_line_exit_1(tmp_path, tok):
-    """The same path end to end in a real `python data.py` process: exit 1, one stderr line, no traceback."""
+def test_real_process_one_line_exit_2(tmp_path, tok):
+    """The same path end to end in a real `python data.py` process: exit 2, one stderr line, no traceback."""
     src = write_jsonl(tmp_path / "src.jsonl", [{"text": "fine"}, {"text": 42}])
     proc = subprocess.run([sys.executable, "data.py", "prepare", "--source", str(src), "--tokenizer", tok,
                            "--out", str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
     assert 'src.jsonl:2: "text" is int' in proc.stderr and not (tmp_path / "out").exists()

@@ -55,7 +55,7 @@ def cli(argv, capsys):
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        msg = e.code if isinstance(e.code, str) else ""
+        msg = e.code if isinstance(e.code, str) else getattr(e, "message", "")     # common.Refusal carries it
     out, err = capsys.readouterr()
     return code, (msg or err).strip(), out
 
@@ -121,13 +121,13 @@ def test_bench_and_primitives_flags_checked_at_parse(argv, flag, capsys, tmp_pat
 
 def test_bench_model_checks_before_allocating(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    refused(["bench", "--scale", "4096"], capsys, 1, "parameters", "--scale", roots=[str(tmp_path)])
-    refused(["bench", "--head-dim", "3"], capsys, 1, "head_dim=3", roots=[str(tmp_path)])
-    refused(["bench", "--n-loops", "3"], capsys, 1, "n_loops=3", roots=[str(tmp_path)])
+    refused(["bench", "--scale", "4096"], capsys, 2, "parameters", "--scale", roots=[str(tmp_path)])
+    refused(["bench", "--head-dim", "3"], capsys, 2, "head_dim=3", roots=[str(tmp_path)])
+    refused(["bench", "--n-loops", "3"], capsys, 2, "n_loops=3", roots=[str(tmp_path)])
 
 
 def test_sample_prompt_not_utf8(run_dir, capsys):
-    refused([run_dir["out"], "--sample", "caf\udce9"], capsys, 1, "--sample", "UTF-8",
+    refused([run_dir["out"], "--sample", "caf\udce9"], capsys, 2, "--sample", "UTF-8",
             roots=[os.path.dirname(run_dir["out"])])
 
 
@@ -136,16 +136,16 @@ def test_sample_prompt_not_utf8(run_dir, capsys):
 
 def test_out_in_missing_folder_fails_before_any_scoring(run_dir, capsys, tmp_path):
     missing = tmp_path / "no" / "such"
-    refused([run_dir["out"], "--tasks", "none", "--out", str(missing / "e.json")], capsys, 1, "--out",
+    refused([run_dir["out"], "--tasks", "none", "--out", str(missing / "e.json")], capsys, 2, "--out",
             str(missing), "does not exist", roots=[os.path.dirname(run_dir["out"]), str(tmp_path)])
     assert not (tmp_path / "no").exists()
 
 
 def test_out_folder_and_out_with_sample_refused(run_dir, capsys, tmp_path):
     roots = [os.path.dirname(run_dir["out"]), str(tmp_path)]
-    refused([run_dir["out"], "--tasks", "none", "--out", str(tmp_path)], capsys, 1, str(tmp_path), "not a file",
+    refused([run_dir["out"], "--tasks", "none", "--out", str(tmp_path)], capsys, 2, str(tmp_path), "not a file",
             roots=roots)
-    refused([run_dir["out"], "--sample", "x", "--out", str(tmp_path / "s.json")], capsys, 1, "--sample", "--out",
+    refused([run_dir["out"], "--sample", "x", "--out", str(tmp_path / "s.json")], capsys, 2, "--sample", "--out",
             roots=roots)
 
 
@@ -153,16 +153,16 @@ def test_foreign_out_file_refused_unless_overwrite(run_dir, capsys, tmp_path):
     roots = [os.path.dirname(run_dir["out"]), str(tmp_path)]
     notes = tmp_path / "notes.json"
     notes.write_text('{"my": "own results"}\n')
-    refused([run_dir["out"], "--tasks", "none", "--out", str(notes)], capsys, 1, str(notes), "--overwrite",
+    refused([run_dir["out"], "--tasks", "none", "--out", str(notes)], capsys, 2, str(notes), "--overwrite",
             roots=roots)
     # an eval.json of another checkpoint is foreign too
     other = tmp_path / "other.json"
     other.write_text(json.dumps(dict(checkpoint="/elsewhere/ckpt.pt", n_loops=2, tasks={})))
-    refused([run_dir["out"], "--tasks", "none", "--out", str(other)], capsys, 1, str(other), roots=roots)
+    refused([run_dir["out"], "--tasks", "none", "--out", str(other)], capsys, 2, str(other), roots=roots)
     # a link is never followed (its target stays as it was)
     link = tmp_path / "link.json"
     link.symlink_to(notes)
-    refused([run_dir["out"], "--tasks", "none", "--out", str(link)], capsys, 1, str(link), roots=roots)
+    refused([run_dir["out"], "--tasks", "none", "--out", str(link)], capsys, 2, str(link), roots=roots)
     # eval.py's own file for this checkpoint and r is replaced by a rerun; --overwrite replaces a foreign one
     own = tmp_path / "own.json"
     for _ in range(2):
@@ -178,7 +178,7 @@ def test_foreign_out_file_refused_unless_overwrite(run_dir, capsys, tmp_path):
     r4 = tmp_path / "r4.json"
     assert cli([run_dir["out"], "--tasks", "none", "--val-tokens", "0", "--n-loops", "4", "--out", str(r4)],
                capsys)[0] == 0
-    refused([run_dir["out"], "--tasks", "none", "--out", str(r4)], capsys, 1, str(r4), "another request", roots=roots)
+    refused([run_dir["out"], "--tasks", "none", "--out", str(r4)], capsys, 2, str(r4), "another request", roots=roots)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
@@ -187,7 +187,7 @@ def test_out_in_read_only_folder(run_dir, capsys, tmp_path):
     ro.mkdir()
     ro.chmod(0o500)
     try:
-        refused([run_dir["out"], "--tasks", "none", "--out", str(ro / "e.json")], capsys, 1, str(ro), "not writable")
+        refused([run_dir["out"], "--tasks", "none", "--out", str(ro / "e.json")], capsys, 2, str(ro), "not writable")
     finally:
         ro.chmod(0o700)
 
@@ -219,13 +219,13 @@ def test_malformed_task_record_named_by_file_and_line(rec, culprit, run_dir, cap
     path = _arc(tmp_path / "tasks", [GOOD_MC] * 11 + [rec] + [GOOD_MC])           # line 12 is the bad one
     # arc_easy is listed last of all tasks on purpose: it still fails before the val loss and the other tasks
     refused([run_dir["out"], "--tasks", "reasoning_primitives", "arc_easy", "--task-dir", str(tmp_path / "tasks")],
-            capsys, 1, f"{path}:12", culprit, roots=[os.path.dirname(run_dir["out"]), str(tmp_path)])
+            capsys, 2, f"{path}:12", culprit, roots=[os.path.dirname(run_dir["out"]), str(tmp_path)])
 
 
 def test_too_few_items_for_the_shots_refused_before_scoring(run_dir, capsys, tmp_path, tasks):
     path = _arc(tmp_path / "tasks", [GOOD_MC] * 10)                  # arc_easy is 10-shot: 11 items at least
     refused([run_dir["out"], "--tasks", "reasoning_primitives", "arc_easy", "--task-dir", str(tmp_path / "tasks")],
-            capsys, 1, path, "10-shot", "at least 11", roots=[os.path.dirname(run_dir["out"]), str(tmp_path)])
+            capsys, 2, path, "10-shot", "at least 11", roots=[os.path.dirname(run_dir["out"]), str(tmp_path)])
 
 
 def test_olmo_requests_bad_doc_id_and_truncated_gzip(tmp_path):
@@ -247,9 +247,9 @@ def test_olmo_requests_bad_doc_id_and_truncated_gzip(tmp_path):
 
 def test_missing_task_dir_data_dir_and_oversized_val_tokens(run_dir, capsys, tmp_path):
     roots = [os.path.dirname(run_dir["out"])]
-    refused([run_dir["out"], "--task-dir", str(tmp_path / "nope")], capsys, 1, "--task-dir", "nope", roots=roots)
-    refused([run_dir["out"], "--data", str(tmp_path / "nodata")], capsys, 1, "--data", "nodata", roots=roots)
-    msg = refused([run_dir["out"], "--tasks", "none", "--val-tokens", "99999999"], capsys, 1, "--val-tokens",
+    refused([run_dir["out"], "--task-dir", str(tmp_path / "nope")], capsys, 2, "--task-dir", "nope", roots=roots)
+    refused([run_dir["out"], "--data", str(tmp_path / "nodata")], capsys, 2, "--data", "nodata", roots=roots)
+    msg = refused([run_dir["out"], "--tasks", "none", "--val-tokens", "99999999"], capsys, 2, "--val-tokens",
                   "99,999,999", roots=roots)
     assert "-1" in msg                                                    # says what to use instead
 
@@ -261,14 +261,14 @@ def test_max_new_tokens_beyond_rope_refused_before_decoding(run_dir, tok, capsys
         prompt += "The cat sat on the mat. "
     n_prompt = 1 + len(tok.encode([prompt])[0])
     assert 600 <= n_prompt < 640
-    msg = refused([run_dir["out"], "--sample", prompt, "--max-new-tokens", "5000"], capsys, 1,
+    msg = refused([run_dir["out"], "--sample", prompt, "--max-new-tokens", "5000"], capsys, 2,
                   "--max-new-tokens 5000", "RoPE covers 640", roots=roots)
     most = int(msg.rsplit("<= ", 1)[1])
     assert most == 640 + 1 - n_prompt                                     # the last token is never forwarded
     # the largest value it names really decodes (greedy, to the last RoPE position); one more is refused
     text = E.main([run_dir["out"], "--sample", prompt, "--max-new-tokens", str(most), "--temperature", "0"])
     assert isinstance(text, str)
-    refused([run_dir["out"], "--sample", prompt, "--max-new-tokens", str(most + 1)], capsys, 1,
+    refused([run_dir["out"], "--sample", prompt, "--max-new-tokens", str(most + 1)], capsys, 2,
             f"--max-new-tokens {most + 1}", roots=roots)
 
 
@@ -285,7 +285,7 @@ def test_failed_task_keeps_the_other_results(run_dir, capsys, tmp_path, tasks):
     code, msg, _ = cli([run_dir["out"], "--tasks", "induction_head", "webq", "--task-dir", str(tasks), "--no-crop",
                         "--val-tokens", "0", "--out", str(out)], capsys)
     print(f"\n  -> exit {code}: {msg}")
-    assert code == 1 and "\n" not in msg and "webq" in msg and "RoPE" in msg
+    assert code == 2 and "\n" not in msg and "webq" in msg and "RoPE" in msg
     saved = json.loads(out.read_text())
     assert saved["failed"] == ["webq"] and saved["tasks"]["webq"]["status"] == "error"
     assert saved["tasks"]["induction_head"]["status"] == "ok" and saved["tasks"]["induction_head"]["n"] == 20
@@ -299,7 +299,7 @@ def test_disk_full_at_the_end_prints_the_result_instead_of_losing_it(run_dir, ca
     out = tmp_path / "e.json"
     code, msg, stdout = cli([run_dir["out"], "--tasks", "induction_head", "--task-dir", str(tasks), "--out", str(out)],
                             capsys)
-    assert code == 1 and "\n" not in msg and f"could not write {out}" in msg and "No space left" in msg
+    assert code == 2 and "\n" not in msg and f"could not write {out}" in msg and "No space left" in msg
     saved = json.loads(stdout[stdout.index("{\n"):])                        # the whole result, on stdout
     assert saved["tasks"]["induction_head"]["n"] == 20 and saved["val_loss"] > 0 and not out.exists()
 
@@ -310,12 +310,12 @@ def test_disk_full_at_the_end_prints_the_result_instead_of_losing_it(run_dir, ca
 def test_primitives_never_replace_other_files(capsys, tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("mine\n")
-    refused(["primitives", "--out", str(afile)], capsys, 1, str(afile), "is a file", roots=[str(tmp_path)])
+    refused(["primitives", "--out", str(afile)], capsys, 2, str(afile), "is a file", roots=[str(tmp_path)])
     d = tmp_path / "tasks"
     assert cli(["primitives", "--out", str(d), "--n", "10"], capsys)[0] == 0
     assert cli(["primitives", "--out", str(d), "--n", "10"], capsys)[0] == 0          # a rerun: identical bytes
     culprit = str(d / "reasoning_primitives" / "var_assign_d0_math.jsonl")
-    refused(["primitives", "--out", str(d), "--n", "12"], capsys, 1, culprit, "--overwrite", roots=[str(tmp_path)])
+    refused(["primitives", "--out", str(d), "--n", "12"], capsys, 2, culprit, "--overwrite", roots=[str(tmp_path)])
     assert cli(["primitives", "--out", str(d), "--n", "12", "--overwrite"], capsys)[0] == 0
     assert len(E.load_task_file(culprit)) == 12
 
@@ -330,7 +330,7 @@ def test_real_process_one_line_no_traceback(run_dir, tmp_path):
     proc = subprocess.run([sys.executable, "eval.py", run_dir["out"], "--tasks", "none", "--out", out], cwd=ROOT,
                           capture_output=True, text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
     print(f"\n  exit {proc.returncode}: {proc.stderr.strip()}")
-    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.returncode == 2 and proc.stdout == ""
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
     assert f"--out {out}" in proc.stderr and "does not exist" in proc.stderr
     assert snapshot(os.path.dirname(run_dir["out"])) == before and not os.path.exists(tmp_path / "missing")
@@ -366,11 +366,11 @@ def test_data_of_another_tokenizer_refused_whatever_tokenizer_says(run_dir, tok,
     other = _data(tmp_path / "other", tok, tokenizer_hash="sentencepiece:another")
     roots = [os.path.dirname(run_dir["out"]), str(tmp_path)]
     for extra in (["--tasks", "none"], ["--tasks", "induction_head", "--val-tokens", "0"]):   # even with no val loss
-        refused([run_dir["out"], "--data", other, "--tokenizer", tok.spec, *extra], capsys, 1, "--data", other,
+        refused([run_dir["out"], "--data", other, "--tokenizer", tok.spec, *extra], capsys, 2, "--data", other,
                 "sentencepiece:another", tok.identity, roots=roots)
     # a checkpoint that records no tokenizer (a release, an old run): the data is checked against the tokenizer
     bare = _run_variant(tmp_path / "bare", other, tok, mutate=lambda ck: ck.pop("tokenizer_hash"))
-    refused([bare, "--tokenizer", tok.spec, "--tasks", "none"], capsys, 1, "sentencepiece:another",
+    refused([bare, "--tokenizer", tok.spec, "--tasks", "none"], capsys, 2, "sentencepiece:another",
             f"tokenizer is {tok.identity}", roots=roots)
     # the data's own tokenizer.model swapped for another one: the copy no longer matches the recorded hash
     swapped = _data(tmp_path / "swapped", tok)
@@ -378,16 +378,16 @@ def test_data_of_another_tokenizer_refused_whatever_tokenizer_says(run_dir, tok,
     with open(foreign.spec, "rb") as src, open(os.path.join(swapped, "tokenizer.model"), "wb") as dst:
         dst.write(src.read())
     bare2 = _run_variant(tmp_path / "bare2", swapped, tok, mutate=lambda ck: ck.pop("tokenizer_hash"))
-    refused([bare2, "--tasks", "none"], capsys, 1, foreign.identity, roots=roots)
+    refused([bare2, "--tasks", "none"], capsys, 2, foreign.identity, roots=roots)
 
 
 def test_ids_beyond_the_model_vocabulary_refused(run_dir, tok, capsys, tmp_path):
     roots = [os.path.dirname(run_dir["out"]), str(tmp_path)]
     wide = _data(tmp_path / "wide", tok, vocab_size=tok.vocab_size + 64)      # a meta of a larger vocabulary
-    refused([run_dir["out"], "--data", wide, "--tasks", "none"], capsys, 1, "--data", f"{tok.vocab_size + 64:,}",
+    refused([run_dir["out"], "--data", wide, "--tasks", "none"], capsys, 2, "--data", f"{tok.vocab_size + 64:,}",
             "beyond the model's vocabulary", roots=roots)
     small = _run_variant(tmp_path / "small", run_dir["data"], tok, vocab_size=256)   # model vocab < tokenizer's
-    refused([small, "--sample", "hi"], capsys, 1, f"tokenizer vocab {tok.vocab_size}", "model vocab 256",
+    refused([small, "--sample", "hi"], capsys, 2, f"tokenizer vocab {tok.vocab_size}", "model vocab 256",
             roots=roots)
 
 
@@ -396,7 +396,7 @@ def test_non_finite_weights_refused_before_scoring(run_dir, tok, capsys, tmp_pat
         ck["model"]["lm_head.weight"][0, 0] = float("nan")
         ck["model"]["recur.0.mlp.c_fc.weight"][1, 2] = float("inf")
     bad = _run_variant(tmp_path / "nan", run_dir["data"], tok, mutate=poison)
-    refused([bad, "--tasks", "induction_head"], capsys, 1, "2 holding NaN or inf", "lm_head.weight",
+    refused([bad, "--tasks", "induction_head"], capsys, 2, "2 holding NaN or inf", "lm_head.weight",
             "recur.0.mlp.c_fc.weight", roots=[str(tmp_path)])
     assert not os.path.exists(os.path.join(bad, "eval.json"))
 
@@ -424,21 +424,21 @@ def test_release_meta_sizes_and_types_refused_up_front(tmp_path, capsys, field, 
     with pytest.raises(ValueError, match=re.escape(culprit)) as exc:
         E.load_release(str(root))
     assert str(meta) in str(exc.value) and "\n" not in str(exc.value)
-    refused([str(root), "--tasks", "none"], capsys, 1, str(meta), culprit, roots=[str(tmp_path)])
+    refused([str(root), "--tasks", "none"], capsys, 2, str(meta), culprit, roots=[str(tmp_path)])
 
 
 def test_nanoloop_checkpoint_too_large_and_hand_edited_entries(run_dir, tok, capsys, tmp_path):
     roots = [str(tmp_path)]
     huge = _run_variant(tmp_path / "huge", run_dir["data"], tok,
                         mutate=lambda ck: ck["model_config"].update(seq_len=10 ** 8))   # RoPE of 10^9 positions
-    refused([huge, "--tasks", "none"], capsys, 1, os.path.join(huge, "ckpt.pt"), "seq_len 100,000,000", "GiB",
+    refused([huge, "--tasks", "none"], capsys, 2, os.path.join(huge, "ckpt.pt"), "seq_len 100,000,000", "GiB",
             roots=roots)
     for name, mutate, culprit in (
             ("str_tokens", lambda ck: ck["train_config"].update(eval_tokens="-1"), "'train_config.eval_tokens'"),
             ("list_config", lambda ck: ck.update(train_config=["data"]), "'train_config' must be dict"),
             ("int_hash", lambda ck: ck.update(tokenizer_hash=7), "'tokenizer_hash' must be str")):
         run = _run_variant(tmp_path / name, run_dir["data"], tok, mutate=mutate)
-        refused([run, "--tasks", "none"], capsys, 1, os.path.join(run, "ckpt.pt"), culprit, roots=roots)
+        refused([run, "--tasks", "none"], capsys, 2, os.path.join(run, "ckpt.pt"), culprit, roots=roots)
 
 
 def test_own_eval_json_edited_since_is_no_longer_ours(run_dir, capsys, tmp_path):
@@ -446,7 +446,7 @@ def test_own_eval_json_edited_since_is_no_longer_ours(run_dir, capsys, tmp_path)
     out = tmp_path / "e.json"
     assert cli([run_dir["out"], "--tasks", "none", "--val-tokens", "0", "--out", str(out)], capsys)[0] == 0
     out.write_text(out.read_text().replace('"crop": true', '"crop": true, "my note": 1'))
-    refused([run_dir["out"], "--tasks", "none", "--val-tokens", "0", "--out", str(out)], capsys, 1, str(out),
+    refused([run_dir["out"], "--tasks", "none", "--val-tokens", "0", "--out", str(out)], capsys, 2, str(out),
             "edited since", "--overwrite", roots=[str(tmp_path)])
 
 
@@ -461,4 +461,4 @@ def test_release_meta_of_another_step_or_type_refused(tmp_path, capsys):
                          (dict(step=100, val_loss="3.5", model_config=RELEASE_MC), "key 'val_loss' must be"),
                          ([RELEASE_MC], "expected a JSON object, got list")):
         meta.write_text(json.dumps(doc))
-        refused([str(root), "--tasks", "none"], capsys, 1, str(meta), culprit, roots=[str(tmp_path)])
+        refused([str(root), "--tasks", "none"], capsys, 2, str(meta), culprit, roots=[str(tmp_path)])
