@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from common import Parser, number
+from flops import layout
 
 # -----------------------------------------------------------------------------
 # Constants (paper §4.1 unless stated; "release" = kschwethelm/looped-lm-scaling at ad7d8f3)
@@ -102,6 +103,7 @@ def reference(n_loops, aspect_ratio=64, head_dim=128, n_layers_eff=20, n_layers_
     The layout is the run's depth (l_eff, prelude, coda; see reference_tokens); the paper's defaults give the release's
     constants, 983,315,200 (r=1), 606,380,800 / 1,016,083,200 / 1,835,488,000 (r = 2 / 4 / 8)."""
     _positive("head_dim", head_dim)                          # aspect_ratio and the rest: reference_tokens checks
+    layout(n_loops, n_layers_eff, n_layers_prelude, n_layers_coda)   # the run itself must exist (r | 16, §3.1)
     width = REF_SCALE * aspect_ratio
     built = -(-width // head_dim) * head_dim                 # the reference model's width (ceil to head_dim)
     return width, reference_tokens(n_loops, built, n_layers_eff, n_layers_prelude, n_layers_coda)

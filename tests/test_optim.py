@@ -573,3 +573,11 @@ def test_cli_rejects_bad_numbers_in_one_line(argv, flag, capsys):
     print(f"\n{argv} -> {err}")
     assert exc.value.code == 2 and len(err.splitlines()) == 1 and f"argument {flag}:" in err
     assert "Traceback" not in err
+
+
+def test_cli_refuses_a_run_that_cannot_exist(capsys):
+    """r = 3 does not divide the paper's 16 recurrent layers: no LR plan for a model train.py would refuse."""
+    with pytest.raises(SystemExit) as exc:
+        optim.main(["--scale", "20", "--n-loops", "3", "--tokens", "1e9"])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and len(err.splitlines()) == 1 and "n_loops=3 must divide 16" in err
