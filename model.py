@@ -81,15 +81,12 @@ def _attn_unusable(name, device, bf16) -> Optional[str]:
     if device.type != "cuda":
         return f"{name} needs a CUDA device, this is {device.type}"
     cap = tuple(torch.cuda.get_device_capability(device))           # (major, minor), e.g. (9, 0) on H100
-    if name == "fa3" and cap[0] != 9:
-        return f"fa3 runs only on compute capability 9.x (Hopper), this device is {cap[0]}.{cap[1]}"
-    if name == "fa2" and cap < (8, 0):
-        return f"fa2 needs compute capability >= 8.0 (Ampere or newer), this device is {cap[0]}.{cap[1]}"
-    if _FLASH[name] is None:
-        return f"{name} is not importable: {FLASH_HOWTO[name]} ({_FLASH_FROM[name]})"
-    if not bf16:
-        return f"{name} takes only bf16/fp16 tensors; it needs --precision bf16"
-    return None
+    this = f"this device is {cap[0]}.{cap[1]}"
+    reasons = ((name == "fa3" and cap[0] != 9, f"fa3 runs only on compute capability 9.x (Hopper), {this}"),
+               (name == "fa2" and cap < (8, 0), f"fa2 needs compute capability >= 8.0 (Ampere or newer), {this}"),
+               (_FLASH[name] is None, f"{name} is not importable: {FLASH_HOWTO[name]} ({_FLASH_FROM[name]})"),
+               (not bf16, f"{name} takes only bf16/fp16 tensors; it needs --precision bf16"))
+    return next((why for bad, why in reasons if bad), None)               # the first reason that applies
 
 
 def attention_summary(backend: str, device, bf16: bool) -> str:
@@ -213,17 +210,9 @@ class ModelConfig:
 # -----------------------------------------------------------------------------
 # Building blocks: RMSNorm, RoPE, attention, ReLU^2 MLP, pre-norm Block (App. C.1, Table 4)
 
-class RMSNorm(nn.Module):
-    """RMSNorm with a learnable gain (init 1), eps 1e-6 (Table 4)."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x):
-        """x (..., d) -> x / rms(x) * gain, same shape; the fused kernel computes in the input's dtype."""
-        return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)
+# RMSNorm with a learnable gain (init 1), eps 1e-6 (Table 4): torch's nn.RMSNorm, x / rms(x) * gain over the last
+# dim via the fused F.rms_norm, which computes in the input's dtype.
+RMSNorm = nn.RMSNorm
 
 
 def rope_tables(n_pos: int, head_dim: int, base: float):
@@ -260,8 +249,7 @@ def attend(q, k, v, backend="auto"):
     # Training / prefill (Tq = Tk): the plain causal mask. One decoded token (Tq = 1) sees every cached key: no mask.
     # A chunk after a cache (1 < Tq < Tk): query j sees keys <= Tk - Tq + j, an explicit bottom-right-aligned mask.
     mask = None if Tq in (1, Tk) else torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(diagonal=Tk - Tq)
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=Tq == Tk)
-    return y.transpose(1, 2)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=Tq == Tk).transpose(1, 2)
 
 
 class CausalSelfAttention(nn.Module):
@@ -271,28 +259,19 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         d = cfg.d_model
         self.n_head, self.head_dim, self.eps = cfg.n_head, cfg.head_dim, cfg.norm_eps
-        self.c_q = nn.Linear(d, d, bias=False)
-        self.c_k = nn.Linear(d, d, bias=False)
-        self.c_v = nn.Linear(d, d, bias=False)
-        self.c_proj = nn.Linear(d, d, bias=False)
+        self.c_q, self.c_k, self.c_v, self.c_proj = (nn.Linear(d, d, bias=False) for _ in range(4))
         self.backend = "auto"                                        # set by LoopedGPT.set_attention
 
     def forward(self, x, rope, kv=None):
         """x (B, T, d) -> (B, T, d). rope: (cos, sin) for these T positions; kv: (KVCache, slot) when decoding, so
         the new keys/values are appended to this layer's slot and the queries attend over the whole cached prefix."""
         B, T, _ = x.shape
-        q = self.c_q(x).view(B, T, self.n_head, self.head_dim)      # (B, T, H, D)
-        k = self.c_k(x).view(B, T, self.n_head, self.head_dim)
-        v = self.c_v(x).view(B, T, self.n_head, self.head_dim)
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        q, k, v = (lin(x).view(B, T, self.n_head, self.head_dim) for lin in (self.c_q, self.c_k, self.c_v))  # (B,T,H,D)
         # QK-norm after RoPE (they commute: RoPE is a rotation). Cast back so all three share v's (autocast) dtype.
-        q = F.rms_norm(q, (self.head_dim,), eps=self.eps).to(v.dtype)
-        k = F.rms_norm(k, (self.head_dim,), eps=self.eps).to(v.dtype)
-        if kv is not None:                                           # decoding: append to this layer's slot
-            cache, slot = kv
-            k, v = cache.update(slot, k, v)                          # (B, pos + T, H, D)
-        y = attend(q, k, v, self.backend)                            # (B, T, H, D)
-        return self.c_proj(y.reshape(B, T, -1))
+        q, k = (F.rms_norm(apply_rope(t, *rope), (self.head_dim,), eps=self.eps).to(v.dtype) for t in (q, k))
+        if kv is not None:                                           # decoding: kv = (KVCache, this layer's slot)
+            k, v = kv[0].update(kv[1], k, v)                         # (B, pos + T, H, D), the new keys appended
+        return self.c_proj(attend(q, k, v, self.backend).reshape(B, T, -1))   # attend: (B, T, H, D)
 
 
 class MLP(nn.Module):
@@ -381,15 +360,14 @@ class LoopedGPT(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        d, (n_pre, n_rec, n_coda) = cfg.d_model, cfg.partition
+        d = cfg.d_model
         # r = 1 is the plain 20-layer baseline: no injection and h(0) = e, whatever the config says (authors' code)
         self.injection = "passthrough" if cfg.n_loops == 1 else cfg.injection
         self.state_init = "prelude" if cfg.n_loops == 1 else cfg.state_init
         self.wte = nn.Embedding(cfg.vocab_padded, d)
         self.norm_emb = RMSNorm(d, cfg.norm_eps)                           # model norm 1: after the embedding
-        self.prelude = nn.ModuleList(Block(cfg) for _ in range(n_pre))
-        self.recur = nn.ModuleList(Block(cfg) for _ in range(n_rec))      # shared, run r times
-        self.coda = nn.ModuleList(Block(cfg) for _ in range(n_coda))
+        # prelude (once), recur (shared, run r times), coda (once), in that order: blocks() and the init's RNG use it
+        self.prelude, self.recur, self.coda = (nn.ModuleList(Block(cfg) for _ in range(n)) for n in cfg.partition)
         self.inject = nn.Linear(2 * d, d, bias=False) if self.injection == "linear" else None   # Eq. 5, [e ; h]
         self.diag = DiagonalInjection(d) if self.injection == "diagonal" else None                 # Parcae (App. A)
         self.hc_alpha = self.hc_mix = self.hc_beta = None
@@ -401,9 +379,9 @@ class LoopedGPT(nn.Module):
         self.norm_recur = RMSNorm(d, cfg.norm_eps)                         # model norm 2: ends every iteration
         self.norm_final = RMSNorm(d, cfg.norm_eps)                         # model norm 3: before lm_head
         self.lm_head = nn.Linear(d, cfg.vocab_padded, bias=False)
-        cos, sin = rope_tables(10 * cfg.seq_len, cfg.head_dim, cfg.rope_base)   # (10 T, D/2); not in state_dict
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        # rope_cos, rope_sin: (10 T, D/2) each; not in state_dict
+        for name, table in zip(("rope_cos", "rope_sin"), rope_tables(10 * cfg.seq_len, cfg.head_dim, cfg.rope_base)):
+            self.register_buffer(name, table, persistent=False)
         self.init_weights()
 
     def blocks(self):
@@ -444,9 +422,8 @@ class LoopedGPT(nn.Module):
             for lin in (blk.attn.c_q, blk.attn.c_k, blk.attn.c_v, blk.attn.c_proj, blk.mlp.c_fc):
                 nn.init.uniform_(lin.weight, -a, a)
             nn.init.uniform_(blk.mlp.c_proj.weight, -a / 2, a / 2)        # sqrt(3)/sqrt(4d) = a / 2
-        for m in self.modules():
-            if isinstance(m, RMSNorm):
-                m.weight.fill_(1.0)
+        for gain in [m.weight for m in self.modules() if isinstance(m, RMSNorm)]:
+            gain.fill_(1.0)
         if self.inject is not None:
             self.inject.weight.zero_()
             self.inject.weight[:, :d].copy_(torch.eye(d))                 # identity on the e half
@@ -474,8 +451,7 @@ class LoopedGPT(nn.Module):
             norms += [self.diag.A_log, self.diag.dt_bias]
         groups = dict(matrix=matrix, wte=[self.wte.weight], lm_head=[self.lm_head.weight], norm=norms,
                       hc=self.hc_params())
-        labelled = [id(p) for g in groups.values() for p in g]
-        if sorted(labelled) != sorted(id(p) for p in self.parameters()):     # every parameter exactly once
+        if sorted(id(p) for g in groups.values() for p in g) != sorted(id(p) for p in self.parameters()):  # once each
             raise RuntimeError("param_groups() does not cover every parameter exactly once")
         return groups
 
@@ -493,8 +469,10 @@ class LoopedGPT(nn.Module):
             x = blk(x, rope, None if kv_cache is None else (kv_cache, first_slot + j))
         return x
 
-    def _loops(self, n_loops, kv_cache):
-        """The r to run: the config's, an override (test-time loop extrapolation, App. A), or the cache's."""
+    def check_n_loops(self, n_loops: Optional[int], kv_cache=None) -> int:
+        """The r to run: the config's (None), an override (test-time loop extrapolation, App. A), or the cache's;
+        ValueError saying why this model cannot run n_loops iterations (hyper: exactly r). A new mode whose
+        parameters exist per iteration adds its refusal here; eval.py asks here too."""
         if kv_cache is not None:
             if n_loops is not None and n_loops != kv_cache.n_loops:
                 raise ValueError(f"n_loops={n_loops} differs from the KV cache's n_loops={kv_cache.n_loops}")
@@ -507,11 +485,6 @@ class LoopedGPT(nn.Module):
             raise ValueError(f"hyperconnections have alpha/M/beta for exactly {self.cfg.n_loops} iterations; "
                              f"cannot run n_loops={n_loops}")
         return n_loops
-
-    def check_n_loops(self, n_loops: int) -> int:
-        """n_loops if this model can run that many iterations, else ValueError saying why (hyper: exactly r).
-        A new mode whose parameters exist per iteration adds its refusal in _loops; eval.py asks here."""
-        return self._loops(n_loops, None)
 
     def forward(self, idx, targets=None, reduction="mean", n_loops=None, generator=None, kv_cache=None,
                 state_noise=None):
@@ -530,7 +503,7 @@ class LoopedGPT(nn.Module):
             raise ValueError(f"targets shape {tuple(targets.shape)} != idx shape {tuple(idx.shape)}")
         if reduction not in ("mean", "sum", "none"):
             raise ValueError(f"reduction must be mean | sum | none, got {reduction!r}")
-        n = self._loops(n_loops, kv_cache)
+        n = self.check_n_loops(n_loops, kv_cache)
         B, T = idx.shape
         pos = 0 if kv_cache is None else kv_cache.pos
         if pos + T > self.rope_cos.size(0) or (kv_cache is not None and pos + T > kv_cache.max_len):
@@ -600,7 +573,7 @@ class LoopedGPT(nn.Module):
 
     def new_kv_cache(self, max_len: int, n_loops: Optional[int] = None) -> KVCache:
         """An empty cache for sequences up to max_len tokens, with one slot per executed layer at this r."""
-        n = self._loops(n_loops, None)
+        n = self.check_n_loops(n_loops)
         return KVCache(len(self.prelude) + n * len(self.recur) + len(self.coda), n, max_len)
 
     @torch.no_grad()
