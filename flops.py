@@ -26,14 +26,8 @@ INJECTIONS = ("linear", "additive", "passthrough", "hyper", "diagonal")
 MAX_COUNT = 10 ** 9        # any count above this (a hand-edited 1e400 layers) is a typo, not an architecture
 
 # Table 6 (App. E): compute budget C (FLOPs) -> widths s swept at that budget. 29 cells x 4 values of r = 116 runs.
-GRID = {
-    4.64e17: (6, 8, 10, 12),
-    1e18: (6, 8, 10, 12, 14),
-    2.15e18: (8, 10, 12, 14, 16),
-    4.64e18: (10, 12, 14, 16, 18, 20),
-    1e19: (12, 16, 18, 20, 24),
-    2.15e19: (18, 24, 28, 34),
-}
+GRID = {4.64e17: (6, 8, 10, 12), 1e18: (6, 8, 10, 12, 14), 2.15e18: (8, 10, 12, 14, 16),
+        4.64e18: (10, 12, 14, 16, 18, 20), 1e19: (12, 16, 18, 20, 24), 2.15e19: (18, 24, 28, 34)}
 LOOPS = (1, 2, 4, 8)
 # Effective-depth variants (earlier arXiv version, App. G.4): l_eff -> (l_prelude, l_coda), keeping r·l_recur = 16.
 DEPTH_VARIANTS = {18: (1, 1), 20: (2, 2), 24: (4, 4)}
@@ -111,11 +105,18 @@ def n_inject(d_model, injection):
     return {"linear": n_i(d_model), "diagonal": d_model * d_model + 2 * d_model}.get(injection, 0)
 
 
-def _check_mode(d_model, n_loops, injection, hc_lanes):
+def _counts(d_model, n_loops, n_layers_eff, n_layers_prelude, n_layers_coda, injection, hc_lanes):
+    """The checked counts param_split and flops_per_token share: (mode, (prelude, recur, coda) blocks, one block's
+    parameters, the recurrent parameters N_rec run every iteration, the hc scalars)."""
     accounting_args(dict(d_model=d_model, injection=injection))
-    if injection == "hyper" and n_loops > 1:
+    mode = "passthrough" if n_loops == 1 else injection             # r = 1 never has an injection
+    if mode == "hyper":
         _check_int("hc_lanes", hc_lanes, 2)     # K >= 2 lanes (App. G.1); K = 1 would be a plain residual
-    return "passthrough" if n_loops == 1 else injection   # r = 1 never has an injection
+    p, rec, c = layout(n_loops, n_layers_eff, n_layers_prelude, n_layers_coda)
+    block = n_b(d_model) + 2 * d_model                               # matrices + 2 RMSNorm gains
+    n_rec = rec * block + n_inject(d_model, mode)                    # W_inject / diagonal, used every iteration
+    n_hc = n_loops * (hc_lanes ** 2 + 2 * hc_lanes) if mode == "hyper" else 0   # alpha_i, M_i, beta_i (Eq. 7)
+    return mode, (p, rec, c), block, n_rec, n_hc
 
 
 def param_split(d_model, n_loops, n_layers_eff=20, n_layers_prelude=2, n_layers_coda=2, injection="linear",
@@ -130,14 +131,9 @@ def param_split(d_model, n_loops, n_layers_eff=20, n_layers_prelude=2, n_layers_
     (each used once); N_rec = recur blocks + the injection (n_inject: W_inject, or diagonal B, A_log, dt_bias).
     For r = 1 the split is irrelevant (r^phi = 1); the same rule gives N_once = 3d, N_rec = 20 blocks.
     """
-    mode = _check_mode(d_model, n_loops, injection, hc_lanes)
-    p, rec, c = layout(n_loops, n_layers_eff, n_layers_prelude, n_layers_coda)
-    block = n_b(d_model) + 2 * d_model                               # matrices + 2 RMSNorm gains
-    n_once = (p + c) * block + 3 * d_model
-    n_rec = rec * block + n_inject(d_model, mode)                    # W_inject / diagonal, used every iteration
-    if mode == "hyper":
-        n_once += n_loops * (hc_lanes ** 2 + 2 * hc_lanes)           # alpha_i, M_i, beta_i per iteration (Eq. 7)
-    return n_once, n_rec
+    _, (p, _, c), block, n_rec, n_hc = _counts(d_model, n_loops, n_layers_eff, n_layers_prelude, n_layers_coda,
+                                               injection, hc_lanes)
+    return (p + c) * block + 3 * d_model + n_hc, n_rec               # N_once: + 3 model norms + hc scalars
 
 
 def effective_params(n_once, n_rec, n_loops, phi):
@@ -160,8 +156,8 @@ def flops_per_token(d_model, n_loops, n_layers_eff=20, n_layers_prelude=2, n_lay
     Block gains count like weights (r times in the loop); wte and the 3 model norms are not counted. Detached loops
     (k = n_loops_bwd < r, truncated BPTT) cost forward only, attention included: that gives D_trunc/D_full ~ 1.31.
     """
-    mode = _check_mode(d_model, n_loops, injection, hc_lanes)
-    p, rec, c = layout(n_loops, n_layers_eff, n_layers_prelude, n_layers_coda)
+    mode, (p, rec, c), block, p_rec, n_hc = _counts(d_model, n_loops, n_layers_eff, n_layers_prelude, n_layers_coda,
+                                                    injection, hc_lanes)       # p_rec = N_rec: recur + injection
     k = n_loops if n_loops_bwd is None else n_loops_bwd             # gradient window (App. G.1); None = full BPTT
     accounting_args(dict(seq_len=seq_len, n_loops_bwd=k))
     if k > n_loops:
@@ -169,19 +165,14 @@ def flops_per_token(d_model, n_loops, n_layers_eff=20, n_layers_prelude=2, n_lay
     if mode == "hyper" and k != n_loops:
         raise ValueError("hyperconnections use full BPTT (App. G.1); n_loops_bwd must be None or n_loops")
     d, T = d_model, seq_len
-    block = n_b(d) + 2 * d
     # The injection is charged in every iteration (footnote 2), its loop-invariant half included: W_e e of the linear
     # injection and B e of the diagonal one could be hoisted out of the loop (computed once: 6 d^2 instead of
     # 6 r d^2 per token for B e), but the paper charges W_inject r times and model.py computes both per iteration,
     # so one convention covers every mode. The diagonal's elementwise decay / scale count like gains (6x per use).
-    p_rec = rec * block + n_inject(d, mode)
     mult = 2 * (n_loops - k) + 6 * k                                  # Eq. 6: fwd-only 2x, fwd+bwd 6x
     flops = 6 * (p + c) * block + mult * p_rec
     flops += 12 * d * T * (p + c) + (4 * (n_loops - k) + 12 * k) * d * T * rec
-    flops += 6 * d * pad_vocab(vocab_size)
-    if mode == "hyper":
-        flops += 6 * n_loops * (hc_lanes ** 2 + 2 * hc_lanes) * d
-    return flops
+    return flops + 6 * d * pad_vocab(vocab_size) + 6 * n_hc * d      # unembedding; hyperconnection mixing (Eq. 7)
 
 
 def forward_flops_per_token(d_model, n_loops, n_layers_eff=20, n_layers_prelude=2, n_layers_coda=2,

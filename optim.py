@@ -54,13 +54,11 @@ REF_DATA_RATIO = 10         # D_ref = 10 x effective params of the reference (Ap
 # Polar Express coefficients (a, b, c) of p(x) = a x + b x^3 + c x^5, one triple per iteration; the optimal
 # 5-step schedule of Amsel et al. 2025 (arXiv:2505.16932) for a safety factor of 2e-2 and cushion 2, the values
 # nanochat (and the release, nanochat/optim.py) use. Composed, they map every x in [1e-3, 1] into [0.859, 1.141].
-POLAR_EXPRESS_COEFFS = (
-    (8.156554524902461, -22.48329292557795, 15.878769915207462),
-    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
-    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
-    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
-    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
-)
+POLAR_EXPRESS_COEFFS = ((8.156554524902461, -22.48329292557795, 15.878769915207462),
+                        (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+                        (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+                        (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+                        (2.3465413258596377, -1.7097828382687081, 0.42323551169305323))
 
 # What the release (nanochat/optim.py muon_step_fused, nanochat/gpt.py setup_optimizer, scripts/base_train.py)
 # settles where the paper is silent, as read there:
@@ -79,14 +77,20 @@ POLAR_EXPRESS_COEFFS = (
 #   - one torch.compile'd kernel per same-shape stack (AdamW: one per tensor); here the same on CUDA (AdamW: one
 #     foreach op per formula term and group), eager on CPU, where inductor's fusion would change the rounding.
 
+# MuonHAdamW: the optional settings of a group of each kind, with their defaults
+GROUP_DEFAULTS = {"muonh": {"momentum": MUONH_MOMENTUM, "ns_steps": NS_STEPS},
+                  "adamw": {"betas": ADAM_BETAS, "eps": ADAM_EPS}}
 # build_optimizer: contract group name -> (optimizer kind, key of its peak LR in the hyperp_lrs dict)
 GROUPS = {"matrix": ("muonh", "muonh_lr"), "wte": ("adamw", "wte_lr"), "lm_head": ("adamw", "lm_head_lr"),
           "norm": ("adamw", "norm_lr"), "hc": ("adamw", "hc_lr")}
 
 
-def _positive(name, value):
-    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+def _check_real(values, closed=False):
+    """ValueError naming the first of values ({name: value}) that is not a finite real number > 0 (>= 0 if closed)."""
+    for name, v in values.items():
+        finite = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+        if not (finite and (v >= 0 if closed else v > 0)):
+            raise ValueError(f"{name} must be a finite number {'>=' if closed else '>'} 0, got {v!r}")
 
 
 # -----------------------------------------------------------------------------
@@ -102,7 +106,7 @@ def reference(n_loops, aspect_ratio=64, head_dim=128, n_layers_eff=20, n_layers_
     The two widths differ only when 10 x aspect_ratio is not a multiple of head_dim (never on the paper's grid: 640).
     The layout is the run's depth (l_eff, prelude, coda; see reference_tokens); the paper's defaults give the release's
     constants, 983,315,200 (r=1), 606,380,800 / 1,016,083,200 / 1,835,488,000 (r = 2 / 4 / 8)."""
-    _positive("head_dim", head_dim)                          # aspect_ratio and the rest: reference_tokens checks
+    _check_real({"head_dim": head_dim})                      # aspect_ratio and the rest: reference_tokens checks
     layout(n_loops, n_layers_eff, n_layers_prelude, n_layers_coda)   # the run itself must exist (r | 16, §3.1)
     width = REF_SCALE * aspect_ratio
     built = -(-width // head_dim) * head_dim                 # the reference model's width (ceil to head_dim)
@@ -127,9 +131,7 @@ def reference_tokens(n_loops, d_model=D_MODEL_REF, n_layers_eff=20, n_layers_pre
     run's l_eff and prelude/coda, with a recurrent block of (l_eff - p - c) / ref_loops layers (2-4-2 at l_eff = 20;
     1-2-1 for the CPU mini study's l_eff = 10; a fractional count is kept as it is, it only sets a constant).
     """
-    for name, v in (("n_loops", n_loops), ("d_model", d_model), ("n_layers_eff", n_layers_eff),
-                    ("ratio", ratio), ("ref_loops", ref_loops)):
-        _positive(name, v)
+    _check_real(dict(n_loops=n_loops, d_model=d_model, n_layers_eff=n_layers_eff, ratio=ratio, ref_loops=ref_loops))
     block = 12 * d_model ** 2 + 2 * d_model           # one transformer block, gains included (§3.2 n_b + norms)
     if n_loops == 1:                                  # r=1 family: one plain stack, passthrough, no W_inject
         return int(ratio * (n_layers_eff * block + 3 * d_model))
@@ -151,19 +153,17 @@ def hyperp_factors(d_model, n_loops, tokens, batch_tokens=BATCH_REF, d_ref=None,
     batch_ref is the batch at which the base LRs were tuned (App. D.1: 2^18 tokens). A scaled-down study whose
     batch is far below it (the CPU mini study runs ~2K-token steps) re-anchors here instead of extrapolating the
     (B/B_ref)^0.558 rule two orders of magnitude outside the range it was fitted on."""
-    for name, v in (("d_model", d_model), ("n_loops", n_loops), ("tokens", tokens), ("batch_tokens", batch_tokens),
-                    ("d_model_ref", d_model_ref), ("batch_ref", batch_ref)):
-        _positive(name, v)
+    _check_real(dict(d_model=d_model, n_loops=n_loops, tokens=tokens, batch_tokens=batch_tokens,
+                     d_model_ref=d_model_ref, batch_ref=batch_ref))
     if d_ref is None:
         if d_model_ref != D_MODEL_REF:
             raise ValueError(f"d_model_ref {d_model_ref} is not the paper's {D_MODEL_REF}: pass the d_ref that "
                              "optim.reference() gives with it")
         d_ref = reference(n_loops)[1]
-    _positive("d_ref", d_ref)
-    return {"width": (d_model / d_model_ref) ** -0.5,     # muP width rule on AdamW only (release setup_optimizer)
-            "batch": (batch_tokens / batch_ref) ** BATCH_EXP,
-            "data": (tokens / d_ref) ** -DATA_EXP,
-            "d_ref": d_ref}
+    _check_real({"d_ref": d_ref})
+    # width: the muP rule, applied to AdamW only (release setup_optimizer)
+    return {"width": (d_model / d_model_ref) ** -0.5, "batch": (batch_tokens / batch_ref) ** BATCH_EXP,
+            "data": (tokens / d_ref) ** -DATA_EXP, "d_ref": d_ref}
 
 
 def hyperp_lrs(d_model, n_loops, tokens, batch_tokens=BATCH_REF, base_lr=MUONH_LR, d_ref=None,
@@ -177,7 +177,7 @@ def hyperp_lrs(d_model, n_loops, tokens, batch_tokens=BATCH_REF, base_lr=MUONH_L
     Only MuonH gets the data factor and only MuonH, wte and lm_head the batch factor (release base_train.py).
     There is no depth factor: l_eff = 20 for every r.
     """
-    _positive("base_lr", base_lr)
+    _check_real({"base_lr": base_lr})
     f = hyperp_factors(d_model, n_loops, tokens, batch_tokens, d_ref, d_model_ref, batch_ref)
     w, b = f["width"], f["batch"]
     # eta = 0.014 b (D/D_ref)^-0.32 (App. D.2); norm and hc are hard-coded without b in the release
@@ -199,8 +199,7 @@ def lr_multiplier(step, total_steps):
 
 def set_lr_multiplier(optimizer, mult):
     """lr = initial_lr * mult for every group (the multiplier is shared by all groups; momentum is never scheduled)."""
-    if isinstance(mult, bool) or not isinstance(mult, numbers.Real) or not math.isfinite(mult) or mult < 0:
-        raise ValueError(f"LR multiplier must be a finite number >= 0, got {mult!r}")
+    _check_real({"LR multiplier": mult}, closed=True)
     for group in optimizer.param_groups:
         group["lr"] = group["initial_lr"] * mult
 
@@ -230,8 +229,7 @@ def polar_express(G, steps=NS_STEPS, bf16=None):
     # by an ulp at some small shapes (e.g. 32 x 8, the mini study's s = 1 MLP), so the fp32 results stay bit for bit.
     gram_right = tall and X.dtype == torch.bfloat16
     flip = tall and not gram_right
-    if flip:
-        X = X.mT                                                    # (..., cols, rows): now wide
+    X = X.mT if flip else X                                         # flipped: (..., cols, rows), now wide
     for a, b, c in POLAR_EXPRESS_COEFFS[:steps]:
         A = X.mT @ X if gram_right else X @ X.mT                    # (..., k, k), k = min(rows, cols)
         B = b * A + c * (A @ A)                                     # (..., k, k)
@@ -304,35 +302,27 @@ class MuonHAdamW(torch.optim.Optimizer):
 
     def __init__(self, param_groups, shard=True, polar_bf16=None, compile=None):
         self.polar_bf16 = polar_bf16    # Polar Express in bf16: None = on CUDA only (see polar_express)
+        def need(ok, msg):
+            if not ok:
+                raise ValueError(f"group {g['name']!r}: {msg}")
         groups = []
         for i, g in enumerate(param_groups):
-            g = dict(g)
-            g["params"] = list(g["params"])
+            g = dict(g, params=list(g["params"]))
             kind = g.get("kind")
             g.setdefault("name", f"{kind}{i}")
-            if kind not in ("muonh", "adamw"):
-                raise ValueError(f"group {g['name']!r}: kind must be 'muonh' or 'adamw', got {kind!r}")
-            lr = g.get("lr")
-            if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not math.isfinite(lr) or lr < 0:
-                raise ValueError(f"group {g['name']!r}: lr must be a finite number >= 0, got {lr!r}")
+            need(kind in GROUP_DEFAULTS, f"kind must be 'muonh' or 'adamw', got {kind!r}")
+            _check_real({f"group {g['name']!r}: lr": g.get("lr")}, closed=True)
+            for key, default in GROUP_DEFAULTS[kind].items():
+                g.setdefault(key, default)
             if kind == "muonh":
-                g.setdefault("momentum", MUONH_MOMENTUM)
-                g.setdefault("ns_steps", NS_STEPS)
-                if not 0 <= g["momentum"] < 1:
-                    raise ValueError(f"group {g['name']!r}: momentum must be in [0, 1), got {g['momentum']}")
-                if not 1 <= g["ns_steps"] <= len(POLAR_EXPRESS_COEFFS):
-                    raise ValueError(f"group {g['name']!r}: ns_steps must be in [1, 5], got {g['ns_steps']}")
-                for p in g["params"]:
-                    if p.ndim != 2:    # MuonH orthogonalises matrices; gains and vectors belong to AdamW
-                        raise ValueError(f"group {g['name']!r}: MuonH takes only 2-D matrices, got a parameter of "
-                                         f"shape {tuple(p.shape)}; put 1-D params (norm gains) in an AdamW group")
+                need(0 <= g["momentum"] < 1 and 1 <= g["ns_steps"] <= len(POLAR_EXPRESS_COEFFS), "need momentum in "
+                     f"[0, 1) and ns_steps in [1, 5], got {g['momentum']} and {g['ns_steps']}")
+                for p in g["params"]:   # MuonH orthogonalises matrices; gains and vectors belong to AdamW
+                    need(p.ndim == 2, f"MuonH takes only 2-D matrices, got a parameter of shape {tuple(p.shape)}; put "
+                         "1-D params (norm gains) in an AdamW group")
             else:
-                g.setdefault("betas", ADAM_BETAS)
-                g.setdefault("eps", ADAM_EPS)
-                if not all(0 <= b < 1 for b in g["betas"]) or g["eps"] < 0:
-                    raise ValueError(f"group {g['name']!r}: need betas in [0, 1) and eps >= 0")
-            g["initial_lr"] = g["lr"]
-            groups.append(g)
+                need(all(0 <= b < 1 for b in g["betas"]) and not g["eps"] < 0, "need betas in [0, 1) and eps >= 0")
+            groups.append(dict(g, initial_lr=g["lr"]))
         super().__init__(groups, defaults={})   # raises if a parameter appears in two groups
         distributed = shard and dist.is_available() and dist.is_initialized()
         self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
@@ -371,10 +361,9 @@ class MuonHAdamW(torch.optim.Optimizer):
             loss = closure() if closure is not None else None
         gathers = []        # MuonH all-gathers in flight while the next stack and AdamW compute
         for group, stacks in zip(self.param_groups, self._stacks):
-            if group["kind"] == "muonh":
-                for stack in stacks:
-                    gathers += self._step_muonh(group, *stack)
-            else:
+            for stack in stacks:                                   # a MuonH group's same-shape stacks (AdamW: none)
+                gathers += self._step_muonh(group, *stack)
+            if group["kind"] == "adamw":
                 self._step_adamw(group)                            # replicated: small tensors, every rank
         for handle, full, params, lo, hi in gathers:               # finish: copy in the matrices others own
             handle.wait()
@@ -432,9 +421,8 @@ class MuonHAdamW(torch.optim.Optimizer):
         live = [p for p in group["params"] if p.grad is not None]
         if not live:
             return
-        for p in live:
-            if not self.state[p]:
-                self.state[p].update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+        for p in [q for q in live if not self.state[q]]:                    # first step: zero moments
+            self.state[p].update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
         steps = self._packed(live, "step")                                   # (n,) fp32 on CPU
         ts = steps.add_(1).tolist()                                          # no device sync: steps live on CPU
         m, v = ([self.state[p][k] for p in live] for k in ("exp_avg", "exp_avg_sq"))
@@ -501,14 +489,11 @@ class MuonHAdamW(torch.optim.Optimizer):
         would move the sphere), so it is restored from the saved tensor afterwards.
         """
         saved = state_dict["param_groups"]
-        if [(g["name"], g["kind"]) for g in self.param_groups] != [(g.get("name"), g.get("kind")) for g in saved]:
-            raise ValueError("optimizer state_dict has a different group layout: "
-                             f"{[(g.get('name'), g.get('kind')) for g in saved]} vs "
-                             f"{[(g['name'], g['kind']) for g in self.param_groups]}")
+        mine, theirs = ([(g.get("name"), g.get("kind")) for g in groups] for groups in (self.param_groups, saved))
+        if mine != theirs:
+            raise ValueError(f"optimizer state_dict has a different group layout: {theirs} vs {mine}")
         ids = [i for g in saved for i in g["params"]]
         params = [p for g in self.param_groups for p in g["params"]]
-        if len(ids) != len(params):
-            raise ValueError(f"optimizer state_dict holds {len(ids)} parameters, this optimizer {len(params)}")
         keep = {pid: state_dict["state"][pid] for pid, p in zip(ids, params)
                 if pid in state_dict["state"] and id(p) not in self._not_owned}
         super().load_state_dict({**state_dict, "state": keep})
@@ -522,8 +507,8 @@ def build_optimizer(groups, lrs, shard=True, polar_bf16=None, compile=None):
     """One MuonHAdamW over the model's labelled groups (LoopedGPT.param_groups()) with peak LRs from hyperp_lrs.
 
     "matrix" -> MuonH at lrs["muonh_lr"]; "wte", "lm_head", "norm", "hc" -> AdamW at lrs["<name>_lr"].
-    Empty groups are skipped (e.g. no "hc" without hyperconnections). Under DDP build it on every rank; shard
-    splits MuonH over the ranks (MuonHAdamW), shard=False keeps a replicated optimizer.
+    Empty groups are skipped (e.g. no "hc" without hyperconnections; none at all is torch's ValueError). Under DDP
+    build it on every rank; shard splits MuonH over the ranks (MuonHAdamW), shard=False keeps a replicated optimizer.
     """
     if not isinstance(groups, dict) or set(groups) - set(GROUPS):
         raise ValueError(f"groups must be a dict with keys from {list(GROUPS)}, got "
@@ -534,11 +519,8 @@ def build_optimizer(groups, lrs, shard=True, polar_bf16=None, compile=None):
         if not params:
             continue
         if lr_key not in lrs:
-            raise ValueError(f"group {name!r} has {len(params)} params but lrs has no {lr_key!r} "
-                             f"(keys: {sorted(lrs)})")
+            raise ValueError(f"group {name!r} has {len(params)} params but lrs has no {lr_key!r} (keys: {sorted(lrs)})")
         param_groups.append(dict(name=name, kind=kind, params=params, lr=lrs[lr_key]))
-    if not param_groups:
-        raise ValueError("build_optimizer got no parameters in any group")
     return MuonHAdamW(param_groups, shard=shard, polar_bf16=polar_bf16, compile=compile)
 
 
@@ -578,12 +560,11 @@ def main(argv=None):
     print(f"  w = (d/{d_model_ref})^-0.5 = {f['width']:.6f} | b = (B/{BATCH_REF})^{BATCH_EXP} = {f['batch']:.6f} | "
           f"(D/D_ref)^-{DATA_EXP} = {f['data']:.6f}, D_ref {int(f['d_ref']):,} "
           f"({'override' if a.d_ref else family})")
-    rules = {"muonh_lr": ("matrix", "MuonH", f"{a.base_lr} * b * (D/D_ref)^-0.32"), "wte_lr": ("wte", "AdamW",
-             f"{WTE_LR} * b * w"), "lm_head_lr": ("lm_head", "AdamW", f"{LM_HEAD_LR} * b * w"),
-             "norm_lr": ("norm", "AdamW", f"{NORM_LR} * w"), "hc_lr": ("hc", "AdamW", f"{HC_LR} * w")}
+    rules = dict(matrix=f"{a.base_lr} * b * (D/D_ref)^-0.32", wte=f"{WTE_LR} * b * w", lm_head=f"{LM_HEAD_LR} * b * w",
+                 norm=f"{NORM_LR} * w", hc=f"{HC_LR} * w")
     print(f"  {'group':8s} {'optim':6s} {'rule':30s} peak LR")
-    for key, (group, opt, rule) in rules.items():
-        print(f"  {group:8s} {opt:6s} {rule:30s} {lrs[key]:.6f}")
+    for group, (kind, key) in GROUPS.items():                  # the table's rows in build_optimizer's group order
+        print(f"  {group:8s} {'MuonH' if kind == 'muonh' else 'AdamW':6s} {rules[group]:30s} {lrs[key]:.6f}")
     return lrs
 
 
