@@ -425,8 +425,7 @@ class LoopedGPT(nn.Module):
         for gain in [m.weight for m in self.modules() if isinstance(m, RMSNorm)]:
             gain.fill_(1.0)
         if self.inject is not None:
-            self.inject.weight.zero_()
-            self.inject.weight[:, :d].copy_(torch.eye(d))                 # identity on the e half
+            self.inject.weight.copy_(torch.cat([torch.eye(d), torch.zeros(d, d)], dim=1))   # [I_d | 0]: u = e
         if self.hc_alpha is not None:
             r, K = self.hc_alpha.shape
             self.hc_alpha.copy_(F.one_hot(torch.arange(r) % K, K).float())
