@@ -305,13 +305,12 @@ def main(argv=None):
                           f"GFLOP/token ({r['fwd_flops_x']:.3f}x)")
         else:
             acc = accounting_args(vars(a))                   # the flags are named as the ModelConfig fields
-            (n_once, n_rec), f = param_split(**acc), flops_per_token(**acc)
+            (n_once, n_rec), f, fwd = param_split(**acc), flops_per_token(**acc), forward_flops_per_token(**acc)
             steps, tokens = tokens_for_budget(a.flops_budget, f)
             out = dict(scale=a.scale, d_model=acc["d_model"], n_loops=a.n_loops, injection=a.injection,
-                       layout=layout(a.n_loops, a.n_layers_eff, a.n_layers_prelude, a.n_layers_coda),
-                       n_once=n_once, n_rec=n_rec, n_params=n_once + n_rec, flops_per_token=f,
-                       fwd_flops_per_token=forward_flops_per_token(**acc), flops_budget=a.flops_budget,
-                       steps=steps, tokens=tokens)
+                       layout=layout(a.n_loops, a.n_layers_eff, a.n_layers_prelude, a.n_layers_coda), n_once=n_once,
+                       n_rec=n_rec, n_params=n_once + n_rec, flops_per_token=f, fwd_flops_per_token=fwd,
+                       flops_budget=a.flops_budget, steps=steps, tokens=tokens)
             if not a.json:
                 for key, val in out.items():
                     print(f"{key:>20} {val:,}" if isinstance(val, int) else f"{key:>20} {val}")
