@@ -462,8 +462,7 @@ class MuonHAdamW(torch.optim.Optimizer):
             p0 = params[0]
             M = torch.zeros((c, *p0.shape), dtype=p0.dtype, device=p0.device)     # (c, rows, cols) owned momenta
             meta = torch.zeros((c, 3), dtype=torch.float64, device=p0.device)     # (has state, R, step): fp64
-            for j, p in enumerate(params[lo:hi]):                                 # holds fp32 R and counts exactly
-                s = self.state.get(p)
+            for j, s in enumerate(self.state.get(p) for p in params[lo:hi]):     # holds fp32 R and counts exactly
                 if s:
                     M[j] = s["momentum_buffer"]
                     meta[j, 0], meta[j, 1], meta[j, 2] = 1.0, s["R"], s["step"]
