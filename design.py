@@ -79,15 +79,15 @@ def make_pool(cells=None, loops=flops.LOOPS, arch=None, aspect=flops.ASPECT_RATI
                 tokens = flops.tokens_for_budget(budget, f, batch)[1]
             except ValueError:                               # below one optimizer step at this budget
                 continue
-            name = f"C{budget:g}_r{r}_s{s}".replace("e+", "e")
             # a widened pool stays inside Table 6's tokens-per-parameter range: the prior law was measured there
             if tpp[0] <= tokens / (n_once + n_rec) <= tpp[1]:
                 rows.append(dict(flops_budget=budget, n_loops=r, d_model=aspect * s, n_once=n_once, n_rec=n_rec,
-                                 tokens=tokens, arch=arch, aspect_ratio=aspect, val_loss=1.0, source=name, case=case,
-                                 name=name, cost=float(tokens * f)))
-    # through fit.py's own row checks: a pool the fit would refuse (an n_loops flops.py cannot count) stops here
+                                 tokens=tokens, arch=arch, aspect_ratio=aspect, val_loss=1.0, case=case,
+                                 source=f"C{budget:g}_r{r}_s{s}".replace("e+", "e"), cost=float(tokens * f)))
+    # through fit.py's own row checks: a pool the fit would refuse (an n_loops flops.py cannot count) stops here;
+    # a run's name is its source
     runs = fit.runs_from_rows(rows or refuse("the candidate pool is empty (check --budgets, --scales and --tpp)"))
-    return dict(runs, name=[row["name"] for row in rows], cost=np.array([row["cost"] for row in rows]))
+    return dict(runs, name=list(runs["source"]), cost=np.array([row["cost"] for row in rows]))
 
 
 def finished_runs(runs_dir):
@@ -147,12 +147,11 @@ def universe(groups):
     fixed, variant = kind == "fixed", kind == "variant"
     JJ = (J[:, :, None] * J[:, None, :]).reshape(-1, 36)                  # (n, 36) outer products J J'
     # the ridge is a pseudo-observation, lam I in B and lam kappa I in M (a flat prior on theta): a set that cannot
-    # identify theta gets a huge but finite variance, and the search a gradient from its first run; own: the runs that
-    # min_per_r counts
+    # identify theta gets a huge but finite variance, and the search a gradient from its first run. own: the runs that
+    # min_per_r counts, the variant's or (with none) all
     return dict(runs=runs, J=J, JJ=JJ, loss=loss, b=b, m=m, C=runs["flops_budget"], r=runs["n_loops"], fixed=fixed,
                 variant=variant, cand=~fixed, cost=np.where(fixed, 0.0, runs["cost"]), kappa=float(np.median(m / b)),
-                lam=RIDGE * float(np.trace((b @ JJ).reshape(6, 6))),
-                own=variant if variant.any() else np.ones(len(J), bool))
+                lam=RIDGE * float(np.trace((b @ JJ).reshape(6, 6))), own=variant if variant.any() else ~variant)
 
 
 def variance(U, masks):
