@@ -196,8 +196,8 @@ def choose(U, budget=math.inf, k=None, target=None, min_per_r=5):
         cur, cand = variance(U, S)[0], np.flatnonzero(U["cand"] & ~S & (U["cost"] <= budget - used(S)))
         # while an r lacks runs: only runs of such an r, and only those that leave the reserve (fill) for the rest
         need = [r for r in rs if short(S, r)]
-        cand = np.array([j for j in cand if not need or U["r"][j] in need and
-                         U["cost"][j] + fill(S | (np.arange(len(S)) == j)) <= (budget - used(S)) * (1 + 1e-9)], int)
+        cand = np.array([j for j in cand if not need or (U["r"][j] in need and
+                         U["cost"][j] + fill(S | (np.arange(len(S)) == j)) <= (budget - used(S)) * (1 + 1e-9))], int)
         if not need and ((k is not None and (S & ~U["fixed"]).sum() >= k) or (target and cur <= target)):
             return S
         trial = S | (np.arange(len(S)) == cand[:, None])          # (candidates, n): S plus one candidate each
