@@ -23,8 +23,7 @@ Not here: the fits (fit.py), the accounting (flops.py), training (train.py, runs
 import os
 
 # One BLAS thread, as in fit.py (tiny matrices; threads only add start-up cost). Before numpy is imported.
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[_var] = "1"
+os.environ.update(dict.fromkeys(("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"), "1"))
 
 import argparse
 import itertools
@@ -75,22 +74,20 @@ def make_pool(cells=None, loops=flops.LOOPS, arch=None, aspect=flops.ASPECT_RATI
     arch, rows = arch or {}, []
     for budget, widths in (flops.GRID if cells is None else cells).items():
         for r, s in itertools.product(loops, widths):
-            n_once, n_rec = flops.param_split(aspect * s, r, **arch)
-            f = flops.flops_per_token(aspect * s, r, **arch)
+            (n_once, n_rec), f = flops.param_split(aspect * s, r, **arch), flops.flops_per_token(aspect * s, r, **arch)
             try:
                 tokens = flops.tokens_for_budget(budget, f, batch)[1]
             except ValueError:                               # below one optimizer step at this budget
                 continue
-            name = f"C{budget:g}_r{r}_s{s}".replace("e+", "e")
             # a widened pool stays inside Table 6's tokens-per-parameter range: the prior law was measured there
             if tpp[0] <= tokens / (n_once + n_rec) <= tpp[1]:
                 rows.append(dict(flops_budget=budget, n_loops=r, d_model=aspect * s, n_once=n_once, n_rec=n_rec,
-                                 tokens=tokens, arch=arch, aspect_ratio=aspect, val_loss=1.0, source=name, case=case,
-                                 name=name, cost=float(tokens * f)))
-    # through fit.py's own row checks: a pool the fit would refuse (an n_loops flops.py cannot count) stops here
+                                 tokens=tokens, arch=arch, aspect_ratio=aspect, val_loss=1.0, case=case,
+                                 source=f"C{budget:g}_r{r}_s{s}".replace("e+", "e"), cost=float(tokens * f)))
+    # through fit.py's own row checks: a pool the fit would refuse (an n_loops flops.py cannot count) stops here;
+    # a run's name is its source
     runs = fit.runs_from_rows(rows or refuse("the candidate pool is empty (check --budgets, --scales and --tpp)"))
-    runs["name"], runs["cost"] = [row["name"] for row in rows], np.array([row["cost"] for row in rows])
-    return runs
+    return dict(runs, name=list(runs["source"]), cost=np.array([row["cost"] for row in rows]))
 
 
 def finished_runs(runs_dir):
@@ -99,9 +96,8 @@ def finished_runs(runs_dir):
     # the main grid's runs only: a case study's runs follow another law (fit.select_runs without a case)
     recs = fit.load_records(runs_dir)
     runs, flop = fit.select_runs(fit.runs_from_rows(recs), None), {rec["source"]: rec.get("flops") for rec in recs}
-    runs["name"] = [os.path.basename(os.path.dirname(src)) for src in runs["source"]]
-    runs["cost"] = np.array([float(flop[src] or c) for src, c in zip(runs["source"], runs["flops_budget"])])
-    return runs
+    return dict(runs, name=[os.path.basename(os.path.dirname(src)) for src in runs["source"]],
+                cost=np.array([float(flop[src] or c) for src, c in zip(runs["source"], runs["flops_budget"])]))
 
 
 def load_prior(path):
@@ -139,25 +135,23 @@ def universe(groups):
         prob = fit._pack(runs)
         lnl = lambda th: np.log(fit.predict(th, prob))
         J = np.stack([(lnl(theta + 1e-6 * e) - lnl(theta - 1e-6 * e)) / 2e-6 for e in np.eye(6)], axis=1)
-        loss = fit.predict(theta, prob)
-        # Huber weights. With tau >> delta (any real study: 0.01 nats / 2.5 nats = 4e-3 > 1e-3) the fit is close to a
-        # median regression: b ~ delta sqrt(2 / pi) / tau, m ~ delta^2, i.e. pi / 2 times the least-squares variance
-        c = fit.DELTA * loss / sigma                         # delta / tau
-        b = erf(c / math.sqrt(2))
-        m = (b - 2 * c * np.exp(-c * c / 2) / math.sqrt(2 * math.pi)) * (sigma / loss) ** 2 + fit.DELTA ** 2 * (1 - b)
-        parts.append((runs, J, loss, b, m, np.full(len(loss), kind)))
-    cat = lambda i: np.concatenate([p[i] for p in parts])
-    runs = {k: (np.concatenate([p[0][k] for p in parts]) if isinstance(v, np.ndarray)
-                else sum((list(p[0][k]) for p in parts), [])) for k, v in parts[0][0].items()}
-    U = {"runs": runs, "J": cat(1), "loss": cat(2), "b": cat(3), "m": cat(4), "C": runs["flops_budget"],
-         "r": runs["n_loops"], "fixed": cat(5) == "fixed", "variant": cat(5) == "variant"}
-    U.update(cand=~U["fixed"], cost=np.where(U["fixed"], 0.0, runs["cost"]), kappa=float(np.median(U["m"] / U["b"])),
-             JJ=(U["J"][:, :, None] * U["J"][:, None, :]).reshape(-1, 36))          # (n, 36) outer products J J'
+        parts.append((J, fit.predict(theta, prob), np.full(len(J), float(sigma)), np.full(len(J), kind)))
+    J, loss, sigma, kind = (np.concatenate(p) for p in zip(*parts))
+    runs = {k: (np.concatenate([g[0][k] for g in groups]) if isinstance(v, np.ndarray)
+                else sum((list(g[0][k]) for g in groups), [])) for k, v in groups[0][0].items()}
+    # Huber weights. With tau >> delta (any real study: 0.01 nats / 2.5 nats = 4e-3 > 1e-3) the fit is close to a
+    # median regression: b ~ delta sqrt(2 / pi) / tau, m ~ delta^2, i.e. pi / 2 times the least-squares variance
+    c = fit.DELTA * loss / sigma                         # delta / tau
+    b = erf(c / math.sqrt(2))
+    m = (b - 2 * c * np.exp(-c * c / 2) / math.sqrt(2 * math.pi)) * (sigma / loss) ** 2 + fit.DELTA ** 2 * (1 - b)
+    fixed, variant = kind == "fixed", kind == "variant"
+    JJ = (J[:, :, None] * J[:, None, :]).reshape(-1, 36)                  # (n, 36) outer products J J'
     # the ridge is a pseudo-observation, lam I in B and lam kappa I in M (a flat prior on theta): a set that cannot
-    # identify theta gets a huge but finite variance, and the search a gradient from its first run
-    U["lam"] = RIDGE * float(np.trace((U["b"] @ U["JJ"]).reshape(6, 6)))
-    U["own"] = U["variant"] if U["variant"].any() else np.ones(len(U["r"]), bool)   # the runs min_per_r counts
-    return U
+    # identify theta gets a huge but finite variance, and the search a gradient from its first run. own: the runs that
+    # min_per_r counts, the variant's or (with none) all
+    return dict(runs=runs, J=J, JJ=JJ, loss=loss, b=b, m=m, C=runs["flops_budget"], r=runs["n_loops"], fixed=fixed,
+                variant=variant, cand=~fixed, cost=np.where(fixed, 0.0, runs["cost"]), kappa=float(np.median(m / b)),
+                lam=RIDGE * float(np.trace((b @ JJ).reshape(6, 6))), own=variant if variant.any() else ~variant)
 
 
 def variance(U, masks):
@@ -200,14 +194,13 @@ def choose(U, budget=math.inf, k=None, target=None, min_per_r=5):
              f"the budget or lower --min-per-r")
     while True:
         cur, cand = variance(U, S)[0], np.flatnonzero(U["cand"] & ~S & (U["cost"] <= budget - used(S)))
+        # while an r lacks runs: only runs of such an r, and only those that leave the reserve (fill) for the rest
         need = [r for r in rs if short(S, r)]
-        if need:
-            cand = np.array([j for j in cand if U["r"][j] in need and U["cost"][j] + fill(S | (np.arange(len(S)) == j))
-                             <= (budget - used(S)) * (1 + 1e-9)], dtype=int)
+        cand = np.array([j for j in cand if not need or (U["r"][j] in need and
+                         U["cost"][j] + fill(S | (np.arange(len(S)) == j)) <= (budget - used(S)) * (1 + 1e-9))], int)
         if not need and ((k is not None and (S & ~U["fixed"]).sum() >= k) or (target and cur <= target)):
             return S
-        trial = np.repeat(S[None], cand.size, 0)
-        trial[np.arange(cand.size), cand] = True
+        trial = S | (np.arange(len(S)) == cand[:, None])          # (candidates, n): S plus one candidate each
         if cand.size:                      # gain per FLOP: ln det while unpinned, then ln Var(phi)
             gain = (logdet(trial) - logdet(S[None]) if need or cur > 0.05 ** 2 else
                     math.log(cur) - np.log(variance(U, trial))) / U["cost"][cand]
@@ -222,8 +215,7 @@ def choose(U, budget=math.inf, k=None, target=None, min_per_r=5):
         pairs = np.array([(i, j) for i in np.flatnonzero(S & U["cand"]) for j in np.flatnonzero(U["cand"] & ~S)
                           if U["cost"][j] - U["cost"][i] <= budget - used(S) and (U["r"][i] == U["r"][j] or
                           not U["own"][i] or short(S & (np.arange(len(S)) != i), U["r"][i]) == 0)], int).reshape(-1, 2)
-        trial = np.repeat(S[None], len(pairs), 0)
-        trial[np.arange(len(pairs)), pairs[:, 0]], trial[np.arange(len(pairs)), pairs[:, 1]] = False, True
+        trial = (S | (np.arange(len(S)) == pairs[:, 1:])) & (np.arange(len(S)) != pairs[:, :1])
         v = variance(U, trial) if len(pairs) else np.array([np.inf])
         if v.min() >= cur * (1 - 1e-9):
             return S
@@ -436,13 +428,12 @@ FLOATS, INTS = _list(float, "(0, inf)"), _list(int, "[1, inf)")
 # (flag, type, default, help) per command. plan: the pool (Table 6 unless --budgets / --scales widen it; the
 # architecture flags make a mini study's pool), the prior and its noise, one target, finished runs, a case.
 # simulate: the replicates and the protocol (the paper's by default), the pools, the case and sequential set-up.
-FLAGS = {"plan": [
-    ("--out", str, None, "write the run list here (runs/grid.sh --only FILE)"), ("--runs", str, None, "finished runs"),
-    ("--budgets", FLOATS, None, "pool budgets C (Table 6's)"), ("--loops", INTS, [1, 2, 4, 8], ""),
-    ("--scales", INTS, None, "pool widths s at every budget"), ("--tpp", FLOATS, list(TPP), "LO,HI"),
-    *((f"--{k}", INT0 if "-pre" in k or "coda" in k else INT1, v, "") for k, v in (
-        ("aspect-ratio", 64), ("n-layers-eff", 20), ("n-layers-prelude", 2), ("n-layers-coda", 2),
-        ("seq-len", flops.SEQ_LEN), ("vocab-size", flops.V_LLAMA), ("batch-tokens", flops.BATCH_TOKENS))),
+FLAGS = {"plan": [("--out", str, None, "write the run list here (runs/grid.sh --only FILE)"),
+    ("--runs", str, None, "finished runs"), ("--budgets", FLOATS, None, "pool budgets C (Table 6's)"),
+    ("--loops", INTS, [1, 2, 4, 8], ""), ("--scales", INTS, None, "pool widths s at every budget"),
+    ("--tpp", FLOATS, list(TPP), "LO,HI"), ("--aspect-ratio", INT1, 64, ""), ("--n-layers-eff", INT1, 20, ""),
+    ("--n-layers-prelude", INT0, 2, ""), ("--n-layers-coda", INT0, 2, ""), ("--seq-len", INT1, flops.SEQ_LEN, ""),
+    ("--vocab-size", INT1, flops.V_LLAMA, ""), ("--batch-tokens", INT1, flops.BATCH_TOKENS, ""),
     ("--prior", str, None, "a fit.py fit.json (default: the paper's joint fit, Table 2)"),
     ("--noise", POS, None, "nats per run (default: the prior's RMSE)"), ("--min-per-r", INT0, 5, "runs per r"),
     ("--noise-phi", POS, None, "raise the noise until the --reference design's sd(phi) is this"),
@@ -451,8 +442,7 @@ FLAGS = {"plan": [
     ("--budget-flops", POS, None, ""), ("--budget-gpu-hours", POS, None, "at --mfu x --peak-flops"),
     ("--next", INT1, None, "the next K runs beside --runs"), ("--delta-phi", PHI, None, "a case study's shift"),
     ("--mfu", common.number(float, "(0, 1]"), MFU, ""), ("--peak-flops", POS, PEAK, "")],
-    "simulate": [
-    ("--out", str, "out/design_sim", "folder for sim.json, sim.md, sim.png"), ("--seed", INT0, 0, ""),
+    "simulate": [("--out", str, "out/design_sim", "folder for sim.json, sim.md, sim.png"), ("--seed", INT0, 0, ""),
     ("--reps", INT1, 20, "noisy replicates per design"), ("--restarts", INT1, fit.RESTARTS, "App. F: 500"),
     ("--bootstrap", INT1, fit.N_BOOT, "App. F.2: 200"), ("--boot-restarts", INT0, fit.BOOT_RESTARTS, ""),
     ("--fractions", FLOATS, [0.05, 0.1, 0.25, 0.5], "design budgets as shares of the grid's FLOPs"),
