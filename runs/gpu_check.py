@@ -118,8 +118,8 @@ def stage_attention(smoke) -> dict:
             chunks = [model(idx[:, a:b], kv_cache=cache) for a, b in ((0, n // 2), (n // 2, n - 1), (n - 1, n))]
         res[f"kv_chunked_vs_full_{kind}_{'bf16' if bf16 else 'fp32'}"] = diff([torch.cat(chunks, 1)], [full])
         logits.append(full)
-    fa, sdpa, fp32 = ([x] for x in logits)
-    return dict(res, logits_fa_vs_sdpa_bf16=diff(fa, sdpa), logits_bf16_vs_fp32=diff(sdpa, fp32))
+    return dict(res, logits_fa_vs_sdpa_bf16=diff(logits[:1], logits[1:2]),
+                logits_bf16_vs_fp32=diff(logits[1:2], logits[2:]))
 
 
 def stage_memory(smoke) -> dict:
