@@ -23,14 +23,14 @@ import sys
 import tempfile
 import time
 
+# numpy for the corpus generator's seeded draws (it is data.py's dependency anyway)
+import numpy as np
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the project is flat top-level files
 sys.path.insert(0, ROOT)
 import common  # noqa: E402
 import data  # noqa: E402
-
-# numpy for the corpus generator's seeded draws (it is data.py's dependency anyway)
-import numpy as np  # noqa: E402
 
 
 def generate_corpus(path, mb, seed=0):
@@ -40,29 +40,23 @@ def generate_corpus(path, mb, seed=0):
     rng = np.random.default_rng(seed)
     syl = np.array(["th", "e", "an", "ing", "or", "st", "re", "ou", "al", "er", "ch", "ea", "in", "to", "ly", "qu"])
     words = ["".join(rng.choice(syl, rng.integers(1, 5))) for _ in range(5000)]
-    # (10,000,) words per sentence
+    # (10,000,) words per sentence; np.split cuts one flat draw of word ids into the sentences
     n_words = rng.integers(4, 16, size=10_000)
-    flat, cuts = rng.integers(0, len(words), size=int(n_words.sum())).tolist(), np.cumsum(n_words).tolist()
-    pool = [" ".join(words[i] for i in flat[a:b]).capitalize() + "." for a, b in zip([0] + cuts[:-1], cuts)]
-    target, size = int(mb * 1e6), 0
+    sentences = np.split(rng.integers(0, len(words), size=int(n_words.sum())), np.cumsum(n_words)[:-1])
+    pool = [" ".join(words[i] for i in s.tolist()).capitalize() + "." for s in sentences]
 
     def write(tmp):
-        """The corpus into the atomic writer's temporary: 64 documents at a time until `target` bytes."""
-        nonlocal size
-        with open(tmp, "w", encoding="utf-8") as f:
-            while size < target:
-                # (64,) sentences per document
+        """The corpus into the atomic writer's temporary: 64 documents at a time until int(mb * 1e6) bytes (ASCII
+        only: json.dumps escapes anything else, so a character is a byte)."""
+        with open(tmp, "wb") as f:
+            while f.tell() < int(mb * 1e6):
+                # (64,) sentences per document, then each document's sentence ids
                 n_sent = (rng.lognormal(3.2, 1.0, size=64) + 1).astype(int)
-                ids = rng.integers(0, len(pool), size=int(n_sent.sum())).tolist()
-                lines, i = [], 0
-                for n in n_sent.tolist():
-                    lines.append(json.dumps({"text": " ".join(pool[j] for j in ids[i:i + n])}))
-                    i += n
-                chunk = "\n".join(lines) + "\n"
-                f.write(chunk)
-                size += len(chunk)
+                docs = np.split(rng.integers(0, len(pool), size=int(n_sent.sum())), np.cumsum(n_sent)[:-1])
+                f.write("".join(json.dumps({"text": " ".join(pool[j] for j in d.tolist())}) + "\n" for d in docs)
+                        .encode())
     common.atomic_write(path, write)
-    return size
+    return os.path.getsize(path)
 
 
 def pack_bench(tok, texts, seq_len, repeats=2):
@@ -86,7 +80,7 @@ def pack_bench(tok, texts, seq_len, repeats=2):
     for label, (dt, cpu) in best.items():
         print(f"bench {label:>24}: {n_tokens / dt:>12,.0f} tokens/s ({n_tokens:,} tokens in {dt:.2f} s wall, "
               f"{cpu:.2f} s cpu = {cpu / dt:.1f} cores busy)")
-    one, many = (dt for dt, _ in best.values())
+    (one, _), (many, _) = best.values()
     print(f"bench speed-up {one / many:.2f}x with {ncpu} threads (target >= 2x on 2 cores)")
     return dict(tokens=n_tokens, one_thread_s=one, all_cores_s=many, speedup=one / many)
 
@@ -97,25 +91,21 @@ def stream_bench(work, mb, seq_len, workers):
     # generated once per folder and size: the seed fixes its bytes, so a reused corpus is the same corpus
     if not os.path.isfile(corpus) or abs(os.path.getsize(corpus) - mb * 1e6) > 1e6:
         t0 = time.time()
-        generate_corpus(corpus, mb)
-        print(f"bench stream: generated {os.path.getsize(corpus) / 1e6:,.0f} MB corpus in {time.time() - t0:.0f} s")
+        print(f"bench stream: generated {generate_corpus(corpus, mb) / 1e6:,.0f} MB corpus in {time.time() - t0:.0f} s")
     # a 1,024-piece BPE trained on the corpus's first ~2 MB (1,000 documents): the prepare's own tokenizer
     if not os.path.isfile(tok_path):
         data.train_tokenizer(list(data.iter_source(corpus, max_docs=1000)), 1024, tok_path)
     # made here, removed here: always a fresh prepare
-    out = tempfile.mkdtemp(prefix=".prepared-", dir=work)
-    try:
-        cmd = [sys.executable, os.path.join(ROOT, "data.py"), "prepare", "--source", corpus, "--tokenizer", tok_path,
-               "--out", out, "--seq-len", str(seq_len), "--workers", str(workers)]
+    with tempfile.TemporaryDirectory(prefix=".prepared-", dir=work, ignore_cleanup_errors=True) as out:
         # a child process: its peak RSS and CPU time are the prepare's own, not this script's or the corpus's
         t0, c0 = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, os.path.join(ROOT, "data.py"), "prepare", "--source", corpus,
+                               "--tokenizer", tok_path, "--out", out, "--seq-len", str(seq_len), "--workers",
+                               str(workers)], capture_output=True, text=True)
         wall, c1 = time.time() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
         if proc.returncode:
             raise ValueError(f"bench prepare failed: {(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
         tokens = sum(data.read_meta(out, s)["doc_tokens"] for s in ("train", "val"))
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
     mb, cpu = os.path.getsize(corpus) / 1e6, (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
     # KiB -> MiB; the largest child so far: the prepare
     peak = c1.ru_maxrss / 1024
@@ -146,11 +136,10 @@ def main(argv=None):
             result, key = os.path.join(a.out, "bench_data.json"), common.request_key("bench_data", request)
             common.check_owned([result], key, a.overwrite, "--out")
         work = a.out or tempfile.mkdtemp(prefix="nanoloop-bench-data-")
-        tok_path = os.path.join(work, "tokenizer.model")
-        if not os.path.isfile(tok_path):
-            data.train_tokenizer(data.read_source("default")[0], 1024, tok_path)
-        texts, _ = data.read_source("default")
-        figures = dict(request, pack=pack_bench(data.load_tokenizer(tok_path), texts, a.pack_seq_len),
+        # the pack part's 1,024-piece BPE, trained on the default corpus unless --out already holds it
+        texts, tok_path = data.read_source("default")[0], os.path.join(work, "tokenizer.model")
+        tok = data.load_tokenizer(tok_path) if os.path.isfile(tok_path) else data.train_tokenizer(texts, 1024, tok_path)
+        figures = dict(request, pack=pack_bench(tok, texts, a.pack_seq_len),
                        stream=stream_bench(work, a.mb, a.seq_len, a.workers))
         if a.out:
             common.write_owned(result, json.dumps(figures, indent=2) + "\n", key)

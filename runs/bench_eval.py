@@ -67,13 +67,12 @@ def synthetic_examples(n, vocab, lengths=(32, 48, 64, 80, 96, 112, 128), span=3,
 def _random_model(a):
     """The checkpoint-free model, sized (common check_memory, eval's) before it is built."""
     torch.manual_seed(0)
-    cfg = E.ModelConfig(scale=a.scale, aspect_ratio=a.aspect_ratio, head_dim=a.head_dim, n_loops=a.n_loops,
-                        n_layers_eff=a.n_layers_eff, n_layers_prelude=1, n_layers_coda=1, vocab_size=a.vocab_size,
-                        # its own checks (e.g. layout) raise ValueError
-                        seq_len=a.seq_len)
-    # parameters from eval.model_bytes (device bytes / 4, the RoPE tables included): sized before it is built
+    # its own checks (e.g. layout) raise ValueError
+    cfg = E.ModelConfig(n_layers_prelude=1, n_layers_coda=1, **{k: getattr(a, k) for k in (
+        "scale", "aspect_ratio", "head_dim", "n_loops", "n_layers_eff", "vocab_size", "seq_len")})
+    # parameters from eval.model_bytes (device bytes / 4, the RoPE tables included): sized before it is built, so
+    # too large a model is refused before allocating, not an out-of-memory crash
     n_params = E.model_bytes(cfg)[1] / 4
-    # refused before allocating, not an out-of-memory crash
     if n_params > 1e9:
         raise ValueError(f"bench model of ~{n_params / 1e9:.1f}B parameters (d_model {cfg.d_model}): the scorer "
                          f"benchmark is for small models; lower --scale / --aspect-ratio / --vocab-size")
@@ -82,9 +81,8 @@ def _random_model(a):
     print(f"bench model: d_model {cfg.d_model}, r {cfg.n_loops}, l_eff {cfg.n_layers_eff}, vocab {cfg.vocab_size}, "
           f"{device.type}, {torch.get_num_threads()} threads")
     # mixed lengths 1/4 .. 1 x seq_len in 8 steps, like cropped few-shot prompts; or one length (the best case)
-    lengths = ((a.equal_length,) if a.equal_length
-               else tuple(range(a.seq_len // 4, a.seq_len + 1, max(1, a.seq_len // 8))))
-    return model, synthetic_examples(a.n_examples, a.vocab_size, lengths), 0
+    lengths = (a.equal_length,) if a.equal_length else range(a.seq_len // 4, a.seq_len + 1, max(1, a.seq_len // 8))
+    return model, synthetic_examples(a.n_examples, a.vocab_size, tuple(lengths)), 0
 
 
 def _trained_model(a):
@@ -105,13 +103,12 @@ def _trained_model(a):
 def main(argv=None):
     """The figures, printed and returned; with --out also written as json. Bad input: one line, exit 2."""
     p = common.Parser(prog="runs/bench_eval.py", description=__doc__.split("\n\n")[1])
-    pos, add = common.number(int, "[1, inf)"), p.add_argument
-    add("--scale", type=pos, default=1)
-    add("--aspect-ratio", type=pos, default=64)
-    add("--head-dim", type=pos, default=32)
-    add("--n-loops", type=common.number(int, "[1, 1024]"), default=4)
-    add("--n-layers-eff", type=pos, default=10)
-    add("--vocab-size", type=common.number(int, "[8, inf)"), default=2048)
+    add = p.add_argument
+    # the random model's shape (defaults: a CPU mini-study model, d = 64, r = 4, l_eff = 10)
+    for flag, interval, default in (("--scale", "[1, inf)", 1), ("--aspect-ratio", "[1, inf)", 64),
+                                    ("--head-dim", "[1, inf)", 32), ("--n-loops", "[1, 1024]", 4),
+                                    ("--n-layers-eff", "[1, inf)", 10), ("--vocab-size", "[8, inf)", 2048)):
+        add(flag, type=common.number(int, interval), default=default)
     add("--seq-len", type=common.number(int, "[8, 65536]"), default=128, help="prompts are 1/4 .. 1 x seq_len")
     add("--n-examples", type=common.number(int, "[8, inf)"), default=256)
     add("--batch-tokens", type=common.number(int, "[8, inf)"), default=8192)

@@ -27,14 +27,13 @@ def bench(d_model=640, n_loops=1, steps=3, seed=0):
         raise ValueError(f"n_loops must divide 16 (iso-depth layout, §3.1), got {n_loops}")
     n_blocks = 20 if n_loops == 1 else 4 + 16 // n_loops        # 0-20-0, or 2-(16/r)-2 unique blocks
     d = d_model
-    # The block's matrices as model.py holds them (out, in): one stack of 4 K per (d, d) shape after grouping
-    shapes = [(d, d)] * 4 + [(4 * d, d), (d, 4 * d)]            # c_q, c_k, c_v, attn.c_proj, mlp.c_fc, mlp.c_proj
+    # The block's matrices as model.py holds them (out, in): one stack of 4 K per (d, d) shape after grouping (c_q,
+    # c_k, c_v, attn.c_proj; then mlp.c_fc, mlp.c_proj). Looped models (r > 1) add the single W_inject (d, 2 d): a
+    # stack of K = 1, which sharding cannot split
+    shapes = ([(d, d)] * 4 + [(4 * d, d), (d, 4 * d)]) * n_blocks + [(d, 2 * d)] * (n_loops > 1)
     # Fan-in init (App. C.1) and random gradients: the step's cost does not depend on the values, only on the shapes
     gen = torch.Generator().manual_seed(seed)
-    params = [torch.nn.Parameter(torch.randn(*s, generator=gen) / s[1] ** 0.5) for s in shapes * n_blocks]
-    # Looped models (r > 1) add the single W_inject (d, 2 d): a stack of K = 1, which sharding cannot split
-    if n_loops > 1:
-        params.append(torch.nn.Parameter(torch.randn(d, 2 * d, generator=gen) / (2 * d) ** 0.5))
+    params = [torch.nn.Parameter(torch.randn(*s, generator=gen) / s[1] ** 0.5) for s in shapes]
     for p in params:
         p.grad = torch.randn(p.shape, generator=gen)
     # One MuonH group, as build_optimizer makes it; sharded over the ranks when a process group is up

@@ -10,7 +10,7 @@ a FILE this tool did not write for this same request is never replaced without -
 Run:   python runs/bench_train.py --scale 10 --n-loops 4 --device-batch 16 --steps 5 [--out F.json]
        every ModelConfig field is a flag (--n-loops-bwd, --seq-len, ...; defaults: the paper's s = 10, r = 4).
        CUDA: bf16 autocast and torch.compile (inductor) as a run uses them; CPU: fp32 eager.
-Used by: runs/bench.sh part 1; runs/gpu_check.py (build, train_bench, peak_memory, claim_out): the one place a
+Used by: runs/bench.sh part 1; runs/gpu_check.py (train_bench, peak_memory, claim_out): the one place a
 benchmark builds a model and its optimizer and claims its --out. (runs/op_count.py builds its own: it must also run
 against another checkout's modules, through PYTHONPATH, for a before figure.)
 MFU = F_train (flops.py: the budget's FLOPs per token) x tok/s / (world x peak). The peak is the dense bf16 datasheet
@@ -44,22 +44,6 @@ def peak_memory(device) -> dict:
     return {f"cuda_max_{k}": stats.get(f"{k}_bytes.all.peak", 0) for k in ("allocated", "reserved")}
 
 
-def build(cfg, device, rows, bf16=False, attn="sdpa", seed=0, **optim_kw) -> tuple:
-    """(model, optimizer) as a run builds them: seeded init, the attention kernel, the embedding in bf16 on the bf16
-    path (App. C.1), MuonH + AdamW (optim.build_optimizer) at HyperP's LRs for `rows` rows of T per step.
-
-    The LRs are those of a plausible 100-step run: a step's cost (and its op count) does not depend on them, since
-    MuonH and AdamW do the same work at any LR. optim_kw overrides build_optimizer's arguments."""
-    torch.manual_seed(seed)
-    model = LoopedGPT(cfg).to(device)
-    model.set_attention(attn)
-    model.wte.to(dtype=torch.bfloat16 if bf16 else torch.float32)
-    tokens = rows * cfg.seq_len
-    opt = build_optimizer(model.param_groups(), hyperp_lrs(cfg.d_model, cfg.n_loops, 100 * tokens, tokens),
-                          **{"polar_bf16": bf16, **optim_kw})
-    return model, opt
-
-
 def claim_out(path: str, key: str, overwrite: bool) -> None:
     """Before any work, --out's checks as one-line ValueErrors: its folder writable, the file absent or written by
     this tool for this same request (common.check_owned: the folder's ledger), unless --overwrite. The folder is
@@ -73,13 +57,22 @@ def train_bench(cfg, device, device_batch, steps, accum=1, bf16=False, compile_b
                 world=1, rank=0, seed=0, wrap=None) -> tuple:
     """Build as a run does; 1 warm-up + `steps` timed optimizer steps on random tokens -> (figures, model, optimizer).
 
+    The build: seeded init, the attention kernel, the embedding in bf16 on the bf16 path (App. C.1), MuonH + AdamW
+    (optim.build_optimizer) at HyperP's LRs for the global batch. The LRs are those of a plausible 100-step run: a
+    step's cost does not depend on them, since MuonH and AdamW do the same work at any LR.
+
     A step is `accum` micro-batches of device_batch rows on each of `world` ranks; rank k takes its rows of one global
     batch drawn from `seed`, so 1 rank at world x device_batch rows computes the same steps as `world` ranks. Several
     ranks: the process group is up and wrap(model) is the DDP module (compiled after wrapping, as train.py does;
     accum must then be 1: no no_sync here). The device is synchronised around the optimizer step to time it alone."""
     peak_memory(device)                                          # reset: the figures below are this run's
     rows, T = device_batch * world * accum, cfg.seq_len          # global batch rows per optimizer step
-    model, opt = build(cfg, device, rows, bf16, attn, seed)
+    torch.manual_seed(seed)
+    model = LoopedGPT(cfg).to(device)
+    model.set_attention(attn)
+    model.wte.to(dtype=torch.bfloat16 if bf16 else torch.float32)
+    opt = build_optimizer(model.param_groups(), hyperp_lrs(cfg.d_model, cfg.n_loops, 100 * rows * T, rows * T),
+                          polar_bf16=bf16)
     net = wrap(model) if wrap else model
     net = torch.compile(net, backend=compile_backend) if compile_backend else net
     clock = lambda: (device.type != "cuda" or torch.cuda.synchronize(device), time.perf_counter())[1]  # noqa: E731
@@ -138,9 +131,9 @@ def main(argv=None) -> dict:
     mem = " | ".join(f"{k} {v / 2**20:,.0f} MiB" for k, v in r.items() if "max" in k or "rss" in k)
     mfu = r["peak_key"] if r["mfu"] is None else f"{100 * r['mfu']:.2f}% ({r['peak_key']})"
     print(f"bench | n_loops {r['n_loops']} | bptt {r['n_loops_bwd'] or 'full'} | d_model {r['d_model']} | tok/s "
-          f"{r['tok_per_s']:,.0f} | mfu {mfu} | {mem} | optimizer {100 * r['optim_share']:.0f}% of "
-          f"the step | {r['precision']} {r['attn']} compile {r['compile']} | mean of {r['steps']} steps after the "
-          "first", flush=True)
+          f"{r['tok_per_s']:,.0f} | mfu {mfu} | {mem} | optimizer {100 * r['optim_share']:.0f}% of the step | "
+          f"{r['precision']} {r['attn']} compile {r['compile']} | mean of {r['steps']} steps after the first",
+          flush=True)
     if a.out:
         common.write_owned(a.out, json.dumps(r, indent=1) + "\n", key)
     return r

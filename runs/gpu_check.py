@@ -59,8 +59,8 @@ SMOKE = dict(aspect_ratio=16, head_dim=16, n_layers_prelude=0, n_layers_coda=0, 
 def cfg_for(smoke, s, r, **kw) -> ModelConfig:
     """The grid's architecture at width s with r loops (T = 2048, the paper's vocabulary). Smoke: every code path,
     none of the size: d = 16 (s // 8), and one block run r times (0-1-0), since compile time grows with the layers."""
-    return ModelConfig(scale=max(1, s // 8), n_layers_eff=r, n_loops=r, **SMOKE, **kw) if smoke else \
-        ModelConfig(scale=s, n_loops=r, **kw)
+    small = dict(SMOKE, scale=max(1, s // 8), n_layers_eff=r) if smoke else dict(scale=s)
+    return ModelConfig(n_loops=r, **small, **kw)
 
 
 def release_rows(s, smoke) -> int:
@@ -69,19 +69,16 @@ def release_rows(s, smoke) -> int:
     return release_device_batch(s, 128) // (8 if smoke else 1)
 
 
-def run_setup(smoke) -> tuple:
-    """(bf16, compile backend, attention backend) of a run here: CUDA bf16 + inductor; smoke fp32 + aot_eager."""
-    return not smoke, "aot_eager" if smoke else "inductor", resolve_attention("auto", device_of(smoke), not smoke)[0]
-
-
-def device_of(smoke):
-    """The one device a stage measures: cuda (the current device) on a GPU, cpu under --cpu-smoke."""
-    return torch.device("cpu" if smoke else "cuda")
+def setup(smoke) -> tuple:
+    """(device, bf16, compile backend, attention backend) of a run here. The device is the one a stage measures: cuda
+    (the current device) with bf16 + inductor on a GPU, cpu with fp32 + aot_eager under --cpu-smoke."""
+    device = torch.device("cpu" if smoke else "cuda")
+    return device, not smoke, "aot_eager" if smoke else "inductor", resolve_attention("auto", device, not smoke)[0]
 
 
 def stage_environment(smoke) -> dict:
     """What the figures below depend on, and what a run's start-up line will say about attention and MFU."""
-    device, cuda = device_of(smoke), not smoke
+    device, cuda = setup(smoke)[0], not smoke
     # The attention backend as --attn auto resolves it for a bf16 run; the line is what train.py prints at start-up
     name, (backend, why) = torch.cuda.get_device_name() if cuda else "cpu", resolve_attention("auto", device, True)
     return dict(python=sys.version.split()[0], torch=torch.__version__, cuda=torch.version.cuda, device=name,
@@ -96,7 +93,7 @@ def stage_attention(smoke) -> dict:
     """bf16 FA and SDPA against fp32 SDPA: max |diff| over the output and dq, dk, dv (loss sum(out^2)), beside the
     reference's own size; then one model's logits: full forward vs KV-cached decoding in three chunks (prefill, a
     chunk, one token), per backend, and FA vs SDPA vs fp32 on the full forward."""
-    device = device_of(smoke)
+    device = setup(smoke)[0]
     backend = resolve_attention("auto", device, True)[0]
     # s = 10 shapes (B = 4 rows of T = 2048, 5 heads of 128); fp32 masters, each backend casts its own copy
     base = [torch.randn((2, 64, 2, 16) if smoke else (4, 2048, 5, 128), device=device) for _ in range(3)]  # B T H D
@@ -121,14 +118,14 @@ def stage_attention(smoke) -> dict:
             chunks = [model(idx[:, a:b], kv_cache=cache) for a, b in ((0, n // 2), (n // 2, n - 1), (n - 1, n))]
         res[f"kv_chunked_vs_full_{kind}_{'bf16' if bf16 else 'fp32'}"] = diff([torch.cat(chunks, 1)], [full])
         logits.append(full)
-    return dict(res, logits_fa_vs_sdpa_bf16=diff(logits[:1], logits[1:2]), logits_bf16_vs_fp32=diff(logits[1:2],
-                                                                                                    logits[2:]))
+    return dict(res, logits_fa_vs_sdpa_bf16=diff(logits[:1], logits[1:2]),
+                logits_bf16_vs_fp32=diff(logits[1:2], logits[2:]))
 
 
 def stage_memory(smoke) -> dict:
     """Per cell: one warm-up + one timed step (the optimizer state exists from the first), an eval forward of the
     same rows, then a checkpoint save beside --out (deleted after). An OOM is recorded and the rows halved."""
-    device, (bf16, _, attn) = device_of(smoke), run_setup(smoke)
+    device, bf16, _, attn = setup(smoke)
     res = {"rule": "release: 32 rows, 16 at s >= 18, 8 at s >= 30", "mode": "eager" + ", bf16" * bf16}
     # The cells most likely not to fit 80 GB: r = 8 at s = 16 and 28 under full BPTT (8 x the recurrent activations),
     # and the widest model, s = 34 at r = 1 (most weights and optimizer state).
@@ -140,7 +137,7 @@ def stage_memory(smoke) -> dict:
                 cell.update(device_batch=rows, train={k: v for k, v in rec.items() if "max" in k or "rss" in k})
                 with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                     model(torch.randint(0, cfg.vocab_size, (rows, cfg.seq_len), device=device))
-                cell["eval"], t, path = peak_memory(device), time.time(), f"{os.path.abspath(OUT)}.ckpt_s{s}_r{r}.pt"
+                cell["eval"], t, path = peak_memory(device), time.time(), f"{OUT}.ckpt_s{s}_r{r}.pt"
                 torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path)
                 cell.update(save=peak_memory(device), save_s=time.time() - t, ckpt_bytes=os.path.getsize(path))
                 os.remove(path)
@@ -155,7 +152,7 @@ def stage_memory(smoke) -> dict:
 def stage_throughput(smoke) -> dict:
     """The trainer's path (compiled, bf16) at B = 262,144 tokens by accumulation; 3 timed steps after the first.
     A cell's compile seconds are about first_step_s - step_s."""
-    device, (bf16, backend, attn), res = device_of(smoke), run_setup(smoke), {}
+    (device, bf16, backend, attn), res = setup(smoke), {}
     # s = 10 is the App. C.2 reference; s = 6 the grid's smallest width, where launch overheads weigh most
     for s in (10, 6):
         for r in (1, 4, 8):
@@ -171,16 +168,14 @@ def stage_throughput(smoke) -> dict:
 def ddp_rank(rank, smoke, result) -> None:
     """One of stage 5's 2 ranks (this script --ddp-rank k): gloo on CPU, NCCL on CUDA (both ranks on cuda:0 when one
     GPU is visible: NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1; older NCCL refuses, and the stage says so)."""
-    device = torch.device("cuda", rank % torch.cuda.device_count()) if not smoke else torch.device("cpu")
-    if device.type == "cuda":
+    device = torch.device("cpu") if smoke else torch.device("cuda", rank % torch.cuda.device_count())
+    if not smoke:
         torch.cuda.set_device(device)
-    dist.init_process_group("gloo" if smoke else "nccl", init_method=f"file://{result}.store", rank=rank,
-                            world_size=2)
+    dist.init_process_group("gloo" if smoke else "nccl", init_method=f"file://{result}.store", rank=rank, world_size=2)
     from torch._dynamo.utils import counters             # after init: DDP's graph split shows in the count
-    bf16, backend, attn = run_setup(smoke)
+    _, bf16, backend, attn = setup(smoke)
     ddp = lambda m: torch.nn.parallel.DistributedDataParallel(   # noqa: E731  train.py's wrapping
-        m, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False,
-        gradient_as_bucket_view=True)
+        m, device_ids=None if smoke else [device.index], broadcast_buffers=False, gradient_as_bucket_view=True)
     rec, model, opt = train_bench(cfg_for(smoke, 10, 2 if smoke else 4), device, 2 if smoke else 8, 3, 1, bf16,
                                   backend, attn, 2, rank, wrap=ddp)
     # Each rank orthogonalises only its own matrices and all-gathers the rest: a wrong gather shows as weights that
@@ -199,11 +194,11 @@ def ddp_rank(rank, smoke, result) -> None:
 
 def stage_ddp(smoke) -> dict:
     """1 rank at 2x the rows vs 2 ranks (2 processes) on the same global batches: losses, tok/s, weights in sync."""
-    bf16, backend, attn = run_setup(smoke)
-    one = train_bench(cfg_for(smoke, 10, 2 if smoke else 4), device_of(smoke), 4 if smoke else 16, 3, 1, bf16,
+    device, bf16, backend, attn = setup(smoke)
+    one = train_bench(cfg_for(smoke, 10, 2 if smoke else 4), device, 4 if smoke else 16, 3, 1, bf16,
                       None if smoke else backend, attn)[0]        # smoke: eager here, compiled on the 2 ranks
     # The ranks rendezvous through a file store beside --out (no port to find); rank 0 writes its figures there too
-    result = f"{os.path.abspath(OUT)}.ddp{os.getpid()}"
+    result = f"{OUT}.ddp{os.getpid()}"
     ranks = [subprocess.Popen([sys.executable, __file__, "--ddp-rank", str(k), "--result", result] + ["--cpu-smoke"]
                               * smoke, env=dict(os.environ, NCCL_MULTI_RANK_GPU_ENABLE="1"),
                               preexec_fn=die_with_parent) for k in (0, 1)]
@@ -213,8 +208,7 @@ def stage_ddp(smoke) -> dict:
         os.remove(result + ".store")
     if codes != [0, 0]:
         raise RuntimeError(f"the 2-rank run exited {codes} (NCCL {None if smoke else torch.cuda.nccl.version()})")
-    with open(result) as f:
-        two = json.load(f)
+    two = common.read_json(result)
     os.remove(result)
     pick = lambda rec, *more: {k: rec[k] for k in ("tok_per_s", "step_s", "first_step_s", "optim_share", *more)}  # noqa
     return dict(one_rank=pick(one), two_ranks=pick(two, "muonh_shards", "placement", "ranks_weight_sum_spread",
@@ -226,7 +220,7 @@ def stage_compile(smoke) -> dict:
     """Graph breaks of one forward + loss per variant (dynamo only: no codegen), then the trainer's compiled step:
     dynamo graphs after 4 steps (1 = no break, no recompile) and compile seconds (first step - a later one)."""
     from torch._dynamo.utils import counters
-    device, (bf16, backend, attn), res = device_of(smoke), run_setup(smoke), {}
+    (device, bf16, backend, attn), res = setup(smoke), {}
     # The grid's baseline, a truncated-BPTT cell (grad mode switches inside the loop), hyperconnections (per-iteration
     # scalars indexed in the loop) and the plain r = 1 stack, each with the run's attention kernel (a FlashAttention
     # build that dynamo cannot trace shows up here as a graph break)
@@ -267,8 +261,8 @@ def run_child(n, smoke, timeout) -> dict:
     try:
         code = subprocess.run([sys.executable, __file__, "--stage", str(n), "--result", result, "--out", OUT]
                               + ["--cpu-smoke"] * smoke, timeout=timeout, preexec_fn=die_with_parent).returncode
-        with open(result) as f:
-            out = json.load(f) if os.path.getsize(result) else {"status": "failed", "error": f"exit status {code}"}
+        died = {"status": "failed", "error": f"exit status {code}"}      # no result written: the exit status says why
+        out = common.read_json(result) if os.path.getsize(result) else died
     except subprocess.TimeoutExpired:
         out = {"status": "timed out", "error": f"killed after its {timeout:.0f} s timeout"}
     finally:

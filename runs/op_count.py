@@ -1,5 +1,5 @@
 """
-runs/op_count.py -- aten ops per optimizer step and per whole train step, on CPU (issue 19 §3; a benchmark, not a test).
+runs/op_count.py -- aten ops per optimizer step and per whole train step, on CPU (issue 19 §3; a benchmark, no test).
 
 The model is what `train.py --scale 2 --n-loops 4` builds: ModelConfig defaults (the paper's 2-4-2 layout, l_eff 20,
 aspect 64 -> d = 128, linear injection, vocab 32,001) at s = 2, r = 4; only the batch (2 rows) and T (64) are small:
