@@ -45,9 +45,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import sentencepiece as spm
 
-# atomic_write / stale_temps / init_dist / print0 are common.py's; they stay importable from here for train.py.
-from common import (Parser, atomic_write, check_dir_writable, check_owned, fail, first_line,  # noqa: F401
-                    init_dist, number, print0, read_json, request_key, require, stale_temps, write_owned)
+from common import (Parser, atomic_write, check_dir_writable, check_owned, fail, first_line, number, read_json,
+                    request_key, require, write_owned)
 
 # torch is imported inside the functions that need it: the tokenizer/prepare CLI then starts in ~1 s, not ~10 s.
 
@@ -106,17 +105,14 @@ def _proto_fields(buf):
             if c < 0x80:
                 return v
     while i < len(buf):
-        key = varint()
-        field, wire = key >> 3, key & 7
+        field, wire = divmod(varint(), 8)
         if wire == 0:
             out.append((field, varint()))
-            continue
-        if wire not in (1, 2, 5):
-            raise ValueError(f"unsupported protobuf wire type {wire}")
-        # length-delimited, fixed64, fixed32
-        n = varint() if wire == 2 else 8 if wire == 1 else 4
-        out.append((field, buf[i:i + n]))
-        i += n
+        else:
+            # length-delimited, fixed64, fixed32 (any other wire type: a KeyError, i.e. not a model of ours)
+            n = varint() if wire == 2 else {1: 8, 5: 4}[wire]
+            out.append((field, buf[i:i + n]))
+            i += n
     return out
 
 
@@ -127,7 +123,7 @@ def _is_own_bpe(serialized):
     try:
         # ModelProto.trainer_spec = 2
         spec = dict(_proto_fields(dict(_proto_fields(serialized)).get(2, b"")))
-    except (IndexError, ValueError):
+    except LookupError:
         return False
     return (spec.get(11) == SPM_SETTINGS["input_sentence_size"]
             and spec.get(18) == SPM_SETTINGS["max_sentence_length"])
@@ -144,9 +140,8 @@ class Tokenizer:
     """
 
     def __init__(self, spec):
-        self.spec = spec
-        # special token id -> text, ids after the pieces
-        self.specials = {}
+        # specials: special token id -> text, ids after the pieces
+        self.spec, self.specials = spec, {}
         if spec == "gpt2":
             import tiktoken
             cache = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR") \
@@ -202,13 +197,10 @@ class Tokenizer:
         if bad:
             raise ValueError(f"token id {bad[0]} outside this tokenizer's vocabulary [0, {self.vocab_size})")
         # runs of ordinary ids, split at special ids
-        out = []
+        out, backend = [], self._tt if self.spec == "gpt2" else self._sp
         for special, run in itertools.groupby(ids, key=lambda i: i in self.specials):
             run = list(run)
-            if special:
-                out += [self.specials[i] for i in run]
-            else:
-                out.append(self._tt.decode(run) if self.spec == "gpt2" else self._sp.decode(run))
+            out += [self.specials[i] for i in run] if special else [backend.decode(run)]
         return "".join(out)
 
 
@@ -248,15 +240,10 @@ def train_tokenizer(texts, vocab_size, out_path, num_threads=None, owner=None):
     request key, recorded in the folder's ownership ledger (common.write_owned) so a rerun may replace the file.
     """
     lines, n_long = [], 0
-    for t in texts:
-        for ln in t.split("\n"):
-            if not ln.strip():
-                continue
-            if len(ln) > SPM_MAX_LINE // 4 and len(ln.encode("utf-8")) > SPM_MAX_LINE:
-                n_long += 1
-                lines.extend(p for p in _split_long(ln, SPM_MAX_LINE // 4) if p.strip())
-            else:
-                lines.append(ln)
+    for ln in (ln for t in texts for ln in t.split("\n") if ln.strip()):
+        long = len(ln) > SPM_MAX_LINE // 4 and len(ln.encode("utf-8")) > SPM_MAX_LINE
+        n_long += long
+        lines += [p for p in _split_long(ln, SPM_MAX_LINE // 4) if p.strip()] if long else [ln]
     if not lines:
         raise ValueError("empty corpus: no non-blank line to train a tokenizer on")
     if n_long:
@@ -338,13 +325,15 @@ def _parquet_file(path):
         raise ValueError(f"{path}: not a readable parquet file ({first_line(e)[:200]})") from None
 
 
-def _utf8(raw, where, what):
-    """raw bytes as text; invalid UTF-8 is a ValueError naming the place, the byte and the bytes found there."""
+def _utf8(raw, path, lineno, what):
+    """raw bytes (starting at line lineno of path) as text; invalid UTF-8 is a ValueError naming the file, the line
+    it is on, the byte and the bytes found there."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"{where}: invalid UTF-8 at byte {e.start} of the {what} ({raw[e.start:e.start + 4]!r}); "
-                         "re-encode the file as UTF-8") from None
+        line = lineno + raw.count(b"\n", 0, e.start)
+        raise ValueError(f"{path}:{line}: invalid UTF-8 at byte {e.start} of the {what} "
+                         f"({raw[e.start:e.start + 4]!r}); re-encode the file as UTF-8") from None
 
 
 def jsonl_records(path):
@@ -358,7 +347,7 @@ def jsonl_records(path):
         with (gzip.open if str(path).endswith(".gz") else open)(path, "rb") as f:
             for lineno, raw in enumerate(f, 1):
                 where = f"{path}:{lineno}"
-                line = _utf8(raw, where, "line")
+                line = _utf8(raw, path, lineno, "line")
                 if not line.strip():
                     continue
                 try:
@@ -405,14 +394,7 @@ def _parquet_docs(p):
 def _text_doc(p):
     """A whole text file as one document; invalid UTF-8 names the line it is on."""
     with open(p, "rb") as f:
-        raw = f.read()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b"\n") + 1
-        # _utf8 raises: the error names the line and shows the bytes found there
-        text = _utf8(raw, f"{p}:{line}", "file")
-    yield text
+        yield _utf8(f.read(), p, 1, "file")
 
 
 def iter_source(source, doc_chars=1000, max_docs=None):
@@ -461,8 +443,8 @@ class BestFitWindow:
       - take the LARGEST document that fits whole (the first in arrival order on ties);
       - if none fits, take the first `room` tokens of the SHORTEST one (first on ties) and discard its tail.
     It returns [(item, n_tokens_taken), ...], or None when the window ran dry mid-row (that row is not emitted and
-    packing stops, as in the release). The caller refills the window to `size` before each row; memory is the
-    window, whatever the corpus size.
+    packing stops, as in the release). rows() refills the window to `size` before each row; memory is the window,
+    whatever the corpus size.
     """
 
     def __init__(self, capacity, size=BUFFER_SIZE):
@@ -504,21 +486,25 @@ class BestFitWindow:
             room -= take
         return row if room == 0 else None
 
+    def rows(self, docs):
+        """Rows from a stream of (item, length), in order: the window is refilled to `size` documents before each
+        row (the release's rule). Stops when it runs dry mid-row (that row is dropped); the stream is then left
+        where it is, for the caller to count what remains."""
+        docs = iter(docs)
+        while True:
+            for item, length in itertools.islice(docs, self.size - len(self.items)):
+                self.add(item, length)
+            row = self.next_row()
+            if row is None:
+                return
+            yield row
+
 
 def best_fit_plan(lengths, capacity, buffer_size=BUFFER_SIZE):
     """Plan rows of exactly `capacity` tokens from documents of the given lengths (BOS included), through the same
-    BestFitWindow the streaming prepare uses: refill the window to buffer_size docs in order before each row.
-    Returns rows as lists of (doc_index, n_tokens_taken); only a row's last piece can be cropped."""
-    window, rows, nxt = BestFitWindow(capacity, buffer_size), [], 0
-    while True:
-        while len(window) < buffer_size and nxt < len(lengths):
-            window.add(nxt, int(lengths[nxt]))
-            nxt += 1
-        row = window.next_row()
-        # window ran dry mid-row: drop the row and stop
-        if row is None:
-            return rows
-        rows.append(row)
+    BestFitWindow.rows the streaming prepare uses. Returns rows as lists of (doc_index, n_tokens_taken); only a
+    row's last piece can be cropped."""
+    return list(BestFitWindow(capacity, buffer_size).rows((i, int(n)) for i, n in enumerate(lengths)))
 
 
 def _dtype_for(vocab_size):
@@ -575,16 +561,13 @@ def _load_state(out_dir):
         return None
     try:
         with np.load(path, allow_pickle=False) as z:
-            state = {k: z[k] for k in z.files}
-        state["info"] = json.loads(str(state["info"]))
-        return state
+            return dict(z, info=json.loads(str(z["info"])))
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
         return {"corrupt": f"{path}: {e}"}
 
 
-def _save_state(out_dir, info, window=None):
+def _save_state(out_dir, info, items=()):
     """The request, the split's progress and the window's documents (their packed prefixes), atomically."""
-    items = list(window.items) if window is not None else []
     arrays = dict(info=np.array(json.dumps(info)),
                   # (n_window,) true lengths
                   lens=np.array([n for _, n in items], dtype=np.int64),
@@ -606,9 +589,7 @@ def _claim_out_dir(out_dir, request, overwrite=False):
     else is refused, naming what the directory holds."""
     # a folder, or creatable as one (a file in the way: refused)
     check_dir_writable(out_dir, "--out")
-    if not os.path.exists(out_dir):
-        return "fresh", None
-    names = sorted(os.listdir(out_dir))
+    names = sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []
     if not names:
         return "fresh", None
     state = _load_state(out_dir)
@@ -663,14 +644,28 @@ def _write_rows_file(path, rows):
     atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
-def _pack_splits(out_dir, request, docs_for, *, n_docs, val_docs, seq_len, vocab_size, bos_id, seed,
-                 rows_per_file, buffer_size, state, meta_extra, tokenizer_file=None, log=None):
-    """The streaming writer shared by the CLI (text) and prepare_docs (token ids).
+def _pack_splits(out_dir, request, how, found, docs_for, *, n_docs, val_docs, bos_id, meta_extra,
+                 tokenizer_file=None, log=None):
+    """The streaming writer shared by the CLI (text) and prepare_docs (token ids), once --out is claimed (how,
+    found: what _claim_out_dir said, not "done"). The held-out count is checked, the directory cleared (overwrite)
+    or repaired (resume: a kill's temporaries), then both splits are packed with the request's settings.
 
     docs_for(is_val (n_docs,) bool, split, skip) yields (prefix, n) per document of that split in source order,
     after the first `skip` of them: prefix = BOS + the document's first tokens (at most capacity, as uint32), n =
-    its full token count with BOS. state: a loaded .prepare-state (resume) or None (fresh directory).
+    its full token count with BOS.
     """
+    if not 1 <= val_docs < n_docs:
+        raise ValueError(f"--val-docs {val_docs} must be in [1, {n_docs - 1}] for {n_docs} documents")
+    if how == "overwrite":
+        _clear_ours(out_dir)
+    # a resumed prepare: what a kill left behind is only ever our own hidden temporaries, never a half file
+    for name in sorted(os.listdir(out_dir)) if how == "resume" else ():
+        if OUR_TEMPS.fullmatch(name):
+            os.remove(os.path.join(out_dir, name))
+            if log:
+                log(f"removed {name}, a temporary file left by the interrupted prepare")
+    seq_len, vocab_size, seed, rows_per_file, buffer_size = (
+        request[k] for k in ("seq_len", "vocab_size", "seed", "rows_per_file", "buffer_size"))
     # rows of seq_len + 1 tokens: the extra token is the target of the last position
     capacity, dtype = seq_len + 1, _dtype_for(vocab_size)
     # held-out documents: a seeded draw of val_docs of the n_docs (the same draw as before streaming)
@@ -678,6 +673,7 @@ def _pack_splits(out_dir, request, docs_for, *, n_docs, val_docs, seq_len, vocab
     is_val = np.zeros(n_docs, dtype=bool)
     is_val[np.random.default_rng(seed).choice(n_docs, size=val_docs, replace=False)] = True
     os.makedirs(out_dir, exist_ok=True)
+    state = found if how == "resume" else None
     info = state["info"] if state else {"request": request, "split": "train", "done": {}, "progress": None}
     # first: the directory is recognisably this request's
     if state is None:
@@ -689,10 +685,10 @@ def _pack_splits(out_dir, request, docs_for, *, n_docs, val_docs, seq_len, vocab
             continue
         window = BestFitWindow(capacity, buffer_size)
         resuming = info["split"] == split and info["progress"]
-        prog = info["progress"] if resuming else \
-            {"consumed": 0, "files": {}, "doc_tokens": 0, "cropped_docs": 0, "rows": 0, "stopped": False}
+        prog = info["progress"] if resuming else {"consumed": 0, "files": {}, "doc_tokens": 0, "cropped_docs": 0,
+                                                  "rows": 0}
         # resume: restore the window saved with the last file
-        if resuming and state is not None:
+        if resuming:
             offs = state["offsets"]
             for k, n in enumerate(state["lens"]):
                 window.add((state["tokens"][offs[k]:offs[k + 1]], int(n)), int(n))
@@ -705,53 +701,41 @@ def _pack_splits(out_dir, request, docs_for, *, n_docs, val_docs, seq_len, vocab
                 os.remove(os.path.join(out_dir, name))
         # (rows_per_file, seq_len+1): the file being filled, and how many of its rows are full
         rows, n_rows = np.empty((rows_per_file, capacity), dtype=dtype), 0
+        t0, n_split = time.time(), int(is_val.sum()) if split == "val" else int((~is_val).sum())
 
-        def put(row):
-            """One packed row: the taken prefix of each of its documents, in the window's order."""
-            nonlocal n_rows
+        def counted():
+            """The split's documents as (item, length) for the window, each counted as it is read."""
+            for prefix, n in docs_for(is_val, split, prog["consumed"]):
+                prog["consumed"] += 1
+                prog["doc_tokens"] += n
+                yield (prefix, n), n
+                if prog["consumed"] % 4096 == 0:
+                    _progress(f"{split}: {prog['consumed']:,}/{n_split:,} docs | {prog['rows']:,} rows | "
+                              f"{prog['doc_tokens'] / max(time.time() - t0, 1e-9):,.0f} tok/s")
+
+        def flush(n):
+            """The first n rows as the next file, shuffled by its own seeded generator; then the state to resume."""
+            k = len(prog["files"])
+            name = f"{split}-{k:05d}.parquet"
+            _write_rows_file(os.path.join(out_dir, name), rows[:n][np.random.default_rng([seed, si, k]).permutation(n)])
+            prog["files"][name] = {"rows": n, "sha256": _sha256_file(os.path.join(out_dir, name))}
+            info["split"], info["progress"] = split, prog
+            _save_state(out_dir, info, window.items)
+        docs = counted()
+        for row in window.rows(docs):
+            # one packed row: the taken prefix of each of its documents, in the window's order
             rows[n_rows] = np.concatenate([prefix[:take] for (prefix, _), take in row])
             prog["cropped_docs"] += sum(take < n for (_, n), take in row)
             n_rows += 1
             prog["rows"] += 1
             if n_rows == rows_per_file:
-                flush()
-
-        def flush():
-            """The full (or last) file of rows, shuffled by its own seeded generator; then the state to resume."""
-            nonlocal n_rows
-            k = len(prog["files"])
-            name, path = f"{split}-{k:05d}.parquet", os.path.join(out_dir, f"{split}-{k:05d}.parquet")
-            _write_rows_file(path, rows[:n_rows][np.random.default_rng([seed, si, k]).permutation(n_rows)])
-            prog["files"][name] = {"rows": n_rows, "sha256": _sha256_file(path)}
-            n_rows = 0
-            info["split"], info["progress"] = split, prog
-            _save_state(out_dir, info, window)
-        t0, n_split = time.time(), int(is_val.sum()) if split == "val" else int((~is_val).sum())
-        for prefix, n in docs_for(is_val, split, prog["consumed"]):
-            prog["consumed"] += 1
-            prog["doc_tokens"] += n
-            if prog["stopped"]:
-                # packing stopped: only count the rest (reconciliation)
-                continue
-            window.add((prefix, n), n)
-            # the release refills the window before every row
-            if len(window) == buffer_size:
-                row = window.next_row()
-                if row is None:
-                    prog["stopped"] = True
-                    continue
-                put(row)
-            if prog["consumed"] % 4096 == 0:
-                _progress(f"{split}: {prog['consumed']:,}/{n_split:,} docs | {prog['rows']:,} rows | "
-                          f"{prog['doc_tokens'] / max(time.time() - t0, 1e-9):,.0f} tok/s")
-        # the source is dry: empty the window
-        while not prog["stopped"]:
-            row = window.next_row()
-            if row is None:
-                break
-            put(row)
+                flush(n_rows)
+                n_rows = 0
+        # packing stopped (the window ran dry mid-row): the rest is only counted (reconciliation)
+        for _ in docs:
+            pass
         if n_rows:
-            flush()
+            flush(n_rows)
         _progress(f"{split}: {prog['consumed']:,} docs | {prog['rows']:,} rows", done=True)
         # an impossible request: leave nothing behind
         if not prog["files"]:
@@ -781,31 +765,10 @@ def _pack_splits(out_dir, request, docs_for, *, n_docs, val_docs, seq_len, vocab
     return info["done"]
 
 
-def _write_prepared(out_dir, request, how, found, docs_for, *, n_docs, val_docs, log=None, **pack):
-    """The part both prepares share once the request and its documents are known: the held-out count checked,
-    the directory cleared (overwrite) or repaired (resume: a kill's temporaries), then packed by _pack_splits."""
-    if not 1 <= val_docs < n_docs:
-        raise ValueError(f"--val-docs {val_docs} must be in [1, {n_docs - 1}] for {n_docs} documents")
-    if how == "overwrite":
-        _clear_ours(out_dir)
-    # a resumed prepare: what a kill left behind is only ever our own hidden temporaries, never a half file
-    for name in sorted(os.listdir(out_dir)) if how == "resume" else ():
-        if OUR_TEMPS.fullmatch(name):
-            os.remove(os.path.join(out_dir, name))
-            if log:
-                log(f"removed {name}, a temporary file left by the interrupted prepare")
-    return _pack_splits(out_dir, request, docs_for, n_docs=n_docs, val_docs=val_docs, log=log,
-                        state=found if how == "resume" else None, **pack)
-
-
 def _prefix(ids_pieces, bos_id, capacity):
     """Encoded pieces of one document -> (BOS + its first capacity-1 tokens as uint32, full length with BOS)."""
-    n, head = 1, [bos_id]
-    for ids in ids_pieces:
-        if len(head) < capacity:
-            head.extend(ids[:capacity - len(head)])
-        n += len(ids)
-    return np.asarray(head, dtype=np.uint32), n
+    head = itertools.islice(itertools.chain([bos_id], *ids_pieces), capacity)
+    return np.fromiter(head, dtype=np.uint32), 1 + sum(map(len, ids_pieces))
 
 
 # a worker process's own Tokenizer (set once by _worker_init)
@@ -821,49 +784,44 @@ def _worker_init(spec):
 def _encode_batch(texts, bos_id, capacity, num_threads, tok=None):
     """Encode a batch of documents -> [(prefix, n)]; a document over HUGE_DOC_CHARS is encoded in ~1 MB pieces cut
     at whitespace (its packed prefix is exact; its length may differ from one whole encode by ~1 token per cut)."""
-    tok = tok or _WORKER_TOK
-    pieces = [_split_long(t, HUGE_DOC_CHARS) if len(t) > HUGE_DOC_CHARS else [t] for t in texts]
-    ids = tok.encode([p for ps in pieces for p in ps], num_threads=num_threads)
-    out, i = [], 0
-    for ps in pieces:
-        out.append(_prefix(ids[i:i + len(ps)], bos_id, capacity))
-        i += len(ps)
-    return out
+    # a document up to HUGE_DOC_CHARS is one piece
+    pieces = [_split_long(t, HUGE_DOC_CHARS) for t in texts]
+    ids = iter((tok or _WORKER_TOK).encode([p for ps in pieces for p in ps], num_threads=num_threads))
+    return [_prefix(list(itertools.islice(ids, len(ps))), bos_id, capacity) for ps in pieces]
 
 
 def _text_docs(source, doc_chars, max_docs, tok, capacity, workers, stats):
     """docs_for of the CLI: the split's texts from the source, tokenised in batches of ~BATCH_CHARS characters
     (one batched call on all cores, or, with workers > 0, worker processes with at most 2 batches each in flight)."""
+    def batches(is_val, split, skip):
+        """The split's documents after the first `skip` (already packed), cut into encode batches."""
+        texts = iter_source(source, doc_chars, max_docs)
+        # is_val first: zip stops on it without taking a document, so one past the count is still in texts
+        picked = (text for v, text in zip(is_val, texts) if v == (split == "val"))
+        batch, chars = [], 0
+        for text in itertools.islice(picked, skip, None):
+            stats["huge_docs"] += len(text) > HUGE_DOC_CHARS
+            batch.append(text)
+            chars += len(text)
+            if chars >= BATCH_CHARS or len(batch) >= 4096:
+                yield batch
+                batch, chars = [], 0
+        if next(texts, None) is not None:
+            raise ValueError(f"source {source!r} changed while preparing (more documents than counted)")
+        if batch:
+            yield batch
+
     def docs_for(is_val, split, skip):
         """(prefix, n) per document of `split` in source order, after the first `skip` (see _pack_splits)."""
-        want = split == "val"
-
-        def batches():
-            """The split's documents after the first `skip` (already packed), cut into encode batches."""
-            texts = iter_source(source, doc_chars, max_docs)
-            # is_val first: zip stops on it without taking a document, so one past the count is still in texts
-            picked = (text for v, text in zip(is_val, texts) if v == want)
-            batch, chars = [], 0
-            for text in itertools.islice(picked, skip, None):
-                stats["huge_docs"] += len(text) > HUGE_DOC_CHARS
-                batch.append(text)
-                chars += len(text)
-                if chars >= BATCH_CHARS or len(batch) >= 4096:
-                    yield batch
-                    batch, chars = [], 0
-            if next(texts, None) is not None:
-                raise ValueError(f"source {source!r} changed while preparing (more documents than counted)")
-            if batch:
-                yield batch
         if workers <= 0:
-            for batch in batches():
+            for batch in batches(is_val, split, skip):
                 yield from _encode_batch(batch, tok.bos_id, capacity, None, tok)
             return
         import collections
         import multiprocessing
         with multiprocessing.get_context("fork").Pool(workers, _worker_init, (tok.spec,)) as pool:
             pending = collections.deque()
-            for batch in batches():
+            for batch in batches(is_val, split, skip):
                 pending.append(pool.apply_async(_encode_batch, (batch, tok.bos_id, capacity, 1)))
                 if len(pending) >= 2 * workers:
                     yield from pending.popleft().get()
@@ -889,13 +847,11 @@ def prepare_source(source, tok, out_dir, *, seq_len, val_docs=None, seed=0, max_
     n_docs = sum(1 for _ in iter_source(source, doc_chars, max_docs))
     if n_docs == 0:
         raise ValueError(f"empty corpus: source {source!r} holds no non-empty document")
-    stats = {"huge_docs": 0}
-    gpt2 = tok.spec == "gpt2"
-    metas = _write_prepared(
+    stats, gpt2 = {"huge_docs": 0}, tok.spec == "gpt2"
+    metas = _pack_splits(
         out_dir, request, how, found, _text_docs(source, doc_chars, max_docs, tok, seq_len + 1, workers, stats),
-        n_docs=n_docs, val_docs=val_docs if val_docs is not None else max(1, n_docs // 20), log=log, seq_len=seq_len,
-        vocab_size=tok.vocab_size, bos_id=tok.bos_id, seed=seed, rows_per_file=rows_per_file,
-        buffer_size=buffer_size, tokenizer_file=None if gpt2 else tok.spec,
+        n_docs=n_docs, val_docs=val_docs if val_docs is not None else max(1, n_docs // 20), log=log,
+        bos_id=tok.bos_id, tokenizer_file=None if gpt2 else tok.spec,
         meta_extra={"source": desc, "tokenizer": "gpt2" if gpt2 else "tokenizer.model",
                     "tokenizer_hash": tok.identity, "tokenizer_pieces": tok.n_pieces})
     if stats["huge_docs"]:
@@ -918,9 +874,8 @@ def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, 
     _dtype_for(vocab_size)
     if not 0 <= bos_id < vocab_size:
         raise ValueError(f"bos_id {bos_id} outside the vocabulary [0, {vocab_size})")
-    docs = [np.asarray(d, dtype=np.int64) for d in docs]
     # an empty text has no tokens: nothing to pack
-    docs = [d for d in docs if d.size]
+    docs = [d for d in (np.asarray(d, dtype=np.int64) for d in docs) if d.size]
     if not docs:
         raise ValueError("empty corpus: no document has any token")
     lo, hi = min(int(d.min()) for d in docs), max(int(d.max()) for d in docs)
@@ -930,10 +885,8 @@ def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, 
         raise ValueError(f"documents contain bos_id {bos_id}; BOS must only mark document starts")
     if tokenizer is not None and tokenizer != "gpt2" and not os.path.isfile(tokenizer):
         raise ValueError(f"tokenizer {tokenizer!r} is neither 'gpt2' nor a file")
-    h = hashlib.sha256()
-    for d in docs:
-        h.update(d.tobytes() + b"|")
-    request = json.loads(json.dumps(dict(version=PREPARE_VERSION, source=source, token_ids=h.hexdigest(),
+    ids_hash = hashlib.sha256(b"".join(d.tobytes() + b"|" for d in docs)).hexdigest()
+    request = json.loads(json.dumps(dict(version=PREPARE_VERSION, source=source, token_ids=ids_hash,
                                          vocab_size=vocab_size, seq_len=seq_len, val_docs=val_docs, seed=seed,
                                          rows_per_file=rows_per_file, buffer_size=buffer_size)))
     # before the claim: a bad count never creates DIR
@@ -943,19 +896,15 @@ def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, 
     how, found = _claim_out_dir(out_dir, request)
     if how == "done":
         return found
-    capacity = seq_len + 1
 
     def docs_for(is_val, split, skip):
         """(BOS + the document's first capacity-1 ids, its length + 1) per document of `split`, after `skip`."""
         picked = (d for d, v in zip(docs, is_val) if v == (split == "val"))
-        for d in itertools.islice(picked, skip, None):
-            yield np.concatenate([[bos_id], d[:capacity - 1]]).astype(np.uint32), len(d) + 1
+        return (_prefix([d], bos_id, seq_len + 1) for d in itertools.islice(picked, skip, None))
     tok_name = None if tokenizer is None else "gpt2" if tokenizer == "gpt2" else "tokenizer.model"
-    return _write_prepared(out_dir, request, how, found, docs_for, n_docs=len(docs), val_docs=val_docs,
-                           seq_len=seq_len, vocab_size=vocab_size, bos_id=bos_id, seed=seed,
-                           rows_per_file=rows_per_file, buffer_size=buffer_size,
-                           tokenizer_file=tokenizer if tok_name == "tokenizer.model" else None,
-                           meta_extra={"source": source, "tokenizer": tok_name, "tokenizer_hash": tokenizer_hash})
+    return _pack_splits(out_dir, request, how, found, docs_for, n_docs=len(docs), val_docs=val_docs, bos_id=bos_id,
+                        tokenizer_file=tokenizer if tok_name == "tokenizer.model" else None,
+                        meta_extra={"source": source, "tokenizer": tok_name, "tokenizer_hash": tokenizer_hash})
 
 # -----------------------------------------------------------------------------
 # Loader: one global stream of rows, identical for every world size, device batch and architecture.
