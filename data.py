@@ -544,18 +544,6 @@ MAX_FILE_TOKENS = 1 << 27
 BATCH_CHARS = 4 << 20
 
 
-def _load_state(out_dir):
-    """DIR/.prepare-state.npz -> dict (info + window arrays), None when absent, {"corrupt": msg} when unreadable."""
-    path = os.path.join(out_dir, STATE_NAME)
-    if not os.path.isfile(path):
-        return None
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            return dict(z, info=json.loads(str(z["info"])))
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
-        return {"corrupt": f"{path}: {e}"}
-
-
 def _save_state(out_dir, info, items=()):
     """The request, the split's progress and the window's documents (their packed prefixes), atomically."""
     arrays = dict(info=np.array(json.dumps(info)),
@@ -582,7 +570,14 @@ def _claim_out_dir(out_dir, request, overwrite=False):
     names = sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []
     if not names:
         return "fresh", None
-    state = _load_state(out_dir)
+    # DIR/.prepare-state.npz -> dict (info + window arrays); None when absent, {"corrupt": msg} when unreadable
+    state, path = None, os.path.join(out_dir, STATE_NAME)
+    if os.path.isfile(path):
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                state = dict(z, info=json.loads(str(z["info"])))
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+            state = {"corrupt": f"{path}: {e}"}
     if state is not None and "corrupt" not in state and state["info"]["request"] == request:
         return "resume", state
     metas = {}
@@ -627,13 +622,6 @@ def _check_sizes(seq_len, rows_per_file):
     if rows_per_file * (seq_len + 1) > MAX_FILE_TOKENS:
         raise ValueError(f"--rows-per-file {rows_per_file:,} x (seq_len+1) = {rows_per_file * (seq_len + 1):,} "
                          f"tokens per file; keep it <= {MAX_FILE_TOKENS:,} (the release: 15,000 x 2,049)")
-
-
-def _write_rows_file(path, rows):
-    """rows (n, capacity) -> one parquet file, column tokens: list<uint16|uint32> (the release's layout)."""
-    offsets = pa.array(np.arange(len(rows) + 1, dtype=np.int32) * rows.shape[1])
-    table = pa.table({"tokens": pa.ListArray.from_arrays(offsets, pa.array(rows.reshape(-1)))})
-    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def _pack_splits(out_dir, request, how, found, docs_for, *, n_docs, val_docs, bos_id, source, tokenizer,
@@ -701,10 +689,13 @@ def _pack_splits(out_dir, request, how, found, docs_for, *, n_docs, val_docs, bo
                               f"{prog['doc_tokens'] / max(time.time() - t0, 1e-9):,.0f} tok/s")
 
         def flush(n):
-            """The first n rows as the next file, shuffled by its own seeded generator; then the state to resume."""
+            """The first n rows as the next file, shuffled by its own seeded generator, in the release's layout
+            (one column tokens: list<uint16|uint32>); then the state to resume."""
             k = len(prog["files"])
             path = os.path.join(out_dir, f"{split}-{k:05d}.parquet")
-            _write_rows_file(path, rows[:n][np.random.default_rng([seed, si, k]).permutation(n)])
+            flat = pa.array(rows[:n][np.random.default_rng([seed, si, k]).permutation(n)].reshape(-1))
+            column = pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32) * capacity), flat)
+            atomic_write(path, lambda tmp: pq.write_table(pa.table({"tokens": column}), tmp))
             prog["files"][os.path.basename(path)] = {"rows": n, "sha256": _sha256_file(path)}
             info["split"], info["progress"] = split, prog
             _save_state(out_dir, info, window.items)
@@ -774,9 +765,29 @@ def _encode_batch(texts, bos_id, capacity, num_threads, tok=None):
     return [_prefix(list(itertools.islice(ids, len(ps))), bos_id, capacity) for ps in pieces]
 
 
-def _text_docs(source, doc_chars, max_docs, tok, capacity, workers, stats):
-    """docs_for of the CLI: the split's texts from the source, tokenised in batches of ~BATCH_CHARS characters
-    (one batched call on all cores, or, with workers > 0, worker processes with at most 2 batches each in flight)."""
+def prepare_source(source, tok, out_dir, *, seq_len, val_docs=None, seed=0, max_docs=None, doc_chars=1000,
+                   rows_per_file=ROWS_PER_FILE, buffer_size=BUFFER_SIZE, workers=0, overwrite=False, log=print):
+    """`python data.py prepare`: stream a text source into DIR. Returns (metas, how) with how in
+    {"fresh", "resume", "overwrite", "done"} ("done": DIR already holds this very request, nothing is written).
+
+    Pass 1 reads (and checks) the source without tokenising; then each split's texts are read again and tokenised
+    in batches of ~BATCH_CHARS characters (one batched call on all cores, or, with workers > 0, worker processes
+    with at most 2 batches each in flight)."""
+    _check_sizes(seq_len, rows_per_file)
+    desc, fingerprint = describe_source(source, doc_chars)
+    request = json.loads(json.dumps(dict(
+        version=PREPARE_VERSION, source=fingerprint, max_docs=max_docs, tokenizer=tok.identity,
+        vocab_size=tok.vocab_size, seq_len=seq_len, val_docs=val_docs, seed=seed, rows_per_file=rows_per_file,
+        buffer_size=buffer_size)))
+    how, found = _claim_out_dir(out_dir, request, overwrite)
+    if how == "done":
+        return found, how
+    # pass 1: read (and check) every record without tokenising -> the document count
+    n_docs = sum(1 for _ in iter_source(source, doc_chars, max_docs))
+    if n_docs == 0:
+        raise ValueError(f"empty corpus: source {source!r} holds no non-empty document")
+    stats = {"huge_docs": 0}
+
     def batches(is_val, split, skip):
         """The split's documents after the first `skip` (already packed), cut into encode batches."""
         texts = iter_source(source, doc_chars, max_docs)
@@ -799,43 +810,21 @@ def _text_docs(source, doc_chars, max_docs, tok, capacity, workers, stats):
         """(prefix, n) per document of `split` in source order, after the first `skip` (see _pack_splits)."""
         if workers <= 0:
             for batch in batches(is_val, split, skip):
-                yield from _encode_batch(batch, tok.bos_id, capacity, None, tok)
+                yield from _encode_batch(batch, tok.bos_id, seq_len + 1, None, tok)
             return
         import collections
         import multiprocessing
         with multiprocessing.get_context("fork").Pool(workers, _worker_init, (tok.spec,)) as pool:
             pending = collections.deque()
             for batch in batches(is_val, split, skip):
-                pending.append(pool.apply_async(_encode_batch, (batch, tok.bos_id, capacity, 1)))
+                pending.append(pool.apply_async(_encode_batch, (batch, tok.bos_id, seq_len + 1, 1)))
                 if len(pending) >= 2 * workers:
                     yield from pending.popleft().get()
             while pending:
                 yield from pending.popleft().get()
-    return docs_for
-
-
-def prepare_source(source, tok, out_dir, *, seq_len, val_docs=None, seed=0, max_docs=None, doc_chars=1000,
-                   rows_per_file=ROWS_PER_FILE, buffer_size=BUFFER_SIZE, workers=0, overwrite=False, log=print):
-    """`python data.py prepare`: stream a text source into DIR. Returns (metas, how) with how in
-    {"fresh", "resume", "overwrite", "done"} ("done": DIR already holds this very request, nothing is written)."""
-    _check_sizes(seq_len, rows_per_file)
-    desc, fingerprint = describe_source(source, doc_chars)
-    request = json.loads(json.dumps(dict(
-        version=PREPARE_VERSION, source=fingerprint, max_docs=max_docs, tokenizer=tok.identity,
-        vocab_size=tok.vocab_size, seq_len=seq_len, val_docs=val_docs, seed=seed, rows_per_file=rows_per_file,
-        buffer_size=buffer_size)))
-    how, found = _claim_out_dir(out_dir, request, overwrite)
-    if how == "done":
-        return found, how
-    # pass 1: read (and check) every record without tokenising -> the document count
-    n_docs = sum(1 for _ in iter_source(source, doc_chars, max_docs))
-    if n_docs == 0:
-        raise ValueError(f"empty corpus: source {source!r} holds no non-empty document")
-    stats = {"huge_docs": 0}
-    metas = _pack_splits(
-        out_dir, request, how, found, _text_docs(source, doc_chars, max_docs, tok, seq_len + 1, workers, stats),
-        n_docs=n_docs, val_docs=val_docs if val_docs is not None else max(1, n_docs // 20), log=log, bos_id=tok.bos_id,
-        source=desc, tokenizer=tok.spec, tokenizer_hash=tok.identity, meta_extra={"tokenizer_pieces": tok.n_pieces})
+    metas = _pack_splits(out_dir, request, how, found, docs_for, n_docs=n_docs, log=log, bos_id=tok.bos_id,
+                         val_docs=val_docs if val_docs is not None else max(1, n_docs // 20), source=desc,
+                         tokenizer=tok.spec, tokenizer_hash=tok.identity, meta_extra={"tokenizer_pieces": tok.n_pieces})
     if stats["huge_docs"]:
         log(f"note: {stats['huge_docs']:,} document(s) over {HUGE_DOC_CHARS:,} characters were encoded in pieces")
     return metas, how
@@ -891,10 +880,10 @@ def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, 
 
 # meta_{split}.json, ours or the authors' (common.read_json checks a present key's type and range; the limits are
 # the CLI's: --seq-len <= 2^17, ids storable in uint32). A hand-edited field is one line naming the file and key.
-META_SCHEMA = {"vocab_size": (int, "[2, 4294967296]"), "seq_len": (int, "[1, 131072]"), "bos_token_id": (int,
-               "[0, 4294967295]"), "row_capacity": (int, "[2, 131073]"), "total_rows": (int, "[0, inf)"),
-               "num_shards": (int, "[0, inf)"), "tokenizer": (str, None), "tokenizer_hash": (str, None),
-               "files": (dict, None), "request": (dict, None)}
+META_SCHEMA = {"vocab_size": (int, "[2, 4294967296]"), "seq_len": (int, "[1, 131072]"),
+               "bos_token_id": (int, "[0, 4294967295]"), "row_capacity": (int, "[2, 131073]"),
+               "total_rows": (int, "[0, inf)"), "num_shards": (int, "[0, inf)"), "tokenizer": (str, None),
+               "tokenizer_hash": (str, None), "files": (dict, None), "request": (dict, None)}
 
 
 def read_meta(data_dir, split="train"):
@@ -1101,19 +1090,6 @@ class PackedLoader:
 # (common.number), everything else raises ValueError / OSError, which main turns into "data.py: error: ...".
 
 
-def check_dir(data_dir, seq_len=None):
-    """`data.py check DIR`: read every file of both splits through the loader's checks (meta, schema, hashes, row
-    lengths, ids < vocab_size). -> {split: rows}."""
-    out = {}
-    for split in ("train", "val"):
-        meta = read_meta(data_dir, split)
-        ld = PackedLoader(data_dir, split, seq_len=seq_len or meta["seq_len"], batch_rows=1, device_batch=1)
-        for i in range(len(ld.paths)):
-            ld._file(i)
-        out[split] = ld.total_rows
-    return out
-
-
 def _parser():
     """The three sub-commands; every number is checked against its range when parsed (exit 2, one line)."""
     # --seq-len <= 2^17: the limit META_SCHEMA applies to a meta, so a hand-edited meta cannot exceed a flag
@@ -1164,7 +1140,14 @@ def _run(a):
         print(f"trained {a.out}: vocab {tok.vocab_size:,} on {desc}, {sum(map(len, texts)):,} chars "
               f"in {time.time() - t0:.1f} s | {tok.identity}")
     elif a.cmd == "check":
-        rows = check_dir(a.dir, a.seq_len)
+        # every file of both splits through the loader's checks (meta, schema, hashes, row lengths, ids < vocab_size)
+        rows = {}
+        for split in ("train", "val"):
+            seq_len = a.seq_len or read_meta(a.dir, split)["seq_len"]
+            ld = PackedLoader(a.dir, split, seq_len=seq_len, batch_rows=1, device_batch=1)
+            for i in range(len(ld.paths)):
+                ld._file(i)
+            rows[split] = ld.total_rows
         print(f"ok: {a.dir}: {rows['train']:,} train and {rows['val']:,} val rows, every id < vocab_size")
     else:
         tok, t0 = load_tokenizer(a.tokenizer), time.time()
