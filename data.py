@@ -89,10 +89,10 @@ RELEASE_SPECIALS = ("<|assistant_end|>",)
 
 
 def _proto_fields(buf):
-    """Top-level fields of a serialized protobuf message -> list of (field number, value). Enough to read a
-    sentencepiece ModelProto's trainer_spec without the protobuf package: varints (wire type 0), length-delimited
-    bytes (2) and fixed 32/64-bit values (5/1, returned raw)."""
-    out, i = [], 0
+    """Top-level fields of a serialized protobuf message -> {field number: value} (a repeated field: its last
+    value). Enough to read a sentencepiece ModelProto's trainer_spec without the protobuf package: varints (wire
+    type 0), length-delimited bytes (2) and fixed 32/64-bit values (5/1, returned raw)."""
+    out, i = {}, 0
 
     def varint():
         """One base-128 varint at i: little-endian groups of 7 bits; a set high bit means another byte follows."""
@@ -107,12 +107,11 @@ def _proto_fields(buf):
     while i < len(buf):
         field, wire = divmod(varint(), 8)
         if wire == 0:
-            out.append((field, varint()))
+            out[field] = varint()
         else:
             # length-delimited, fixed64, fixed32 (any other wire type: a KeyError, i.e. not a model of ours)
             n = varint() if wire == 2 else {1: 8, 5: 4}[wire]
-            out.append((field, buf[i:i + n]))
-            i += n
+            out[field], i = buf[i:i + n], i + n
     return out
 
 
@@ -122,7 +121,7 @@ def _is_own_bpe(serialized):
     (field 11) and max_sentence_length 16,384 (field 18) (Llama-2 has 200M and 4,192; a GGUF rebuild has neither)."""
     try:
         # ModelProto.trainer_spec = 2
-        spec = dict(_proto_fields(dict(_proto_fields(serialized)).get(2, b"")))
+        spec = _proto_fields(_proto_fields(serialized).get(2, b""))
     except LookupError:
         return False
     return (spec.get(11), spec.get(18)) == (SPM_SETTINGS["input_sentence_size"], SPM_SETTINGS["max_sentence_length"])
