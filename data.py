@@ -551,12 +551,10 @@ def _save_state(out_dir, info, items=()):
                   # (n_window+1,) where each document's saved prefix starts in `tokens`
                   offsets=np.cumsum([0] + [len(p) for p, _ in items]).astype(np.int64),
                   tokens=np.concatenate([p for p, _ in items] or [np.zeros(0)]).astype(np.uint32))
-
-    # a file object: np.savez would append .npz to a name
-    def write(tmp):
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
-    atomic_write(os.path.join(out_dir, STATE_NAME), write)
+    # written in memory first: np.savez given a path would append .npz to its name
+    blob = io.BytesIO()
+    np.savez(blob, **arrays)
+    atomic_write(os.path.join(out_dir, STATE_NAME), blob.getvalue())
 
 
 def _claim_out_dir(out_dir, request, overwrite=False):
