@@ -69,7 +69,7 @@ import subprocess
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from types import SimpleNamespace
 from typing import Optional
 
@@ -115,7 +115,7 @@ VOCAB_DEFAULT = next(f.default for f in dataclasses.fields(ModelConfig) if f.nam
 # -----------------------------------------------------------------------------
 # Config: everything that is not the architecture (ModelConfig lives in model.py). Defaults = the paper's grid runs.
 
-@dataclass
+@dataclasses.dataclass
 class TrainConfig:
     """Flat (style B5): one field per flag, its trailing comment the --help text. Every field is part of the run's
     identity unless IDENTITY_EXCLUDED names it; every int / float field has a LIMITS row."""
@@ -204,14 +204,12 @@ def parse_args(argv=None) -> tuple:
         common.add_dataclass_flags(p, cls, LIMITS)
     # argparse fills in a default only for a dest the namespace lacks: a model field still UNSET after parsing was
     # not on the command line (how --init-from tells "--n-loops 1" typed from n_loops left at its default 1)
-    unset = object()
-    ns = p.parse_args(argv, argparse.Namespace(**{f.name: unset for f in dataclasses.fields(ModelConfig)}))
-    typed = {f.name for f in dataclasses.fields(ModelConfig) if getattr(ns, f.name) is not unset}
-    args = {**{f.name: f.default for f in dataclasses.fields(ModelConfig)},
-            **{k: v for k, v in vars(ns).items() if v is not unset}}
-    try:
-        pick = lambda cls: cls(**{f.name: args[f.name] for f in dataclasses.fields(cls)})
-        model_cfg, train_cfg = pick(ModelConfig), pick(TrainConfig)
+    unset, names = object(), [f.name for f in dataclasses.fields(ModelConfig)]
+    ns = p.parse_args(argv, argparse.Namespace(**dict.fromkeys(names, unset)))
+    typed = {k for k in names if getattr(ns, k) is not unset}
+    try:                                     # a model field not typed takes its dataclass default
+        model_cfg = ModelConfig(**{k: getattr(ns, k) for k in typed})
+        train_cfg = TrainConfig(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(TrainConfig)})
         if train_cfg.init_from:              # every model flag typed must be the checkpoint's, default-valued ones too
             init_architecture(model_cfg, train_cfg.init_from, typed)
         return model_cfg, train_cfg
@@ -240,16 +238,6 @@ def run_identity(model_cfg, train_cfg, data_id, init_id, precision, attn, compil
     ident = {k: v for k, v in {**asdict(model_cfg), **asdict(train_cfg)}.items() if k not in IDENTITY_EXCLUDED}
     ident.update(data=data_id, init_from=init_id, precision=precision, attn=attn, compile=compile)
     return ident
-
-
-def same_run(recorded, identity: dict, path: str) -> None:
-    """Refuse, in one line naming the fields that differ (common.identity_diff), unless path's recorded identity is
-    this run's. A file without one predates run identities (or is not train.py's) and cannot be checked."""
-    need(isinstance(recorded, dict), f"{path} records no run identity: it was written by an older train.py (or is "
-         "not train.py's), so it cannot be checked against this run; move it away or pick another --out-dir")
-    diff = common.identity_diff(recorded, identity)
-    need(not diff, f"{path} is the record of a different run (recorded vs now: {'; '.join(diff[:4])}"
-         f"{'; ...' if len(diff) > 4 else ''}); pick another --out-dir, or rerun with its flags")
 
 
 # -----------------------------------------------------------------------------
@@ -310,35 +298,18 @@ def check_data(cfg, tc, init_tok_hash) -> tuple:
                                 identity=data_identity(tc.data))
 
 
-def out_dir_state(tc, seen: dict) -> tuple:
+def out_dir_state(tc, world: int) -> tuple:
     """(status, what out_dir holds): ("finished", its done.json), ("resume", its ckpt.pt) or ("fresh", None), read
     and checked as files before anything else is (a 0-byte or torn done.json is refused at once, never taken for
-    "finished"). Using either needs --resume (--plan only reports); preflight then compares its run identity."""
-    done_path, ckpt_path = (os.path.join(tc.out_dir, n) for n in (DONE_NAME, CKPT_NAME))
-    which = DONE_NAME if seen[DONE_NAME] is not None else CKPT_NAME if seen[CKPT_NAME] is not None else None
-    need(not which or tc.resume or tc.plan, f"{done_path} exists: this run is finished. Pick another --out-dir (or "
-         "pass --resume to get its record back)" if which == DONE_NAME else f"{ckpt_path} exists: pass --resume to "
-         "continue that run, or pick another --out-dir")
-    if which == DONE_NAME:
-        try:
-            rec = common.read_json(done_path, {"val_loss": (float, "(0, inf)"), "identity": (dict, None)})
-        except ValueError as err:
-            raise ValueError(f"{done_path} is not a train.py record ({err}); move it away to train again") from None
-        return "finished", rec
-    if which == CKPT_NAME:                           # one-line errors for a truncated, foreign or incomplete file
-        return "resume", read_checkpoint(ckpt_path, [k for k in CKPT_KEYS if k != "identity"])
-    return "fresh", None
+    "finished"). Using either needs --resume (--plan only reports); preflight then compares its run identity.
 
-
-def agree_on_out_dir(out_dir: str, world: int) -> dict:
-    """Rank 0's view of out_dir {".", done.json, ckpt.pt} -> (inode, size), None where absent (finish / resume /
-    fresh start is decided from it), once every rank has the same. A rank that saw other files (node-local disks, a
-    stale copy) would skip a run the others train, or resume from another step: on any difference every rank raises
-    the same error, naming the rank that differs."""
+    Decided from rank 0's view of out_dir {".", done.json, ckpt.pt} -> (inode, size), None where absent, once every
+    rank has the same. A rank that saw other files (node-local disks, a stale copy) would skip a run the others
+    train, or resume from another step: on any difference every rank raises the same error, naming the rank."""
     view = {}
     for name in (".", DONE_NAME, CKPT_NAME):
         try:
-            st = os.stat(os.path.join(out_dir, name))
+            st = os.stat(os.path.join(tc.out_dir, name))
             view[name] = (st.st_ino, 0 if name == "." else st.st_size)
         except OSError as err:               # recorded, so every rank reaches the collective
             view[name] = None if isinstance(err, FileNotFoundError) else type(err).__name__
@@ -346,10 +317,21 @@ def agree_on_out_dir(out_dir: str, world: int) -> dict:
     if world > 1:
         dist.all_gather_object(views, views[0])         # one small collective, before any work
     for k, (host, v) in enumerate(views):
-        need(v == views[0][1], f"rank {k} on {host} sees {out_dir} differently from rank 0 on {views[0][0]} (name -> "
-             f"(inode, size), None = absent; rank {k}: {v}, rank 0: {views[0][1]}); every rank must see one shared "
+        need(v == views[0][1], f"rank {k} on {host} sees {tc.out_dir} differently from rank 0 on {views[0][0]} (name "
+             f"-> (inode, size), None = absent; rank {k}: {v}, rank 0: {views[0][1]}); every rank must see one shared "
              "filesystem: put --out-dir on storage that all nodes mount")
-    return views[0][1]
+    done_path, ckpt_path = (os.path.join(tc.out_dir, n) for n in (DONE_NAME, CKPT_NAME))
+    if view[DONE_NAME] is not None:          # every rank's view is rank 0's now
+        need(tc.resume or tc.plan, f"{done_path} exists: this run is finished. Pick another --out-dir (or pass "
+             "--resume to get its record back)")
+        try:
+            return "finished", common.read_json(done_path, {"val_loss": (float, "(0, inf)"), "identity": (dict, None)})
+        except ValueError as err:
+            raise ValueError(f"{done_path} is not a train.py record ({err}); move it away to train again") from None
+    if view[CKPT_NAME] is not None:          # one-line errors for a truncated, foreign or incomplete file
+        need(tc.resume or tc.plan, f"{ckpt_path} exists: pass --resume to continue that run, or pick another --out-dir")
+        return "resume", read_checkpoint(ckpt_path, [k for k in CKPT_KEYS if k != "identity"])
+    return "fresh", None
 
 
 def device_memory(device) -> tuple:
@@ -410,8 +392,8 @@ def preflight(model_cfg, tc, world: int, device) -> SimpleNamespace:
         common.check_dir_writable(tc.out_dir, "--out-dir")
     hook, cfg, init_state, init_tok, init_id, facts = fault_hook(), model_cfg, None, None, None, None
     with_data = not tc.plan or os.path.isdir(tc.data)   # --plan needs no data; with it, it reports the out-dir's state
-    status, held = out_dir_state(tc, agree_on_out_dir(tc.out_dir, world)) if with_data else (
-        "unknown (--plan without a prepared --data)", None)   # rank 0's view decides; all ranks must agree
+    # rank 0's view decides; all ranks must agree
+    status, held = out_dir_state(tc, world) if with_data else ("unknown (--plan without a prepared --data)", None)
     if tc.init_from:
         cfg, init_state, init_tok = init_architecture(model_cfg, tc.init_from)
         init_id = weights_identity(init_state)
@@ -430,12 +412,18 @@ def preflight(model_cfg, tc, world: int, device) -> SimpleNamespace:
     need(state <= have or tc.plan, f"the model does not fit: d_model {cfg.d_model}, l_eff {cfg.n_layers_eff}, vocab "
          f"{cfg.vocab_padded:,} padded, seq_len {cfg.seq_len:,}: its weights, gradients and optimizer state need "
          f"{state / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB of {what}")
-    identity = None
-    if facts is not None:
-        identity = run_identity(cfg, tc, facts.identity, init_id, "bf16" if use_bf16 else "fp32", attn, use_compile)
-    if held is not None:                     # a record or checkpoint is this run's only if its identity is (rule 1)
+    precision = "bf16" if use_bf16 else "fp32"
+    identity = run_identity(cfg, tc, facts.identity, init_id, precision, attn, use_compile) if facts else None
+    # A record or checkpoint is this run's only if its identity is (rule 1); a file without one predates run
+    # identities (or is not train.py's) and cannot be checked. The fields that differ come from common.identity_diff.
+    if held is not None:
         path = os.path.join(tc.out_dir, DONE_NAME if status == "finished" else CKPT_NAME)
-        same_run(held.get("identity"), identity, path)
+        need(isinstance(held.get("identity"), dict), f"{path} records no run identity: it was written by an older "
+             "train.py (or is not train.py's), so it cannot be checked against this run; move it away or pick another "
+             "--out-dir")
+        diff = common.identity_diff(held["identity"], identity)
+        need(not diff, f"{path} is the record of a different run (recorded vs now: {'; '.join(diff[:4])}"
+             f"{'; ...' if len(diff) > 4 else ''}); pick another --out-dir, or rerun with its flags")
         common.require(held, ("val_loss", "steps", "tokens") if status == "finished" else (), path)
     record, ckpt = (held, None) if status == "finished" else (None, held)
     if not tc.plan and status != "finished":
@@ -463,23 +451,24 @@ def derive(cfg, tc, world: int) -> SimpleNamespace:
     # layout, injection, hc lanes, the BPTT window (Eq. 6), T and the padded vocabulary.
     arch = flops.accounting_args(cfg)
     (n_once, n_rec), F = flops.param_split(**arch), flops.flops_per_token(**arch)
+    # Every horizon gives whole steps of B tokens (flops.tokens_for_budget's D is steps x B too); the budget and
+    # --steps horizons are >= 1 step by construction, so the steps >= 1 check only ever refuses D or rho
     try:
         if tc.flops_budget is not None:
-            steps, tokens = flops.tokens_for_budget(tc.flops_budget, F, B)
+            steps = flops.tokens_for_budget(tc.flops_budget, F, B)[0]
             lr_tokens, rule = int(tc.flops_budget / F), "steps = round(C / (F B)); D_lr = int(C / F)"
         elif tc.steps is not None:
-            steps, tokens, lr_tokens, rule = tc.steps, tc.steps * B, tc.steps * B, "D = steps x B = D_lr"
-        else:
-            if tc.tokens is not None:
-                lr_tokens, rule, steps = tc.tokens, "steps = round(D / B); D_lr = D", round(tc.tokens / B)
-            else:                            # reuse-weighted params = the release's effective_params (optimizer §2.3)
-                lr_tokens = int(tc.tokens_per_param * (n_once + r * n_rec))
-                rule, steps = "D_lr = int(rho (N_once + r N_rec)); steps = D_lr // B", lr_tokens // B
-            need(steps >= 1, f"{lr_tokens:,} tokens are {'less than half of' if tc.tokens else 'less than'} one "
-                 f"optimizer step of {B:,} tokens")
-            tokens = steps * B
+            steps, lr_tokens, rule = tc.steps, tc.steps * B, "D = steps x B = D_lr"
+        elif tc.tokens is not None:
+            lr_tokens, rule, steps = tc.tokens, "steps = round(D / B); D_lr = D", round(tc.tokens / B)
+        else:                                # reuse-weighted params = the release's effective_params (optimizer §2.3)
+            lr_tokens = int(tc.tokens_per_param * (n_once + r * n_rec))
+            rule, steps = "D_lr = int(rho (N_once + r N_rec)); steps = D_lr // B", lr_tokens // B
+        need(steps >= 1, f"{lr_tokens:,} tokens are {'less than half of' if tc.tokens else 'less than'} one "
+             f"optimizer step of {B:,} tokens")
     except ValueError as err:
         raise ValueError(f"horizon: {err} (one step of B = {B:,} tokens costs F B = {F * B:.4g} FLOPs)") from None
+    tokens = steps * B
     # Peak LRs: eta_base through HyperP's width / batch / data corrections (App. D.2), computed once from (d, D, B, r);
     # a resume restores the schedule position and never re-applies a factor (optimizer.md §6.7). The reference (its
     # width and D_ref: the s = 10 model at the run's aspect ratio and depth, counted at THIS r) is optim.py's.
@@ -575,7 +564,7 @@ def pick_device_batch(model, tc, g, world: int, autocast, static: int) -> tuple:
 
 
 # -----------------------------------------------------------------------------
-# Small helpers: the start-up print, the record's common part, the log, git provenance, RNG state
+# Small helpers: the start-up print, the record's common part, the log, git provenance, a run file's write
 
 def startup_print(run, world: int, device_batch, db_rule: str, peak, peak_rule: str) -> float:
     """Print every derived quantity once, with its rule; return the estimated device-hours."""
@@ -638,9 +627,8 @@ def read_log(log_path: str, upto: int) -> list:
     tail, kept = lines.pop(), []             # tail: after the last newline, b"" when the file ends cleanly
     for i, ln in enumerate(lines, 1):
         try:
-            rec = json.loads(ln)
-            step = rec.get("step") if isinstance(rec, dict) else None
-        except ValueError:                   # JSONDecodeError, UnicodeDecodeError
+            step = json.loads(ln).get("step")
+        except (ValueError, AttributeError):  # JSONDecodeError, UnicodeDecodeError; JSON that is not an object
             step = None
         if not isinstance(step, int) and i == len(lines) and not tail:
             tail = ln                        # the last line is itself the torn one
@@ -674,19 +662,6 @@ def write_run_file(path: str, data, key: str, what: str, then: str) -> None:
         common.write_owned(path, data, key)
     except (OSError, RuntimeError) as err:
         raise OSError(f"could not write {what}{path}: {common.write_failure(err, path)}; {then}") from None
-
-
-def rng_state() -> dict:
-    """The RNGs a step can touch, torch's (CPU and CUDA), as tensors so the checkpoint loads with weights_only=True.
-    Nothing in a step draws from numpy's or Python's generators (the loader and the state noise are seeded by row)."""
-    return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
-
-
-def set_rng_state(s: dict) -> None:
-    """Inverse of rng_state(): restore every generator to the checkpointed position."""
-    torch.set_rng_state(s["torch"])
-    if s["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state(s["cuda"])
 
 
 # -----------------------------------------------------------------------------
@@ -770,7 +745,10 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
             load_weights(raw_model, ck["model"], ckpt_path)   # names and shapes checked: a one-line error if not
             optimizer.load_state_dict(ck["optimizer"])
             loader.load_state_dict(ck["loader"])
-            set_rng_state(ck["rng"])         # rank 0's state; every rank draws the same numbers (same seed, calls)
+            # rank 0's RNG state; every rank draws the same numbers (same seed, same calls)
+            torch.set_rng_state(ck["rng"]["torch"])
+            if ck["rng"]["cuda"] is not None and torch.cuda.is_available():
+                torch.cuda.set_rng_state(ck["rng"]["cuda"])
             start_step, wall_before, last_val = ck["step"], ck["wall_time_s"], ck["val_loss"]
             print0(f"resumed {ckpt_path} at step {start_step}/{total_steps}")
         elif tc.resume:
@@ -809,9 +787,14 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
 
         def checkpoint(step, val):
             """Rank 0 writes out_dir/ckpt.pt atomically; the other ranks wait, so nobody races ahead of a bad write."""
+            # The RNGs a step can touch, torch's (CPU and CUDA), as tensors so the checkpoint loads with
+            # weights_only=True. Nothing in a step draws from numpy's or Python's generators (the loader and the state
+            # noise are seeded by row).
             optim_state = optimizer.state_dict()   # every rank: gathers the sharded MuonH state (any world size)
+            rng = {"torch": torch.get_rng_state(),
+                   "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
             state = {"model": raw_model.state_dict(), "optimizer": optim_state, "loader": loader.state_dict(),
-                     "rng": rng_state(), "step": step, "val_loss": val, "identity": run.identity,
+                     "rng": rng, "step": step, "val_loss": val, "identity": run.identity,
                      "wall_time_s": wall_before + time.time() - t_loop, "tokenizer_hash": run.facts.tok_hash,
                      "model_config": asdict(cfg), "train_config": asdict(tc)}
             if master:
