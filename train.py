@@ -386,8 +386,8 @@ def preflight(model_cfg, tc, world: int, device) -> SimpleNamespace:
     out-dir, the --init-from checkpoint, the data, the batch geometry and horizon (derive), the memory the weights
     and optimizer need, the disk the checkpoints need, and what out_dir already holds (its identity must be this
     run's). Nothing is written. Returns the resolved run; --plan without a prepared --data checks what needs none."""
-    common.check_fields(model_cfg, LIMITS)           # LIMITS: finiteness and range (the CLI checked them already)
-    common.check_fields(tc, LIMITS)
+    # LIMITS: finiteness and range (the CLI checked them already; a TrainConfig checks itself in __post_init__)
+    common.check_fields(model_cfg, LIMITS)
     if not tc.plan:
         common.check_dir_writable(tc.out_dir, "--out-dir")
     hook, cfg, init_state, init_tok, init_id, facts = fault_hook(), model_cfg, None, None, None, None
@@ -677,8 +677,7 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     # ---- 1. Checks: every refusal, before any folder is made -----------------------------------------------------
     run = preflight(model_cfg, train_cfg, world, device)
     cfg, tc, g = run.cfg, run.tc, run.g
-    out_dir = tc.out_dir
-    ckpt_path, done_path, log_path = (os.path.join(out_dir, n) for n in (CKPT_NAME, DONE_NAME, LOG_NAME))
+    ckpt_path, done_path, log_path = (os.path.join(tc.out_dir, n) for n in (CKPT_NAME, DONE_NAME, LOG_NAME))
     if run.status == "finished" and not tc.plan:            # a sweep relaunches every run with --resume
         print0(f"{done_path} exists: the run is finished (same run identity); returning its record")
         return run.record
@@ -703,12 +702,12 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
 
     # From here on this process writes out_dir: take its lock (one writer per run directory), then repair what a
     # killed predecessor may have left: temporaries of an interrupted write (the torn log tail is handled below).
-    created, lock = not os.path.isdir(out_dir), common.acquire_lock(out_dir, LOCK_NAME) if master else None
+    created, lock = not os.path.isdir(tc.out_dir), common.acquire_lock(tc.out_dir, LOCK_NAME) if master else None
     try:
         if master and (os.path.exists(done_path) or (run.status == "fresh" and os.path.exists(ckpt_path))):
-            raise ValueError(f"another trainer wrote {out_dir} while this one was starting; rerun the same command "
+            raise ValueError(f"another trainer wrote {tc.out_dir} while this one was starting; rerun the same command "
                              "(with --resume) once it is done")
-        for path in common.stale_temps(out_dir) if master else []:
+        for path in common.stale_temps(tc.out_dir) if master else []:
             os.remove(path)
             print0(f"removed {path}: a temporary file left by an interrupted write (the real file is untouched)")
         key = common.request_key("train.py", run.identity)   # the ownership ledger's name for this run's files
@@ -807,9 +806,8 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
         def log(rec):
             """One record appended to log.jsonl (rank 0); a failed append (full disk) is one line naming the file."""
             try:
-                if log_file:
+                if log_file:                 # line-buffered: each record reaches the file as it is written
                     log_file.write(json.dumps(rec) + "\n")
-                    log_file.flush()
             except OSError as err:
                 raise OSError(f"could not append to {log_path}: {common.write_failure(err, log_path)}. Free space, "
                               "then rerun with --resume (the run continues from its last checkpoint)") from None
@@ -833,7 +831,7 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
         # One optimizer step = accum micro-batches per rank: LR multiplier, forward/backward (grads all-reduce only on
         # the last micro-batch), optimizer step; at logging steps one loss read, one log line; eval / checkpoint if
         # due. No weight decay, no clipping, no warmup anywhere (§4.1): the loop has nothing else to do.
-        log_file = open(log_path, "a") if master else None
+        log_file = open(log_path, "a", buffering=1) if master else None
         t_loop = t_log = time.time()
         last_log = start_step
         for step in range(start_step, total_steps):
@@ -843,8 +841,8 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
             loss_sum = torch.zeros((), device=device)           # sum of micro-batch mean losses, on the device
             for micro in range(accum):
                 x, y = loader.next_batch()                      # (device_batch, seq_len) int64 each
-                last = micro == accum - 1                       # grads all-reduce only on the last micro-step
-                with (train_model.no_sync() if world > 1 and not last else nullcontext()):
+                # grads all-reduce only on the last micro-step
+                with (train_model.no_sync() if world > 1 and micro < accum - 1 else nullcontext()):
                     with autocast():
                         loss = train_model(x, y, state_noise=state_noise(step, micro))   # mean CE, this micro-batch
                     (loss / accum).backward()                   # optimizer.md §5: loss divided by accum steps
@@ -878,14 +876,13 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
             log_file.close()
         # Peak memory: CUDA's max allocated, or this process's peak RSS (ru_maxrss is in KiB on Linux; the whole
         # process, so in-process sweeps report their largest run so far).
-        mem_label = "cuda_max_allocated" if device.type == "cuda" else "peak_rss"
-        mem = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else resource.getrusage(
-            resource.RUSAGE_SELF).ru_maxrss * 1024
+        mem = ({"cuda_max_allocated": torch.cuda.max_memory_allocated(device)} if device.type == "cuda" else
+               {"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
         record = {"config": {"model_config": asdict(cfg), "train_config": asdict(tc)}, "identity": run.identity,
                   **summary(cfg, tc, g), "world": world, "device_batch": device_batch, "val_loss": last_val,
                   "eval_tokens": run.facts.eval_rows * cfg.seq_len, "wall_time_s": wall_before + time.time() - t_loop,
                   "total_time_s": time.time() - t_start, "tokenizer_hash": run.facts.tok_hash, "data": tc.data,
-                  mem_label: mem, "attn": run.attn, "precision": "bf16" if run.use_bf16 else "fp32",
+                  **mem, "attn": run.attn, "precision": "bf16" if run.use_bf16 else "fp32",
                   "compile": run.use_compile, **git_info(), **({"case": tc.case} if tc.case else {})}
         if master:
             write_run_file(done_path, json.dumps(record, indent=1) + "\n", key, "", "the final checkpoint is kept. "
@@ -896,9 +893,9 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
         return record
     finally:
         if lock is not None:
-            common.release_lock(lock, out_dir, LOCK_NAME)
-            if created and not os.listdir(out_dir):        # a start that failed leaves no empty folder behind
-                os.rmdir(out_dir)
+            common.release_lock(lock, tc.out_dir, LOCK_NAME)
+            if created and not os.listdir(tc.out_dir):     # a start that failed leaves no empty folder behind
+                os.rmdir(tc.out_dir)
 
 
 # The CLI: a refusal (bad input, another run's files, a model that cannot fit) is one line and exit status 2, before
