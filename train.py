@@ -403,7 +403,7 @@ def preflight(model_cfg, tc, world: int, device) -> SimpleNamespace:
         cfg, facts = check_data(cfg, tc, init_tok)
     # precision, attention and compile, resolved once (a forced backend that cannot run is an error here)
     use_bf16 = (device.type == "cuda") if tc.precision is None else tc.precision == "bf16"
-    attn, attn_rule = resolve_attention(tc.attn, device, use_bf16)
+    attn = resolve_attention(tc.attn, device, use_bf16)[0]
     use_compile = (device.type == "cuda") if tc.compile is None else tc.compile
     g = derive(cfg, tc, world)
     # fp32 weights, gradients and two optimizer moments: 4 x the weights' bytes (eval.model_bytes, from the config),
@@ -429,7 +429,7 @@ def preflight(model_cfg, tc, world: int, device) -> SimpleNamespace:
     if not tc.plan and status != "finished":
         check_disk(tc, g, cfg, ckpt["step"] if ckpt else 0)
     return SimpleNamespace(cfg=cfg, tc=tc, g=g, facts=facts, identity=identity, status=status, record=record,
-                           ckpt=ckpt, init_state=init_state, use_bf16=use_bf16, attn=attn, attn_rule=attn_rule,
+                           ckpt=ckpt, init_state=init_state, use_bf16=use_bf16, attn=attn,
                            use_compile=use_compile, hook=hook, state_bytes=state, device=device,
                            dev_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
 
