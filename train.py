@@ -85,7 +85,6 @@ from eval import load_checkpoint, load_weights, model_bytes, read_checkpoint, va
 from model import ATTN_BACKENDS, LoopedGPT, ModelConfig, attention_summary, resolve_attention
 from optim import build_optimizer, hyperp_lrs, lr_multiplier, reference, set_lr_multiplier
 
-REPO_DIR = os.path.dirname(os.path.abspath(__file__))
 CKPT_NAME = "ckpt.pt"      # out_dir/ckpt.pt: the latest good checkpoint, replaced atomically
 DONE_NAME = "done.json"    # out_dir/done.json: the run's record, written last by rank 0
 LOG_NAME = "log.jsonl"     # out_dir/log.jsonl: one JSON object per logged step / eval (machine-readable log)
@@ -371,8 +370,7 @@ def fault_hook():
 
     def hook(step, model):
         if faults.get("nan") == step + 1:             # a diverged run: every logit (and the loss) is NaN
-            with torch.no_grad():
-                model.lm_head.weight.fill_(float("nan"))
+            model.lm_head.weight.data.fill_(float("nan"))
         if faults.get("kill") == step:                 # step K and its checkpoint are done: die like a
             os.kill(os.getpid(), signal.SIGKILL)            # preempted job (no cleanup)
     return hook
@@ -645,8 +643,8 @@ def read_log(log_path: str, upto: int) -> list:
 
 def git_info() -> dict:
     """Commit, dirty flag and a hash of the uncommitted diff (style B9), or None where git is unavailable."""
-    git = lambda *a: subprocess.run(["git", "-C", REPO_DIR, *a], capture_output=True, text=True, timeout=30,
-                                    check=True).stdout
+    git = lambda *a: subprocess.run(["git", "-C", os.path.dirname(os.path.abspath(__file__)), *a], check=True,
+                                    capture_output=True, text=True, timeout=30).stdout      # this checkout's git
     try:
         dirty = bool(git("status", "--porcelain", "--untracked-files=no").strip())
         diff = hashlib.sha256(git("diff", "HEAD").encode()).hexdigest()[:16] if dirty else None
