@@ -5,7 +5,7 @@ No research logic lives here, and no torch at load time (fit.py and flops.py imp
 inside init_dist only). Each of the README's "Guarantees" that is plumbing has exactly one home:
 
   one parser, one error path   Parser (one-line errors, exit 2), fail(), checked numbers (number, check_number,
-                               parse_int, parse_bool), add_dataclass_flags (a flat CLI generated from a dataclass)
+                               parse_bool), add_dataclass_flags (a flat CLI generated from a dataclass)
   one atomic writer            atomic_write (exclusive temp, fsync, rename), stale_temps
   one owner per file           check_owned / write_owned: a tool replaces only what it wrote for the same request
                                (an ownership ledger per folder), claim_dir for a folder a script owns whole
@@ -491,8 +491,8 @@ def init_dist():
     # Imported here, not at the top: fit.py and flops.py import this module and must never pay for (or need) torch
     if "RANK" not in os.environ:
         return 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    # LOCAL_RANK: the GPU index on this node
-    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if torch.cuda.is_available() else torch.device("cpu")
+    local = int(os.environ["LOCAL_RANK"])                  # GPU index on this node
+    device = torch.device("cuda", local) if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():
