@@ -5,7 +5,7 @@ No research logic lives here, and no torch at load time (fit.py and flops.py imp
 inside init_dist only). Each of the README's "Guarantees" that is plumbing has exactly one home:
 
   one parser, one error path   Parser (one-line errors, exit 2), fail(), checked numbers (number, check_number,
-                               parse_int, parse_bool), add_dataclass_flags (a flat CLI generated from a dataclass)
+                               parse_bool), add_dataclass_flags (a flat CLI generated from a dataclass)
   one atomic writer            atomic_write (exclusive temp, fsync, rename), stale_temps
   one owner per file           check_owned / write_owned: a tool replaces only what it wrote for the same request
                                (an ownership ledger per folder), claim_dir for a folder a script owns whole
@@ -48,8 +48,7 @@ class Parser(argparse.ArgumentParser):
 
 def first_line(text) -> str:
     """The first non-empty line of an error text (a multi-line message would break the one-line rule)."""
-    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
-    return lines[0] if lines else "unknown error"
+    return next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "unknown error")
 
 
 class Refusal(SystemExit):
@@ -67,20 +66,13 @@ class Refusal(SystemExit):
 def fail(prog: str, err) -> typing.NoReturn:
     """Exit with the one-line error of err (a ValueError / OSError raised by a check), status 2."""
     line = f"{prog}: error: {first_line(err)}"
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
+    print(line, file=sys.stderr, flush=True)
     raise Refusal(line)
 
 
 # -----------------------------------------------------------------------------
 # Checked numbers: one notation for a range, "[lo, hi]" with ( ) for open ends and inf, shared by config
 # validation (check_number) and every CLI flag (number), so a limit cannot differ between the two.
-
-
-def _bounds(interval: str) -> tuple:
-    # "[0, inf)" -> (0.0, inf): float() reads "inf" and "-inf", so an open-ended range needs no special case
-    lo, hi = (float(b) for b in interval[1:-1].split(","))
-    return lo, hi
 
 
 def check_number(v, interval: str, what: str = "") -> typing.Optional[str]:
@@ -93,32 +85,20 @@ def check_number(v, interval: str, what: str = "") -> typing.Optional[str]:
         return f"must be a number in {interval}{about}, got {v!r}"
     if not math.isfinite(v):
         return f"must be a finite number in {interval}{about}, got {v}"
-    lo, hi = _bounds(interval)
+    # "[0, inf)" -> (0.0, inf): float() reads "inf" and "-inf", so an open-ended range needs no special case
+    lo, hi = (float(b) for b in interval[1:-1].split(","))
     # nan fails every comparison, which is why finiteness is checked first; the brackets decide the end points
     if v < lo or v > hi or (interval[0] == "(" and v == lo) or (interval[-1] == ")" and v == hi):
         return f"must be in {interval}{about}, got {v:g}"
     return None
 
 
-def parse_int(text: str) -> int:
-    """An integer, also written in exact float notation: --tokens 47e9, --batch-tokens 2.62144e5."""
-    # int() first: it is exact for any length, where float() would round 2**53 + 1
-    with contextlib.suppress(ValueError):
-        return int(text)
-    with contextlib.suppress(ValueError):
-        f = float(text)
-        if math.isfinite(f) and f.is_integer():
-            return int(f)
-    raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}")
-
-
 def parse_bool(text: str) -> bool:
     """The spellings a shell user types for a boolean flag; anything else is an error, never a silent False."""
-    if text.lower() in ("1", "true", "yes", "on"):
-        return True
-    if text.lower() in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+    v = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+    if text.lower() not in v:
+        raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+    return v[text.lower()]
 
 
 def number(kind, interval: str = "(-inf, inf)", what: str = ""):
@@ -126,14 +106,17 @@ def number(kind, interval: str = "(-inf, inf)", what: str = ""):
     flag is parsed, naming it, instead of surfacing later as a NaN loss or a 0-hour plan."""
 
     def parse(text):
-        if kind is int:
-            v = parse_int(text)
-        else:
-            # the range (and finiteness) check is check_number's, so "inf" parses here and is refused just below
-            try:
-                v = float(text)
-            except ValueError:
-                raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        # int() first: it is exact for any length, where float() would round 2**53 + 1; an int may also be written in
+        # exact float notation (--tokens 47e9, --batch-tokens 2.62144e5). A float's range (and finiteness) check is
+        # check_number's, so "inf" parses here and is refused just below.
+        v = None
+        with contextlib.suppress(ValueError):
+            v = int(text) if kind is int else float(text)
+        with contextlib.suppress(ValueError):
+            if v is None and kind is int and float(text).is_integer():     # False for inf and nan
+                v = int(float(text))
+        if v is None:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
         why = check_number(v, interval, what)
         if why:
             raise argparse.ArgumentTypeError(why)
@@ -163,10 +146,7 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls, limits: dict) -> N
         tp, optional = hints[f.name], False
         if typing.get_origin(tp) is typing.Union:                  # Optional[X] = Union[X, None]
             tp, optional = next(a for a in typing.get_args(tp) if a is not type(None)), True
-        if tp in (int, float):
-            conv = number(tp, *limits.get(f.name, ("(-inf, inf)", "")))
-        else:
-            conv = {bool: parse_bool, str: str}[tp]
+        conv = number(tp, *limits.get(f.name, ())) if tp in (int, float) else {bool: parse_bool, str: str}[tp]
         if optional:
             conv = (lambda c: lambda v: None if v.lower() in ("none", "auto") else c(v))(conv)
             conv.__name__ = tp.__name__
@@ -259,11 +239,9 @@ def _fresh_temp(folder: str, base: str) -> str:
     O_NOFOLLOW never a link, so a name planted in the folder can neither be clobbered nor written through."""
     for _ in range(100):                                   # a fresh random name; retry on a clash
         tmp = os.path.join(folder, f".{base}.{os.urandom(4).hex()}.tmp")
-        try:                                               # 0o666 & ~umask, as a plain open() gives
+        with contextlib.suppress(FileExistsError):         # 0o666 & ~umask, as a plain open() gives
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666))
             return tmp
-        except FileExistsError:
-            continue
     raise FileExistsError(f"could not create a fresh temporary file in {folder}")
 
 
@@ -353,10 +331,8 @@ def _ledger(folder: str) -> dict:
     """The folder's ledger, {name: [request key, inode, size, mtime_ns]}; an absent or unreadable ledger is empty,
     which only ever makes a tool more careful (nothing counts as its own)."""
     try:
-        with open(os.path.join(folder, LEDGER), "rb") as fh:
-            led = json.loads(fh.read())
-        return led if isinstance(led, dict) else {}
-    except (OSError, ValueError):
+        return read_json(os.path.join(folder, LEDGER))
+    except ValueError:
         return {}
 
 
@@ -411,8 +387,7 @@ def claim_dir(folder: str, tool: str, request, overwrite: bool = False, flag: st
     # A folder-wide marker, not the per-file ledger: a script's OUT fills with files written by many tools (train.py,
     # fit.py, ...), and what the script owns is the folder as a whole, which the marker's request key names
     check_dir_writable(folder, flag)
-    mark = os.path.join(folder, f".nanoloop-{tool}")
-    key = request_key(tool, request)
+    mark, key = os.path.join(folder, f".nanoloop-{tool}"), request_key(tool, request)
     names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
     if names and os.path.isfile(mark):
         with open(mark, errors="replace") as fh:
@@ -442,12 +417,11 @@ def _holder_alive(text: str) -> bool:
     if not m or m.group(2) != socket.gethostname():
         return True                                 # another host's holder cannot be checked: assume it lives
     try:
-        os.kill(int(m.group(1)), 0)
-        return True
+        with contextlib.suppress(PermissionError):   # a live process of another user
+            os.kill(int(m.group(1)), 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    return True
 
 
 def acquire_lock(folder: str, name: str = "train.lock") -> int:
@@ -465,31 +439,29 @@ def acquire_lock(folder: str, name: str = "train.lock") -> int:
         while True:
             # O_NOFOLLOW: a link planted at the lock's name is never followed into someone else's file
             fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
-            previous = os.read(fd, 256).decode(errors="replace").strip()
+            previous, why = os.read(fd, 256).decode(errors="replace").strip(), None
             if previous and not LOCK_RE.fullmatch(previous):
+                why = f"{path} exists and was not written by nanoloop ({previous[:60]!r}); move it away"
+            else:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    why = (f"{folder} is being written by another process ({previous or 'no id yet'}; lock {path}): "
+                           "one writer per folder. Wait for it, stop it, or pick another folder")
+                except OSError as err:
+                    if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                        raise
+                    if previous and previous != me and _holder_alive(previous):     # no flock: judge by pid
+                        why = (f"{folder} is locked by {previous} (lock {path}; this filesystem has no flock, so a "
+                               "lock of another host cannot be checked): if that process is gone, delete the lock "
+                               "file and rerun")
+            if why:
                 os.close(fd)
-                raise ValueError(f"{path} exists and was not written by nanoloop ({previous[:60]!r}); move it away")
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                raise ValueError(f"{folder} is being written by another process ({previous or 'no id yet'}; lock "
-                                 f"{path}): one writer per folder. Wait for it, stop it, or pick another folder")
-            except OSError as err:
-                if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-                    raise
-                if previous and previous != me and _holder_alive(previous):     # no flock: judge by pid
-                    os.close(fd)
-                    raise ValueError(f"{folder} is locked by {previous} (lock {path}; this filesystem has no flock, "
-                                     "so a lock of another host cannot be checked): if that process is gone, delete "
-                                     "the lock file and rerun") from None
-            try:                                  # the holder we waited on may have removed the file: lock anew
-                same = os.path.samestat(os.fstat(fd), os.stat(path))
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            os.close(fd)
+                raise ValueError(why)
+            with contextlib.suppress(FileNotFoundError):   # the holder we waited on may have removed the file
+                if os.path.samestat(os.fstat(fd), os.stat(path)):
+                    break
+            os.close(fd)                                    # ... so lock anew
         if previous and previous != me:
             print0(f"{path}: taking over the lock of {previous}, which no longer runs (a killed run left it)")
         os.ftruncate(fd, 0)
@@ -519,13 +491,12 @@ def init_dist():
     # Imported here, not at the top: fit.py and flops.py import this module and must never pay for (or need) torch
     if "RANK" not in os.environ:
         return 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
     local = int(os.environ["LOCAL_RANK"])                  # GPU index on this node
-    device = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
+    device = torch.device("cuda", local) if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group(backend)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return dist.get_rank(), dist.get_world_size(), device
 
 

@@ -69,7 +69,7 @@ import subprocess
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from types import SimpleNamespace
 from typing import Optional
 
@@ -85,7 +85,6 @@ from eval import load_checkpoint, load_weights, model_bytes, read_checkpoint, va
 from model import ATTN_BACKENDS, LoopedGPT, ModelConfig, attention_summary, resolve_attention
 from optim import build_optimizer, hyperp_lrs, lr_multiplier, reference, set_lr_multiplier
 
-REPO_DIR = os.path.dirname(os.path.abspath(__file__))
 CKPT_NAME = "ckpt.pt"      # out_dir/ckpt.pt: the latest good checkpoint, replaced atomically
 DONE_NAME = "done.json"    # out_dir/done.json: the run's record, written last by rank 0
 LOG_NAME = "log.jsonl"     # out_dir/log.jsonl: one JSON object per logged step / eval (machine-readable log)
@@ -115,7 +114,7 @@ VOCAB_DEFAULT = next(f.default for f in dataclasses.fields(ModelConfig) if f.nam
 # -----------------------------------------------------------------------------
 # Config: everything that is not the architecture (ModelConfig lives in model.py). Defaults = the paper's grid runs.
 
-@dataclass
+@dataclasses.dataclass
 class TrainConfig:
     """Flat (style B5): one field per flag, its trailing comment the --help text. Every field is part of the run's
     identity unless IDENTITY_EXCLUDED names it; every int / float field has a LIMITS row."""
@@ -204,14 +203,12 @@ def parse_args(argv=None) -> tuple:
         common.add_dataclass_flags(p, cls, LIMITS)
     # argparse fills in a default only for a dest the namespace lacks: a model field still UNSET after parsing was
     # not on the command line (how --init-from tells "--n-loops 1" typed from n_loops left at its default 1)
-    unset = object()
-    ns = p.parse_args(argv, argparse.Namespace(**{f.name: unset for f in dataclasses.fields(ModelConfig)}))
-    typed = {f.name for f in dataclasses.fields(ModelConfig) if getattr(ns, f.name) is not unset}
-    args = {**{f.name: f.default for f in dataclasses.fields(ModelConfig)},
-            **{k: v for k, v in vars(ns).items() if v is not unset}}
-    try:
-        pick = lambda cls: cls(**{f.name: args[f.name] for f in dataclasses.fields(cls)})
-        model_cfg, train_cfg = pick(ModelConfig), pick(TrainConfig)
+    unset, names = object(), [f.name for f in dataclasses.fields(ModelConfig)]
+    ns = p.parse_args(argv, argparse.Namespace(**dict.fromkeys(names, unset)))
+    typed = {k for k in names if getattr(ns, k) is not unset}
+    try:                                     # a model field not typed takes its dataclass default
+        model_cfg = ModelConfig(**{k: getattr(ns, k) for k in typed})
+        train_cfg = TrainConfig(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(TrainConfig)})
         if train_cfg.init_from:              # every model flag typed must be the checkpoint's, default-valued ones too
             init_architecture(model_cfg, train_cfg.init_from, typed)
         return model_cfg, train_cfg
@@ -240,16 +237,6 @@ def run_identity(model_cfg, train_cfg, data_id, init_id, precision, attn, compil
     ident = {k: v for k, v in {**asdict(model_cfg), **asdict(train_cfg)}.items() if k not in IDENTITY_EXCLUDED}
     ident.update(data=data_id, init_from=init_id, precision=precision, attn=attn, compile=compile)
     return ident
-
-
-def same_run(recorded, identity: dict, path: str) -> None:
-    """Refuse, in one line naming the fields that differ (common.identity_diff), unless path's recorded identity is
-    this run's. A file without one predates run identities (or is not train.py's) and cannot be checked."""
-    need(isinstance(recorded, dict), f"{path} records no run identity: it was written by an older train.py (or is "
-         "not train.py's), so it cannot be checked against this run; move it away or pick another --out-dir")
-    diff = common.identity_diff(recorded, identity)
-    need(not diff, f"{path} is the record of a different run (recorded vs now: {'; '.join(diff[:4])}"
-         f"{'; ...' if len(diff) > 4 else ''}); pick another --out-dir, or rerun with its flags")
 
 
 # -----------------------------------------------------------------------------
@@ -310,35 +297,18 @@ def check_data(cfg, tc, init_tok_hash) -> tuple:
                                 identity=data_identity(tc.data))
 
 
-def out_dir_state(tc, seen: dict) -> tuple:
+def out_dir_state(tc, world: int) -> tuple:
     """(status, what out_dir holds): ("finished", its done.json), ("resume", its ckpt.pt) or ("fresh", None), read
     and checked as files before anything else is (a 0-byte or torn done.json is refused at once, never taken for
-    "finished"). Using either needs --resume (--plan only reports); preflight then compares its run identity."""
-    done_path, ckpt_path = (os.path.join(tc.out_dir, n) for n in (DONE_NAME, CKPT_NAME))
-    which = DONE_NAME if seen[DONE_NAME] is not None else CKPT_NAME if seen[CKPT_NAME] is not None else None
-    need(not which or tc.resume or tc.plan, f"{done_path} exists: this run is finished. Pick another --out-dir (or "
-         "pass --resume to get its record back)" if which == DONE_NAME else f"{ckpt_path} exists: pass --resume to "
-         "continue that run, or pick another --out-dir")
-    if which == DONE_NAME:
-        try:
-            rec = common.read_json(done_path, {"val_loss": (float, "(0, inf)"), "identity": (dict, None)})
-        except ValueError as err:
-            raise ValueError(f"{done_path} is not a train.py record ({err}); move it away to train again") from None
-        return "finished", rec
-    if which == CKPT_NAME:                           # one-line errors for a truncated, foreign or incomplete file
-        return "resume", read_checkpoint(ckpt_path, [k for k in CKPT_KEYS if k != "identity"])
-    return "fresh", None
+    "finished"). Using either needs --resume (--plan only reports); preflight then compares its run identity.
 
-
-def agree_on_out_dir(out_dir: str, world: int) -> dict:
-    """Rank 0's view of out_dir {".", done.json, ckpt.pt} -> (inode, size), None where absent (finish / resume /
-    fresh start is decided from it), once every rank has the same. A rank that saw other files (node-local disks, a
-    stale copy) would skip a run the others train, or resume from another step: on any difference every rank raises
-    the same error, naming the rank that differs."""
+    Decided from rank 0's view of out_dir {".", done.json, ckpt.pt} -> (inode, size), None where absent, once every
+    rank has the same. A rank that saw other files (node-local disks, a stale copy) would skip a run the others
+    train, or resume from another step: on any difference every rank raises the same error, naming the rank."""
     view = {}
     for name in (".", DONE_NAME, CKPT_NAME):
         try:
-            st = os.stat(os.path.join(out_dir, name))
+            st = os.stat(os.path.join(tc.out_dir, name))
             view[name] = (st.st_ino, 0 if name == "." else st.st_size)
         except OSError as err:               # recorded, so every rank reaches the collective
             view[name] = None if isinstance(err, FileNotFoundError) else type(err).__name__
@@ -346,10 +316,21 @@ def agree_on_out_dir(out_dir: str, world: int) -> dict:
     if world > 1:
         dist.all_gather_object(views, views[0])         # one small collective, before any work
     for k, (host, v) in enumerate(views):
-        need(v == views[0][1], f"rank {k} on {host} sees {out_dir} differently from rank 0 on {views[0][0]} (name -> "
-             f"(inode, size), None = absent; rank {k}: {v}, rank 0: {views[0][1]}); every rank must see one shared "
+        need(v == views[0][1], f"rank {k} on {host} sees {tc.out_dir} differently from rank 0 on {views[0][0]} (name "
+             f"-> (inode, size), None = absent; rank {k}: {v}, rank 0: {views[0][1]}); every rank must see one shared "
              "filesystem: put --out-dir on storage that all nodes mount")
-    return views[0][1]
+    done_path, ckpt_path = (os.path.join(tc.out_dir, n) for n in (DONE_NAME, CKPT_NAME))
+    if view[DONE_NAME] is not None:          # every rank's view is rank 0's now
+        need(tc.resume or tc.plan, f"{done_path} exists: this run is finished. Pick another --out-dir (or pass "
+             "--resume to get its record back)")
+        try:
+            return "finished", common.read_json(done_path, {"val_loss": (float, "(0, inf)"), "identity": (dict, None)})
+        except ValueError as err:
+            raise ValueError(f"{done_path} is not a train.py record ({err}); move it away to train again") from None
+    if view[CKPT_NAME] is not None:          # one-line errors for a truncated, foreign or incomplete file
+        need(tc.resume or tc.plan, f"{ckpt_path} exists: pass --resume to continue that run, or pick another --out-dir")
+        return "resume", read_checkpoint(ckpt_path, [k for k in CKPT_KEYS if k != "identity"])
+    return "fresh", None
 
 
 def device_memory(device) -> tuple:
@@ -389,8 +370,7 @@ def fault_hook():
 
     def hook(step, model):
         if faults.get("nan") == step + 1:             # a diverged run: every logit (and the loss) is NaN
-            with torch.no_grad():
-                model.lm_head.weight.fill_(float("nan"))
+            model.lm_head.weight.data.fill_(float("nan"))
         if faults.get("kill") == step:                 # step K and its checkpoint are done: die like a
             os.kill(os.getpid(), signal.SIGKILL)            # preempted job (no cleanup)
     return hook
@@ -404,14 +384,14 @@ def preflight(model_cfg, tc, world: int, device) -> SimpleNamespace:
     out-dir, the --init-from checkpoint, the data, the batch geometry and horizon (derive), the memory the weights
     and optimizer need, the disk the checkpoints need, and what out_dir already holds (its identity must be this
     run's). Nothing is written. Returns the resolved run; --plan without a prepared --data checks what needs none."""
-    common.check_fields(model_cfg, LIMITS)           # LIMITS: finiteness and range (the CLI checked them already)
-    common.check_fields(tc, LIMITS)
+    # LIMITS: finiteness and range (the CLI checked them already; a TrainConfig checks itself in __post_init__)
+    common.check_fields(model_cfg, LIMITS)
     if not tc.plan:
         common.check_dir_writable(tc.out_dir, "--out-dir")
     hook, cfg, init_state, init_tok, init_id, facts = fault_hook(), model_cfg, None, None, None, None
     with_data = not tc.plan or os.path.isdir(tc.data)   # --plan needs no data; with it, it reports the out-dir's state
-    status, held = out_dir_state(tc, agree_on_out_dir(tc.out_dir, world)) if with_data else (
-        "unknown (--plan without a prepared --data)", None)   # rank 0's view decides; all ranks must agree
+    # rank 0's view decides; all ranks must agree
+    status, held = out_dir_state(tc, world) if with_data else ("unknown (--plan without a prepared --data)", None)
     if tc.init_from:
         cfg, init_state, init_tok = init_architecture(model_cfg, tc.init_from)
         init_id = weights_identity(init_state)
@@ -421,7 +401,7 @@ def preflight(model_cfg, tc, world: int, device) -> SimpleNamespace:
         cfg, facts = check_data(cfg, tc, init_tok)
     # precision, attention and compile, resolved once (a forced backend that cannot run is an error here)
     use_bf16 = (device.type == "cuda") if tc.precision is None else tc.precision == "bf16"
-    attn, attn_rule = resolve_attention(tc.attn, device, use_bf16)
+    attn = resolve_attention(tc.attn, device, use_bf16)[0]
     use_compile = (device.type == "cuda") if tc.compile is None else tc.compile
     g = derive(cfg, tc, world)
     # fp32 weights, gradients and two optimizer moments: 4 x the weights' bytes (eval.model_bytes, from the config),
@@ -430,18 +410,24 @@ def preflight(model_cfg, tc, world: int, device) -> SimpleNamespace:
     need(state <= have or tc.plan, f"the model does not fit: d_model {cfg.d_model}, l_eff {cfg.n_layers_eff}, vocab "
          f"{cfg.vocab_padded:,} padded, seq_len {cfg.seq_len:,}: its weights, gradients and optimizer state need "
          f"{state / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB of {what}")
-    identity = None
-    if facts is not None:
-        identity = run_identity(cfg, tc, facts.identity, init_id, "bf16" if use_bf16 else "fp32", attn, use_compile)
-    if held is not None:                     # a record or checkpoint is this run's only if its identity is (rule 1)
+    precision = "bf16" if use_bf16 else "fp32"
+    identity = run_identity(cfg, tc, facts.identity, init_id, precision, attn, use_compile) if facts else None
+    # A record or checkpoint is this run's only if its identity is (rule 1); a file without one predates run
+    # identities (or is not train.py's) and cannot be checked. The fields that differ come from common.identity_diff.
+    if held is not None:
         path = os.path.join(tc.out_dir, DONE_NAME if status == "finished" else CKPT_NAME)
-        same_run(held.get("identity"), identity, path)
+        need(isinstance(held.get("identity"), dict), f"{path} records no run identity: it was written by an older "
+             "train.py (or is not train.py's), so it cannot be checked against this run; move it away or pick another "
+             "--out-dir")
+        diff = common.identity_diff(held["identity"], identity)
+        need(not diff, f"{path} is the record of a different run (recorded vs now: {'; '.join(diff[:4])}"
+             f"{'; ...' if len(diff) > 4 else ''}); pick another --out-dir, or rerun with its flags")
         common.require(held, ("val_loss", "steps", "tokens") if status == "finished" else (), path)
     record, ckpt = (held, None) if status == "finished" else (None, held)
     if not tc.plan and status != "finished":
         check_disk(tc, g, cfg, ckpt["step"] if ckpt else 0)
     return SimpleNamespace(cfg=cfg, tc=tc, g=g, facts=facts, identity=identity, status=status, record=record,
-                           ckpt=ckpt, init_state=init_state, use_bf16=use_bf16, attn=attn, attn_rule=attn_rule,
+                           ckpt=ckpt, init_state=init_state, use_bf16=use_bf16, attn=attn,
                            use_compile=use_compile, hook=hook, state_bytes=state, device=device,
                            dev_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
 
@@ -463,23 +449,24 @@ def derive(cfg, tc, world: int) -> SimpleNamespace:
     # layout, injection, hc lanes, the BPTT window (Eq. 6), T and the padded vocabulary.
     arch = flops.accounting_args(cfg)
     (n_once, n_rec), F = flops.param_split(**arch), flops.flops_per_token(**arch)
+    # Every horizon gives whole steps of B tokens (flops.tokens_for_budget's D is steps x B too); the budget and
+    # --steps horizons are >= 1 step by construction, so the steps >= 1 check only ever refuses D or rho
     try:
         if tc.flops_budget is not None:
-            steps, tokens = flops.tokens_for_budget(tc.flops_budget, F, B)
+            steps = flops.tokens_for_budget(tc.flops_budget, F, B)[0]
             lr_tokens, rule = int(tc.flops_budget / F), "steps = round(C / (F B)); D_lr = int(C / F)"
         elif tc.steps is not None:
-            steps, tokens, lr_tokens, rule = tc.steps, tc.steps * B, tc.steps * B, "D = steps x B = D_lr"
-        else:
-            if tc.tokens is not None:
-                lr_tokens, rule, steps = tc.tokens, "steps = round(D / B); D_lr = D", round(tc.tokens / B)
-            else:                            # reuse-weighted params = the release's effective_params (optimizer §2.3)
-                lr_tokens = int(tc.tokens_per_param * (n_once + r * n_rec))
-                rule, steps = "D_lr = int(rho (N_once + r N_rec)); steps = D_lr // B", lr_tokens // B
-            need(steps >= 1, f"{lr_tokens:,} tokens are {'less than half of' if tc.tokens else 'less than'} one "
-                 f"optimizer step of {B:,} tokens")
-            tokens = steps * B
+            steps, lr_tokens, rule = tc.steps, tc.steps * B, "D = steps x B = D_lr"
+        elif tc.tokens is not None:
+            lr_tokens, rule, steps = tc.tokens, "steps = round(D / B); D_lr = D", round(tc.tokens / B)
+        else:                                # reuse-weighted params = the release's effective_params (optimizer §2.3)
+            lr_tokens = int(tc.tokens_per_param * (n_once + r * n_rec))
+            rule, steps = "D_lr = int(rho (N_once + r N_rec)); steps = D_lr // B", lr_tokens // B
+        need(steps >= 1, f"{lr_tokens:,} tokens are {'less than half of' if tc.tokens else 'less than'} one "
+             f"optimizer step of {B:,} tokens")
     except ValueError as err:
         raise ValueError(f"horizon: {err} (one step of B = {B:,} tokens costs F B = {F * B:.4g} FLOPs)") from None
+    tokens = steps * B
     # Peak LRs: eta_base through HyperP's width / batch / data corrections (App. D.2), computed once from (d, D, B, r);
     # a resume restores the schedule position and never re-applies a factor (optimizer.md §6.7). The reference (its
     # width and D_ref: the s = 10 model at the run's aspect ratio and depth, counted at THIS r) is optim.py's.
@@ -575,7 +562,7 @@ def pick_device_batch(model, tc, g, world: int, autocast, static: int) -> tuple:
 
 
 # -----------------------------------------------------------------------------
-# Small helpers: the start-up print, the record's common part, the log, git provenance, RNG state
+# Small helpers: the start-up print, the record's common part, the log, git provenance, a run file's write
 
 def startup_print(run, world: int, device_batch, db_rule: str, peak, peak_rule: str) -> float:
     """Print every derived quantity once, with its rule; return the estimated device-hours."""
@@ -638,9 +625,8 @@ def read_log(log_path: str, upto: int) -> list:
     tail, kept = lines.pop(), []             # tail: after the last newline, b"" when the file ends cleanly
     for i, ln in enumerate(lines, 1):
         try:
-            rec = json.loads(ln)
-            step = rec.get("step") if isinstance(rec, dict) else None
-        except ValueError:                   # JSONDecodeError, UnicodeDecodeError
+            step = json.loads(ln).get("step")
+        except (ValueError, AttributeError):  # JSONDecodeError, UnicodeDecodeError; JSON that is not an object
             step = None
         if not isinstance(step, int) and i == len(lines) and not tail:
             tail = ln                        # the last line is itself the torn one
@@ -657,8 +643,8 @@ def read_log(log_path: str, upto: int) -> list:
 
 def git_info() -> dict:
     """Commit, dirty flag and a hash of the uncommitted diff (style B9), or None where git is unavailable."""
-    git = lambda *a: subprocess.run(["git", "-C", REPO_DIR, *a], capture_output=True, text=True, timeout=30,
-                                    check=True).stdout
+    git = lambda *a: subprocess.run(["git", "-C", os.path.dirname(os.path.abspath(__file__)), *a], check=True,
+                                    capture_output=True, text=True, timeout=30).stdout      # this checkout's git
     try:
         dirty = bool(git("status", "--porcelain", "--untracked-files=no").strip())
         diff = hashlib.sha256(git("diff", "HEAD").encode()).hexdigest()[:16] if dirty else None
@@ -676,19 +662,6 @@ def write_run_file(path: str, data, key: str, what: str, then: str) -> None:
         raise OSError(f"could not write {what}{path}: {common.write_failure(err, path)}; {then}") from None
 
 
-def rng_state() -> dict:
-    """The RNGs a step can touch, torch's (CPU and CUDA), as tensors so the checkpoint loads with weights_only=True.
-    Nothing in a step draws from numpy's or Python's generators (the loader and the state noise are seeded by row)."""
-    return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
-
-
-def set_rng_state(s: dict) -> None:
-    """Inverse of rng_state(): restore every generator to the checkpointed position."""
-    torch.set_rng_state(s["torch"])
-    if s["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state(s["cuda"])
-
-
 # -----------------------------------------------------------------------------
 # main: written top to bottom, in the order it runs (like nanochat's base_train)
 
@@ -702,8 +675,7 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     # ---- 1. Checks: every refusal, before any folder is made -----------------------------------------------------
     run = preflight(model_cfg, train_cfg, world, device)
     cfg, tc, g = run.cfg, run.tc, run.g
-    out_dir = tc.out_dir
-    ckpt_path, done_path, log_path = (os.path.join(out_dir, n) for n in (CKPT_NAME, DONE_NAME, LOG_NAME))
+    ckpt_path, done_path, log_path = (os.path.join(tc.out_dir, n) for n in (CKPT_NAME, DONE_NAME, LOG_NAME))
     if run.status == "finished" and not tc.plan:            # a sweep relaunches every run with --resume
         print0(f"{done_path} exists: the run is finished (same run identity); returning its record")
         return run.record
@@ -728,12 +700,12 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
 
     # From here on this process writes out_dir: take its lock (one writer per run directory), then repair what a
     # killed predecessor may have left: temporaries of an interrupted write (the torn log tail is handled below).
-    created, lock = not os.path.isdir(out_dir), common.acquire_lock(out_dir, LOCK_NAME) if master else None
+    created, lock = not os.path.isdir(tc.out_dir), common.acquire_lock(tc.out_dir, LOCK_NAME) if master else None
     try:
         if master and (os.path.exists(done_path) or (run.status == "fresh" and os.path.exists(ckpt_path))):
-            raise ValueError(f"another trainer wrote {out_dir} while this one was starting; rerun the same command "
+            raise ValueError(f"another trainer wrote {tc.out_dir} while this one was starting; rerun the same command "
                              "(with --resume) once it is done")
-        for path in common.stale_temps(out_dir) if master else []:
+        for path in common.stale_temps(tc.out_dir) if master else []:
             os.remove(path)
             print0(f"removed {path}: a temporary file left by an interrupted write (the real file is untouched)")
         key = common.request_key("train.py", run.identity)   # the ownership ledger's name for this run's files
@@ -770,7 +742,10 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
             load_weights(raw_model, ck["model"], ckpt_path)   # names and shapes checked: a one-line error if not
             optimizer.load_state_dict(ck["optimizer"])
             loader.load_state_dict(ck["loader"])
-            set_rng_state(ck["rng"])         # rank 0's state; every rank draws the same numbers (same seed, calls)
+            # rank 0's RNG state; every rank draws the same numbers (same seed, same calls)
+            torch.set_rng_state(ck["rng"]["torch"])
+            if ck["rng"]["cuda"] is not None and torch.cuda.is_available():
+                torch.cuda.set_rng_state(ck["rng"]["cuda"])
             start_step, wall_before, last_val = ck["step"], ck["wall_time_s"], ck["val_loss"]
             print0(f"resumed {ckpt_path} at step {start_step}/{total_steps}")
         elif tc.resume:
@@ -809,9 +784,14 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
 
         def checkpoint(step, val):
             """Rank 0 writes out_dir/ckpt.pt atomically; the other ranks wait, so nobody races ahead of a bad write."""
+            # The RNGs a step can touch, torch's (CPU and CUDA), as tensors so the checkpoint loads with
+            # weights_only=True. Nothing in a step draws from numpy's or Python's generators (the loader and the state
+            # noise are seeded by row).
             optim_state = optimizer.state_dict()   # every rank: gathers the sharded MuonH state (any world size)
+            rng = {"torch": torch.get_rng_state(),
+                   "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
             state = {"model": raw_model.state_dict(), "optimizer": optim_state, "loader": loader.state_dict(),
-                     "rng": rng_state(), "step": step, "val_loss": val, "identity": run.identity,
+                     "rng": rng, "step": step, "val_loss": val, "identity": run.identity,
                      "wall_time_s": wall_before + time.time() - t_loop, "tokenizer_hash": run.facts.tok_hash,
                      "model_config": asdict(cfg), "train_config": asdict(tc)}
             if master:
@@ -824,9 +804,8 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
         def log(rec):
             """One record appended to log.jsonl (rank 0); a failed append (full disk) is one line naming the file."""
             try:
-                if log_file:
+                if log_file:                 # line-buffered: each record reaches the file as it is written
                     log_file.write(json.dumps(rec) + "\n")
-                    log_file.flush()
             except OSError as err:
                 raise OSError(f"could not append to {log_path}: {common.write_failure(err, log_path)}. Free space, "
                               "then rerun with --resume (the run continues from its last checkpoint)") from None
@@ -850,7 +829,7 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
         # One optimizer step = accum micro-batches per rank: LR multiplier, forward/backward (grads all-reduce only on
         # the last micro-batch), optimizer step; at logging steps one loss read, one log line; eval / checkpoint if
         # due. No weight decay, no clipping, no warmup anywhere (§4.1): the loop has nothing else to do.
-        log_file = open(log_path, "a") if master else None
+        log_file = open(log_path, "a", buffering=1) if master else None
         t_loop = t_log = time.time()
         last_log = start_step
         for step in range(start_step, total_steps):
@@ -860,8 +839,8 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
             loss_sum = torch.zeros((), device=device)           # sum of micro-batch mean losses, on the device
             for micro in range(accum):
                 x, y = loader.next_batch()                      # (device_batch, seq_len) int64 each
-                last = micro == accum - 1                       # grads all-reduce only on the last micro-step
-                with (train_model.no_sync() if world > 1 and not last else nullcontext()):
+                # grads all-reduce only on the last micro-step
+                with (train_model.no_sync() if world > 1 and micro < accum - 1 else nullcontext()):
                     with autocast():
                         loss = train_model(x, y, state_noise=state_noise(step, micro))   # mean CE, this micro-batch
                     (loss / accum).backward()                   # optimizer.md §5: loss divided by accum steps
@@ -895,14 +874,13 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
             log_file.close()
         # Peak memory: CUDA's max allocated, or this process's peak RSS (ru_maxrss is in KiB on Linux; the whole
         # process, so in-process sweeps report their largest run so far).
-        mem_label = "cuda_max_allocated" if device.type == "cuda" else "peak_rss"
-        mem = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else resource.getrusage(
-            resource.RUSAGE_SELF).ru_maxrss * 1024
+        mem = ({"cuda_max_allocated": torch.cuda.max_memory_allocated(device)} if device.type == "cuda" else
+               {"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
         record = {"config": {"model_config": asdict(cfg), "train_config": asdict(tc)}, "identity": run.identity,
                   **summary(cfg, tc, g), "world": world, "device_batch": device_batch, "val_loss": last_val,
                   "eval_tokens": run.facts.eval_rows * cfg.seq_len, "wall_time_s": wall_before + time.time() - t_loop,
                   "total_time_s": time.time() - t_start, "tokenizer_hash": run.facts.tok_hash, "data": tc.data,
-                  mem_label: mem, "attn": run.attn, "precision": "bf16" if run.use_bf16 else "fp32",
+                  **mem, "attn": run.attn, "precision": "bf16" if run.use_bf16 else "fp32",
                   "compile": run.use_compile, **git_info(), **({"case": tc.case} if tc.case else {})}
         if master:
             write_run_file(done_path, json.dumps(record, indent=1) + "\n", key, "", "the final checkpoint is kept. "
@@ -913,9 +891,9 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
         return record
     finally:
         if lock is not None:
-            common.release_lock(lock, out_dir, LOCK_NAME)
-            if created and not os.listdir(out_dir):        # a start that failed leaves no empty folder behind
-                os.rmdir(out_dir)
+            common.release_lock(lock, tc.out_dir, LOCK_NAME)
+            if created and not os.listdir(tc.out_dir):     # a start that failed leaves no empty folder behind
+                os.rmdir(tc.out_dir)
 
 
 # The CLI: a refusal (bad input, another run's files, a model that cannot fit) is one line and exit status 2, before
