@@ -55,7 +55,7 @@ import torch.nn.functional as F
 
 import flops
 from common import (Parser, check_number, check_owned, fail, first_line, init_dist, number, print0, read_json,
-                    request_key, write_owned)
+                    request_key, require, write_owned)
 from data import PackedLoader, jsonl_records, load_tokenizer, read_meta
 from model import LoopedGPT, ModelConfig
 
@@ -700,15 +700,10 @@ def read_checkpoint(path, keys=CKPT_KEYS) -> dict:
             ModelConfig(**ck["model_config"])
         except (TypeError, ValueError) as e:
             raise ValueError(f"{path}: invalid model_config: {e}") from None
-        ck["model"] = {_strip_prefix(k): v for k, v in ck["model"].items()}
+        # torch.compile wraps a module as _orig_mod, DDP as module: their state-dict keys carry the prefix
+        ck["model"] = {re.sub(r"^(_orig_mod\.)?(module\.)?", "", k) if isinstance(k, str) else k: v
+                       for k, v in ck["model"].items()}
     return ck
-
-
-def _strip_prefix(key):
-    """torch.compile wraps a module as _orig_mod, DDP as module: their state-dict keys carry the prefix."""
-    for prefix in ("_orig_mod.", "module."):
-        key = key[len(prefix):] if isinstance(key, str) and key.startswith(prefix) else key
-    return key
 
 
 def load_weights(model, state, source, names=None):
@@ -786,9 +781,9 @@ def load_checkpoint(path, device="cpu", step=None):
         print0(f"release checkpoint {root} step {meta['step']}: s={mc.get('size')} d={model.cfg.d_model} "
                f"r={model.cfg.n_loops} layout {'-'.join(map(str, model.cfg.partition))} {model.cfg.injection}"
                + (f" | their val_loss {meta['val_loss']:.4f}" if meta.get("val_loss") is not None else ""))
-        ck = dict(model_config=dataclasses.asdict(model.cfg), release=meta,
-                  train_config=dict(eval_tokens=RELEASE_EVAL_TOKENS))
-        return model, ck
+        return model, dict(model_config=dataclasses.asdict(model.cfg), release=meta,
+                           train_config=dict(eval_tokens=RELEASE_EVAL_TOKENS))
+
     ck = read_checkpoint(root)
     source, cfg = os.path.join(root, "ckpt.pt") if os.path.isdir(root) else root, ModelConfig(**ck["model_config"])
     check_memory(cfg, device, source)
@@ -850,21 +845,6 @@ def release_rope_tables(n_pos, head_dim, base):
     return angles.cos().bfloat16().float(), angles.sin().bfloat16().float()
 
 
-def _release_config(meta, where) -> dict:
-    """The meta's model_config, every field checked against RELEASE_FIELDS (type, range; none unknown or missing)
-    and completed with RELEASE_DEFAULTS. A hand-edited field is one line naming the file and the key."""
-    mc = meta.get("model_config")
-    if not isinstance(mc, dict):
-        raise ValueError(f"{where} has no model_config object")
-    unknown, missing = sorted(set(mc) - set(RELEASE_FIELDS)), [k for k in RELEASE_NEEDED if k not in mc]
-    if unknown or missing:
-        raise ValueError(f"{where}: model_config: " + "; ".join(
-            s for s in (f"unknown fields {unknown} (a newer or older release?)" if unknown else "",
-                        f"missing fields {missing}" if missing else "") if s))
-    _check_record(mc, RELEASE_FIELDS, where, "model_config.")
-    return dict(RELEASE_DEFAULTS, **mc)
-
-
 def load_release(root, step=None, device="cpu", release_rope=True):
     """An authors' release checkpoint -> (LoopedGPT in eval mode, meta dict with "step" set). ValueError if not.
 
@@ -889,9 +869,7 @@ def load_release(root, step=None, device="cpu", release_rope=True):
                release_rope: also install the release's bf16-rounded tables (eval; train.py --init-from keeps
                nanoloop's own, so its resumes stay bitwise).
     """
-    if not os.path.isdir(root):
-        raise ValueError(f"{root} is not a directory (expected a release checkpoint dir of model_<step>.pt files)")
-    steps = _release_steps(root)
+    steps = _release_steps(root)                             # root: a directory (load_checkpoint's dispatch)
     if not steps:
         raise ValueError(f"{root} holds no model_<step>.pt (and no ckpt.pt): not a checkpoint directory")
     step = max(steps) if step is None else step
@@ -904,12 +882,19 @@ def load_release(root, step=None, device="cpu", release_rope=True):
     # a meta copied from another step: not this one's
     if meta.get("step") not in (None, step):
         raise ValueError(f"{meta_path}: key 'step' is {meta['step']}, but it sits beside model_{step:06d}.pt")
-    c = _release_config(meta, meta_path)
-    where = f"{meta_path}: model_config"
+    # The meta's model_config, every field checked against RELEASE_FIELDS (type, range; none unknown or missing)
+    # and completed with RELEASE_DEFAULTS. A hand-edited field is one line naming the file and the key.
+    require(meta, ["model_config"], meta_path)
+    where, mc = f"{meta_path}: model_config", meta["model_config"]
+    for what, fields in (("unknown", sorted(set(mc) - set(RELEASE_FIELDS))),
+                         ("missing", [k for k in RELEASE_NEEDED if k not in mc])):
+        if fields:
+            raise ValueError(f"{where}: {what} fields {fields} (a newer or older release?)")
+    _check_record(mc, RELEASE_FIELDS, meta_path, "model_config.")
+    c = dict(RELEASE_DEFAULTS, **mc)
     if c["input_injection"] not in RELEASE_INJECTION:
         raise ValueError(f"{where}: input_injection {c['input_injection']!r} not in {sorted(RELEASE_INJECTION)}")
-    injection, r = RELEASE_INJECTION[c["input_injection"]], c["num_recur"]
-    d, H = c["n_embd"], c["n_head"]
+    injection, r, d, H = RELEASE_INJECTION[c["input_injection"]], c["num_recur"], c["n_embd"], c["n_head"]
     if c["n_kv_head"] != H:
         raise ValueError(f"{where}: grouped-query attention (n_kv_head {c['n_kv_head']} != n_head {H}); nanoloop's "
                          "attention has one key/value head per query head")
@@ -934,8 +919,7 @@ def load_release(root, step=None, device="cpu", release_rope=True):
                           logit_softcap=float(c["logit_softcap"]))
     except ValueError as e:
         raise ValueError(f"{where}: a layout nanoloop cannot express ({e})") from None
-    if cfg.partition != (p, l, co):
-        raise ValueError(f"{where}: layout {p}-{l}-{co} at r={r} is not nanoloop's {'-'.join(map(str, cfg.partition))}")
+    # (cfg.partition is (p, l, co) now: r = 1 was refused above unless 0-l-0, and r > 1 keeps p and co)
     # before the weights are read or the model built
     check_memory(cfg, device, meta_path)
 
@@ -943,10 +927,9 @@ def load_release(root, step=None, device="cpu", release_rope=True):
     state, names = {}, {}
     for k, v in read_checkpoint(steps[step], keys=()).items():    # the safe reader: a flat state dict here
         name = str(k[len("_orig_mod."):] if isinstance(k, str) and k.startswith("_orig_mod.") else k)
-        m = re.fullmatch(r"transformer\.(prelude|recur|coda)\.(\d+)\.(.+)", name)
+        m = re.fullmatch(r"transformer\.((?:prelude|recur|coda)\.\d+\.)(.+)", name)
         if m:
-            rest = {"n1.weight": "norm_attn.weight", "n3.weight": "norm_mlp.weight"}.get(m.group(3), m.group(3))
-            new = f"{m.group(1)}.{m.group(2)}.{rest}"
+            new = m[1] + {"n1.weight": "norm_attn.weight", "n3.weight": "norm_mlp.weight"}.get(m[2], m[2])
         elif name.startswith(("wte.", "hc_", "prelude.", "recur.", "coda.")):     # would get its RoPE flipped
             raise ValueError(f"{steps[step]} holds nanoloop names ({name}): a nanoloop state dict, not a release "
                              "one (its RoPE rows must not be flipped); save it as train.py's ckpt.pt instead")
@@ -959,10 +942,9 @@ def load_release(root, step=None, device="cpu", release_rope=True):
     model = load_weights(LoopedGPT(cfg), state, steps[step], names)   # bf16 wte (CUDA runs) -> fp32: exact
     D = cfg.head_dim
     with torch.no_grad():                                         # the RoPE direction (docstring)
-        for blk in model.blocks():
-            for lin in (blk.attn.c_q, blk.attn.c_k):
-                # (H, D, d): second-half output rows of each head
-                lin.weight.view(H, D, d)[:, D // 2:] *= -1
+        for lin in [m for blk in model.blocks() for m in (blk.attn.c_q, blk.attn.c_k)]:
+            lin.weight.view(H, D, d)[:, D // 2:] *= -1           # (H, D, d): second-half output rows of each head
+
     if release_rope:
         cos, sin = release_rope_tables(model.rope_cos.size(0), D, cfg.rope_base)
         model.rope_cos.copy_(cos)
