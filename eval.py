@@ -42,11 +42,9 @@ import pathlib
 import pickle
 import random
 import re
-import string
 import sys
 import time
 import warnings
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -72,7 +70,7 @@ VAR_ASSIGN_SEED = 42     # one Random(42) for all four VarAssign files (data.md 
 INDUCTION_SEED = 1337    # induction-head probe (data.md §7.7)
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Task:
     """One downstream task. `file` is relative to --task-dir (the layout of the authors' bundles)."""
     file: str                       # CORE jsonl, e.g. "closed_book_qa/triviaqa.jsonl"
@@ -320,7 +318,7 @@ def render_prompts(item, shots, delimiter=" "):
 # -----------------------------------------------------------------------------
 # Tokenising, cropping: one scored sequence per example
 
-@dataclass
+@dataclasses.dataclass
 class Example:
     """One scored sequence: tokens = BOS + prompt + gold continuation; the span is tokens[start:] (always the end,
     empty when start == len(tokens): an MC gold choice that is a token prefix of another choice)."""
@@ -543,7 +541,7 @@ def evaluate_suite(model, tokenizer, names, *, task_dir=None, seq_len=None, crop
 # -----------------------------------------------------------------------------
 # Reasoning primitives (paper App. H.1; data.md §7.7, generated exactly as the release does)
 
-LETTERS = list(string.ascii_lowercase)
+LETTERS = "abcdefghijklmnopqrstuvwxyz"             # sampled as a sequence: list or str, the same draws
 VALUE_RANGE = (1, 25)                            # values drawn with randint(1, 25), inclusive (App. H.1)
 MATH_HEADER = "The following is a set of simple mathematical equations."
 CODE_HEADER = ("The following is a very short Python program. "
@@ -590,8 +588,8 @@ def induction_head_record(rng, n_pairs=8):
     (keys not de-duplicated); the gold value is the one at the query index (Olsson et al. 2022 probe)."""
     # 0-shot: the answer is only in the context, so the loss measures in-context copying, not stored knowledge.
     # All keys are drawn before all values (the release's call order); a repeated key (26^4 choices) is rare.
-    keys = ["".join(rng.choices(string.ascii_lowercase, k=4)) for _ in range(n_pairs)]
-    vals = ["".join(rng.choices(string.ascii_lowercase, k=3)) for _ in range(n_pairs)]
+    keys = ["".join(rng.choices(LETTERS, k=4)) for _ in range(n_pairs)]
+    vals = ["".join(rng.choices(LETTERS, k=3)) for _ in range(n_pairs)]
     q = rng.randrange(n_pairs)
     ctx = "\n".join(f"{k} -> {v}" for k, v in zip(keys, vals)) + f"\n{keys[q]} ->"
     return {"context": ctx, "continuation": vals[q], "choices": vals, "gold": q}
@@ -716,16 +714,15 @@ def load_weights(model, state, source, names=None):
     show = lambda ks: ", ".join(str((names or {}).get(k, k)) for k in ks[:4]) + (" ..." if len(ks) > 4 else "")
     is_float = lambda v: isinstance(v, torch.Tensor) and v.is_floating_point()
     fits = [k for k in want if is_float(state.get(k)) and tuple(state[k].shape) == want[k]]
-    problems = []
-    for what, ks in (("missing", [k for k in want if k not in state]),
-                     ("unknown", [k for k in state if k not in want]),
-                     ("not a float tensor", [k for k in want if k in state and not is_float(state[k])]),
-                     ("with another shape", [f"{(names or {}).get(k, k)} {tuple(state[k].shape)} vs {want[k]}"
-                                             for k in want if is_float(state.get(k)) and k not in fits]),
-                     ("holding NaN or inf", [k for k in fits if not torch.isfinite(state[k]).all()])):
-        if ks:
-            problems.append(f"{len(ks)} {what}: {show(ks)}")
+    problems = [f"{len(ks)} {what}: {show(ks)}" for what, ks in (
+        ("missing", [k for k in want if k not in state]),
+        ("unknown", [k for k in state if k not in want]),
+        ("not a float tensor", [k for k in want if k in state and not is_float(state[k])]),
+        ("with another shape", [f"{(names or {}).get(k, k)} {tuple(state[k].shape)} vs {want[k]}"
+                                for k in want if is_float(state.get(k)) and k not in fits]),
+        ("holding NaN or inf", [k for k in fits if not torch.isfinite(state[k]).all()])) if ks]
     if problems:
+
         c = model.cfg
         raise ValueError(f"{source}: the weights do not match the model config (d_model {c.d_model}, n_loops "
                          f"{c.n_loops}, layout {'-'.join(map(str, c.partition))}, injection {c.injection}, vocab "
@@ -959,11 +956,10 @@ def tokenizer_for(ck, data_dir=None, spec=None):
     """The run's tokenizer: --tokenizer SPEC, else train_config['tokenizer'] if set, else the copy recorded in the
     prepared data dir (data.load_tokenizer(DIR)). Checked against the checkpoint's tokenizer_hash when it has one:
     scoring with another tokenizer than the model was trained on gives meaningless losses."""
-    spec = spec or (ck.get("train_config") or {}).get("tokenizer") or None
-    if spec is None:
-        if not data_dir or not os.path.isdir(data_dir):
-            raise ValueError(f"data dir {data_dir!r} not found: pass --data DIR or --tokenizer SPEC")
-        spec = data_dir
+    spec = spec or (ck.get("train_config") or {}).get("tokenizer")
+    if not spec and not (data_dir and os.path.isdir(data_dir)):
+        raise ValueError(f"data dir {data_dir!r} not found: pass --data DIR or --tokenizer SPEC")
+    spec = spec or data_dir
     try:
         tok = load_tokenizer(spec)
     except ValueError as e:
@@ -1012,9 +1008,8 @@ def sample(model, tokenizer, prompt, max_new_tokens=64, temperature=0.8, top_k=5
                          f"(10 x seq_len {model.cfg.seq_len}); "
                          + (f"use --max-new-tokens <= {most}" if most >= 1 else "shorten the prompt"))
     gen = torch.Generator(device=device).manual_seed(seed)
-    out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k or None, generator=gen,
-                         n_loops=n_loops)
-    new = out[0, idx.size(1):].tolist()                      # (max_new_tokens,) the continuation only
+    new = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k or None, generator=gen,
+                         n_loops=n_loops)[0, t0:].tolist()   # (max_new_tokens,) the continuation only
     # An id past the tokenizer is a special token of the model's own vocabulary (the release's <|assistant_end|> =
     # 32,000 after Llama-2's 32,000 pieces): it ends the text; the ids are returned whole.
     end = next((i for i, t in enumerate(new) if t >= tokenizer.vocab_size), len(new))
@@ -1044,27 +1039,27 @@ def _parser():
     add, count = p.add_argument, lambda lo, hi="inf)": number(int, f"[{lo}, {hi}")
     add("checkpoint", help="train.py out_dir (holding ckpt.pt and done.json), a .pt file, or an authors' release "
         "dir (model_<step>.pt + meta_<step>.json)")
-    add("--step", type=count(0), default=None, help="release dir only: which step (default the latest)")
+    add("--step", type=count(0), help="release dir only: which step (default the latest)")
     add("--tasks", nargs="+", default=["all"], help="task names, axis names, 'all' or 'none' (default all; TASKS)")
-    add("--task-dir", default=None, help="root of the task files (the bundles' layout)")
-    add("--n-loops", type=count(1, "1024]"), default=None, help="evaluate at r' != trained r (test-time; not hyper)")
-    add("--n-loops-sweep", default=None, metavar="R1,R2,...", help="val loss at every test-time r' (App. A loop "
+    add("--task-dir", help="root of the task files (the bundles' layout)")
+    add("--n-loops", type=count(1, "1024]"), help="evaluate at r' != trained r (test-time; not hyper)")
+    add("--n-loops-sweep", metavar="R1,R2,...", help="val loss at every test-time r' (App. A loop "
         "extrapolation), written into eval.json as n_loops_sweep; refused for modes that cannot run r' != r (hyper)")
     add("--no-crop", action="store_true", help="authors' behaviour: never left-crop long prompts")
-    add("--data", default=None, help="prepared data dir (default: the run's train_config['data'])")
-    add("--tokenizer", default=None, help="tokenizer spec (default: the one named in the data meta)")
-    add("--val-tokens", type=count(-1), default=None, help="validation tokens (default: the run's eval_tokens; -1 = "
+    add("--data", help="prepared data dir (default: the run's train_config['data'])")
+    add("--tokenizer", help="tokenizer spec (default: the one named in the data meta)")
+    add("--val-tokens", type=count(-1), help="validation tokens (default: the run's eval_tokens; -1 = "
         "every val row; 0 skips)")
     add("--device-batch", type=count(1), default=8, help="val rows per forward")
     add("--batch-tokens", type=count(0), default=8192, help="scorer positions per forward (memory ~4*V*this B; 0 = "
         "one example at a time)")
-    add("--sample", default=None, help="print a KV-cached continuation of this prompt and exit")
+    add("--sample", help="print a KV-cached continuation of this prompt and exit")
     add("--max-new-tokens", type=count(1), default=64, help="at most 10 x seq_len + 1 - prompt tokens (the RoPE "
         "table); checked before decoding")
     add("--temperature", type=number(float, "[0, inf)"), default=0.8, help="0 = greedy")
     add("--top-k", type=count(0), default=50, help="0 = no top-k filter")
     add("--seed", type=count(0, "9223372036854775807]"), default=0)
-    add("--out", default=None, help="output json (default: eval.json, or eval_r{r}.json with --n-loops)")
+    add("--out", help="output json (default: eval.json, or eval_r{r}.json with --n-loops)")
     add("--overwrite", action="store_true", help="let --out replace a file eval.py did not write for this request")
     return p
 
@@ -1073,12 +1068,11 @@ def _preflight(a):
     """Every check that needs no checkpoint: task names, the sweep, flags that exclude each other, folders, and
     every task file read and checked (a malformed line at the end of the last file fails now, not after the val
     loss and 19 tasks were scored). -> (task names, {name: load_task(...)}, sweep list or None)."""
-    names = []
-    for word in (w for arg in a.tasks for w in arg.split(",") if w):   # validate every name before any work
-        if word not in ("all", "none") and word not in AXES and word not in TASKS:
+    words = [w for arg in a.tasks for w in arg.split(",") if w]
+    for word in words:                                       # validate every name before any work
+        if word not in ("all", "none", *AXES, *TASKS):
             raise ValueError(f"unknown task {word!r}; known: {', '.join(TASKS)}; axes: {', '.join(AXES)}")
-        names += [n for n in TASKS if word in ("all", n, TASKS[n].axis)]
-    names = list(dict.fromkeys(names))
+    names = list(dict.fromkeys(n for word in words for n in TASKS if word in ("all", n, TASKS[n].axis)))
     for flag, path in (("--task-dir", a.task_dir), ("--data", a.data)):
         if path is not None and not os.path.isdir(path):
             raise ValueError(f"{flag} {path}: no such folder")
