@@ -119,8 +119,7 @@ TASKS = {
     "bigbench_cs_algorithms": Task("symbolic_problem_solving/bigbench_cs_algorithms.jsonl",
                                    "compositional_symbolic", 10),                           # 1,320
 }
-PRIMITIVES = ("var_assign_d0_math", "var_assign_d0_code", "var_assign_d1_math", "var_assign_d1_code",
-              "induction_head")
+PRIMITIVES = ("var_assign_d0_math", "var_assign_d0_code", "var_assign_d1_math", "var_assign_d1_code", "induction_head")
 
 
 def _autocast(device, bf16=None):
@@ -282,8 +281,6 @@ def fewshot_indices(idx, n, k, seed=FEWSHOT_SEED):
 
     Sampling range(n - 1) and skipping over idx picks exactly what sampling the list [j for j != idx] picks
     (random.sample draws positions), without building an O(n) list per item."""
-    if k == 0:
-        return []
     if k > n - 1:
         raise ValueError(f"{k}-shot prompts need at least {k + 1} items, the task has {n}")
     return [j + (j >= idx) for j in random.Random(seed + idx).sample(range(n - 1), k)]
@@ -346,8 +343,7 @@ def crop_example(ex: Example, max_len: int) -> Example:
                          f"after BOS; raise seq_len or use --no-crop")
     # BOS stays at position 0, as at the start of every training row (data.md §2), so the model sees the cropped
     # prompt the way it saw documents cut by best-fit packing; the oldest shots / passage text go first.
-    toks = ex.tokens[:1] + ex.tokens[1 + drop:]
-    return Example(toks, ex.start - drop, ex.n_bytes, drop, ex.mismatch)
+    return Example(ex.tokens[:1] + ex.tokens[1 + drop:], ex.start - drop, ex.n_bytes, drop, ex.mismatch)
 
 
 def build_examples(items, indices, tokenizer, *, shots, delimiter=" ", seq_len=None, crop=True):
@@ -453,8 +449,7 @@ def evaluate_task(model, tokenizer, items, *, shots, delimiter=" ", cap=CAP, seq
     mine = range(rank, len(items), world)                    # round-robin: ranks get near-equal work
     err = None
     try:
-        examples = build_examples(items, mine, tokenizer, shots=shots, delimiter=delimiter, seq_len=seq_len,
-                                  crop=crop)
+        examples = build_examples(items, mine, tokenizer, shots=shots, delimiter=delimiter, seq_len=seq_len, crop=crop)
         nats, ntok, exact = score_examples(model, examples, batch_tokens=batch_tokens, n_loops=n_loops,
                                            pad_id=tokenizer.bos_id)
     # e.g. one of this rank's items does not fit: the other ranks must still reach the all-reduce below, then
@@ -740,10 +735,8 @@ def check_memory(cfg, device, source) -> None:
         host, dev = model_bytes(cfg)
     except ValueError as err:
         raise ValueError(f"{source}: {err}") from None
-    try:
-        limits = [("host RAM", host, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))]
-    except (ValueError, OSError):                                  # no sysconf: the allocator decides
-        limits = []
+    # sysconf as in train.device_memory: every platform common.py imports on (it needs fcntl) has these two
+    limits = [("host RAM", host, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))]
     if torch.device(device).type == "cuda":
         limits.append(("GPU memory", dev, torch.cuda.get_device_properties(torch.device(device)).total_memory))
     for where, need, have in limits:
@@ -773,8 +766,7 @@ def load_checkpoint(path, device="cpu", step=None):
     ck = read_checkpoint(root)
     source, cfg = os.path.join(root, "ckpt.pt") if os.path.isdir(root) else root, ModelConfig(**ck["model_config"])
     check_memory(cfg, device, source)
-    model = load_weights(LoopedGPT(cfg), ck["model"], source)
-    return model.to(device).eval(), ck
+    return load_weights(LoopedGPT(cfg), ck["model"], source).to(device).eval(), ck
 
 
 def _checkpoint_kind(path, step):
@@ -912,7 +904,7 @@ def load_release(root, step=None, device="cpu", release_rope=True):
     # Weights: release names -> nanoloop names, checked strictly against LoopedGPT(cfg).
     state, names = {}, {}
     for k, v in read_checkpoint(steps[step], keys=()).items():    # the safe reader: a flat state dict here
-        name = str(k[len("_orig_mod."):] if isinstance(k, str) and k.startswith("_orig_mod.") else k)
+        name = re.sub(r"^_orig_mod\.", "", str(k))
         m = re.fullmatch(r"transformer\.((?:prelude|recur|coda)\.\d+\.)(.+)", name)
         if m:
             new = m[1] + {"n1.weight": "norm_attn.weight", "n3.weight": "norm_mlp.weight"}.get(m[2], m[2])
@@ -1104,8 +1096,7 @@ def _open_run(a, sweep):
     output path claimed (this request's own, or --overwrite). -> a dict of what scoring needs."""
     rank, world, device = init_dist()
     model, ck = load_checkpoint(a.checkpoint, device, a.step)
-    cfg, tcfg = model.cfg, ck.get("train_config") or {}
-    data_dir = a.data or tcfg.get("data")
+    cfg, data_dir = model.cfg, a.data or (ck.get("train_config") or {}).get("data")
     tokenizer = tokenizer_for(ck, data_dir, a.tokenizer)
     check_inputs(cfg, ck, tokenizer, data_dir)
     r_eval = cfg.n_loops if a.n_loops is None else a.n_loops
