@@ -199,8 +199,6 @@ def load_records(runs_dir):
         rec.update(source=path, run_dir=os.path.relpath(root, runs_dir), n_loops_sweep=_read_sweep(
             os.path.join(root, "eval.json")), arch={k: v for k, v in acc.items() if k not in ("d_model", "n_loops")},
             aspect_ratio=mcfg.get("aspect_ratio", flops.ASPECT_RATIO))
-        if "d_model" not in rec and "scale" in rec:
-            rec["d_model"] = rec["aspect_ratio"] * rec["scale"]
         recs.append(rec)
     if not recs:
         left = unfinished_runs(runs_dir)
@@ -417,9 +415,7 @@ def objective(theta, prob, weights=None, grad=True):
         # in cache).
         parts = [objective(th[i:i + rows], prob, None if np.ndim(weights) < 2 else weights[i:i + rows], grad)
                  for i in range(0, len(th), rows)]
-        if not grad:
-            return np.concatenate(parts)
-        return np.concatenate([q[0] for q in parts]), np.concatenate([q[1] for q in parts])
+        return tuple(map(np.concatenate, zip(*parts))) if grad else np.concatenate(parts)
     a, b, e, alpha, beta = (th[:, j:j + 1] for j in range(5))    # each (K, 1)
     free = prob["phi_fixed"] is None
     if free:
@@ -490,8 +486,7 @@ def _screen(prob, x0, weights=None, maxiter=SCREEN_ITERS, gtol=1e-9, ftol=1e-13)
     # first step: identity scaled so the largest coordinate moves by at most 1 (then Shanno-Phua rescaling)
     H = np.eye(p)[None] / np.maximum(np.abs(g).max(1), 1e-12)[:, None, None]     # (K, p, p)
     fresh = np.ones(K, dtype=bool)                 # H not yet rescaled by a first curvature pair
-    done = np.zeros(K, dtype=bool)                 # left the active set (converged, stalled)
-    converged = np.zeros(K, dtype=bool)            # ... before the iteration cap
+    done = np.zeros(K, dtype=bool)                 # left the active set (converged or stalled) before the cap
     for _ in range(maxiter):
         act = np.flatnonzero(~done)
         if act.size == 0:
@@ -523,7 +518,7 @@ def _screen(prob, x0, weights=None, maxiter=SCREEN_ITERS, gtol=1e-9, ftol=1e-13)
             shrink = np.where(curv > 0, -slope / (2 * np.maximum(curv, 1e-300)), 0.1)
             t[pend] = tp * np.clip(shrink, 0.1, 0.5)
         # a failed line search means no further progress is possible at screen precision
-        done[act[~ok_all]] = converged[act[~ok_all]] = True
+        done[act[~ok_all]] = True
         move = np.flatnonzero(ok_all)
         if move.size == 0:
             continue
@@ -549,8 +544,8 @@ def _screen(prob, x0, weights=None, maxiter=SCREEN_ITERS, gtol=1e-9, ftol=1e-13)
         # stop: projected gradient small, or the relative decrease negligible
         pg = np.abs(np.clip(x[am] - g[am], lo, hi) - x[am]).max(1)
         stop = (pg <= gtol) | ((fa[move] - fn) <= ftol * np.maximum(np.abs(fn), 1e-300))
-        done[am[stop]] = converged[am[stop]] = True
-    return x, f * DELTA, converged
+        done[am[stop]] = True
+    return x, f * DELTA, done
 
 
 def _polish(prob, x, weights=None):
@@ -594,11 +589,8 @@ def fit_law(prob, restarts=RESTARTS, seed=0, engine="batched"):
         first = {}                                   # rounded theta -> its best screened start, best first
         for i in order:
             first.setdefault(tuple(np.round(xs[i], 3)), i)
-        best_x, best_f = xs[order[0]], fs[order[0]]
-        for i in list(first.values())[:N_POLISH]:
-            xp, fp = _polish(prob, xs[i])
-            if fp < best_f:
-                best_x, best_f = xp, fp
+        polished = [_polish(prob, xs[i]) for i in list(first.values())[:N_POLISH]]
+        best_x, best_f = min([(xs[order[0]], fs[order[0]])] + polished, key=lambda xf: xf[1])   # first of equals
     elif engine == "scipy":
         # engine A: the protocol as written, one L-BFGS-B per start, serially (the reference the test compares to)
         xs, fs = (np.array(v) for v in zip(*[_polish(prob, x) for x in x0]))
@@ -1285,11 +1277,13 @@ def _lim(*arrays):
     return [lo - pad, hi + pad]
 
 
-def _diagonal(ax, runs, **labels):
+def _diagonal(ax, runs, legend=False, **labels):
     """The y = x line of a predicted-vs-actual panel, framed by the actual losses (a wild prediction is clipped)."""
     lim = _lim(runs["val_loss"])
     ax.plot(lim, lim, "k--", lw=0.8)
     ax.set(xlabel="actual loss (nats)", xlim=lim, ylim=lim, **labels)
+    if legend:
+        ax.legend(fontsize=7)
 
 
 def make_figures(res, runs):
@@ -1305,8 +1299,7 @@ def make_figures(res, runs):
         for grp, b in _chin_groups(res).items():
             m = np.array([g == grp for g in runs["group"]])
             ax.scatter(runs["val_loss"][m], predict(b["theta"], _pack(subset(runs, m), 0.0)), s=14, label=grp)
-        _diagonal(ax, runs, ylabel="predicted loss (nats)", title="Chinchilla fits (Eq. 2)")
-        ax.legend(fontsize=7)
+        _diagonal(ax, runs, True, ylabel="predicted loss (nats)", title="Chinchilla fits (Eq. 2)")
         return {"pred_vs_actual.png": _png(fig)}
     figs = {"iso_flops.png": _iso_flops_figure(plt, res, runs, rs)}
     # predicted vs actual (Fig. 8 and Fig. 10 style): per-arch laws (20 parameters in all) next to the joint law
@@ -1318,9 +1311,8 @@ def make_figures(res, runs):
         pa = predict(res["per_arch"][str(r)]["theta"], _pack(subset(runs, m), 0.0))
         axes[0].scatter(runs["val_loss"][m], pa, s=14, color=colors[r], label=f"r={r}")
         axes[1].scatter(runs["val_loss"][m], pj[m], s=14, color=colors[r], label=f"r={r}")
-    _diagonal(axes[0], runs, title="per-architecture (Eq. 2)", ylabel="predicted loss (nats)")
+    _diagonal(axes[0], runs, True, title="per-architecture (Eq. 2)", ylabel="predicted loss (nats)")
     _diagonal(axes[1], runs, title=f"joint (Eq. 3), φ = {res['joint']['phi']:.3f}, RMSE {res['joint']['rmse']:.3f}")
-    axes[0].legend(fontsize=7)
     figs["pred_vs_actual.png"] = _png(fig)
     # frontier (Fig. 3): L*_r(C), N*(C), D*(C); looped optima sit wider in d yet lower in N, and train on fewer tokens
     if "frontier" in res:
@@ -1331,8 +1323,7 @@ def make_figures(res, runs):
                 ax.plot([row["flops_budget"] for row in rows], [row[key] for row in rows], "o-", color=colors[r],
                         label=f"r={r}", ms=4)
         for ax, lab, yscale in zip(axes, ("L*(C) (nats)", "N*(C)", "D*(C) (tokens)"), ("linear", "log", "log")):
-            ax.set_xscale("log")
-            ax.set(xlabel="compute C (FLOPs)", ylabel=lab, yscale=yscale)
+            ax.set(xscale="log", xlabel="compute C (FLOPs)", ylabel=lab, yscale=yscale)
         axes[0].legend(fontsize=7)
         figs["frontier.png"] = _png(fig)
     figs["phi.png"] = _phi_figure(plt, res)
@@ -1413,8 +1404,7 @@ CASES_MARK = "<!-- case studies: written by fit.py --cases; everything below is 
 
 def _top_gap(res, r=8):
     """L*_r - L*_1 of the frontier at the largest budget (§4.2), or None."""
-    rows = [row for row in (res.get("frontier") or {}).get("rows", []) if row["n_loops"] == r]
-    rows = [row for row in rows if row["gap"] is not None]
+    rows = [row for row in (res.get("frontier") or {}).get("rows", []) if row["n_loops"] == r and row["gap"] is not None]
     return max(rows, key=lambda row: row["flops_budget"])["gap"] if rows else None
 
 
@@ -1482,12 +1472,9 @@ def write_case_summary(summary, out_dir, overwrite=False):
     # baseline fit that wrote OUT/fit.json (its request_key), below whose report the section goes
     key = common.request_key("fit", {"cases": os.path.abspath(out_dir)})
     report = os.path.join(out_dir, "report.md")
-    owner = common.owner_of(report)
-    common.check_owned([report], owner if owner and owner in (summary["fit_key"], key) else key, overwrite,
-                       "--cases")
-    rkey = summary["fit_key"] or key
-    common.check_owned([os.path.join(out_dir, n) for n in CASES_OUTPUTS if n != "report.md"], key, overwrite,
-                       "--cases")
+    owner, rkey = common.owner_of(report), summary["fit_key"] or key
+    common.check_owned([report], owner if owner in (rkey, key) else key, overwrite, "--cases")
+    common.check_owned([os.path.join(out_dir, n) for n in CASES_OUTPUTS[1:]], key, overwrite, "--cases")
     f = lambda x, fmt: "-" if x is None else format(x, fmt)
     ci = lambda row, k, fmt: "" if row[f"{k}_lo"] is None else f" [{row[f'{k}_lo']:{fmt}}, {row[f'{k}_hi']:{fmt}}]"
     L = [CASES_MARK, "", "## Case studies (§5, Table 3; runs/mini.sh --case NAME)", "",
@@ -1584,14 +1571,6 @@ def _chin_groups(res):
 
 # -----------------------------------------------------------------------------
 # Output files: checked before the fit, written as one set after it (issues 12 and 18, through common.py)
-
-def _request(args):
-    """What this invocation asks for: the same request may rewrite its own outputs without --overwrite."""
-    inp = os.path.abspath(args.csv or args.runs_dir)
-    return {"input": inp, "csv": bool(args.csv), "law": args.law, "case": args.case, "loops": args.loops,
-            "seed": args.seed, "restarts": args.restarts, "bootstrap": args.bootstrap,
-            "boot_restarts": args.boot_restarts}
-
 
 def runs_record(runs):
     """Which runs a fit used (issue 18 §1), for fit.json: n, each run's folder (relative to the runs folder; the CSV
@@ -1694,7 +1673,9 @@ def fit_outputs(args):
     failure anywhere leaves --out as it was."""
     # ownership first (rule 2): every output name in --out must be ours for this request, or --overwrite given --
     # checked for all of OUTPUTS, so the stale ones removed at the end are covered too
-    request = _request(args)
+    # what this invocation asks for: the same request may rewrite its own outputs without --overwrite
+    request = {"input": os.path.abspath(args.csv or args.runs_dir), "csv": bool(args.csv), "law": args.law,
+               **{k: getattr(args, k) for k in ("case", "loops", "seed", "restarts", "bootstrap", "boot_restarts")}}
     key = common.request_key("fit", request)
     common.check_dir_writable(args.out, "--out")
     common.check_owned([os.path.join(args.out, n) for n in OUTPUTS], key, args.overwrite, "--out")
