@@ -1076,9 +1076,8 @@ def synthetic_rows(phi=0.46, noise=0.01, seed=0, truth=None):
     for i, run in enumerate(flops.grid_runs()):
         n_eff = run["n_once"] + run["n_loops"] ** t["phi"] * run["n_rec"]             # Eq. 3
         loss = t["E"] + t["A"] * n_eff ** -t["alpha"] + t["B"] * run["tokens"] ** -t["beta"]
-        row = {k: run[k] for k in SYNTH_COLUMNS if k != "val_loss"}
-        row.update(val_loss=loss + noise * rng.standard_normal(), source=f"synthetic:{i}", arch={})
-        rows.append(row)
+        rows.append(dict({k: run[k] for k in SYNTH_COLUMNS[:-1]}, val_loss=loss + noise * rng.standard_normal(),
+                         source=f"synthetic:{i}", arch={}))
     return rows
 
 
@@ -1368,9 +1367,8 @@ def _iso_flops_figure(plt, res, runs, rs):
                     lw=1)
         for row in [row for row in res.get("frontier", {}).get("rows", []) if row["n_loops"] == r]:
             ax.plot(row["n_params"], row["loss"], "*", color=bcol[row["flops_budget"]], ms=10, mec="k", mew=0.5)
-        ax.set_xscale("log")
+        ax.set(xscale="log", title=f"r = {r}", xlabel="unique parameters N")
         ax.xaxis.set_minor_formatter(plt.NullFormatter())     # a narrow N range would label every minor tick
-        ax.set(title=f"r = {r}", xlabel="unique parameters N")
     axes[0][0].set_ylabel("validation loss (nats)")
     axes[0][0].legend(title="C (FLOPs)", fontsize=7)
     return _png(fig)
@@ -1380,8 +1378,8 @@ def _phi_figure(plt, res):
     """phi: the restricted-fit comparison (Fig. 1 right: R^2 drops at phi = 0 and phi = 1) and the bootstrap
     histogram with its 95% interval (dashed) and the point estimate (solid)."""
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
-    r2 = [res[k]["r2"] for k in ("joint", "phi0", "phi1")]
-    r2 = [v if v is not None and math.isfinite(v) else 0.0 for v in r2]   # undefined R^2 draws as an empty bar
+    # undefined R^2 draws as an empty bar
+    r2 = [v if v is not None and math.isfinite(v) else 0.0 for v in (res[k]["r2"] for k in ("joint", "phi0", "phi1"))]
     axes[0].bar([f"φ free ({res['joint']['phi']:.2f})", "φ = 0", "φ = 1"], r2, color=["C0", "C1", "C2"])
     axes[0].set_ylim(min(r2) - 0.2 * (max(r2) - min(r2) + 1e-4), 1.0)    # R^2 near 1: zoom on the differences
     axes[0].set(ylabel="R² (raw nats)", title="joint law: free vs restricted φ" + (" (flagged)" if res.get("flags")
@@ -1404,7 +1402,7 @@ CASES_MARK = "<!-- case studies: written by fit.py --cases; everything below is 
 
 def _top_gap(res, r=8):
     """L*_r - L*_1 of the frontier at the largest budget (§4.2), or None."""
-    rows = [row for row in (res.get("frontier") or {}).get("rows", []) if row["n_loops"] == r and row["gap"] is not None]
+    rows = [x for x in (res.get("frontier") or {}).get("rows", []) if x["n_loops"] == r and x["gap"] is not None]
     return max(rows, key=lambda row: row["flops_budget"])["gap"] if rows else None
 
 
@@ -1508,8 +1506,7 @@ def _case_figures(summary):
     color = {row["name"]: "k" if row["name"] == "baseline" else f"C{i}" for i, row in enumerate(rows)}  # both figures
     fig, ax = plt.subplots(figsize=(1.2 * len(rows) + 2.5, 3.6))
     for i, row in enumerate(rows):
-        lo = row["phi"] - row["phi_lo"] if row["phi_lo"] is not None else 0
-        hi = row["phi_hi"] - row["phi"] if row["phi_hi"] is not None else 0
+        lo, hi = (row["phi"] - row["phi_lo"], row["phi_hi"] - row["phi"]) if row["phi_lo"] is not None else (0, 0)
         ax.errorbar(i, row["phi"], yerr=[[max(lo, 0)], [max(hi, 0)]], fmt="o", capsize=4, color=color[row["name"]])
     for v in (0, 1):                                 # the paper's two reference values of phi
         ax.axhline(v, color="grey", ls=":", lw=0.8)
