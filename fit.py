@@ -291,8 +291,7 @@ def runs_from_rows(rows, law="joint"):
     else:
         # the joint law needs r itself (r^phi), N split into its once-used and looped parts, and the budget for the
         # (budget, r) bootstrap cells and the compute-optimal frontier
-        out["n_loops"] = out["n_loops"].astype(int)
-        out["group"] = [f"r={int(x)}" for x in out["n_loops"]]
+        out.update(n_loops=out["n_loops"].astype(int), group=[f"r={int(x)}" for x in out["n_loops"]])
     # which run each row is (issue 18 §1): its folder under the runs folder (the CSV line for CSV rows) and the
     # identity train.py recorded, if any (runs_record); per-run architecture (flops kwargs) and aspect ratio: the
     # frontier inverts the accounting of the runs' own model family (CSV rows: the paper's, flops.py defaults)
@@ -496,12 +495,13 @@ def _screen(prob, x0, weights=None, maxiter=SCREEN_ITERS, gtol=1e-9, ftol=1e-13)
         free = ~(((xa <= lo) & (ga > 0)) | ((xa >= hi) & (ga < 0)))
         gf = np.where(free, ga, 0.0)
         d = -np.einsum("kij,kj->ki", Ha, gf) * free                                # (k, p)
-        bad = (ga * d).sum(1) >= 0                                                  # not a descent direction:
-        if bad.any():                                                               # restart from scaled steepest
-            scale = 1.0 / np.maximum(np.abs(gf[bad]).max(1), 1e-12)
-            d[bad] = -gf[bad] * scale[:, None]
-            Ha[bad] = np.eye(p)[None] * scale[:, None, None]
-            fresh[act[bad]] = True
+        # not a descent direction: restart from scaled steepest descent (every update below is a no-op on an
+        # empty selection, so no branch is needed when all rows are fine)
+        bad = (ga * d).sum(1) >= 0
+        scale = 1.0 / np.maximum(np.abs(gf[bad]).max(1), 1e-12)
+        d[bad] = -gf[bad] * scale[:, None]
+        Ha[bad] = np.eye(p)[None] * scale[:, None, None]
+        fresh[act[bad]] = True
         # Armijo backtracking along the projected path: f(P(x + t d)) <= f + 1e-4 g'(P(x + t d) - x); a failed
         # trial shrinks t to the minimiser of the quadratic through f, the slope and f(t), kept in [0.1 t, 0.5 t]
         t, x_new, ok_all, pend = np.ones(act.size), xa.copy(), np.zeros(act.size, dtype=bool), np.arange(act.size)
@@ -520,8 +520,6 @@ def _screen(prob, x0, weights=None, maxiter=SCREEN_ITERS, gtol=1e-9, ftol=1e-13)
         # a failed line search means no further progress is possible at screen precision
         done[act[~ok_all]] = True
         move = np.flatnonzero(ok_all)
-        if move.size == 0:
-            continue
         am = act[move]                                                              # global rows that stepped
         fn, gn = fg(am, x_new[move])
         s, y, Hm = x_new[move] - xa[move], gn - ga[move], Ha[move]                  # (m, p), (m, p), (m, p, p)
@@ -529,16 +527,14 @@ def _screen(prob, x0, weights=None, maxiter=SCREEN_ITERS, gtol=1e-9, ftol=1e-13)
         upd = sy > 1e-12 * np.linalg.norm(s, axis=1) * np.linalg.norm(y, axis=1)
         # Shanno-Phua: before the first update, rescale H0 = (s'y / y'y) I
         first = upd & fresh[am]
-        if first.any():
-            Hm[first] = np.eye(p)[None] * (sy[first] / (y[first] * y[first]).sum(1))[:, None, None]
-            fresh[am[first]] = False
-        if upd.any():
-            # inverse BFGS: H+ = H - rho (s Hy' + Hy s') + (rho^2 y'Hy + rho) s s'
-            su, yu, Hu, rho = s[upd], y[upd], Hm[upd], 1.0 / sy[upd]
-            Hy = np.einsum("kij,kj->ki", Hu, yu)
-            yHy = (yu * Hy).sum(1)
-            Hm[upd] = (Hu - rho[:, None, None] * (su[:, :, None] * Hy[:, None, :] + Hy[:, :, None] * su[:, None, :])
-                       + ((rho * rho * yHy + rho)[:, None, None]) * su[:, :, None] * su[:, None, :])
+        Hm[first] = np.eye(p)[None] * (sy[first] / (y[first] * y[first]).sum(1))[:, None, None]
+        fresh[am[first]] = False
+        # inverse BFGS: H+ = H - rho (s Hy' + Hy s') + (rho^2 y'Hy + rho) s s'
+        su, yu, Hu, rho = s[upd], y[upd], Hm[upd], 1.0 / sy[upd]
+        Hy = np.einsum("kij,kj->ki", Hu, yu)
+        yHy = (yu * Hy).sum(1)
+        Hm[upd] = (Hu - rho[:, None, None] * (su[:, :, None] * Hy[:, None, :] + Hy[:, :, None] * su[:, None, :])
+                   + ((rho * rho * yHy + rho)[:, None, None]) * su[:, :, None] * su[:, None, :])
         Ha[move], x[am], f[am], g[am] = Hm, x_new[move], fn, gn
         H[act] = Ha
         # stop: projected gradient small, or the relative decrease negligible
@@ -689,9 +685,7 @@ def bootstrap_phi(runs, theta_hat, n_boot=N_BOOT, seed=0, boot_restarts=BOOT_RES
         phis[i] = xw[5]
         if progress and ((i + 1) % 10 == 0 or i + 1 == n_boot):      # one progress line, rewritten in place
             print(f"\rbootstrap {i + 1:4d}/{n_boot} | median phi {np.median(phis[:i + 1]):.3f} | "
-                  f"{time.perf_counter() - t0:5.1f}s", end="", file=sys.stderr, flush=True)
-    if progress:
-        print(file=sys.stderr)
+                  f"{time.perf_counter() - t0:5.1f}s", end="\n" if i + 1 == n_boot else "", file=sys.stderr, flush=True)
     return {"phi_lo": float(np.percentile(phis, 2.5)), "phi_hi": float(np.percentile(phis, 97.5)),
             "phi_median": float(np.median(phis)), "n_le0": int(np.sum(phis <= 0)), "n_ge1": int(np.sum(phis >= 1)),
             "n_resamples": n_boot, "n_cells": len(cells), "boot_restarts": boot_restarts,
@@ -800,8 +794,7 @@ def equivalence(phi, arch, n_ref=1e9):
         p1, pr = arch_polys(1, base), arch_polys(r, arch[r])
         c = p1["once"] + p1["rec"]
         d = max(np.roots(c - np.array([0.0, 0.0, n_ref])).real)             # N_1(d) = n_ref, the positive root
-        n1 = float(np.polyval(c, d))
-        nr_once, nr_rec = float(np.polyval(pr["once"], d)), float(np.polyval(pr["rec"], d))
+        n1, nr_once, nr_rec = (float(np.polyval(q, d)) for q in (c, pr["once"], pr["rec"]))
         neff = flops.effective_params(nr_once, nr_rec, r, phi)                # Eq. 3, flops.py owns it
         # flops_ratio: the per-token training cost relative to the r = 1 model (Eq. 1: 1 + r/120 on the matmuls)
         out[str(r)] = {"d_model": float(d), "n_nonlooped": n1, "n_unique": nr_once + nr_rec, "n_eff": neff,
@@ -1485,10 +1478,10 @@ def write_case_summary(summary, out_dir, overwrite=False):
          f"{f(row['delta_phi'], '+.3f')}{ci(row, 'delta_phi', '+.2f')}", f"{row['r2']:.4f}", row["n"],
          f(row["gap8"], "+.3f"), f(row["extrapolation_gain"], "+.3f"), ", ".join(n for n, _ in row["flags"]) or "-")
         for row in summary["rows"]])
-    flagged = [row for row in summary["rows"] if row["flags"]]
-    if flagged:                                   # the table names the flags; here, which fits each one concerns
-        L += ["", "Flags, and the fits they concern:"]
-        L += [f"- {row['name']}: " + " | ".join(f"{name}: {items}" for name, items in row["flags"]) for row in flagged]
+    # the table names the flags; here, which fits each one concerns
+    flagged = [f"- {row['name']}: " + " | ".join(f"{name}: {items}" for name, items in row["flags"])
+               for row in summary["rows"] if row["flags"]]
+    L += ["", "Flags, and the fits they concern:", *flagged] if flagged else []
     L += ["", "Figures: cases.png (φ and its CI per case), cases_loops.png (val loss vs test-time r' per case)."]
     files, head = _case_figures(summary), ""
     if os.path.isfile(report):
@@ -1668,12 +1661,12 @@ def fit_outputs(args):
     """The fit a CLI invocation asks for, written into --out; returns its result. Every input or output problem is a
     ValueError before any fit runs; the outputs are rendered in memory and written as one set at the end, so a
     failure anywhere leaves --out as it was."""
-    # ownership first (rule 2): every output name in --out must be ours for this request, or --overwrite given --
-    # checked for all of OUTPUTS, so the stale ones removed at the end are covered too
     # what this invocation asks for: the same request may rewrite its own outputs without --overwrite
     request = {"input": os.path.abspath(args.csv or args.runs_dir), "csv": bool(args.csv), "law": args.law,
                **{k: getattr(args, k) for k in ("case", "loops", "seed", "restarts", "bootstrap", "boot_restarts")}}
     key = common.request_key("fit", request)
+    # ownership first (rule 2): every output name in --out must be ours for this request, or --overwrite given --
+    # checked for all of OUTPUTS, so the stale ones removed at the end are covered too
     common.check_dir_writable(args.out, "--out")
     common.check_owned([os.path.join(args.out, n) for n in OUTPUTS], key, args.overwrite, "--out")
     try:
