@@ -248,10 +248,13 @@ def load_csv(path):
     return rows
 
 
-def _value(row, key):
+def _value(row, key, absent=None):
     """row[key] as a float, checked against LIMITS[key]: a number (not a blank, text or JSON true), finite, inside
-    the range, whole where INTEGERS says so; else a ValueError naming the file (and line) and the key."""
+    the range, whole where INTEGERS says so; else a ValueError naming the file (and line) and the key. An optional
+    key passes absent: returned, unchecked, when the row lacks the key or leaves it blank."""
     val = row.get(key)
+    if absent is not None and val in (None, ""):
+        return absent
     try:            # CSV cells are text, done.json values numbers: float() reads both; JSON true is not a count
         x = float(val)
         why = "is not a number" if isinstance(val, bool) else common.check_number(x, *LIMITS[key])
@@ -298,8 +301,7 @@ def runs_from_rows(rows, law="joint"):
     out.update(case=[row.get("case") or None for row in rows], source=[row["source"] for row in rows],
                dir=[row.get("run_dir", row["source"]) for row in rows], arch=[row["arch"] for row in rows],
                identity=[row.get("identity") for row in rows], sweep=[row.get("n_loops_sweep") for row in rows],
-               aspect=[int(_value(row, "aspect_ratio")) if row.get("aspect_ratio") not in (None, "") else
-                       flops.ASPECT_RATIO for row in rows])
+               aspect=[int(_value(row, "aspect_ratio", flops.ASPECT_RATIO)) for row in rows])
     # Duplicates (same budget, r, N and D; same N, D and group in chinchilla mode) double-weight one configuration in
     # the sum of Eq. 4: warn, keep both. A case study may repeat the baseline's configurations (same N and D, a
     # different recipe), so the case label is part of the key
@@ -330,10 +332,10 @@ def _check_accounting(rows, runs):
         except (ValueError, TypeError, OverflowError) as err:
             raise ValueError(f"{row['source']}: n_loops={r}{f' with {kw}' if kw else ''} is not an architecture "
                              f"flops.py can count ({err})") from None
-        has = {k: row.get(k) not in (None, "") for k in ("d_model", "scale")}
-        if not any(has.values()):
+        # the width: d_model, else aspect ratio x scale (both >= 1 when given, so 0 means neither)
+        d = int(_value(row, "d_model", 0)) or runs["aspect"][i] * int(_value(row, "scale", 0))
+        if not d:
             continue                      # nothing to check against (a hand-written CSV without widths)
-        d = int(_value(row, "d_model")) if has["d_model"] else runs["aspect"][i] * int(_value(row, "scale"))
         want, got = sum(flops.param_split(d, r, **kw)), runs["n_once"][i] + runs["n_rec"][i]
         if got != want:
             raise ValueError(f"{row['source']}: n_once + n_rec = {got:.0f} but flops.param_split(d_model={d}, "
@@ -386,11 +388,10 @@ def make_problem(runs, phi=None):
 
 def _pack(runs, phi=None):
     """make_problem without its checks: predict() on any runs (a figure may show fewer runs than a fit needs)."""
-    prob = {"ln_d": np.log(runs["tokens"]), "ln_l": np.log(runs["val_loss"]),
-            "n_once": runs["n_once"].astype(float), "n_rec": runs["n_rec"].astype(float),
-            "ln_r": np.log(runs["n_loops"].astype(float)), "n_loops": runs["n_loops"], "phi_fixed": phi,
-            "ln_r_u": np.log(np.unique(runs["n_loops"]).astype(float)),
-            "r_idx": np.searchsorted(np.unique(runs["n_loops"]), runs["n_loops"]),
+    r_u, r_idx = np.unique(runs["n_loops"], return_inverse=True)       # the distinct r, and each run's index there
+    prob = {"ln_d": np.log(runs["tokens"]), "ln_l": np.log(runs["val_loss"]), "n_once": runs["n_once"].astype(float),
+            "n_rec": runs["n_rec"].astype(float), "ln_r": np.log(runs["n_loops"].astype(float)),
+            "n_loops": runs["n_loops"], "phi_fixed": phi, "ln_r_u": np.log(r_u.astype(float)), "r_idx": r_idx,
             "val_loss": runs["val_loss"], "p": 6 if phi is None else 5}
     if phi is not None:
         # N_eff = N_once + r^phi N_rec is data once phi is fixed (Eq. 3)
@@ -595,8 +596,7 @@ def fit_law(prob, restarts=RESTARTS, seed=0, engine="batched"):
     else:
         raise ValueError(f"engine must be 'batched' or 'scipy', got {engine!r}")
     # hits: restarts (as screened) within HIT_RTOL of the best; the polished best counts as one when none is
-    tol = HIT_RTOL * abs(best_f) + 1e-15
-    hits = int(np.sum(fs <= best_f + tol))
+    hits = int(np.sum(fs <= best_f + (HIT_RTOL * abs(best_f) + 1e-15)))
     # distinct optima among converged restarts: clusters of the objective (relative 1e-6) and of theta (to 1e-3)
     cf = np.sort(fs[conv])
     n_obj = int(1 + np.sum(np.diff(cf) > HIT_RTOL * np.maximum(np.abs(cf[1:]), 1e-15))) if cf.size else 0
@@ -1025,8 +1025,8 @@ def assess(res, runs):
             _add_flag(flags, "on_bound", f"{name} fit: {', '.join(names)}")
         if not b["r2"] >= R2_LOW:                       # NaN (no variance) counts as low
             _add_flag(flags, "low_r2", f"{name} fit R² = {b['r2']:.3f}")
-        if b["n"] < RUNS_PER_PARAM * len(b["theta"]):
-            _add_flag(flags, "few_runs", f"{name} fit: {b['n']} runs for {len(b['theta'])} parameters")
+        if b["n"] < RUNS_PER_PARAM * len(th):
+            _add_flag(flags, "few_runs", f"{name} fit: {b['n']} runs for {len(th)} parameters")
         C, D = (None, None) if m is None or said_budget else (runs["flops_budget"][m], runs["tokens"][m])
         finite = C is not None and np.all(np.isfinite(C))    # chinchilla mode has no budget: one D is the finding
         if C is not None and len(set(C if finite else D)) == 1:
