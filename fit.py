@@ -406,8 +406,7 @@ def objective(theta, prob, weights=None, grad=True):
     Returns f (K,) and g (K, p) (or f, g for a single theta). fitting.md §1 derives the gradient.
     """
     th = np.atleast_2d(np.asarray(theta, dtype=float))           # (K, p)
-    n = len(prob["ln_l"])
-    rows = max(1, CHUNK_ELEMS // n)
+    rows = max(1, CHUNK_ELEMS // len(prob["ln_l"]))             # rows per chunk of (K, n) temporaries
     if len(th) > rows:
         # evaluate in row chunks of <= CHUNK_ELEMS elements (48 KB per temporary): larger (K, n) temporaries are
         # mmapped or trimmed back to the OS when freed, and every call then page-faults fresh memory; measured on
@@ -1355,9 +1354,8 @@ def _iso_flops_figure(plt, res, runs, rs):
             d = np.geomspace(1.0, 1e6, 4000)
             Nd = np.polyval(poly["once"], d) + np.polyval(poly["rec"], d)
             keep = (Nd > N.min() / 1.6) & (Nd < N.max() * 1.6)
-            Dd = C / np.polyval(poly["flops"], d[keep])
-            ax.plot(Nd[keep], b["E"] + b["A"] * Nd[keep] ** -b["alpha"] + b["B"] * Dd ** -b["beta"], color=bcol[C],
-                    lw=1)
+            Nk, Dk = Nd[keep], C / np.polyval(poly["flops"], d[keep])
+            ax.plot(Nk, b["E"] + b["A"] * Nk ** -b["alpha"] + b["B"] * Dk ** -b["beta"], color=bcol[C], lw=1)
         for row in [row for row in res.get("frontier", {}).get("rows", []) if row["n_loops"] == r]:
             ax.plot(row["n_params"], row["loss"], "*", color=bcol[row["flops_budget"]], ms=10, mec="k", mew=0.5)
         ax.set(xscale="log", title=f"r = {r}", xlabel="unique parameters N")
