@@ -175,9 +175,7 @@ def load_records(runs_dir):
                                                             "does not exist"))
     recs = []
     # sorted walk: the records (and so a fit's runs) come in the same order on every filesystem
-    for root, _, files in sorted(os.walk(runs_dir, onerror=_walk_error)):
-        if "done.json" not in files:
-            continue
+    for root in sorted(r for r, _, files in os.walk(runs_dir, onerror=_walk_error) if "done.json" in files):
         path = os.path.join(root, "done.json")
         rec = common.read_json(path, DONE_SCHEMA)
         mcfg, tcfg = _configs(rec)
