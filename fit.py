@@ -175,9 +175,7 @@ def load_records(runs_dir):
                                                             "does not exist"))
     recs = []
     # sorted walk: the records (and so a fit's runs) come in the same order on every filesystem
-    for root, _, files in sorted(os.walk(runs_dir, onerror=_walk_error)):
-        if "done.json" not in files:
-            continue
+    for root in sorted(r for r, _, files in os.walk(runs_dir, onerror=_walk_error) if "done.json" in files):
         path = os.path.join(root, "done.json")
         rec = common.read_json(path, DONE_SCHEMA)
         mcfg, tcfg = _configs(rec)
@@ -199,8 +197,6 @@ def load_records(runs_dir):
         rec.update(source=path, run_dir=os.path.relpath(root, runs_dir), n_loops_sweep=_read_sweep(
             os.path.join(root, "eval.json")), arch={k: v for k, v in acc.items() if k not in ("d_model", "n_loops")},
             aspect_ratio=mcfg.get("aspect_ratio", flops.ASPECT_RATIO))
-        if "d_model" not in rec and "scale" in rec:
-            rec["d_model"] = rec["aspect_ratio"] * rec["scale"]
         recs.append(rec)
     if not recs:
         left = unfinished_runs(runs_dir)
@@ -250,10 +246,13 @@ def load_csv(path):
     return rows
 
 
-def _value(row, key):
+def _value(row, key, absent=None):
     """row[key] as a float, checked against LIMITS[key]: a number (not a blank, text or JSON true), finite, inside
-    the range, whole where INTEGERS says so; else a ValueError naming the file (and line) and the key."""
+    the range, whole where INTEGERS says so; else a ValueError naming the file (and line) and the key. An optional
+    key passes absent: returned, unchecked, when the row lacks the key or leaves it blank."""
     val = row.get(key)
+    if absent is not None and val in (None, ""):
+        return absent
     try:            # CSV cells are text, done.json values numbers: float() reads both; JSON true is not a count
         x = float(val)
         why = "is not a number" if isinstance(val, bool) else common.check_number(x, *LIMITS[key])
@@ -293,16 +292,14 @@ def runs_from_rows(rows, law="joint"):
     else:
         # the joint law needs r itself (r^phi), N split into its once-used and looped parts, and the budget for the
         # (budget, r) bootstrap cells and the compute-optimal frontier
-        out["n_loops"] = out["n_loops"].astype(int)
-        out["group"] = [f"r={int(x)}" for x in out["n_loops"]]
+        out.update(n_loops=out["n_loops"].astype(int), group=[f"r={int(x)}" for x in out["n_loops"]])
     # which run each row is (issue 18 §1): its folder under the runs folder (the CSV line for CSV rows) and the
     # identity train.py recorded, if any (runs_record); per-run architecture (flops kwargs) and aspect ratio: the
     # frontier inverts the accounting of the runs' own model family (CSV rows: the paper's, flops.py defaults)
     out.update(case=[row.get("case") or None for row in rows], source=[row["source"] for row in rows],
                dir=[row.get("run_dir", row["source"]) for row in rows], arch=[row["arch"] for row in rows],
                identity=[row.get("identity") for row in rows], sweep=[row.get("n_loops_sweep") for row in rows],
-               aspect=[int(_value(row, "aspect_ratio")) if row.get("aspect_ratio") not in (None, "") else
-                       flops.ASPECT_RATIO for row in rows])
+               aspect=[int(_value(row, "aspect_ratio", flops.ASPECT_RATIO)) for row in rows])
     # Duplicates (same budget, r, N and D; same N, D and group in chinchilla mode) double-weight one configuration in
     # the sum of Eq. 4: warn, keep both. A case study may repeat the baseline's configurations (same N and D, a
     # different recipe), so the case label is part of the key
@@ -333,10 +330,10 @@ def _check_accounting(rows, runs):
         except (ValueError, TypeError, OverflowError) as err:
             raise ValueError(f"{row['source']}: n_loops={r}{f' with {kw}' if kw else ''} is not an architecture "
                              f"flops.py can count ({err})") from None
-        has = {k: row.get(k) not in (None, "") for k in ("d_model", "scale")}
-        if not any(has.values()):
+        # the width: d_model, else aspect ratio x scale (both >= 1 when given, so 0 means neither)
+        d = int(_value(row, "d_model", 0)) or runs["aspect"][i] * int(_value(row, "scale", 0))
+        if not d:
             continue                      # nothing to check against (a hand-written CSV without widths)
-        d = int(_value(row, "d_model")) if has["d_model"] else runs["aspect"][i] * int(_value(row, "scale"))
         want, got = sum(flops.param_split(d, r, **kw)), runs["n_once"][i] + runs["n_rec"][i]
         if got != want:
             raise ValueError(f"{row['source']}: n_once + n_rec = {got:.0f} but flops.param_split(d_model={d}, "
@@ -389,11 +386,10 @@ def make_problem(runs, phi=None):
 
 def _pack(runs, phi=None):
     """make_problem without its checks: predict() on any runs (a figure may show fewer runs than a fit needs)."""
-    prob = {"ln_d": np.log(runs["tokens"]), "ln_l": np.log(runs["val_loss"]),
-            "n_once": runs["n_once"].astype(float), "n_rec": runs["n_rec"].astype(float),
-            "ln_r": np.log(runs["n_loops"].astype(float)), "n_loops": runs["n_loops"], "phi_fixed": phi,
-            "ln_r_u": np.log(np.unique(runs["n_loops"]).astype(float)),
-            "r_idx": np.searchsorted(np.unique(runs["n_loops"]), runs["n_loops"]),
+    r_u, r_idx = np.unique(runs["n_loops"], return_inverse=True)       # the distinct r, and each run's index there
+    prob = {"ln_d": np.log(runs["tokens"]), "ln_l": np.log(runs["val_loss"]), "n_once": runs["n_once"].astype(float),
+            "n_rec": runs["n_rec"].astype(float), "ln_r": np.log(runs["n_loops"].astype(float)),
+            "n_loops": runs["n_loops"], "phi_fixed": phi, "ln_r_u": np.log(r_u.astype(float)), "r_idx": r_idx,
             "val_loss": runs["val_loss"], "p": 6 if phi is None else 5}
     if phi is not None:
         # N_eff = N_once + r^phi N_rec is data once phi is fixed (Eq. 3)
@@ -408,8 +404,7 @@ def objective(theta, prob, weights=None, grad=True):
     Returns f (K,) and g (K, p) (or f, g for a single theta). fitting.md §1 derives the gradient.
     """
     th = np.atleast_2d(np.asarray(theta, dtype=float))           # (K, p)
-    n = len(prob["ln_l"])
-    rows = max(1, CHUNK_ELEMS // n)
+    rows = max(1, CHUNK_ELEMS // len(prob["ln_l"]))             # rows per chunk of (K, n) temporaries
     if len(th) > rows:
         # evaluate in row chunks of <= CHUNK_ELEMS elements (48 KB per temporary): larger (K, n) temporaries are
         # mmapped or trimmed back to the OS when freed, and every call then page-faults fresh memory; measured on
@@ -417,9 +412,7 @@ def objective(theta, prob, weights=None, grad=True):
         # in cache).
         parts = [objective(th[i:i + rows], prob, None if np.ndim(weights) < 2 else weights[i:i + rows], grad)
                  for i in range(0, len(th), rows)]
-        if not grad:
-            return np.concatenate(parts)
-        return np.concatenate([q[0] for q in parts]), np.concatenate([q[1] for q in parts])
+        return tuple(map(np.concatenate, zip(*parts))) if grad else np.concatenate(parts)
     a, b, e, alpha, beta = (th[:, j:j + 1] for j in range(5))    # each (K, 1)
     free = prob["phi_fixed"] is None
     if free:
@@ -490,8 +483,7 @@ def _screen(prob, x0, weights=None, maxiter=SCREEN_ITERS, gtol=1e-9, ftol=1e-13)
     # first step: identity scaled so the largest coordinate moves by at most 1 (then Shanno-Phua rescaling)
     H = np.eye(p)[None] / np.maximum(np.abs(g).max(1), 1e-12)[:, None, None]     # (K, p, p)
     fresh = np.ones(K, dtype=bool)                 # H not yet rescaled by a first curvature pair
-    done = np.zeros(K, dtype=bool)                 # left the active set (converged, stalled)
-    converged = np.zeros(K, dtype=bool)            # ... before the iteration cap
+    done = np.zeros(K, dtype=bool)                 # left the active set (converged or stalled) before the cap
     for _ in range(maxiter):
         act = np.flatnonzero(~done)
         if act.size == 0:
@@ -501,12 +493,13 @@ def _screen(prob, x0, weights=None, maxiter=SCREEN_ITERS, gtol=1e-9, ftol=1e-13)
         free = ~(((xa <= lo) & (ga > 0)) | ((xa >= hi) & (ga < 0)))
         gf = np.where(free, ga, 0.0)
         d = -np.einsum("kij,kj->ki", Ha, gf) * free                                # (k, p)
-        bad = (ga * d).sum(1) >= 0                                                  # not a descent direction:
-        if bad.any():                                                               # restart from scaled steepest
-            scale = 1.0 / np.maximum(np.abs(gf[bad]).max(1), 1e-12)
-            d[bad] = -gf[bad] * scale[:, None]
-            Ha[bad] = np.eye(p)[None] * scale[:, None, None]
-            fresh[act[bad]] = True
+        # not a descent direction: restart from scaled steepest descent (every update below is a no-op on an
+        # empty selection, so no branch is needed when all rows are fine)
+        bad = (ga * d).sum(1) >= 0
+        scale = 1.0 / np.maximum(np.abs(gf[bad]).max(1), 1e-12)
+        d[bad] = -gf[bad] * scale[:, None]
+        Ha[bad] = np.eye(p)[None] * scale[:, None, None]
+        fresh[act[bad]] = True
         # Armijo backtracking along the projected path: f(P(x + t d)) <= f + 1e-4 g'(P(x + t d) - x); a failed
         # trial shrinks t to the minimiser of the quadratic through f, the slope and f(t), kept in [0.1 t, 0.5 t]
         t, x_new, ok_all, pend = np.ones(act.size), xa.copy(), np.zeros(act.size, dtype=bool), np.arange(act.size)
@@ -523,10 +516,8 @@ def _screen(prob, x0, weights=None, maxiter=SCREEN_ITERS, gtol=1e-9, ftol=1e-13)
             shrink = np.where(curv > 0, -slope / (2 * np.maximum(curv, 1e-300)), 0.1)
             t[pend] = tp * np.clip(shrink, 0.1, 0.5)
         # a failed line search means no further progress is possible at screen precision
-        done[act[~ok_all]] = converged[act[~ok_all]] = True
+        done[act[~ok_all]] = True
         move = np.flatnonzero(ok_all)
-        if move.size == 0:
-            continue
         am = act[move]                                                              # global rows that stepped
         fn, gn = fg(am, x_new[move])
         s, y, Hm = x_new[move] - xa[move], gn - ga[move], Ha[move]                  # (m, p), (m, p), (m, p, p)
@@ -534,23 +525,21 @@ def _screen(prob, x0, weights=None, maxiter=SCREEN_ITERS, gtol=1e-9, ftol=1e-13)
         upd = sy > 1e-12 * np.linalg.norm(s, axis=1) * np.linalg.norm(y, axis=1)
         # Shanno-Phua: before the first update, rescale H0 = (s'y / y'y) I
         first = upd & fresh[am]
-        if first.any():
-            Hm[first] = np.eye(p)[None] * (sy[first] / (y[first] * y[first]).sum(1))[:, None, None]
-            fresh[am[first]] = False
-        if upd.any():
-            # inverse BFGS: H+ = H - rho (s Hy' + Hy s') + (rho^2 y'Hy + rho) s s'
-            su, yu, Hu, rho = s[upd], y[upd], Hm[upd], 1.0 / sy[upd]
-            Hy = np.einsum("kij,kj->ki", Hu, yu)
-            yHy = (yu * Hy).sum(1)
-            Hm[upd] = (Hu - rho[:, None, None] * (su[:, :, None] * Hy[:, None, :] + Hy[:, :, None] * su[:, None, :])
-                       + ((rho * rho * yHy + rho)[:, None, None]) * su[:, :, None] * su[:, None, :])
+        Hm[first] = np.eye(p)[None] * (sy[first] / (y[first] * y[first]).sum(1))[:, None, None]
+        fresh[am[first]] = False
+        # inverse BFGS: H+ = H - rho (s Hy' + Hy s') + (rho^2 y'Hy + rho) s s'
+        su, yu, Hu, rho = s[upd], y[upd], Hm[upd], 1.0 / sy[upd]
+        Hy = np.einsum("kij,kj->ki", Hu, yu)
+        yHy = (yu * Hy).sum(1)
+        Hm[upd] = (Hu - rho[:, None, None] * (su[:, :, None] * Hy[:, None, :] + Hy[:, :, None] * su[:, None, :])
+                   + ((rho * rho * yHy + rho)[:, None, None]) * su[:, :, None] * su[:, None, :])
         Ha[move], x[am], f[am], g[am] = Hm, x_new[move], fn, gn
         H[act] = Ha
         # stop: projected gradient small, or the relative decrease negligible
         pg = np.abs(np.clip(x[am] - g[am], lo, hi) - x[am]).max(1)
         stop = (pg <= gtol) | ((fa[move] - fn) <= ftol * np.maximum(np.abs(fn), 1e-300))
-        done[am[stop]] = converged[am[stop]] = True
-    return x, f * DELTA, converged
+        done[am[stop]] = True
+    return x, f * DELTA, done
 
 
 def _polish(prob, x, weights=None):
@@ -594,11 +583,8 @@ def fit_law(prob, restarts=RESTARTS, seed=0, engine="batched"):
         first = {}                                   # rounded theta -> its best screened start, best first
         for i in order:
             first.setdefault(tuple(np.round(xs[i], 3)), i)
-        best_x, best_f = xs[order[0]], fs[order[0]]
-        for i in list(first.values())[:N_POLISH]:
-            xp, fp = _polish(prob, xs[i])
-            if fp < best_f:
-                best_x, best_f = xp, fp
+        polished = [_polish(prob, xs[i]) for i in list(first.values())[:N_POLISH]]
+        best_x, best_f = min([(xs[order[0]], fs[order[0]])] + polished, key=lambda xf: xf[1])   # first of equals
     elif engine == "scipy":
         # engine A: the protocol as written, one L-BFGS-B per start, serially (the reference the test compares to)
         xs, fs = (np.array(v) for v in zip(*[_polish(prob, x) for x in x0]))
@@ -607,8 +593,7 @@ def fit_law(prob, restarts=RESTARTS, seed=0, engine="batched"):
     else:
         raise ValueError(f"engine must be 'batched' or 'scipy', got {engine!r}")
     # hits: restarts (as screened) within HIT_RTOL of the best; the polished best counts as one when none is
-    tol = HIT_RTOL * abs(best_f) + 1e-15
-    hits = int(np.sum(fs <= best_f + tol))
+    hits = int(np.sum(fs <= best_f + (HIT_RTOL * abs(best_f) + 1e-15)))
     # distinct optima among converged restarts: clusters of the objective (relative 1e-6) and of theta (to 1e-3)
     cf = np.sort(fs[conv])
     n_obj = int(1 + np.sum(np.diff(cf) > HIT_RTOL * np.maximum(np.abs(cf[1:]), 1e-15))) if cf.size else 0
@@ -697,9 +682,7 @@ def bootstrap_phi(runs, theta_hat, n_boot=N_BOOT, seed=0, boot_restarts=BOOT_RES
         phis[i] = xw[5]
         if progress and ((i + 1) % 10 == 0 or i + 1 == n_boot):      # one progress line, rewritten in place
             print(f"\rbootstrap {i + 1:4d}/{n_boot} | median phi {np.median(phis[:i + 1]):.3f} | "
-                  f"{time.perf_counter() - t0:5.1f}s", end="", file=sys.stderr, flush=True)
-    if progress:
-        print(file=sys.stderr)
+                  f"{time.perf_counter() - t0:5.1f}s", end="\n" if i + 1 == n_boot else "", file=sys.stderr, flush=True)
     return {"phi_lo": float(np.percentile(phis, 2.5)), "phi_hi": float(np.percentile(phis, 97.5)),
             "phi_median": float(np.median(phis)), "n_le0": int(np.sum(phis <= 0)), "n_ge1": int(np.sum(phis >= 1)),
             "n_resamples": n_boot, "n_cells": len(cells), "boot_restarts": boot_restarts,
@@ -808,8 +791,7 @@ def equivalence(phi, arch, n_ref=1e9):
         p1, pr = arch_polys(1, base), arch_polys(r, arch[r])
         c = p1["once"] + p1["rec"]
         d = max(np.roots(c - np.array([0.0, 0.0, n_ref])).real)             # N_1(d) = n_ref, the positive root
-        n1 = float(np.polyval(c, d))
-        nr_once, nr_rec = float(np.polyval(pr["once"], d)), float(np.polyval(pr["rec"], d))
+        n1, nr_once, nr_rec = (float(np.polyval(q, d)) for q in (c, pr["once"], pr["rec"]))
         neff = flops.effective_params(nr_once, nr_rec, r, phi)                # Eq. 3, flops.py owns it
         # flops_ratio: the per-token training cost relative to the r = 1 model (Eq. 1: 1 + r/120 on the matmuls)
         out[str(r)] = {"d_model": float(d), "n_nonlooped": n1, "n_unique": nr_once + nr_rec, "n_eff": neff,
@@ -1040,8 +1022,8 @@ def assess(res, runs):
             _add_flag(flags, "on_bound", f"{name} fit: {', '.join(names)}")
         if not b["r2"] >= R2_LOW:                       # NaN (no variance) counts as low
             _add_flag(flags, "low_r2", f"{name} fit R² = {b['r2']:.3f}")
-        if b["n"] < RUNS_PER_PARAM * len(b["theta"]):
-            _add_flag(flags, "few_runs", f"{name} fit: {b['n']} runs for {len(b['theta'])} parameters")
+        if b["n"] < RUNS_PER_PARAM * len(th):
+            _add_flag(flags, "few_runs", f"{name} fit: {b['n']} runs for {len(th)} parameters")
         C, D = (None, None) if m is None or said_budget else (runs["flops_budget"][m], runs["tokens"][m])
         finite = C is not None and np.all(np.isfinite(C))    # chinchilla mode has no budget: one D is the finding
         if C is not None and len(set(C if finite else D)) == 1:
@@ -1084,9 +1066,8 @@ def synthetic_rows(phi=0.46, noise=0.01, seed=0, truth=None):
     for i, run in enumerate(flops.grid_runs()):
         n_eff = run["n_once"] + run["n_loops"] ** t["phi"] * run["n_rec"]             # Eq. 3
         loss = t["E"] + t["A"] * n_eff ** -t["alpha"] + t["B"] * run["tokens"] ** -t["beta"]
-        row = {k: run[k] for k in SYNTH_COLUMNS if k != "val_loss"}
-        row.update(val_loss=loss + noise * rng.standard_normal(), source=f"synthetic:{i}", arch={})
-        rows.append(row)
+        rows.append(dict({k: run[k] for k in SYNTH_COLUMNS[:-1]}, val_loss=loss + noise * rng.standard_normal(),
+                         source=f"synthetic:{i}", arch={}))
     return rows
 
 
@@ -1285,11 +1266,13 @@ def _lim(*arrays):
     return [lo - pad, hi + pad]
 
 
-def _diagonal(ax, runs, **labels):
+def _diagonal(ax, runs, legend=False, **labels):
     """The y = x line of a predicted-vs-actual panel, framed by the actual losses (a wild prediction is clipped)."""
     lim = _lim(runs["val_loss"])
     ax.plot(lim, lim, "k--", lw=0.8)
     ax.set(xlabel="actual loss (nats)", xlim=lim, ylim=lim, **labels)
+    if legend:
+        ax.legend(fontsize=7)
 
 
 def make_figures(res, runs):
@@ -1305,8 +1288,7 @@ def make_figures(res, runs):
         for grp, b in _chin_groups(res).items():
             m = np.array([g == grp for g in runs["group"]])
             ax.scatter(runs["val_loss"][m], predict(b["theta"], _pack(subset(runs, m), 0.0)), s=14, label=grp)
-        _diagonal(ax, runs, ylabel="predicted loss (nats)", title="Chinchilla fits (Eq. 2)")
-        ax.legend(fontsize=7)
+        _diagonal(ax, runs, True, ylabel="predicted loss (nats)", title="Chinchilla fits (Eq. 2)")
         return {"pred_vs_actual.png": _png(fig)}
     figs = {"iso_flops.png": _iso_flops_figure(plt, res, runs, rs)}
     # predicted vs actual (Fig. 8 and Fig. 10 style): per-arch laws (20 parameters in all) next to the joint law
@@ -1318,9 +1300,8 @@ def make_figures(res, runs):
         pa = predict(res["per_arch"][str(r)]["theta"], _pack(subset(runs, m), 0.0))
         axes[0].scatter(runs["val_loss"][m], pa, s=14, color=colors[r], label=f"r={r}")
         axes[1].scatter(runs["val_loss"][m], pj[m], s=14, color=colors[r], label=f"r={r}")
-    _diagonal(axes[0], runs, title="per-architecture (Eq. 2)", ylabel="predicted loss (nats)")
+    _diagonal(axes[0], runs, True, title="per-architecture (Eq. 2)", ylabel="predicted loss (nats)")
     _diagonal(axes[1], runs, title=f"joint (Eq. 3), φ = {res['joint']['phi']:.3f}, RMSE {res['joint']['rmse']:.3f}")
-    axes[0].legend(fontsize=7)
     figs["pred_vs_actual.png"] = _png(fig)
     # frontier (Fig. 3): L*_r(C), N*(C), D*(C); looped optima sit wider in d yet lower in N, and train on fewer tokens
     if "frontier" in res:
@@ -1331,8 +1312,7 @@ def make_figures(res, runs):
                 ax.plot([row["flops_budget"] for row in rows], [row[key] for row in rows], "o-", color=colors[r],
                         label=f"r={r}", ms=4)
         for ax, lab, yscale in zip(axes, ("L*(C) (nats)", "N*(C)", "D*(C) (tokens)"), ("linear", "log", "log")):
-            ax.set_xscale("log")
-            ax.set(xlabel="compute C (FLOPs)", ylabel=lab, yscale=yscale)
+            ax.set(xscale="log", xlabel="compute C (FLOPs)", ylabel=lab, yscale=yscale)
         axes[0].legend(fontsize=7)
         figs["frontier.png"] = _png(fig)
     figs["phi.png"] = _phi_figure(plt, res)
@@ -1372,14 +1352,12 @@ def _iso_flops_figure(plt, res, runs, rs):
             d = np.geomspace(1.0, 1e6, 4000)
             Nd = np.polyval(poly["once"], d) + np.polyval(poly["rec"], d)
             keep = (Nd > N.min() / 1.6) & (Nd < N.max() * 1.6)
-            Dd = C / np.polyval(poly["flops"], d[keep])
-            ax.plot(Nd[keep], b["E"] + b["A"] * Nd[keep] ** -b["alpha"] + b["B"] * Dd ** -b["beta"], color=bcol[C],
-                    lw=1)
+            Nk, Dk = Nd[keep], C / np.polyval(poly["flops"], d[keep])
+            ax.plot(Nk, b["E"] + b["A"] * Nk ** -b["alpha"] + b["B"] * Dk ** -b["beta"], color=bcol[C], lw=1)
         for row in [row for row in res.get("frontier", {}).get("rows", []) if row["n_loops"] == r]:
             ax.plot(row["n_params"], row["loss"], "*", color=bcol[row["flops_budget"]], ms=10, mec="k", mew=0.5)
-        ax.set_xscale("log")
+        ax.set(xscale="log", title=f"r = {r}", xlabel="unique parameters N")
         ax.xaxis.set_minor_formatter(plt.NullFormatter())     # a narrow N range would label every minor tick
-        ax.set(title=f"r = {r}", xlabel="unique parameters N")
     axes[0][0].set_ylabel("validation loss (nats)")
     axes[0][0].legend(title="C (FLOPs)", fontsize=7)
     return _png(fig)
@@ -1389,8 +1367,8 @@ def _phi_figure(plt, res):
     """phi: the restricted-fit comparison (Fig. 1 right: R^2 drops at phi = 0 and phi = 1) and the bootstrap
     histogram with its 95% interval (dashed) and the point estimate (solid)."""
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
-    r2 = [res[k]["r2"] for k in ("joint", "phi0", "phi1")]
-    r2 = [v if v is not None and math.isfinite(v) else 0.0 for v in r2]   # undefined R^2 draws as an empty bar
+    # undefined R^2 draws as an empty bar
+    r2 = [v if v is not None and math.isfinite(v) else 0.0 for v in (res[k]["r2"] for k in ("joint", "phi0", "phi1"))]
     axes[0].bar([f"φ free ({res['joint']['phi']:.2f})", "φ = 0", "φ = 1"], r2, color=["C0", "C1", "C2"])
     axes[0].set_ylim(min(r2) - 0.2 * (max(r2) - min(r2) + 1e-4), 1.0)    # R^2 near 1: zoom on the differences
     axes[0].set(ylabel="R² (raw nats)", title="joint law: free vs restricted φ" + (" (flagged)" if res.get("flags")
@@ -1413,8 +1391,7 @@ CASES_MARK = "<!-- case studies: written by fit.py --cases; everything below is 
 
 def _top_gap(res, r=8):
     """L*_r - L*_1 of the frontier at the largest budget (§4.2), or None."""
-    rows = [row for row in (res.get("frontier") or {}).get("rows", []) if row["n_loops"] == r]
-    rows = [row for row in rows if row["gap"] is not None]
+    rows = [x for x in (res.get("frontier") or {}).get("rows", []) if x["n_loops"] == r and x["gap"] is not None]
     return max(rows, key=lambda row: row["flops_budget"])["gap"] if rows else None
 
 
@@ -1482,12 +1459,9 @@ def write_case_summary(summary, out_dir, overwrite=False):
     # baseline fit that wrote OUT/fit.json (its request_key), below whose report the section goes
     key = common.request_key("fit", {"cases": os.path.abspath(out_dir)})
     report = os.path.join(out_dir, "report.md")
-    owner = common.owner_of(report)
-    common.check_owned([report], owner if owner and owner in (summary["fit_key"], key) else key, overwrite,
-                       "--cases")
-    rkey = summary["fit_key"] or key
-    common.check_owned([os.path.join(out_dir, n) for n in CASES_OUTPUTS if n != "report.md"], key, overwrite,
-                       "--cases")
+    owner, rkey = common.owner_of(report), summary["fit_key"] or key
+    common.check_owned([report], owner if owner in (rkey, key) else key, overwrite, "--cases")
+    common.check_owned([os.path.join(out_dir, n) for n in CASES_OUTPUTS[1:]], key, overwrite, "--cases")
     f = lambda x, fmt: "-" if x is None else format(x, fmt)
     ci = lambda row, k, fmt: "" if row[f"{k}_lo"] is None else f" [{row[f'{k}_lo']:{fmt}}, {row[f'{k}_hi']:{fmt}}]"
     L = [CASES_MARK, "", "## Case studies (§5, Table 3; runs/mini.sh --case NAME)", "",
@@ -1500,10 +1474,10 @@ def write_case_summary(summary, out_dir, overwrite=False):
          f"{f(row['delta_phi'], '+.3f')}{ci(row, 'delta_phi', '+.2f')}", f"{row['r2']:.4f}", row["n"],
          f(row["gap8"], "+.3f"), f(row["extrapolation_gain"], "+.3f"), ", ".join(n for n, _ in row["flags"]) or "-")
         for row in summary["rows"]])
-    flagged = [row for row in summary["rows"] if row["flags"]]
-    if flagged:                                   # the table names the flags; here, which fits each one concerns
-        L += ["", "Flags, and the fits they concern:"]
-        L += [f"- {row['name']}: " + " | ".join(f"{name}: {items}" for name, items in row["flags"]) for row in flagged]
+    # the table names the flags; here, which fits each one concerns
+    flagged = [f"- {row['name']}: " + " | ".join(f"{name}: {items}" for name, items in row["flags"])
+               for row in summary["rows"] if row["flags"]]
+    L += ["", "Flags, and the fits they concern:", *flagged] if flagged else []
     L += ["", "Figures: cases.png (φ and its CI per case), cases_loops.png (val loss vs test-time r' per case)."]
     files, head = _case_figures(summary), ""
     if os.path.isfile(report):
@@ -1521,8 +1495,7 @@ def _case_figures(summary):
     color = {row["name"]: "k" if row["name"] == "baseline" else f"C{i}" for i, row in enumerate(rows)}  # both figures
     fig, ax = plt.subplots(figsize=(1.2 * len(rows) + 2.5, 3.6))
     for i, row in enumerate(rows):
-        lo = row["phi"] - row["phi_lo"] if row["phi_lo"] is not None else 0
-        hi = row["phi_hi"] - row["phi"] if row["phi_hi"] is not None else 0
+        lo, hi = (row["phi"] - row["phi_lo"], row["phi_hi"] - row["phi"]) if row["phi_lo"] is not None else (0, 0)
         ax.errorbar(i, row["phi"], yerr=[[max(lo, 0)], [max(hi, 0)]], fmt="o", capsize=4, color=color[row["name"]])
     for v in (0, 1):                                 # the paper's two reference values of phi
         ax.axhline(v, color="grey", ls=":", lw=0.8)
@@ -1584,14 +1557,6 @@ def _chin_groups(res):
 
 # -----------------------------------------------------------------------------
 # Output files: checked before the fit, written as one set after it (issues 12 and 18, through common.py)
-
-def _request(args):
-    """What this invocation asks for: the same request may rewrite its own outputs without --overwrite."""
-    inp = os.path.abspath(args.csv or args.runs_dir)
-    return {"input": inp, "csv": bool(args.csv), "law": args.law, "case": args.case, "loops": args.loops,
-            "seed": args.seed, "restarts": args.restarts, "bootstrap": args.bootstrap,
-            "boot_restarts": args.boot_restarts}
-
 
 def runs_record(runs):
     """Which runs a fit used (issue 18 §1), for fit.json: n, each run's folder (relative to the runs folder; the CSV
@@ -1692,10 +1657,12 @@ def fit_outputs(args):
     """The fit a CLI invocation asks for, written into --out; returns its result. Every input or output problem is a
     ValueError before any fit runs; the outputs are rendered in memory and written as one set at the end, so a
     failure anywhere leaves --out as it was."""
+    # what this invocation asks for: the same request may rewrite its own outputs without --overwrite
+    request = {"input": os.path.abspath(args.csv or args.runs_dir), "csv": bool(args.csv), "law": args.law,
+               **{k: getattr(args, k) for k in ("case", "loops", "seed", "restarts", "bootstrap", "boot_restarts")}}
+    key = common.request_key("fit", request)
     # ownership first (rule 2): every output name in --out must be ours for this request, or --overwrite given --
     # checked for all of OUTPUTS, so the stale ones removed at the end are covered too
-    request = _request(args)
-    key = common.request_key("fit", request)
     common.check_dir_writable(args.out, "--out")
     common.check_owned([os.path.join(args.out, n) for n in OUTPUTS], key, args.overwrite, "--out")
     try:
