@@ -190,18 +190,25 @@ def read_json(path: str, schema: typing.Optional[dict] = None) -> dict:
         raise ValueError(f"{path}: cannot read ({err.strerror})") from None
     if not isinstance(obj, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(obj).__name__}")
-    for key, (types, interval) in (schema or {}).items():
+    check_record(obj, schema or {}, path)
+    return obj
+
+
+def check_record(obj: dict, schema: dict, where: str, prefix: str = "") -> None:
+    """read_json's key check, also for a record nested inside a file (a checkpoint's dicts, a meta's model_config):
+    a present key must have one of its types (bool is never a number) and lie in its interval; one line naming
+    the file and the key (prefix + key)."""
+    for key, (types, interval) in schema.items():
         v = obj.get(key)
         if v is None:                                  # absent, or null: the caller's require() decides
             continue
         types = types if isinstance(types, tuple) else (types,)
         if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
-            raise ValueError(f"{path}: key {key!r} must be {'/'.join(t.__name__ for t in types)}, got "
+            raise ValueError(f"{where}: key {prefix + key!r} must be {'/'.join(t.__name__ for t in types)}, got "
                              f"{type(v).__name__} {v!r:.40}")
         why = check_number(v, interval) if interval and isinstance(v, (int, float)) else None
         if why:
-            raise ValueError(f"{path}: key {key!r} {why}")
-    return obj
+            raise ValueError(f"{where}: key {prefix + key!r} {why}")
 
 
 def require(obj: dict, keys, path: str) -> None:

@@ -52,7 +52,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import flops
-from common import (Parser, check_number, check_owned, fail, first_line, init_dist, number, print0, read_json,
+from common import (Parser, check_owned, check_record, fail, first_line, init_dist, number, print0, read_json,
                     request_key, require, write_owned)
 from data import PackedLoader, jsonl_records, load_tokenizer, read_meta
 from model import LoopedGPT, ModelConfig
@@ -625,18 +625,6 @@ CKPT_FIELDS = {"model": (dict, None), "model_config": (dict, None), "tokenizer_h
 TRAIN_FIELDS = {"data": (str, None), "tokenizer": (str, None), "eval_tokens": (int, "[-1, inf)")}
 
 
-def _check_record(obj, schema, where, prefix=""):
-    """common.read_json's key check for a record inside a file (a checkpoint's dicts, a meta's model_config):
-    a present key must have its type (bool is never a number) and lie in its range; one line naming file and key."""
-    for key, (types, interval) in schema.items():
-        v = obj.get(key)
-        bad = v is not None and (not isinstance(v, types) or isinstance(v, bool))
-        why = f"must be {getattr(types, '__name__', 'a number')}, got {type(v).__name__} {v!r:.40}" if bad else \
-            check_number(v, interval) if interval else None
-        if why:
-            raise ValueError(f"{where}: key '{prefix}{key}' {why}")
-
-
 def read_checkpoint(path, keys=CKPT_KEYS) -> dict:
     """Read a torch checkpoint safely: nanoloop's out_dir/ckpt.pt (or any .pt path) -> its dict, checked.
 
@@ -674,8 +662,8 @@ def read_checkpoint(path, keys=CKPT_KEYS) -> dict:
     if missing:
         raise ValueError(f"{path} has no {missing} entr{'y' if len(missing) == 1 else 'ies'} (keys: {sorted(ck)}): "
                          "not a complete train.py checkpoint")
-    _check_record(ck, CKPT_FIELDS, path)
-    _check_record(ck.get("train_config") or {}, TRAIN_FIELDS, path, "train_config.")
+    check_record(ck, CKPT_FIELDS, path)
+    check_record(ck.get("train_config") or {}, TRAIN_FIELDS, path, "train_config.")
     if "model" in ck and "model_config" in ck:
         unknown = sorted(set(ck["model_config"]) - {f.name for f in dataclasses.fields(ModelConfig)})
         if unknown:
@@ -868,7 +856,7 @@ def load_release(root, step=None, device="cpu", release_rope=True):
                          ("missing", [k for k in RELEASE_NEEDED if k not in mc])):
         if fields:
             raise ValueError(f"{where}: {what} fields {fields} (a newer or older release?)")
-    _check_record(mc, RELEASE_FIELDS, meta_path, "model_config.")
+    check_record(mc, RELEASE_FIELDS, meta_path, "model_config.")
     c = dict(RELEASE_DEFAULTS, **mc)
     if c["input_injection"] not in RELEASE_INJECTION:
         raise ValueError(f"{where}: input_injection {c['input_injection']!r} not in {sorted(RELEASE_INJECTION)}")
