@@ -382,9 +382,18 @@ def write_owned(path: str, data, key: str) -> None:
     # makes the next run more careful (it asks for --overwrite), never lets it replace something it did not write
     atomic_write(path, data)
     folder = os.path.dirname(path) or "."
-    led = _ledger(folder)
-    led[os.path.basename(path)] = [key] + _stamp(path)
-    atomic_write(os.path.join(folder, LEDGER), json.dumps(led, indent=0, sort_keys=True) + "\n")
+    # The ledger is read, updated and renamed over: two writers in one folder (two fit.py runs) would each drop
+    # the other's entries, so the update holds an exclusive flock on the folder itself (released on close). Where
+    # flock is unsupported the update goes ahead unlocked, as before: at worst a later run asks for --overwrite.
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        led = _ledger(folder)
+        led[os.path.basename(path)] = [key] + _stamp(path)
+        atomic_write(os.path.join(folder, LEDGER), json.dumps(led, indent=0, sort_keys=True) + "\n")
+    finally:
+        os.close(fd)
 
 
 def claim_dir(folder: str, tool: str, request, overwrite: bool = False, flag: str = "OUT") -> str:

@@ -601,3 +601,26 @@ def test_record_limits_agree_with_train_limits():
     train = pytest.importorskip("train")
     for key in ("flops_budget", "n_loops"):
         assert fit.LIMITS[key][0] == train.LIMITS[key][0], key
+
+
+def _write_many(folder, tag, n):
+    import common
+    for i in range(n):
+        common.write_owned(os.path.join(folder, f"{tag}_{i}.txt"), f"{tag} {i}\n", f"key-{tag}")
+
+
+def test_concurrent_writers_in_one_folder_keep_every_ledger_entry(tmp_path):
+    """Two tools (e.g. two fit.py runs) writing into one folder at once: each ledger update is a read-modify-write,
+    so without a lock one writer's rename drops the other's entries and its own files later need --overwrite."""
+    import multiprocessing
+    import common
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_write_many, args=(str(tmp_path), tag, 40)) for tag in "abcd"]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    assert all(p.exitcode == 0 for p in procs)
+    for tag in "abcd":
+        for i in range(40):
+            assert common.owner_of(str(tmp_path / f"{tag}_{i}.txt")) == f"key-{tag}", (tag, i)
