@@ -309,12 +309,14 @@ def replicate(U, picks, truth, sigma, kw, name):
         rng = np.random.default_rng([kw["seed"], rep])
         runs = dict(U["runs"], val_loss=U["loss"] + sigma * rng.standard_normal(len(U["loss"])))
         out.append([(*measure(fit.subset(runs, S), kw, kw["seed"] + rep), U["cost"][S].sum()) for S in picks(rng)])
-    # a refused fit counts as a failed replicate with an infinite interval (so it "covers"; the table says how many)
+    # a refused fit is a failed replicate: it has no interval, so it never counts as covering the truth (an infinite
+    # interval would "cover" and flatter a design that cannot be fitted); the table also says how many failed
     est, lo, hi, cost = np.moveaxis(np.array(out), 2, 0)            # each (reps, masks)
     for t, (e, l, h) in enumerate(zip(est.T, lo.T, hi.T)):
         rows.append({"design": name + (f", round {t}" if est.shape[1] > 1 else ""), "reps": kw["reps"],
                      "flops": float(np.median(cost[:, t])), "median_halfwidth": float(np.median(h - l) / 2),
-                     "coverage": float(np.mean((l <= truth) & (truth <= h))), "failed": int(np.isnan(e).sum()),
+                     "coverage": float(np.mean((l <= truth) & (truth <= h) & ~np.isnan(e))),
+                     "failed": int(np.isnan(e).sum()),
                      "excludes_0": float(np.mean((l > 0) | (h < 0))),
                      "median_abs_err": float(np.nanmedian(abs(e - truth)))})
         print(f"  {rows[-1]['design']:<46} {gpu_hours(rows[-1]['flops']):7.1f} GPU-h  median half-width "

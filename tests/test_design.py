@@ -151,3 +151,13 @@ def test_grid_sh_refuses_a_bad_only_list_before_launching(tmp_path):
                               env=dict(os.environ, OUT=str(tmp_path / "out"), NPROC="8"))
         assert proc.returncode == 2 and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
         assert not (tmp_path / "out").exists()
+
+
+def test_a_refused_fit_never_counts_as_covering():
+    # a design of 3 runs cannot be fitted (6 parameters): every replicate fails, and none of them may count towards
+    # coverage through its (-inf, inf) "interval"
+    U = small_universe()
+    theta, sigma = design.load_prior(None)
+    kw = {"reps": 2, "seed": 0, "restarts": 5, "n_boot": 4, "boot_restarts": 1}
+    rows, hw, _ = design.replicate(U, lambda rng: [np.arange(len(U["r"])) < 3], theta[5], sigma, kw, "3 runs")
+    assert rows[0]["failed"] == 2 and rows[0]["coverage"] == 0.0 and np.isinf(hw).all()
