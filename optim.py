@@ -361,9 +361,10 @@ class MuonHAdamW(torch.optim.Optimizer):
             loss = closure() if closure is not None else None
         gathers = []        # MuonH all-gathers in flight while the next stack and AdamW compute
         for group, stacks in zip(self.param_groups, self._stacks):
-            for stack in stacks:                                   # a MuonH group's same-shape stacks (AdamW: none)
-                gathers += self._step_muonh(group, *stack)
-            if group["kind"] == "adamw":
+            if group["kind"] == "muonh":
+                for stack in stacks:                               # one fused update per same-shape stack
+                    gathers += self._step_muonh(group, *stack)
+            else:
                 self._step_adamw(group)                            # replicated: small tensors, every rank
         for handle, full, params, lo, hi in gathers:               # finish: copy in the matrices others own
             handle.wait()

@@ -384,8 +384,8 @@ def preflight(model_cfg, tc, world: int, device) -> SimpleNamespace:
     out-dir, the --init-from checkpoint, the data, the batch geometry and horizon (derive), the memory the weights
     and optimizer need, the disk the checkpoints need, and what out_dir already holds (its identity must be this
     run's). Nothing is written. Returns the resolved run; --plan without a prepared --data checks what needs none."""
-    # LIMITS: finiteness and range (the CLI checked them already; a TrainConfig checks itself in __post_init__)
-    common.check_fields(model_cfg, LIMITS)
+    common.check_fields(model_cfg, LIMITS)           # LIMITS: finiteness and range (the CLI checked them already,
+    common.check_fields(tc, LIMITS)                  # but an in-process caller may have edited a config since)
     if not tc.plan:
         common.check_dir_writable(tc.out_dir, "--out-dir")
     hook, cfg, init_state, init_tok, init_id, facts = fault_hook(), model_cfg, None, None, None, None
