@@ -383,15 +383,23 @@ def write_owned(path: str, data, key: str) -> None:
     atomic_write(path, data)
     folder = os.path.dirname(path) or "."
     # The ledger is read, updated and renamed over: two writers in one folder (two fit.py runs) would each drop
-    # the other's entries, so the update holds an exclusive flock on the folder itself (released on close). Where
-    # flock is unsupported the update goes ahead unlocked, as before: at worst a later run asks for --overwrite.
-    fd = os.open(folder, os.O_RDONLY)
-    try:
+    # the other's entries, so the update holds an exclusive flock on the ledger file itself -- not on the folder,
+    # which a script may hold for its whole run (runs/mini.sh locks its OUT). The rename replaces the locked inode,
+    # so a writer that waited re-opens until it holds the ledger now in place (as acquire_lock does). Where flock
+    # is unsupported the update goes ahead unlocked, as before: at worst a later run asks for --overwrite.
+    led_path = os.path.join(folder, LEDGER)
+    while True:
+        fd = os.open(led_path, os.O_RDONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
         with contextlib.suppress(OSError):
             fcntl.flock(fd, fcntl.LOCK_EX)
-        led = _ledger(folder)
+        with contextlib.suppress(FileNotFoundError):
+            if os.path.samestat(os.fstat(fd), os.stat(led_path)):
+                break
+        os.close(fd)
+    try:
+        led = _ledger(folder)                              # an empty file (just created) reads as an empty ledger
         led[os.path.basename(path)] = [key] + _stamp(path)
-        atomic_write(os.path.join(folder, LEDGER), json.dumps(led, indent=0, sort_keys=True) + "\n")
+        atomic_write(led_path, json.dumps(led, indent=0, sort_keys=True) + "\n")
     finally:
         os.close(fd)
 

@@ -624,3 +624,19 @@ def test_concurrent_writers_in_one_folder_keep_every_ledger_entry(tmp_path):
     for tag in "abcd":
         for i in range(40):
             assert common.owner_of(str(tmp_path / f"{tag}_{i}.txt")) == f"key-{tag}", (tag, i)
+
+
+def test_ledger_update_never_waits_on_a_folder_lock(tmp_path):
+    """runs/mini.sh holds a flock on its OUT folder for its whole run; a tool writing an owned file in it (data.py
+    tokenizer, fit.py) must not wait on that lock (it did, forever, when the ledger lock was the folder's)."""
+    import fcntl
+    fd = os.open(tmp_path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        code = f"import common; common.write_owned({str(tmp_path / 'a.txt')!r}, 'x', 'k')"
+        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    finally:
+        os.close(fd)
+    assert proc.returncode == 0, proc.stderr
+    import common
+    assert common.owner_of(str(tmp_path / "a.txt")) == "k"
