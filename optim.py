@@ -260,6 +260,25 @@ def muonh_update(G, W, M, R, mu, lr, ns_steps=NS_STEPS, bf16=None):
     return W * (R.to(W.dtype) / W.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10))  # retract: R W' / ||W'||_F
 
 
+# As the release: one fused graph per stack shape, its LR and momentum passed as 0-d CPU tensors (a new float would
+# recompile); fullgraph, so a graph break is an error, never a silent fallback to eager. Dynamo keeps its graphs on
+# the function's code object and allows 8 per code object (recompile_limit; past it, fullgraph fails): one shared
+# compiled muonh_update died after 8 shapes in a process that built models of 3 widths (issue 25). So every stack
+# signature gets its own copy of the code object, compiled once: one graph each, never a recompile, any number of
+# shapes, and each graph the same as before (same specialisation, so the same kernels and the same bits).
+_COMPILED = {}      # (shape, dtype, device, ns_steps, bf16) -> compiled muonh_update, shared by every optimizer
+
+
+def _compiled_update(W, ns_steps, bf16):
+    """The compiled muonh_update for stacks like W (K, rows, cols), built on first use."""
+    key = (tuple(W.shape), W.dtype, W.device, ns_steps, bf16)
+    if key not in _COMPILED:
+        f = muonh_update
+        fresh = type(f)(f.__code__.replace(), f.__globals__, f.__name__, f.__defaults__)   # a new code object
+        _COMPILED[key] = torch.compile(fresh, dynamic=False, fullgraph=True)
+    return _COMPILED[key]
+
+
 # -----------------------------------------------------------------------------
 # The optimizer: one object, MuonH groups + AdamW groups, so one state_dict holds everything
 #
@@ -333,11 +352,8 @@ class MuonHAdamW(torch.optim.Optimizer):
         self._checked = set()    # stacks whose init norms every rank has checked (first step)
         self._packs = {}         # (state key, param ids) -> (stacked tensor, its slices handed out as the state)
         cuda = any(p.is_cuda for g in self.param_groups if g["kind"] == "muonh" for p in g["params"])
-        compiled = cuda if compile is None else compile
-        # As the release: one fused graph per stack shape, its LR and momentum passed as 0-d CPU tensors (a new
-        # float would recompile); fullgraph so a graph break is an error, not a silent fallback to eager.
-        self._update = torch.compile(muonh_update, dynamic=False, fullgraph=True) if compiled else muonh_update
-        self._tensor_scalars = compiled or bool(polar_bf16) or (polar_bf16 is None and cuda)
+        self._compiled = cuda if compile is None else compile
+        self._tensor_scalars = self._compiled or bool(polar_bf16) or (polar_bf16 is None and cuda)
         self._mu_t, self._lr_t = torch.tensor(0.0), torch.tensor(0.0)
 
     def _plan(self, group):
@@ -406,7 +422,8 @@ class MuonHAdamW(torch.optim.Optimizer):
             if self._tensor_scalars:                 # 0-d CPU tensors: the release's rounding, one compiled graph
                 mu, lr = self._mu_t.fill_(mu), self._lr_t.fill_(lr)
             bf16 = W.is_cuda if self.polar_bf16 is None else self.polar_bf16
-            W = self._update(G, W, M, R.view(-1, 1, 1), mu, lr, group["ns_steps"], bf16)
+            update = _compiled_update(W, group["ns_steps"], bf16) if self._compiled else muonh_update
+            W = update(G, W, M, R.view(-1, 1, 1), mu, lr, group["ns_steps"], bf16)
             torch._foreach_copy_(act, list(W.unbind(0)))                       # the weights take the new values
         if self.world == 1:                  # owns the whole stack: nothing to gather (the replicated optimizer)
             return []

@@ -581,3 +581,34 @@ def test_cli_refuses_a_run_that_cannot_exist(capsys):
         optim.main(["--scale", "20", "--n-loops", "3", "--tokens", "1e9"])
     err = capsys.readouterr().err.strip()
     assert exc.value.code == 2 and len(err.splitlines()) == 1 and "n_loops=3 must divide 16" in err
+
+
+# -----------------------------------------------------------------------------
+# 9. Compile that survives any number of shapes (issue 25 item 1)
+
+def test_compiled_step_survives_many_models_in_one_process(monkeypatch):
+    """Five models of different widths and variants (injection modes, hc lanes, r) built and stepped in ONE process
+    with the compiled MuonH path on: about 20 distinct stack shapes, past dynamo's limit of 8 graphs per compiled
+    function (the GPU check's stage 3 died there: FailOnRecompileLimitHit). Dynamo runs with backend="eager" (its
+    graph capture, guards and recompile limit are the same as under inductor; inductor on CPU would take ~10 s a
+    shape), and fail_on_recompile_limit_hit makes a silent fallback to eager an error too."""
+    import model
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real(fn, **{**kw, "backend": "eager"}))
+    monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", True)
+    variants = [dict(scale=1), dict(scale=2, injection="additive"), dict(scale=3, injection="hyper", hc_lanes=3),
+                dict(scale=4, injection="diagonal", n_loops=4), dict(scale=5, n_loops=1), dict(scale=6, n_loops=4)]
+    shapes = set()
+    for kw in variants:
+        cfg = model.ModelConfig(**{**dict(aspect_ratio=16, head_dim=16, n_layers_eff=6, n_layers_prelude=1,
+                                           n_layers_coda=1, n_loops=2, vocab_size=64, seq_len=8), **kw})
+        net = model.LoopedGPT(cfg)
+        opt = build_optimizer(net.param_groups(), hyperp_lrs(cfg.d_model, cfg.n_loops, 10 ** 6), compile=True)
+        idx = torch.randint(0, 64, (2, 8))
+        for _ in range(2):
+            net(idx, idx).backward()
+            opt.step()
+            opt.zero_grad()
+        shapes |= {tuple(p.shape) for p in net.param_groups()["matrix"]}
+    print(f"\n[issue 25] {len(variants)} models, {len(shapes)} MuonH matrix shapes, compiled step ok")
+    assert len(shapes) > 8
