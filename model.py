@@ -33,7 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from flops import INJECTIONS, accounting_args, layout, pad_vocab
+from flops import accounting_args, layout, pad_vocab
 
 # INJECTIONS, defined once in flops.py (which counts their FLOPs): linear (Eq. 5), additive and passthrough (App. C.2),
 # hyper (App. G.1, Eq. 7), diagonal (App. A, after Parcae).
