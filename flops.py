@@ -80,9 +80,10 @@ def accounting_args(cfg) -> dict:
                                                                  ("n_layers_coda", 2))))
         if k is not None and k > r:
             raise ValueError(f"n_loops_bwd={k} must be None (full BPTT) or in [1, n_loops={r}]")
-        if r > 1 and mode == "hyper" and (k not in (None, r) or out.get("hc_lanes", 2) < 2):
-            raise ValueError("hyperconnections need hc_lanes >= 2 (K = 1 is a plain residual) and full BPTT "
-                             "(n_loops_bwd None; App. G.1)")
+        if r > 1 and mode == "hyper" and out.get("hc_lanes", 2) < 2:
+            raise ValueError("hc_lanes must be >= 2 with hyperconnections (K = 1 is a plain residual; App. G.1)")
+        if r > 1 and mode == "hyper" and k not in (None, r):
+            raise ValueError("hyperconnections use full BPTT (App. G.1); n_loops_bwd must be None or n_loops")
     return out
 
 

@@ -464,7 +464,7 @@ def test_forced_attention_errors_name_the_reason(monkeypatch):
     (dict(n_loops=4, n_loops_bwd=0), "n_loops_bwd must be an integer in"),
     (dict(n_loops=4, n_loops_bwd=5), "n_loops_bwd=5"),
     (dict(n_loops=4, injection="hyper", n_loops_bwd=2), "full BPTT"),
-    (dict(injection="hyper", hc_lanes=1), "hc_lanes >= 2"),
+    (dict(injection="hyper", hc_lanes=1), "hc_lanes must be >= 2"),
     (dict(injection="passthrough", state_init="random"), "state_init='random' needs"),
     (dict(n_loops=4, injection="passthrough", n_loops_bwd=2), "passthrough' needs full BPTT"),   # issue 19 §1
     (dict(head_dim=15, aspect_ratio=15), "must be even"),
