@@ -387,7 +387,7 @@ class LoopedGPT(nn.Module):
     def check_n_loops(self, n_loops: int) -> None:
         """ValueError if this model cannot run n_loops iterations (cfg.loop_sweepable): eval.py's preflight."""
         if n_loops != self.cfg.n_loops and not self.cfg.loop_sweepable:
-            raise ValueError(f"its per-iteration parameters (hyperconnections' alpha/M/beta) exist for exactly "
+            raise ValueError(f"its per-iteration parameters (cfg.loop_sweepable) exist for exactly "
                              f"{self.cfg.n_loops} iterations; cannot run n_loops={n_loops}")
 
     def forward(self, idx, targets=None, reduction="mean", n_loops=None, generator=None, kv_cache=None,
