@@ -11,11 +11,14 @@ Variants: additive / passthrough injection (App. C.2), hyperconnection lanes (Eq
 random state init (project ablation, after Huginn), diagonal injection (App. A, after Parcae; untested in the paper).
 r = 1 is the plain baseline: 0-20-0, no injection, 3 model norms.
 Run:   nothing to run; used by train.py / eval.py.   Test: pytest tests/test_model.py
-Read in this order: ModelConfig -> Block -> LoopedGPT.forward -> init_weights -> generate
+Read in this order: ModelConfig -> Block -> LoopedGPT.forward -> init_weights -> generate; the attention backends
+(which kernel runs, plumbing) come last.
 Precision: fp32 parameters and residual stream; under --precision bf16 (the CUDA default) the trainer wraps forward
 in bf16 autocast (matmuls bf16); logits, softcap and loss are fp32 either way. The model never prints.
-Attention: FA-3, FA-2 or SDPA, resolved once per run (resolve_attention); attention_summary() is the start-up line
-that names the kernel, where it was imported from and, when FA-3 does not run, why and how to get it.
+Attention: FA-3, FA-2 or SDPA, resolved once per run (resolve_attention), and SDPA's own kernel (SDPA_BACKENDS);
+attention_summary() is the start-up line that names the kernel, where it was imported from and, when FA-3 does not
+run, why and how to get it.
+Checks: a config is checked once, when built (ModelConfig.__post_init__); the modules trust their arguments.
 Not here: parameter / FLOP formulas (flops.py; tests check they match this module), learning rates (optim.py).
 
 paper -> code:  r n_loops | s scale (d = 64 s) | l_prelude / l_recur / l_coda n_layers_prelude / partition[1] / _coda |
@@ -394,7 +397,7 @@ class LoopedGPT(nn.Module):
                 state_noise=None):
         """idx (B, T) int64 -> loss if targets (B, T) are given (-1 = ignored), else logits (B, T, vocab_size) fp32.
 
-        reduction: "mean" | "sum" | "none" (then (B, T)). n_loops: run r' != r iterations (not for hyper).
+        reduction: "mean" | "sum" | "none" (then (B, T)). n_loops: run r' != r iterations (if cfg.loop_sweepable).
         generator: random source for state_init="random" (same device as the model), for deterministic eval.
         state_noise: (B, T, d) N(0, 1) draws for state_init="random", given by the caller (the trainer draws one per
         global batch row, so ranks differ and the result does not depend on the world size); None = draw here.
