@@ -405,7 +405,7 @@ class LoopedGPT(nn.Module):
         """
         cfg = self.cfg
         n = kv_cache.n_loops if kv_cache is not None else n_loops or cfg.n_loops        # the r to run
-        assert n == cfg.n_loops or cfg.loop_sweepable, "this model runs exactly its trained r (check_n_loops)"
+        assert n_loops in (None, n) and (n == cfg.n_loops or cfg.loop_sweepable), "r' is the cache's, if sweepable"
         B, T = idx.shape
         pos = 0 if kv_cache is None else kv_cache.pos
         assert pos + T <= min(self.rope_cos.size(0), kv_cache.max_len if kv_cache else pos + T), "past RoPE or cache"
