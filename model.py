@@ -96,8 +96,8 @@ class ModelConfig:
         need(self.injection != "passthrough" or self.n_loops_bwd in (None, self.n_loops), "injection='passthrough' "
              "needs full BPTT: e enters only through h(0), which n_loops_bwd < n_loops detaches (Eq. 6), so wte and "
              "the prelude would never train; leave n_loops_bwd=None or pick another injection")
-        need(min(self.state_init_std, self.logit_softcap, self.rope_base, self.norm_eps) > 0,
-             "state_init_std, logit_softcap, rope_base and norm_eps must be > 0")
+        need(all(0 < v < math.inf for v in (self.state_init_std, self.logit_softcap, self.rope_base, self.norm_eps)),
+             "state_init_std, logit_softcap, rope_base and norm_eps must be finite and > 0")   # nan fails too
 
     @property
     def d_model(self) -> int:
@@ -168,7 +168,7 @@ def attend(q, k, v, backend="auto", sdpa="auto"):
     # Training / prefill (Tq = Tk): the plain causal mask. One decoded token (Tq = 1) sees every cached key: no mask.
     # A chunk after a cache (1 < Tq < Tk): query j sees keys <= Tk - Tq + j, an explicit bottom-right-aligned mask.
     mask = None if Tq in (1, Tk) else torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(diagonal=Tk - Tq)
-    with contextlib.nullcontext() if sdpa == "auto" else sdpa_kernel(SDPA_BACKENDS[sdpa]):
+    with contextlib.nullcontext() if sdpa == "auto" else sdpa_kernel([SDPA_BACKENDS[sdpa]]):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=Tq == Tk).transpose(1, 2)
 
 
