@@ -476,6 +476,29 @@ def test_bad_config_raises(kw, msg):
     print(err.value)
 
 
+def test_a_new_parameter_needs_no_edit_in_the_optimizer_or_the_split():
+    """Issue 24 §7: a variant's new parameters are grouped by what they are and counted by membership. A vector, a
+    per-iteration stack of vectors and a new nn.Linear added to the model: the first two go to AdamW ("norm"), the
+    Linear to MuonH ("matrix"), all three into N_once, and one optimizer step moves them, with no edit elsewhere."""
+    import optim
+    m = LoopedGPT(tiny_cfg(n_loops=2))
+    base = m.param_split()
+    d = m.cfg.d_model
+    m.gate = torch.nn.Parameter(torch.ones(d))                                    # (d,)
+    m.loop_emb = torch.nn.Parameter(torch.zeros(2, d))                            # (r, d)
+    m.mix = torch.nn.Linear(d, d, bias=False)                                      # (d, d)
+    groups = m.param_groups()
+    assert any(p is m.gate for p in groups["norm"]) and any(p is m.loop_emb for p in groups["norm"])
+    assert any(p is m.mix.weight for p in groups["matrix"])
+    assert m.param_split() == (base[0] + d + 2 * d + d * d, base[1])
+    opt = optim.build_optimizer(groups, optim.hyperp_lrs(d, 2, 10 ** 6))
+    for p in (m.gate, m.loop_emb, m.mix.weight):
+        p.grad = torch.ones_like(p)
+    before = [p.detach().clone() for p in (m.gate, m.loop_emb, m.mix.weight)]
+    opt.step()
+    assert all(not torch.equal(a, p) for a, p in zip(before, (m.gate, m.loop_emb, m.mix.weight)))
+
+
 def test_loop_sweepable_is_the_one_predicate():
     """Issue 24 §7: whether a model can run a test-time r' != r is ModelConfig.loop_sweepable, and check_n_loops
     (eval.py's preflight) refuses by it: hyperconnections have alpha/M/beta for exactly r iterations."""
