@@ -21,21 +21,7 @@ Read in this order: Tokenizer -> iter_source -> BestFitWindow -> prepare_source 
 Not here: the validation loss (eval.py), training (train.py), throughput figures (runs/bench_data.py), and the parser,
 reader, atomic writer and folder claim every tool shares (common.py).
 """
-import argparse
-import functools
-import glob
-import gzip
-import hashlib
-import io
-import itertools
-import json
-import os
-import re
-import shutil
-import sys
-import time
-import zipfile
-import zlib
+import argparse, functools, glob, gzip, hashlib, io, itertools, json, os, re, shutil, sys, time, zlib
 
 import numpy as np
 import pyarrow as pa
@@ -113,12 +99,8 @@ class Tokenizer:
 
 
 def load_tokenizer(spec):
-    """spec: path to a sentencepiece .model, or a prepared data dir (the tokenizer.model its meta records)."""
-    if os.path.isdir(spec):
-        if not read_meta(spec, "train").get("tokenizer"):
-            raise ValueError(f"{spec}: meta_train.json records no tokenizer (prepared from raw token ids?)")
-        spec = os.path.join(spec, "tokenizer.model")
-    return Tokenizer(spec)
+    """spec: path to a sentencepiece .model, or a prepared data dir (its copy, DIR/tokenizer.model)."""
+    return Tokenizer(os.path.join(spec, "tokenizer.model") if os.path.isdir(spec) else spec)
 
 
 def train_tokenizer(texts, vocab_size, out_path, num_threads=None, replace=True):
@@ -424,11 +406,11 @@ def best_fit_plan(lengths, capacity, buffer_size=BUFFER_SIZE):
 # DIR/.prepare-state.npz, so a killed prepare rerun with the same request resumes there and writes the same bytes as
 # an uninterrupted one; the metas come last and the state file is then removed.
 # Ownership is common.claim(DIR, "data", request): DIR is new, empty, or marked as this same request's (resumed, or
-# reused when finished); --overwrite takes any other folder, removing only the files an earlier prepare recorded.
+# reused when finished); --overwrite takes any other folder that holds no shards, deleting nothing.
 
 # an unfinished prepare's window and position (hidden: no glob sees it); PREPARE_VERSION: bump when the bytes written
 # for the same request change
-STATE_NAME, PREPARE_VERSION = ".prepare-state.npz", 2
+STATE_NAME, PREPARE_VERSION = ".prepare-state.json", 2
 # longer documents are encoded in ~1 MB pieces; characters per encode batch (one call on all cores, or one worker
 # task); tokens per parquet file (256 MiB as uint16, below int32 list offsets): memory stays bounded
 HUGE_DOC_CHARS, BATCH_CHARS, MAX_FILE_TOKENS = 1 << 20, 4 << 20, 1 << 27
@@ -524,7 +506,13 @@ def _prepare(out_dir, request, count, docs_for, overwrite, log, bos_id, source, 
         return n, v
     # a finished prepare of this request is reused without a pass over the source
     n_docs = None if _finished(out_dir, request) else checked_count()
-    earlier, made = _earlier(out_dir) if overwrite else set(), not os.path.lexists(out_dir)
+    # --overwrite deletes nothing (common.claim), and the loader reads every {split}-*.parquet of a folder: shards in
+    # the way, another set's, are refused by name (move them away)
+    stray = [p for split in ("train", "val") for p in sorted(glob.glob(os.path.join(out_dir, f"{split}-*.parquet")))]
+    if overwrite and stray and n_docs and (_read_state(out_dir) or {}).get("request") != request:
+        raise ValueError(f"--out {out_dir} holds {os.path.basename(stray[0])}, a shard of another prepare; move it "
+                         "away (the loader would read it with this prepare's files)")
+    made = not os.path.lexists(out_dir)
     how = claim(out_dir, "data", request, overwrite)
     done = _finished(out_dir, request, verify=True)
     if done:
@@ -533,13 +521,11 @@ def _prepare(out_dir, request, count, docs_for, overwrite, log, bos_id, source, 
     # unreadable state starts the request over: both hold only this request's own files.
     n_docs, val_docs = n_docs or checked_count()
     state = _read_state(out_dir) if how == "resume" else None
-    state = state if state and state["info"].get("request") == request else None
-    for name in earlier if how == "overwrite" else ():
-        os.remove(os.path.join(out_dir, name))
+    state = state if state and state.get("request") == request else None
     # held-out documents: a seeded draw of val_docs of the n_docs; (n_docs,) one byte per document
     is_val = np.zeros(n_docs, dtype=bool)
     is_val[np.random.default_rng(request["seed"]).choice(n_docs, size=val_docs, replace=False)] = True
-    info = state["info"] if state else {"request": request, "split": "train", "done": {}, "progress": None}
+    info = state or {"request": request, "split": "train", "done": {}, "progress": None}
     # first: the folder holds this request's state (a kill from here on resumes)
     if state is None:
         _save_state(out_dir, info)
@@ -549,8 +535,7 @@ def _prepare(out_dir, request, count, docs_for, overwrite, log, bos_id, source, 
     for split in ("train", "val"):
         if split in info["done"]:
             continue
-        saved = state if info["split"] == split and info["progress"] else None
-        prog = _pack_split(out_dir, split, info, saved, docs_for, is_val, log)
+        prog = _pack_split(out_dir, split, info, info["split"] == split and info["progress"], docs_for, is_val, log)
         # an impossible request leaves nothing behind: the files this prepare wrote, and the folder if it made it
         if not prog["files"]:
             for name in [n for m in (*info["done"].values(), prog) for n in m["files"]] + [STATE_NAME, tok_name]:
@@ -585,7 +570,7 @@ def _prepare(out_dir, request, count, docs_for, overwrite, log, bos_id, source, 
 def _pack_split(out_dir, split, info, saved, docs_for, is_val, log):
     """Best-fit pack one split into {split}-NNNNN.parquet files, saving the state after each file; return its
     progress: consumed documents, files {name: {rows, sha256}}, doc_tokens, cropped_docs, rows. saved: the state
-    this split resumes from (its window's documents), or None to start the split."""
+    resumes this split from the state saved with its last file, else it starts."""
     r = info["request"]
     capacity, rows_per_file, si = r["seq_len"] + 1, r["rows_per_file"], ("train", "val").index(split)
     window = BestFitWindow(capacity, r["buffer_size"])
@@ -593,9 +578,10 @@ def _pack_split(out_dir, split, info, saved, docs_for, is_val, log):
     if saved:
         # the state is a file: its counts pass the limits of what a prepare could have written
         prog = info["progress"]
-        check_record(prog, {k: (int, "[0, inf)") for k in prog if k != "files"}, os.path.join(out_dir, STATE_NAME))
-        for prefix, n in zip(np.split(saved["tokens"], saved["offsets"][1:-1]), saved["lens"]):
-            window.add((prefix, int(n)), int(n))
+        check_record(prog, dict.fromkeys(("consumed", "doc_tokens", "cropped_docs", "rows"), (int, "[0, inf)")),
+                     os.path.join(out_dir, STATE_NAME))
+        for prefix, n in prog.pop("window"):
+            window.add((np.array(prefix, dtype=np.uint32), n), n)
         log(f"resuming {split} in {out_dir}: {len(prog['files'])} files and {prog['consumed']:,} documents done")
     # (rows_per_file, seq_len+1): the file being filled; every file but a split's last is full, so a row's slot
     # in it is prog["rows"] % rows_per_file
@@ -621,8 +607,9 @@ def _pack_split(out_dir, split, info, saved, docs_for, is_val, log):
         column = pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32) * capacity), flat)
         atomic_write(path, lambda tmp: pq.write_table(pa.table({"tokens": column}), tmp))
         prog["files"][os.path.basename(path)] = {"rows": n, "sha256": _sha256_file(path)}
+        prog["window"] = [[p.tolist(), n] for p, n in window.items]
         info["split"], info["progress"] = split, prog
-        _save_state(out_dir, info, window.items)
+        _save_state(out_dir, info)
     docs = counted()
     for row in window.rows(docs):
         # one packed row: the taken prefix of each of its documents, in the window's order
@@ -656,52 +643,17 @@ def _finished(out_dir, request, verify=False):
     return metas if ok else None
 
 
-def _earlier(out_dir):
-    """For --overwrite: the files of an earlier prepare in out_dir as its metas and state record them, which this
-    one removes. A shard no record names is not ours to remove, yet the loader would read it with this prepare's
-    files: refused, before anything is touched."""
-    if not os.path.isdir(out_dir):
-        return set()
-    info = (_read_state(out_dir) or {"info": {}})["info"]
-    records, names = [*info.get("done", {}).values(), info.get("progress") or {}], {STATE_NAME}
-    for split in ("train", "val"):
-        try:
-            meta = read_meta(out_dir, split)
-        except ValueError:
-            continue
-        # our own metas list their files; the authors' list none, and their shards are then strays
-        names |= {f"meta_{split}.json"} if "files" in meta else set()
-        records.append(meta)
-    names |= {n for m in records for n in m.get("files", {})}
-    stray = [n for n in sorted(os.listdir(out_dir)) if re.fullmatch(r"(train|val)-.*\.parquet", n) and n not in names]
-    if stray:
-        raise ValueError(f"--out {out_dir} holds {stray[0]}, which no earlier prepare recorded writing; move it away "
-                         "(the loader would read it with this prepare's files)")
-    return {n for n in names if os.path.lexists(os.path.join(out_dir, n))}
-
-
-def _save_state(out_dir, info, items=()):
-    """The request, the split's progress and the window's documents (their packed prefixes), atomically:
-    lens (n_window,) true lengths; offsets (n_window+1,) where each saved prefix starts in tokens."""
-    blob = io.BytesIO()         # in memory first: np.savez given a path would append .npz to its name
-    np.savez(blob, info=np.array(json.dumps(info)), lens=np.array([n for _, n in items], dtype=np.int64),
-             offsets=np.cumsum([0] + [len(p) for p, _ in items]).astype(np.int64),
-             tokens=np.concatenate([p for p, _ in items] or [np.zeros(0)]).astype(np.uint32))
-    atomic_write(os.path.join(out_dir, STATE_NAME), blob.getvalue())
+def _save_state(out_dir, info):
+    """The request and each split's progress (with the window's documents: their packed prefixes), atomically."""
+    atomic_write(os.path.join(out_dir, STATE_NAME), json.dumps(info))
 
 
 def _read_state(out_dir):
-    """DIR/.prepare-state.npz as {info, lens, offsets, tokens}, or None (absent or unreadable; a name that is no
-    regular file is never opened: a FIFO would wait forever)."""
-    path = os.path.join(out_dir, STATE_NAME)
-    if not os.path.isfile(path):
-        return None
+    """DIR/.prepare-state.json, or None when absent or unreadable (common.read_json refuses a FIFO by name)."""
     try:
-        with np.load(path, allow_pickle=False) as z:
-            state = dict(z, info=json.loads(str(z["info"])))
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile):
+        return read_json(os.path.join(out_dir, STATE_NAME))
+    except ValueError:
         return None
-    return state if isinstance(state["info"], dict) else None
 
 
 def _sha256_file(path):
@@ -776,8 +728,6 @@ class PackedLoader:
             field = pf.schema_arrow.field("tokens").type if "tokens" in pf.schema_arrow.names else None
             if field is None or not pa.types.is_list(field) or field.value_type not in (pa.uint16(), pa.uint32()):
                 raise ValueError(f"{path}: column tokens is {field}, expected list<uint16|uint32>")
-            if meta["vocab_size"] > np.iinfo(field.value_type.to_pandas_dtype()).max + 1:
-                raise ValueError(f"{path}: vocab_size {meta['vocab_size']:,} is too large for {field.value_type}")
             # the writer's column statistics give the largest id of every file for free: an id >= vocab_size (or a
             # meta whose vocab_size is below the data's largest id) is refused now, not as an IndexError mid-run
             stats = [pf.metadata.row_group(g).column(0).statistics for g in range(pf.metadata.num_row_groups)]
@@ -953,8 +903,8 @@ def _parser():
         s.add_argument("--max-docs", type=count, default=None, help="use only the first N documents")
         s.add_argument("--doc-chars", type=count, default=1000, help="default corpus: cut scenes into pieces of at "
                        "most ~N chars (at speech boundaries)")
-        s.add_argument("--overwrite", action="store_true", help="replace --out (prepare: an earlier prepare's files; "
-                       "other files are kept)")
+        s.add_argument("--overwrite", action="store_true", help="write into --out even if it holds files of its own "
+                       "(tokenizer: replace it; prepare: a folder without shards, whose other files are kept)")
     c = sub.add_parser("check", help="verify a prepared dir (ours or the authors'): every file, row and id")
     c.add_argument("dir")
     c.add_argument("--seq-len", type=seq, default=None, help="expected seq_len (default: the meta's)")
