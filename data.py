@@ -7,10 +7,8 @@ prepack's (KristianS7/prepacked-fineweb-edu-llama2-32K-T2048), which PackedLoade
     DIR/{train,val}-NNNNN.parquet   one column `tokens`: list<uint16> (uint32 if vocab > 65,536), seq_len+1 per row
     DIR/meta_{split}.json           vocab_size, bos_token_id, seq_len, row_capacity, total_rows, ... (+ our hashes)
     DIR/tokenizer.model             copy of the sentencepiece model, so eval can decode (nanoloop only)
-Each document is BOS + tokens (no EOS); rows are filled by best-fit packing and every row starts with BOS.
-prepare streams (bounded memory for any corpus size), resumes after a kill (rerun the same command), and writes only
-into a folder it owns (common.claim: new, empty, or this same request's; --overwrite for another). data_identity(DIR)
-names any data folder, ours or the authors', by the sha256 of its files: the run identity train.py records.
+Each document is BOS + tokens (no EOS); every row starts with BOS. prepare streams, resumes after a kill, and writes
+only into a folder it owns (common.claim). data_identity(DIR) is the sha256 of a data folder's files.
 
 Run:  python data.py tokenizer --corpus default --vocab-size 8192 --out out/tok8k.model
       python data.py prepare --source default --tokenizer out/tok8k.model --out data_cache/shakespeare --seq-len 512
@@ -18,8 +16,7 @@ Run:  python data.py tokenizer --corpus default --vocab-size 8192 --out out/tok8
       python data.py check DIR                       # verify a prepared dir (ours or the authors'): files, rows, ids
 Test: pytest tests/test_data.py tests/test_hostile_data.py
 Read in this order: Tokenizer -> iter_source -> BestFitWindow -> prepare_source -> _pack_split -> PackedLoader.
-Not here: the validation loss (eval.py), training (train.py), throughput figures (runs/bench_data.py), and the parser,
-reader, atomic writer and folder claim every tool shares (common.py).
+Not here: the validation loss (eval.py), training (train.py), throughput figures (runs/bench_data.py).
 """
 import argparse, functools, glob, gzip, hashlib, io, itertools, json, os, re, shutil, sys, time, zlib
 
@@ -30,8 +27,7 @@ import sentencepiece as spm
 
 from common import (Parser, atomic_write, check_new, check_record, claim, fail, first_line, number, read_json,
                     release, require)
-
-# torch is imported inside the functions that need it: the tokenizer/prepare CLI then starts in ~1 s, not ~10 s.
+# (torch is imported where it is needed: the tokenizer/prepare CLI then starts in ~1 s, not ~10 s)
 
 # documents held for best-fit packing, and rows per Parquet file (the release's scripts/prepack.py)
 BUFFER_SIZE, ROWS_PER_FILE = 1000, 15_000
@@ -54,14 +50,11 @@ RELEASE_SPECIALS = ("<|assistant_end|>",)
 
 
 class Tokenizer:
-    """encode(texts) -> ids without BOS; decode(ids) -> str; vocab_size; bos_id; identity (a stable content hash).
+    """encode(texts) -> ids without BOS; decode(ids) -> str; vocab_size; bos_id; identity (a content hash).
 
-    vocab_size is the vocabulary the authors' code would give the model for this tokenizer (what their prepack
-    records): an external sentencepiece model (Llama-2's tokenizer.model, or any other) gets the release's special
-    token(s) after its pieces (32,000 -> 32,001); a BPE trained by train_tokenizer keeps its own piece count
-    (nanoloop's rule: --vocab-size 1024 means 1,024). encode never emits a special id; decode renders one as its
-    text (a sampled <|assistant_end|>).
-    """
+    vocab_size is what the authors' code gives the model: an external model (Llama-2's) gets the release's special
+    token(s) after its pieces (32,000 -> 32,001), a BPE of train_tokenizer keeps its piece count (--vocab-size 1024
+    means 1,024). encode never emits a special id; decode renders one as its text."""
 
     def __init__(self, spec):
         # specials: special token id -> text, ids after the pieces
@@ -106,11 +99,9 @@ def load_tokenizer(spec):
 def train_tokenizer(texts, vocab_size, out_path, num_threads=None, replace=True):
     """Train a sentencepiece BPE (SPM_SETTINGS) on texts, line by line; write out_path atomically; return it loaded.
 
-    Lines are the training sentences, as for Llama-2: "\\n" is then not a piece and encodes as the byte <0x0A>.
-    Sentencepiece drops a line over 16,384 bytes without a word; such lines are cut into pieces of at most 4,096
-    characters (<= 16,384 bytes in any script) at word boundaries, and the count is printed. replace=False: out_path
-    must still be absent when the model is written (of two concurrent writers, one fails).
-    """
+    Lines are the sentences, as for Llama-2 ("\\n" encodes as the byte <0x0A>). Sentencepiece drops a line over 16,384
+    bytes without a word: such lines are cut at word boundaries into pieces of <= 4,096 characters. replace=False:
+    out_path must still be absent when written (of two concurrent writers, one fails)."""
     lines, n_long = [], 0
     for ln in (ln for t in texts for ln in t.split("\n") if ln.strip()):
         long = len(ln) > SPM_MAX_LINE // 4 and len(ln.encode("utf-8")) > SPM_MAX_LINE
@@ -187,11 +178,8 @@ def _is_own_bpe(serialized):
 def iter_source(source, doc_chars=1000, max_docs=None):
     """Yield the non-empty documents of a source, in order, one at a time (bounded memory for any corpus size).
 
-    source: 'default' or a glob. *.jsonl: one doc per line (field "text", a string); *.parquet: one per row (column
-    "text", strings; null = empty); any other file: the whole file is one doc. Blank docs are skipped, and at most
-    max_docs are yielded. Every fault is a ValueError naming the file and line (or row). doc_chars sets the default
-    corpus's piece length: a short seq_len wants short pieces, or best-fit packing crops most of each scene.
-    """
+    source: 'default' (doc_chars: its piece length) or a glob. *.jsonl: one doc per line (a string "text");
+    *.parquet: one per row (column "text"); any other file: one doc. At most max_docs; a fault names file and line."""
     docs = default_corpus(doc_chars) if source == "default" else (t for p in source_paths(source) for t in _docs(p))
     yield from itertools.islice((t for t in docs if t.strip()), max_docs)
 
@@ -263,7 +251,7 @@ def _docs(p):
             raise ValueError(f"{p}: unreadable parquet data ({first_line(e)[:200]})") from None
     else:
         with open(p, "rb") as f:
-            yield _utf8(f.read(), p, 1, "file")
+            yield _utf8(f.read(), p, 1)
 
 
 def jsonl_records(path):
@@ -276,7 +264,7 @@ def jsonl_records(path):
         # bytes, decoded line by line: a UTF-8 error then names its own line (a text stream decodes 8 KB blocks)
         with (gzip.open if str(path).endswith(".gz") else open)(path, "rb") as f:
             for lineno, raw in enumerate(f, 1):
-                where, line = f"{path}:{lineno}", _utf8(raw, path, lineno, "line")
+                where, line = f"{path}:{lineno}", _utf8(raw, path, lineno)
                 if not line.strip():
                     continue
                 try:
@@ -294,15 +282,13 @@ def jsonl_records(path):
         raise ValueError(f"{f'{path}:{lineno + 1}' if lineno else path}: cannot read the file: {e}") from None
 
 
-def _utf8(raw, path, lineno, what):
-    """raw bytes (starting at line lineno of path) as text; invalid UTF-8 is a ValueError naming the file, the line
-    it is on, the byte and the bytes found there."""
+def _utf8(raw, path, lineno):
+    """raw bytes (from line lineno of path) as text; invalid UTF-8 names the file, the line, the byte and its bytes."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line = lineno + raw.count(b"\n", 0, e.start)
-        raise ValueError(f"{path}:{line}: invalid UTF-8 at byte {e.start} of the {what} "
-                         f"({raw[e.start:e.start + 4]!r}); re-encode the file as UTF-8") from None
+        raise ValueError(f"{path}:{line}: invalid UTF-8 at byte {e.start} ({raw[e.start:e.start + 4]!r})") from None
 
 
 def _parquet_file(path):
@@ -341,10 +327,7 @@ class BestFitWindow:
     next_row() fills one row of exactly `capacity` tokens from the window only: while the row has room,
       - take the LARGEST document that fits whole (the first in arrival order on ties);
       - if none fits, take the first `room` tokens of the SHORTEST one (first on ties) and discard its tail.
-    It returns [(item, n_tokens_taken), ...], or None when the window ran dry mid-row (that row is not emitted and
-    packing stops, as in the release). rows() refills the window to `size` before each row; memory is the window,
-    whatever the corpus size.
-    """
+    It returns [(item, n_tokens_taken), ...], or None when the window ran dry mid-row (packing stops there)."""
 
     def __init__(self, capacity, size=BUFFER_SIZE):
         self.capacity, self.size = capacity, size
@@ -376,9 +359,8 @@ class BestFitWindow:
         return row if room == 0 else None
 
     def rows(self, docs):
-        """Rows from a stream of (item, length), in order: the window is refilled to `size` documents before each
-        row (the release's rule). Stops when it runs dry mid-row (that row is dropped); the stream is then left
-        where it is, for the caller to count what remains."""
+        """Rows from a stream of (item, length): the window is refilled to `size` documents before each row (the
+        release's rule); at the first dry row it stops, leaving the rest of the stream for the caller to count."""
         docs = iter(docs)
         while True:
             for item, length in itertools.islice(docs, self.size - len(self.items)):
@@ -397,16 +379,12 @@ def best_fit_plan(lengths, capacity, buffer_size=BUFFER_SIZE):
 # -----------------------------------------------------------------------------
 # Writing a prepared directory: streamed, file by file, resumable, only into a folder this request owns.
 #
-# The recipe: pass 1 reads the source once without tokenising (every input error surfaces before the folder is
-# touched, and the document count fixes the seeded validation draw); then one pass per split tokenises that split's
-# documents in batches, feeds them through a BestFitWindow, and writes each {split}-NNNNN.parquet as soon as its
-# rows_per_file rows are full (rows shuffled within the file by a seeded generator, as the release shuffles within a
-# file, unseeded). Memory: the window (<= buffer_size documents, each kept only up to one row), one file of rows and
-# one encode batch, whatever the corpus size. After every file the window and the position are saved in
-# DIR/.prepare-state.npz, so a killed prepare rerun with the same request resumes there and writes the same bytes as
-# an uninterrupted one; the metas come last and the state file is then removed.
-# Ownership is common.claim(DIR, "data", request): DIR is new, empty, or marked as this same request's (resumed, or
-# reused when finished); --overwrite takes any other folder that holds no shards, deleting nothing.
+# Pass 1 reads the source without tokenising (every input error surfaces before the folder is touched; the count
+# fixes the seeded validation draw). Then each split's documents are tokenised in batches through a BestFitWindow,
+# and each {split}-NNNNN.parquet is written once its rows_per_file rows are full (shuffled within the file by a seeded
+# generator; the release's shuffle is unseeded). Memory: the window, one file of rows, one encode batch. After every
+# file the window and position go to DIR/.prepare-state.json: a killed prepare rerun resumes there, to the same bytes.
+# Ownership is common.claim(DIR, "data", request): new, empty, or this same request's (resumed, or reused when done).
 
 # an unfinished prepare's window and position (hidden: no glob sees it); PREPARE_VERSION: bump when the bytes written
 # for the same request change
@@ -456,18 +434,14 @@ def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, 
                  buffer_size=BUFFER_SIZE):
     """Pack tokenised documents (ids without BOS) into DIR; return {"train": meta, "val": meta}.
 
-    The in-process twin of `data.py prepare` (tests, tools): the same preflight, claim, held-out draw, packing and
-    files. val_docs documents, chosen by a seeded draw, are held out whole for the val split (disjoint from train,
-    paper §4.1); the rest keep their order. tokenizer: a sentencepiece .model path, copied to DIR/tokenizer.model
-    so eval can decode.
-    """
-    # an empty text has no tokens: nothing to pack
+    The in-process twin of `data.py prepare` (tests, tools): the same preflight, claim, seeded held-out draw of
+    val_docs whole documents (paper §4.1), packing and files. tokenizer: a .model file, copied to DIR so eval can
+    decode."""
+    # empty texts have no tokens; the ids are this entry's input, checked once here: an id past the vocabulary (which
+    # obeys the meta's limits), or a BOS inside a document (BOS marks document starts only), would pack without a word
     docs = [d for d in (np.asarray(d, dtype=np.int64) for d in docs) if d.size]
-    # The ids are this entry's input, checked once here: an id past the vocabulary, or a BOS inside a document (BOS
-    # marks document starts only), would pack without a word. The vocabulary obeys the meta's limits (META_SCHEMA).
     if not 2 <= vocab_size <= 1e9 or any(d.min() < 0 or d.max() >= vocab_size or (d == bos_id).any() for d in docs):
-        raise ValueError(f"token ids must lie in [0, {vocab_size}) (a vocabulary of 2 to 1e9) and never be bos_id "
-                         f"{bos_id}")
+        raise ValueError(f"token ids must lie in [0, {vocab_size}) (vocab_size 2 to 1e9) and never be bos_id {bos_id}")
     request = dict(version=PREPARE_VERSION, source=source, token_ids=hashlib.sha256(
         b"".join(d.tobytes() + b"|" for d in docs)).hexdigest(), vocab_size=vocab_size, seq_len=seq_len,
         val_docs=val_docs, seed=seed, rows_per_file=rows_per_file, buffer_size=buffer_size)
@@ -483,10 +457,9 @@ def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, 
 def _prepare(out_dir, request, count, docs_for, overwrite, log, bos_id, source, tokenizer, tokenizer_hash,
              meta_extra=None):
     """The one preflight and writer behind both entries -> (metas, how). count() gives the number of documents
-    (pass 1); docs_for(is_val (n_docs,) bool, split, skip) yields (prefix, n) per document of that split in source
-    order after the first `skip`: prefix = BOS + the document's first tokens (at most a row, as uint32), n = its full
-    length with BOS. source, tokenizer (a .model file, copied to DIR, or None) and tokenizer_hash go into the metas,
-    then meta_extra."""
+    (pass 1); docs_for(is_val (n_docs,) bool, split, skip) yields (prefix, n) per document of that split in order
+    after the first `skip`: prefix = BOS + the document's first tokens (at most a row, as uint32), n = its full length
+    with BOS. bos_id, source, tokenizer (a .model file, copied to DIR, or None), tokenizer_hash: for the metas."""
     # tuples -> lists: the request compares equal to its copy read back from a meta or the state
     request = json.loads(json.dumps(request))
     seq_len, rows_per_file, val_docs = request["seq_len"], request["rows_per_file"], request["val_docs"]
@@ -607,7 +580,7 @@ def _pack_split(out_dir, split, info, saved, docs_for, is_val, log):
         column = pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32) * capacity), flat)
         atomic_write(path, lambda tmp: pq.write_table(pa.table({"tokens": column}), tmp))
         prog["files"][os.path.basename(path)] = {"rows": n, "sha256": _sha256_file(path)}
-        prog["window"] = [[p.tolist(), n] for p, n in window.items]
+        prog["window"] = [[prefix.tolist(), length] for prefix, length in window.items]
         info["split"], info["progress"] = split, prog
         _save_state(out_dir, info)
     docs = counted()
@@ -733,13 +706,11 @@ class PackedLoader:
             stats = [pf.metadata.row_group(g).column(0).statistics for g in range(pf.metadata.num_row_groups)]
             top = max((int(st.max) for st in stats if st is not None and st.has_min_max), default=-1)
             if top >= meta["vocab_size"]:
-                raise ValueError(f"{path}: token id {top:,} >= vocab_size {meta['vocab_size']:,} of "
-                                 f"meta_{split}.json (wrong meta, or ids from another tokenizer)")
+                raise ValueError(f"{path}: token id {top:,} >= vocab_size {meta['vocab_size']:,} of meta_{split}.json")
             counts.append(pf.metadata.num_rows)
             want = meta.get("files", {}).get(name)
             if want and (want["rows"] != counts[-1] or want["sha256"] != _sha256_file(path)):
-                raise ValueError(f"{path}: content hash or row count differs from meta_{split}.json "
-                                 f"(a modified or partly written file)")
+                raise ValueError(f"{path}: content hash or row count differs from meta_{split}.json (modified)")
         # (n_files+1,) first global row per file
         self.starts = np.concatenate([[0], np.cumsum(counts)])
         self.total_rows = int(self.starts[-1])
@@ -866,8 +837,7 @@ def _split_files(data_dir, split, meta):
     if odd:
         raise ValueError(f"{os.path.join(data_dir, odd[0])}: not a regular file (a FIFO, a folder or a broken link)")
     if "files" in meta and sorted(meta["files"]) != names:
-        raise ValueError(f"{data_dir}: {split} files {names} differ from those in meta_{split}.json "
-                         f"{sorted(meta['files'])}")
+        raise ValueError(f"{data_dir}: {split} files {names} differ from meta_{split}.json's {sorted(meta['files'])}")
     if not names or meta.get("num_shards", len(names)) != len(names):
         raise ValueError(f"{data_dir}: found {len(names)} {split} files, meta says {meta.get('num_shards')}")
     return names
