@@ -487,12 +487,19 @@ def _prepare(out_dir, request, count, docs_for, overwrite, log, bos_id, source, 
                          "away (the loader would read it with this prepare's files)")
     made = not os.path.lexists(out_dir)
     how = claim(out_dir, "data", request, overwrite)
-    done = _finished(out_dir, request, verify=True)
-    if done:
-        return done, "done"
-    # From here the folder is ours. A set finished before the claim but modified since is packed again, and an
-    # unreadable state starts the request over: both hold only this request's own files.
-    n_docs, val_docs = n_docs or checked_count()
+    try:                # the claim ends with this call (an in-process caller may claim the folder again)
+        done = _finished(out_dir, request, verify=True)
+        return (done, "done") if done else (_write(out_dir, request, how, made, n_docs or checked_count(), docs_for,
+                                                   log, bos_id, source, tokenizer, tokenizer_hash, meta_extra), how)
+    finally:
+        release(out_dir)
+
+
+def _write(out_dir, request, how, made, counts, docs_for, log, bos_id, source, tokenizer, tokenizer_hash, meta_extra):
+    """Pack both splits into out_dir, claimed (how: common.claim's answer; made: the claim created it); counts =
+    (documents, held-out documents) -> the metas. A set finished but modified since is packed again, and an
+    unreadable state starts the request over: both hold only this request's own files."""
+    (n_docs, val_docs), seq_len, rows_per_file = counts, request["seq_len"], request["rows_per_file"]
     state = _read_state(out_dir) if how == "resume" else None
     state = state if state and state.get("request") == request else None
     # held-out documents: a seeded draw of val_docs of the n_docs; (n_docs,) one byte per document
@@ -515,7 +522,6 @@ def _prepare(out_dir, request, count, docs_for, overwrite, log, bos_id, source, 
                 if name:
                     os.remove(os.path.join(out_dir, name))
             if made:
-                release(out_dir)
                 os.remove(os.path.join(out_dir, ".nanoloop-data"))
                 os.rmdir(out_dir)
             raise ValueError(f"{split} split: {prog['consumed']} documents do not fill one row of {seq_len + 1} "
@@ -537,7 +543,7 @@ def _prepare(out_dir, request, count, docs_for, overwrite, log, bos_id, source, 
         atomic_write(os.path.join(out_dir, f"meta_{split}.json"), json.dumps(meta, indent=2) + "\n")
     # finished: the metas now say what this directory is
     os.remove(os.path.join(out_dir, STATE_NAME))
-    return info["done"], how
+    return info["done"]
 
 
 def _pack_split(out_dir, split, info, saved, docs_for, is_val, log):
