@@ -153,10 +153,10 @@ def test_val_docs_larger_than_the_corpus_fails_before_any_work(tmp_path, tok, ca
     assert "--rows-per-file 10,000,000" in line and not (tmp_path / "out").exists()     # no 1 GB row buffer
 
 
-def test_out_under_a_file_refused_before_reading_the_source(tmp_path, tok, capsys):
+def test_out_under_a_file_refused_before_any_write(tmp_path, tok, capsys):
     src = write_jsonl(tmp_path / "src.jsonl", good_records())
-    for out, culprit in ((src, "is a file, not a folder"), (src / "sub", "is a file, so the folder cannot be created")):
-        assert culprit in cli(prepare_args(src, tok, out), tmp_path, capsys, 2)
+    for out, why in ((src, "File exists"), (src / "sub", "Not a directory")):
+        assert f"cannot use this folder ({why})" in cli(prepare_args(src, tok, out), tmp_path, capsys, 2)
 
 
 def test_missing_source_and_foreign_tokenizer(tmp_path, tok, capsys):
@@ -168,7 +168,7 @@ def test_missing_source_and_foreign_tokenizer(tmp_path, tok, capsys):
         prepare_args(src, tmp_path / "fake.model", tmp_path / "out"), tmp_path, capsys, 2)
 
 # -----------------------------------------------------------------------------
-# --out: only this same request's directory is reused or resumed; anything else needs --overwrite
+# --out: only this same request's directory is reused or resumed; anything else needs --overwrite (common.claim)
 
 
 def test_out_dir_with_foreign_files_is_refused_and_overwrite_keeps_them(tmp_path, tok, capsys):
@@ -186,23 +186,46 @@ def test_out_dir_with_foreign_files_is_refused_and_overwrite_keeps_them(tmp_path
     data.main(prepare_args(str(src), tok, str(out)))
     assert "nothing to do" in capsys.readouterr().out and snapshot(out) == before
     line = cli(prepare_args(src, tok, out, "--seed", "1"), tmp_path, capsys, 2)
-    assert "different request" in line
+    assert "another request of data" in line and "--overwrite" in line
 
 
-def test_modified_prepared_set_is_not_reused(tmp_path, tok, capsys):
+def test_overwrite_deletes_nothing_and_refuses_shards_in_the_way(tmp_path, tok, capsys):
+    """--overwrite lets prepare write into a folder it does not own, but never deletes: a shard of another set, which
+    the loader would read with the new files, is refused by name and the folder is left as it was."""
     src = write_jsonl(tmp_path / "src.jsonl", good_records())
     out = tmp_path / "out"
     data.main(prepare_args(str(src), tok, str(out)))
     capsys.readouterr()
+    line = cli(prepare_args(src, tok, out, "--seed", "1", "--overwrite"), tmp_path, capsys, 2)
+    assert "train-00000.parquet, a shard of another prepare" in line
+    # the authors' layout in the way: the same refusal; a folder of other files: written, the files kept
+    pub = published(tmp_path)
+    assert "a shard of another prepare" in cli(prepare_args(src, tok, pub, "--overwrite"), tmp_path, capsys, 2)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    data.main(prepare_args(str(src), tok, str(tmp_path / "mine"), "--overwrite"))
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep" and (tmp_path / "mine" / "meta_val.json").exists()
+
+
+def test_modified_prepared_set_is_packed_again(tmp_path, tok, capsys):
+    """A finished set of this same request whose file was modified is not reused as it is: the folder is this
+    request's own, so the rerun packs it again, to the bytes it had."""
+    src = write_jsonl(tmp_path / "src.jsonl", good_records())
+    out = tmp_path / "out"
+    data.main(prepare_args(str(src), tok, str(out)))
+    before = snapshot(out)
     f0 = out / "train-00000.parquet"
     rows = pq.read_table(f0).column("tokens").to_pylist()
     pq.write_table(pa.table({"tokens": pa.array(rows[::-1], type=pa.list_(pa.uint16()))}), f0)
-    assert "files differ from its metas" in cli(prepare_args(src, tok, out), tmp_path, capsys, 2)
+    capsys.readouterr()
+    data.main(prepare_args(str(src), tok, str(out)))
+    assert "wrote" in capsys.readouterr().out and snapshot(out) == before
 
 
 def test_cli_prepare_killed_midway_resumes_by_itself(tmp_path, tok, capsys, monkeypatch):
     """A kill after the 2nd shard (and a half-written temporary left behind): the same command finishes the job and
-    the result is byte-identical to an uninterrupted prepare."""
+    the result is byte-identical to an uninterrupted prepare. The temporary is not removed (a tool deletes nothing
+    by its name's pattern) and no reader sees it."""
     src = write_jsonl(tmp_path / "src.jsonl", good_records(400))
     args = lambda out: prepare_args(str(src), tok, str(out), "--rows-per-file", "8", "--val-docs", "40")
     data.main(args(tmp_path / "whole"))
@@ -218,12 +241,14 @@ def test_cli_prepare_killed_midway_resumes_by_itself(tmp_path, tok, capsys, monk
         data.main(args(tmp_path / "cut"))
     assert exc.value.code == 130 and "rerun the same command to resume" in capsys.readouterr().err
     monkeypatch.setattr(pq, "write_table", real)
-    (tmp_path / "cut" / ".train-00002.parquet.tmp").write_bytes(b"PAR1 half")    # as a kill -9 would leave
+    (tmp_path / "cut" / ".train-00002.parquet.0badc0de.tmp").write_bytes(b"PAR1 half")    # as a kill -9 leaves it
     capsys.readouterr()
     data.main(args(tmp_path / "cut"))
     out = capsys.readouterr().out
-    assert "resuming train" in out and "removed .train-00002.parquet.tmp" in out and "(resumed)" in out
-    assert snapshot(tmp_path / "cut") == snapshot(tmp_path / "whole")
+    assert "resuming train" in out and "(resumed)" in out
+    cut = snapshot(tmp_path / "cut")
+    assert cut.pop(".train-00002.parquet.0badc0de.tmp") and cut == snapshot(tmp_path / "whole")
+    assert "ok:" in (data.main(["check", str(tmp_path / "cut")]) or capsys.readouterr().out)
 
 # -----------------------------------------------------------------------------
 # Long documents and lines: never dropped without a word
@@ -244,7 +269,7 @@ def test_huge_document_is_encoded_in_pieces_with_an_exact_prefix(tmp_path, tok, 
     t = data.load_tokenizer(tok)
     doc = " ".join(text(10, i) for i in range(300))                                # ~15k chars
     monkeypatch.setattr(data, "HUGE_DOC_CHARS", 2000)
-    (prefix, n), = data._encode_batch([doc], t.bos_id, 65, None, t)
+    (prefix, n), = data._encode_batch(t, [doc], 65)
     whole = t.encode([doc])[0]
     assert prefix.tolist() == [t.bos_id] + whole[:64]                             # the packed part is exact
     assert abs(n - (len(whole) + 1)) <= len(doc) // 2000 + 1                      # length: ~1 token per cut
@@ -291,7 +316,7 @@ def test_prepacked_corrupt_parquet_and_meta(tmp_path, capsys):
     (out / "val-00000.parquet").write_bytes(os.urandom(500))
     assert "val-00000.parquet: not a readable parquet file" in cli(["check", out], tmp_path, capsys, 2)
     (out / "meta_train.json").write_text('{"vocab_size": 300, "seq_len": ')
-    assert "meta_train.json:1: not valid JSON" in cli(["check", out], tmp_path, capsys, 2)
+    assert "meta_train.json: not a JSON record" in cli(["check", out], tmp_path, capsys, 2)
     (out / "meta_train.json").write_text('{"vocab_size": "300", "seq_len": 32}')
     assert "meta_train.json: key 'vocab_size' must be int, got str '300'" in cli(["check", out], tmp_path, capsys, 2)
 
