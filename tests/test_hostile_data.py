@@ -12,6 +12,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -43,7 +44,9 @@ def snapshot(root):
     for d, _, files in os.walk(root):
         for f in files:
             p = os.path.join(d, f)
-            out[os.path.relpath(p, root)] = hashlib.sha256(open(p, "rb").read()).hexdigest()
+            # a FIFO is named, never opened (it would wait for a writer)
+            out[os.path.relpath(p, root)] = hashlib.sha256(open(p, "rb").read()).hexdigest() if os.path.isfile(p) \
+                else "not a file"
     return out
 
 
@@ -329,3 +332,112 @@ def test_real_process_one_line_exit_2(tmp_path, tok):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
     assert 'src.jsonl:2: "text" is int' in proc.stderr and not (tmp_path / "out").exists()
+
+# -----------------------------------------------------------------------------
+# Issue 24's general properties, through the real CLI: one writer per output, a kill then a rerun finishes, what a
+# tool cannot read it names, every number read from a file passes its flag's limits.
+
+
+def spawn(argv):
+    """A real `python data.py ...` process, started now (not waited for)."""
+    return subprocess.Popen([sys.executable, "data.py", *map(str, argv)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_two_concurrent_writers_are_never_both_told_wrote(tmp_path):
+    """Two tokenizer runs on one --out, then two prepares into one folder, started together: at most one says it
+    wrote (the other is refused in one line, or finds the finished set), and what is left is whole."""
+    src = write_jsonl(tmp_path / "src.jsonl", good_records(400))
+    runs = [spawn(["tokenizer", "--corpus", src, "--vocab-size", 300, "--out", tmp_path / "t.model"]) for _ in range(2)]
+    outs = [(p.wait(timeout=120), *p.communicate()) for p in runs]
+    assert sum("trained" in out for _, out, _ in outs) == 1, outs
+    assert [code for code, _, _ in outs].count(2) == 1 and data.load_tokenizer(str(tmp_path / "t.model")).vocab_size
+    args = prepare_args(src, tmp_path / "t.model", tmp_path / "out", "--rows-per-file", "4")
+    runs = [spawn(args) for _ in range(2)]
+    outs = [(p.wait(timeout=120), *p.communicate()) for p in runs]
+    assert sum("wrote" in out for _, out, _ in outs) == 1, outs
+    assert all(code == 0 and "nothing to do" in out or code == 2 and "another data process" in err
+               for code, out, err in outs if "wrote" not in out), outs
+    assert "ok:" in subprocess.run([sys.executable, "data.py", "check", tmp_path / "out"], cwd=ROOT,
+                                   capture_output=True, text=True, timeout=120).stdout
+
+
+def test_kill_9_then_rerun_finishes_to_the_same_bytes(tmp_path, tok):
+    """SIGKILL mid-prepare (no Python cleanup runs): the same command resumes and writes what an uninterrupted run
+    writes; anything the kill left is a hidden temporary no reader sees."""
+    src = write_jsonl(tmp_path / "src.jsonl", [{"text": text(40 + i % 50, i)} for i in range(1500)])
+    args = lambda out: prepare_args(src, tok, out, "--rows-per-file", "8", "--val-docs", "40")
+    assert subprocess.run([sys.executable, "data.py", *map(str, args(tmp_path / "whole"))], cwd=ROOT,
+                          capture_output=True, timeout=300).returncode == 0
+    p = spawn(args(tmp_path / "cut"))
+    while p.poll() is None and not (tmp_path / "cut" / "train-00020.parquet").exists():
+        time.sleep(0.02)
+    p.kill()
+    assert p.wait() == -9, "prepare finished before the kill: make the corpus larger"
+    rerun = subprocess.run([sys.executable, "data.py", *map(str, args(tmp_path / "cut"))], cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    cut = {k: v for k, v in snapshot(tmp_path / "cut").items() if not k.endswith(".tmp")}
+    assert cut == snapshot(tmp_path / "whole")
+
+
+def test_what_cannot_be_read_is_named_never_waited_on(tmp_path, tok, capsys):
+    """A FIFO as a source file, a tokenizer, an --out file, a shard or a meta: refused by name, at once (open() on a
+    FIFO would wait for a writer forever; the alarm turns a hang into a failure). A linked folder is followed."""
+    import signal
+    signal.signal(signal.SIGALRM, lambda *_: pytest.fail("hung on a FIFO"))
+    signal.alarm(60)
+    try:
+        src = tmp_path / "src"
+        src.mkdir()
+        write_jsonl(src / "a.jsonl", good_records())
+        os.mkfifo(src / "b.jsonl")
+        assert "b.jsonl, which is not a regular file" in cli(prepare_args(f"{src}/*", tok, tmp_path / "o"),
+                                                              tmp_path, capsys, 2)
+        os.mkfifo(tmp_path / "fifo.model")
+        assert "fifo.model" in cli(prepare_args(src / "a.jsonl", tmp_path / "fifo.model", tmp_path / "o"),
+                                   tmp_path, capsys, 2)
+        assert "fifo.model is not a plain file" in cli(["tokenizer", "--corpus", src / "a.jsonl", "--vocab-size",
+                                                        300, "--out", tmp_path / "fifo.model"], tmp_path, capsys, 2)
+        pub = published(tmp_path)
+        os.symlink(pub, tmp_path / "link")                                       # a linked data folder: followed
+        assert "ok:" in (data.main(["check", str(tmp_path / "link")]) or capsys.readouterr().out)
+        os.remove(pub / "val-00000.parquet")
+        os.mkfifo(pub / "val-00000.parquet")
+        assert "val-00000.parquet: not a regular file" in cli(["check", pub], tmp_path, capsys, 2)
+        os.remove(pub / "meta_train.json")
+        os.mkfifo(pub / "meta_train.json")
+        assert "meta_train.json: is a FIFO" in cli(["check", pub], tmp_path, capsys, 2)
+        os.symlink(tmp_path / "target", tmp_path / "outlink")                    # --out a link to a folder: followed
+        (tmp_path / "target").mkdir()
+        data.main(prepare_args(str(src / "a.jsonl"), tok, str(tmp_path / "outlink")))
+        assert (tmp_path / "target" / "meta_val.json").exists()
+    finally:
+        signal.alarm(0)
+
+
+@pytest.mark.parametrize("key, value", [("seq_len", 0), ("seq_len", 1 << 20), ("vocab_size", 1 << 40),
+                                        ("vocab_size", True), ("total_rows", -1), ("bos_token_id", -3),
+                                        ("num_shards", 1.5)])
+def test_meta_numbers_pass_the_limits_of_their_flags(tmp_path, capsys, key, value):
+    """A meta's numbers meet the limits of the flags that could have set them (--seq-len <= 2^17, train.py's
+    --vocab-size <= 1e9, counts >= 0): a hand-edited value is one line naming the file and the key."""
+    pub = published(tmp_path)
+    meta = json.loads((pub / "meta_train.json").read_text())
+    (pub / "meta_train.json").write_text(json.dumps({**meta, key: value}))
+    assert f"meta_train.json: key '{key}'" in cli(["check", pub], tmp_path, capsys, 2)
+
+
+def test_a_refusal_changes_nothing(tmp_path, tok, capsys):
+    """Refused at each point (a foreign folder, a foreign file, a bad record after the folder exists): every file and
+    marker is as it was; a folder the refused command would have made does not exist."""
+    src = write_jsonl(tmp_path / "src.jsonl", good_records())
+    out = tmp_path / "out"
+    data.main(prepare_args(str(src), tok, str(out)))
+    capsys.readouterr()
+    bad = write_jsonl(tmp_path / "bad.jsonl", good_records()[:5] + ['{"text": 1}'])
+    for argv in (prepare_args(src, tok, out, "--seed", "7"), prepare_args(bad, tok, out),
+                 prepare_args(bad, tok, out, "--overwrite"), prepare_args(bad, tok, tmp_path / "new"),
+                 ["tokenizer", "--corpus", src, "--vocab-size", 300, "--out", tok]):
+        cli(argv, tmp_path, capsys, 2)                          # cli() checks every file under tmp_path unchanged
+    assert not (tmp_path / "new").exists() and sorted(os.listdir(out))[0] == ".nanoloop-data"
