@@ -508,7 +508,7 @@ def _write(out_dir, request, how, made, counts, docs_for, log, bos_id, source, t
     info = state or {"request": request, "split": "train", "done": {}, "progress": None}
     # first: the folder holds this request's state (a kill from here on resumes)
     if state is None:
-        _save_state(out_dir, info)
+        atomic_write(os.path.join(out_dir, STATE_NAME), json.dumps(info))
     tok_name = None if tokenizer is None else "tokenizer.model"
     if tok_name:
         atomic_write(os.path.join(out_dir, tok_name), lambda tmp: shutil.copyfile(tokenizer, tmp))
@@ -538,7 +538,7 @@ def _write(out_dir, request, how, made, counts, docs_for, log, bos_id, source, t
             "dropped_tokens": n_tok - total, "cropped_docs": prog["cropped_docs"], "rows_per_file": rows_per_file,
             "request": request, "files": prog["files"]}
         info["split"], info["progress"] = ("val" if split == "train" else "meta"), None
-        _save_state(out_dir, info)
+        atomic_write(os.path.join(out_dir, STATE_NAME), json.dumps(info))
     for split, meta in info["done"].items():
         atomic_write(os.path.join(out_dir, f"meta_{split}.json"), json.dumps(meta, indent=2) + "\n")
     # finished: the metas now say what this directory is
@@ -565,7 +565,6 @@ def _pack_split(out_dir, split, info, saved, docs_for, is_val, log):
     # (rows_per_file, seq_len+1): the file being filled; every file but a split's last is full, so a row's slot
     # in it is prog["rows"] % rows_per_file
     rows = np.empty((rows_per_file, capacity), dtype=np.uint16 if r["vocab_size"] <= 2 ** 16 else np.uint32)
-    t0, n_split = time.time(), int(is_val.sum()) if split == "val" else int((~is_val).sum())
 
     def counted():
         """The split's documents as (item, length) for the window, each counted as it is read."""
@@ -573,9 +572,6 @@ def _pack_split(out_dir, split, info, saved, docs_for, is_val, log):
             prog["consumed"] += 1
             prog["doc_tokens"] += n
             yield (prefix, n), n
-            if prog["consumed"] % 4096 == 0:
-                _progress(f"{split}: {prog['consumed']:,}/{n_split:,} docs | {prog['rows']:,} rows | "
-                          f"{prog['doc_tokens'] / max(time.time() - t0, 1e-9):,.0f} tok/s")
 
     def flush(n):
         """The first n rows as the next file, shuffled by its own seeded generator, in the release's layout (one
@@ -588,7 +584,7 @@ def _pack_split(out_dir, split, info, saved, docs_for, is_val, log):
         prog["files"][os.path.basename(path)] = {"rows": n, "sha256": _sha256_file(path)}
         prog["window"] = [[prefix.tolist(), length] for prefix, length in window.items]
         info["split"], info["progress"] = split, prog
-        _save_state(out_dir, info)
+        atomic_write(os.path.join(out_dir, STATE_NAME), json.dumps(info))
     docs = counted()
     for row in window.rows(docs):
         # one packed row: the taken prefix of each of its documents, in the window's order
@@ -602,7 +598,7 @@ def _pack_split(out_dir, split, info, saved, docs_for, is_val, log):
         pass
     if prog["rows"] % rows_per_file:
         flush(prog["rows"] % rows_per_file)
-    _progress(f"{split}: {prog['consumed']:,} docs | {prog['rows']:,} rows", done=True)
+    print(f"{split}: {prog['consumed']:,} docs | {prog['rows']:,} rows", file=sys.stderr, flush=True)
     return prog
 
 # The writer's guards and small helpers.
@@ -620,11 +616,6 @@ def _finished(out_dir, request, verify=False):
     except (ValueError, OSError):
         return None
     return metas if ok else None
-
-
-def _save_state(out_dir, info):
-    """The request and each split's progress (with the window's documents: their packed prefixes), atomically."""
-    atomic_write(os.path.join(out_dir, STATE_NAME), json.dumps(info))
 
 
 def _read_state(out_dir):
@@ -655,12 +646,6 @@ def _encode_batch(tok, texts, capacity, num_threads=None):
     pieces = [_split_long(t, HUGE_DOC_CHARS) for t in texts]
     ids = iter(tok.encode([p for ps in pieces for p in ps], num_threads=num_threads))
     return [_prefix(list(itertools.islice(ids, len(ps))), tok.bos_id, capacity) for ps in pieces]
-
-
-def _progress(msg, done=False):
-    """One self-overwriting progress line on a terminal; in a log file, only the final state."""
-    if sys.stderr.isatty() or done:
-        print("\r" * sys.stderr.isatty() + msg, end="\n" if done else "", file=sys.stderr, flush=True)
 
 # -----------------------------------------------------------------------------
 # Loader: one global stream of rows, identical for every world size, device batch and architecture.
@@ -887,6 +872,20 @@ def _parser():
     return p
 
 
+def main(argv=None):
+    """`python data.py tokenizer|prepare|check ...`; bad input exits with one line naming it, no traceback."""
+    a = _parser().parse_args(argv)
+    try:
+        _run(a)
+    except (ValueError, OSError) as e:      # bad input; a missing or read-only folder, a full disk
+        fail("data.py", f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename and e.strerror
+             else first_line(e))
+    except KeyboardInterrupt:
+        print(f"interrupted: rerun the same command to {'resume' if a.cmd == 'prepare' else 'start over'}",
+              file=sys.stderr)
+        raise SystemExit(130)
+
+
 def _run(a):
     """One sub-command, after parsing."""
     if a.cmd == "tokenizer":
@@ -920,20 +919,6 @@ def _run(a):
                   f"docs cropped at a row end) in {m['num_shards']} files")
         if how != "done":
             print(f"wrote {a.out} in {time.time() - t0:.1f} s" + (" (resumed)" if how == "resume" else ""))
-
-
-def main(argv=None):
-    """`python data.py tokenizer|prepare|check ...`; bad input exits with one line naming it, no traceback."""
-    a = _parser().parse_args(argv)
-    try:
-        _run(a)
-    except (ValueError, OSError) as e:      # bad input; a missing or read-only folder, a full disk
-        fail("data.py", f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename and e.strerror
-             else first_line(e))
-    except KeyboardInterrupt:
-        print(f"interrupted: rerun the same command to {'resume' if a.cmd == 'prepare' else 'start over'}",
-              file=sys.stderr)
-        raise SystemExit(130)
 
 
 if __name__ == "__main__":
