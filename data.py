@@ -139,36 +139,16 @@ def _split_long(text, limit):
 
 
 def _is_own_bpe(serialized):
-    """True when a sentencepiece model was trained by train_tokenizer: sentencepiece records only the trainer fields
-    that differ from its defaults, and ours alone have input_sentence_size 2,000,000 (field 11) and
-    max_sentence_length 16,384 (field 18) (Llama-2: 200M and 4,192). ModelProto.trainer_spec is field 2."""
+    """True when a sentencepiece model was trained by train_tokenizer. Sentencepiece records the trainer fields that
+    differ from its defaults, and ours alone set input_sentence_size 2,000,000 (protobuf field 11) and
+    max_sentence_length 16,384 (field 18); Llama-2 has 200M and 4,192. Each field is stored as two varints (the key
+    field << 3, then the value; 7-bit groups, low first), so both byte runs appear verbatim in the model's bytes
+    (pieces are UTF-8 and scores negative floats, which never hold them): no protobuf parser is needed."""
 
-    def fields(buf):
-        """{number: value} of a protobuf message's top level, read by hand (no protobuf package): varints (wire type
-        0), length-delimited bytes (2), fixed 64/32-bit values (1/5, raw); another wire type: KeyError (not ours)."""
-        out, i = {}, 0
-
-        def varint():
-            # base-128, little-endian groups of 7 bits; a set high bit means another byte follows
-            nonlocal i
-            v = shift = 0
-            while buf[i] & 0x80:
-                v, shift, i = v | (buf[i] & 0x7F) << shift, shift + 7, i + 1
-            v, i = v | buf[i] << shift, i + 1
-            return v
-        while i < len(buf):
-            field, wire = divmod(varint(), 8)
-            if wire == 0:
-                out[field] = varint()
-            else:
-                n = varint() if wire == 2 else {1: 8, 5: 4}[wire]
-                out[field], i = buf[i:i + n], i + n
-        return out
-    try:
-        spec = fields(fields(serialized).get(2, b""))
-    except LookupError:
-        return False
-    return (spec.get(11), spec.get(18)) == (SPM_SETTINGS["input_sentence_size"], SPM_SETTINGS["max_sentence_length"])
+    def varint(v):
+        return bytes([v & 0x7F | 0x80]) + varint(v >> 7) if v >= 0x80 else bytes([v])
+    return all(varint(field << 3) + varint(SPM_SETTINGS[key]) in serialized
+               for field, key in ((11, "input_sentence_size"), (18, "max_sentence_length")))
 
 # -----------------------------------------------------------------------------
 # Sources: the embedded offline default, or text / jsonl / parquet files by glob, read as a stream of documents.
