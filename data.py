@@ -211,8 +211,7 @@ def _docs(p):
     if p.endswith(".jsonl"):
         for where, rec in jsonl_records(p):
             if not isinstance(rec.get("text"), str):
-                got = f"\"text\" is {type(rec['text']).__name__} {str(rec['text'])[:40]!r}" if "text" in rec else \
-                    f"no \"text\" field ({', '.join(map(str, rec))[:60]})"
+                got = f'"text" is {type(rec["text"]).__name__}' if "text" in rec else 'no "text" field'
                 raise ValueError(f"{where}: {got}, expected an object with a string \"text\"")
             yield rec["text"]
     elif p.endswith(".parquet"):
@@ -270,7 +269,10 @@ def _utf8(raw, path, lineno):
 
 
 def _parquet_file(path):
-    """pq.ParquetFile with a one-line error naming the file (corrupt, truncated, or not parquet at all)."""
+    """pq.ParquetFile with a one-line error naming the file (corrupt, truncated, not parquet, not a regular file: a
+    FIFO is never opened, it would wait for a writer forever)."""
+    if not os.path.isfile(path):
+        raise ValueError(f"{path}: not a regular file (a FIFO, a folder or a broken link)")
     try:
         return pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as e:
@@ -649,8 +651,7 @@ class PackedLoader:
     Optimizer step s consumes global rows [s*batch_rows, (s+1)*batch_rows) (mod total_rows). Rank k takes the k-th
     contiguous slice of batch_rows/world rows and serves it as accum = batch_rows/(device_batch*world) micro-batches,
     so the union over ranks of one step is the same rows whatever world and device_batch are: 1 GPU and 8 GPUs,
-    and every architecture, see the same tokens per step (paper §4.1).
-    """
+    and every architecture, see the same tokens per step (paper §4.1)."""
 
     def __init__(self, data_dir, split="train", *, seq_len, batch_rows, device_batch, rank=0, world=1,
                  device="cpu", tokenizer_hash=None):
@@ -754,12 +755,9 @@ class PackedLoader:
         self.row, self.micro = state["row"], state["micro"]
 
     def epoch(self, n_rows):
-        """Iterate once over the first n_rows rows of this split (validation), independent of the stream state.
-
-        The rows are cut into `world` contiguous shards whose sizes differ by at most one, each served in batches of
-        device_batch rows (the last may be shorter; a rank gets none if n_rows < world): eval.val_loss sums nats and
-        token counts per rank and all-reduces both once, so the result is exact; it must not run a collective per
-        batch. n_rows is the caller's, checked against the meta's rows where it entered."""
+        """Iterate once over the first n_rows rows of this split (validation), independent of the stream state: cut
+        into `world` contiguous shards (sizes differ by at most one; a rank may get none), in device_batch rows. So
+        eval.val_loss sums nats and tokens per rank and all-reduces once (never a collective per batch)."""
         assert 1 <= n_rows <= self.total_rows, (n_rows, self.total_rows)
         lo, hi = self.rank * n_rows // self.world, (self.rank + 1) * n_rows // self.world
         for start in range(lo, hi, self.device_batch):
@@ -796,12 +794,8 @@ def read_meta(data_dir, split="train"):
 
 
 def _split_files(data_dir, split, meta):
-    """Sorted names of a split's parquet files: regular files (a link to one is followed), the ones its meta lists
-    (our metas list them), as many as it says."""
+    """Sorted names of a split's parquet files: the ones its meta lists (our metas list them), as many as it says."""
     names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(data_dir, f"{split}-*.parquet")))
-    odd = [n for n in names if not os.path.isfile(os.path.join(data_dir, n))]
-    if odd:
-        raise ValueError(f"{os.path.join(data_dir, odd[0])}: not a regular file (a FIFO, a folder or a broken link)")
     if "files" in meta and sorted(meta["files"]) != names:
         raise ValueError(f"{data_dir}: {split} files {names} differ from meta_{split}.json's {sorted(meta['files'])}")
     if not names or meta.get("num_shards", len(names)) != len(names):
@@ -809,8 +803,8 @@ def _split_files(data_dir, split, meta):
     return names
 
 # -----------------------------------------------------------------------------
-# CLI: tokenizer | prepare | check. A user error is one line before any work: flags are checked when parsed
-# (common.number), everything else raises ValueError / OSError, which main turns into "data.py: error: ...".
+# CLI: tokenizer | prepare | check. A user error is one line before any work: flags are checked when parsed, the
+# rest raises ValueError / OSError, which main turns into "data.py: error: ..." (common.fail), exit 2.
 
 
 def _parser():
