@@ -369,9 +369,9 @@ def best_fit_plan(lengths, capacity, buffer_size=BUFFER_SIZE):
 # an unfinished prepare's window and position (hidden: no glob sees it); PREPARE_VERSION: bump when the bytes written
 # for the same request change
 STATE_NAME, PREPARE_VERSION = ".prepare-state.json", 2
-# longer documents are encoded in ~1 MB pieces; characters per encode batch (one call on all cores, or one worker
-# task); tokens per parquet file (256 MiB as uint16, below int32 list offsets): memory stays bounded
-HUGE_DOC_CHARS, BATCH_CHARS, MAX_FILE_TOKENS = 1 << 20, 4 << 20, 1 << 27
+# characters per encode batch (one call on all cores), and tokens per parquet file (256 MiB as uint16, below int32
+# list offsets): memory stays bounded
+BATCH_CHARS, MAX_FILE_TOKENS = 4 << 20, 1 << 27
 
 
 def prepare_source(source, tok, out_dir, *, seq_len, val_docs=None, seed=0, max_docs=None, doc_chars=1000,
@@ -382,7 +382,6 @@ def prepare_source(source, tok, out_dir, *, seq_len, val_docs=None, seed=0, max_
     request = dict(version=PREPARE_VERSION, source=fingerprint, max_docs=max_docs, tokenizer=tok.identity,
                    vocab_size=tok.vocab_size, seq_len=seq_len, val_docs=val_docs, seed=seed,
                    rows_per_file=rows_per_file, buffer_size=buffer_size)
-    huge = [0]          # documents encoded in pieces
 
     def docs_for(is_val, split, skip):
         """(prefix, n) per document of `split` in source order after the first `skip` (see _prepare), the texts
@@ -393,20 +392,16 @@ def prepare_source(source, tok, out_dir, *, seq_len, val_docs=None, seed=0, max_
         batch, chars = [], 0
         for text in itertools.chain(picked, [None]):
             if text is not None:
-                huge[0] += len(text) > HUGE_DOC_CHARS
                 batch.append(text)
                 chars += len(text)
             if batch and (text is None or chars >= BATCH_CHARS or len(batch) >= 4096):
-                yield from _encode_batch(tok, batch, seq_len + 1, workers or None)
+                yield from (_prefix(ids, tok.bos_id, seq_len + 1) for ids in tok.encode(batch, workers or None))
                 batch, chars = [], 0
         if next(texts, None) is not None:
             raise ValueError(f"source {source!r} changed while preparing (more documents than counted)")
-    metas, how = _prepare(out_dir, request, lambda: sum(1 for _ in iter_source(source, doc_chars, max_docs)),
-                          docs_for, overwrite, log, bos_id=tok.bos_id, source=desc, tokenizer=tok.spec,
-                          tokenizer_hash=tok.identity, meta_extra={"tokenizer_pieces": tok.n_pieces})
-    if huge[0]:
-        log(f"note: {huge[0]:,} document(s) over {HUGE_DOC_CHARS:,} characters were encoded in pieces")
-    return metas, how
+    return _prepare(out_dir, request, lambda: sum(1 for _ in iter_source(source, doc_chars, max_docs)), docs_for,
+                    overwrite, log, bos_id=tok.bos_id, source=desc, tokenizer=tok.spec, tokenizer_hash=tok.identity,
+                    meta_extra={"tokenizer_pieces": tok.n_pieces})
 
 
 def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, val_docs, seed=0,
@@ -429,7 +424,7 @@ def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, 
     def docs_for(is_val, split, skip):
         """(BOS + the document's first capacity-1 ids, its length + 1) per document of `split`, after `skip`."""
         picked = (d for d, v in zip(docs, is_val) if v == (split == "val"))
-        return (_prefix([d], bos_id, seq_len + 1) for d in itertools.islice(picked, skip, None))
+        return (_prefix(d, bos_id, seq_len + 1) for d in itertools.islice(picked, skip, None))
     return _prepare(out_dir, request, lambda: len(docs), docs_for, False, lambda msg: None, bos_id=bos_id,
                     source=source, tokenizer=tokenizer, tokenizer_hash=tokenizer_hash)[0]
 
@@ -614,18 +609,9 @@ def _sha256_file(path):
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def _prefix(ids_pieces, bos_id, capacity):
-    """Encoded pieces of one document -> (BOS + its first capacity-1 tokens as uint32, full length with BOS)."""
-    head = itertools.islice(itertools.chain([bos_id], *ids_pieces), capacity)
-    return np.fromiter(head, dtype=np.uint32), 1 + sum(map(len, ids_pieces))
-
-
-def _encode_batch(tok, texts, capacity, num_threads=None):
-    """Encode a batch of documents -> [(prefix, n)]; a document over HUGE_DOC_CHARS is encoded in ~1 MB pieces cut at
-    whitespace (its packed prefix is exact; its length may differ from one whole encode by ~1 token per cut)."""
-    pieces = [_split_long(t, HUGE_DOC_CHARS) for t in texts]
-    ids = iter(tok.encode([p for ps in pieces for p in ps], num_threads=num_threads))
-    return [_prefix(list(itertools.islice(ids, len(ps))), tok.bos_id, capacity) for ps in pieces]
+def _prefix(ids, bos_id, capacity):
+    """One document's ids -> (BOS + its first capacity-1 ids as uint32, its full length with BOS)."""
+    return np.fromiter(itertools.islice(itertools.chain([bos_id], ids), capacity), dtype=np.uint32), 1 + len(ids)
 
 # -----------------------------------------------------------------------------
 # Loader: one global stream of rows, identical for every world size, device batch and architecture.

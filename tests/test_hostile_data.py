@@ -254,7 +254,7 @@ def test_cli_prepare_killed_midway_resumes_by_itself(tmp_path, tok, capsys, monk
     assert "ok:" in (data.main(["check", str(tmp_path / "cut")]) or capsys.readouterr().out)
 
 # -----------------------------------------------------------------------------
-# Long documents and lines: never dropped without a word
+# Long lines: never dropped without a word
 
 
 def test_long_lines_are_split_for_the_tokenizer_and_counted(tmp_path, capsys):
@@ -266,20 +266,6 @@ def test_long_lines_are_split_for_the_tokenizer_and_counted(tmp_path, capsys):
     assert "1 line(s) over 16,384 bytes were cut" in err
     pieces = data._split_long(long_line, data.SPM_MAX_LINE // 4)
     assert "".join(pieces) == long_line and max(map(len, pieces)) <= data.SPM_MAX_LINE // 4
-
-
-def test_huge_document_is_encoded_in_pieces_with_an_exact_prefix(tmp_path, tok, monkeypatch, capsys):
-    t = data.load_tokenizer(tok)
-    doc = " ".join(text(10, i) for i in range(300))                                # ~15k chars
-    monkeypatch.setattr(data, "HUGE_DOC_CHARS", 2000)
-    (prefix, n), = data._encode_batch(t, [doc], 65)
-    whole = t.encode([doc])[0]
-    assert prefix.tolist() == [t.bos_id] + whole[:64]                             # the packed part is exact
-    assert abs(n - (len(whole) + 1)) <= len(doc) // 2000 + 1                      # length: ~1 token per cut
-    src = write_jsonl(tmp_path / "src.jsonl", good_records(100) + [{"text": doc}])
-    data.main(prepare_args(str(src), tok, str(tmp_path / "out")))
-    out = capsys.readouterr().out
-    assert "1 document(s) over 2,000 characters were encoded in pieces" in out and "docs cropped" in out
 
 # -----------------------------------------------------------------------------
 # Prepacked data (ours or the authors'): bad ids, a lying meta, corrupt files -> one line, at load time
