@@ -476,7 +476,7 @@ def _write(out_dir, request, how, made, counts, docs_for, log, bos_id, source, t
         # an impossible request leaves nothing behind: the files this prepare wrote, and the folder if it made it
         if not prog["files"]:
             for name in [n for m in (*info["done"].values(), prog) for n in m["files"]] + [STATE_NAME, tok_name]:
-                if name:
+                if name and os.path.basename(name) == name:     # a name from the state, never a path
                     os.remove(os.path.join(out_dir, name))
             if made:
                 os.remove(os.path.join(out_dir, ".nanoloop-data"))
