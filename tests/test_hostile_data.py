@@ -1,5 +1,7 @@
-"""Hostile input for data.py (issue 12): every ordinary mistake or fault is one line naming the culprit, with the
-right exit status, no traceback, and every file that existed before byte-identical after.
+"""Hostile input for data.py (issues 12, 24): every ordinary mistake or fault is one line naming the culprit, with the
+right exit status, no traceback, and every file that existed before byte-identical after. Issue 24's rules are tested
+through the CLI, never through a mechanism: one writer per output, a kill then a rerun finishes, what cannot be read
+is named, every number read from a file passes its flag's limits, a refusal changes nothing.
 
 Most cases call data.main in-process (a Python start-up per case would cost seconds on a loaded 2-core box); what
 SystemExit carries is exactly what `python data.py ...` prints, and one case runs the real process to prove it.
