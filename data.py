@@ -188,15 +188,16 @@ def default_corpus(max_chars=1000):
 
 def source_paths(source):
     """The files of a source glob, sorted (the document order is reproducible); 'default' -> []. A matched folder is
-    no document (DIR/**/*.jsonl matches its files); anything else that is no regular file (a FIFO, a device, a broken
-    link) is refused by name, never skipped nor waited on. A link to a file is followed."""
+    no document (DIR/**/*.jsonl matches its files); a link is followed, but anything that is no regular file (a FIFO,
+    a device, a broken link) or a file matched twice (a link loop) is refused by name, never skipped nor waited on."""
     if source == "default":
         return []
-    paths = sorted(p for p in glob.glob(source, recursive=True) if not os.path.isdir(p))
-    odd = [p for p in paths if not os.path.isfile(p)]
-    if odd or not paths:
-        raise ValueError(f"--source {source!r} matches no file" if not odd else f"--source {source!r} matches "
-                         f"{odd[0]}, which is not a regular file (a FIFO, a device or a broken link)")
+    paths, seen = sorted(p for p in glob.glob(source, recursive=True) if not os.path.isdir(p)), {}
+    bad = [f"{p}, which is no regular file (a FIFO, a device, a broken link)" for p in paths if not os.path.isfile(p)]
+    bad += [f"{p}, the file {seen[os.path.realpath(p)]} again (a link)" for p in paths
+            if seen.setdefault(os.path.realpath(p), p) != p]
+    if bad or not paths:
+        raise ValueError(f"--source {source!r} matches {bad[0] if bad else 'no file'}")
     return paths
 
 

@@ -380,8 +380,12 @@ def test_what_cannot_be_read_is_named_never_waited_on(tmp_path, tok, capsys):
         src.mkdir()
         write_jsonl(src / "a.jsonl", good_records())
         os.mkfifo(src / "b.jsonl")
-        assert "b.jsonl, which is not a regular file" in cli(prepare_args(f"{src}/*", tok, tmp_path / "o"),
+        assert "b.jsonl, which is no regular file" in cli(prepare_args(f"{src}/*", tok, tmp_path / "o"),
                                                               tmp_path, capsys, 2)
+        os.remove(src / "b.jsonl")
+        os.symlink(src, src / "loop")                                           # a link loop: the same file twice
+        assert "the file" in cli(prepare_args(f"{src}/**/*.jsonl", tok, tmp_path / "o"), tmp_path, capsys, 2)
+        os.remove(src / "loop")
         os.mkfifo(tmp_path / "fifo.model")
         assert "fifo.model" in cli(prepare_args(src / "a.jsonl", tmp_path / "fifo.model", tmp_path / "o"),
                                    tmp_path, capsys, 2)
