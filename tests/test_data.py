@@ -256,7 +256,7 @@ def test_reads_the_authors_published_layout_unchanged(tmp_path):
 def test_data_identity_is_the_content_not_the_size_or_path(tmp_path):
     """Issue 18 §1: a run's identity names its data by content. Two packings of the same size (the same documents
     with other token ids: the same rows, files and counts) differ; the same prepare twice, in two folders, is the
-    same; a published prepack without recorded hashes is told apart by its files' parquet footers."""
+    same; a published prepack without recorded hashes is told apart by its files' bytes."""
     docs = id_docs(300)
     shifted = [[2 + (t - 1) % 398 for t in d] for d in docs]              # ids stay in [2, 400), lengths unchanged
     a, b, c = prep(tmp_path, "a", docs=docs), prep(tmp_path, "b", docs=docs), prep(tmp_path, "c", docs=shifted)
@@ -509,7 +509,7 @@ def test_external_sentencepiece_records_the_release_vocab(tmp_path, bpe, capsys)
     assert flops.pad_vocab(401) == 448 and rec is not None
 
 
-def test_streaming_prepare_is_bounded_deterministic_and_worker_independent(tmp_path, bpe, monkeypatch):
+def test_streaming_prepare_is_bounded_deterministic_and_thread_independent(tmp_path, bpe, monkeypatch):
     """Issue 13 §6: prepare streams. The best-fit window never holds more than buffer_size documents, each kept to
     at most one row of tokens; rows are written file by file; the seed fixes the bytes, and encoding on 2 threads
     gives the same bytes as on all cores."""
