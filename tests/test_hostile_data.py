@@ -454,6 +454,6 @@ def test_a_tampered_prepare_state_is_refused_by_name(tmp_path, tok, capsys, monk
     capsys.readouterr()
     path = tmp_path / "cut" / ".prepare-state.json"
     good = json.loads(path.read_text())
-    for progress in ({"rows": -1}, {"window": [[[1, 5, 6], -4]]}):
+    for progress in ({"rows": -1}, {"window": [[[1, 5, 6], -4]]}, {"window": 5}, {"window": [["x", 3]]}):
         path.write_text(json.dumps({**good, "progress": {**good["progress"], **progress}}))
         assert ".prepare-state.json" in cli(args, tmp_path, capsys, 2)
