@@ -601,7 +601,7 @@ def _prefix(ids, bos_id, capacity):
 
 def data_identity(data_dir) -> str:
     """The content identity of a data folder, ours or the authors' (train.py records it in a run's identity): one
-    sha256 over each parquet file's sha256 (~1 s per GB) and the fields that give the ids their meaning. Any changed
+    sha256 over each parquet file's sha256 (~2 s per GB) and the fields that give the ids their meaning. Any changed
     row changes it; the same prepare twice, anywhere, gives the same string (the path is no part of it)."""
     parts = {}
     for split in ("train", "val"):
