@@ -18,7 +18,7 @@ Test: pytest tests/test_data.py tests/test_hostile_data.py
 Read in this order: Tokenizer -> iter_source -> BestFitWindow -> prepare_source -> _pack_split -> PackedLoader.
 Not here: the validation loss (eval.py), training (train.py), throughput figures (runs/bench_data.py).
 """
-import argparse, functools, glob, gzip, hashlib, importlib.util, io, itertools, json, os, shutil, sys, time, zlib
+import argparse, contextlib, functools, glob, gzip, hashlib, importlib.util, io, itertools, json, os, re, shutil, sys, time, zlib
 
 import numpy as np
 import pyarrow as pa
@@ -583,12 +583,31 @@ def _read_state(out_dir):
         return None
 
 
+HASH_CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "nanoloop", "sha256")
+
+
 def _sha256_file(path):
-    """Hex sha256 of a file's bytes. A name that is no regular file is refused, never opened (a FIFO would wait)."""
+    """Hex sha256 of a file's bytes. A name that is no regular file is refused, never opened (a FIFO would wait).
+
+    Hashing runs at ~2 s per GB, so a terabyte-scale prepack would cost minutes at every start of every run: the
+    digest is cached per (path, inode, size, mtime), as make and git do. An edit changes the mtime, so it is
+    hashed again; the cache is a speed-up only (unwritable or absent: the bytes are hashed)."""
     if not os.path.isfile(path):
         raise ValueError(f"{path}: missing, or not a regular file (a FIFO, a folder or a broken link)")
+    st = os.stat(path)
+    key = hashlib.sha256(f"{os.path.realpath(path)} {st.st_ino} {st.st_size} {st.st_mtime_ns}".encode()).hexdigest()
+    entry = os.path.join(HASH_CACHE, key[:32])
+    with contextlib.suppress(OSError):
+        with open(entry) as f:
+            hit = f.read().strip()
+        if re.fullmatch(r"[0-9a-f]{64}", hit):
+            return hit
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    with contextlib.suppress(OSError):
+        os.makedirs(HASH_CACHE, exist_ok=True)
+        atomic_write(entry, digest + "\n")
+    return digest
 
 
 def _prefix(ids, bos_id, capacity):
