@@ -46,6 +46,8 @@ def read_checkpoint(path, keys=CKPT_KEYS) -> dict:
     if not os.path.isfile(path):
         raise ValueError(f"no checkpoint at {path} (expected train.py's out_dir/ckpt.pt, or an authors' release dir "
                          "of model_<step>.pt + meta_<step>.json)")
+    if os.path.getsize(path) == 0:
+        raise ValueError(f"{path} is empty (0 bytes): an interrupted copy? Use another checkpoint")
     try:
         with warnings.catch_warnings():                           # old pickle protocols warn before failing
             warnings.simplefilter("ignore")
@@ -56,16 +58,16 @@ def read_checkpoint(path, keys=CKPT_KEYS) -> dict:
                          "other objects, which is refused: loading it could run arbitrary code)") from None
     except OSError as e:                                          # permissions, an I/O error
         raise ValueError(f"{path}: cannot read it ({e.strerror or type(e).__name__})") from None
-    except Exception as e:                                        # empty, truncated zip, random bytes
+    except Exception as e:                                        # truncated zip, random bytes
         detail = first_line(str(e).split(". ")[0])[:120] if str(e) else ""
-        raise ValueError(f"{path} cannot be read as a PyTorch checkpoint: empty, truncated or corrupt "
+        raise ValueError(f"{path} cannot be read as a PyTorch checkpoint: truncated or corrupt "
                          f"({type(e).__name__}{': ' + detail if detail else ''})") from None
     if not isinstance(ck, dict):
         raise ValueError(f"{path} holds a {type(ck).__name__}, not a checkpoint dict")
     missing = [k for k in keys if k not in ck]
     if missing:
-        raise ValueError(f"{path} has no {', '.join(missing)} (keys: {', '.join(map(str, ck))[:200]}): not a complete "
-                         "train.py checkpoint")
+        raise ValueError(f"{path} has no {missing} entr{'y' if len(missing) == 1 else 'ies'} (keys: {sorted(ck)}): "
+                         "not a complete train.py checkpoint")
     check_record(ck, CKPT_FIELDS, path)
     check_record(ck.get("train_config") or {}, TRAIN_FIELDS, path, "train_config.")
     if "model" in ck and "model_config" in ck:
@@ -124,7 +126,10 @@ def model_bytes(cfg) -> tuple:
 
 def check_memory(cfg, device, source) -> None:
     """Refuse, naming the size, a model whose weights cannot fit in physical RAM (and, on CUDA, the GPU)."""
-    host, dev = model_bytes(cfg)
+    try:                                   # a count past flops' limits (vocab_size 1e10) names its source
+        host, dev = model_bytes(cfg)
+    except ValueError as err:
+        raise ValueError(f"{source}: {err}") from None
     limits = [("host RAM", host, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))]
     if torch.device(device).type == "cuda":
         limits.append(("GPU memory", dev, torch.cuda.get_device_properties(torch.device(device)).total_memory))

@@ -50,8 +50,8 @@ import torch.nn.functional as F
 # checkpoint reading lives in checkpoint.py; its names stay importable from here (train.py, runs/bench_eval.py)
 from checkpoint import (checkpoint_kind, load_checkpoint, load_release, load_weights, model_bytes,  # noqa: F401
                         read_checkpoint)
-from common import (Parser, atomic_write, check_new, claim, fail, first_line, init_dist, number, print0, request_key,
-                    write_json)
+from common import (Parser, atomic_write, check_new, claim, fail, first_line, init_dist, number, print0, release,
+                    request_key, write_json)
 from data import PackedLoader, jsonl_records, load_tokenizer, read_meta
 from model import LoopedGPT, ModelConfig  # noqa: F401  (tests and runs/bench_eval.py build models through eval)
 
@@ -597,9 +597,12 @@ def write_primitives(out_dir, n=1000, overwrite=False) -> list:
     task file of another --n, or the user's own, is never replaced silently."""
     folder = os.path.join(out_dir, os.path.dirname(TASKS[PRIMITIVES[0]].file))
     claim(folder, "eval-primitives", dict(n=n), overwrite)
-    for name, recs in primitive_tasks(n).items():
-        blob = "".join(json.dumps({k: v for k, v in r.items() if k != "kind"}) + "\n" for r in recs)
-        atomic_write(os.path.join(out_dir, TASKS[name].file), blob)      # never a half task file
+    try:
+        for name, recs in primitive_tasks(n).items():
+            blob = "".join(json.dumps({k: v for k, v in r.items() if k != "kind"}) + "\n" for r in recs)
+            atomic_write(os.path.join(out_dir, TASKS[name].file), blob)      # never a half task file
+    finally:
+        release(folder)                     # written: an in-process caller's next request is asked afresh
     return [os.path.join(out_dir, TASKS[name].file) for name in PRIMITIVES]
 
 

@@ -9,6 +9,7 @@ tokenizer and a run of its tiny model with random weights (d_model 32, seq_len 6
 import dataclasses
 import gzip
 import json
+import shutil
 import re
 import os
 import subprocess
@@ -143,7 +144,7 @@ def test_out_in_missing_folder_fails_before_any_scoring(run_dir, capsys, tmp_pat
 
 def test_out_folder_and_out_with_sample_refused(run_dir, capsys, tmp_path):
     roots = [os.path.dirname(run_dir["out"]), str(tmp_path)]
-    refused([run_dir["out"], "--tasks", "none", "--out", str(tmp_path)], capsys, 2, str(tmp_path), "not a file",
+    refused([run_dir["out"], "--tasks", "none", "--out", str(tmp_path)], capsys, 2, str(tmp_path), "not a plain file",
             roots=roots)
     refused([run_dir["out"], "--sample", "x", "--out", str(tmp_path / "s.json")], capsys, 2, "--sample", "--out",
             roots=roots)
@@ -178,7 +179,7 @@ def test_foreign_out_file_refused_unless_overwrite(run_dir, capsys, tmp_path):
     r4 = tmp_path / "r4.json"
     assert cli([run_dir["out"], "--tasks", "none", "--val-tokens", "0", "--n-loops", "4", "--out", str(r4)],
                capsys)[0] == 0
-    refused([run_dir["out"], "--tasks", "none", "--out", str(r4)], capsys, 2, str(r4), "another request", roots=roots)
+    refused([run_dir["out"], "--tasks", "none", "--out", str(r4)], capsys, 2, str(r4), "did not write it", roots=roots)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
@@ -293,9 +294,9 @@ def test_failed_task_keeps_the_other_results(run_dir, capsys, tmp_path, tasks):
 
 
 def test_disk_full_at_the_end_prints_the_result_instead_of_losing_it(run_dir, capsys, tmp_path, tasks, monkeypatch):
-    def full(path, blob, key):
+    def full(path, obj, tool, key):
         raise OSError(28, "No space left on device", path)
-    monkeypatch.setattr(E, "write_owned", full)
+    monkeypatch.setattr(E, "write_json", full)
     out = tmp_path / "e.json"
     code, msg, stdout = cli([run_dir["out"], "--tasks", "induction_head", "--task-dir", str(tasks), "--out", str(out)],
                             capsys)
@@ -310,12 +311,13 @@ def test_disk_full_at_the_end_prints_the_result_instead_of_losing_it(run_dir, ca
 def test_primitives_never_replace_other_files(capsys, tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("mine\n")
-    refused(["primitives", "--out", str(afile)], capsys, 2, str(afile), "is a file", roots=[str(tmp_path)])
+    refused(["primitives", "--out", str(afile)], capsys, 2, str(afile), "cannot use this folder", roots=[str(tmp_path)])
     d = tmp_path / "tasks"
     assert cli(["primitives", "--out", str(d), "--n", "10"], capsys)[0] == 0
     assert cli(["primitives", "--out", str(d), "--n", "10"], capsys)[0] == 0          # a rerun: identical bytes
     culprit = str(d / "reasoning_primitives" / "var_assign_d0_math.jsonl")
-    refused(["primitives", "--out", str(d), "--n", "12"], capsys, 2, culprit, "--overwrite", roots=[str(tmp_path)])
+    refused(["primitives", "--out", str(d), "--n", "12"], capsys, 2, str(d / "reasoning_primitives"), "--overwrite",
+            roots=[str(tmp_path)])
     assert cli(["primitives", "--out", str(d), "--n", "12", "--overwrite"], capsys)[0] == 0
     assert len(E.load_task_file(culprit)) == 12
 
@@ -441,13 +443,22 @@ def test_nanoloop_checkpoint_too_large_and_hand_edited_entries(run_dir, tok, cap
         refused([run, "--tasks", "none"], capsys, 2, os.path.join(run, "ckpt.pt"), culprit, roots=roots)
 
 
-def test_own_eval_json_edited_since_is_no_longer_ours(run_dir, capsys, tmp_path):
-    """The ownership ledger knows the file it wrote (inode, size, mtime): one the user edited afterwards is theirs."""
-    out = tmp_path / "e.json"
-    assert cli([run_dir["out"], "--tasks", "none", "--val-tokens", "0", "--out", str(out)], capsys)[0] == 0
-    out.write_text(out.read_text().replace('"crop": true', '"crop": true, "my note": 1'))
-    refused([run_dir["out"], "--tasks", "none", "--val-tokens", "0", "--out", str(out)], capsys, 2, str(out),
-            "edited since", "--overwrite", roots=[str(tmp_path)])
+def test_eval_json_is_ours_by_its_header_and_a_copied_run_keeps_it(run_dir, capsys, tmp_path):
+    """Rule 2 through the CLI: eval.json carries its written_by header, so a run folder copied as a whole (cp -a)
+    still holds this request's own file and a rerun there replaces it; a header naming another tool or request is
+    not ours (refused, file untouched) until --overwrite."""
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir["out"], copy, symlinks=True)
+    assert cli([str(copy), "--tasks", "none", "--val-tokens", "0"], capsys)[0] == 0
+    saved = json.loads((copy / "eval.json").read_text())
+    assert saved["written_by"]["tool"] == "eval" and saved["n_loops"] == 2
+    moved = tmp_path / "moved"
+    shutil.copytree(copy, moved, symlinks=True)                 # eval.json inside: still this request's own
+    assert cli([str(moved), "--tasks", "none", "--val-tokens", "0"], capsys)[0] == 0
+    (moved / "eval.json").write_text(json.dumps(dict(saved, written_by={"tool": "fit", "key": "x"})))
+    refused([str(moved), "--tasks", "none", "--val-tokens", "0"], capsys, 2, str(moved / "eval.json"), "--overwrite",
+            roots=[str(tmp_path)])
+    assert cli([str(moved), "--tasks", "none", "--val-tokens", "0", "--overwrite"], capsys)[0] == 0
 
 
 def test_release_meta_of_another_step_or_type_refused(tmp_path, capsys):
