@@ -22,14 +22,12 @@ Run:
     python eval.py out/run --out res.json --overwrite     # --out replaces only what eval.py wrote for this request
     python eval.py primitives --out eval_data             # write the 5 reasoning-primitive jsonl files
     torchrun --standalone --nproc_per_node=8 eval.py out/run    # examples and val rows sharded over ranks
-Before any scoring, the inputs are checked to belong together: the tokenizer, the data's tokenizer and the
-checkpoint's (by content hash, whatever --tokenizer says), ids within the model's vocabulary, finite weights, and a
-model that fits in memory (sized from its config before anything is built).
+Before any scoring, the inputs are checked to belong together: the data's tokenizer and the checkpoint's (by content
+hash, whatever --tokenizer says), ids within the model's vocabulary, and the checkpoint itself (checkpoint.py).
 Test:  pytest tests/test_eval.py tests/test_hostile_eval.py
 Read in this order: TASKS -> val_loss -> load_task_file -> render_prompts -> build_examples -> score_examples ->
-    evaluate_task -> primitives -> read_checkpoint / load_release -> main
-Not here: the model (model.py), the loader and tokenizers (data.py), training (train.py), the scorer benchmark
-(runs/bench_eval.py), the parser, checked numbers and owned writer (common.py).
+    evaluate_task -> primitives -> main. Not here: reading checkpoints (checkpoint.py), the model (model.py), the
+loader and tokenizers (data.py), the scorer benchmark (runs/bench_eval.py), the parser and writers (common.py).
 """
 import argparse
 import contextlib
@@ -146,10 +144,8 @@ def val_loss(model, loader, tokens, n_loops=None, bf16=None) -> float:
     under no_grad; its train/eval mode is restored afterwards. n_loops: evaluate at r' != trained r (test-time loop
     extrapolation, App. A). bf16: autocast or not (None = bf16 on CUDA only).
     """
-    # whole rows only: 70.8M = 34,560 x 2048 (§4.1)
-    n_rows = int(tokens) // int(loader.seq_len)
-    if n_rows < 1:
-        raise ValueError(f"val_loss needs tokens >= seq_len ({loader.seq_len}), got {tokens}")
+    n_rows = int(tokens) // int(loader.seq_len)                    # whole rows only: 70.8M = 34,560 x 2048 (§4.1)
+    assert n_rows >= 1, "the caller checks tokens >= seq_len"
     device, was_training = next(model.parameters()).device, model.training
     model.eval()
     sums = torch.zeros(2, dtype=torch.float64, device=device)       # [sum of nats, number of scored tokens]
@@ -162,8 +158,7 @@ def val_loss(model, loader, tokens, n_loops=None, bf16=None) -> float:
     finally:
         model.train(was_training)
     # One collective at the end, never per batch: loader.epoch may give the ranks unequal numbers of batches.
-    if _all_reduce_sum(sums)[1] == 0:
-        raise ValueError("val_loss scored no tokens: the validation split is empty")
+    _all_reduce_sum(sums)
     return (sums[0] / sums[1]).item()
 
 
@@ -254,6 +249,8 @@ def find_task_source(name, task_dir=None):
     for p in looked:
         if os.path.isfile(p):
             return "file", p, 0, looked
+        if os.path.lexists(p):              # a FIFO (open would wait forever), a folder, a broken link: named
+            raise ValueError(f"task file {p} is not a plain file")
     if name in PRIMITIVES:
         return "generated", None, 0, looked
     if task.olmo:
@@ -279,8 +276,6 @@ def fewshot_indices(idx, n, k, seed=FEWSHOT_SEED):
 
     Sampling range(n - 1) and skipping over idx picks exactly what sampling the list [j for j != idx] picks
     (random.sample draws positions), without building an O(n) list per item."""
-    if k > n - 1:
-        raise ValueError(f"{k}-shot prompts need at least {k + 1} items, the task has {n}")
     return [j + (j >= idx) for j in random.Random(seed + idx).sample(range(n - 1), k)]
 
 
@@ -301,10 +296,8 @@ def render_prompts(item, shots, delimiter=" "):
     if kind == "mc":
         prefix = "".join(f"{s['query']}{d(s)}{s['choices'][s['gold']]}\n\n" for s in shots)
         return [prefix + item["query"] + d(item) + c for c in item["choices"]], item["gold"]
-    if kind == "schema":
-        prefix = "".join(f"{s['context_options'][s['gold']]}{d(s)}{s['continuation']}\n\n" for s in shots)
-        return [prefix + o + d(item) + item["continuation"] for o in item["context_options"]], item["gold"]
-    raise ValueError(f"unknown item kind {kind!r}")
+    prefix = "".join(f"{s['context_options'][s['gold']]}{d(s)}{s['continuation']}\n\n" for s in shots)   # schema
+    return [prefix + o + d(item) + item["continuation"] for o in item["context_options"]], item["gold"]
 
 
 # -----------------------------------------------------------------------------
@@ -541,8 +534,6 @@ def var_assign_example(rng, depth):
     depth 1: 10 letters, 5 bases (valued) + 5 aliases; alias j -> shuffled base j (1-to-1); query an alias."""
     # The order of the rng calls below is the release's, so the same seed gives the same 4,000 examples; values are
     # kept as strings because the continuation is the bare decimal ("22"; the " " delimiter supplies the space).
-    if depth not in (0, 1):
-        raise ValueError(f"depth must be 0 or 1, got {depth}")
     names = rng.sample(LETTERS, 5 + 5 * depth)
     bases, aliases = names[:5], names[5:]
     vals = {v: str(rng.randint(*VALUE_RANGE)) for v in bases}          # drawn in sample order
@@ -560,8 +551,6 @@ def var_assign_example(rng, depth):
 
 def var_assign_record(assignments, query, answer, form):
     """CORE LM record in the math ('n=22') or code ('n = 22') surface form; the ' ' delimiter precedes the answer."""
-    if form not in ("math", "code"):
-        raise ValueError(f"form must be math or code, got {form!r}")
     body = "\n".join(f"{v}{'=' if form == 'math' else ' = '}{x}" for v, x in assignments)
     ctx = (f"{MATH_HEADER}\n\n{body}\nWhat is the numerical value of {query}?\nAnswer:" if form == "math" else
            f"{CODE_HEADER}\nProgram:\n{body}\n\nQuestion:\nWhat is the value of {query}?\nAnswer:")
