@@ -43,6 +43,8 @@ def read_checkpoint(path, keys=CKPT_KEYS) -> dict:
     of torch.compile / DDP are stripped. Whether the weights fit the config is load_weights' question."""
     path = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
     # not a plain file (absent, a FIFO, a folder): torch.load on a FIFO would wait for a writer forever
+    if os.path.lexists(path) and not os.path.isfile(path):
+        raise ValueError(f"{path} is not a plain file (a FIFO, a folder or a broken link?)")
     if not os.path.isfile(path):
         raise ValueError(f"no checkpoint at {path} (expected train.py's out_dir/ckpt.pt, or an authors' release dir "
                          "of model_<step>.pt + meta_<step>.json)")
