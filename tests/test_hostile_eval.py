@@ -473,3 +473,48 @@ def test_release_meta_of_another_step_or_type_refused(tmp_path, capsys):
                          ([RELEASE_MC], "expected a JSON object, got list")):
         meta.write_text(json.dumps(doc))
         refused([str(root), "--tasks", "none"], capsys, 2, str(meta), culprit, roots=[str(tmp_path)])
+
+
+# -----------------------------------------------------------------------------
+# 9. rules through the CLI on the light mechanisms: what cannot be read is named (never waited on), a model that
+# cannot run r' != r says so through the model, one writer per primitives folder
+
+def test_fifos_and_links_named_never_waited_on(run_dir, tok, capsys, tmp_path):
+    """A FIFO where a file is read or written would block open() forever: each is refused by name, exit 2."""
+    roots = [os.path.dirname(run_dir["out"])]          # not tmp_path: the snapshot itself would open the FIFOs
+    os.mkfifo(tmp_path / "out.json")
+    refused([run_dir["out"], "--tasks", "none", "--out", str(tmp_path / "out.json")], capsys, 2,
+            str(tmp_path / "out.json"), "not a plain file", roots=roots)
+    task = tmp_path / "tasks" / "world_knowledge" / "arc_easy.jsonl"
+    task.parent.mkdir(parents=True)
+    os.mkfifo(task)
+    refused([run_dir["out"], "--tasks", "arc_easy", "--task-dir", str(tmp_path / "tasks")], capsys, 2, str(task),
+            "not a plain file", roots=roots)
+    (tmp_path / "fiforun").mkdir()
+    os.mkfifo(tmp_path / "fiforun" / "ckpt.pt")
+    refused([str(tmp_path / "fiforun"), "--tasks", "none"], capsys, 2, str(tmp_path / "fiforun" / "ckpt.pt"),
+            "not a plain file", roots=roots)
+
+
+def test_loop_sweep_refused_through_the_model(run_dir, tok, capsys, tmp_path):
+    """runs/mini.sh relies on this exit 2 instead of a list of case names: hyperconnections exist for exactly r."""
+    run = _run_variant(tmp_path / "hc", run_dir["data"], tok, injection="hyper")
+    msg = refused([run, "--n-loops-sweep", "1,2", "--tasks", "none"], capsys, 2, "--n-loops-sweep", "r'=1",
+                  "hyperconnections", roots=[str(tmp_path)])
+    assert not os.path.exists(os.path.join(run, "eval.json")), msg
+    assert cli([run, "--n-loops-sweep", "2", "--tasks", "none", "--val-tokens", "64"], capsys)[0] == 0   # r' = r
+
+
+def test_primitives_one_writer_and_a_users_folder(capsys, tmp_path):
+    """The reasoning_primitives folder is eval.py's: a user's own file there is never replaced (refused, untouched),
+    and a second writer while the first holds the folder is refused, not interleaved."""
+    import fcntl
+    mine = tmp_path / "a" / "reasoning_primitives" / "induction_head.jsonl"
+    mine.parent.mkdir(parents=True)
+    mine.write_text('{"context": "my own", "continuation": "file"}\n')
+    refused(["primitives", "--out", str(tmp_path / "a"), "--n", "5"], capsys, 2, "--overwrite", roots=[str(tmp_path)])
+    b = tmp_path / "b"
+    assert cli(["primitives", "--out", str(b), "--n", "5"], capsys)[0] == 0
+    with open(b / "reasoning_primitives" / ".nanoloop-eval-primitives") as held:   # another writer holds it
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        refused(["primitives", "--out", str(b), "--n", "5"], capsys, 2, "another", roots=[str(tmp_path)])
