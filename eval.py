@@ -675,23 +675,6 @@ def loop_sweep(model, loader, tokens, loops, seed=0) -> list:
 # before the first forward. eval.json is written last, atomically, with its written_by header (common.write_json):
 # it replaces only a file eval.py wrote for this same request (checkpoint, r, step), or any file with --overwrite.
 
-def _task_words(text):
-    """--tasks: comma-separated task names, axis names, 'all' or 'none'."""
-    words = [w for w in text.split(",") if w]
-    bad = [w for w in words if w not in ("all", "none", *AXES, *TASKS)]
-    if bad:
-        raise argparse.ArgumentTypeError(f"unknown task {bad[0]!r}; known: {', '.join(TASKS)}; axes: {', '.join(AXES)}")
-    return words
-
-
-def _loops(text):
-    """--n-loops-sweep: distinct r' in [1, 1024]; "1,,2" or "1,2," is a typo (0 marks a non-integer), not 1,2."""
-    loops = [int(x) if x.strip().isdigit() else 0 for x in text.split(",")]
-    if min(loops) < 1 or max(loops) > 1024 or len(set(loops)) != len(loops):
-        raise argparse.ArgumentTypeError(f"wants distinct integers in [1, 1024] like 1,2,4,8,16, got {text!r}")
-    return loops
-
-
 def _text(text):
     """--sample: undecodable bytes on the command line arrive as lone surrogates, which no tokenizer can encode."""
     if text != text.encode("utf-8", "replace").decode("utf-8"):
@@ -706,11 +689,10 @@ def _parser():
     add("checkpoint", help="train.py out_dir (holding ckpt.pt and done.json), a .pt file, or an authors' release "
         "dir (model_<step>.pt + meta_<step>.json)")
     add("--step", type=count(0), help="release dir only: which step (default the latest)")
-    add("--tasks", nargs="+", type=_task_words, default=[["all"]], help="task names, axis names, 'all' or 'none' "
-        "(default all; TASKS)")
+    add("--tasks", nargs="+", default=["all"], help="task names, axis names, 'all' or 'none' (default all; TASKS)")
     add("--task-dir", help="root of the task files (the bundles' layout)")
     add("--n-loops", type=count(1, "1024]"), help="evaluate at r' != trained r (test-time; not hyper)")
-    add("--n-loops-sweep", metavar="R1,R2,...", type=_loops, help="val loss at every test-time r' (App. A loop "
+    add("--n-loops-sweep", metavar="R1,R2,...", help="val loss at every test-time r' (App. A loop "
         "extrapolation), written into eval.json as n_loops_sweep; refused for models that cannot run r' != r (hyper)")
     add("--no-crop", action="store_true", help="authors' behaviour: never left-crop long prompts")
     add("--data", help="prepared data dir (default: the run's train_config['data'])")
@@ -732,16 +714,24 @@ def _parser():
 
 
 def _preflight(a):
-    """Every check that needs no checkpoint: flags that exclude each other, folders, and every task file read and
-    checked (a malformed line at the end of the last file fails now, not after the val loss and 19 tasks were
-    scored). -> (task names, {name: load_task(...)})."""
-    words = [w for ws in a.tasks for w in ws]
+    """Every check that needs no checkpoint: task names, the sweep, flags that exclude each other, folders, and
+    every task file read and checked (a malformed line at the end of the last file fails now, not after the val
+    loss and 19 tasks were scored). -> (task names, {name: load_task(...)}); a.n_loops_sweep becomes a list."""
+    words = [w for arg in a.tasks for w in arg.split(",") if w]
+    bad = [w for w in words if w not in ("all", "none", *AXES, *TASKS)]
+    if bad:
+        raise ValueError(f"unknown task {bad[0]!r}; known: {', '.join(TASKS)}; axes: {', '.join(AXES)}")
     names = list(dict.fromkeys(n for word in words for n in TASKS if word in ("all", n, TASKS[n].axis)))
     for flag, path in (("--task-dir", a.task_dir), ("--data", a.data)):
         if path is not None and not os.path.isdir(path):
             raise ValueError(f"{flag} {path}: no such folder")
     if a.sample is not None and a.out is not None:
         raise ValueError("--sample prints a continuation and writes nothing: drop --out")
+    if a.n_loops_sweep is not None:          # "1,,2" or "1,2," is a typo (0 marks a non-integer), not 1,2
+        text = a.n_loops_sweep
+        a.n_loops_sweep = loops = [int(x) if x.strip().isdigit() else 0 for x in text.split(",")]
+        if min(loops) < 1 or max(loops) > 1024 or len(set(loops)) != len(loops):
+            raise ValueError(f"--n-loops-sweep wants distinct integers in [1, 1024] like 1,2,4,8,16, got {text!r}")
     if a.n_loops_sweep and (a.n_loops is not None or a.sample is not None or a.val_tokens == 0):
         raise ValueError("--n-loops-sweep sets r' itself and needs the val loss: drop --n-loops / --sample / "
                          "--val-tokens 0")
@@ -772,8 +762,8 @@ def _open_run(a):
         try:
             model.check_n_loops(r_test)
         except ValueError as err:
-            raise ValueError(f"{'--n-loops-sweep' if a.n_loops_sweep else '--n-loops'}: this model cannot run "
-                             f"r'={r_test} (trained r={cfg.n_loops}): {err}") from None
+            raise ValueError(f"{'--n-loops-sweep' if a.n_loops_sweep else '--n-loops'}: injection {cfg.injection!r} "
+                             f"cannot run r'={r_test} (trained r={cfg.n_loops}): {err}") from None
     run = dict(model=model, ck=ck, tokenizer=tokenizer, data_dir=data_dir, r_eval=r_eval, rank=rank, world=world,
                device=device, step=ck["release"]["step"] if "release" in ck else None)
     if a.sample is None:
