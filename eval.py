@@ -670,17 +670,10 @@ def loop_sweep(model, loader, tokens, loops, seed=0) -> list:
 
 
 # -----------------------------------------------------------------------------
-# CLI. Every user error is one line before any work (README rule 5): numbers, task names and the sweep are checked
-# when parsed, folders and every task file in _preflight, the checkpoint and the inputs' identity in _open_run, all
-# before the first forward. eval.json is written last, atomically, with its written_by header (common.write_json):
+# CLI. Every user error is one line before any work (README rule 5): numbers are checked when parsed, names, folders
+# and every task file in _preflight, the checkpoint and the inputs' identity in _open_run, all before the first
+# forward. eval.json is written last, atomically, with its written_by header (common.write_json):
 # it replaces only a file eval.py wrote for this same request (checkpoint, r, step), or any file with --overwrite.
-
-def _text(text):
-    """--sample: undecodable bytes on the command line arrive as lone surrogates, which no tokenizer can encode."""
-    if text != text.encode("utf-8", "replace").decode("utf-8"):
-        raise argparse.ArgumentTypeError("the prompt is not valid UTF-8 text")
-    return text
-
 
 def _parser():
     """eval.py's flags; every value checked when parsed (exit 2, one line)."""
@@ -702,7 +695,7 @@ def _parser():
     add("--device-batch", type=count(1), default=8, help="val rows per forward")
     add("--batch-tokens", type=count(0), default=8192, help="scorer positions per forward (memory ~4*V*this B; 0 = "
         "one example at a time)")
-    add("--sample", type=_text, help="print a KV-cached continuation of this prompt and exit")
+    add("--sample", help="print a KV-cached continuation of this prompt and exit")
     add("--max-new-tokens", type=count(1), default=64, help="at most 10 x seq_len + 1 - prompt tokens (the RoPE "
         "table); checked before decoding")
     add("--temperature", type=number(float, "[0, inf)"), default=0.8, help="0 = greedy")
@@ -725,6 +718,9 @@ def _preflight(a):
     for flag, path in (("--task-dir", a.task_dir), ("--data", a.data)):
         if path is not None and not os.path.isdir(path):
             raise ValueError(f"{flag} {path}: no such folder")
+    # undecodable bytes on the command line arrive as lone surrogates, which no tokenizer can encode
+    if a.sample is not None and a.sample != a.sample.encode("utf-8", "replace").decode("utf-8"):
+        raise ValueError("--sample: the prompt is not valid UTF-8 text")
     if a.sample is not None and a.out is not None:
         raise ValueError("--sample prints a continuation and writes nothing: drop --out")
     if a.n_loops_sweep is not None:          # "1,,2" or "1,2," is a typo (0 marks a non-integer), not 1,2
