@@ -186,15 +186,16 @@ def checkpoint_kind(path, step):
 RELEASE_INJECTION = {"inject_init_prelude": "linear", "additive": "additive", "passthrough": "passthrough",
                      "hyperconnect": "hyper"}
 RELEASE_EVAL_TOKENS = 34_560 * 2048       # the release's fixed validation set, 70.8M tokens (data.md §4)
-# The meta's model_config fields: (type, range), the ranges those of the ModelConfig field each maps to (train.py's
-# LIMITS); sizes are bounded by check_memory. The first ten are needed (shape or function); the last four have the
-# release GPTConfig's defaults (RELEASE_DEFAULTS): bptt_k only affects training, size is only a label (d is
-# n_embd), num_lanes only shapes the hyperconnection tensors (checked), logit_softcap is Table 4's 15.
-RELEASE_FIELDS = {"sequence_len": (int, "[1, inf)"), "vocab_size": (int, "[2, inf)"), "n_head": (int, "[1, inf)"),
-                  "n_kv_head": (int, "[1, inf)"), "n_embd": (int, "[1, inf)"), "n_prelude": (int, "[0, inf)"),
-                  "n_recur_block": (int, "[1, inf)"), "n_coda": (int, "[0, inf)"), "num_recur": (int, "[1, 16]"),
+# The meta's model_config fields: (type, range), the ranges those of the flag each maps to (train.py's LIMITS:
+# sequence_len -> --seq-len, n_prelude -> --n-layers-prelude, ...); sizes are bounded by check_memory too. The first
+# ten are needed (shape or function); the last four have the release GPTConfig's defaults (RELEASE_DEFAULTS):
+# bptt_k only affects training, size is only a label (d is n_embd), num_lanes only shapes the hyperconnection
+# tensors (checked), logit_softcap is Table 4's 15.
+RELEASE_FIELDS = {"sequence_len": (int, "[1, 1e9]"), "vocab_size": (int, "[2, 1e9]"), "n_head": (int, "[1, 1e9]"),
+                  "n_kv_head": (int, "[1, 1e9]"), "n_embd": (int, "[1, 1e9]"), "n_prelude": (int, "[0, 1e9]"),
+                  "n_recur_block": (int, "[1, 1e9]"), "n_coda": (int, "[0, 1e9]"), "num_recur": (int, "[1, 16]"),
                   "input_injection": (str, None), "size": (int, None), "bptt_k": (int, None),
-                  "num_lanes": (int, "[2, inf)"), "logit_softcap": ((int, float), "(0, 10000]")}
+                  "num_lanes": (int, "[2, 1e9]"), "logit_softcap": ((int, float), "(0, 10000]")}
 RELEASE_DEFAULTS = dict(size=None, bptt_k=None, num_lanes=2, logit_softcap=15.0)
 RELEASE_META = {"step": (int, "[0, inf)"), "val_loss": ((int, float), "[0, inf)"), "model_config": (dict, None),
                 "user_config": (dict, None)}              # the meta's own keys, for common.read_json

@@ -410,7 +410,8 @@ RELEASE_MC = dict(sequence_len=64, vocab_size=384, size=4, n_head=2, n_kv_head=2
 
 @pytest.mark.parametrize("field,value,culprit", [
     ("sequence_len", 10 ** 8, "GiB for its weights and RoPE tables"),      # RoPE: 10 T x D/2 entries
-    ("vocab_size", 10 ** 10, "vocab_size must be an integer in [1, 1e+09]"),   # past flops' count limit
+    ("vocab_size", 10 ** 10, "key 'model_config.vocab_size' must be in [2, 1e9]"),   # --vocab-size's limit
+    ("n_embd", 10 ** 12, "key 'model_config.n_embd' must be in [1, 1e9]"),
     ("sequence_len", 1e8, "key 'model_config.sequence_len' must be int, got float"),
     ("logit_softcap", float("nan"), "key 'model_config.logit_softcap' must be a finite number"),
     ("num_recur", "2", "key 'model_config.num_recur' must be int, got str"),
