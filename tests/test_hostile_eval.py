@@ -501,7 +501,7 @@ def test_loop_sweep_refused_through_the_model(run_dir, tok, capsys, tmp_path):
     """runs/mini.sh relies on this exit 2 instead of a list of case names: hyperconnections exist for exactly r."""
     run = _run_variant(tmp_path / "hc", run_dir["data"], tok, injection="hyper")
     msg = refused([run, "--n-loops-sweep", "1,2", "--tasks", "none"], capsys, 2, "--n-loops-sweep", "r'=1",
-                  "hyperconnections", roots=[str(tmp_path)])
+                  "injection 'hyper'", roots=[str(tmp_path)])
     assert not os.path.exists(os.path.join(run, "eval.json")), msg
     assert cli([run, "--n-loops-sweep", "2", "--tasks", "none", "--val-tokens", "64"], capsys)[0] == 0   # r' = r
 
