@@ -401,6 +401,11 @@ def score_examples(model, examples, *, batch_tokens=8192, n_loops=None, pad_id=0
     # empty spans are never forwarded
     scored = [i for i, e in enumerate(examples) if e.start < len(e.tokens)]
     order = sorted(scored, key=lambda i: -len(examples[i].tokens))
+    # --no-crop leaves long prompts whole: past the RoPE table (10 x seq_len positions) the model cannot score them
+    n_pos, longest = model.rope_cos.size(0), len(examples[order[0]].tokens) - 1 if order else 0
+    if longest > n_pos:
+        raise ValueError(f"an uncropped prompt needs {longest} positions, RoPE covers {n_pos} (10 x seq_len); "
+                         "drop --no-crop")
     nats, ntok, exact = [0.0] * len(examples), [0] * len(examples), [False] * len(examples)
     i = 0
     while i < len(order):
