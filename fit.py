@@ -17,26 +17,22 @@ Run:
     python fit.py --cases out/mini                           # case table + figures of out/mini/case_*/ in report.md
     python fit.py --csv c.csv --law chinchilla --out out/c   # plain Eq. 2 fits on n_params,tokens,val_loss[,group]
     python fit.py --synthetic synth.csv --phi 0.46 --noise 0.01 --seed 0   # the 116-run grid drawn from Eq. 3
-    add --overwrite to replace files fit.py did not write for this same request (a request may rewrite its own)
+    add --overwrite to write into a folder that holds anything but this same request's fit (a rerun needs none)
 Test: python -m pytest -q tests/test_fit.py tests/test_hostile_fit.py
 Read in this order: objective -> _screen -> fit_law -> bootstrap_phi -> optimal_width -> run_protocol -> assess
 -> main.
 Not here: parameter / FLOP / token accounting (flops.py), training (train.py).
 
-What it promises (issues 12, 18): bad input (a value out of range, a malformed CSV or done.json, an n_loops flops.py
-cannot count, an --out that is a file) is one error line naming file, line and key, before any fit; done.json and
-CSV rows are checked against one table, LIMITS. A fit the data cannot support is flagged -- on_bound, low_r2,
-single_budget, few_runs, few_resamples, unfinished_runs, ... -- on the phi line, at the top of report.md and in
-fit.json["flags"]; where no fit is meaningful (equal losses, one r for the joint law) it is refused. fit.json records
-which runs it fitted (run folders, per-run keys and their digest), so --cases can refuse a delta-phi taken against
-another runs folder. Outputs go through common.py's atomic writer and ownership ledger: a file fit.py did not write
-for this same request is replaced only with --overwrite; --out is written as one set (every temporary first,
-fit.json renamed in last).
+What it promises (README "Guarantees"): bad input (a value out of LIMITS, a malformed CSV or done.json, an n_loops
+flops.py cannot count, runs on different data) is one error line naming file and key, before any fit. A fit the data
+cannot support is flagged (on_bound, low_r2, single_budget, few_runs, ...) on the phi line, at the top of report.md and
+in fit.json["flags"]; where no fit is meaningful (equal losses, one r for the joint law) it is refused. fit.json
+records the runs it fitted, so --cases refuses a delta-phi taken against other runs. --out is fit.py's own folder
+(common.claim: new, this same request's, or --overwrite; one writer at a time), written as one set.
 
-Speed (paper protocol = 9 point fits x 500 restarts + 200 bootstrap refits; naively ~20 min of serial scipy): all
-500 starts of a fit run at once in a vectorised projected BFGS (the "screen"), then scipy L-BFGS-B polishes the best
-few screened optima at tight tolerances; bootstrap refits are warm-started from the full-data optimum plus a few
-random starts. Engine "scipy" (one L-BFGS-B per start, serially) is the unbatched reference the tests compare with.
+Speed: all 500 starts of a fit run at once in a vectorised projected BFGS (the "screen"), then scipy L-BFGS-B polishes
+the best few screened optima at tight tolerances; bootstrap refits are warm-started from the full-data optimum plus a
+few random starts. Engine "scipy" (one L-BFGS-B per start, serially) is the unbatched reference the tests compare with.
 """
 import os
 
@@ -90,7 +86,8 @@ CHIN_REQUIRED = ("n_params", "tokens", "val_loss")                              
 LIMITS = {"flops_budget": ("(0, 1e30]", "FLOPs"), "n_loops": ("[1, 16]", "recurrences r"),
           **dict.fromkeys(("n_once", "n_rec", "n_params"), ("[1, 1e15]", "parameters: a count, not millions")),
           "tokens": ("[1, 1e16]", "training tokens: a count, not billions"), "val_loss": ("(0, 100]", "nats"),
-          **dict.fromkeys(("d_model", "scale", "aspect_ratio"), ("[1, 1e9]", "width"))}
+          **dict.fromkeys(("d_model", "scale", "aspect_ratio"), ("[1, 1e9]", "width")),
+          "flops": ("(0, 1e30]", "executed FLOPs")}
 LIMITS["n_once"] = ("[0, 1e15]", LIMITS["n_once"][1])        # N_once may be 0 (r = 1, or fully looped models)
 INTEGERS = ("n_loops", "d_model", "scale", "aspect_ratio")
 DONE_SCHEMA = {**{k: (int if k in INTEGERS else (int, float), iv) for k, (iv, _) in LIMITS.items()},
@@ -103,11 +100,10 @@ MIN_CI_RESAMPLES = 100            # a 95% interval from fewer resamples rests on
 # A run folder holding one of these but no done.json never finished: train.py's checkpoint and log, and the
 # train.log a sweep (runs/launch.bash) leaves when a cell fails at start-up
 UNFINISHED = ("ckpt.pt", "log.jsonl", "train.log")
-# Every file fit.py writes into --out; only these are ever replaced or removed there (a new figure is added here),
-# and the files --cases writes into its folder
+# Every file a fit writes into --out (a new figure is added here): a refit removes those of them the previous fit.json
+# lists and this fit does not write, nothing else
 OUTPUTS = ("fit.json", "report.md", "iso_flops.png", "pred_vs_actual.png", "frontier.png", "phi.png",
            "loop_sweep.png")
-CASES_OUTPUTS = ("report.md", "cases.png", "cases_loops.png")
 
 # Synthetic truth (fitting.md §7-8): alpha, beta, E and phi are the paper's joint fit (Table 2); A and B are not
 # printed there, so they are chosen (derived) to put the grid's losses at 2.29-2.98 nats like Fig. 2, with the r=1
@@ -146,20 +142,32 @@ def _configs(rec):
     return model, cfg["train_config"] if isinstance(cfg.get("train_config"), dict) else cfg
 
 
-def _walk_error(err):
-    """os.walk skips unreadable folders silently by default; a run hidden that way would vanish from the fit."""
-    raise ValueError(f"{err.filename}: cannot read ({err.strerror})")
+def _folders(runs_dir):
+    """[(folder, names in it)] of runs_dir's tree, sorted (the same run order on every filesystem). A linked folder
+    is followed (a study may link runs in from elsewhere), a link loop and an unreadable folder are refused by name:
+    os.walk would skip the latter silently, and a run hidden that way would vanish from the fit."""
+    def refuse(err):
+        raise ValueError(f"{err.filename}: cannot read ({err.strerror})")
+    out, seen = [], set()
+    for root, dirs, files in os.walk(runs_dir, onerror=refuse, followlinks=True):
+        real = os.path.realpath(root)
+        if real in seen:                             # followed links: a loop would be walked forever
+            raise ValueError(f"{root} leads to {real}, which is read already (a link loop or a duplicate); remove "
+                             "the link")
+        seen.add(real)
+        out.append((root, set(dirs) | set(files)))
+    return sorted(out, key=lambda x: x[0])
 
 
 def _read_sweep(path):
     """The test-time loop sweep eval.py --n-loops-sweep wrote beside a run ([{n_loops, val_loss}, ...]), or None
-    when there is no eval.json or it holds no sweep. A sweep that is there is checked: a torn or hand-edited one is
-    an error naming the file, not a curve that silently vanishes from the report."""
-    curve = common.read_json(path).get("n_loops_sweep") if os.path.isfile(path) else None
+    when there is no eval.json or it holds no sweep. One that is there is checked (eval.py's r' limits, LIMITS'
+    val_loss): a torn or hand-edited sweep names its file rather than vanish from the report."""
+    curve = common.read_json(path).get("n_loops_sweep") if os.path.lexists(path) else None
     if curve and not (isinstance(curve, list) and all(
-            isinstance(p, dict) and type(p.get("n_loops")) is int and p["n_loops"] >= 1 and "val_loss" in p
+            isinstance(p, dict) and type(p.get("n_loops")) is int and 1 <= p["n_loops"] <= 1024 and "val_loss" in p
             and common.check_number(p["val_loss"], LIMITS["val_loss"][0]) is None for p in curve)):
-        raise ValueError(f"{path}: n_loops_sweep must be a list of {{n_loops >= 1, val_loss in "
+        raise ValueError(f"{path}: n_loops_sweep must be a list of {{n_loops in [1, 1024], val_loss in "
                          f"{LIMITS['val_loss'][0]}}} entries, as eval.py --n-loops-sweep writes it")
     return curve or None
 
@@ -168,16 +176,15 @@ def load_records(runs_dir):
     """Every done.json under runs_dir (recursively), as dicts with "source" (the file, named in every error about
     the run), "run_dir" (its folder relative to runs_dir), "arch" (its flops.py accounting arguments beyond d_model
     and n_loops), "aspect_ratio" and "n_loops_sweep". Each record is checked as it is read: DONE_SCHEMA (the types
-    and LIMITS), its config's accounting, and its n_loops, flops_budget and case against its own config (a
-    hand-edited field is one line naming the file and key). ValueError if none is found."""
+    and LIMITS), its config's accounting, its n_loops, d_model, flops_budget and case against its own config, and
+    its data and tokenizer against every other record's. ValueError if none is found."""
     if not os.path.isdir(runs_dir):
         raise ValueError(f"runs directory {runs_dir!r} " + ("is not a folder" if os.path.exists(runs_dir) else
                                                             "does not exist"))
     recs = []
-    # sorted walk: the records (and so a fit's runs) come in the same order on every filesystem
-    for root in sorted(r for r, _, files in os.walk(runs_dir, onerror=_walk_error) if "done.json" in files):
+    for root in [root for root, names in _folders(runs_dir) if "done.json" in names]:
         path = os.path.join(root, "done.json")
-        rec = common.read_json(path, DONE_SCHEMA)
+        rec = common.read_json(path, DONE_SCHEMA)            # a FIFO or a folder named done.json: refused by name
         mcfg, tcfg = _configs(rec)
         try:
             # the architecture the run trained (mini study: small d, vocab ~1k, seq_len 128) -- used for the N check
@@ -185,9 +192,10 @@ def load_records(runs_dir):
             acc = flops.accounting_args(mcfg)
         except ValueError as err:
             raise ValueError(f"{path}: config {err}") from None
+        rec.setdefault("d_model", acc.get("d_model"))       # the width N_once + N_rec is checked at (_check_accounting)
         # the top-level fields the fit reads must agree with the config the run trained: an edited budget or r would
         # otherwise be fitted silently at the wrong place (issue 18 §3)
-        for key, cfg in (("n_loops", mcfg), ("flops_budget", tcfg), ("case", tcfg)):
+        for key, cfg in (("n_loops", mcfg), ("d_model", acc), ("flops_budget", tcfg), ("case", tcfg)):
             mine, theirs = rec.get(key), cfg.get(key, rec.get(key))
             if key == "case":                                   # no case key in the record = the main grid ("")
                 mine, theirs = mine or "", theirs or ""
@@ -202,14 +210,23 @@ def load_records(runs_dir):
         left = unfinished_runs(runs_dir)
         raise ValueError(f"no done.json found under {runs_dir!r}" + (f" ({len(left)} unfinished run folders: "
                          f"{', '.join(left[:3])}{', ...' if len(left) > 3 else ''})" if left else ""))
+    # one study, one data set: runs trained on other data or another tokenizer follow another law, and a fit (or a
+    # delta-phi) across them would be silently wrong. A record that predates a field matches any value of it.
+    data = lambda rec: {"data": (rec.get("identity") or {}).get("data"), "tokenizer": rec.get("tokenizer_hash")}
+    known = lambda rec: {k: v for k, v in data(rec).items() if v is not None}
+    for rec in recs[1:]:
+        diff = common.identity_diff(known(recs[0]), known(rec), {**known(rec), **known(recs[0])})
+        if diff:
+            raise ValueError(f"{rec['source']} and {recs[0]['source']} were trained on different data ({diff[0]}); "
+                             "fit one study per runs folder")
     return recs
 
 
 def unfinished_runs(runs_dir):
     """Run folders under runs_dir that hold a checkpoint or a log (UNFINISHED) but no done.json: killed, failed at
     start-up or still training. fit.py reads only done.json, so these are absent from the fit unless named."""
-    return [os.path.relpath(root, runs_dir) for root, _, files in sorted(os.walk(runs_dir, onerror=_walk_error))
-            if "done.json" not in files and any(f in files for f in UNFINISHED)]
+    return [os.path.relpath(root, runs_dir) for root, names in _folders(runs_dir)
+            if "done.json" not in names and names & set(UNFINISHED)]
 
 
 def load_csv(path):
@@ -1077,18 +1094,11 @@ def synthetic_runs(phi=0.46, noise=0.01, seed=0, truth=None):
 
 
 def write_synthetic(path, phi, noise, seed, overwrite=False):
-    """python fit.py --synthetic OUT.csv: write the grid as a CSV that --csv reads back. An existing file is replaced
-    only if this same request wrote it (common's ledger), or with overwrite."""
-    key = common.request_key("fit", {"synthetic": os.path.abspath(path), "phi": phi, "noise": noise, "seed": seed})
-    common.check_dir_writable(os.path.dirname(os.path.abspath(path)), "--synthetic")
-    common.check_owned([path], key, overwrite, "--synthetic")
+    """python fit.py --synthetic OUT.csv: write the grid as a CSV that --csv reads back."""
     rows, buf = synthetic_rows(phi, noise, seed), io.StringIO(newline="")
     csv.writer(buf).writerows([SYNTH_COLUMNS] + [[repr(row[k]) if isinstance(row[k], float) else row[k]
                                                    for k in SYNTH_COLUMNS] for row in rows])
-    try:
-        common.write_owned(path, buf.getvalue(), key)
-    except OSError as err:
-        raise ValueError(f"--synthetic {path!r}: cannot write ({common.write_failure(err, path)})") from None
+    write_new(path, buf.getvalue().encode(), overwrite, "--synthetic")
     return rows
 
 
@@ -1397,32 +1407,36 @@ def _top_gap(res, r=8):
 
 def _same_runs(base, base_path, res, path):
     """A case's delta-phi is taken against the baseline refitted inside that case's fit; the table shows it next to
-    the baseline study's own phi, so the two must rest on the same runs: every run of the case's baseline refit must
-    be a run of OUT/fit.json (runs_record keys). Else one line naming both files (issue 18 §1)."""
+    the baseline study's own phi, so the two must rest on the same runs: every run (folder) of the case's baseline
+    refit must be in OUT/fit.json with the same key (runs_record), compared by common.identity_diff."""
     want, have = (res.get("case") or {}).get("baseline_runs"), base.get("runs")
     # a fit.json from before issue 18 has no runs record: nothing can be matched, so nothing is claimed
     for p, rec in ((path, want), (base_path, have)):
-        if not (isinstance(rec, dict) and isinstance(rec.get("keys"), list)):
-            raise ValueError(f"{p}: records no runs digest (an older fit.py wrote it), so its runs cannot be matched "
-                             f"with the others; refit it")
-    if not set(want["keys"]) <= set(have["keys"]):
-        raise ValueError(f"{path}: its baseline was refitted on other runs ({want['n']} runs, digest {want['digest']}) "
-                         f"than {base_path} ({have['n']} runs, digest {have['digest']}); fit both from the same "
-                         f"runs folder, then rerun --cases")
+        if not (isinstance(rec, dict) and all(isinstance(rec.get(k), list) for k in ("keys", "dirs"))):
+            raise ValueError(f"{p}: records no runs (an older fit.py wrote it), so its runs cannot be matched with "
+                             "the others; refit it")
+    mine, theirs = dict(zip(want["dirs"], want["keys"])), dict(zip(have["dirs"], have["keys"]))
+    diff = common.identity_diff(mine, {d: theirs.get(d) for d in mine})
+    if diff:
+        raise ValueError(f"{path}: its baseline was refitted on other runs than {base_path} ({len(diff)} differ, "
+                         f"e.g. {diff[0]}); fit both from the same runs folder, then rerun --cases")
 
 
 def case_summary(out_dir):
     """Collect OUT/fit.json (the baseline study) and OUT/case_*/fit.json (runs/mini.sh --case NAME, or fit.py --case
     with --out OUT/case_NAME): rows of phi [CI], the refitted baseline's phi, delta-phi [paired CI], R^2, the r=8
     frontier gap at the top budget and the mean test-time extrapolation gain per case. A case fitted from other runs
-    than the baseline study is refused (_same_runs). Returns {"rows", "sweeps": {name: loop_sweep}, "fit_key"}."""
+    than the baseline study is refused (_same_runs). Returns {"rows", "sweeps": {name: loop_sweep}, "request": the
+    request of the fit that wrote OUT/fit.json, "unfitted": case folders without a fit.json}."""
     found = [("baseline", os.path.join(out_dir, "fit.json"))] + [
         (name[len("case_"):], os.path.join(out_dir, name, "fit.json"))
         for name in (sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []) if name.startswith("case_")]
-    rows, sweeps, base = [], {}, None
-    # the baseline first: every case row is checked against it as it is read (_same_runs)
-    for name, path in [(n, p) for n, p in found if os.path.isfile(p)]:
+    rows, sweeps, base, request = [], {}, None, None
+    # the baseline first: every case row is checked against it as it is read (_same_runs). A fit.json that is
+    # there but no file (a FIFO, a dangling link) is named by read_json, never skipped
+    for name, path in [(n, p) for n, p in found if os.path.lexists(p)]:
         res = common.read_json(path)
+        request = res.get("request") if name == "baseline" else request
         if "joint" not in res:
             continue                                  # a chinchilla fit: no phi to compare
         j = res["joint"]
@@ -1446,22 +1460,14 @@ def case_summary(out_dir):
             sweeps[name] = res["loop_sweep"]
     if not rows:
         raise ValueError(f"no fit.json with a joint fit in {out_dir!r} or its case_*/ folders")
-    return {"rows": rows, "sweeps": sweeps, "fit_key": (base or {}).get("request_key")}
+    return {"rows": rows, "sweeps": sweeps, "request": request,
+            "unfitted": [os.path.dirname(p) for n, p in found[1:] if not os.path.lexists(p)]}
 
 
-def write_case_summary(summary, out_dir, overwrite=False):
+def write_case_summary(summary, out_dir):
     """Append (or regenerate) the case-study section of OUT/report.md and write cases.png (and cases_loops.png), as
-    one set. Ownership (common's ledger): report.md may be rewritten where the fit that wrote OUT/fit.json wrote it
-    or an earlier --cases on OUT did, and stays that fit's (the section goes below its report, and the fit may
-    rewrite it); the figures where an earlier --cases on OUT wrote them; anything else only with overwrite.
-    Checked before any drawing."""
-    # --cases on one folder is one request, whatever the case fits inside it; the report may also belong to the
-    # baseline fit that wrote OUT/fit.json (its request_key), below whose report the section goes
-    key = common.request_key("fit", {"cases": os.path.abspath(out_dir)})
+    one set (main claims OUT first). Returns the paths written, report.md first."""
     report = os.path.join(out_dir, "report.md")
-    owner, rkey = common.owner_of(report), summary["fit_key"] or key
-    common.check_owned([report], owner if owner in (rkey, key) else key, overwrite, "--cases")
-    common.check_owned([os.path.join(out_dir, n) for n in CASES_OUTPUTS[1:]], key, overwrite, "--cases")
     f = lambda x, fmt: "-" if x is None else format(x, fmt)
     ci = lambda row, k, fmt: "" if row[f"{k}_lo"] is None else f" [{row[f'{k}_lo']:{fmt}}, {row[f'{k}_hi']:{fmt}}]"
     L = [CASES_MARK, "", "## Case studies (§5, Table 3; runs/mini.sh --case NAME)", "",
@@ -1484,7 +1490,7 @@ def write_case_summary(summary, out_dir, overwrite=False):
         with open(report, encoding="utf-8", errors="replace") as fh:
             head = fh.read().split(CASES_MARK)[0].rstrip("\n") + "\n\n"
     files["report.md"] = (head + "\n".join(L) + "\n").encode()
-    write_set(out_dir, files, {n: rkey if n == "report.md" else key for n in files})
+    write_set(out_dir, files)
     return [os.path.join(out_dir, n) for n in sorted(files, key=lambda n: n != "report.md")]
 
 
@@ -1572,37 +1578,71 @@ def runs_record(runs):
             "keys": keys}
 
 
-def write_set(folder, files, keys, remove=()):
-    """Write {name: bytes} into folder as one set through common.write_owned (atomic writes, recorded in the
-    ownership ledger under keys[name]). The writes are nested, so every temporary is written and fsync'd before
-    the first rename: a full disk or an error changes nothing. Then the names in remove go (the old fit.json, an
-    earlier fit's outputs this one does not write) and the files are renamed in, the first name of files last
-    (fit.json: a folder with a fit.json holds that fit's complete set)."""
-    # renaming: set once the last temporary is written -- from then on an error leaves a partial set, and says so
-    names, renaming = list(files), []
+@contextlib.contextmanager
+def claimed(folder, tool, request, overwrite=False, flag="--out"):
+    """common.claim(folder) for the body of the with: fit.py's (or design.py's) own folder, one writer at a time. A
+    refusal raised inside the body gives the folder back as it was (its marker's old text, no folder we made): a
+    refused command changes nothing."""
+    mark = os.path.join(folder, f".nanoloop-{tool}")
+    made = not os.path.lexists(folder)
+    old = None
+    if os.path.isfile(mark) and not os.path.islink(mark):        # never open a FIFO here (it would block)
+        with open(mark, "rb") as fh:
+            old = fh.read(200)
+    common.claim(folder, tool, request, overwrite, flag)
     try:
-        os.makedirs(folder, exist_ok=True)
-        for tmp in common.stale_temps(folder):           # what a fit.py killed mid-write left: ours, never renamed
-            if any(os.path.basename(tmp).startswith(f".{n}.") for n in OUTPUTS + CASES_OUTPUTS):
-                os.unlink(tmp)
+        yield
+    except BaseException:
+        fd = common.HELD.get(os.path.abspath(folder))
+        with contextlib.suppress(OSError):
+            if old is None:
+                os.remove(mark)
+            elif fd is not None:                                   # rewritten through the fd we hold the lock on
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, old, 0)
+        common.release(folder)
+        if made:
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+        raise
+    common.release(folder)                     # written: the next command (in this process too) claims it anew
 
-        def nest(i):
-            if i == len(names):                          # every temporary is on disk: clear the way, rename out
-                renaming.append(True)
-                for name in remove:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(os.path.join(folder, name))
-                return
 
-            def fill(tmp):             # common.atomic_write hands us its fresh temporary; the next file nests inside
-                with open(tmp, "wb") as fh:
-                    fh.write(files[names[i]])
-                nest(i + 1)
-            common.write_owned(os.path.join(folder, names[i]), fill, keys[names[i]])
+def write_set(folder, files, remove=()):
+    """Write {name: bytes} into folder as one set of common.atomic_write calls, nested, so every temporary is written
+    and fsync'd before the first rename: a full disk or an error changes nothing. Then the names in remove go (the
+    old fit.json, outputs of an earlier fit this one does not write) and the files are renamed in, the first name of
+    files last (fit.json: a folder with a fit.json holds that fit's complete set)."""
+    names, renaming = list(files), []          # renaming: from then on an error leaves a partial set, and says so
+
+    def nest(i, tmp=None):
+        if tmp is not None:                    # common.atomic_write hands us its fresh temporary; fill it, go deeper
+            with open(tmp, "wb") as fh:
+                fh.write(files[names[i - 1]])
+        if i < len(names):
+            return common.atomic_write(os.path.join(folder, names[i]), lambda t: nest(i + 1, t))
+        renaming.append(True)                  # every temporary is on disk: clear the way, rename out
+        for name in remove:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(folder, name))
+    try:
         nest(0)
     except OSError as err:
-        raise ValueError(f"{folder!r}: cannot write ({common.write_failure(err, folder)}); "
+        raise ValueError(f"{folder}: cannot write ({err.strerror or err}); "
                          + ("the set is incomplete: rerun" if renaming else "nothing was changed")) from None
+
+
+def write_new(path, data, overwrite=False, flag="--out"):
+    """Write one output file (a CSV, a run list) atomically: a new path, one already holding exactly these bytes (the
+    same request again: nothing to lose), or overwrite. Of two writers of a new path exactly one succeeds."""
+    same = os.path.isfile(path) and os.path.getsize(path) == len(data) and open(path, "rb").read() == data
+    common.check_new(path, overwrite or same, flag)       # a link, folder or FIFO in the way: refused even so
+    try:
+        common.atomic_write(path, data, replace=os.path.lexists(path))
+    except FileExistsError:
+        raise ValueError(f"{flag} {path} was just created by another process; pick another path") from None
+    except OSError as err:
+        raise ValueError(f"{flag} {path}: cannot write ({err.strerror})") from None
 
 
 def _loops(text):
@@ -1619,8 +1659,8 @@ def parse_args(argv=None):
     p.add_argument("--case", help="fit the runs with this case label (§5) and report delta-phi vs the baseline")
     p.add_argument("--loops", type=_loops, help="keep only these n_loops, e.g. 1,4,8 (Table 3's refit without r=2)")
     p.add_argument("--out", help="output folder for fit.json, report.md and the figures")
-    p.add_argument("--overwrite", action="store_true", help="replace files fit.py did not write for this same "
-                   "request (in --out, --cases DIR or the --synthetic file)")
+    p.add_argument("--overwrite", action="store_true", help="write into an --out / --cases folder that is not "
+                   "this same request's, or replace a --synthetic file")
     for flag, kind, interval, default, what in (
             ("seed", int, "[0, 9.2e18]", 0, "seed of the restarts and the bootstrap"),
             ("restarts", int, "[1, 100000]", RESTARTS, "uniform starts per fit (App. F: 500)"),
@@ -1660,16 +1700,13 @@ def fit_outputs(args):
     # what this invocation asks for: the same request may rewrite its own outputs without --overwrite
     request = {"input": os.path.abspath(args.csv or args.runs_dir), "csv": bool(args.csv), "law": args.law,
                **{k: getattr(args, k) for k in ("case", "loops", "seed", "restarts", "bootstrap", "boot_restarts")}}
-    key = common.request_key("fit", request)
-    # ownership first (rule 2): every output name in --out must be ours for this request, or --overwrite given --
-    # checked for all of OUTPUTS, so the stale ones removed at the end are covered too
-    common.check_dir_writable(args.out, "--out")
-    common.check_owned([os.path.join(args.out, n) for n in OUTPUTS], key, args.overwrite, "--out")
     try:
         import matplotlib  # noqa: F401  (the figures need it: fail now, not after the fit)
     except ImportError:
         raise ValueError("matplotlib is not installed (pip install -r requirements.txt)") from None
-    with warnings.catch_warnings(record=True) as caught:
+    with claimed(args.out, "fit", request, args.overwrite), warnings.catch_warnings(record=True) as caught:
+        for name in OUTPUTS:                             # a link, folder or FIFO at an output's name: never written
+            common.check_new(os.path.join(args.out, name), True)
         warnings.simplefilter("always", UserWarning)     # the fitter's own warnings become flags (below)
         rows = load_csv(args.csv) if args.csv else load_records(args.runs_dir)
         unfinished = [] if args.csv else unfinished_runs(args.runs_dir)
@@ -1682,23 +1719,32 @@ def fit_outputs(args):
                            seed=args.seed, boot_restarts=args.boot_restarts)
         else:
             res = run_protocol(sel, args.restarts, args.bootstrap, args.seed, args.boot_restarts)
-    # flags that only the CLI can see: run folders without a record, and the fitter's own warnings
-    if unfinished:
-        _add_flag(res["flags"], "unfinished_runs", f"{len(unfinished)} under {args.runs_dir} "
-                  f"({', '.join(unfinished[:5])}{', ...' if len(unfinished) > 5 else ''})")
-    _fit_warning_flags(res["flags"], [w for w in caught if issubclass(w.category, UserWarning)])
-    res.update(input=args.csv or args.runs_dir, request=request, request_key=key, runs=runs_record(sel))
-    try:
-        files = make_figures(res, sel)
-    except Exception as err:         # a plotting bug must not cost the fit a traceback or a half-written folder
-        raise ValueError(f"drawing the figures failed ({type(err).__name__}: {err}); nothing was written") from None
-    files["report.md"] = report_text(res).encode()
-    # fit.json lists the set it belongs to, so a reader can tell a complete folder from a partial one
-    res["outputs"] = sorted(files) + ["fit.json"]
-    files = {"fit.json": json.dumps(_jsonable(res), indent=1).encode(), **files}      # fit.json first: renamed last
-    stale = [n for n in OUTPUTS if n not in files and os.path.lexists(os.path.join(args.out, n))]
-    write_set(args.out, files, dict.fromkeys(files, key), remove=["fit.json"] + stale)
+        # flags that only the CLI can see: run folders without a record, and the fitter's own warnings
+        if unfinished:
+            _add_flag(res["flags"], "unfinished_runs", f"{len(unfinished)} under {args.runs_dir} "
+                      f"({', '.join(unfinished[:5])}{', ...' if len(unfinished) > 5 else ''})")
+        _fit_warning_flags(res["flags"], [w for w in caught if issubclass(w.category, UserWarning)])
+        res.update(input=args.csv or args.runs_dir, request=request, request_key=common.request_key("fit", request),
+                   runs=runs_record(sel))
+        try:
+            files = make_figures(res, sel)
+        except Exception as err:         # a plotting bug must not cost the fit a traceback or a half-written folder
+            raise ValueError(f"drawing the figures failed ({type(err).__name__}: {err}); nothing was written") from None
+        files["report.md"] = report_text(res).encode()
+        # fit.json lists the set it belongs to: a reader can tell a complete folder from a partial one, and the next
+        # fit here removes the outputs of this one it does not rewrite (only those: what it knows fit.py wrote)
+        res["outputs"] = sorted(files) + ["fit.json"]
+        files = {"fit.json": json.dumps(_jsonable(res), indent=1).encode(), **files}      # fit.json first: renamed last
+        write_set(args.out, files, remove=["fit.json"] + [n for n in _outputs(args.out) if n not in files])
     return res
+
+
+def _outputs(folder):
+    """The outputs the fit.json in folder says its fit wrote (OUTPUTS names only), or none."""
+    with contextlib.suppress(ValueError, TypeError):
+        listed = common.read_json(os.path.join(folder, "fit.json")).get("outputs")
+        return [n for n in OUTPUTS if n in listed]
+    return []
 
 
 def summary_lines(res, out):
@@ -1733,7 +1779,14 @@ def main(argv=None):
     try:
         if args.cases:
             summary = case_summary(args.cases)
-            paths = write_case_summary(summary, args.cases, args.overwrite)
+            # OUT is the baseline fit's folder: --cases claims it as that fit's own request (OUT/fit.json records
+            # it, OUT's marker names it), so the table needs no --overwrite and a copied study stays usable
+            with claimed(args.cases, "fit", summary["request"] or "cases", args.overwrite, "--cases"):
+                for name in ("report.md", "cases.png", "cases_loops.png"):
+                    common.check_new(os.path.join(args.cases, name), True, "--cases")
+                paths = write_case_summary(summary, args.cases)
+            for name in summary["unfitted"]:
+                print(f"{name}: no fit.json (not fitted yet), not in the table")
             for row in summary["rows"]:
                 print(f"{row['name']:>10}: phi {row['phi']:.3f}" + ("" if row["delta_phi"] is None else
                       f" | delta_phi {row['delta_phi']:+.3f} vs baseline phi {row['baseline_phi']:.3f} refitted in "

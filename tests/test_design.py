@@ -127,14 +127,14 @@ def test_sequential_mode_adds_k_runs_beside_the_finished_ones(tmp_path):
     (["plan"], "give one target"),
     (["plan", "--budget-flops", "1e18"], "cannot pay for 5 runs of every r"),
     (["plan", "--budget-flops", "1e20", "--target-halfwidth", "0.05"], "give one target"),
-    (["plan", "--budget-flops", "-1"], "must be in (0, inf)"),
+    (["plan", "--budget-flops", "-1"], "must be in (0, 1e30]"),
     (["plan", "--budget-flops", "1e20", "--bogus"], "unrecognized arguments: --bogus"),
     (["plan", "--budget-flops", "1e20", "--budgets", "3e17"], "need --scales"),
-    (["plan", "--budget-flops", "1e20", "--prior", "README.md"], "not valid JSON"),
+    (["plan", "--budget-flops", "1e20", "--prior", "README.md"], "not a JSON record"),
     (["plan", "--next", "4", "--runs", "no/such/dir"], "does not exist"),
     (["plan", "--target-halfwidth", "0.001"], "whole pool predicts"),
-    (["plan", "--budget-flops", "1e20", "--out", "tests"], "not a file"),
-    (["simulate", "--out", "README.md"], "is a file"),
+    (["plan", "--budget-flops", "1e20", "--out", "tests"], "is not a plain file"),
+    (["simulate", "--out", "README.md"], "cannot use this folder"),
 ])
 def test_bad_input_is_one_error_line(args, needle):
     rc, stdout, stderr = cli(*args)
