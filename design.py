@@ -50,11 +50,9 @@ Z95 = 1.959964         # two-sided 95% normal quantile: half-width = Z95 * sd
 MFU, PEAK = 0.4, 989e12    # flops.py grid's planning convention: 40% of an H100's dense bf16 peak
 MAX_POOL = 1000            # candidate runs a search weighs (simulate's wider pool: 576); the swaps grow as its square
 
-
 def refuse(message):
     """Raise the ValueError that the CLI prints as one error line (common.fail); usable inside an expression."""
     raise ValueError(message)
-
 
 def gpu_hours(total_flops, mfu=MFU, peak=PEAK):
     """flops.py's GPU-hour convention (python flops.py grid --mfu): executed FLOPs / (MFU x peak) / 3600."""
@@ -93,7 +91,6 @@ def make_pool(cells=None, loops=flops.LOOPS, arch=None, aspect=flops.ASPECT_RATI
     runs = fit.runs_from_rows(rows)
     return dict(runs, name=list(runs["source"]), cost=np.array([row["cost"] for row in rows]))
 
-
 def finished_runs(runs_dir):
     """The baseline runs (no case label) with a done.json under runs_dir, named by folder and costed by their
     record's executed FLOPs (train.py's "flops"; their budget C without one)."""
@@ -102,7 +99,6 @@ def finished_runs(runs_dir):
     runs, flop = fit.select_runs(fit.runs_from_rows(recs), None), {rec["source"]: rec.get("flops") for rec in recs}
     return dict(runs, name=[os.path.basename(os.path.dirname(src)) for src in runs["source"]],
                 cost=np.array([float(flop[src] or c) for src, c in zip(runs["source"], runs["flops_budget"])]))
-
 
 def load_prior(path):
     """(theta, rmse): the joint fit of a fit.py fit.json, or the paper's law when path is None. Its numbers pass the
@@ -119,7 +115,6 @@ def load_prior(path):
                "fit.py fit.json?)")
     return np.array(th, dtype=float), float(rmse)
 
-
 def read_list(path):
     """Run names of a list file (the first word of each line; blank lines and # comments skipped)."""
     if not os.path.isfile(path):            # a FIFO would block open() forever; a folder is no list
@@ -130,7 +125,6 @@ def read_list(path):
     except (OSError, UnicodeDecodeError) as err:
         raise ValueError(f"{path}: cannot read a run list ({err})") from None
     return names or refuse(f"{path}: lists no runs")
-
 
 def universe(groups):
     """The search's table of runs from groups [(runs, theta, sigma, kind)]; kind "cand" (may be chosen), "fixed"
@@ -163,7 +157,6 @@ def universe(groups):
                 variant=variant, cand=~fixed, cost=np.where(fixed, 0.0, runs["cost"]), kappa=float(np.median(m / b)),
                 lam=RIDGE * float(np.trace((b @ JJ).reshape(6, 6))), own=variant if variant.any() else ~variant)
 
-
 def variance(U, masks):
     """Predicted Var(phi_hat) of each selection (rows of masks, (k, n) bool), or Var(delta-phi_hat) when U holds a
     case's variant runs. Run i moves a fit's phi by g_i psi_i, g_i = (B^-1 e_phi)' J_i, so Var = sum_i m_i g_i^2
@@ -183,7 +176,6 @@ def variance(U, masks):
         w = np.linalg.solve(B, np.broadcast_to(np.eye(6)[5], (len(sel), 6))[..., None])[..., 0]   # (k, 6) B^-1 e_phi
         g, ridge = g + sign * (w @ U["J"].T) * sel, ridge + (w ** 2).sum(1)                       # g: (k, n)
     return (g ** 2 * U["m"]).sum(1) + U["lam"] * U["kappa"] * ridge
-
 
 def choose(U, budget=math.inf, k=None, target=None, min_per_r=5):
     """The selection mask (fixed runs included), grown one run at a time by the largest gain per FLOP among the runs
@@ -318,7 +310,6 @@ def measure(runs, kw, seed):
     except ValueError:                      # too few runs, or one r: no estimate, no CI (a failed replicate)
         return math.nan, -math.inf, math.inf
 
-
 def replicate(U, picks, truth, sigma, kw, name):
     """kw["reps"] noisy replicates of a design: picks(rng) -> masks (one, or a sequential design's rounds), each
     replicate with its own seed for the N(0, sigma^2) noise on the prior's losses, the random design and the fit.
@@ -351,7 +342,6 @@ def capped(U, order, budget):
     for i in order:
         S[i] = U["cost"][S].sum() + U["cost"][i] <= budget or S[i]
     return S
-
 
 def simulate(a):
     """Equal-cost comparisons per share of the grid's FLOPs (designed from a wider pool and from the grid, random
@@ -403,7 +393,6 @@ def simulate(a):
         res["sequential"] += rows
     return res
 
-
 def sim_outputs(res, request):
     """{file: bytes}: sim.json (everything), sim.md (one table per section), sim.png (median CI half-width vs
     GPU-hours, one line per design, the full grid as a star)."""
@@ -449,7 +438,6 @@ def _list(kind, interval):
         return vals
     return parse
 
-
 def _n(kind, interval):
     return common.number(kind, interval)
 
@@ -493,7 +481,6 @@ FLAGS = {"plan": [("--out", str, None, "write the run list here (runs/grid.sh --
     ("--case-fractions", _list(float, "(0, 1]"), [0.25, 0.5], ""),
     ("--next", _n(int, "[1, 104]"), 8, "sequential: runs per round"), ("--rounds", _n(int, "[1, 104]"), 5, ""),
     ("--seq-target", _n(float, "(0, 6]"), 0.06, "")]}
-
 
 def main(argv=None):
     ap = common.Parser(prog="design.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -110,7 +110,6 @@ OUTPUTS = ("fit.json", "report.md", "iso_flops.png", "pred_vs_actual.png", "fron
 # compute optimum inside the widths trained at each budget (s* = 7.2 at 4.64e17 ... 24.8 at 2.15e19).
 SYNTH_TRUTH = {"E": 1.57, "A": 25.0, "B": 1000.0, "alpha": 0.199, "beta": 0.369, "phi": 0.46}
 
-
 class FitWarning(UserWarning):
     """A fitter warning that is also a flag (assess, _fit_warning_flags): warnings show the message, and the CLI
     files it under flag = (name in FLAG_TEXT, the item naming the fit or run it concerns)."""
@@ -118,7 +117,6 @@ class FitWarning(UserWarning):
     def __init__(self, message, name, item):
         super().__init__(message)
         self.flag = (name, item)
-
 
 def _box(p):
     """(lo, hi) of the App. F box for a p-parameter law (p = 5: phi fixed or Chinchilla; p = 6: free phi)."""
@@ -132,7 +130,6 @@ def _is_baseline(case):
     """Records without a case label (or labelled "baseline") are the main grid."""
     return case in (None, "", "baseline")
 
-
 def _configs(rec):
     """(ModelConfig fields, TrainConfig fields) of a done.json record: config is nested as train.py writes it
     ({"model_config": {...}, "train_config": {...}}), or flat, or has some sub-dict holding n_layers_eff."""
@@ -140,7 +137,6 @@ def _configs(rec):
     model = next((c for c in (cfg.get("model_config"), cfg, *cfg.values()) if isinstance(c, dict)
                   and (c is cfg.get("model_config") or "n_layers_eff" in c)), {})
     return model, cfg["train_config"] if isinstance(cfg.get("train_config"), dict) else cfg
-
 
 def _folders(runs_dir):
     """[(folder, names in it)] of runs_dir's tree, sorted (the same run order on every filesystem). A linked folder
@@ -158,7 +154,6 @@ def _folders(runs_dir):
         out.append((root, set(dirs) | set(files)))
     return sorted(out, key=lambda x: x[0])
 
-
 def _read_sweep(path):
     """The test-time loop sweep eval.py --n-loops-sweep wrote beside a run ([{n_loops, val_loss}, ...]), or None
     when there is no eval.json or it holds no sweep. One that is there is checked (eval.py's r' limits, LIMITS'
@@ -170,7 +165,6 @@ def _read_sweep(path):
         raise ValueError(f"{path}: n_loops_sweep must be a list of {{n_loops in [1, 1024], val_loss in "
                          f"{LIMITS['val_loss'][0]}}} entries, as eval.py --n-loops-sweep writes it")
     return curve or None
-
 
 def load_records(runs_dir):
     """Every done.json under runs_dir (recursively), as dicts with "source" (the file, named in every error about
@@ -221,13 +215,11 @@ def load_records(runs_dir):
                              "fit one study per runs folder")
     return recs
 
-
 def unfinished_runs(runs_dir):
     """Run folders under runs_dir that hold a checkpoint or a log (UNFINISHED) but no done.json: killed, failed at
     start-up or still training. fit.py reads only done.json, so these are absent from the fit unless named."""
     return [os.path.relpath(root, runs_dir) for root, names in _folders(runs_dir)
             if "done.json" not in names and names & set(UNFINISHED)]
-
 
 def load_csv(path):
     """Rows of a CSV file as dicts (values still strings) with a "source" key naming file and line. ValueError if
@@ -262,7 +254,6 @@ def load_csv(path):
         raise ValueError(f"{path}: no data rows")
     return rows
 
-
 def _value(row, key, absent=None):
     """row[key] as a float, checked against LIMITS[key]: a number (not a blank, text or JSON true), finite, inside
     the range, whole where INTEGERS says so; else a ValueError naming the file (and line) and the key. An optional
@@ -279,7 +270,6 @@ def _value(row, key, absent=None):
         raise ValueError(f"{row['source']}: {key}={val!r:.40} {why or 'must be a whole number'}")
     return x
 
-
 def runs_from_rows(rows, law="joint"):
     """Validate run rows (done.json records or CSV rows) and return the runs dict the fitters use.
 
@@ -289,8 +279,6 @@ def runs_from_rows(rows, law="joint"):
     the joint keys (then N = n_once + n_rec and the group is the architecture r). Every number is checked against
     LIMITS: non-positive N, D or loss have no logarithm (Eq. 4), and objective relies on N, D >= 1.
     """
-    if not rows:
-        raise ValueError("no runs given")
     # rows built by hand (tests, notebooks) may lack the bookkeeping keys the loaders add
     rows = [dict(row, source=row.get("source", f"row {i}"), arch=row.get("arch") or {}) for i, row in enumerate(rows)]
     # --law chinchilla takes n_params,tokens,val_loss; it falls back to the joint columns only when n_params is absent
@@ -332,7 +320,6 @@ def runs_from_rows(rows, law="joint"):
         _check_accounting(rows, out)
     return out
 
-
 def _check_accounting(rows, runs):
     """Error on a run whose (n_loops, architecture) flops.py cannot count (n_loops = 3 does not divide the 16 looped
     layers; an unknown injection), or whose N_once + N_rec disagrees with flops.param_split at its width. The
@@ -356,7 +343,6 @@ def _check_accounting(rows, runs):
             raise ValueError(f"{row['source']}: n_once + n_rec = {got:.0f} but flops.param_split(d_model={d}, "
                              f"n_loops={r}, {kw}) gives {want} -- record and accounting disagree")
 
-
 def arch_map(runs):
     """({r: flops kwargs}, {r: aspect ratio}) of the selected runs. Every run of one r must share its architecture,
     else that r's frontier is ill-defined (a case-study variant and the baseline differ: select one with --case)."""
@@ -369,7 +355,6 @@ def arch_map(runs):
                              f"architecture per n_loops (label variants with a case and select one with --case)")
         aspect[r] = int(asp)
     return arch, aspect
-
 
 def subset(runs, mask):
     """The runs selected by a boolean mask, or reordered by an index array (arrays and per-run lists alike)."""
@@ -400,7 +385,6 @@ def make_problem(runs, phi=None):
         raise ValueError(why)
     return prob
 
-
 def _pack(runs, phi=None):
     """make_problem without its checks: predict() on any runs (a figure may show fewer runs than a fit needs)."""
     r_u, r_idx = np.unique(runs["n_loops"], return_inverse=True)       # the distinct r, and each run's index there
@@ -412,7 +396,6 @@ def _pack(runs, phi=None):
         # N_eff = N_once + r^phi N_rec is data once phi is fixed (Eq. 3)
         prob["ln_n"] = np.log(prob["n_once"] + np.exp(phi * prob["ln_r"]) * prob["n_rec"])
     return prob
-
 
 def objective(theta, prob, weights=None, grad=True):
     """Eq. 4: Obj(theta) = sum_i w_i Huber_delta(rho_i), rho_i = LSE(t1, t2, t3) - ln L_i, and dObj/dtheta.
@@ -464,7 +447,6 @@ def objective(theta, prob, weights=None, grad=True):
         cols.append(-th[:, 3] * (p1 * (amp * prob["ln_r"] * prob["n_rec"] / n_eff)).sum(1))
     g = np.stack(cols, axis=1)                                   # (K, p)
     return (f, g) if np.ndim(theta) == 2 else (f[0], g[0])
-
 
 def predict(theta, prob):
     """L_hat in nats for every run of prob, at one theta."""
@@ -558,7 +540,6 @@ def _screen(prob, x0, weights=None, maxiter=SCREEN_ITERS, gtol=1e-9, ftol=1e-13)
         done[am[stop]] = True
     return x, f * DELTA, done
 
-
 def _polish(prob, x, weights=None):
     """scipy L-BFGS-B from x on Obj/delta inside the box at tight tolerances (fitting.md §4.2). Returns (x, Obj)."""
     lo, hi = _box(prob["p"])
@@ -571,14 +552,12 @@ def _polish(prob, x, weights=None):
                    options=POLISH_OPTS)
     return res.x, float(objective(res.x, prob, weights, grad=False))
 
-
 def _starts(p, restarts, seed):
     """The App. F uniform starts in the box, from one seeded generator (identical across engines)."""
     lo, hi = _box(p)
     # a fresh generator per fit: every fit of a protocol (and both engines) sees the same starts for a given seed,
     # whatever ran before it
     return np.random.default_rng(seed).uniform(lo, hi, size=(restarts, p))
-
 
 def fit_law(prob, restarts=RESTARTS, seed=0, engine="batched"):
     """Best of `restarts` uniform starts on Eq. 4 (App. F). engine "batched": screen + polish; "scipy": one
@@ -602,13 +581,12 @@ def fit_law(prob, restarts=RESTARTS, seed=0, engine="batched"):
             first.setdefault(tuple(np.round(xs[i], 3)), i)
         polished = [_polish(prob, xs[i]) for i in list(first.values())[:N_POLISH]]
         best_x, best_f = min([(xs[order[0]], fs[order[0]])] + polished, key=lambda xf: xf[1])   # first of equals
-    elif engine == "scipy":
-        # engine A: the protocol as written, one L-BFGS-B per start, serially (the reference the test compares to)
+    else:
+        # engine A ("scipy"): the protocol as written, one L-BFGS-B per start, serially (the reference of the tests)
+        assert engine == "scipy", engine
         xs, fs = (np.array(v) for v in zip(*[_polish(prob, x) for x in x0]))
         conv = np.ones(restarts, dtype=bool)
         best_x, best_f = xs[np.argmin(fs)], float(fs.min())
-    else:
-        raise ValueError(f"engine must be 'batched' or 'scipy', got {engine!r}")
     # hits: restarts (as screened) within HIT_RTOL of the best; the polished best counts as one when none is
     hits = int(np.sum(fs <= best_f + (HIT_RTOL * abs(best_f) + 1e-15)))
     # distinct optima among converged restarts: clusters of the objective (relative 1e-6) and of theta (to 1e-3)
@@ -621,7 +599,6 @@ def fit_law(prob, restarts=RESTARTS, seed=0, engine="batched"):
     return {"theta": best_x, "huber": float(best_f), "hits": max(hits, 1), "restarts": restarts,
             "n_converged": int(conv.sum()), "distinct_optima": n_obj, "distinct_theta": n_theta,
             "on_bounds": on_bounds, "seed": seed, "engine": engine, "seconds": time.perf_counter() - t0}
-
 
 def describe(prob, res, name="joint"):
     """The report block of a fit: E, A, B, alpha, beta, phi, R^2 on raw nats, RMSE, max|res|, per-r residuals.
@@ -647,7 +624,6 @@ def describe(prob, res, name="joint"):
         warnings.warn(FitWarning(f"{item}: only one of {res['restarts']} restarts reached the best objective; the "
                                  "optimum may not be reproducible", "single_hit", item))
     return block
-
 
 def fit_block(runs, phi=None, restarts=RESTARTS, seed=0, engine="batched", name="joint"):
     """make_problem + fit_law + describe in one call; phi as in make_problem, name as in describe."""
@@ -726,7 +702,6 @@ def arch_polys(r, arch=None):
         raise ValueError(f"flops.py accounting for r={r} {arch} is not quadratic in d_model; cannot invert it")
     return {"once": coef[:, 0], "rec": coef[:, 1], "flops": coef[:, 2]}
 
-
 def optimal_width(E, A, B, alpha, beta, n_of_d, f_of_d, C):
     """d* = argmin_d E + A N(d)^-alpha + B (F(d)/C)^beta, i.e. minimise L(N, D = C/F(N)) (§4.2, fitting.md §6).
 
@@ -747,7 +722,6 @@ def optimal_width(E, A, B, alpha, beta, n_of_d, f_of_d, C):
     lo, hi = grid[max(j - 1, 0)], grid[min(j + 1, len(grid) - 1)]
     u = minimize_scalar(loss, bounds=(lo, hi), method="bounded", options={"xatol": 1e-10}).x
     return math.exp(u), float(n_of_d(math.exp(u))), float(C / f_of_d(math.exp(u))), float(loss(u))
-
 
 def _frontier_rows(blocks, arch, aspect, budgets, joint=False):
     """Compute-optimal rows (budget, r, d*, s*, N*, N_eff*, D*, L*) for each r, from per-arch or joint laws."""
@@ -770,7 +744,6 @@ def _frontier_rows(blocks, arch, aspect, budgets, joint=False):
         row["gap"] = row["loss"] - base[row["flops_budget"]] if row["flops_budget"] in base else None
     return rows
 
-
 def frontier(per_arch, joint, runs):
     """The frontier block: per-arch compute optima and gaps (§4.2, Fig. 3), power-law exponents of N* and D* in C,
     the joint law's optima at fixed r (App. G.3) and the App. F.4 equivalent sizes. The widths, N(d) and F(d) come
@@ -792,7 +765,6 @@ def frontier(per_arch, joint, runs):
             out["gaps"][str(r)] = [float(min(gaps)), float(max(gaps))]
     out["equivalence"] = equivalence(joint["phi"], arch)
     return out
-
 
 def equivalence(phi, arch, n_ref=1e9):
     """App. F.4: at the width where the non-looped model has N = n_ref, the looped model's unique N, its
@@ -878,7 +850,6 @@ def run_protocol(runs, restarts=RESTARTS, n_boot=N_BOOT, seed=0, boot_restarts=B
     out["flags"] = assess(out, runs)
     return out
 
-
 def loop_sweeps(runs):
     """Test-time loop extrapolation (App. A): the runs that carry an eval.py --n-loops-sweep curve, as
     [{n_loops (trained r), flops_budget, n_params, val_loss (at r), curve: [{n_loops: r', val_loss}], gain}], where
@@ -892,7 +863,6 @@ def loop_sweeps(runs):
                     "curve": [{"n_loops": k, "val_loss": at[k]} for k in sorted(at)],
                     "gain": at[top] - at[r] if (r in at and top > r) else None})
     return sorted(out, key=lambda e: (e["flops_budget"], e["n_loops"], e["n_params"]))
-
 
 def select_runs(runs, case=None, loops=None):
     """The runs one analysis uses. No case: the main grid (runs without a case label). A case (§5): the variant's
@@ -915,13 +885,11 @@ def select_runs(runs, case=None, loops=None):
         raise ValueError("no runs left after selecting case/loops")
     return subset(runs, sel)
 
-
 def _canonical_order(runs):
     """The runs sorted by (budget, r, N, D): a fit then does not depend on the order the folders were walked in, and
     a variant whose runs equal the baseline's gives the baseline's fit and bootstrap bit for bit (delta-phi = 0)."""
     return subset(runs, np.lexsort((runs["tokens"], runs["n_once"] + runs["n_rec"], runs["n_loops"],
                                     runs["flops_budget"])))
-
 
 def run_case(runs, case, loops=None, **kw):
     """§5 / Table 3: the full protocol on the variant's runs, the baseline refitted on the same budgets (and the same
@@ -948,7 +916,6 @@ def run_case(runs, case, loops=None, **kw):
     out["flags"] = assess(out, variant)   # again, now with the refitted baseline that delta-phi depends on
     return out
 
-
 def _budgets_said(c):
     """What the case's baseline was refitted on, truly: "the same budgets", or the case's budgets it has runs at."""
     lack = [x for x in c["budgets"] if x not in c.get("baseline_budgets", c["budgets"])]
@@ -956,7 +923,6 @@ def _budgets_said(c):
         return "the same budgets"
     return (f"{len(c['budgets']) - len(lack)} of the case's {len(c['budgets'])} budgets (no baseline runs at C = "
             f"{', '.join(f'{x:.3g}' for x in lack)})")
-
 
 def paired_delta_bootstrap(variant, base, vres, bblk, n_boot, seed, boot_restarts, progress=True):
     """The CI of delta-phi: one block bootstrap over the (budget, r) cells, the SAME resamples for the variant and
@@ -997,7 +963,6 @@ FLAG_TEXT = {
     "fit_warning": "the fitter warned",
 }
 
-
 def _add_flag(flags, name, item):
     """One flag per condition; a second finding of the same kind adds an item to its message."""
     flag = next((f for f in flags if f["name"] == name), None)
@@ -1006,7 +971,6 @@ def _add_flag(flags, name, item):
     if item not in flag["items"]:
         flag["items"].append(item)
     flag["message"] = f"{FLAG_TEXT[name]}: {'; '.join(flag['items'])}"
-
 
 def assess(res, runs):
     """The flags of a result: [{"name", "message"}], empty when nothing is amiss. fit.json stores them, report.md
@@ -1071,7 +1035,6 @@ def assess(res, runs):
 
 SYNTH_COLUMNS = ("flops_budget", "n_loops", "scale", "d_model", "n_once", "n_rec", "tokens", "val_loss")
 
-
 def synthetic_rows(phi=0.46, noise=0.01, seed=0, truth=None):
     """The flops.grid_runs() grid (Table 6: 29 cells x r in {1,2,4,8}) with val_loss = Eq. 3 at SYNTH_TRUTH
     (phi replaced, any key overridden by truth) plus N(0, noise^2) nats. Returns CSV-style row dicts."""
@@ -1087,11 +1050,9 @@ def synthetic_rows(phi=0.46, noise=0.01, seed=0, truth=None):
                          source=f"synthetic:{i}", arch={}))
     return rows
 
-
 def synthetic_runs(phi=0.46, noise=0.01, seed=0, truth=None):
     """synthetic_rows, validated into the runs dict the fitters take."""
     return runs_from_rows(synthetic_rows(phi, noise, seed, truth))
-
 
 def write_synthetic(path, phi, noise, seed, overwrite=False):
     """python fit.py --synthetic OUT.csv: write the grid as a CSV that --csv reads back."""
@@ -1109,13 +1070,11 @@ def _sig2(x):
     """A and B to 2 significant figures, as Table 1 prints them."""
     return f"{float(f'{x:.2g}'):g}"
 
-
 def _table(head, rows, title=None):
     """Markdown lines: the title and a blank line (if given), the header, the separator, one line per row (a list
     of already formatted cells)."""
     return ([title, ""] if title else []) + [f"| {' | '.join(head)} |", "|---" * len(head) + "|"] + \
         [f"| {' | '.join(map(str, row))} |" for row in rows]
-
 
 def _table1(blocks, title):
     """Table 1's layout (one row per architecture or group), plus n, hits and bound flags as diagnostics."""
@@ -1124,12 +1083,10 @@ def _table1(blocks, title):
                     f"{b['huber'] / 1e-5:.2f}", f"{b['r2']:.4f}", b["n"], b["hits"], ", ".join(b["on_bounds"]) or "-")
                    for key, b in blocks.items()], title)
 
-
 def _flag_names(res):
     """The flag names as the phi line and the tables show them, e.g. " -- WARNING: low_r2, on_bound"."""
     names = [f["name"] for f in res.get("flags", [])]
     return f" -- WARNING: {', '.join(names)}" if names else ""
-
 
 def report_text(res):
     """report.md: the flags first, then Table 1 (per-arch), Table 2 (joint + restricted), Table 7 (per-r
@@ -1199,7 +1156,6 @@ def report_text(res):
         L += _frontier_text(res)
     return "\n".join(L) + "\n"
 
-
 def _frontier_text(res):
     """The frontier sections of report.md: per-arch optima and gaps, exponents, the joint law's s* (App. G.3) and
     the App. F.4 equivalent sizes."""
@@ -1226,7 +1182,6 @@ def _frontier_text(res):
                              f"## Equivalent sizes (App. F.4, φ = {res['joint']['phi']:.3f}, N_rec includes the "
                              "injection layer)")
 
-
 def _jsonable(x):
     """numpy scalars/arrays -> plain JSON types (NaN and inf -> null, which strict JSON readers accept)."""
     if isinstance(x, dict):
@@ -1249,7 +1204,6 @@ def _pyplot():
     import matplotlib.pyplot as plt
     return plt
 
-
 def _png(fig):
     """A matplotlib figure as PNG bytes (closed afterwards): nothing is written here, so a figure that fails leaves
     no file behind."""
@@ -1263,7 +1217,6 @@ def _png(fig):
         _pyplot().close(fig)
     return buf.getvalue()
 
-
 def _lim(*arrays):
     """[lo, hi] of the finite values (a diagonal or an axis range); padded when they are all equal, [0, 1] when none
     is finite -- degenerate data must still draw (issue 12, rule 6)."""
@@ -1275,7 +1228,6 @@ def _lim(*arrays):
     pad = 0.05 * (hi - lo) if hi > lo else 0.05 * max(abs(lo), 1.0)
     return [lo - pad, hi + pad]
 
-
 def _diagonal(ax, runs, legend=False, **labels):
     """The y = x line of a predicted-vs-actual panel, framed by the actual losses (a wild prediction is clipped)."""
     lim = _lim(runs["val_loss"])
@@ -1283,7 +1235,6 @@ def _diagonal(ax, runs, legend=False, **labels):
     ax.set(xlabel="actual loss (nats)", xlim=lim, ylim=lim, **labels)
     if legend:
         ax.legend(fontsize=7)
-
 
 def make_figures(res, runs):
     """iso_flops.png (Fig. 2 style, one panel per r), pred_vs_actual.png (Fig. 8 / 10), frontier.png (Fig. 3:
@@ -1342,7 +1293,6 @@ def make_figures(res, runs):
     assert set(figs) <= set(OUTPUTS), "add a new figure to OUTPUTS so --overwrite can manage it"
     return figs
 
-
 def _iso_flops_figure(plt, res, runs, rs):
     """iso-FLOP profiles (Fig. 2): loss vs N per budget, the per-arch law along the width (D = C / F(d)) and, as
     stars, the compute optima (N*, L*)."""
@@ -1372,7 +1322,6 @@ def _iso_flops_figure(plt, res, runs, rs):
     axes[0][0].legend(title="C (FLOPs)", fontsize=7)
     return _png(fig)
 
-
 def _phi_figure(plt, res):
     """phi: the restricted-fit comparison (Fig. 1 right: R^2 drops at phi = 0 and phi = 1) and the bootstrap
     histogram with its 95% interval (dashed) and the point estimate (solid)."""
@@ -1398,12 +1347,10 @@ def _phi_figure(plt, res):
 
 CASES_MARK = "<!-- case studies: written by fit.py --cases; everything below is regenerated -->"
 
-
 def _top_gap(res, r=8):
     """L*_r - L*_1 of the frontier at the largest budget (§4.2), or None."""
     rows = [x for x in (res.get("frontier") or {}).get("rows", []) if x["n_loops"] == r and x["gap"] is not None]
     return max(rows, key=lambda row: row["flops_budget"])["gap"] if rows else None
-
 
 def _same_runs(base, base_path, res, path):
     """A case's delta-phi is taken against the baseline refitted inside that case's fit; the table shows it next to
@@ -1420,7 +1367,6 @@ def _same_runs(base, base_path, res, path):
     if diff:
         raise ValueError(f"{path}: its baseline was refitted on other runs than {base_path} ({len(diff)} differ, "
                          f"e.g. {diff[0]}); fit both from the same runs folder, then rerun --cases")
-
 
 def case_summary(out_dir):
     """Collect OUT/fit.json (the baseline study) and OUT/case_*/fit.json (runs/mini.sh --case NAME, or fit.py --case
@@ -1463,7 +1409,6 @@ def case_summary(out_dir):
     return {"rows": rows, "sweeps": sweeps, "request": request,
             "unfitted": [os.path.dirname(p) for n, p in found[1:] if not os.path.lexists(p)]}
 
-
 def write_case_summary(summary, out_dir):
     """Append (or regenerate) the case-study section of OUT/report.md and write cases.png (and cases_loops.png), as
     one set (main claims OUT first). Returns the paths written, report.md first."""
@@ -1492,7 +1437,6 @@ def write_case_summary(summary, out_dir):
     files["report.md"] = (head + "\n".join(L) + "\n").encode()
     write_set(out_dir, files)
     return [os.path.join(out_dir, n) for n in sorted(files, key=lambda n: n != "report.md")]
-
 
 def _case_figures(summary):
     """{"cases.png": phi and its CI per case, "cases_loops.png": val loss vs test-time r' per case (if swept)}."""
@@ -1540,7 +1484,6 @@ def run_chinchilla(runs, restarts=RESTARTS, seed=0):
     out["flags"] = assess(out, runs)
     return out
 
-
 def _eq2_fits(runs, labels, restarts, seed, name, what=""):
     """Eq. 2 on each group of runs (labels: the (n,) group of every run), in sorted group order: {str(group): fit
     block}. name.format(group) names the fit in its warnings, what + that name in its errors. Eq. 2 is fitted as
@@ -1553,7 +1496,6 @@ def _eq2_fits(runs, labels, restarts, seed, name, what=""):
         except ValueError as err:
             raise ValueError(f"{what}{name.format(g)}: {err}") from None
     return out
-
 
 def _chin_groups(res):
     """The chinchilla block as {group: fit}, whether it was grouped or a single fit."""
@@ -1577,6 +1519,8 @@ def runs_record(runs):
     return {"n": n, "digest": common.request_key("runs", sorted(keys)), "dirs": list(runs.get("dir") or []),
             "keys": keys}
 
+class Partial(ValueError):
+    """A write_set that failed after its first rename: a refusal that cannot change nothing (see claimed)."""
 
 @contextlib.contextmanager
 def claimed(folder, tool, request, overwrite=False, flag="--out"):
@@ -1584,15 +1528,19 @@ def claimed(folder, tool, request, overwrite=False, flag="--out"):
     refusal raised inside the body gives the folder back as it was (its marker's old text, no folder we made): a
     refused command changes nothing."""
     mark = os.path.join(folder, f".nanoloop-{tool}")
-    made = not os.path.lexists(folder)
-    old = None
-    if os.path.isfile(mark) and not os.path.islink(mark):        # never open a FIFO here (it would block)
+    made, old = not os.path.lexists(folder), None
+    if os.path.lexists(mark) and (os.path.islink(mark) or not os.path.isfile(mark)):   # a FIFO would block claim
+        raise ValueError(f"{flag} {folder}: its marker {mark} is not a plain file; move it away")
+    if os.path.lexists(mark):
         with open(mark, "rb") as fh:
             old = fh.read(200)
     common.claim(folder, tool, request, overwrite, flag)
     try:
         yield
-    except BaseException:
+    except BaseException as err:
+        if isinstance(err, Partial):           # outputs were renamed in: the folder stays ours, for the rerun
+            common.release(folder)
+            raise
         fd = common.HELD.get(os.path.abspath(folder))
         with contextlib.suppress(OSError):
             if old is None:
@@ -1606,7 +1554,6 @@ def claimed(folder, tool, request, overwrite=False, flag="--out"):
                 os.rmdir(folder)
         raise
     common.release(folder)                     # written: the next command (in this process too) claims it anew
-
 
 def write_set(folder, files, remove=()):
     """Write {name: bytes} into folder as one set of common.atomic_write calls, nested, so every temporary is written
@@ -1628,8 +1575,9 @@ def write_set(folder, files, remove=()):
     try:
         nest(0)
     except OSError as err:
-        raise ValueError(f"{folder}: cannot write ({err.strerror or err}); "
-                         + ("the set is incomplete: rerun" if renaming else "nothing was changed")) from None
+        why = f"{folder}: cannot write ({err.strerror or err}); "
+        raise (Partial(why + "the set is incomplete: rerun") if renaming else ValueError(why + "nothing was changed")) \
+            from None
 
 
 def write_new(path, data, overwrite=False, flag="--out"):
@@ -1644,11 +1592,9 @@ def write_new(path, data, overwrite=False, flag="--out"):
     except OSError as err:
         raise ValueError(f"{flag} {path}: cannot write ({err.strerror})") from None
 
-
 def _loops(text):
     """argparse type for --loops: "1,4,8" -> [1, 4, 8], each a valid n_loops (LIMITS)."""
     return [common.number(int, *LIMITS["n_loops"])(x) for x in text.split(",")]
-
 
 def parse_args(argv=None):
     # defaults are the paper's protocol (App. F: 500 restarts, 200 resamples); tests pass smaller numbers
@@ -1680,18 +1626,19 @@ def parse_args(argv=None):
     for bad, why in ((args.case is not None and _is_baseline(args.case), f"--case {args.case!r} names the main grid "
                       "(runs without a case label); leave --case out"),
                      ((args.runs_dir is None) == (args.csv is None), "give exactly one input: RUNS_DIR or --csv FILE"),
-                     (not args.out, "--out DIR is required")):
+                     (not args.out, "--out DIR is required"),
+                     # the bootstrap screens every start of every resample at once: bound its memory (paper: 200 x 5)
+                     (args.bootstrap * (1 + args.boot_restarts) > 10 ** 6, "--bootstrap x (1 + --boot-restarts) must "
+                      "be at most 1e6 starts")):
         if bad:
             p.error(why)
     return args
-
 
 def _fit_warning_flags(flags, caught):
     """Add the fitter's own warnings (warnings.warn) to flags, one flag per kind, so fit.json keeps them too."""
     for w in caught:
         # a FitWarning names its flag and item; any other warning (numpy, scipy) is a fit_warning with its text
         _add_flag(flags, *getattr(w.message, "flag", ("fit_warning", str(w.message))))
-
 
 def fit_outputs(args):
     """The fit a CLI invocation asks for, written into --out; returns its result. Every input or output problem is a
@@ -1738,14 +1685,12 @@ def fit_outputs(args):
         write_set(args.out, files, remove=["fit.json"] + [n for n in _outputs(args.out) if n not in files])
     return res
 
-
 def _outputs(folder):
     """The outputs the fit.json in folder says its fit wrote (OUTPUTS names only), or none."""
     with contextlib.suppress(ValueError, TypeError):
         listed = common.read_json(os.path.join(folder, "fit.json")).get("outputs")
         return [n for n in OUTPUTS if n in listed]
     return []
-
 
 def summary_lines(res, out):
     """What the CLI prints after a fit: each Eq. 2 fit, the restricted fits, the case line, every flag, and last
@@ -1771,7 +1716,6 @@ def summary_lines(res, out):
         dci = f" [{c['delta_phi_lo']:+.3f}, {c['delta_phi_hi']:+.3f}]" if "delta_phi_lo" in c else ""
         L.append(f"delta_phi({c['name']}) = {c['delta_phi']:+.3f}{dci}{_flag_names(res)}")
     return L
-
 
 def main(argv=None):
     args = parse_args(argv)

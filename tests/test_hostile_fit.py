@@ -693,6 +693,14 @@ def test_record_numbers_pass_the_flag_limits_and_the_accounting(tmp_path):
     _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")] + LIGHT, "record and accounting disagree", tmp_path)
 
 
+def test_a_fifo_marker_and_an_unbounded_bootstrap_are_one_line(tmp_path, good_csv):
+    os.makedirs(tmp_path / "o")
+    os.mkfifo(tmp_path / "o" / ".nanoloop-fit")                   # reading it would wait forever
+    _refused(fit.main, ["--csv", good_csv, "--out", str(tmp_path / "o")] + LIGHT, "is not a plain file", tmp_path)
+    _refused(fit.main, ["--csv", good_csv, "--out", str(tmp_path / "p"), "--bootstrap", "100000", "--boot-restarts",
+                        "1000"], "at most 1e6 starts", tmp_path, code=2)
+
+
 def test_a_refused_fit_leaves_the_folder_and_its_marker_as_they_were(tmp_path, good_csv):
     # refusals raised after the claim (data no fit can use) give the folder back: no new folder, the old marker text
     flat = _rows()
