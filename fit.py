@@ -159,12 +159,16 @@ def _read_sweep(path):
     when there is no eval.json or it holds no sweep. One that is there is checked (eval.py's r' limits, LIMITS'
     val_loss): a torn or hand-edited sweep names its file rather than vanish from the report."""
     curve = common.read_json(path).get("n_loops_sweep") if os.path.lexists(path) else None
-    if curve and not (isinstance(curve, list) and all(
-            isinstance(p, dict) and type(p.get("n_loops")) is int and 1 <= p["n_loops"] <= 1024 and "val_loss" in p
-            and common.check_number(p["val_loss"], LIMITS["val_loss"][0]) is None for p in curve)):
+    if curve and not _sweep_ok(curve):
         raise ValueError(f"{path}: n_loops_sweep must be a list of {{n_loops in [1, 1024], val_loss in "
                          f"{LIMITS['val_loss'][0]}}} entries, as eval.py --n-loops-sweep writes it")
     return curve or None
+
+def _sweep_ok(curve):
+    """A loop-sweep curve as eval.py writes it: [{n_loops: an int r' in [1, 1024], val_loss: in LIMITS}, ...]."""
+    return isinstance(curve, list) and all(
+        isinstance(p, dict) and type(p.get("n_loops")) is int and 1 <= p["n_loops"] <= 1024 and "val_loss" in p
+        and common.check_number(p["val_loss"], LIMITS["val_loss"][0]) is None for p in curve)
 
 def load_records(runs_dir):
     """Every done.json under runs_dir (recursively), as dicts with "source" (the file, named in every error about
@@ -1392,16 +1396,23 @@ def case_summary(out_dir):
             base = res
         elif base is not None:
             _same_runs(base, found[0][1], res, path)
-        bs, c = res.get("bootstrap") or {}, res.get("case") or {}
-        gains = [e["gain"] for e in res.get("loop_sweep") or [] if e.get("gain") is not None]
-        rows.append({"name": name, "phi": j["phi"], "phi_lo": bs.get("phi_lo"), "phi_hi": bs.get("phi_hi"),
-                     "r2": j["r2"], "n": j["n"], "delta_phi": c.get("delta_phi"),
-                     "delta_phi_lo": c.get("delta_phi_lo"), "delta_phi_hi": c.get("delta_phi_hi"),
-                     "baseline_phi": (c.get("baseline") or {}).get("phi"), "gap8": _top_gap(res),
-                     "extrapolation_gain": float(np.mean(gains)) if gains else None,
-                     # the fit's flags (fit.json "flags") with the fits they concern: single_hit on "fit over 12
-                     # runs (low half, App. F.3)" is about an auxiliary fit, not about the phi of the table
-                     "flags": [(fl["name"], "; ".join(fl.get("items") or [])) for fl in res.get("flags") or []]})
+        try:        # a hand-edited fit.json: every number the table and figures show is checked, or the file named
+            bs, c, sw = res.get("bootstrap") or {}, res.get("case") or {}, res.get("loop_sweep") or []
+            gains = [e["gain"] for e in sw if e.get("gain") is not None]
+            rows.append({"name": name, "phi": j["phi"], "phi_lo": bs.get("phi_lo"), "phi_hi": bs.get("phi_hi"),
+                         "r2": j["r2"], "n": j["n"], "delta_phi": c.get("delta_phi"),
+                         "delta_phi_lo": c.get("delta_phi_lo"), "delta_phi_hi": c.get("delta_phi_hi"),
+                         "baseline_phi": (c.get("baseline") or {}).get("phi"), "gap8": _top_gap(res),
+                         "extrapolation_gain": float(np.mean(gains)) if gains else None,
+                         # the fit's flags (fit.json "flags") with the fits they concern: single_hit on "fit over 12
+                         # runs (low half, App. F.3)" is about an auxiliary fit, not about the phi of the table
+                         "flags": [(fl["name"], "; ".join(fl.get("items") or [])) for fl in res.get("flags") or []]})
+            bad = [k for k, v in rows[-1].items() if k not in ("name", "flags")
+                   and common.check_number(v, "[-1e6, 1e6]")]
+            if bad or not all(type(e["n_loops"]) is int and _sweep_ok(e["curve"]) for e in sw):
+                raise ValueError(f"{', '.join(bad) or 'loop_sweep'} out of range")
+        except (KeyError, TypeError, AttributeError, ValueError) as err:
+            raise ValueError(f"{path}: not a fit.py result ({err})") from None
         if res.get("loop_sweep"):
             sweeps[name] = res["loop_sweep"]
     if not rows:

@@ -524,6 +524,20 @@ def test_cases_writes_into_its_baseline_fits_folder_and_a_copy_of_it(tmp_path):
     _refused(fit.main, ["--cases", str(d), "--overwrite"], "cases_loops.png is a link", tmp_path)
 
 
+def test_cases_checks_every_number_it_shows(tmp_path):
+    # a hand-edited case fit.json: a CI bound that is text, a sweep curve that is not one, a frontier row that is no
+    # record -- each is one line naming the file, never a traceback or a figure of garbage
+    a, d = _case_tree(tmp_path / "a"), tmp_path / "study"
+    assert _cli(fit.main, [a, "--out", str(d)] + LIGHT)[0] == 0
+    assert _cli(fit.main, [a, "--case", "x", "--out", str(d / "case_x")] + LIGHT)[0] == 0
+    good = json.loads((d / "case_x" / "fit.json").read_text())
+    for edit in ({"bootstrap": {"phi_lo": "x", "phi_hi": 1.0}}, {"loop_sweep": [{"n_loops": 4, "curve": [1]}]},
+                 {"frontier": {"rows": [1]}}, {"case": dict(good["case"], delta_phi=float("inf"))}):
+        (d / "case_x" / "fit.json").write_text(json.dumps(dict(good, **edit)))
+        line = _refused(fit.main, ["--cases", str(d)], "not a fit.py result", tmp_path)
+        assert os.path.join("case_x", "fit.json") in line
+
+
 def test_case_baseline_on_fewer_budgets_says_so_and_flags_it(tmp_path):
     # the case has 2.15e18, the baseline does not: the baseline is refitted on 2 of the case's 3 budgets, and the
     # message says so (it said "on the same budgets"); with one budget left, single_budget is raised for it
