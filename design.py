@@ -438,8 +438,7 @@ def _list(kind, interval):
         return vals
     return parse
 
-def _n(kind, interval):
-    return common.number(kind, interval)
+_n = common.number
 
 
 # The limits of the flags a run's own flag could set are train.py's LIMITS (tests/test_design.py checks they agree);
