@@ -106,7 +106,7 @@ def load_prior(path):
     if path is None:
         return np.array(PAPER_THETA), PAPER_RMSE
     # any fit.py fit.json: its joint block holds theta in PARAM_NAMES' order and the residual RMSE in nats
-    joint = common.read_json(path).get("joint")
+    joint = fit.read_json(path).get("joint")
     th, rmse = (joint.get("theta"), joint.get("rmse")) if isinstance(joint, dict) else (None, None)
     ok = isinstance(th, list) and len(th) == 6 and all(common.check_number(v, f"[{lo}, {hi}]") is None
                                                        for v, lo, hi in zip(th, fit.BOX_LO, fit.BOX_HI))

@@ -154,11 +154,18 @@ def _folders(runs_dir):
         out.append((root, set(dirs) | set(files)))
     return sorted(out, key=lambda x: x[0])
 
+def read_json(path, schema=None):
+    """common.read_json of a regular file (a link is followed): a FIFO, a device (/dev/zero) or a folder behind the
+    name is refused by name, never opened -- open() would wait, or read forever."""
+    if os.path.lexists(path) and not os.path.isfile(path):
+        raise ValueError(f"{path}: is a FIFO, device or folder, not a file")
+    return common.read_json(path, schema)
+
 def _read_sweep(path):
     """The test-time loop sweep eval.py --n-loops-sweep wrote beside a run ([{n_loops, val_loss}, ...]), or None
     when there is no eval.json or it holds no sweep. One that is there is checked (eval.py's r' limits, LIMITS'
     val_loss): a torn or hand-edited sweep names its file rather than vanish from the report."""
-    curve = common.read_json(path).get("n_loops_sweep") if os.path.lexists(path) else None
+    curve = read_json(path).get("n_loops_sweep") if os.path.lexists(path) else None
     if curve and not _sweep_ok(curve):
         raise ValueError(f"{path}: n_loops_sweep must be a list of {{n_loops in [1, 1024], val_loss in "
                          f"{LIMITS['val_loss'][0]}}} entries, as eval.py --n-loops-sweep writes it")
@@ -182,7 +189,7 @@ def load_records(runs_dir):
     recs = []
     for root in [root for root, names in _folders(runs_dir) if "done.json" in names]:
         path = os.path.join(root, "done.json")
-        rec = common.read_json(path, DONE_SCHEMA)            # a FIFO or a folder named done.json: refused by name
+        rec = read_json(path, DONE_SCHEMA)             # a FIFO, device or folder named done.json: refused by name
         mcfg, tcfg = _configs(rec)
         try:
             # the architecture the run trained (mini study: small d, vocab ~1k, seq_len 128) -- used for the N check
@@ -1385,7 +1392,7 @@ def case_summary(out_dir):
     # the baseline first: every case row is checked against it as it is read (_same_runs). A fit.json that is
     # there but no file (a FIFO, a dangling link) is named by read_json, never skipped
     for name, path in [(n, p) for n, p in found if os.path.lexists(p)]:
-        res = common.read_json(path)
+        res = read_json(path)
         request = res.get("request") if name == "baseline" else request
         if "joint" not in res:
             continue                                  # a chinchilla fit: no phi to compare
@@ -1699,7 +1706,7 @@ def fit_outputs(args):
 def _outputs(folder):
     """The outputs the fit.json in folder says its fit wrote (OUTPUTS names only), or none."""
     with contextlib.suppress(ValueError, TypeError):
-        listed = common.read_json(os.path.join(folder, "fit.json")).get("outputs")
+        listed = read_json(os.path.join(folder, "fit.json")).get("outputs")
         return [n for n in OUTPUTS if n in listed]
     return []
 
