@@ -504,6 +504,8 @@ def main(argv=None):
             return 0
         if 12 + a.rounds * a.next > 116:
             refuse(f"--rounds {a.rounds} x --next {a.next} after the 12-run pilot exceeds the grid's 116 runs")
+        if a.bootstrap * (1 + a.boot_restarts) > 10 ** 6:     # fit.bootstrap_phi screens them all at once
+            refuse("--bootstrap x (1 + --boot-restarts) must be at most 1e6 starts")
         request["protocol"] = {k: request[k] for k in ("reps", "restarts", "bootstrap", "boot_restarts", "seed")}
         # --out is design.py's own folder (common.claim): new, this same request's, or --overwrite; one writer
         with fit.claimed(a.out, "design", request, a.overwrite), warnings.catch_warnings():

@@ -187,6 +187,7 @@ def test_a_prior_fit_json_passes_the_limits_of_what_wrote_it(tmp_path):
      "it needs 1 to 1000"),
     (["simulate", "--rounds", "20", "--next", "8"], "exceeds the grid's 116 runs"),
     (["simulate", "--reps", "1e9"], "argument --reps"),
+    (["simulate", "--bootstrap", "100000", "--boot-restarts", "1000"], "at most 1e6 starts"),
 ])
 def test_sizes_and_counts_from_flags_are_bounded(args, needle):
     rc, out, err = cli(*args)
