@@ -48,12 +48,11 @@ TPP = (2.25, 190.0)    # tokens per parameter of Table 6's runs (2.28 ... 187): 
 RIDGE = 1e-9           # weak prior on theta, relative to the pool's information: an unidentified set has a huge Var
 Z95 = 1.959964         # two-sided 95% normal quantile: half-width = Z95 * sd
 MFU, PEAK = 0.4, 989e12    # flops.py grid's planning convention: 40% of an H100's dense bf16 peak
-
+MAX_POOL = 1000            # candidate runs a search weighs (simulate's wider pool: 576); the swaps grow as its square
 
 def refuse(message):
     """Raise the ValueError that the CLI prints as one error line (common.fail); usable inside an expression."""
     raise ValueError(message)
-
 
 def gpu_hours(total_flops, mfu=MFU, peak=PEAK):
     """flops.py's GPU-hour convention (python flops.py grid --mfu): executed FLOPs / (MFU x peak) / 3600."""
@@ -86,9 +85,11 @@ def make_pool(cells=None, loops=flops.LOOPS, arch=None, aspect=flops.ASPECT_RATI
                                  source=f"C{budget:g}_r{r}_s{s}".replace("e+", "e"), cost=float(tokens * f)))
     # through fit.py's own row checks: a pool the fit would refuse (an n_loops flops.py cannot count) stops here;
     # a run's name is its source
-    runs = fit.runs_from_rows(rows or refuse("the candidate pool is empty (check --budgets, --scales and --tpp)"))
+    if not rows or len(rows) > MAX_POOL:     # the search weighs every swap of a chosen run for another one
+        refuse(f"the candidate pool has {len(rows)} runs; it needs 1 to {MAX_POOL} (check --budgets, --scales, "
+               "--loops and --tpp)")
+    runs = fit.runs_from_rows(rows)
     return dict(runs, name=list(runs["source"]), cost=np.array([row["cost"] for row in rows]))
-
 
 def finished_runs(runs_dir):
     """The baseline runs (no case label) with a done.json under runs_dir, named by folder and costed by their
@@ -99,28 +100,31 @@ def finished_runs(runs_dir):
     return dict(runs, name=[os.path.basename(os.path.dirname(src)) for src in runs["source"]],
                 cost=np.array([float(flop[src] or c) for src, c in zip(runs["source"], runs["flops_budget"])]))
 
-
 def load_prior(path):
-    """(theta, rmse): the joint fit of a fit.py fit.json, or the paper's law when path is None."""
+    """(theta, rmse): the joint fit of a fit.py fit.json, or the paper's law when path is None. Its numbers pass the
+    limits of what could have written them: theta inside fit.py's App. F box, the rmse those of --noise."""
     if path is None:
         return np.array(PAPER_THETA), PAPER_RMSE
     # any fit.py fit.json: its joint block holds theta in PARAM_NAMES' order and the residual RMSE in nats
-    joint = common.read_json(path).get("joint")
+    joint = fit.read_json(path).get("joint")
     th, rmse = (joint.get("theta"), joint.get("rmse")) if isinstance(joint, dict) else (None, None)
-    ok = isinstance(th, list) and len(th) == 6 and all(isinstance(v, (int, float)) for v in th + [rmse])
-    return (np.array(th, dtype=float), float(rmse)) if ok and np.all(np.isfinite(th)) and 0 < rmse < 10 else refuse(
-        f"{path}: no joint fit with a 6-number theta and an rmse (is it a fit.py fit.json?)")
-
+    ok = isinstance(th, list) and len(th) == 6 and all(common.check_number(v, f"[{lo}, {hi}]") is None
+                                                       for v, lo, hi in zip(th, fit.BOX_LO, fit.BOX_HI))
+    if not ok or common.check_number(rmse, "(0, 1]") or rmse is None:
+        refuse(f"{path}: no joint fit with a theta inside fit.py's App. F box and an rmse in (0, 1] nats (is it a "
+               "fit.py fit.json?)")
+    return np.array(th, dtype=float), float(rmse)
 
 def read_list(path):
     """Run names of a list file (the first word of each line; blank lines and # comments skipped)."""
+    if not os.path.isfile(path):            # a FIFO would block open() forever; a folder is no list
+        refuse(f"{path}: not a readable file (a run list)")
     try:
         with open(path, encoding="utf-8") as fh:
             names = [ln.split()[0] for ln in fh if ln.strip() and not ln.lstrip().startswith("#")]
     except (OSError, UnicodeDecodeError) as err:
         raise ValueError(f"{path}: cannot read a run list ({err})") from None
     return names or refuse(f"{path}: lists no runs")
-
 
 def universe(groups):
     """The search's table of runs from groups [(runs, theta, sigma, kind)]; kind "cand" (may be chosen), "fixed"
@@ -153,7 +157,6 @@ def universe(groups):
                 variant=variant, cand=~fixed, cost=np.where(fixed, 0.0, runs["cost"]), kappa=float(np.median(m / b)),
                 lam=RIDGE * float(np.trace((b @ JJ).reshape(6, 6))), own=variant if variant.any() else ~variant)
 
-
 def variance(U, masks):
     """Predicted Var(phi_hat) of each selection (rows of masks, (k, n) bool), or Var(delta-phi_hat) when U holds a
     case's variant runs. Run i moves a fit's phi by g_i psi_i, g_i = (B^-1 e_phi)' J_i, so Var = sum_i m_i g_i^2
@@ -173,7 +176,6 @@ def variance(U, masks):
         w = np.linalg.solve(B, np.broadcast_to(np.eye(6)[5], (len(sel), 6))[..., None])[..., 0]   # (k, 6) B^-1 e_phi
         g, ridge = g + sign * (w @ U["J"].T) * sel, ridge + (w ** 2).sum(1)                       # g: (k, n)
     return (g ** 2 * U["m"]).sum(1) + U["lam"] * U["kappa"] * ridge
-
 
 def choose(U, budget=math.inf, k=None, target=None, min_per_r=5):
     """The selection mask (fixed runs included), grown one run at a time by the largest gain per FLOP among the runs
@@ -212,14 +214,17 @@ def choose(U, budget=math.inf, k=None, target=None, min_per_r=5):
         # the greedy pass buys the runs with the most information per FLOP; once the budget is spent, 1-for-1 swaps
         # trade a run for a better one (an expensive low-leverage run for a cheap informative one, say)
         # exchange: every (drop i, add j) pair at once; a run of an r at its minimum is swapped within its r only
-        pairs = np.array([(i, j) for i in np.flatnonzero(S & U["cand"]) for j in np.flatnonzero(U["cand"] & ~S)
-                          if U["cost"][j] - U["cost"][i] <= budget - used(S) and (U["r"][i] == U["r"][j] or
-                          not U["own"][i] or short(S & (np.arange(len(S)) != i), U["r"][i]) == 0)], int).reshape(-1, 2)
-        trial = (S | (np.arange(len(S)) == pairs[:, 1:])) & (np.arange(len(S)) != pairs[:, :1])
-        v = variance(U, trial) if len(pairs) else np.array([np.inf])
+        ar, inn, out = np.arange(len(S)), np.flatnonzero(S & U["cand"]), np.flatnonzero(U["cand"] & ~S)
+        free = np.array([not U["own"][i] or short(S & (ar != i), U["r"][i]) == 0 for i in inn], bool)
+        I, J = np.repeat(inn, len(out)), np.tile(out, len(inn))              # (pairs,) each, i outer
+        keep = ((U["cost"][J] - U["cost"][I] <= budget - used(S)) & ((U["r"][I] == U["r"][J]) |
+                                                                     np.repeat(free, len(out))))
+        I, J = I[keep], J[keep]
+        swap = lambda c: (S | (ar == J[c:c + 2048, None])) & (ar != I[c:c + 2048, None])   # (<= 2048, n) masks
+        v = np.concatenate([variance(U, swap(c)) for c in range(0, len(I), 2048)] or [[np.inf]])
         if v.min() >= cur * (1 - 1e-9):
             return S
-        S = trial[v.argmin()].copy()
+        S = swap(int(v.argmin()))[0].copy()
 
 
 # -----------------------------------------------------------------------------
@@ -240,6 +245,9 @@ def plan(a):
     cells = {c: (a.scales or flops.GRID[c]) for c in a.budgets or flops.GRID}
     pool = lambda cells, tpp, case=None: make_pool(cells, a.loops, arch, a.aspect_ratio, a.batch_tokens, tpp, case)
     theta, rmse = load_prior(a.prior)
+    if a.delta_phi is not None and not fit.BOX_LO[5] <= theta[5] + a.delta_phi <= fit.BOX_HI[5]:
+        refuse(f"--delta-phi {a.delta_phi:g} puts the variant's phi at {theta[5] + a.delta_phi:.3f}, outside the "
+               f"fit's box [{fit.BOX_LO[5]:g}, {fit.BOX_HI[5]:g}] (App. F)")
     sigma, target = a.noise or rmse, (a.target_halfwidth / Z95) ** 2 if a.target_halfwidth else None
     if a.delta_phi is not None:       # §5: the variant's looped runs beside the baseline grid (Table 6), done already
         var = pool(cells, a.tpp, "design")
@@ -251,7 +259,11 @@ def plan(a):
         cand = fit.subset(cand, np.array([x not in set(key(done) if done else ()) for x in key(cand)]))
         groups = ([(done, theta, "fixed")] if done else []) + [(cand, theta, "cand")]
     U = universe([(runs, th, sigma, kind) for runs, th, kind in groups])
-    ref = np.isin(U["runs"]["name"], read_list(a.reference)) if a.reference else U["cand"] | U["fixed"]
+    names = read_list(a.reference) if a.reference else []
+    if set(names) - set(U["runs"]["name"]):           # a name the pool lacks would silently shrink the reference
+        refuse(f"--reference {a.reference} lists runs that are not in the pool: "
+               f"{', '.join(sorted(set(names) - set(U['runs']['name']))[:3])}")
+    ref = np.isin(U["runs"]["name"], names) if a.reference else U["cand"] | U["fixed"]
     if a.noise_phi and math.sqrt(variance(U, ref)[0]) < a.noise_phi:
         # run-to-run noise (data order, seeds) a study's residuals understate: raise sigma until the reference
         # design's sd(phi) is noise_phi (Var scales as sigma^2 once sigma / L >> delta, as in every real study)
@@ -298,7 +310,6 @@ def measure(runs, kw, seed):
     except ValueError:                      # too few runs, or one r: no estimate, no CI (a failed replicate)
         return math.nan, -math.inf, math.inf
 
-
 def replicate(U, picks, truth, sigma, kw, name):
     """kw["reps"] noisy replicates of a design: picks(rng) -> masks (one, or a sequential design's rounds), each
     replicate with its own seed for the N(0, sigma^2) noise on the prior's losses, the random design and the fit.
@@ -331,7 +342,6 @@ def capped(U, order, budget):
     for i in order:
         S[i] = U["cost"][S].sum() + U["cost"][i] <= budget or S[i]
     return S
-
 
 def simulate(a):
     """Equal-cost comparisons per share of the grid's FLOPs (designed from a wider pool and from the grid, random
@@ -383,7 +393,6 @@ def simulate(a):
         res["sequential"] += rows
     return res
 
-
 def sim_outputs(res, request):
     """{file: bytes}: sim.json (everything), sim.md (one table per section), sim.png (median CI half-width vs
     GPU-hours, one line per design, the full grid as a star)."""
@@ -412,7 +421,7 @@ def sim_outputs(res, request):
            ylabel="median 95% CI half-width of φ", title=f"{request['reps']} noisy replicates per point")
     ax.xaxis.set_minor_formatter(plt.NullFormatter())         # 2 x 10^1, 3 x 10^1, ... would overlap
     ax.legend(fontsize=7)
-    return {"sim.md": "\n".join(L), "sim.png": fit._png(fig),
+    return {"sim.md": "\n".join(L).encode(), "sim.png": fit._png(fig),
             "sim.json": json.dumps(fit._jsonable(dict(res, request=request)), indent=1).encode()}
 
 
@@ -420,39 +429,57 @@ def sim_outputs(res, request):
 # CLI: one flag table per command, turned into argparse (bad values: one-line errors, exit 2, before any work)
 
 def _list(kind, interval):
-    """argparse type: comma-separated numbers, each checked by common.number like every other flag."""
-    return lambda text: [common.number(kind, interval)(t) for t in text.split(",")]
+    """argparse type: comma-separated distinct numbers, each checked by common.number like every other flag (a repeated
+    one would put one run in the pool twice)."""
+    def parse(text):
+        vals = [common.number(kind, interval)(t) for t in text.split(",")]
+        if len(set(vals)) < len(vals):
+            raise argparse.ArgumentTypeError(f"lists a value twice: {text}")
+        return vals
+    return parse
+
+_n = common.number
 
 
-POS, INT0, INT1, PHI = (common.number(float, "(0, inf)"), common.number(int, "[0, inf)"),
-                        common.number(int, "[1, inf)"), common.number(float, "[-3, 3]"))
-FLOATS, INTS = _list(float, "(0, inf)"), _list(int, "[1, inf)")
+# The limits of the flags a run's own flag could set are train.py's LIMITS (tests/test_design.py checks they agree);
+# the others bound every loop and count the search and the simulation make (a pool, the replicates, the rounds).
+C, TRAIN = "(0, 1e30]", {"aspect-ratio": "[1, 1e9]", "n-layers-eff": "[1, 1e9]", "n-layers-prelude": "[0, 1e9]",
+                         "n-layers-coda": "[0, 1e9]", "seq-len": "[1, 1e9]", "vocab-size": "[2, 1e9]"}
+NOISE, SEED = _n(float, "(0, 1]"), _n(int, "[0, 9.2e18]")       # nats per run (the prior's rmse too); fit.py's seed
 # (flag, type, default, help) per command. plan: the pool (Table 6 unless --budgets / --scales widen it; the
 # architecture flags make a mini study's pool), the prior and its noise, one target, finished runs, a case.
 # simulate: the replicates and the protocol (the paper's by default), the pools, the case and sequential set-up.
 FLAGS = {"plan": [("--out", str, None, "write the run list here (runs/grid.sh --only FILE)"),
-    ("--runs", str, None, "finished runs"), ("--budgets", FLOATS, None, "pool budgets C (Table 6's)"),
-    ("--loops", INTS, [1, 2, 4, 8], ""), ("--scales", INTS, None, "pool widths s at every budget"),
-    ("--tpp", FLOATS, list(TPP), "LO,HI"), ("--aspect-ratio", INT1, 64, ""), ("--n-layers-eff", INT1, 20, ""),
-    ("--n-layers-prelude", INT0, 2, ""), ("--n-layers-coda", INT0, 2, ""), ("--seq-len", INT1, flops.SEQ_LEN, ""),
-    ("--vocab-size", INT1, flops.V_LLAMA, ""), ("--batch-tokens", INT1, flops.BATCH_TOKENS, ""),
+    ("--runs", str, None, "finished runs"), ("--budgets", _list(float, C), None, "pool budgets C (Table 6's)"),
+    ("--loops", _list(int, "[1, 16]"), [1, 2, 4, 8], ""), ("--scales", _list(int, "[1, 1e9]"), None,
+                                                           "pool widths s at every budget"),
+    ("--tpp", _list(float, "(0, inf)"), list(TPP), "LO,HI"),
+    *[("--" + k, _n(int, iv), d, "") for (k, iv), d in zip(TRAIN.items(), (64, 20, 2, 2, flops.SEQ_LEN,
+                                                                             flops.V_LLAMA))],
+    ("--batch-tokens", _n(int, "[1, 1e12]"), flops.BATCH_TOKENS, ""),
     ("--prior", str, None, "a fit.py fit.json (default: the paper's joint fit, Table 2)"),
-    ("--noise", POS, None, "nats per run (default: the prior's RMSE)"), ("--min-per-r", INT0, 5, "runs per r"),
-    ("--noise-phi", POS, None, "raise the noise until the --reference design's sd(phi) is this"),
+    ("--noise", NOISE, None, "nats per run (default: the prior's RMSE)"),
+    ("--min-per-r", _n(int, "[0, 1000]"), 5, "runs per r"),
+    ("--noise-phi", _n(float, "(0, 6]"), None, "raise the noise until the --reference design's sd(phi) is this"),
     ("--reference", str, None, "a run list: --noise-phi's design; with no target, the total FLOPs to match"),
-    ("--target-halfwidth", POS, None, "the cheapest design with this predicted 95%% half-width"),
-    ("--budget-flops", POS, None, ""), ("--budget-gpu-hours", POS, None, "at --mfu x --peak-flops"),
-    ("--next", INT1, None, "the next K runs beside --runs"), ("--delta-phi", PHI, None, "a case study's shift"),
-    ("--mfu", common.number(float, "(0, 1]"), MFU, ""), ("--peak-flops", POS, PEAK, "")],
-    "simulate": [("--out", str, "out/design_sim", "folder for sim.json, sim.md, sim.png"), ("--seed", INT0, 0, ""),
-    ("--reps", INT1, 20, "noisy replicates per design"), ("--restarts", INT1, fit.RESTARTS, "App. F: 500"),
-    ("--bootstrap", INT1, fit.N_BOOT, "App. F.2: 200"), ("--boot-restarts", INT0, fit.BOOT_RESTARTS, ""),
-    ("--fractions", FLOATS, [0.05, 0.1, 0.25, 0.5], "design budgets as shares of the grid's FLOPs"),
-    ("--scales", INTS, list(range(4, 40, 2)), "wider pool: widths"),
-    ("--extra-budgets", FLOATS, [1e17, 2.15e17], "wider pool: budgets besides Table 6's"),
-    ("--delta-phi", PHI, 0.19, "hc's shift, Table 3"), ("--case-fractions", FLOATS, [0.25, 0.5], ""),
-    ("--next", INT1, 8, "sequential: runs per round"), ("--rounds", INT1, 5, ""), ("--seq-target", POS, 0.06, "")]}
-
+    ("--target-halfwidth", _n(float, "(0, 6]"), None, "the cheapest design with this predicted 95%% half-width"),
+    ("--budget-flops", _n(float, C), None, ""), ("--budget-gpu-hours", _n(float, "(0, 1e12]"), None,
+                                                 "at --mfu x --peak-flops"),
+    ("--next", _n(int, "[1, 100000]"), None, "the next K runs beside --runs"),
+    ("--delta-phi", _n(float, "[-6, 6]"), None, "a case study's shift (prior phi + shift inside the App. F box)"),
+    ("--mfu", _n(float, "(0, 1]"), MFU, ""), ("--peak-flops", _n(float, "(0, 1e20]"), PEAK, "")],
+    "simulate": [("--out", str, "out/design_sim", "folder for sim.json, sim.md, sim.png"), ("--seed", SEED, 0, ""),
+    ("--reps", _n(int, "[1, 10000]"), 20, "noisy replicates per design"),
+    ("--restarts", _n(int, "[1, 100000]"), fit.RESTARTS, "App. F: 500"),
+    ("--bootstrap", _n(int, "[1, 100000]"), fit.N_BOOT, "App. F.2: 200"),
+    ("--boot-restarts", _n(int, "[0, 1000]"), fit.BOOT_RESTARTS, ""),
+    ("--fractions", _list(float, "(0, 1]"), [0.05, 0.1, 0.25, 0.5], "design budgets as shares of the grid's FLOPs"),
+    ("--scales", _list(int, "[1, 1e9]"), list(range(4, 40, 2)), "wider pool: widths"),
+    ("--extra-budgets", _list(float, C), [1e17, 2.15e17], "wider pool: budgets besides Table 6's"),
+    ("--delta-phi", _n(float, "[-3, 3]"), 0.19, "hc's shift, Table 3"),
+    ("--case-fractions", _list(float, "(0, 1]"), [0.25, 0.5], ""),
+    ("--next", _n(int, "[1, 104]"), 8, "sequential: runs per round"), ("--rounds", _n(int, "[1, 104]"), 5, ""),
+    ("--seq-target", _n(float, "(0, 6]"), 0.06, "")]}
 
 def main(argv=None):
     ap = common.Parser(prog="design.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -461,31 +488,34 @@ def main(argv=None):
         p = sub.add_parser(cmd)
         for flag, kind, default, text in table:
             p.add_argument(flag, type=kind, default=default, help=text)
-        p.add_argument("--overwrite", action="store_true", help="replace an output this same request did not write")
+        p.add_argument("--overwrite", action="store_true", help="replace another request's output")
     a = ap.parse_args(argv)
     request = {k: v for k, v in vars(a).items() if k not in ("out", "overwrite")}
     try:
-        # common.py's ownership rule: a path this same request wrote may be rewritten, nothing else is replaced;
-        # plan's file and simulate's three are checked before any work and written whole (atomic) after it
-        key = common.request_key("design.py", request)
         if a.cmd == "plan":
-            common.check_owned([a.out] if a.out else [], key, a.overwrite)
+            # the run list is one file: a link, folder or FIFO in its way is refused before any work; after it, the
+            # file is replaced if it holds another plan only with --overwrite (fit.write_new: a rerun loses nothing)
+            if a.out:
+                common.check_new(a.out, True)
             print(text := "\n".join(plan(a)) + "\n", end="")
             if a.out:
-                common.write_owned(a.out, text, key)
+                fit.write_new(a.out, text.encode(), a.overwrite)
                 print(f"wrote {a.out} (train it: NPROC=8 bash runs/grid.sh --only {a.out})")
             return 0
-        common.check_dir_writable(a.out, "--out")
-        common.check_owned([os.path.join(a.out, n) for n in ("sim.json", "sim.md", "sim.png")], key, a.overwrite)
+        if 12 + a.rounds * a.next > 116:
+            refuse(f"--rounds {a.rounds} x --next {a.next} after the 12-run pilot exceeds the grid's 116 runs")
+        if a.bootstrap * (1 + a.boot_restarts) > 10 ** 6:     # fit.bootstrap_phi screens them all at once
+            refuse("--bootstrap x (1 + --boot-restarts) must be at most 1e6 starts")
         request["protocol"] = {k: request[k] for k in ("reps", "restarts", "bootstrap", "boot_restarts", "seed")}
-        with warnings.catch_warnings():
+        # --out is design.py's own folder (common.claim): new, this same request's, or --overwrite; one writer
+        with fit.claimed(a.out, "design", request, a.overwrite), warnings.catch_warnings():
+            for name in ("sim.json", "sim.md", "sim.png"):
+                common.check_new(os.path.join(a.out, name), True)
             warnings.simplefilter("ignore")     # fit_block's single-hit notes on small sets: the tables say enough
             files = sim_outputs(simulate(a), request)
+            fit.write_set(a.out, {n: files[n] for n in ("sim.json", "sim.md", "sim.png")})   # sim.json last
     except ValueError as err:
         common.fail("design.py", err)
-    os.makedirs(a.out, exist_ok=True)
-    for name in ("sim.md", "sim.png", "sim.json"):          # sim.json last: it marks a complete set
-        common.write_owned(os.path.join(a.out, name), files[name], key)
     print(f"wrote {a.out}/sim.json, sim.md, sim.png")
     return 0
 

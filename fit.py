@@ -17,26 +17,22 @@ Run:
     python fit.py --cases out/mini                           # case table + figures of out/mini/case_*/ in report.md
     python fit.py --csv c.csv --law chinchilla --out out/c   # plain Eq. 2 fits on n_params,tokens,val_loss[,group]
     python fit.py --synthetic synth.csv --phi 0.46 --noise 0.01 --seed 0   # the 116-run grid drawn from Eq. 3
-    add --overwrite to replace files fit.py did not write for this same request (a request may rewrite its own)
+    add --overwrite to write into a folder that holds anything but this same request's fit (a rerun needs none)
 Test: python -m pytest -q tests/test_fit.py tests/test_hostile_fit.py
 Read in this order: objective -> _screen -> fit_law -> bootstrap_phi -> optimal_width -> run_protocol -> assess
 -> main.
 Not here: parameter / FLOP / token accounting (flops.py), training (train.py).
 
-What it promises (issues 12, 18): bad input (a value out of range, a malformed CSV or done.json, an n_loops flops.py
-cannot count, an --out that is a file) is one error line naming file, line and key, before any fit; done.json and
-CSV rows are checked against one table, LIMITS. A fit the data cannot support is flagged -- on_bound, low_r2,
-single_budget, few_runs, few_resamples, unfinished_runs, ... -- on the phi line, at the top of report.md and in
-fit.json["flags"]; where no fit is meaningful (equal losses, one r for the joint law) it is refused. fit.json records
-which runs it fitted (run folders, per-run keys and their digest), so --cases can refuse a delta-phi taken against
-another runs folder. Outputs go through common.py's atomic writer and ownership ledger: a file fit.py did not write
-for this same request is replaced only with --overwrite; --out is written as one set (every temporary first,
-fit.json renamed in last).
+What it promises (README "Guarantees"): bad input (a value out of LIMITS, a malformed CSV or done.json, an n_loops
+flops.py cannot count, runs on different data) is one error line naming file and key, before any fit. A fit the data
+cannot support is flagged (on_bound, low_r2, single_budget, few_runs, ...) on the phi line, at the top of report.md and
+in fit.json["flags"]; where no fit is meaningful (equal losses, one r for the joint law) it is refused. fit.json
+records the runs it fitted, so --cases refuses a delta-phi taken against other runs. --out is fit.py's own folder
+(common.claim: new, this same request's, or --overwrite; one writer at a time), written as one set.
 
-Speed (paper protocol = 9 point fits x 500 restarts + 200 bootstrap refits; naively ~20 min of serial scipy): all
-500 starts of a fit run at once in a vectorised projected BFGS (the "screen"), then scipy L-BFGS-B polishes the best
-few screened optima at tight tolerances; bootstrap refits are warm-started from the full-data optimum plus a few
-random starts. Engine "scipy" (one L-BFGS-B per start, serially) is the unbatched reference the tests compare with.
+Speed: all 500 starts of a fit run at once in a vectorised projected BFGS (the "screen"), then scipy L-BFGS-B polishes
+the best few screened optima at tight tolerances; bootstrap refits are warm-started from the full-data optimum plus a
+few random starts. Engine "scipy" (one L-BFGS-B per start, serially) is the unbatched reference the tests compare with.
 """
 import os
 
@@ -90,7 +86,8 @@ CHIN_REQUIRED = ("n_params", "tokens", "val_loss")                              
 LIMITS = {"flops_budget": ("(0, 1e30]", "FLOPs"), "n_loops": ("[1, 16]", "recurrences r"),
           **dict.fromkeys(("n_once", "n_rec", "n_params"), ("[1, 1e15]", "parameters: a count, not millions")),
           "tokens": ("[1, 1e16]", "training tokens: a count, not billions"), "val_loss": ("(0, 100]", "nats"),
-          **dict.fromkeys(("d_model", "scale", "aspect_ratio"), ("[1, 1e9]", "width"))}
+          **dict.fromkeys(("d_model", "scale", "aspect_ratio"), ("[1, 1e9]", "width")),
+          "flops": ("(0, 1e30]", "executed FLOPs")}
 LIMITS["n_once"] = ("[0, 1e15]", LIMITS["n_once"][1])        # N_once may be 0 (r = 1, or fully looped models)
 INTEGERS = ("n_loops", "d_model", "scale", "aspect_ratio")
 DONE_SCHEMA = {**{k: (int if k in INTEGERS else (int, float), iv) for k, (iv, _) in LIMITS.items()},
@@ -103,17 +100,15 @@ MIN_CI_RESAMPLES = 100            # a 95% interval from fewer resamples rests on
 # A run folder holding one of these but no done.json never finished: train.py's checkpoint and log, and the
 # train.log a sweep (runs/launch.bash) leaves when a cell fails at start-up
 UNFINISHED = ("ckpt.pt", "log.jsonl", "train.log")
-# Every file fit.py writes into --out; only these are ever replaced or removed there (a new figure is added here),
-# and the files --cases writes into its folder
+# Every file a fit writes into --out (a new figure is added here): a refit removes those of them the previous fit.json
+# lists and this fit does not write, nothing else
 OUTPUTS = ("fit.json", "report.md", "iso_flops.png", "pred_vs_actual.png", "frontier.png", "phi.png",
            "loop_sweep.png")
-CASES_OUTPUTS = ("report.md", "cases.png", "cases_loops.png")
 
 # Synthetic truth (fitting.md §7-8): alpha, beta, E and phi are the paper's joint fit (Table 2); A and B are not
 # printed there, so they are chosen (derived) to put the grid's losses at 2.29-2.98 nats like Fig. 2, with the r=1
 # compute optimum inside the widths trained at each budget (s* = 7.2 at 4.64e17 ... 24.8 at 2.15e19).
 SYNTH_TRUTH = {"E": 1.57, "A": 25.0, "B": 1000.0, "alpha": 0.199, "beta": 0.369, "phi": 0.46}
-
 
 class FitWarning(UserWarning):
     """A fitter warning that is also a flag (assess, _fit_warning_flags): warnings show the message, and the CLI
@@ -122,7 +117,6 @@ class FitWarning(UserWarning):
     def __init__(self, message, name, item):
         super().__init__(message)
         self.flag = (name, item)
-
 
 def _box(p):
     """(lo, hi) of the App. F box for a p-parameter law (p = 5: phi fixed or Chinchilla; p = 6: free phi)."""
@@ -136,7 +130,6 @@ def _is_baseline(case):
     """Records without a case label (or labelled "baseline") are the main grid."""
     return case in (None, "", "baseline")
 
-
 def _configs(rec):
     """(ModelConfig fields, TrainConfig fields) of a done.json record: config is nested as train.py writes it
     ({"model_config": {...}, "train_config": {...}}), or flat, or has some sub-dict holding n_layers_eff."""
@@ -145,39 +138,58 @@ def _configs(rec):
                   and (c is cfg.get("model_config") or "n_layers_eff" in c)), {})
     return model, cfg["train_config"] if isinstance(cfg.get("train_config"), dict) else cfg
 
+def _folders(runs_dir):
+    """[(folder, names in it)] of runs_dir's tree, sorted (the same run order on every filesystem). A linked folder
+    is followed (a study may link runs in from elsewhere), a link loop and an unreadable folder are refused by name:
+    os.walk would skip the latter silently, and a run hidden that way would vanish from the fit."""
+    def refuse(err):
+        raise ValueError(f"{err.filename}: cannot read ({err.strerror})")
+    out, seen = [], set()
+    for root, dirs, files in os.walk(runs_dir, onerror=refuse, followlinks=True):
+        real = os.path.realpath(root)
+        if real in seen:                             # followed links: a loop would be walked forever
+            raise ValueError(f"{root} leads to {real}, which is read already (a link loop or a duplicate); remove "
+                             "the link")
+        seen.add(real)
+        out.append((root, set(dirs) | set(files)))
+    return sorted(out, key=lambda x: x[0])
 
-def _walk_error(err):
-    """os.walk skips unreadable folders silently by default; a run hidden that way would vanish from the fit."""
-    raise ValueError(f"{err.filename}: cannot read ({err.strerror})")
-
+def read_json(path, schema=None):
+    """common.read_json of a regular file (a link is followed): a FIFO, a device (/dev/zero) or a folder behind the
+    name is refused by name, never opened -- open() would wait, or read forever."""
+    if os.path.lexists(path) and not os.path.isfile(path):
+        raise ValueError(f"{path}: is a FIFO, device or folder, not a file")
+    return common.read_json(path, schema)
 
 def _read_sweep(path):
     """The test-time loop sweep eval.py --n-loops-sweep wrote beside a run ([{n_loops, val_loss}, ...]), or None
-    when there is no eval.json or it holds no sweep. A sweep that is there is checked: a torn or hand-edited one is
-    an error naming the file, not a curve that silently vanishes from the report."""
-    curve = common.read_json(path).get("n_loops_sweep") if os.path.isfile(path) else None
-    if curve and not (isinstance(curve, list) and all(
-            isinstance(p, dict) and type(p.get("n_loops")) is int and p["n_loops"] >= 1 and "val_loss" in p
-            and common.check_number(p["val_loss"], LIMITS["val_loss"][0]) is None for p in curve)):
-        raise ValueError(f"{path}: n_loops_sweep must be a list of {{n_loops >= 1, val_loss in "
+    when there is no eval.json or it holds no sweep. One that is there is checked (eval.py's r' limits, LIMITS'
+    val_loss): a torn or hand-edited sweep names its file rather than vanish from the report."""
+    curve = read_json(path).get("n_loops_sweep") if os.path.lexists(path) else None
+    if curve and not _sweep_ok(curve):
+        raise ValueError(f"{path}: n_loops_sweep must be a list of {{n_loops in [1, 1024], val_loss in "
                          f"{LIMITS['val_loss'][0]}}} entries, as eval.py --n-loops-sweep writes it")
     return curve or None
 
+def _sweep_ok(curve):
+    """A loop-sweep curve as eval.py writes it: [{n_loops: an int r' in [1, 1024], val_loss: in LIMITS}, ...]."""
+    return isinstance(curve, list) and all(
+        isinstance(p, dict) and type(p.get("n_loops")) is int and 1 <= p["n_loops"] <= 1024 and "val_loss" in p
+        and common.check_number(p["val_loss"], LIMITS["val_loss"][0]) is None for p in curve)
 
 def load_records(runs_dir):
     """Every done.json under runs_dir (recursively), as dicts with "source" (the file, named in every error about
     the run), "run_dir" (its folder relative to runs_dir), "arch" (its flops.py accounting arguments beyond d_model
     and n_loops), "aspect_ratio" and "n_loops_sweep". Each record is checked as it is read: DONE_SCHEMA (the types
-    and LIMITS), its config's accounting, and its n_loops, flops_budget and case against its own config (a
-    hand-edited field is one line naming the file and key). ValueError if none is found."""
+    and LIMITS), its config's accounting, its n_loops, d_model, flops_budget and case against its own config, and
+    its data and tokenizer against every other record's. ValueError if none is found."""
     if not os.path.isdir(runs_dir):
         raise ValueError(f"runs directory {runs_dir!r} " + ("is not a folder" if os.path.exists(runs_dir) else
                                                             "does not exist"))
     recs = []
-    # sorted walk: the records (and so a fit's runs) come in the same order on every filesystem
-    for root in sorted(r for r, _, files in os.walk(runs_dir, onerror=_walk_error) if "done.json" in files):
+    for root in [root for root, names in _folders(runs_dir) if "done.json" in names]:
         path = os.path.join(root, "done.json")
-        rec = common.read_json(path, DONE_SCHEMA)
+        rec = read_json(path, DONE_SCHEMA)             # a FIFO, device or folder named done.json: refused by name
         mcfg, tcfg = _configs(rec)
         try:
             # the architecture the run trained (mini study: small d, vocab ~1k, seq_len 128) -- used for the N check
@@ -185,9 +197,10 @@ def load_records(runs_dir):
             acc = flops.accounting_args(mcfg)
         except ValueError as err:
             raise ValueError(f"{path}: config {err}") from None
+        rec.setdefault("d_model", acc.get("d_model"))       # the width N_once + N_rec is checked at (_check_accounting)
         # the top-level fields the fit reads must agree with the config the run trained: an edited budget or r would
         # otherwise be fitted silently at the wrong place (issue 18 §3)
-        for key, cfg in (("n_loops", mcfg), ("flops_budget", tcfg), ("case", tcfg)):
+        for key, cfg in (("n_loops", mcfg), ("d_model", acc), ("flops_budget", tcfg), ("case", tcfg)):
             mine, theirs = rec.get(key), cfg.get(key, rec.get(key))
             if key == "case":                                   # no case key in the record = the main grid ("")
                 mine, theirs = mine or "", theirs or ""
@@ -202,15 +215,22 @@ def load_records(runs_dir):
         left = unfinished_runs(runs_dir)
         raise ValueError(f"no done.json found under {runs_dir!r}" + (f" ({len(left)} unfinished run folders: "
                          f"{', '.join(left[:3])}{', ...' if len(left) > 3 else ''})" if left else ""))
+    # one study, one data set: runs trained on other data or another tokenizer follow another law, and a fit (or a
+    # delta-phi) across them would be silently wrong. A record that predates a field matches any value of it.
+    data = lambda rec: {"data": (rec.get("identity") or {}).get("data"), "tokenizer": rec.get("tokenizer_hash")}
+    known = lambda rec: {k: v for k, v in data(rec).items() if v is not None}
+    for rec in recs[1:]:
+        diff = common.identity_diff(known(recs[0]), known(rec), {**known(rec), **known(recs[0])})
+        if diff:
+            raise ValueError(f"{rec['source']} and {recs[0]['source']} were trained on different data ({diff[0]}); "
+                             "fit one study per runs folder")
     return recs
-
 
 def unfinished_runs(runs_dir):
     """Run folders under runs_dir that hold a checkpoint or a log (UNFINISHED) but no done.json: killed, failed at
     start-up or still training. fit.py reads only done.json, so these are absent from the fit unless named."""
-    return [os.path.relpath(root, runs_dir) for root, _, files in sorted(os.walk(runs_dir, onerror=_walk_error))
-            if "done.json" not in files and any(f in files for f in UNFINISHED)]
-
+    return [os.path.relpath(root, runs_dir) for root, names in _folders(runs_dir)
+            if "done.json" not in names and names & set(UNFINISHED)]
 
 def load_csv(path):
     """Rows of a CSV file as dicts (values still strings) with a "source" key naming file and line. ValueError if
@@ -245,7 +265,6 @@ def load_csv(path):
         raise ValueError(f"{path}: no data rows")
     return rows
 
-
 def _value(row, key, absent=None):
     """row[key] as a float, checked against LIMITS[key]: a number (not a blank, text or JSON true), finite, inside
     the range, whole where INTEGERS says so; else a ValueError naming the file (and line) and the key. An optional
@@ -262,7 +281,6 @@ def _value(row, key, absent=None):
         raise ValueError(f"{row['source']}: {key}={val!r:.40} {why or 'must be a whole number'}")
     return x
 
-
 def runs_from_rows(rows, law="joint"):
     """Validate run rows (done.json records or CSV rows) and return the runs dict the fitters use.
 
@@ -272,8 +290,6 @@ def runs_from_rows(rows, law="joint"):
     the joint keys (then N = n_once + n_rec and the group is the architecture r). Every number is checked against
     LIMITS: non-positive N, D or loss have no logarithm (Eq. 4), and objective relies on N, D >= 1.
     """
-    if not rows:
-        raise ValueError("no runs given")
     # rows built by hand (tests, notebooks) may lack the bookkeeping keys the loaders add
     rows = [dict(row, source=row.get("source", f"row {i}"), arch=row.get("arch") or {}) for i, row in enumerate(rows)]
     # --law chinchilla takes n_params,tokens,val_loss; it falls back to the joint columns only when n_params is absent
@@ -315,7 +331,6 @@ def runs_from_rows(rows, law="joint"):
         _check_accounting(rows, out)
     return out
 
-
 def _check_accounting(rows, runs):
     """Error on a run whose (n_loops, architecture) flops.py cannot count (n_loops = 3 does not divide the 16 looped
     layers; an unknown injection), or whose N_once + N_rec disagrees with flops.param_split at its width. The
@@ -339,7 +354,6 @@ def _check_accounting(rows, runs):
             raise ValueError(f"{row['source']}: n_once + n_rec = {got:.0f} but flops.param_split(d_model={d}, "
                              f"n_loops={r}, {kw}) gives {want} -- record and accounting disagree")
 
-
 def arch_map(runs):
     """({r: flops kwargs}, {r: aspect ratio}) of the selected runs. Every run of one r must share its architecture,
     else that r's frontier is ill-defined (a case-study variant and the baseline differ: select one with --case)."""
@@ -352,7 +366,6 @@ def arch_map(runs):
                              f"architecture per n_loops (label variants with a case and select one with --case)")
         aspect[r] = int(asp)
     return arch, aspect
-
 
 def subset(runs, mask):
     """The runs selected by a boolean mask, or reordered by an index array (arrays and per-run lists alike)."""
@@ -383,7 +396,6 @@ def make_problem(runs, phi=None):
         raise ValueError(why)
     return prob
 
-
 def _pack(runs, phi=None):
     """make_problem without its checks: predict() on any runs (a figure may show fewer runs than a fit needs)."""
     r_u, r_idx = np.unique(runs["n_loops"], return_inverse=True)       # the distinct r, and each run's index there
@@ -395,7 +407,6 @@ def _pack(runs, phi=None):
         # N_eff = N_once + r^phi N_rec is data once phi is fixed (Eq. 3)
         prob["ln_n"] = np.log(prob["n_once"] + np.exp(phi * prob["ln_r"]) * prob["n_rec"])
     return prob
-
 
 def objective(theta, prob, weights=None, grad=True):
     """Eq. 4: Obj(theta) = sum_i w_i Huber_delta(rho_i), rho_i = LSE(t1, t2, t3) - ln L_i, and dObj/dtheta.
@@ -447,7 +458,6 @@ def objective(theta, prob, weights=None, grad=True):
         cols.append(-th[:, 3] * (p1 * (amp * prob["ln_r"] * prob["n_rec"] / n_eff)).sum(1))
     g = np.stack(cols, axis=1)                                   # (K, p)
     return (f, g) if np.ndim(theta) == 2 else (f[0], g[0])
-
 
 def predict(theta, prob):
     """L_hat in nats for every run of prob, at one theta."""
@@ -541,7 +551,6 @@ def _screen(prob, x0, weights=None, maxiter=SCREEN_ITERS, gtol=1e-9, ftol=1e-13)
         done[am[stop]] = True
     return x, f * DELTA, done
 
-
 def _polish(prob, x, weights=None):
     """scipy L-BFGS-B from x on Obj/delta inside the box at tight tolerances (fitting.md §4.2). Returns (x, Obj)."""
     lo, hi = _box(prob["p"])
@@ -554,14 +563,12 @@ def _polish(prob, x, weights=None):
                    options=POLISH_OPTS)
     return res.x, float(objective(res.x, prob, weights, grad=False))
 
-
 def _starts(p, restarts, seed):
     """The App. F uniform starts in the box, from one seeded generator (identical across engines)."""
     lo, hi = _box(p)
     # a fresh generator per fit: every fit of a protocol (and both engines) sees the same starts for a given seed,
     # whatever ran before it
     return np.random.default_rng(seed).uniform(lo, hi, size=(restarts, p))
-
 
 def fit_law(prob, restarts=RESTARTS, seed=0, engine="batched"):
     """Best of `restarts` uniform starts on Eq. 4 (App. F). engine "batched": screen + polish; "scipy": one
@@ -585,13 +592,12 @@ def fit_law(prob, restarts=RESTARTS, seed=0, engine="batched"):
             first.setdefault(tuple(np.round(xs[i], 3)), i)
         polished = [_polish(prob, xs[i]) for i in list(first.values())[:N_POLISH]]
         best_x, best_f = min([(xs[order[0]], fs[order[0]])] + polished, key=lambda xf: xf[1])   # first of equals
-    elif engine == "scipy":
-        # engine A: the protocol as written, one L-BFGS-B per start, serially (the reference the test compares to)
+    else:
+        # engine A ("scipy"): the protocol as written, one L-BFGS-B per start, serially (the reference of the tests)
+        assert engine == "scipy", engine
         xs, fs = (np.array(v) for v in zip(*[_polish(prob, x) for x in x0]))
         conv = np.ones(restarts, dtype=bool)
         best_x, best_f = xs[np.argmin(fs)], float(fs.min())
-    else:
-        raise ValueError(f"engine must be 'batched' or 'scipy', got {engine!r}")
     # hits: restarts (as screened) within HIT_RTOL of the best; the polished best counts as one when none is
     hits = int(np.sum(fs <= best_f + (HIT_RTOL * abs(best_f) + 1e-15)))
     # distinct optima among converged restarts: clusters of the objective (relative 1e-6) and of theta (to 1e-3)
@@ -604,7 +610,6 @@ def fit_law(prob, restarts=RESTARTS, seed=0, engine="batched"):
     return {"theta": best_x, "huber": float(best_f), "hits": max(hits, 1), "restarts": restarts,
             "n_converged": int(conv.sum()), "distinct_optima": n_obj, "distinct_theta": n_theta,
             "on_bounds": on_bounds, "seed": seed, "engine": engine, "seconds": time.perf_counter() - t0}
-
 
 def describe(prob, res, name="joint"):
     """The report block of a fit: E, A, B, alpha, beta, phi, R^2 on raw nats, RMSE, max|res|, per-r residuals.
@@ -630,7 +635,6 @@ def describe(prob, res, name="joint"):
         warnings.warn(FitWarning(f"{item}: only one of {res['restarts']} restarts reached the best objective; the "
                                  "optimum may not be reproducible", "single_hit", item))
     return block
-
 
 def fit_block(runs, phi=None, restarts=RESTARTS, seed=0, engine="batched", name="joint"):
     """make_problem + fit_law + describe in one call; phi as in make_problem, name as in describe."""
@@ -709,7 +713,6 @@ def arch_polys(r, arch=None):
         raise ValueError(f"flops.py accounting for r={r} {arch} is not quadratic in d_model; cannot invert it")
     return {"once": coef[:, 0], "rec": coef[:, 1], "flops": coef[:, 2]}
 
-
 def optimal_width(E, A, B, alpha, beta, n_of_d, f_of_d, C):
     """d* = argmin_d E + A N(d)^-alpha + B (F(d)/C)^beta, i.e. minimise L(N, D = C/F(N)) (§4.2, fitting.md §6).
 
@@ -730,7 +733,6 @@ def optimal_width(E, A, B, alpha, beta, n_of_d, f_of_d, C):
     lo, hi = grid[max(j - 1, 0)], grid[min(j + 1, len(grid) - 1)]
     u = minimize_scalar(loss, bounds=(lo, hi), method="bounded", options={"xatol": 1e-10}).x
     return math.exp(u), float(n_of_d(math.exp(u))), float(C / f_of_d(math.exp(u))), float(loss(u))
-
 
 def _frontier_rows(blocks, arch, aspect, budgets, joint=False):
     """Compute-optimal rows (budget, r, d*, s*, N*, N_eff*, D*, L*) for each r, from per-arch or joint laws."""
@@ -753,7 +755,6 @@ def _frontier_rows(blocks, arch, aspect, budgets, joint=False):
         row["gap"] = row["loss"] - base[row["flops_budget"]] if row["flops_budget"] in base else None
     return rows
 
-
 def frontier(per_arch, joint, runs):
     """The frontier block: per-arch compute optima and gaps (§4.2, Fig. 3), power-law exponents of N* and D* in C,
     the joint law's optima at fixed r (App. G.3) and the App. F.4 equivalent sizes. The widths, N(d) and F(d) come
@@ -775,7 +776,6 @@ def frontier(per_arch, joint, runs):
             out["gaps"][str(r)] = [float(min(gaps)), float(max(gaps))]
     out["equivalence"] = equivalence(joint["phi"], arch)
     return out
-
 
 def equivalence(phi, arch, n_ref=1e9):
     """App. F.4: at the width where the non-looped model has N = n_ref, the looped model's unique N, its
@@ -861,7 +861,6 @@ def run_protocol(runs, restarts=RESTARTS, n_boot=N_BOOT, seed=0, boot_restarts=B
     out["flags"] = assess(out, runs)
     return out
 
-
 def loop_sweeps(runs):
     """Test-time loop extrapolation (App. A): the runs that carry an eval.py --n-loops-sweep curve, as
     [{n_loops (trained r), flops_budget, n_params, val_loss (at r), curve: [{n_loops: r', val_loss}], gain}], where
@@ -875,7 +874,6 @@ def loop_sweeps(runs):
                     "curve": [{"n_loops": k, "val_loss": at[k]} for k in sorted(at)],
                     "gain": at[top] - at[r] if (r in at and top > r) else None})
     return sorted(out, key=lambda e: (e["flops_budget"], e["n_loops"], e["n_params"]))
-
 
 def select_runs(runs, case=None, loops=None):
     """The runs one analysis uses. No case: the main grid (runs without a case label). A case (§5): the variant's
@@ -898,13 +896,11 @@ def select_runs(runs, case=None, loops=None):
         raise ValueError("no runs left after selecting case/loops")
     return subset(runs, sel)
 
-
 def _canonical_order(runs):
     """The runs sorted by (budget, r, N, D): a fit then does not depend on the order the folders were walked in, and
     a variant whose runs equal the baseline's gives the baseline's fit and bootstrap bit for bit (delta-phi = 0)."""
     return subset(runs, np.lexsort((runs["tokens"], runs["n_once"] + runs["n_rec"], runs["n_loops"],
                                     runs["flops_budget"])))
-
 
 def run_case(runs, case, loops=None, **kw):
     """§5 / Table 3: the full protocol on the variant's runs, the baseline refitted on the same budgets (and the same
@@ -931,7 +927,6 @@ def run_case(runs, case, loops=None, **kw):
     out["flags"] = assess(out, variant)   # again, now with the refitted baseline that delta-phi depends on
     return out
 
-
 def _budgets_said(c):
     """What the case's baseline was refitted on, truly: "the same budgets", or the case's budgets it has runs at."""
     lack = [x for x in c["budgets"] if x not in c.get("baseline_budgets", c["budgets"])]
@@ -939,7 +934,6 @@ def _budgets_said(c):
         return "the same budgets"
     return (f"{len(c['budgets']) - len(lack)} of the case's {len(c['budgets'])} budgets (no baseline runs at C = "
             f"{', '.join(f'{x:.3g}' for x in lack)})")
-
 
 def paired_delta_bootstrap(variant, base, vres, bblk, n_boot, seed, boot_restarts, progress=True):
     """The CI of delta-phi: one block bootstrap over the (budget, r) cells, the SAME resamples for the variant and
@@ -980,7 +974,6 @@ FLAG_TEXT = {
     "fit_warning": "the fitter warned",
 }
 
-
 def _add_flag(flags, name, item):
     """One flag per condition; a second finding of the same kind adds an item to its message."""
     flag = next((f for f in flags if f["name"] == name), None)
@@ -989,7 +982,6 @@ def _add_flag(flags, name, item):
     if item not in flag["items"]:
         flag["items"].append(item)
     flag["message"] = f"{FLAG_TEXT[name]}: {'; '.join(flag['items'])}"
-
 
 def assess(res, runs):
     """The flags of a result: [{"name", "message"}], empty when nothing is amiss. fit.json stores them, report.md
@@ -1054,7 +1046,6 @@ def assess(res, runs):
 
 SYNTH_COLUMNS = ("flops_budget", "n_loops", "scale", "d_model", "n_once", "n_rec", "tokens", "val_loss")
 
-
 def synthetic_rows(phi=0.46, noise=0.01, seed=0, truth=None):
     """The flops.grid_runs() grid (Table 6: 29 cells x r in {1,2,4,8}) with val_loss = Eq. 3 at SYNTH_TRUTH
     (phi replaced, any key overridden by truth) plus N(0, noise^2) nats. Returns CSV-style row dicts."""
@@ -1070,25 +1061,16 @@ def synthetic_rows(phi=0.46, noise=0.01, seed=0, truth=None):
                          source=f"synthetic:{i}", arch={}))
     return rows
 
-
 def synthetic_runs(phi=0.46, noise=0.01, seed=0, truth=None):
     """synthetic_rows, validated into the runs dict the fitters take."""
     return runs_from_rows(synthetic_rows(phi, noise, seed, truth))
 
-
 def write_synthetic(path, phi, noise, seed, overwrite=False):
-    """python fit.py --synthetic OUT.csv: write the grid as a CSV that --csv reads back. An existing file is replaced
-    only if this same request wrote it (common's ledger), or with overwrite."""
-    key = common.request_key("fit", {"synthetic": os.path.abspath(path), "phi": phi, "noise": noise, "seed": seed})
-    common.check_dir_writable(os.path.dirname(os.path.abspath(path)), "--synthetic")
-    common.check_owned([path], key, overwrite, "--synthetic")
+    """python fit.py --synthetic OUT.csv: write the grid as a CSV that --csv reads back."""
     rows, buf = synthetic_rows(phi, noise, seed), io.StringIO(newline="")
     csv.writer(buf).writerows([SYNTH_COLUMNS] + [[repr(row[k]) if isinstance(row[k], float) else row[k]
                                                    for k in SYNTH_COLUMNS] for row in rows])
-    try:
-        common.write_owned(path, buf.getvalue(), key)
-    except OSError as err:
-        raise ValueError(f"--synthetic {path!r}: cannot write ({common.write_failure(err, path)})") from None
+    write_new(path, buf.getvalue().encode(), overwrite, "--synthetic")
     return rows
 
 
@@ -1099,13 +1081,11 @@ def _sig2(x):
     """A and B to 2 significant figures, as Table 1 prints them."""
     return f"{float(f'{x:.2g}'):g}"
 
-
 def _table(head, rows, title=None):
     """Markdown lines: the title and a blank line (if given), the header, the separator, one line per row (a list
     of already formatted cells)."""
     return ([title, ""] if title else []) + [f"| {' | '.join(head)} |", "|---" * len(head) + "|"] + \
         [f"| {' | '.join(map(str, row))} |" for row in rows]
-
 
 def _table1(blocks, title):
     """Table 1's layout (one row per architecture or group), plus n, hits and bound flags as diagnostics."""
@@ -1114,12 +1094,10 @@ def _table1(blocks, title):
                     f"{b['huber'] / 1e-5:.2f}", f"{b['r2']:.4f}", b["n"], b["hits"], ", ".join(b["on_bounds"]) or "-")
                    for key, b in blocks.items()], title)
 
-
 def _flag_names(res):
     """The flag names as the phi line and the tables show them, e.g. " -- WARNING: low_r2, on_bound"."""
     names = [f["name"] for f in res.get("flags", [])]
     return f" -- WARNING: {', '.join(names)}" if names else ""
-
 
 def report_text(res):
     """report.md: the flags first, then Table 1 (per-arch), Table 2 (joint + restricted), Table 7 (per-r
@@ -1189,7 +1167,6 @@ def report_text(res):
         L += _frontier_text(res)
     return "\n".join(L) + "\n"
 
-
 def _frontier_text(res):
     """The frontier sections of report.md: per-arch optima and gaps, exponents, the joint law's s* (App. G.3) and
     the App. F.4 equivalent sizes."""
@@ -1216,7 +1193,6 @@ def _frontier_text(res):
                              f"## Equivalent sizes (App. F.4, φ = {res['joint']['phi']:.3f}, N_rec includes the "
                              "injection layer)")
 
-
 def _jsonable(x):
     """numpy scalars/arrays -> plain JSON types (NaN and inf -> null, which strict JSON readers accept)."""
     if isinstance(x, dict):
@@ -1239,7 +1215,6 @@ def _pyplot():
     import matplotlib.pyplot as plt
     return plt
 
-
 def _png(fig):
     """A matplotlib figure as PNG bytes (closed afterwards): nothing is written here, so a figure that fails leaves
     no file behind."""
@@ -1253,7 +1228,6 @@ def _png(fig):
         _pyplot().close(fig)
     return buf.getvalue()
 
-
 def _lim(*arrays):
     """[lo, hi] of the finite values (a diagonal or an axis range); padded when they are all equal, [0, 1] when none
     is finite -- degenerate data must still draw (issue 12, rule 6)."""
@@ -1265,7 +1239,6 @@ def _lim(*arrays):
     pad = 0.05 * (hi - lo) if hi > lo else 0.05 * max(abs(lo), 1.0)
     return [lo - pad, hi + pad]
 
-
 def _diagonal(ax, runs, legend=False, **labels):
     """The y = x line of a predicted-vs-actual panel, framed by the actual losses (a wild prediction is clipped)."""
     lim = _lim(runs["val_loss"])
@@ -1273,7 +1246,6 @@ def _diagonal(ax, runs, legend=False, **labels):
     ax.set(xlabel="actual loss (nats)", xlim=lim, ylim=lim, **labels)
     if legend:
         ax.legend(fontsize=7)
-
 
 def make_figures(res, runs):
     """iso_flops.png (Fig. 2 style, one panel per r), pred_vs_actual.png (Fig. 8 / 10), frontier.png (Fig. 3:
@@ -1332,7 +1304,6 @@ def make_figures(res, runs):
     assert set(figs) <= set(OUTPUTS), "add a new figure to OUTPUTS so --overwrite can manage it"
     return figs
 
-
 def _iso_flops_figure(plt, res, runs, rs):
     """iso-FLOP profiles (Fig. 2): loss vs N per budget, the per-arch law along the width (D = C / F(d)) and, as
     stars, the compute optima (N*, L*)."""
@@ -1362,7 +1333,6 @@ def _iso_flops_figure(plt, res, runs, rs):
     axes[0][0].legend(title="C (FLOPs)", fontsize=7)
     return _png(fig)
 
-
 def _phi_figure(plt, res):
     """phi: the restricted-fit comparison (Fig. 1 right: R^2 drops at phi = 0 and phi = 1) and the bootstrap
     histogram with its 95% interval (dashed) and the point estimate (solid)."""
@@ -1388,41 +1358,42 @@ def _phi_figure(plt, res):
 
 CASES_MARK = "<!-- case studies: written by fit.py --cases; everything below is regenerated -->"
 
-
 def _top_gap(res, r=8):
     """L*_r - L*_1 of the frontier at the largest budget (§4.2), or None."""
     rows = [x for x in (res.get("frontier") or {}).get("rows", []) if x["n_loops"] == r and x["gap"] is not None]
     return max(rows, key=lambda row: row["flops_budget"])["gap"] if rows else None
 
-
 def _same_runs(base, base_path, res, path):
     """A case's delta-phi is taken against the baseline refitted inside that case's fit; the table shows it next to
-    the baseline study's own phi, so the two must rest on the same runs: every run of the case's baseline refit must
-    be a run of OUT/fit.json (runs_record keys). Else one line naming both files (issue 18 §1)."""
+    the baseline study's own phi, so the two must rest on the same runs: every run (folder) of the case's baseline
+    refit must be in OUT/fit.json with the same key (runs_record), compared by common.identity_diff."""
     want, have = (res.get("case") or {}).get("baseline_runs"), base.get("runs")
     # a fit.json from before issue 18 has no runs record: nothing can be matched, so nothing is claimed
     for p, rec in ((path, want), (base_path, have)):
-        if not (isinstance(rec, dict) and isinstance(rec.get("keys"), list)):
-            raise ValueError(f"{p}: records no runs digest (an older fit.py wrote it), so its runs cannot be matched "
-                             f"with the others; refit it")
-    if not set(want["keys"]) <= set(have["keys"]):
-        raise ValueError(f"{path}: its baseline was refitted on other runs ({want['n']} runs, digest {want['digest']}) "
-                         f"than {base_path} ({have['n']} runs, digest {have['digest']}); fit both from the same "
-                         f"runs folder, then rerun --cases")
-
+        if not (isinstance(rec, dict) and all(isinstance(rec.get(k), list) for k in ("keys", "dirs"))):
+            raise ValueError(f"{p}: records no runs (an older fit.py wrote it), so its runs cannot be matched with "
+                             "the others; refit it")
+    mine, theirs = dict(zip(want["dirs"], want["keys"])), dict(zip(have["dirs"], have["keys"]))
+    diff = common.identity_diff(mine, {d: theirs.get(d) for d in mine})
+    if diff:
+        raise ValueError(f"{path}: its baseline was refitted on other runs than {base_path} ({len(diff)} differ, "
+                         f"e.g. {diff[0]}); fit both from the same runs folder, then rerun --cases")
 
 def case_summary(out_dir):
     """Collect OUT/fit.json (the baseline study) and OUT/case_*/fit.json (runs/mini.sh --case NAME, or fit.py --case
     with --out OUT/case_NAME): rows of phi [CI], the refitted baseline's phi, delta-phi [paired CI], R^2, the r=8
     frontier gap at the top budget and the mean test-time extrapolation gain per case. A case fitted from other runs
-    than the baseline study is refused (_same_runs). Returns {"rows", "sweeps": {name: loop_sweep}, "fit_key"}."""
+    than the baseline study is refused (_same_runs). Returns {"rows", "sweeps": {name: loop_sweep}, "request": the
+    request of the fit that wrote OUT/fit.json, "unfitted": case folders without a fit.json}."""
     found = [("baseline", os.path.join(out_dir, "fit.json"))] + [
         (name[len("case_"):], os.path.join(out_dir, name, "fit.json"))
         for name in (sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []) if name.startswith("case_")]
-    rows, sweeps, base = [], {}, None
-    # the baseline first: every case row is checked against it as it is read (_same_runs)
-    for name, path in [(n, p) for n, p in found if os.path.isfile(p)]:
-        res = common.read_json(path)
+    rows, sweeps, base, request = [], {}, None, None
+    # the baseline first: every case row is checked against it as it is read (_same_runs). A fit.json that is
+    # there but no file (a FIFO, a dangling link) is named by read_json, never skipped
+    for name, path in [(n, p) for n, p in found if os.path.lexists(p)]:
+        res = read_json(path)
+        request = res.get("request") if name == "baseline" else request
         if "joint" not in res:
             continue                                  # a chinchilla fit: no phi to compare
         j = res["joint"]
@@ -1432,36 +1403,34 @@ def case_summary(out_dir):
             base = res
         elif base is not None:
             _same_runs(base, found[0][1], res, path)
-        bs, c = res.get("bootstrap") or {}, res.get("case") or {}
-        gains = [e["gain"] for e in res.get("loop_sweep") or [] if e.get("gain") is not None]
-        rows.append({"name": name, "phi": j["phi"], "phi_lo": bs.get("phi_lo"), "phi_hi": bs.get("phi_hi"),
-                     "r2": j["r2"], "n": j["n"], "delta_phi": c.get("delta_phi"),
-                     "delta_phi_lo": c.get("delta_phi_lo"), "delta_phi_hi": c.get("delta_phi_hi"),
-                     "baseline_phi": (c.get("baseline") or {}).get("phi"), "gap8": _top_gap(res),
-                     "extrapolation_gain": float(np.mean(gains)) if gains else None,
-                     # the fit's flags (fit.json "flags") with the fits they concern: single_hit on "fit over 12
-                     # runs (low half, App. F.3)" is about an auxiliary fit, not about the phi of the table
-                     "flags": [(fl["name"], "; ".join(fl.get("items") or [])) for fl in res.get("flags") or []]})
+        try:        # a hand-edited fit.json: every number the table and figures show is checked, or the file named
+            bs, c, sw = res.get("bootstrap") or {}, res.get("case") or {}, res.get("loop_sweep") or []
+            gains = [e["gain"] for e in sw if e.get("gain") is not None]
+            rows.append({"name": name, "phi": j["phi"], "phi_lo": bs.get("phi_lo"), "phi_hi": bs.get("phi_hi"),
+                         "r2": j["r2"], "n": j["n"], "delta_phi": c.get("delta_phi"),
+                         "delta_phi_lo": c.get("delta_phi_lo"), "delta_phi_hi": c.get("delta_phi_hi"),
+                         "baseline_phi": (c.get("baseline") or {}).get("phi"), "gap8": _top_gap(res),
+                         "extrapolation_gain": float(np.mean(gains)) if gains else None,
+                         # the fit's flags (fit.json "flags") with the fits they concern: single_hit on "fit over 12
+                         # runs (low half, App. F.3)" is about an auxiliary fit, not about the phi of the table
+                         "flags": [(fl["name"], "; ".join(fl.get("items") or [])) for fl in res.get("flags") or []]})
+            bad = [k for k, v in rows[-1].items() if k not in ("name", "flags")
+                   and common.check_number(v, "[-1e6, 1e6]")]
+            if bad or not all(type(e["n_loops"]) is int and _sweep_ok(e["curve"]) for e in sw):
+                raise ValueError(f"{', '.join(bad) or 'loop_sweep'} out of range")
+        except (KeyError, TypeError, AttributeError, ValueError) as err:
+            raise ValueError(f"{path}: not a fit.py result ({err})") from None
         if res.get("loop_sweep"):
             sweeps[name] = res["loop_sweep"]
     if not rows:
         raise ValueError(f"no fit.json with a joint fit in {out_dir!r} or its case_*/ folders")
-    return {"rows": rows, "sweeps": sweeps, "fit_key": (base or {}).get("request_key")}
+    return {"rows": rows, "sweeps": sweeps, "request": request,
+            "unfitted": [os.path.dirname(p) for n, p in found[1:] if not os.path.lexists(p)]}
 
-
-def write_case_summary(summary, out_dir, overwrite=False):
+def write_case_summary(summary, out_dir):
     """Append (or regenerate) the case-study section of OUT/report.md and write cases.png (and cases_loops.png), as
-    one set. Ownership (common's ledger): report.md may be rewritten where the fit that wrote OUT/fit.json wrote it
-    or an earlier --cases on OUT did, and stays that fit's (the section goes below its report, and the fit may
-    rewrite it); the figures where an earlier --cases on OUT wrote them; anything else only with overwrite.
-    Checked before any drawing."""
-    # --cases on one folder is one request, whatever the case fits inside it; the report may also belong to the
-    # baseline fit that wrote OUT/fit.json (its request_key), below whose report the section goes
-    key = common.request_key("fit", {"cases": os.path.abspath(out_dir)})
+    one set (main claims OUT first). Returns the paths written, report.md first."""
     report = os.path.join(out_dir, "report.md")
-    owner, rkey = common.owner_of(report), summary["fit_key"] or key
-    common.check_owned([report], owner if owner in (rkey, key) else key, overwrite, "--cases")
-    common.check_owned([os.path.join(out_dir, n) for n in CASES_OUTPUTS[1:]], key, overwrite, "--cases")
     f = lambda x, fmt: "-" if x is None else format(x, fmt)
     ci = lambda row, k, fmt: "" if row[f"{k}_lo"] is None else f" [{row[f'{k}_lo']:{fmt}}, {row[f'{k}_hi']:{fmt}}]"
     L = [CASES_MARK, "", "## Case studies (§5, Table 3; runs/mini.sh --case NAME)", "",
@@ -1484,9 +1453,8 @@ def write_case_summary(summary, out_dir, overwrite=False):
         with open(report, encoding="utf-8", errors="replace") as fh:
             head = fh.read().split(CASES_MARK)[0].rstrip("\n") + "\n\n"
     files["report.md"] = (head + "\n".join(L) + "\n").encode()
-    write_set(out_dir, files, {n: rkey if n == "report.md" else key for n in files})
+    write_set(out_dir, files)
     return [os.path.join(out_dir, n) for n in sorted(files, key=lambda n: n != "report.md")]
-
 
 def _case_figures(summary):
     """{"cases.png": phi and its CI per case, "cases_loops.png": val loss vs test-time r' per case (if swept)}."""
@@ -1534,7 +1502,6 @@ def run_chinchilla(runs, restarts=RESTARTS, seed=0):
     out["flags"] = assess(out, runs)
     return out
 
-
 def _eq2_fits(runs, labels, restarts, seed, name, what=""):
     """Eq. 2 on each group of runs (labels: the (n,) group of every run), in sorted group order: {str(group): fit
     block}. name.format(group) names the fit in its warnings, what + that name in its errors. Eq. 2 is fitted as
@@ -1547,7 +1514,6 @@ def _eq2_fits(runs, labels, restarts, seed, name, what=""):
         except ValueError as err:
             raise ValueError(f"{what}{name.format(g)}: {err}") from None
     return out
-
 
 def _chin_groups(res):
     """The chinchilla block as {group: fit}, whether it was grouped or a single fit."""
@@ -1571,44 +1537,82 @@ def runs_record(runs):
     return {"n": n, "digest": common.request_key("runs", sorted(keys)), "dirs": list(runs.get("dir") or []),
             "keys": keys}
 
+class Partial(ValueError):
+    """A write_set that failed after its first rename: a refusal that cannot change nothing (see claimed)."""
 
-def write_set(folder, files, keys, remove=()):
-    """Write {name: bytes} into folder as one set through common.write_owned (atomic writes, recorded in the
-    ownership ledger under keys[name]). The writes are nested, so every temporary is written and fsync'd before
-    the first rename: a full disk or an error changes nothing. Then the names in remove go (the old fit.json, an
-    earlier fit's outputs this one does not write) and the files are renamed in, the first name of files last
-    (fit.json: a folder with a fit.json holds that fit's complete set)."""
-    # renaming: set once the last temporary is written -- from then on an error leaves a partial set, and says so
-    names, renaming = list(files), []
+@contextlib.contextmanager
+def claimed(folder, tool, request, overwrite=False, flag="--out"):
+    """common.claim(folder) for the body of the with: fit.py's (or design.py's) own folder, one writer at a time. A
+    refusal raised inside the body gives the folder back as it was (its marker's old text, no folder we made): a
+    refused command changes nothing."""
+    mark = os.path.join(folder, f".nanoloop-{tool}")
+    made, old = not os.path.lexists(folder), None
+    if os.path.lexists(mark) and (os.path.islink(mark) or not os.path.isfile(mark)):   # a FIFO would block claim
+        raise ValueError(f"{flag} {folder}: its marker {mark} is not a plain file; move it away")
+    if os.path.lexists(mark):
+        with open(mark, "rb") as fh:
+            old = fh.read(200)
+    common.claim(folder, tool, request, overwrite, flag)
     try:
-        os.makedirs(folder, exist_ok=True)
-        for tmp in common.stale_temps(folder):           # what a fit.py killed mid-write left: ours, never renamed
-            if any(os.path.basename(tmp).startswith(f".{n}.") for n in OUTPUTS + CASES_OUTPUTS):
-                os.unlink(tmp)
+        yield
+    except BaseException as err:
+        if isinstance(err, Partial):           # outputs were renamed in: the folder stays ours, for the rerun
+            common.release(folder)
+            raise
+        fd = common.HELD.get(os.path.abspath(folder))
+        with contextlib.suppress(OSError):
+            if old is None:
+                os.remove(mark)
+            elif fd is not None:                                   # rewritten through the fd we hold the lock on
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, old, 0)
+        common.release(folder)
+        if made:
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+        raise
+    common.release(folder)                     # written: the next command (in this process too) claims it anew
 
-        def nest(i):
-            if i == len(names):                          # every temporary is on disk: clear the way, rename out
-                renaming.append(True)
-                for name in remove:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(os.path.join(folder, name))
-                return
+def write_set(folder, files, remove=()):
+    """Write {name: bytes} into folder as one set of common.atomic_write calls, nested, so every temporary is written
+    and fsync'd before the first rename: a full disk or an error changes nothing. Then the names in remove go (the
+    old fit.json, outputs of an earlier fit this one does not write) and the files are renamed in, the first name of
+    files last (fit.json: a folder with a fit.json holds that fit's complete set)."""
+    names, renaming = list(files), []          # renaming: from then on an error leaves a partial set, and says so
 
-            def fill(tmp):             # common.atomic_write hands us its fresh temporary; the next file nests inside
-                with open(tmp, "wb") as fh:
-                    fh.write(files[names[i]])
-                nest(i + 1)
-            common.write_owned(os.path.join(folder, names[i]), fill, keys[names[i]])
+    def nest(i, tmp=None):
+        if tmp is not None:                    # common.atomic_write hands us its fresh temporary; fill it, go deeper
+            with open(tmp, "wb") as fh:
+                fh.write(files[names[i - 1]])
+        if i < len(names):
+            return common.atomic_write(os.path.join(folder, names[i]), lambda t: nest(i + 1, t))
+        renaming.append(True)                  # every temporary is on disk: clear the way, rename out
+        for name in remove:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(folder, name))
+    try:
         nest(0)
     except OSError as err:
-        raise ValueError(f"{folder!r}: cannot write ({common.write_failure(err, folder)}); "
-                         + ("the set is incomplete: rerun" if renaming else "nothing was changed")) from None
+        why = f"{folder}: cannot write ({err.strerror or err}); "
+        raise (Partial(why + "the set is incomplete: rerun") if renaming else ValueError(why + "nothing was changed")) \
+            from None
 
+
+def write_new(path, data, overwrite=False, flag="--out"):
+    """Write one output file (a CSV, a run list) atomically: a new path, one already holding exactly these bytes (the
+    same request again: nothing to lose), or overwrite. Of two writers of a new path exactly one succeeds."""
+    same = os.path.isfile(path) and os.path.getsize(path) == len(data) and open(path, "rb").read() == data
+    common.check_new(path, overwrite or same, flag)       # a link, folder or FIFO in the way: refused even so
+    try:
+        common.atomic_write(path, data, replace=os.path.lexists(path))
+    except FileExistsError:
+        raise ValueError(f"{flag} {path} was just created by another process; pick another path") from None
+    except OSError as err:
+        raise ValueError(f"{flag} {path}: cannot write ({err.strerror})") from None
 
 def _loops(text):
     """argparse type for --loops: "1,4,8" -> [1, 4, 8], each a valid n_loops (LIMITS)."""
     return [common.number(int, *LIMITS["n_loops"])(x) for x in text.split(",")]
-
 
 def parse_args(argv=None):
     # defaults are the paper's protocol (App. F: 500 restarts, 200 resamples); tests pass smaller numbers
@@ -1619,8 +1623,8 @@ def parse_args(argv=None):
     p.add_argument("--case", help="fit the runs with this case label (§5) and report delta-phi vs the baseline")
     p.add_argument("--loops", type=_loops, help="keep only these n_loops, e.g. 1,4,8 (Table 3's refit without r=2)")
     p.add_argument("--out", help="output folder for fit.json, report.md and the figures")
-    p.add_argument("--overwrite", action="store_true", help="replace files fit.py did not write for this same "
-                   "request (in --out, --cases DIR or the --synthetic file)")
+    p.add_argument("--overwrite", action="store_true", help="write into an --out / --cases folder that is not "
+                   "this same request's, or replace a --synthetic file")
     for flag, kind, interval, default, what in (
             ("seed", int, "[0, 9.2e18]", 0, "seed of the restarts and the bootstrap"),
             ("restarts", int, "[1, 100000]", RESTARTS, "uniform starts per fit (App. F: 500)"),
@@ -1640,18 +1644,19 @@ def parse_args(argv=None):
     for bad, why in ((args.case is not None and _is_baseline(args.case), f"--case {args.case!r} names the main grid "
                       "(runs without a case label); leave --case out"),
                      ((args.runs_dir is None) == (args.csv is None), "give exactly one input: RUNS_DIR or --csv FILE"),
-                     (not args.out, "--out DIR is required")):
+                     (not args.out, "--out DIR is required"),
+                     # the bootstrap screens every start of every resample at once: bound its memory (paper: 200 x 5)
+                     (args.bootstrap * (1 + args.boot_restarts) > 10 ** 6, "--bootstrap x (1 + --boot-restarts) must "
+                      "be at most 1e6 starts")):
         if bad:
             p.error(why)
     return args
-
 
 def _fit_warning_flags(flags, caught):
     """Add the fitter's own warnings (warnings.warn) to flags, one flag per kind, so fit.json keeps them too."""
     for w in caught:
         # a FitWarning names its flag and item; any other warning (numpy, scipy) is a fit_warning with its text
         _add_flag(flags, *getattr(w.message, "flag", ("fit_warning", str(w.message))))
-
 
 def fit_outputs(args):
     """The fit a CLI invocation asks for, written into --out; returns its result. Every input or output problem is a
@@ -1660,16 +1665,13 @@ def fit_outputs(args):
     # what this invocation asks for: the same request may rewrite its own outputs without --overwrite
     request = {"input": os.path.abspath(args.csv or args.runs_dir), "csv": bool(args.csv), "law": args.law,
                **{k: getattr(args, k) for k in ("case", "loops", "seed", "restarts", "bootstrap", "boot_restarts")}}
-    key = common.request_key("fit", request)
-    # ownership first (rule 2): every output name in --out must be ours for this request, or --overwrite given --
-    # checked for all of OUTPUTS, so the stale ones removed at the end are covered too
-    common.check_dir_writable(args.out, "--out")
-    common.check_owned([os.path.join(args.out, n) for n in OUTPUTS], key, args.overwrite, "--out")
     try:
         import matplotlib  # noqa: F401  (the figures need it: fail now, not after the fit)
     except ImportError:
         raise ValueError("matplotlib is not installed (pip install -r requirements.txt)") from None
-    with warnings.catch_warnings(record=True) as caught:
+    with claimed(args.out, "fit", request, args.overwrite), warnings.catch_warnings(record=True) as caught:
+        for name in OUTPUTS:                             # a link, folder or FIFO at an output's name: never written
+            common.check_new(os.path.join(args.out, name), True)
         warnings.simplefilter("always", UserWarning)     # the fitter's own warnings become flags (below)
         rows = load_csv(args.csv) if args.csv else load_records(args.runs_dir)
         unfinished = [] if args.csv else unfinished_runs(args.runs_dir)
@@ -1682,24 +1684,31 @@ def fit_outputs(args):
                            seed=args.seed, boot_restarts=args.boot_restarts)
         else:
             res = run_protocol(sel, args.restarts, args.bootstrap, args.seed, args.boot_restarts)
-    # flags that only the CLI can see: run folders without a record, and the fitter's own warnings
-    if unfinished:
-        _add_flag(res["flags"], "unfinished_runs", f"{len(unfinished)} under {args.runs_dir} "
-                  f"({', '.join(unfinished[:5])}{', ...' if len(unfinished) > 5 else ''})")
-    _fit_warning_flags(res["flags"], [w for w in caught if issubclass(w.category, UserWarning)])
-    res.update(input=args.csv or args.runs_dir, request=request, request_key=key, runs=runs_record(sel))
-    try:
-        files = make_figures(res, sel)
-    except Exception as err:         # a plotting bug must not cost the fit a traceback or a half-written folder
-        raise ValueError(f"drawing the figures failed ({type(err).__name__}: {err}); nothing was written") from None
-    files["report.md"] = report_text(res).encode()
-    # fit.json lists the set it belongs to, so a reader can tell a complete folder from a partial one
-    res["outputs"] = sorted(files) + ["fit.json"]
-    files = {"fit.json": json.dumps(_jsonable(res), indent=1).encode(), **files}      # fit.json first: renamed last
-    stale = [n for n in OUTPUTS if n not in files and os.path.lexists(os.path.join(args.out, n))]
-    write_set(args.out, files, dict.fromkeys(files, key), remove=["fit.json"] + stale)
+        # flags that only the CLI can see: run folders without a record, and the fitter's own warnings
+        if unfinished:
+            _add_flag(res["flags"], "unfinished_runs", f"{len(unfinished)} under {args.runs_dir} "
+                      f"({', '.join(unfinished[:5])}{', ...' if len(unfinished) > 5 else ''})")
+        _fit_warning_flags(res["flags"], [w for w in caught if issubclass(w.category, UserWarning)])
+        res.update(input=args.csv or args.runs_dir, request=request, request_key=common.request_key("fit", request),
+                   runs=runs_record(sel))
+        try:
+            files = make_figures(res, sel)
+        except Exception as err:         # a plotting bug must not cost the fit a traceback or a half-written folder
+            raise ValueError(f"drawing the figures failed ({type(err).__name__}: {err}); nothing was written") from None
+        files["report.md"] = report_text(res).encode()
+        # fit.json lists the set it belongs to: a reader can tell a complete folder from a partial one, and the next
+        # fit here removes the outputs of this one it does not rewrite (only those: what it knows fit.py wrote)
+        res["outputs"] = sorted(files) + ["fit.json"]
+        files = {"fit.json": json.dumps(_jsonable(res), indent=1).encode(), **files}      # fit.json first: renamed last
+        write_set(args.out, files, remove=["fit.json"] + [n for n in _outputs(args.out) if n not in files])
     return res
 
+def _outputs(folder):
+    """The outputs the fit.json in folder says its fit wrote (OUTPUTS names only), or none."""
+    with contextlib.suppress(ValueError, TypeError):
+        listed = read_json(os.path.join(folder, "fit.json")).get("outputs")
+        return [n for n in OUTPUTS if n in listed]
+    return []
 
 def summary_lines(res, out):
     """What the CLI prints after a fit: each Eq. 2 fit, the restricted fits, the case line, every flag, and last
@@ -1726,14 +1735,20 @@ def summary_lines(res, out):
         L.append(f"delta_phi({c['name']}) = {c['delta_phi']:+.3f}{dci}{_flag_names(res)}")
     return L
 
-
 def main(argv=None):
     args = parse_args(argv)
     # three modes; every user error in any of them is one line and exit status 2 (common.fail), before any work
     try:
         if args.cases:
             summary = case_summary(args.cases)
-            paths = write_case_summary(summary, args.cases, args.overwrite)
+            # OUT is the baseline fit's folder: --cases claims it as that fit's own request (OUT/fit.json records
+            # it, OUT's marker names it), so the table needs no --overwrite and a copied study stays usable
+            with claimed(args.cases, "fit", summary["request"] or "cases", args.overwrite, "--cases"):
+                for name in ("report.md", "cases.png", "cases_loops.png"):
+                    common.check_new(os.path.join(args.cases, name), True, "--cases")
+                paths = write_case_summary(summary, args.cases)
+            for name in summary["unfitted"]:
+                print(f"{name}: no fit.json (not fitted yet), not in the table")
             for row in summary["rows"]:
                 print(f"{row['name']:>10}: phi {row['phi']:.3f}" + ("" if row["delta_phi"] is None else
                       f" | delta_phi {row['delta_phi']:+.3f} vs baseline phi {row['baseline_phi']:.3f} refitted in "

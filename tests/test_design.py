@@ -127,14 +127,14 @@ def test_sequential_mode_adds_k_runs_beside_the_finished_ones(tmp_path):
     (["plan"], "give one target"),
     (["plan", "--budget-flops", "1e18"], "cannot pay for 5 runs of every r"),
     (["plan", "--budget-flops", "1e20", "--target-halfwidth", "0.05"], "give one target"),
-    (["plan", "--budget-flops", "-1"], "must be in (0, inf)"),
+    (["plan", "--budget-flops", "-1"], "must be in (0, 1e30]"),
     (["plan", "--budget-flops", "1e20", "--bogus"], "unrecognized arguments: --bogus"),
     (["plan", "--budget-flops", "1e20", "--budgets", "3e17"], "need --scales"),
-    (["plan", "--budget-flops", "1e20", "--prior", "README.md"], "not valid JSON"),
+    (["plan", "--budget-flops", "1e20", "--prior", "README.md"], "not a JSON record"),
     (["plan", "--next", "4", "--runs", "no/such/dir"], "does not exist"),
     (["plan", "--target-halfwidth", "0.001"], "whole pool predicts"),
-    (["plan", "--budget-flops", "1e20", "--out", "tests"], "not a file"),
-    (["simulate", "--out", "README.md"], "is a file"),
+    (["plan", "--budget-flops", "1e20", "--out", "tests"], "is not a plain file"),
+    (["simulate", "--out", "README.md"], "cannot use this folder"),
 ])
 def test_bad_input_is_one_error_line(args, needle):
     rc, stdout, stderr = cli(*args)
@@ -161,3 +161,69 @@ def test_a_refused_fit_never_counts_as_covering():
     kw = {"reps": 2, "seed": 0, "restarts": 5, "n_boot": 4, "boot_restarts": 1}
     rows, hw, _ = design.replicate(U, lambda rng: [np.arange(len(U["r"])) < 3], theta[5], sigma, kw, "3 runs")
     assert rows[0]["failed"] == 2 and rows[0]["coverage"] == 0.0 and np.isinf(hw).all()
+
+
+# -----------------------------------------------------------------------------
+# Hostile inputs (issue 24): numbers read from files pass the flags' limits, what cannot be read is named, one writer
+# per output, a refusal changes nothing
+
+def test_a_prior_fit_json_passes_the_limits_of_what_wrote_it(tmp_path):
+    good = {"joint": {"theta": list(design.PAPER_THETA), "rmse": 0.01}}
+    for edit, why in (({"theta": [40.0, 7.0, 0.4, 0.2, 0.4, 0.46]}, "inside fit.py's App. F box"),
+                      ({"theta": [3.2, 6.9, 0.45, 0.2, 0.37, float("nan")]}, "inside fit.py's App. F box"),
+                      ({"rmse": 1e300}, "an rmse in (0, 1]"), ({"rmse": 0}, "an rmse in (0, 1]"),
+                      ({"theta": [3.2, 6.9, 0.45, 0.2, 0.37, True]}, "inside fit.py's App. F box")):
+        (tmp_path / "fit.json").write_text(json.dumps({"joint": dict(good["joint"], **edit)}))
+        rc, out, err = cli("plan", "--budget-gpu-hours", "20", "--prior", str(tmp_path / "fit.json"))
+        assert rc == 2 and why in err and len(err.strip().splitlines()) == 1 and out == "", (edit, err)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["plan", "--budget-flops", "1e20", "--loops", "1,1"], "lists a value twice"),
+    (["plan", "--budget-flops", "1e20", "--noise", "1e300"], "argument --noise"),
+    (["plan", "--budget-gpu-hours", "1e300"], "argument --budget-gpu-hours"),
+    (["plan", "--budget-flops", "1e20", "--delta-phi", "2.9"], "outside the fit's box"),
+    (["plan", "--budget-flops", "1e20", "--scales", ",".join(map(str, range(1, 400))), "--tpp", "0.001,1e9"],
+     "it needs 1 to 1000"),
+    (["simulate", "--rounds", "20", "--next", "8"], "exceeds the grid's 116 runs"),
+    (["simulate", "--reps", "1e9"], "argument --reps"),
+    (["simulate", "--bootstrap", "100000", "--boot-restarts", "1000"], "at most 1e6 starts"),
+])
+def test_sizes_and_counts_from_flags_are_bounded(args, needle):
+    rc, out, err = cli(*args)
+    assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1 and out == "", err
+
+
+def test_a_reference_list_that_is_a_fifo_or_names_unknown_runs_is_refused(tmp_path):
+    os.mkfifo(tmp_path / "fifo.txt")                     # open() would wait for a writer forever
+    rc, _, err = cli("plan", "--reference", str(tmp_path / "fifo.txt"))
+    assert rc == 2 and "not a readable file" in err
+    (tmp_path / "ref.txt").write_text("C4.64e17_r1_s6\nC9e99_r1_s6\n")
+    rc, _, err = cli("plan", "--reference", str(tmp_path / "ref.txt"))
+    assert rc == 2 and "not in the pool: C9e99_r1_s6" in err
+
+
+def test_plan_and_simulate_outputs_one_writer_and_refusals_change_nothing(tmp_path):
+    import common
+    (tmp_path / "mine.txt").write_text("mine\n")
+    os.symlink(tmp_path / "mine.txt", tmp_path / "link.txt")
+    rc, out, err = cli("plan", "--budget-gpu-hours", "20", "--out", str(tmp_path / "link.txt"), "--overwrite")
+    assert rc == 2 and "is a link" in err and out == "" and (tmp_path / "mine.txt").read_text() == "mine\n"
+    # simulate: a folder being written by another design.py is refused at once, and left as it was
+    sim = tmp_path / "sim"
+    assert common.claim(str(sim), "design", "another request") == "fresh"
+    try:
+        rc, _, err = cli("simulate", "--out", str(sim), "--reps", "1")
+        assert rc == 2 and "being written by another design process" in err, err
+    finally:
+        common.release(str(sim))
+    assert os.listdir(sim) == [".nanoloop-design"]
+    mark = (sim / ".nanoloop-design").read_text()
+    rc, _, err = cli("simulate", "--out", str(sim), "--reps", "1", "--rounds", "30")   # refused before the claim
+    assert rc == 2 and (sim / ".nanoloop-design").read_text() == mark
+
+
+def test_design_flag_limits_agree_with_train_limits():
+    train = pytest.importorskip("train")
+    for flag, interval in design.TRAIN.items():
+        assert train.LIMITS[flag.replace("-", "_")][0] == interval, flag

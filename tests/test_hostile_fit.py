@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -61,7 +62,8 @@ def _snapshot(root):
             out[os.path.relpath(os.path.join(dirpath, d), root)] = None
         for f in files:
             p = os.path.join(dirpath, f)
-            out[os.path.relpath(p, root)] = open(p, "rb").read()
+            # a FIFO is recorded, never opened (open() would wait for a writer forever)
+            out[os.path.relpath(p, root)] = open(p, "rb").read() if os.path.isfile(p) else os.path.islink(p)
     return out
 
 
@@ -168,8 +170,8 @@ def test_malformed_and_foreign_done_json(tmp_path):
     runs = tmp_path / "runs"
     _write_records(runs, _rows())
     (runs / "run3" / "done.json").write_text('{\n "n_loops": 1,\n "val_loss": 2.5,,\n}')
-    line = _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")], "not valid JSON", tmp_path)
-    assert os.path.join("run3", "done.json") + ":3:" in line                  # file and line
+    line = _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")], "not a JSON record", tmp_path)
+    assert os.path.join("run3", "done.json") in line and "line 3" in line     # file and line
     (runs / "run3" / "done.json").write_text("[1, 2]")
     _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")], "expected a JSON object", tmp_path)
     rec = {k: _rows()[3][k] for k in COLS}
@@ -192,7 +194,7 @@ def test_cases_summary_refuses_a_broken_fit_json_by_name(tmp_path):
     # is not rewritten (it used to be a traceback, or a silently skipped case)
     (tmp_path / "fit.json").write_text(json.dumps({"joint": {"phi": 0.5, "r2": 0.9, "n": 20}}))
     (tmp_path / "case_x").mkdir()
-    for text, culprit in (('{"joint": ', "not valid JSON"), ("[1, 2]", "expected a JSON object, got list"),
+    for text, culprit in (('{"joint": ', "not a JSON record"), ("[1, 2]", "expected a JSON object, got list"),
                           ('{"joint": {"phi": "a"}}', "no numeric phi, r2 and n")):
         (tmp_path / "case_x" / "fit.json").write_text(text)
         line = _refused(fit.main, ["--cases", str(tmp_path)], culprit, tmp_path)
@@ -232,13 +234,13 @@ def test_bad_flags_one_line_at_parse(tmp_path, good_csv, flag, value):
 def test_out_naming_a_file_or_unwritable_fails_before_the_fit(tmp_path, good_csv, monkeypatch):
     monkeypatch.setattr(fit, "fit_law", lambda *a, **k: pytest.fail("a fit ran before --out was checked"))
     (tmp_path / "afile").write_text("mine\n")
-    _refused(fit.main, ["--csv", good_csv, "--out", str(tmp_path / "afile")] + LIGHT, "is a file, not a folder",
-             tmp_path)
+    _refused(fit.main, ["--csv", good_csv, "--out", str(tmp_path / "afile")] + LIGHT,
+             "afile: cannot use this folder (File exists)", tmp_path)
     _refused(fit.main, ["--csv", good_csv, "--out", str(tmp_path / "afile" / "sub")] + LIGHT,
-             "afile is a file, so the folder cannot be created", tmp_path)
+             "cannot use this folder (Not a directory)", tmp_path)
     os.makedirs(tmp_path / "o" / "phi.png")                       # one of our names, but a folder
-    _refused(fit.main, ["--csv", good_csv, "--out", str(tmp_path / "o"), "--overwrite"] + LIGHT, "not a file",
-             tmp_path)
+    _refused(fit.main, ["--csv", good_csv, "--out", str(tmp_path / "o"), "--overwrite"] + LIGHT,
+             "phi.png is not a plain file", tmp_path)
 
 
 def test_out_holding_another_fit_is_refused(tmp_path, good_csv, monkeypatch):
@@ -248,18 +250,19 @@ def test_out_holding_another_fit_is_refused(tmp_path, good_csv, monkeypatch):
     (out / "fit.json").write_text(json.dumps({"request": {"input": "/elsewhere.csv"}}))
     (out / "phi.png").write_bytes(b"old figure")
     (out / "notes.txt").write_text("the user's own file\n")
-    _refused(fit.main, ["--csv", good_csv, "--out", str(out)] + LIGHT, "fit.json exists and was written by someone "
-             "else (or edited since); pass --overwrite", tmp_path)
+    _refused(fit.main, ["--csv", good_csv, "--out", str(out)] + LIGHT, "holds files this tool did not make "
+             "(fit.json, notes.txt, phi.png); pick a new folder or pass --overwrite", tmp_path)
     (out / "fit.json").unlink()                                   # a stray phi.png alone is not ours either
-    _refused(fit.main, ["--csv", good_csv, "--out", str(out)] + LIGHT, "phi.png exists and was written by someone",
-             tmp_path)
+    _refused(fit.main, ["--csv", good_csv, "--out", str(out)] + LIGHT, "holds files this tool did not make", tmp_path)
 
 
 def test_synthetic_never_replaces_a_different_file(tmp_path):
     (tmp_path / "s.csv").write_text("my data\n")
-    _refused(fit.main, ["--synthetic", str(tmp_path / "s.csv")], "exists and was written by someone else", tmp_path)
-    _refused(fit.main, ["--synthetic", str(tmp_path)], "is not a file; it is never replaced", tmp_path)
-    _refused(fit.main, ["--synthetic", str(tmp_path / "s.csv" / "x.csv")], "is a file, not a folder", tmp_path)
+    _refused(fit.main, ["--synthetic", str(tmp_path / "s.csv")], "exists and this request did not write it",
+             tmp_path)
+    _refused(fit.main, ["--synthetic", str(tmp_path), "--overwrite"], "is not a plain file", tmp_path)
+    _refused(fit.main, ["--synthetic", str(tmp_path / "s.csv" / "x.csv")], "cannot write (Not a directory)",
+             tmp_path)
     assert _cli(fit.main, ["--synthetic", str(tmp_path / "s.csv"), "--overwrite"])[0] == 0
     assert len(fit.load_csv(str(tmp_path / "s.csv"))) == 116
     assert _cli(fit.main, ["--synthetic", str(tmp_path / "s.csv")])[0] == 0          # same bytes: same request
@@ -294,8 +297,8 @@ def test_uniform_noise_does_not_print_a_confident_phi(noise_fit):
     report = open(out / "report.md").read()
     assert "## Warnings" in report and "**low_r2**" in report
     assert "WARNING: " in [ln for ln in report.splitlines() if ln.startswith("| Joint, φ free")][0]
-    assert sorted(res["outputs"]) == sorted(os.listdir(out))[1:]    # the listed set and the ledger, no temporaries
-    assert sorted(os.listdir(out))[0] == common.LEDGER
+    assert sorted(res["outputs"]) == sorted(os.listdir(out))[1:]    # the listed set and the marker, no temporaries
+    assert sorted(os.listdir(out))[0] == ".nanoloop-fit"
 
 
 def test_overwrite_removes_the_earlier_outputs_and_nothing_else(noise_fit, tmp_path):
@@ -310,9 +313,10 @@ def test_overwrite_removes_the_earlier_outputs_and_nothing_else(noise_fit, tmp_p
     rc, stdout, err = _cli(fit.main, ["--csv", csv_path, "--law", "chinchilla", "--out", str(out), "--overwrite"]
                            + LIGHT)
     assert rc == 0, err
-    # no stale phi.png (the joint fit's) and no stale temporary of ours; the user's files stay
-    assert sorted(os.listdir(out)) == [common.LEDGER, "fit.json", "mine.tmp", "notes.txt", "pred_vs_actual.png",
-                                       "report.md"]
+    # no stale phi.png (the joint fit's fit.json listed it); the user's files and the temporary stay (a tool never
+    # removes a file by its name's pattern alone; nothing reads a ".NAME.<hex>.tmp")
+    assert sorted(os.listdir(out)) == [".nanoloop-fit", ".phi.png.0badc0de.tmp", "fit.json", "mine.tmp", "notes.txt",
+                                       "pred_vs_actual.png", "report.md"]
     assert (out / "notes.txt").read_text() == "the user's own file\n"
     assert "chinchilla" in json.load(open(out / "fit.json"))
     # the same request again rewrites its own outputs without --overwrite (a resumed runs/mini.sh does this)
@@ -493,20 +497,45 @@ def test_cases_refuses_a_delta_phi_against_another_runs_folder(tmp_path, capsys)
     assert f"delta_phi {res['case']['delta_phi']:+.3f} vs baseline phi {res['case']['baseline']['phi']:.3f}" in out
 
 
-def test_cases_never_replaces_a_figure_or_report_it_did_not_write(tmp_path):
+def test_cases_writes_into_its_baseline_fits_folder_and_a_copy_of_it(tmp_path):
+    # --cases writes into the baseline fit's folder as that fit's own request: no --overwrite needed, on the study
+    # and on a `cp -a` copy of it (runs/mini.sh --case NAME COPY: case fit, baseline refit, --cases, in that order)
     a, d = _case_tree(tmp_path / "a"), tmp_path / "study"
     assert _cli(fit.main, [a, "--out", str(d)] + LIGHT)[0] == 0
     assert _cli(fit.main, [a, "--case", "x", "--out", str(d / "case_x")] + LIGHT)[0] == 0
-    (d / "cases.png").write_bytes(b"the user's own figure")
-    _refused(fit.main, ["--cases", str(d)], "cases.png exists and was written by someone else", tmp_path)
-    assert _cli(fit.main, ["--cases", str(d), "--overwrite"])[0] == 0
+    assert _cli(fit.main, ["--cases", str(d)])[0] == 0
+    assert _cli(fit.main, ["--cases", str(d)])[0] == 0                            # again: its own files
     assert (d / "cases.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert _cli(fit.main, ["--cases", str(d)])[0] == 0                            # its own files: no --overwrite
-    (d / "report.md").write_text("# my notes\n")                                  # the report, edited by hand
-    _refused(fit.main, ["--cases", str(d)], "report.md exists and was written by someone else", tmp_path)
-    # the baseline fit (same request) still rewrites the report --cases appended to, without --overwrite
-    assert _cli(fit.main, ["--cases", str(d), "--overwrite"])[0] == 0
+    assert _cli(fit.main, [a, "--out", str(d)] + LIGHT)[0] == 0                   # the fit rewrites its folder
+    copy = tmp_path / "copy"
+    shutil.copytree(d, copy, symlinks=True)
+    for argv in ([a, "--case", "x", "--out", str(copy / "case_x"), "--overwrite"], [a, "--out", str(copy),
+                 "--overwrite"]):
+        assert _cli(fit.main, argv + LIGHT)[0] == 0
+    rc, out, err = _cli(fit.main, ["--cases", str(copy)])
+    assert rc == 0 and "| x |" in (copy / "report.md").read_text(), err
+    # a folder that is not this fit's: its fit.json names another request than its marker -> refused, unchanged
+    res = json.loads((copy / "fit.json").read_text())
+    res["request"]["seed"] = 99
+    (copy / "fit.json").write_text(json.dumps(res))
+    _refused(fit.main, ["--cases", str(copy)], "holds another request of fit", tmp_path)
+    # a figure name taken by a link is never written through, even with --overwrite
+    os.symlink(tmp_path / "a", d / "cases_loops.png")
+    _refused(fit.main, ["--cases", str(d), "--overwrite"], "cases_loops.png is a link", tmp_path)
+
+
+def test_cases_checks_every_number_it_shows(tmp_path):
+    # a hand-edited case fit.json: a CI bound that is text, a sweep curve that is not one, a frontier row that is no
+    # record -- each is one line naming the file, never a traceback or a figure of garbage
+    a, d = _case_tree(tmp_path / "a"), tmp_path / "study"
     assert _cli(fit.main, [a, "--out", str(d)] + LIGHT)[0] == 0
+    assert _cli(fit.main, [a, "--case", "x", "--out", str(d / "case_x")] + LIGHT)[0] == 0
+    good = json.loads((d / "case_x" / "fit.json").read_text())
+    for edit in ({"bootstrap": {"phi_lo": "x", "phi_hi": 1.0}}, {"loop_sweep": [{"n_loops": 4, "curve": [1]}]},
+                 {"frontier": {"rows": [1]}}, {"case": dict(good["case"], delta_phi=float("inf"))}):
+        (d / "case_x" / "fit.json").write_text(json.dumps(dict(good, **edit)))
+        line = _refused(fit.main, ["--cases", str(d)], "not a fit.py result", tmp_path)
+        assert os.path.join("case_x", "fit.json") in line
 
 
 def test_case_baseline_on_fewer_budgets_says_so_and_flags_it(tmp_path):
@@ -578,7 +607,7 @@ def test_eval_json_sweep_hand_edited_is_named(tmp_path):
     # a loop sweep beside a run is read with the record; a torn or edited one is named, not silently dropped
     runs = tmp_path / "runs"
     _write_records(runs, _rows())
-    for text, culprit in (('{"n_loops_sweep": ', "not valid JSON"),
+    for text, culprit in (('{"n_loops_sweep": ', "not a JSON record"),
                           ('{"n_loops_sweep": [{"n_loops": 2, "val_loss": "low"}]}', "n_loops_sweep must be a list")):
         (runs / "run3" / "eval.json").write_text(text)
         line = _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")] + LIGHT, culprit, tmp_path)
@@ -603,40 +632,99 @@ def test_record_limits_agree_with_train_limits():
         assert fit.LIMITS[key][0] == train.LIMITS[key][0], key
 
 
-def _write_many(folder, tag, n):
-    import common
-    for i in range(n):
-        common.write_owned(os.path.join(folder, f"{tag}_{i}.txt"), f"{tag} {i}\n", f"key-{tag}")
-
-
-def test_concurrent_writers_in_one_folder_keep_every_ledger_entry(tmp_path):
-    """Two tools (e.g. two fit.py runs) writing into one folder at once: each ledger update is a read-modify-write,
-    so without a lock one writer's rename drops the other's entries and its own files later need --overwrite."""
-    import multiprocessing
-    import common
-    ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_write_many, args=(str(tmp_path), tag, 40)) for tag in "abcd"]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
-    assert all(p.exitcode == 0 for p in procs)
-    for tag in "abcd":
-        for i in range(40):
-            assert common.owner_of(str(tmp_path / f"{tag}_{i}.txt")) == f"key-{tag}", (tag, i)
-
-
-def test_ledger_update_never_waits_on_a_folder_lock(tmp_path):
-    """runs/mini.sh holds a flock on its OUT folder for its whole run; a tool writing an owned file in it (data.py
-    tokenizer, fit.py) must not wait on that lock (it did, forever, when the ledger lock was the folder's)."""
-    import fcntl
-    fd = os.open(tmp_path, os.O_RDONLY)
-    fcntl.flock(fd, fcntl.LOCK_EX)
+def test_two_concurrent_fits_into_one_out_are_never_both_told_wrote(tmp_path, good_csv):
+    # one writer per output folder: while a fit.py holds --out, a second one (any request) is refused at once, one
+    # line, and changes nothing; the first then finishes
+    out = tmp_path / "o"
+    first = subprocess.Popen([sys.executable, "fit.py", "--csv", good_csv, "--out", str(out), "--restarts", "300",
+                              "--bootstrap", "40"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        code = f"import common; common.write_owned({str(tmp_path / 'a.txt')!r}, 'x', 'k')"
-        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=30)
+        for _ in range(600):                                        # the claim comes before any fit
+            if (out / ".nanoloop-fit").exists() or first.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert first.poll() is None, "the first fit ended before the second started; make it heavier"
+        for argv in (["--csv", good_csv, "--out", str(out), "--restarts", "300", "--bootstrap", "40"],
+                     ["--csv", good_csv, "--out", str(out), "--overwrite"] + LIGHT):
+            before = _snapshot(out)
+            rc, _, err = _cli(fit.main, argv)
+            assert rc == 2 and "is being written by another fit process" in err, err
+            assert _snapshot(out) == before
     finally:
-        os.close(fd)
-    assert proc.returncode == 0, proc.stderr
-    import common
-    assert common.owner_of(str(tmp_path / "a.txt")) == "k"
+        stdout, stderr = first.communicate(timeout=600)
+    assert first.returncode == 0 and "wrote " in stdout, stderr
+
+
+def test_linked_runs_are_followed_and_a_link_loop_or_fifo_is_named(tmp_path):
+    runs = tmp_path / "runs"
+    _write_records(runs, _rows())
+    shutil.move(str(runs / "run3"), tmp_path / "elsewhere")
+    os.symlink(tmp_path / "elsewhere", runs / "run3")             # a run linked in: followed, fitted
+    assert len(fit.load_records(str(runs))) == 28
+    os.symlink(runs, runs / "run3" / "back")                      # a loop: named, not walked forever
+    _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")] + LIGHT, "a link loop or a duplicate", tmp_path)
+    os.remove(runs / "run3" / "back")
+    for name in ("eval.json", "done.json"):                       # a FIFO is named, never opened (it would block)
+        os.remove(runs / "run5" / "done.json") if name == "done.json" else None
+        os.mkfifo(runs / "run5" / name)
+        _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")] + LIGHT, "is a FIFO", tmp_path)
+        os.remove(runs / "run5" / name)
+    os.symlink("/dev/zero", runs / "run6" / "eval.json")          # a device behind a link: refused, never read
+    _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")] + LIGHT, "device or folder, not a file", tmp_path)
+
+
+def test_runs_on_different_data_are_not_fitted_as_one_study(tmp_path):
+    runs = tmp_path / "runs"
+    _write_records(runs, _rows())
+    for i, (data, tok) in enumerate([("d1", "t1")] * 27 + [("d2", "t1")]):
+        path = runs / f"run{i}" / "done.json"
+        rec = json.loads(path.read_text())
+        rec.update(identity={"data": data}, tokenizer_hash=tok)
+        if i == 5:                                                # a record that predates the field matches any
+            del rec["identity"]
+        path.write_text(json.dumps(rec))
+    _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")] + LIGHT, "were trained on different data (data: "
+             "'d1' vs 'd2')", tmp_path)
+    rec = json.loads((runs / "run27" / "done.json").read_text())
+    rec.update(identity={"data": "d1"}, tokenizer_hash="t2")      # same data, another tokenizer
+    (runs / "run27" / "done.json").write_text(json.dumps(rec))
+    _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")] + LIGHT, "tokenizer: 't1' vs 't2'", tmp_path)
+
+
+def test_record_numbers_pass_the_flag_limits_and_the_accounting(tmp_path):
+    # the executed FLOPs design.py costs a finished run with, and N_once + N_rec against the width of its config
+    runs = tmp_path / "runs"
+    _write_records(runs, _rows())
+    path = runs / "run15" / "done.json"
+    rec = json.loads(path.read_text())
+    for edit, culprit in (({"flops": 1e300}, "key 'flops' must be in (0, 1e30]"),
+                          ({"flops": "many"}, "key 'flops' must be int/float"),
+                          ({"n_rec": rec["n_rec"] + 1}, "record and accounting disagree")):
+        path.write_text(json.dumps(dict(rec, **edit)))
+        _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")] + LIGHT, culprit, tmp_path)
+    # no width in the record itself: its config's is used, so an edited N is still caught
+    bare = {k: v for k, v in rec.items() if k != "d_model"}
+    path.write_text(json.dumps(dict(bare, n_rec=rec["n_rec"] + 1, config={"model_config": {
+        "n_loops": rec["n_loops"], "d_model": rec["d_model"]}})))
+    _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")] + LIGHT, "record and accounting disagree", tmp_path)
+
+
+def test_a_fifo_marker_and_an_unbounded_bootstrap_are_one_line(tmp_path, good_csv):
+    os.makedirs(tmp_path / "o")
+    os.mkfifo(tmp_path / "o" / ".nanoloop-fit")                   # reading it would wait forever
+    _refused(fit.main, ["--csv", good_csv, "--out", str(tmp_path / "o")] + LIGHT, "is not a plain file", tmp_path)
+    _refused(fit.main, ["--csv", good_csv, "--out", str(tmp_path / "p"), "--bootstrap", "100000", "--boot-restarts",
+                        "1000"], "at most 1e6 starts", tmp_path, code=2)
+
+
+def test_a_refused_fit_leaves_the_folder_and_its_marker_as_they_were(tmp_path, good_csv):
+    # refusals raised after the claim (data no fit can use) give the folder back: no new folder, the old marker text
+    flat = _rows()
+    for row in flat:
+        row["val_loss"] = 3.0
+    flat_csv = _write_csv(tmp_path / "flat.csv", flat)
+    _refused(fit.main, ["--csv", flat_csv, "--out", str(tmp_path / "new")] + LIGHT, "same val_loss", tmp_path)
+    assert _cli(fit.main, ["--csv", good_csv, "--out", str(tmp_path / "o")] + LIGHT)[0] == 0
+    _refused(fit.main, ["--csv", flat_csv, "--out", str(tmp_path / "o"), "--overwrite"] + LIGHT, "same val_loss",
+             tmp_path)
+    assert _cli(fit.main, ["--csv", good_csv, "--out", str(tmp_path / "o")] + LIGHT)[0] == 0   # still its folder
