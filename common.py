@@ -148,8 +148,8 @@ def check_fields(obj, limits: dict) -> None:
 def read_json(path: str, schema: typing.Optional[dict] = None) -> dict:
     """The JSON object in path, its keys checked against schema (see check_record); one-line ValueError else."""
     try:
-        if stat.S_ISFIFO(os.stat(path).st_mode):     # open() on a FIFO would wait for a writer forever
-            raise ValueError(f"{path}: is a FIFO, not a file")
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would wait forever, /dev/zero never end
+            raise ValueError(f"{path}: not a plain file (a FIFO, a device or a folder)")
         with open(path, "rb") as fh:
             obj = json.loads(fh.read())
     except OSError as err:
