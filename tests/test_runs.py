@@ -16,6 +16,7 @@ import math
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -425,13 +426,13 @@ def test_mini_claims_only_its_own_out(locale, tmp_path, shim):
 def test_mini_one_writer_per_out(tmp_path, shim):
     """While one mini.sh runs (held at its data step), a second on the same OUT -- same grid, a case, another grid
     with --overwrite -- is refused in one line and changes nothing; the tools mini.sh starts claim their own markers
-    in the same folder (fit.py --out OUT, data.py --out OUT/data) without waiting on its lock. When it has exited the
-    study resumes."""
+    in the same folder (fit.py --out OUT, data.py --out OUT/data) without waiting on its lock. When it and every
+    process it started have exited, the study resumes."""
     out = tmp_path / "study"
     ready = tmp_path / "ready"
     env = {"PATH": f"{shim}:{os.environ['PATH']}", "LC_ALL": "C.UTF-8", "SHIM_HOLD": "20", "SHIM_READY": str(ready)}
     first = subprocess.Popen(["bash", "runs/mini.sh", "--quick", str(out)], cwd=ROOT, env={**os.environ, **env},
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         for _ in range(300):                                     # until the first one holds OUT (at its data step)
             if ready.exists() or first.poll() is not None:
@@ -446,8 +447,8 @@ def test_mini_one_writer_per_out(tmp_path, shim):
             p = subprocess.run([sys.executable, "common.py", "claim", str(folder), tool, "req", "--overwrite"],
                                cwd=ROOT, capture_output=True, text=True, timeout=30)
             assert p.returncode == 0 and p.stdout.strip() in ("fresh", "overwrite"), p.stderr
-    finally:
-        first.kill()
+    finally:                 # the lock lives while any process mini.sh started does (they inherit it): kill all
+        os.killpg(first.pid, signal.SIGKILL)
         first.communicate()
     stopped(mini("--quick", str(out), shim=shim))               # the holder is gone: resumed
     assert (out / ".nanoloop-mini").read_text().startswith("mini ")    # the marker kept its content (never emptied)
