@@ -289,7 +289,8 @@ if [[ -n $CASE ]]; then                       # §5: the case's looped runs in p
     say "refitting the baseline (its fit.json is missing or has no loop sweep)"
     python fit.py "$RUNS" --out "$OUT" --overwrite "${FIT[@]}" > "$OUT/fit.log"
   fi
-  python fit.py --cases "$OUT" > /dev/null    # the case-study table of every case so far -> OUT/report.md
+  # the case-study table of every case so far -> OUT/report.md (mini.sh's own, like the fits above: --overwrite)
+  python fit.py --cases "$OUT" --overwrite > /dev/null
   say "report: $OUT/case_$CASE/report.md | case table: $OUT/report.md | total $(( $(date +%s) - T0 )) s"
   grep -E '^delta_phi\(' "$OUT/fit_case_$CASE.log"
   exit 0
