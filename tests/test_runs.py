@@ -94,9 +94,7 @@ def test_every_launch_line_parses(script, tmp_path):
     for line, argv in runs:
         mcfg, tcfg = parse(line, argv)
         if tcfg.flops_budget is not None:          # the horizon main() derives must be at least one step
-            F = flops.flops_per_token(mcfg.d_model, mcfg.n_loops, mcfg.n_layers_eff, mcfg.n_layers_prelude,
-                                      mcfg.n_layers_coda, mcfg.injection, mcfg.hc_lanes, mcfg.n_loops_bwd,
-                                      mcfg.seq_len, mcfg.vocab_size)
+            F = flops.flops_per_token(**flops.accounting_args(mcfg))   # the one ModelConfig -> accounting map
             assert flops.tokens_for_budget(tcfg.flops_budget, F, tcfg.batch_tokens)[0] >= 1, line
     if want is not None:                           # this scripts: exact counts, resumable, distinct dirs
         assert len(runs) == want
