@@ -6,8 +6,8 @@
 #     source runs/launch.bash --functions   # runs/mini.sh, runs/slurm.sh: shell_line only, no argument parsing
 # "Finished" is train.py's decision, never this file's: every run is handed to `train.py --resume`, which hands
 # back the record of a finished run of the same identity (exit 0 at once), continues a preempted one from its
-# ckpt.pt, and refuses a done.json that is torn, foreign or of another run (one line, exit 2). A 0-byte or copied
-# done.json therefore never counts as finished here.
+# ckpt.pt, and refuses a done.json that is torn or of another run (one line, exit 2). A 0-byte done.json, or one
+# copied from another run, therefore never counts as finished here; a run folder copied whole is the same run.
 # --only FILE: only the runs FILE names (the first word of a line is a run folder's name, e.g. C1e18_r2_s8; blank
 # lines and # comments skipped; design.py plan writes such lists). The sweep's launches are collected first and
 # finish() starts them, so a name the sweep does not have is refused (one line, exit 2) before anything runs.

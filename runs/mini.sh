@@ -4,6 +4,7 @@
 # 95% block-bootstrap CI, the report and the figures. Paper §4.1 (grid), §4.2-4.3 and App. F (fit), scaled down.
 #
 # Usage: bash runs/mini.sh [--quick] [--dry-run] [--case NAME | --design] [--overwrite] [OUT]
+#        bash runs/mini.sh --list-cases       (the case names, one a line)
 #        (OUT: out/mini, out/mini_quick or out/mini_design)
 #   --quick      a smaller grid (2 budgets, 24 runs) and a lighter fit protocol: a ~2.5 minute smoke test
 #   --dry-run    print the launch list (one train.py line per run) and exit
@@ -20,16 +21,18 @@
 #                would move phi by +-0.1 (data order, README); trains them and fits pilot + designed runs into OUT
 #                (the prior: OUT/pilot/, the design: OUT/design.txt). No loop sweep, no sample.
 # After the fit, the lowest-loss model of each looped r at the largest budget is evaluated at test-time loop
-# counts r' in SWEEP (eval.py --n-loops-sweep; App. A loop extrapolation) and the report gets loop_sweep.png.
+# counts r' in SWEEP (eval.py --n-loops-sweep; App. A loop extrapolation) and the report gets loop_sweep.png. A model
+# that cannot run r' != r (eval.py asks the model and refuses in one line) is skipped with that line.
 #   --overwrite  adopt an OUT mini.sh did not make, or made for another grid (nothing deleted; OUT/runs joins the fit)
-# OUT is mini.sh's own folder (common.py claim-dir, the ownership rule every tool shares): a new or empty one is
-# adopted (OUT/.nanoloop-mini records its grid), a folder mini.sh made for the same grid is resumed (a --case run
-# shares its baseline's grid), anything else is refused in one line (exit 2) before any work; mini.sh deletes only
-# files it wrote. Cost: 0 GPU-hours; ~15 minutes on a 2-core CPU (README states the measured time). JOBS=2 worker
-# processes, one thread each (tiny models use one core better than two). Resumable: every run of the grid goes to
-# train.main with --resume, which hands back the record of a finished run of the same identity, resumes a killed
-# run from its last checkpoint and refuses a done.json of another run; fit.py reads only done.json, which train.py
-# writes atomically as its very last act, so a half-finished run never enters the fit.
+# OUT is mini.sh's own folder (`python common.py claim OUT mini GRID`, the ownership rule every tool shares): a new or
+# empty one is adopted (OUT/.nanoloop-mini names the grid), a folder mini.sh made for the same grid is resumed (a
+# --case run shares its baseline's grid; a cp -a copy is the same study: the marker holds content only), anything
+# else is refused in one line (exit 2) before any work, leaving it as it was. One mini.sh per OUT: it holds a flock
+# on that marker for its whole run. Cost: 0 GPU-hours; ~15 minutes on a 2-core CPU (README states the measured time).
+# JOBS=2 worker processes, one thread each (tiny models use one core better than two). Resumable: every run of the
+# grid goes to train.main with --resume, which hands back the record of a finished run of the same identity, resumes
+# a killed run from its last checkpoint and refuses a done.json of another run; fit.py reads only done.json, which
+# train.py writes atomically as its very last act, so a half-finished run never enters the fit.
 #
 # How the paper's setup is scaled down (README, "What the mini study can and cannot show"):
 #   - l_eff = 10 = 1 + r * l_recur + 1 for r > 1 (l_recur = 8 / r), and the 0-10-0 stack for r = 1 (paper: 20, 2-2);
@@ -58,10 +61,11 @@ while (( $# )); do
     --dry-run) DRY=1 ;;
     --design) DESIGN=1 ;;
     --overwrite) OVERWRITE=1 ;;
+    --list-cases) printf '%s\n' "${!CASES[@]}" | sort; exit 0 ;;   # for tests and scripts: no hand-kept copy
     --case) (( $# >= 2 )) || { echo "runs/mini.sh: --case needs a NAME (one of: ${!CASES[*]})" >&2; exit 2; }
             CASE=$2; CASE_GIVEN=1; shift ;;
     -*) echo "runs/mini.sh: unknown flag $1 (usage: bash runs/mini.sh [--quick] [--dry-run] [--case NAME |" \
-             "--design] [--overwrite] [OUT])" >&2; exit 2 ;;
+             "--design] [--overwrite] [OUT], or --list-cases)" >&2; exit 2 ;;
     *) [[ -z $OUT ]] || { echo "runs/mini.sh: two OUT folders given ('$OUT', '${1//$'\n'/\\n}'): name one" >&2
                           exit 2; }
        OUT="$1"; [[ -n "$OUT" ]] || { echo "runs/mini.sh: OUT is empty: name a folder, e.g. out/mini" >&2; exit 2; }
@@ -138,45 +142,29 @@ fi
 
 die() { echo "runs/mini.sh: $*" >&2; exit 1; }
 refuse() { echo "runs/mini.sh: $*" >&2; exit 2; }              # a refusal: one line, before any work
-# ---- 0. OUT must be mini.sh's own folder (rule 2: never write into, or delete from, a folder it did not make) --
+# ---- 0. OUT must be mini.sh's own folder (rule 2: never write into a folder it did not make) -----------------------
 # The request is the grid: a --quick study and a full one (or two versions of the grid) never mix in one runs/
 # folder, where fit.py would fit them together. A --case study shares its baseline's grid (BASE_NAMES), so it
-# resumes the baseline's folder. common.py claim-dir keeps the marker, OUT/.nanoloop-mini.
+# resumes the baseline's folder. The grid names no path, so a copied study is the same request.
 GRID="grid $(printf '%s\n' "${ARCH[*]}" "${BASE_NAMES[*]}" | cksum | cut -d' ' -f1) ($([[ $QUICK == 1 ]] && echo quick || echo full))"
-MARK="$OUT/.nanoloop-mini"
-claim=(python common.py claim-dir "$OUT" mini "$GRID")
+claim=(python common.py claim "$OUT" mini "$GRID")
 (( OVERWRITE )) && claim+=(--overwrite)
-if [[ -f $MARK && ! -L $MARK && $(head -c 100 "$MARK") == "grid "* ]]; then   # a marker in words (mini.sh before
-  legacy=$(head -c 100 "$MARK")                                                # claim-dir): the grid it names
-  [[ $legacy == "$GRID" || $OVERWRITE == 1 ]] ||
-    refuse "OUT $OUT holds another mini study ($legacy; this one is $GRID): pick another OUT"
-  claim+=(--overwrite)                                         # our own study of this grid: re-marked, as it is
+state=$("${claim[@]}" 2>&1) || refuse "${state##*error: }"    # refused: OUT is left exactly as it was
+# One writer: claim's own flock ends with its process, so the script holds one on the same marker until it exits.
+# <> opens without truncating (> would empty the marker). The tools mini.sh starts inherit fd 9 and so keep the
+# study locked while they write; none of them locks this file (each flocks its own .nanoloop-TOOL in its folder).
+exec 9<>"$OUT/.nanoloop-mini"
+if command -v flock >/dev/null; then           # no flock(1) (macOS) or no flock on this filesystem: unlocked, as
+  flock -n -E 75 9 || [[ $? != 75 ]] ||        # common.claim; 75: the lock is held
+    refuse "OUT $OUT is being written by another runs/mini.sh: wait for it, or pick another OUT"
 fi
-state=$("${claim[@]}" 2>&1) || { state=${state%$'\n'}; refuse "${state##*error: }"; }
-mkdir -p -- "$OUT" "$RUNS" ${CASE:+"$RUNS/case_$CASE" "$OUT/case_$CASE"}
-if command -v flock >/dev/null; then             # one mini.sh per OUT; the kernel drops the lock when we exit
-  exec 9<"$OUT"
-  flock -n 9 || die "OUT $OUT is in use by another runs/mini.sh: wait for it, or pick another OUT"
-fi
+mkdir -p -- "$RUNS" ${CASE:+"$RUNS/case_$CASE"}
 
 T0=$(date +%s)
 say() { printf '[mini %4ds] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
 trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; echo "[mini] interrupted: rerun the same command to resume" >&2; exit 130' INT TERM
 export OMP_NUM_THREADS=1
 [[ $state != overwrite ]] || say "adopted $OUT (--overwrite): nothing in it deleted; its runs/ joins this study"
-
-for tmp in "$OUT"/.*.tmp; do                  # temporaries of an interrupted atomic write (never complete files)
-  if [[ -f "$tmp" && "$(basename "$tmp")" =~ ^\..+\.([0-9a-f]{8}|[0-9]+)\.tmp$ ]]; then
-    rm -f "$tmp"; say "removed $tmp, a temporary file left by an interrupted write"
-  fi
-done
-
-# A worker claims a run with the folder RUNS/NAME.claim and marks it NAME.claim/ok once train.main has returned its
-# record; the claims of an interrupted invocation go first (a claim holding anything else is not mini.sh's).
-unclaim() {  # unclaim RUNS/NAME.claim: remove a claim; anything else inside it is not mini.sh's to delete
-  rm -f -- "$1/ok"; rmdir -- "$1" 2>/dev/null || refuse "$1 holds what mini.sh did not put there: move it away"
-}
-for n in "${NAMES[@]}"; do [[ ! -e "$RUNS/$n.claim" ]] || unclaim "$RUNS/$n.claim"; done
 
 # ---- 1. tokenizer and packed data (each step skipped when its output exists; both are written atomically) -----
 if [[ ! -f "$OUT/tokenizer.model" ]]; then
@@ -195,23 +183,26 @@ fi
 # the launch list -- the same code path as `python train.py <flags>`, minus ~5 s of start-up per run. Every run goes
 # to train.main (--resume true): a finished run of the same identity hands back its record at once (and is not
 # announced again), a killed one resumes from its ckpt.pt, a done.json of another run stops the grid naming why.
+# The workers share the launch list and a claims folder outside OUT (mktemp: removed when the list is done or mini.sh
+# exits), where mkdir takes run i for exactly one worker. A worker exits 0 only after every run it took returned.
+CLAIMS=""
+trap '[[ -z $CLAIMS ]] || rm -rf -- "$CLAIMS"' EXIT
 train_list() {  # section 2 as a function (--design trains twice): every run of NAMES / ARGS, JOBS workers
-for n in "${NAMES[@]}"; do [[ ! -e "$RUNS/$n.claim" ]] || unclaim "$RUNS/$n.claim"; done
 say "grid: ${#NAMES[@]} runs, budgets ${BUDGETS[*]}, r in {${LOOPS[*]}}, $JOBS workers"
-for (( i = ${#NAMES[@]} - 1; i >= 0; i-- )); do echo "${NAMES[$i]} ${ARCH[*]} ${ARGS[$i]}"; done > "$OUT/.launch.txt.$$.tmp"
-mv -f "$OUT/.launch.txt.$$.tmp" "$OUT/launch.txt"           # atomic, like every file nanoloop writes
-worker() {  # take the next unclaimed run of launch.txt (largest budget first) until none is left
-  exec python - "$OUT/launch.txt" "$RUNS" "$T0" <<'PY'    # exec: the job pid is python itself, so a kill reaches it
+CLAIMS=$(mktemp -d)
+for (( i = ${#NAMES[@]} - 1; i >= 0; i-- )); do echo "${NAMES[$i]} ${ARCH[*]} ${ARGS[$i]}"; done > "$CLAIMS/launch.txt"
+worker() {  # take the next unclaimed run of the launch list (largest budget first) until none is left
+  exec python - "$CLAIMS" "$RUNS" "$T0" <<'PY'    # exec: the job pid is python itself, so a kill reaches it
 import contextlib, os, shlex, sys, time, traceback
 import train
-launch, runs, t0 = sys.argv[1], sys.argv[2], int(sys.argv[3])
-for line in open(launch).read().splitlines():
+claims, runs, t0 = sys.argv[1], sys.argv[2], int(sys.argv[3])
+for i, line in enumerate(open(os.path.join(claims, "launch.txt")).read().splitlines()):
     name, *argv = shlex.split(line)
-    had_record = os.path.exists(os.path.join(runs, name, "done.json"))    # for the progress line only
     try:
-        os.mkdir(os.path.join(runs, name + ".claim"))       # atomic: exactly one worker gets each run
+        os.mkdir(os.path.join(claims, str(i)))             # atomic: exactly one worker gets each run
     except FileExistsError:
         continue
+    had_record = os.path.exists(os.path.join(runs, name, "done.json"))    # for the progress line only
     t, log_path = time.time(), os.path.join(runs, name + ".log")
     with open(log_path, "a") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
         try:
@@ -222,7 +213,6 @@ for line in open(launch).read().splitlines():
                    str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__)
             sys.__stderr__.write(f"runs/mini.sh: run {name} failed: {msg} (log: {log_path})\n")
             sys.exit(1)
-    open(os.path.join(runs, name + ".claim", "ok"), "w").close()   # this run is accounted for
     if not had_record:
         print(f"[mini {time.time() - t0:5.0f}s] done {name}: val_loss {rec['val_loss']:.4f} nats "
               f"({time.time() - t:.0f} s)", flush=True)
@@ -230,10 +220,6 @@ PY
 }
 PIDS=()
 for k in $(seq 1 "$JOBS"); do worker & PIDS+=($!); done
-unfinished() {  # unfinished claimed|all: the runs without a record from train.main (claimed: only those started)
-  for n in "${NAMES[@]}"; do [[ -f "$RUNS/$n.claim/ok" || ( $1 == claimed && ! -d "$RUNS/$n.claim" ) ]] ||
-    printf '%s ' "$n"; done
-}
 left=("${PIDS[@]}")
 while (( ${#left[@]} )); do       # poll, not `wait -n`: a worker that exited before the first wait is seen too
   still=()
@@ -241,15 +227,13 @@ while (( ${#left[@]} )); do       # poll, not `wait -n`: a worker that exited be
     if kill -0 "$pid" 2>/dev/null; then still+=("$pid"); continue; fi
     wait "$pid" && continue                                 # one worker failed: stop the others, then say which run
     kill "${PIDS[@]}" 2>/dev/null || true; wait || true
-    die "a worker failed (its run and log are named above; unfinished runs: $(unfinished claimed)); the other" \
-        "workers were stopped. Fix the cause and rerun the same command to resume"
+    die "a worker failed (its run and log are named above); the other workers were stopped. Fix the cause and" \
+        "rerun the same command to resume"
   done
   left=(${still[@]+"${still[@]}"})
   (( ${#left[@]} == 0 )) || sleep 1
 done
-missing=$(unfinished all)                                  # every run accounted for by train.main, none assumed
-[[ -z $missing ]] || die "runs without a record from train.main: $missing; rerun the same command to resume"
-for n in "${NAMES[@]}"; do unclaim "$RUNS/$n.claim"; done   # every run is done: the claims go
+rm -rf -- "$CLAIMS"; CLAIMS=""                             # every worker exited 0: every run returned its record
 }
 train_list
 if [[ $DESIGN == 1 ]]; then                   # issue 20: pilot fit -> design.py -> the designed runs -> one fit
@@ -274,9 +258,6 @@ fi
 # is evaluated at every r' in SWEEP; fit.py picks the curves up from eval.json (skipped when already there)
 C=${BUDGETS[-1]}
 for SWEEP_DIR in "$RUNS" ${CASE:+"$RUNS/case_$CASE"}; do    # the baseline's models, and the case's
-  if [[ $SWEEP_DIR == */case_hc ]]; then
-    say "loop sweep skipped for hc: its scalars exist for exactly the trained r (eval.py refuses r' != r)"; continue
-  fi
   for r in 2 4 8; do
     best=$(python -c 'import json, sys, os
 d, C, r, scales = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split()
@@ -286,7 +267,13 @@ print(min(runs, key=lambda p: json.load(open(os.path.join(p, "done.json")))["val
     if ! python -c 'import json, sys; sys.exit("n_loops_sweep" not in json.load(open(sys.argv[1])))' \
         "$best/eval.json" 2>/dev/null; then
       say "loop sweep r' in {$SWEEP} of $best"
-      python eval.py "$best" --n-loops-sweep "$SWEEP" --tasks none > "$best/sweep.log"
+      # eval.py decides which models can run r' != r (the model says so) and refuses the others in one line, exit 2
+      rc=0; why=$(python eval.py "$best" --n-loops-sweep "$SWEEP" --tasks none 2>&1 >> "$OUT/sweep.log") || rc=$?
+      case $rc in
+        0) ;;
+        2) say "loop sweep skipped: ${why##*$'\n'}" ;;
+        *) die "eval.py failed on $best (exit $rc): ${why##*$'\n'}" ;;
+      esac
     fi
   done
 done
@@ -296,15 +283,16 @@ if [[ -n $CASE ]]; then                       # §5: the case's looped runs in p
   say "fitting case $CASE (fit.py --case $CASE ${FIT[*]:-paper protocol})"
   # --overwrite: OUT is mini.sh's own folder (its marker says so), so the fit outputs there are its own to replace,
   # including those of an earlier nanoloop version whose fit.json did not record its request
-  python fit.py "$RUNS" --case "$CASE" --out "$OUT/case_$CASE" --overwrite "${FIT[@]}" | tee "$OUT/case_$CASE/fit.log"
+  python fit.py "$RUNS" --case "$CASE" --out "$OUT/case_$CASE" --overwrite "${FIT[@]}" | tee "$OUT/fit_case_$CASE.log"
   if ! python -c 'import json, sys; sys.exit("loop_sweep" not in json.load(open(sys.argv[1])))' "$OUT/fit.json" \
       2>/dev/null; then                       # the baseline's fit, with its loop sweep, for the case table
     say "refitting the baseline (its fit.json is missing or has no loop sweep)"
     python fit.py "$RUNS" --out "$OUT" --overwrite "${FIT[@]}" > "$OUT/fit.log"
   fi
-  python fit.py --cases "$OUT" > /dev/null    # the case-study table of every case so far -> OUT/report.md
+  # the case-study table of every case so far -> OUT/report.md (mini.sh's own, like the fits above: --overwrite)
+  python fit.py --cases "$OUT" --overwrite > /dev/null
   say "report: $OUT/case_$CASE/report.md | case table: $OUT/report.md | total $(( $(date +%s) - T0 )) s"
-  grep -E '^delta_phi\(' "$OUT/case_$CASE/fit.log"
+  grep -E '^delta_phi\(' "$OUT/fit_case_$CASE.log"
   exit 0
 fi
 say "fitting (fit.py ${FIT[*]:-paper protocol})"

@@ -16,7 +16,8 @@
 #          single-node one. --resume is always passed: a preempted job (--requeue) continues from its ckpt.pt; a
 #          finished run of the same identity hands back its record at once (train.py decides, never the mere
 #          existence of a done.json: a torn, foreign or other run's done.json is refused, exit 2). Rank 0 decides
-#          and every rank must see the same out-dir (train.py aborts otherwise): put out/ on storage all nodes mount.
+#          for every rank, so every node must see the same out-dir: put out/ on storage all nodes mount (a folder
+#          only some nodes see is the launcher's to avoid; nothing checks it).
 #          --mem=0 gives the job all of each node's memory; srun gets --cpus-per-task explicitly (SLURM >= 22.05
 #          no longer passes the batch step's value on to srun).
 # Usage:   sbatch --nodes=4 runs/slurm.sh --flops-budget 2.15e19 --n-loops 4 --scale 34 --out-dir out/grid/C2.15e19_r4_s34
