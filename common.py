@@ -272,7 +272,8 @@ def claim(folder: str, tool: str, request=None, overwrite: bool = False, flag: s
         except OSError:
             pass                                    # no flock on this filesystem (NFS nolock): proceed unlocked
         held = os.read(fd, 200).decode(errors="replace").strip()
-        mine = held == key or (request is None and held.split(" ")[0] == tool)
+        # an older nanoloop's marker held the key alone (the same hash): the same request, so it resumes
+        mine = held in (key, key.split(" ")[1]) or (request is None and held.split(" ")[0] == tool)
         state = "resume" if names and mine else "fresh" if not names else "overwrite" if overwrite else None
         if state is None:
             what = f"another request of {tool}" if held.startswith(tool + " ") else "files this tool did not make"

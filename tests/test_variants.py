@@ -336,28 +336,6 @@ def _mini(*args):
                           text=True, timeout=60)
 
 
-@pytest.mark.parametrize("case,flag", [("bptt", "--n-loops-bwd"), ("hc", "--injection hyper"),
-                                       ("diagonal", "--injection diagonal"), ("additive", "--injection additive"),
-                                       ("random", "--state-init random")])
-def test_mini_case_launch_list(case, flag, tmp_path):
-    import train
-    base = [ln for ln in _mini("--dry-run", str(tmp_path)).stdout.splitlines() if "train.py" in ln]
-    proc = _mini("--dry-run", "--case", case, str(tmp_path))
-    lines = [ln for ln in proc.stdout.splitlines() if "train.py" in ln]
-    mine = [ln for ln in lines if f"/runs/case_{case}/" in ln]
-    assert proc.returncode == 0 and len(base) == 44 and len(mine) == 33 and len(lines) == 77
-    assert [ln for ln in lines if ln not in mine] == base               # the baseline's runs and names, unchanged
-    for ln in mine:
-        argv = ln.split()[2:]
-        mcfg, tcfg = train.parse_args(argv)
-        assert tcfg.case == case and mcfg.n_loops in (2, 4, 8) and flag in ln
-        if case == "bptt":
-            assert mcfg.n_loops_bwd == (mcfg.n_loops + 1) // 2                 # r_bwd = ceil(r / 2), §5.1
-    quick = [ln for ln in _mini("--dry-run", "--quick", "--case", case, str(tmp_path)).stdout.splitlines()
-             if f"/runs/case_{case}/" in ln]
-    assert len(quick) == 18
-
-
 def test_mini_case_bad_name():
     for args in (["--case", "gated"], ["--case"]):
         proc = _mini("--dry-run", *args)
