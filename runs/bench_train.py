@@ -66,6 +66,11 @@ def train_bench(cfg, device, device_batch, steps, accum=1, bf16=False, compile_b
     model.wte.to(dtype=torch.bfloat16 if bf16 else torch.float32)
     opt = build_optimizer(model.param_groups(), hyperp_lrs(cfg.d_model, cfg.n_loops, 100 * rows * T, rows * T),
                           polar_bf16=bf16)
+    # CUDA graphs own their outputs: a first micro-step's gradient adopted as .grad would be overwritten by the next
+    # replay (pytorch#169545), so under reduce-overhead the grads are allocated once, accumulated into and zeroed
+    graphs = mode == "reduce-overhead"
+    for p in model.parameters() if graphs else ():
+        p.grad = torch.zeros_like(p)
     net = wrap(model) if wrap else model
     net = torch.compile(net, backend=compile_backend, mode=mode) if compile_backend else net
     # The SDPA kernel is chosen when the graph is traced: forcing it around every step fixes it for the compile too
@@ -85,7 +90,7 @@ def train_bench(cfg, device, device_batch, steps, accum=1, bf16=False, compile_b
             losses.append(loss.detach().float() / accum)
         t1 = clock()
         opt.step()
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=not graphs)
         times.append((clock() - t0, clock() - t1))
     per_step = torch.stack(losses).view(steps + warmup, accum).sum(1)    # (steps + warmup,) this rank's step losses
     if world > 1:                                                # global-batch mean (gloo has no AVG: sum / world)
@@ -97,10 +102,9 @@ def train_bench(cfg, device, device_batch, steps, accum=1, bf16=False, compile_b
     return dict(device=name, scale=cfg.scale, d_model=cfg.d_model, n_loops=cfg.n_loops, n_loops_bwd=cfg.n_loops_bwd,
                 device_batch=device_batch, accum=accum, world=world, precision="bf16" if bf16 else "fp32", attn=attn,
                 compile=compile_backend or False, mode=mode, sdpa=sdpa and sdpa.name, steps=steps,
-                first_step_s=times[0][0], step_s=step_s,
-                optim_share=opt_s / step_s, tok_per_s=rows * T / step_s, flops_per_token=F, peak_key=key,
-                mfu=F * rows * T / step_s / (world * peak) if peak else None, losses=(per_step / world).tolist(),
-                **peak_memory(device)), model, opt
+                first_step_s=times[0][0], step_s=step_s, optim_share=opt_s / step_s, tok_per_s=rows * T / step_s,
+                flops_per_token=F, peak_key=key, mfu=F * rows * T / step_s / (world * peak) if peak else None,
+                losses=(per_step / world).tolist(), **peak_memory(device)), model, opt
 
 
 def main(argv=None) -> dict:

@@ -196,3 +196,43 @@ def test_bench_sh_refuses_a_foreign_out(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1
     assert sorted(os.listdir(tmp_path)) == ["train_bench.txt"] and (tmp_path / "train_bench.txt").read_text() == \
         "my notes"
+
+
+# -----------------------------------------------------------------------------
+# runs/gpu_session.sh (issue 25): the one prepared GPU call; here its --cpu-smoke and --dry-run
+
+def test_gpu_session_smoke_keeps_what_fits_its_budget(tmp_path):
+    # The whole session on CPU: env, gpu_check (stage 1 here; the device default adds stage 5), then the lever
+    # cells in priority order until the budget is spent; every cell measured has its JSON, the rest is skipped.
+    out = tmp_path / "s"
+    t = time.time()
+    proc = subprocess.run(["bash", "runs/gpu_session.sh", "--cpu-smoke", "--check-stages", "1", "--budget", "45",
+                           str(out)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    print(f"\n{proc.stdout[-2500:]}\nwall {time.time() - t:.0f} s")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert json.loads((out / "gpu_check.json").read_text())["stages"]["1"]["status"] == "ok"
+    assert "torch" in (out / "env.txt").read_text() and "done; the cells" in (out / "session.log").read_text()
+    base = json.loads((out / "levers" / "s6_r1_base.json").read_text())
+    assert base["status"] == "ok" and (base["rows"], base["accum"], base["mode"], base["sdpa"]) == (4, 1, "default",
+                                                                                                    "auto")
+    assert base["tok_per_s"] > 0 and base["compile_s"] > 0 and base["peak_rss"] > 0 and base["mfu"] is None
+    assert "budget spent: skipped" in proc.stdout or "skipped, the session's time is up" in proc.stdout
+    again = subprocess.run(["bash", "runs/gpu_session.sh", "--cpu-smoke", "--budget", "1", str(tmp_path)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)           # a folder it did not make
+    assert again.returncode == 2 and "pass --overwrite" in again.stderr and len(again.stderr.splitlines()) == 1
+
+
+def test_gpu_session_dry_run_and_bad_levers(capsys):
+    proc = subprocess.run(["bash", "runs/gpu_session.sh", "--dry-run"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0 and all(ln.startswith("gpu-session: ") for ln in lines) and len(lines) == 6
+    assert "--levers base" in lines[2] and "--stages 1,5 --budget 130" in lines[1]
+    import bench_levers
+    assert bench_levers.lever("rows64+cudnn+reduce-overhead") == dict(rows=64, mode="reduce-overhead", sdpa="cudnn")
+    for argv, msg in ((["--levers", "rows48"], "rows48: rows must divide the 128 rows of a step"),
+                      (["--levers", "fast"], "unknown lever 'fast'"), (["--cpu-smoke", "--levers", "rows3"], "4 rows")):
+        with pytest.raises(SystemExit) as exc:
+            bench_levers.main([*argv, "--out", "unused"])
+        err = capsys.readouterr().err.strip()
+        assert exc.value.code == 2 and len(err.splitlines()) == 1 and msg in err, err
