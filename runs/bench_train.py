@@ -10,8 +10,18 @@ this tool did not write for this same request is never replaced without --overwr
 Run:   python runs/bench_train.py --scale 10 --n-loops 4 --device-batch 16 --steps 5 [--out F.json]
        every ModelConfig field is a flag (--n-loops-bwd, --seq-len, ...; defaults: the paper's s = 10, r = 4).
        CUDA: bf16 autocast and torch.compile (inductor) as a run uses them; CPU: fp32 eager.
-Used by: runs/bench.sh part 1; runs/gpu_check.py and runs/bench_levers.py (train_bench, peak_memory): the one
-place a benchmark builds a model and its optimizer. (runs/op_count.py builds its own: it must also run
+Levers (issue 25 item 4: why s = 6 runs at 36 % MFU, s = 10 at 45 %): --levers L1 L2 ... measures one cell per
+lever, each applied where the step is built, so no trainer flag is needed, and writes --out DIR/sS_rR_L.json:
+    base                        the step as the flags give it (the grid's: --device-batch 32 --accum 4, B = 262,144)
+    rowsN                       N rows per micro-batch, accumulation keeping the step's rows (fewer, larger kernels)
+    cudnn | flash | efficient | math    that SDPA kernel forced (torch.nn.attention.sdpa_kernel; cuDNN on Hopper)
+    reduce-overhead             torch.compile with CUDA graphs (the per-kernel launch cost gone)
+    max-autotune-no-cudagraphs  autotuned GEMM and reduction configs (a compile of minutes)
+    a+b+...                     together, e.g. rows64+cudnn+reduce-overhead
+  Targets (issue 25, one H100/H200, SDPA): s = 6 >= 42 % and s = 10 >= 50 % MFU, r = 8 within 3 % of r = 1. The
+  figures belong in this output (and runs/gpu_session.sh's), never in a timed test.
+Used by: runs/bench.sh part 1; runs/gpu_session.sh (--levers); runs/gpu_check.py (train_bench, peak_memory): the
+one place a benchmark builds a model and its optimizer. (runs/op_count.py builds its own: it must also run
 against another checkout's modules, through PYTHONPATH, for a before figure.)
 MFU = F_train (flops.py: the budget's FLOPs per token) x tok/s / (world x peak). The peak is the dense bf16 datasheet
 figure matched by device name (train.py's PEAK_FLOPS, as a run prints it); any other device (a CPU included) gets
@@ -26,6 +36,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the flat top-level modules
 import torch                                                                          # noqa: E402
+from torch.nn.attention import SDPBackend                                             # noqa: E402
 
 import common                                                                         # noqa: E402
 import flops                                                                          # noqa: E402
@@ -56,7 +67,7 @@ def train_bench(cfg, device, device_batch, steps, accum=1, bf16=False, compile_b
     batch drawn from `seed`, so 1 rank at world x device_batch rows computes the same steps as `world` ranks. Several
     ranks: the process group is up and wrap(model) is the DDP module (compiled after wrapping, as train.py does;
     accum must then be 1: no no_sync here). The device is synchronised around the optimizer step to time it alone.
-    The levers of runs/bench_levers.py: mode (torch.compile's: reduce-overhead = CUDA graphs), sdpa (an SDPBackend
+    The levers (--levers): mode (torch.compile's: reduce-overhead = CUDA graphs), sdpa (an SDPBackend
     forced around the steps: cuDNN, flash, ...), `warmup` untimed steps (CUDA graphs record on the second call)."""
     peak_memory(device)                                          # reset: the figures below are this run's
     rows, T = device_batch * world * accum, cfg.seq_len          # global batch rows per optimizer step
@@ -107,38 +118,88 @@ def train_bench(cfg, device, device_batch, steps, accum=1, bf16=False, compile_b
                 losses=(per_step / world).tolist(), **peak_memory(device)), model, opt
 
 
+# -----------------------------------------------------------------------------
+# The small-width levers (issue 25 item 4), applied where the step is built: no trainer flag needed
+
+MODES = ("reduce-overhead", "max-autotune-no-cudagraphs")                 # torch.compile modes; default: None
+KERNELS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+           "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+
+
+def lever(text) -> dict:
+    """'rows64+cudnn+reduce-overhead' -> {rows, mode, sdpa}; 'base' is the step as given; a ValueError otherwise."""
+    out = dict(rows=None, mode=None, sdpa=None)
+    for part in text.split("+"):
+        if part.startswith("rows") and part[4:].isdigit() and int(part[4:]) > 0:
+            out["rows"] = int(part[4:])
+        elif part in MODES or part in KERNELS:
+            out["mode" if part in MODES else "sdpa"] = part
+        elif part != "base":
+            raise ValueError(f"unknown lever {part!r}: base, rowsN, {', '.join(KERNELS)}, {', '.join(MODES)}")
+    return out
+
+
 def main(argv=None) -> dict:
-    """The CLI: flags checked (one-line errors, exit 2) before anything is built; prints the line, writes --out."""
+    """The CLI: flags checked (one-line errors, exit 2) before anything is built; one line per cell, --out written.
+    --levers: one cell per lever, in order, each from a clean compile state, each written to --out (a folder) as
+    OUT/sS_rR_LEVER.json as soon as it is measured; a cell that fails (out of memory, a kernel this device lacks)
+    is recorded with its error and the next one runs."""
     p = common.Parser(prog="runs/bench_train.py", description="training tok/s, MFU and peak memory, synthetic tokens")
     common.add_dataclass_flags(p, ModelConfig, {})             # every architecture field; ModelConfig checks them
     for name, default in (("device-batch", 8), ("steps", 5), ("accum", 1)):
         p.add_argument("--" + name, type=common.number(int, "[1, inf)"), default=default)
+    p.add_argument("--levers", nargs="+", help="cells: base, rowsN, cudnn | flash | efficient | math, "
+                   "reduce-overhead | max-autotune-no-cudagraphs, or a+b; --out is then a folder")
     p.add_argument("--out", help="also write the figures here as JSON")
     p.add_argument("--overwrite", action="store_true", help="let --out replace a file this tool did not write")
     a = p.parse_args(argv)
     cuda = torch.cuda.is_available()                          # the run's defaults: bf16 + inductor on CUDA only
-    device = torch.device("cuda" if cuda else "cpu")
+    device, batch = torch.device("cuda" if cuda else "cpu"), a.device_batch * a.accum    # rows per optimizer step
     # The request: every flag but where the output goes. A rerun of the same request may replace its own file.
     key = common.request_key("bench_train", {k: v for k, v in vars(a).items() if k not in ("out", "overwrite")})
     try:                                                       # every refusal before any work, in one line
         cfg = ModelConfig(**{f.name: getattr(a, f.name) for f in dataclasses.fields(ModelConfig)})
-        if a.out:                                              # absent, or this request's own (common.check_new)
+        cells = {name: lever(name) for name in a.levers or ["base"]}
+        if any(c["rows"] and batch % c["rows"] for c in cells.values()):
+            raise ValueError(f"a lever's rows must divide the {batch} rows of a step (--device-batch x --accum)")
+        if a.out and a.levers:                                 # the folder is this tool's (common.claim)
+            common.claim(a.out, "bench_train", None, a.overwrite)
+        elif a.out:                                            # absent, or this request's own (common.check_new)
             common.check_new(a.out, a.overwrite, "--out", "runs/bench_train.py", key)
             os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     except (ValueError, OSError) as err:
         common.fail(p.prog, err)
-    r = train_bench(cfg, device, a.device_batch, a.steps, a.accum, cuda, "inductor" if cuda else None,
-                    resolve_attention("auto", device, cuda)[0])[0]
-    # One line; bench.sh keeps these in OUT/train_bench.txt. MFU n/a: no datasheet peak for this device (the reason).
+    for name, c in cells.items():
+        rows, tag = c["rows"] or a.device_batch, a.levers and name           # tag: None = the plain benchmark
+        torch._dynamo.reset()                                  # each cell's own compile, from a clean state
+        try:
+            r = train_bench(cfg, device, rows, a.steps, batch // rows, cuda, "inductor" if cuda else None,
+                            resolve_attention("auto", device, cuda)[0], mode=c["mode"] if cuda else None,
+                            sdpa=KERNELS.get(c["sdpa"]), warmup=2 if a.levers else 1)[0]
+            r.update(lever=tag, compile_s=r["first_step_s"] - r["step_s"])
+        except Exception as err:                               # a lever's failure must not cost the next cells
+            if not a.levers:
+                raise
+            why = " ".join(f"{type(err).__name__}: {err}".split())          # one line; the reason is often last
+            r = dict(scale=a.scale, n_loops=a.n_loops, lever=name, error=why[:300] + " ... " + why[-300:])
+        print(line(r), flush=True)
+        if a.out:                                              # --levers: one file per cell in the folder
+            path = os.path.join(a.out, f"s{a.scale}_r{a.n_loops}_{name}.json") if tag else a.out
+            common.write_json(path, r, "runs/bench_train.py", key)
+    return r
+
+
+def line(r) -> str:
+    """One line per cell; bench.sh keeps these in OUT/train_bench.txt. MFU n/a: no datasheet peak (the reason)."""
+    if "error" in r:
+        return f"bench | s {r['scale']} r {r['n_loops']} | lever {r['lever']}: failed: {r['error']}"
     mem = " | ".join(f"{k} {v / 2**20:,.0f} MiB" for k, v in r.items() if "max" in k or "rss" in k)
     mfu = r["peak_key"] if r["mfu"] is None else f"{100 * r['mfu']:.2f}% ({r['peak_key']})"
-    print(f"bench | n_loops {r['n_loops']} | bptt {r['n_loops_bwd'] or 'full'} | d_model {r['d_model']} | tok/s "
-          f"{r['tok_per_s']:,.0f} | mfu {mfu} | {mem} | optimizer {100 * r['optim_share']:.0f}% of the step | "
-          f"{r['precision']} {r['attn']} compile {r['compile']} | mean of {r['steps']} steps after the first",
-          flush=True)
-    if a.out:
-        common.write_json(a.out, r, "runs/bench_train.py", key)
-    return r
+    return (f"bench | n_loops {r['n_loops']} | bptt {r['n_loops_bwd'] or 'full'} | d_model {r['d_model']} | tok/s "
+            f"{r['tok_per_s']:,.0f} | mfu {mfu} | {mem} | optimizer {100 * r['optim_share']:.0f}% of the step | "
+            f"{r['precision']} {r['attn']} compile {r['compile']} | mean of {r['steps']} steps after the first"
+            + (r["lever"] and f" | lever {r['lever']}: {r['device_batch']} rows x {r['accum']}, mode "
+               f"{r['mode'] or 'default'}, sdpa {r['sdpa'] or 'auto'}, compile {r['compile_s']:.0f} s" or ""))
 
 
 if __name__ == "__main__":

@@ -6,12 +6,12 @@
 #          1. the environment: nvidia-smi's line, torch / CUDA / cuDNN / NCCL / triton versions   (OUT/env.txt)
 #          2. runs/gpu_check.py under --check-budget, stages --check-stages (default 1,5: the environment and the
 #             2-rank check, whose gloo fallback no CPU test can prove on CUDA tensors)          (OUT/gpu_check.json)
-#          3. the small-width levers (runs/bench_levers.py), one JSON per cell (OUT/levers/sS_rR_LEVER.json):
+#          3. the small-width levers (runs/bench_train.py --levers), one JSON per cell (OUT/levers/sS_rR_LEVER.json):
 #             a. baseline: s = 6 and 10, r = 1 and 8 (the grid's step: 32 rows x 4, compile default, SDPA auto)
 #             b. s = 6, r = 1 and 8: cuDNN attention, CUDA graphs (reduce-overhead), 64 rows x 2
 #             c. s = 6, r = 1: the three together, then max-autotune-no-cudagraphs (a compile of minutes)
 #             d. s = 10, r = 1 and 8: the levers of b
-#          Each cell prints one line "lever | s 6 r 1 cudnn | ... | MFU 41.0% | peak .. GiB | compile .. s"; the
+#          Each cell prints one line "bench | ... | tok/s .. | mfu 41.0% .. | lever cudnn: .. compile .. s"; the
 #          targets: s = 6 >= 42 %, s = 10 >= 50 % MFU, r = 8 within 3 % of r = 1. A compile takes 50-60 s per cell
 #          (H200, cold); inductor's on-disk cache (TORCHINDUCTOR_CACHE_DIR, kept outside OUT) serves repeats.
 # Usage:   bash runs/gpu_session.sh [--budget S] [--check-stages LIST|none] [--check-budget S] [OUT]
@@ -42,18 +42,23 @@ done
 OUT=${DIR:-${OUT:-out/gpu_session}}
 
 # ---- the plan ---------------------------------------------------------------------------------------------------
-# Cells per bench_levers call, in priority order. Smoke: d = 16 models on CPU, whose step is 4 rows (rows2 for rows64).
-R=rows64; CELL_S=60
-if [[ -n $SMOKE ]]; then R=rows2; CELL_S=5; fi
-GROUPS_=("--scale 6 10 --n-loops 1 8 --levers base"
-         "--scale 6 --n-loops 1 8 --levers cudnn reduce-overhead $R"
-         "--scale 6 --n-loops 1 --levers $R+cudnn+reduce-overhead max-autotune-no-cudagraphs"
-         "--scale 10 --n-loops 1 8 --levers cudnn reduce-overhead $R")
+# One runs/bench_train.py call per line "s r LEVER...", in priority order: the grid's step is 32 rows x 4 (B = 262,144
+# tokens at T = 2048). Smoke: d = 4 s on CPU (3 or 5 heads, as at d = 64 s), 8 layers, T = 64, 4 rows; rows2 for rows64.
+STEP=(--device-batch 32 --accum 4 --steps 3); R=rows64; MIN_S=60
+if [[ -n $SMOKE ]]; then
+  STEP=(--aspect-ratio 4 --head-dim 8 --n-layers-prelude 0 --n-layers-coda 0 --n-layers-eff 8 --vocab-size 256
+        --seq-len 64 --device-batch 4 --accum 1 --steps 2); R=rows2; MIN_S=5
+fi
+CELLS=("6 1 base" "6 8 base" "10 1 base" "10 8 base"
+       "6 1 cudnn reduce-overhead $R" "6 8 cudnn reduce-overhead $R"
+       "6 1 $R+cudnn+reduce-overhead max-autotune-no-cudagraphs"
+       "10 1 cudnn reduce-overhead $R" "10 8 cudnn reduce-overhead $R")
+cell_cmd() { set -- $1; echo "runs/bench_train.py --scale $1 --n-loops $2 ${STEP[*]} --levers ${*:3} --out $OUT/levers"; }
 CHECK=(runs/gpu_check.py --stages "$CHECK_STAGES" --budget "$CHECK_BUDGET" --out "$OUT/gpu_check.json" $SMOKE)
 if [[ $DRY == 1 ]]; then
   echo "gpu-session: budget $BUDGET s, OUT $OUT, inductor cache \${TMPDIR:-/tmp}/nanoloop-inductor"
   [[ $CHECK_STAGES == none ]] || echo "gpu-session: python ${CHECK[*]}"
-  for g in "${GROUPS_[@]}"; do echo "gpu-session: python runs/bench_levers.py $g --out $OUT/levers $SMOKE"; done
+  for c in "${CELLS[@]}"; do echo "gpu-session: python $(cell_cmd "$c")"; done
   exit 0
 fi
 
@@ -86,23 +91,23 @@ if [[ $CHECK_STAGES != none ]]; then
   log "gpu_check exit $rc"
 fi
 
-# ---- 3. the levers, a group at a time while the budget lasts --------------------------------------------------------
-for g in "${GROUPS_[@]}"; do
+# ---- 3. the levers, one (s, r) at a time while the budget lasts -----------------------------------------------------
+for c in "${CELLS[@]}"; do
   left=$((END - $(date +%s)))
-  if (( left < CELL_S )); then log "budget spent: skipped $g"; continue; fi
+  if (( left < MIN_S )); then log "budget spent: skipped $c"; continue; fi
   rc=0
-  # shellcheck disable=SC2086
-  timeout --kill-after=10 "$left" python runs/bench_levers.py $g --out "$OUT/levers" --until "$END" \
-    --cell-s "$CELL_S" $SMOKE 2>>"$OUT/stderr.log" | tee -a "$OUT/session.log" || rc=$?
-  (( rc == 0 )) || log "bench_levers exit $rc ($g)"
+  # shellcheck disable=SC2046
+  timeout --kill-after=10 "$left" python $(cell_cmd "$c") 2>>"$OUT/stderr.log" | cut -c1-700 |
+    sed -E 's/mfu n\/a[^|]*/mfu n\/a /' | tee -a "$OUT/session.log" || rc=$?
+  (( rc == 0 )) || log "bench_train exit $rc ($c)"
 done
 log "done; the cells (MFU %, tok/s, peak GiB, compile s):"
 python - "$OUT/levers" <<'PY'
 import glob, json, os, sys
 for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.json")), key=os.path.getmtime):
     c = json.load(open(f))
-    ok, mem = c["status"] == "ok", c.get("cuda_max_allocated", c.get("peak_rss", 0)) / 2**30
+    ok, mem = "error" not in c, c.get("cuda_max_allocated", c.get("peak_rss", 0)) / 2**30
     mfu = f"{100 * c['mfu']:5.1f}" if ok and c["mfu"] else "  n/a"
-    print(f"  s{c['s']:<2} r{c['r']} {c['lever']:<36} " + (f"{mfu} {c['tok_per_s']:>10,.0f} {mem:6.1f} "
+    print(f"  s{c['scale']:<2} r{c['n_loops']} {c['lever']:<36} " + (f"{mfu} {c['tok_per_s']:>10,.0f} {mem:6.1f} "
           f"{c['compile_s']:5.0f}" if ok else "failed: " + c["error"][:80]))
 PY

@@ -206,33 +206,48 @@ def test_gpu_session_smoke_keeps_what_fits_its_budget(tmp_path):
     # cells in priority order until the budget is spent; every cell measured has its JSON, the rest is skipped.
     out = tmp_path / "s"
     t = time.time()
-    proc = subprocess.run(["bash", "runs/gpu_session.sh", "--cpu-smoke", "--check-stages", "1", "--budget", "45",
+    proc = subprocess.run(["bash", "runs/gpu_session.sh", "--cpu-smoke", "--check-stages", "1", "--budget", "40",
                            str(out)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     print(f"\n{proc.stdout[-2500:]}\nwall {time.time() - t:.0f} s")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert json.loads((out / "gpu_check.json").read_text())["stages"]["1"]["status"] == "ok"
     assert "torch" in (out / "env.txt").read_text() and "done; the cells" in (out / "session.log").read_text()
     base = json.loads((out / "levers" / "s6_r1_base.json").read_text())
-    assert base["status"] == "ok" and (base["rows"], base["accum"], base["mode"], base["sdpa"]) == (4, 1, "default",
-                                                                                                    "auto")
-    assert base["tok_per_s"] > 0 and base["compile_s"] > 0 and base["peak_rss"] > 0 and base["mfu"] is None
-    assert "budget spent: skipped" in proc.stdout or "skipped, the session's time is up" in proc.stdout
+    assert (base["scale"], base["n_loops"], base["device_batch"], base["accum"], base["lever"]) == (6, 1, 4, 1, "base")
+    assert base["tok_per_s"] > 0 and base["peak_rss"] > 0 and base["mfu"] is None and base["mode"] is None
+    assert "budget spent: skipped" in proc.stdout
     again = subprocess.run(["bash", "runs/gpu_session.sh", "--cpu-smoke", "--budget", "1", str(tmp_path)], cwd=ROOT,
                            capture_output=True, text=True, timeout=60)           # a folder it did not make
     assert again.returncode == 2 and "pass --overwrite" in again.stderr and len(again.stderr.splitlines()) == 1
 
 
-def test_gpu_session_dry_run_and_bad_levers(capsys):
+def test_gpu_session_dry_run(capsys):
     proc = subprocess.run(["bash", "runs/gpu_session.sh", "--dry-run"], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
     lines = proc.stdout.splitlines()
-    assert proc.returncode == 0 and all(ln.startswith("gpu-session: ") for ln in lines) and len(lines) == 6
-    assert "--levers base" in lines[2] and "--stages 1,5 --budget 130" in lines[1]
-    import bench_levers
-    assert bench_levers.lever("rows64+cudnn+reduce-overhead") == dict(rows=64, mode="reduce-overhead", sdpa="cudnn")
-    for argv, msg in ((["--levers", "rows48"], "rows48: rows must divide the 128 rows of a step"),
-                      (["--levers", "fast"], "unknown lever 'fast'"), (["--cpu-smoke", "--levers", "rows3"], "4 rows")):
-        with pytest.raises(SystemExit) as exc:
-            bench_levers.main([*argv, "--out", "unused"])
-        err = capsys.readouterr().err.strip()
-        assert exc.value.code == 2 and len(err.splitlines()) == 1 and msg in err, err
+    assert proc.returncode == 0 and all(ln.startswith("gpu-session: ") for ln in lines) and len(lines) == 11
+    assert "--stages 1,5 --budget 130" in lines[1] and lines[2].endswith("--accum 4 --steps 3 --levers base --out "
+                                                                          "out/gpu_session/levers")
+
+
+def test_bench_train_levers_one_cell_each(tmp_path, capsys):
+    # issue 25 item 4: one cell per lever, each JSON written as measured; a lever that cannot run here (cuDNN
+    # attention on a CPU) is recorded as failed and the next cell runs
+    assert bench_train.lever("rows64+cudnn+reduce-overhead") == dict(rows=64, mode="reduce-overhead", sdpa="cudnn")
+    bench_train.main([*TINY, "--accum", "2", "--steps", "1", "--levers", "base", "cudnn", "rows2+math", "--out",
+                      str(tmp_path / "lv")])
+    lines = capsys.readouterr().out.strip().splitlines()
+    print("\n" + "\n".join(lines))
+    cells = {n: json.loads((tmp_path / "lv" / f"s1_r2_{n}.json").read_text()) for n in ("base", "cudnn", "rows2+math")}
+    assert "failed: RuntimeError" in lines[1] and "error" in cells["cudnn"]
+    assert (cells["rows2+math"]["device_batch"], cells["rows2+math"]["accum"], cells["rows2+math"]["sdpa"]) == \
+        (2, 4, "MATH") and "| lever rows2+math: 2 rows x 4, mode default, sdpa MATH" in lines[2]
+
+
+@pytest.mark.parametrize("argv, msg", [(["--levers", "rows3"], "a lever's rows must divide the 4 rows of a step"),
+                                       (["--levers", "fast"], "unknown lever 'fast'")])
+def test_bench_train_bad_levers_are_one_line(argv, msg, capsys, tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        bench_train.main([*TINY, *argv, "--out", str(tmp_path / "unused")])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and len(err.splitlines()) == 1 and msg in err and not (tmp_path / "unused").exists()
