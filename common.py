@@ -241,7 +241,7 @@ def atomic_write(path: str, data, replace: bool = True) -> None:
 # flock on it, held until the process exits, is the one-writer lock (the kernel drops it when a writer is killed).
 # A folder the ranks of a multi-node run do not all see is the launcher's to provide (README "Multi-node").
 
-HELD = {}    # folder -> fd of its flocked marker: kept open for the life of the process
+HELD = {}    # folder -> (fd of its flocked marker, its key): kept open for the life of the process
 
 
 def claim(folder: str, tool: str, request=None, overwrite: bool = False, flag: str = "--out") -> str:
@@ -249,16 +249,20 @@ def claim(folder: str, tool: str, request=None, overwrite: bool = False, flag: s
     any run of this tool, which then decides sameness itself, as train.py does by run identity) or "overwrite".
     A ValueError otherwise, leaving the folder exactly as it was."""
     mark, key = os.path.join(folder, f".nanoloop-{tool}"), f"{tool} {request_key(tool, request)}"
-    if os.path.abspath(folder) in HELD:            # claimed already by this process (an in-process sweep)
+    if HELD.get(os.path.abspath(folder), (0, None))[1] == key:    # claimed already by this process, same request
         return "resume"
     made = not os.path.isdir(folder)
     try:
         os.makedirs(folder, exist_ok=True)
         names = [n for n in os.listdir(folder) if n != os.path.basename(mark)]
         had = os.path.lexists(mark)
-        fd = os.open(mark, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+        # O_NONBLOCK: a FIFO planted at the marker's name is opened without waiting, then refused as no file
+        fd = os.open(mark, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
     except OSError as err:
         raise ValueError(f"{flag} {folder}: cannot use this folder ({err.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ValueError(f"{flag} {folder}: {mark} is not a plain file; move it away")
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -285,13 +289,14 @@ def claim(folder: str, tool: str, request=None, overwrite: bool = False, flag: s
             if made:
                 os.rmdir(folder)
         raise
-    HELD[os.path.abspath(folder)] = fd
+    release(folder)                                 # a claim of another request by this process ends here
+    HELD[os.path.abspath(folder)] = (fd, key)
     return state
 
 
 def release(folder: str) -> None:
     """Drop a claim early (the process's exit drops it anyway)."""
-    fd = HELD.pop(os.path.abspath(folder), None)
+    fd, _ = HELD.pop(os.path.abspath(folder), (None, None))
     if fd is not None:
         os.close(fd)
 

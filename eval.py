@@ -22,14 +22,12 @@ Run:
     python eval.py out/run --out res.json --overwrite     # --out replaces only what eval.py wrote for this request
     python eval.py primitives --out eval_data             # write the 5 reasoning-primitive jsonl files
     torchrun --standalone --nproc_per_node=8 eval.py out/run    # examples and val rows sharded over ranks
-Before any scoring, the inputs are checked to belong together: the tokenizer, the data's tokenizer and the
-checkpoint's (by content hash, whatever --tokenizer says), ids within the model's vocabulary, finite weights, and a
-model that fits in memory (sized from its config before anything is built).
+Before any scoring, the inputs are checked to belong together: the data's tokenizer and the checkpoint's (by content
+hash, whatever --tokenizer says), ids within the model's vocabulary, and the checkpoint itself (checkpoint.py).
 Test:  pytest tests/test_eval.py tests/test_hostile_eval.py
 Read in this order: TASKS -> val_loss -> load_task_file -> render_prompts -> build_examples -> score_examples ->
-    evaluate_task -> primitives -> read_checkpoint / load_release -> main
-Not here: the model (model.py), the loader and tokenizers (data.py), training (train.py), the scorer benchmark
-(runs/bench_eval.py), the parser, checked numbers and owned writer (common.py).
+    evaluate_task -> primitives -> main. Not here: reading checkpoints (checkpoint.py), the model (model.py), the
+loader and tokenizers (data.py), the scorer benchmark (runs/bench_eval.py), the parser and writers (common.py).
 """
 import argparse
 import contextlib
@@ -38,24 +36,22 @@ import importlib.util
 import json
 import math
 import os
-import pathlib
-import pickle
 import random
-import re
 import sys
 import time
-import warnings
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-import flops
-from common import (Parser, check_owned, check_record, fail, first_line, init_dist, number, print0, read_json,
-                    request_key, require, write_owned)
+# checkpoint reading lives in checkpoint.py; its names stay importable from here (train.py, runs/bench_eval.py)
+from checkpoint import (checkpoint_kind, load_checkpoint, load_release, load_weights, model_bytes,  # noqa: F401
+                        read_checkpoint)
+from common import (Parser, atomic_write, check_new, claim, fail, first_line, init_dist, number, print0, release,
+                    request_key, write_json)
 from data import PackedLoader, jsonl_records, load_tokenizer, read_meta
-from model import LoopedGPT, ModelConfig
+from model import LoopedGPT, ModelConfig  # noqa: F401  (tests and runs/bench_eval.py build models through eval)
 
 # -----------------------------------------------------------------------------
 # The task table (paper App. H.1, Table 8; data.md §7.1). No YAML: one row per task.
@@ -148,10 +144,8 @@ def val_loss(model, loader, tokens, n_loops=None, bf16=None) -> float:
     under no_grad; its train/eval mode is restored afterwards. n_loops: evaluate at r' != trained r (test-time loop
     extrapolation, App. A). bf16: autocast or not (None = bf16 on CUDA only).
     """
-    # whole rows only: 70.8M = 34,560 x 2048 (§4.1)
-    n_rows = int(tokens) // int(loader.seq_len)
-    if n_rows < 1:
-        raise ValueError(f"val_loss needs tokens >= seq_len ({loader.seq_len}), got {tokens}")
+    n_rows = int(tokens) // int(loader.seq_len)                    # whole rows only: 70.8M = 34,560 x 2048 (§4.1)
+    assert n_rows >= 1, "the caller checks tokens >= seq_len"
     device, was_training = next(model.parameters()).device, model.training
     model.eval()
     sums = torch.zeros(2, dtype=torch.float64, device=device)       # [sum of nats, number of scored tokens]
@@ -164,8 +158,7 @@ def val_loss(model, loader, tokens, n_loops=None, bf16=None) -> float:
     finally:
         model.train(was_training)
     # One collective at the end, never per batch: loader.epoch may give the ranks unequal numbers of batches.
-    if _all_reduce_sum(sums)[1] == 0:
-        raise ValueError("val_loss scored no tokens: the validation split is empty")
+    _all_reduce_sum(sums)
     return (sums[0] / sums[1]).item()
 
 
@@ -178,9 +171,8 @@ def _schema(rec):
     if not isinstance(rec.get("delimiter", ""), str):
         raise ValueError("delimiter must be a string")
     # mc and schema records alike: a list of >= 2 string options, one more string, a gold index into the options
-    for kind, key, opts, text in (("schema", "context_options", "context_options", "continuation"),
-                                  ("mc", "query", "choices", "query")):
-        if key in rec:
+    for kind, opts, text in (("schema", "context_options", "continuation"), ("mc", "choices", "query")):
+        if (opts if kind == "schema" else "query") in rec:
             options, gold = rec.get(opts), rec.get("gold")
             if not (isinstance(options, list) and len(options) >= 2 and all(isinstance(o, str) for o in options)):
                 raise ValueError(f"{opts} must be a list of >= 2 strings")
@@ -191,8 +183,8 @@ def _schema(rec):
                 raise ValueError(f"gold must be an integer index into {opts}, got {gold!r}")
             return kind
     if "context" in rec or "continuation" in rec:
-        if not (isinstance(rec.get("context"), str) and isinstance(rec.get("continuation"), str)
-                and rec["continuation"]):
+        if not (isinstance(rec.get("context"), str) and rec.get("continuation") and
+                isinstance(rec["continuation"], str)):
             raise ValueError("LM record needs a string context and a non-empty string continuation")
         return "lm"
     raise ValueError("not a CORE record: expected {context, continuation}, {query, choices, gold} or "
@@ -256,6 +248,8 @@ def find_task_source(name, task_dir=None):
     for p in looked:
         if os.path.isfile(p):
             return "file", p, 0, looked
+        if os.path.lexists(p):              # a FIFO (open would wait forever), a folder, a broken link: named
+            raise ValueError(f"task file {p} is not a plain file")
     if name in PRIMITIVES:
         return "generated", None, 0, looked
     if task.olmo:
@@ -281,8 +275,6 @@ def fewshot_indices(idx, n, k, seed=FEWSHOT_SEED):
 
     Sampling range(n - 1) and skipping over idx picks exactly what sampling the list [j for j != idx] picks
     (random.sample draws positions), without building an O(n) list per item."""
-    if k > n - 1:
-        raise ValueError(f"{k}-shot prompts need at least {k + 1} items, the task has {n}")
     return [j + (j >= idx) for j in random.Random(seed + idx).sample(range(n - 1), k)]
 
 
@@ -303,10 +295,8 @@ def render_prompts(item, shots, delimiter=" "):
     if kind == "mc":
         prefix = "".join(f"{s['query']}{d(s)}{s['choices'][s['gold']]}\n\n" for s in shots)
         return [prefix + item["query"] + d(item) + c for c in item["choices"]], item["gold"]
-    if kind == "schema":
-        prefix = "".join(f"{s['context_options'][s['gold']]}{d(s)}{s['continuation']}\n\n" for s in shots)
-        return [prefix + o + d(item) + item["continuation"] for o in item["context_options"]], item["gold"]
-    raise ValueError(f"unknown item kind {kind!r}")
+    prefix = "".join(f"{s['context_options'][s['gold']]}{d(s)}{s['continuation']}\n\n" for s in shots)   # schema
+    return [prefix + o + d(item) + item["continuation"] for o in item["context_options"]], item["gold"]
 
 
 # -----------------------------------------------------------------------------
@@ -411,6 +401,11 @@ def score_examples(model, examples, *, batch_tokens=8192, n_loops=None, pad_id=0
     # empty spans are never forwarded
     scored = [i for i, e in enumerate(examples) if e.start < len(e.tokens)]
     order = sorted(scored, key=lambda i: -len(examples[i].tokens))
+    # --no-crop leaves long prompts whole: past the RoPE table (10 x seq_len positions) the model cannot score them
+    n_pos, longest = model.rope_cos.size(0), len(examples[order[0]].tokens) - 1 if order else 0
+    if longest > n_pos:
+        raise ValueError(f"an uncropped prompt needs {longest} positions, RoPE covers {n_pos} (10 x seq_len); "
+                         "drop --no-crop")
     nats, ntok, exact = [0.0] * len(examples), [0] * len(examples), [False] * len(examples)
     i = 0
     while i < len(order):
@@ -482,7 +477,7 @@ def load_task(name, task_dir=None):
         return None, dict(status="missing", looked_in=looked), task.shots
     if kind == "generated":
         return primitive_tasks()[name], dict(status="ok", source="generated by eval.py primitives"), task.shots
-    src = dict(status="ok", source=path) if kind == "file" else dict(status="ok", source=path, note=task.note)
+    src = dict(status="ok", source=path, **({} if kind == "file" else {"note": task.note}))
     return load_task_file(path), src, max(0, task.shots - baked)   # OLMo prompts may already hold the shots
 
 
@@ -543,8 +538,6 @@ def var_assign_example(rng, depth):
     depth 1: 10 letters, 5 bases (valued) + 5 aliases; alias j -> shuffled base j (1-to-1); query an alias."""
     # The order of the rng calls below is the release's, so the same seed gives the same 4,000 examples; values are
     # kept as strings because the continuation is the bare decimal ("22"; the " " delimiter supplies the space).
-    if depth not in (0, 1):
-        raise ValueError(f"depth must be 0 or 1, got {depth}")
     names = rng.sample(LETTERS, 5 + 5 * depth)
     bases, aliases = names[:5], names[5:]
     vals = {v: str(rng.randint(*VALUE_RANGE)) for v in bases}          # drawn in sample order
@@ -562,8 +555,6 @@ def var_assign_example(rng, depth):
 
 def var_assign_record(assignments, query, answer, form):
     """CORE LM record in the math ('n=22') or code ('n = 22') surface form; the ' ' delimiter precedes the answer."""
-    if form not in ("math", "code"):
-        raise ValueError(f"form must be math or code, got {form!r}")
     body = "\n".join(f"{v}{'=' if form == 'math' else ' = '}{x}" for v, x in assignments)
     ctx = (f"{MATH_HEADER}\n\n{body}\nWhat is the numerical value of {query}?\nAnswer:" if form == "math" else
            f"{CODE_HEADER}\nProgram:\n{body}\n\nQuestion:\nWhat is the value of {query}?\nAnswer:")
@@ -595,326 +586,17 @@ def primitive_tasks(n=1000, var_seed=VAR_ASSIGN_SEED, induction_seed=INDUCTION_S
 
 def write_primitives(out_dir, n=1000, overwrite=False) -> list:
     """Write DIR/reasoning_primitives/<task>.jsonl (CORE format, usable as --task-dir); returns the paths.
-
-    A file that already holds exactly these bytes is left as it is; any other existing file is replaced only when
-    eval.py wrote it for this same n (the folder's ownership ledger, common.check_owned) or overwrite=True, so a
-    task file of another --n, or the user's own, is never replaced silently. All five are checked before any write."""
-    key, todo = request_key("eval.py primitives", dict(n=n)), []
-    for name, recs in primitive_tasks(n).items():
-        path = os.path.join(out_dir, TASKS[name].file)
-        blob = "".join(json.dumps({k: v for k, v in r.items() if k != "kind"}) + "\n" for r in recs).encode()
-        same = os.path.isfile(path) and not os.path.islink(path) and os.path.getsize(path) == len(blob)
-        if not (same and pathlib.Path(path).read_bytes() == blob):
-            check_owned([path], key, overwrite, "--out")
-            todo.append((path, blob))
-    for path, blob in todo:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        write_owned(path, blob, key)                       # atomic: never a half task file
+    That folder is eval.py's (common.claim): new, or made by eval.py primitives for this same n, or --overwrite, so a
+    task file of another --n, or the user's own, is never replaced silently."""
+    folder = os.path.join(out_dir, os.path.dirname(TASKS[PRIMITIVES[0]].file))
+    claim(folder, "eval-primitives", dict(n=n), overwrite)
+    try:
+        for name, recs in primitive_tasks(n).items():
+            blob = "".join(json.dumps({k: v for k, v in r.items() if k != "kind"}) + "\n" for r in recs)
+            atomic_write(os.path.join(out_dir, TASKS[name].file), blob)      # never a half task file
+    finally:
+        release(folder)                     # written: an in-process caller's next request is asked afresh
     return [os.path.join(out_dir, TASKS[name].file) for name in PRIMITIVES]
-
-
-# -----------------------------------------------------------------------------
-# Checkpoints: read safely, sized before they are built, weights checked against the config and for finiteness
-
-# what eval needs from train.py's ckpt.pt; train.py's resume needs more
-CKPT_KEYS = ("model", "model_config")
-# The other entries eval reads from a ckpt.pt, each (type, range): a hand-edited one is a one-line error, never a
-# traceback or a wrong default (train_config.eval_tokens: train.py's limit, -1 = the whole val split).
-CKPT_FIELDS = {"model": (dict, None), "model_config": (dict, None), "tokenizer_hash": (str, None),
-               "train_config": (dict, None)}
-TRAIN_FIELDS = {"data": (str, None), "tokenizer": (str, None), "eval_tokens": (int, "[-1, inf)")}
-
-
-def read_checkpoint(path, keys=CKPT_KEYS) -> dict:
-    """Read a torch checkpoint safely: nanoloop's out_dir/ckpt.pt (or any .pt path) -> its dict, checked.
-
-    weights_only=True always: a checkpoint is tensors and plain Python types, and unpickling anything else could run
-    arbitrary code, so such a file is refused (never "retry with weights_only=False"). Every failure is a ValueError
-    with a one-line message naming the file: missing, empty, truncated or corrupt, not a checkpoint, a key of `keys`
-    missing. When the dict holds "model" and "model_config" (train.py's layout), the config must be a valid
-    ModelConfig and the weights a state dict; the _orig_mod. / module. prefixes of torch.compile / DDP are stripped.
-    Whether the weights fit the config (names, shapes, finite values) is checked where they are loaded: load_weights.
-    """
-    path = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
-    if not os.path.isfile(path):
-        raise ValueError(f"no checkpoint at {path} (expected train.py's out_dir/ckpt.pt, or an authors' release dir "
-                         "of model_<step>.pt + meta_<step>.json)")
-    if os.path.getsize(path) == 0:
-        raise ValueError(f"{path} is empty (0 bytes): an interrupted copy? Use another checkpoint")
-    try:
-        with warnings.catch_warnings():                           # old pickle protocols warn before failing
-            warnings.simplefilter("ignore")
-            ck = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        # PyTorch's own text suggests weights_only=False, which would execute whatever the file contains
-        raise ValueError(f"{path} is not a PyTorch checkpoint of tensors and plain types (corrupt, or a pickle of "
-                         "other objects, which is refused: loading it could run arbitrary code)") from None
-    except OSError as e:                                          # unreadable: permissions, I/O error
-        raise ValueError(f"{path}: cannot read it ({e.strerror or type(e).__name__})") from None
-    # truncated zip, random bytes, another format
-    except Exception as e:
-        detail = first_line(str(e).split(". ")[0])[:120] if str(e) else ""
-        raise ValueError(f"{path} cannot be read as a PyTorch checkpoint: truncated or corrupt "
-                         f"({type(e).__name__}{': ' + detail if detail else ''})") from None
-    if not isinstance(ck, dict):
-        raise ValueError(f"{path} holds a {type(ck).__name__}, not a checkpoint dict")
-    missing = [k for k in keys if k not in ck]
-    if missing:
-        raise ValueError(f"{path} has no {missing} entr{'y' if len(missing) == 1 else 'ies'} (keys: {sorted(ck)}): "
-                         "not a complete train.py checkpoint")
-    check_record(ck, CKPT_FIELDS, path)
-    check_record(ck.get("train_config") or {}, TRAIN_FIELDS, path, "train_config.")
-    if "model" in ck and "model_config" in ck:
-        unknown = sorted(set(ck["model_config"]) - {f.name for f in dataclasses.fields(ModelConfig)})
-        if unknown:
-            raise ValueError(f"{path}: model_config has fields this model.py does not know: {unknown}")
-        try:
-            ModelConfig(**ck["model_config"])
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{path}: invalid model_config: {e}") from None
-        # torch.compile wraps a module as _orig_mod, DDP as module: their state-dict keys carry the prefix
-        ck["model"] = {re.sub(r"^(_orig_mod\.)?(module\.)?", "", k) if isinstance(k, str) else k: v
-                       for k, v in ck["model"].items()}
-    return ck
-
-
-def load_weights(model, state, source, names=None):
-    """model.load_state_dict(state) after checking that state fits the model exactly, else a one-line ValueError.
-
-    A missing, unknown or non-float tensor, a wrong shape, or a NaN / inf value is an error naming them, never a
-    silently random, truncated or poisoned layer (load_state_dict would raise a many-line RuntimeError, or load the
-    NaNs). bf16 tensors are upcast exactly. source: the file, for the message; names: key -> the name to show."""
-    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}      # persistent tensors only (no RoPE)
-    show = lambda ks: ", ".join(str((names or {}).get(k, k)) for k in ks[:4]) + (" ..." if len(ks) > 4 else "")
-    is_float = lambda v: isinstance(v, torch.Tensor) and v.is_floating_point()
-    fits = [k for k in want if is_float(state.get(k)) and tuple(state[k].shape) == want[k]]
-    problems = [f"{len(ks)} {what}: {show(ks)}" for what, ks in (
-        ("missing", [k for k in want if k not in state]),
-        ("unknown", [k for k in state if k not in want]),
-        ("not a float tensor", [k for k in want if k in state and not is_float(state[k])]),
-        ("with another shape", [f"{(names or {}).get(k, k)} {tuple(state[k].shape)} vs {want[k]}"
-                                for k in want if is_float(state.get(k)) and k not in fits]),
-        ("holding NaN or inf", [k for k in fits if not torch.isfinite(state[k]).all()])) if ks]
-    if problems:
-        c = model.cfg
-        raise ValueError(f"{source}: the weights do not match the model config (d_model {c.d_model}, n_loops "
-                         f"{c.n_loops}, layout {'-'.join(map(str, c.partition))}, injection {c.injection}, vocab "
-                         f"{c.vocab_size}): {'; '.join(problems)}")
-    model.load_state_dict(state)
-    return model
-
-
-def model_bytes(cfg) -> tuple:
-    """(host bytes, device bytes) that building and loading LoopedGPT(cfg) allocates before any forward, from the
-    config alone: the fp32 weights (parameters as flops.param_split counts them, plus wte and lm_head), held twice
-    on the host (the checkpoint's state dict and the model), and the RoPE tables (10 T x D/2 entries each, built
-    in fp64 on the host: ~32 bytes an entry there, 8 on the device)."""
-    n_once, n_rec = flops.param_split(cfg.d_model, cfg.n_loops, cfg.n_layers_eff, cfg.n_layers_prelude,
-                                      cfg.n_layers_coda, cfg.injection, cfg.hc_lanes)
-    n_params, rope = n_once + n_rec + 2 * cfg.vocab_padded * cfg.d_model, 10 * cfg.seq_len * (cfg.head_dim // 2)
-    return 8 * n_params + 32 * rope, 4 * n_params + 8 * rope
-
-
-def check_memory(cfg, device, source) -> None:
-    """Refuse, naming the size, a model whose weights cannot fit in this machine's memory (physical RAM, and the
-    GPU's total memory on CUDA): a hand-edited sequence_len 1e8 or vocab_size 1e10 is then one line up front, never
-    the allocator's RuntimeError (or the OOM killer) halfway through building the model."""
-    try:                                                           # a count past flops' limits names its source
-        host, dev = model_bytes(cfg)
-    except ValueError as err:
-        raise ValueError(f"{source}: {err}") from None
-    # sysconf as in train.device_memory: every platform common.py imports on (it needs fcntl) has these two
-    limits = [("host RAM", host, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))]
-    if torch.device(device).type == "cuda":
-        limits.append(("GPU memory", dev, torch.cuda.get_device_properties(torch.device(device)).total_memory))
-    for where, need, have in limits:
-        if need > have:
-            raise ValueError(f"{source}: this model (d_model {cfg.d_model}, vocab {cfg.vocab_size:,}, seq_len "
-                             f"{cfg.seq_len:,}) needs ~{need / 2 ** 30:,.1f} GiB for its weights and RoPE tables, "
-                             f"more than the {have / 2 ** 30:,.1f} GiB of {where}: a wrong config?")
-
-
-def load_checkpoint(path, device="cpu", step=None):
-    """(model in eval mode, checkpoint dict) from a nanoloop run or an authors' release directory.
-
-    nanoloop: out_dir (holding ckpt.pt) or a .pt path, read by read_checkpoint. Release: a directory of
-    model_<step>.pt + meta_<step>.json (or one model_<step>.pt path), read by load_release; its dict is shaped like
-    train.py's (model_config, a train_config with the release's 70.8M val tokens) plus "release": the meta json.
-    step: the release step (default the latest); an error for a nanoloop run. Bad input raises ValueError: also a
-    model too large for this machine's memory (check_memory, before it is built) and non-finite weights."""
-    kind, root, step = _checkpoint_kind(path, step)
-    if kind == "release":
-        model, meta = load_release(root, step, device)
-        mc = meta["model_config"]
-        print0(f"release checkpoint {root} step {meta['step']}: s={mc.get('size')} d={model.cfg.d_model} "
-               f"r={model.cfg.n_loops} layout {'-'.join(map(str, model.cfg.partition))} {model.cfg.injection}"
-               + (f" | their val_loss {meta['val_loss']:.4f}" if meta.get("val_loss") is not None else ""))
-        return model, dict(model_config=dataclasses.asdict(model.cfg), release=meta,
-                           train_config=dict(eval_tokens=RELEASE_EVAL_TOKENS))
-    ck = read_checkpoint(root)
-    source, cfg = os.path.join(root, "ckpt.pt") if os.path.isdir(root) else root, ModelConfig(**ck["model_config"])
-    check_memory(cfg, device, source)
-    return load_weights(LoopedGPT(cfg), ck["model"], source).to(device).eval(), ck
-
-
-def _checkpoint_kind(path, step):
-    """("nanoloop" | "release", the path to read, step): which layout `path` holds (see load_checkpoint)."""
-    name = os.path.basename(os.path.normpath(path))
-    m = re.fullmatch(r"model_(\d+)\.pt", name)
-    if os.path.isfile(path) and m:                                # one release file names its own step
-        if step is not None and step != int(m.group(1)):
-            raise ValueError(f"--step {step} contradicts the file name {name}")
-        return "release", os.path.dirname(os.path.abspath(path)), int(m.group(1))
-    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "ckpt.pt")) and _release_steps(path):
-        return "release", path, step
-    if step is not None:
-        raise ValueError(f"--step selects a step of a release directory (model_<step>.pt); {path} is a nanoloop run")
-    return "nanoloop", path, None
-
-
-# -----------------------------------------------------------------------------
-# The authors' release checkpoints (kschwethelm/looped-lm-scaling, nanochat/checkpoint_manager.py at v0.1.0)
-# DIR/model_<step:06d>.pt: the GPT's state_dict; DIR/meta_<step:06d>.json: {"step", "val_loss", "model_config":
-# the GPTConfig fields, "user_config": the CLI args, ...}. Mapped onto LoopedGPT exactly; anything nanoloop cannot
-# express is an error, never an approximation.
-
-RELEASE_INJECTION = {"inject_init_prelude": "linear", "additive": "additive", "passthrough": "passthrough",
-                     "hyperconnect": "hyper"}
-RELEASE_EVAL_TOKENS = 34_560 * 2048       # the release's fixed validation set, 70.8M tokens (data.md §4)
-# The meta's model_config fields: (type, range), the ranges those of the ModelConfig field each maps to (train.py's
-# LIMITS); sizes are bounded by check_memory. The first ten are needed (shape or function); the last four have the
-# release GPTConfig's defaults (RELEASE_DEFAULTS): bptt_k only affects training, size is only a label (d is
-# n_embd), num_lanes only shapes the hyperconnection tensors (checked), logit_softcap is Table 4's 15.
-RELEASE_FIELDS = {"sequence_len": (int, "[1, inf)"), "vocab_size": (int, "[2, inf)"), "n_head": (int, "[1, inf)"),
-                  "n_kv_head": (int, "[1, inf)"), "n_embd": (int, "[1, inf)"), "n_prelude": (int, "[0, inf)"),
-                  "n_recur_block": (int, "[1, inf)"), "n_coda": (int, "[0, inf)"), "num_recur": (int, "[1, 16]"),
-                  "input_injection": (str, None), "size": (int, None), "bptt_k": (int, None),
-                  "num_lanes": (int, "[2, inf)"), "logit_softcap": ((int, float), "(0, 10000]")}
-RELEASE_NEEDED = tuple(RELEASE_FIELDS)[:10]
-RELEASE_DEFAULTS = dict(size=None, bptt_k=None, num_lanes=2, logit_softcap=15.0)
-RELEASE_META = {"step": (int, "[0, inf)"), "val_loss": ((int, float), "[0, inf)"), "model_config": (dict, None),
-                "user_config": (dict, None)}              # the meta's own keys, for common.read_json
-
-
-def _release_steps(root) -> dict:
-    """{step: model path} of root/model_<digits>.pt (aliases such as model_pre_warmdown.pt are not steps)."""
-    found = (re.fullmatch(r"model_(\d+)\.pt", name) for name in os.listdir(root))
-    return {int(m.group(1)): os.path.join(root, m.group(0)) for m in found if m}
-
-
-def release_rope_tables(n_pos, head_dim, base):
-    """The release's RoPE cos / sin, each (n_pos, D/2): angles in fp32, then rounded to bf16 and kept there
-    (gpt.py _precompute_rotary_embeddings), returned as fp32 holding those bf16 values. nanoloop's own tables are
-    fp64-computed fp32; with the release's a loaded model computes the release's function to fp32 rounding."""
-    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))   # (D/2,)
-    angles = torch.outer(torch.arange(n_pos, dtype=torch.float32), inv_freq)                  # (n_pos, D/2)
-    return angles.cos().bfloat16().float(), angles.sin().bfloat16().float()
-
-
-def load_release(root, step=None, device="cpu", release_rope=True):
-    """An authors' release checkpoint -> (LoopedGPT in eval mode, meta dict with "step" set). ValueError if not.
-
-    root: the directory of model_<step:06d>.pt + meta_<step:06d>.json; step: which (default the latest).
-    The mapping (release -> nanoloop; every fact from the release's gpt.py / base_train.py at v0.1.0):
-      config   n_embd -> d_model = aspect_ratio x scale; head_dim = n_embd / n_head; num_recur -> n_loops;
-               n_prelude / n_recur_block / n_coda -> the layout, n_layers_eff = p + r l + c; input_injection ->
-               injection (inject_init_prelude = linear, hyperconnect = hyper); num_lanes -> hc_lanes; bptt_k < r ->
-               n_loops_bwd; sequence_len -> seq_len; vocab_size, logit_softcap as they are.
-               An odd s: the release rounds d up to a multiple of head_dim (s=15: 960 -> 1024), so d != 64 s; the
-               model is kept exact (d_model = 1024) and labelled scale = d / aspect_ratio (16 x 64).
-               r = 1 must be 0-L-0 passthrough (or additive, the same function at r = 1): nanoloop's baseline.
-               Refused: GQA (n_kv_head != n_head), r not dividing 16, r = 1 with a prelude / coda / inject layer /
-               lanes, unknown or missing config fields, a model too large for this machine (check_memory).
-      weights  transformer.wte -> wte (bf16 on CUDA runs: upcast, exact); transformer.{prelude,recur,coda}.i ->
-               the same blocks, n1 / n3 -> norm_attn / norm_mlp; lane_alpha / lane_mixing / lane_beta -> hc_alpha /
-               hc_mix / hc_beta; inject, norm_emb, norm_recur, norm_final, lm_head unchanged; a leading _orig_mod.
-               (torch.compile) is dropped. Strict: an unknown, missing, misshapen or non-finite tensor is an error.
-      RoPE     the release rotates each pair (x_j, x_{j+D/2}) by -theta, nanoloop by +theta. Negating the second-half
-               output rows of every head of c_q and c_k gives q', k' = the release's q, k with their second halves
-               negated; QK-norm and every q.k are unchanged by that, so attention is the release's exactly.
-               release_rope: also install the release's bf16-rounded tables (eval; train.py --init-from keeps
-               nanoloop's own, so its resumes stay bitwise).
-    """
-    steps = _release_steps(root)                             # root: a directory (load_checkpoint's dispatch)
-    if not steps:
-        raise ValueError(f"{root} holds no model_<step>.pt (and no ckpt.pt): not a checkpoint directory")
-    step = max(steps) if step is None else step
-    if step not in steps:
-        raise ValueError(f"{root} has no step {step}; steps: {sorted(steps)}")
-    meta_path = os.path.join(root, f"meta_{step:06d}.json")
-    if not os.path.isfile(meta_path):
-        raise ValueError(f"{meta_path} not found: the release writes it beside {os.path.basename(steps[step])}")
-    meta = read_json(meta_path, RELEASE_META)
-    # a meta copied from another step: not this one's
-    if meta.get("step") not in (None, step):
-        raise ValueError(f"{meta_path}: key 'step' is {meta['step']}, but it sits beside model_{step:06d}.pt")
-    # The meta's model_config, every field checked against RELEASE_FIELDS (type, range; none unknown or missing)
-    # and completed with RELEASE_DEFAULTS. A hand-edited field is one line naming the file and the key.
-    require(meta, ["model_config"], meta_path)
-    where, mc = f"{meta_path}: model_config", meta["model_config"]
-    for what, fields in (("unknown", sorted(set(mc) - set(RELEASE_FIELDS))),
-                         ("missing", [k for k in RELEASE_NEEDED if k not in mc])):
-        if fields:
-            raise ValueError(f"{where}: {what} fields {fields} (a newer or older release?)")
-    check_record(mc, RELEASE_FIELDS, meta_path, "model_config.")
-    c = dict(RELEASE_DEFAULTS, **mc)
-    if c["input_injection"] not in RELEASE_INJECTION:
-        raise ValueError(f"{where}: input_injection {c['input_injection']!r} not in {sorted(RELEASE_INJECTION)}")
-    injection, r, d, H = RELEASE_INJECTION[c["input_injection"]], c["num_recur"], c["n_embd"], c["n_head"]
-    if c["n_kv_head"] != H:
-        raise ValueError(f"{where}: grouped-query attention (n_kv_head {c['n_kv_head']} != n_head {H}); nanoloop's "
-                         "attention has one key/value head per query head")
-    if d % H:
-        raise ValueError(f"{where}: n_embd {d} is not a multiple of n_head {H}")
-    p, l, co = c["n_prelude"], c["n_recur_block"], c["n_coda"]
-    if r == 1 and (p or co or injection not in ("passthrough", "additive")):
-        raise ValueError(f"{where}: r = 1 with layout {p}-{l}-{co} and {c['input_injection']!r} is a layout nanoloop "
-                         "cannot express (its r = 1 baseline is 0-L-0 passthrough: one stack, no injection)")
-    # The width label: d = aspect x scale exactly. The run's own aspect ratio when the meta records it and it
-    # divides d (odd s rounds d up: s=15 -> 1024 = 16 x 64), else 64 (the paper's), else one head per unit.
-    user, size = meta.get("user_config") or {}, c["size"] if c["size"] and c["size"] > 0 else None
-    candidates = (user.get("aspect_ratio"), d // size if size and d % size == 0 else None, 64, d // H)
-    # d // H always divides d
-    aspect = next(a for a in candidates if type(a) is int and a > 0 and d % a == 0)
-    bptt = c["bptt_k"]
-    try:
-        cfg = ModelConfig(scale=d // aspect, aspect_ratio=aspect, n_loops=r, n_layers_eff=p + r * l + co,
-                          n_layers_prelude=p, n_layers_coda=co, head_dim=d // H, vocab_size=c["vocab_size"],
-                          seq_len=c["sequence_len"], injection=injection, hc_lanes=c["num_lanes"] if injection ==
-                          "hyper" else 2, n_loops_bwd=bptt if bptt is not None and 1 <= bptt < r else None,
-                          logit_softcap=float(c["logit_softcap"]))
-    except ValueError as e:
-        raise ValueError(f"{where}: a layout nanoloop cannot express ({e})") from None
-    # (cfg.partition is (p, l, co) now: r = 1 was refused above unless 0-l-0, and r > 1 keeps p and co)
-    # before the weights are read or the model built
-    check_memory(cfg, device, meta_path)
-
-    # Weights: release names -> nanoloop names, checked strictly against LoopedGPT(cfg).
-    state, names = {}, {}
-    for k, v in read_checkpoint(steps[step], keys=()).items():    # the safe reader: a flat state dict here
-        name = re.sub(r"^_orig_mod\.", "", str(k))
-        m = re.fullmatch(r"transformer\.((?:prelude|recur|coda)\.\d+\.)(.+)", name)
-        if m:
-            new = m[1] + {"n1.weight": "norm_attn.weight", "n3.weight": "norm_mlp.weight"}.get(m[2], m[2])
-        elif name.startswith(("wte.", "hc_", "prelude.", "recur.", "coda.")):     # would get its RoPE flipped
-            raise ValueError(f"{steps[step]} holds nanoloop names ({name}): a nanoloop state dict, not a release "
-                             "one (its RoPE rows must not be flipped); save it as train.py's ckpt.pt instead")
-        else:
-            new = {"transformer.wte.weight": "wte.weight", "lane_alpha": "hc_alpha", "lane_mixing": "hc_mix",
-                   "lane_beta": "hc_beta"}.get(name, name)
-        if new in state:
-            raise ValueError(f"{steps[step]}: two tensors map to {new} ({names[new]}, {k})")
-        state[new], names[new] = v, k
-    model = load_weights(LoopedGPT(cfg), state, steps[step], names)   # bf16 wte (CUDA runs) -> fp32: exact
-    D = cfg.head_dim
-    with torch.no_grad():                                         # the RoPE direction (docstring)
-        for lin in [m for blk in model.blocks() for m in (blk.attn.c_q, blk.attn.c_k)]:
-            lin.weight.view(H, D, d)[:, D // 2:] *= -1           # (H, D, d): second-half output rows of each head
-    if release_rope:
-        cos, sin = release_rope_tables(model.rope_cos.size(0), D, cfg.rope_base)
-        model.rope_cos.copy_(cos)
-        model.rope_sin.copy_(sin)
-    return model.to(device).eval(), dict(meta, step=step)
 
 
 # -----------------------------------------------------------------------------
@@ -962,9 +644,8 @@ def sample(model, tokenizer, prompt, max_new_tokens=64, temperature=0.8, top_k=5
     device = next(model.parameters()).device
     idx = torch.tensor([[tokenizer.bos_id] + tokenizer.encode([prompt])[0]], dtype=torch.long, device=device)
     # generate() forwards the prompt (T0 positions) and then every new token but the last: T0 + n - 1 positions.
-    # Past the RoPE table (10 x seq_len, model.py) it would stop with an error and lose what it had decoded, so the
-    # request is refused up front with the largest value that fits (an error, not a silent clamp: the user asked
-    # for a length and should know they did not get it).
+    # Past the RoPE table (10 x seq_len) it would fail and lose what it had decoded, so the request is refused up
+    # front with the largest value that fits (not silently clamped: the user should know).
     n_pos, t0 = model.rope_cos.size(0), idx.size(1)
     most = n_pos + 1 - t0
     if max_new_tokens > most:
@@ -994,12 +675,13 @@ def loop_sweep(model, loader, tokens, loops, seed=0) -> list:
 
 
 # -----------------------------------------------------------------------------
-# CLI. Every user error is one line before any work (README rule 5): numbers are checked for finiteness and range
-# when parsed (common.number), paths, task files and the inputs' identity before the first forward, and eval.json
-# never replaces a file eval.py did not write for this same request (checkpoint, r, step) unless --overwrite.
+# CLI. Every user error is one line before any work (README rule 5): numbers are checked when parsed, names, folders
+# and every task file in _preflight, the checkpoint and the inputs' identity in _open_run, all before the first
+# forward. eval.json is written last, atomically, with its written_by header (common.write_json):
+# it replaces only a file eval.py wrote for this same request (checkpoint, r, step), or any file with --overwrite.
 
 def _parser():
-    """eval.py's flags; every number checked against its range when parsed (exit 2, one line)."""
+    """eval.py's flags; every value checked when parsed (exit 2, one line)."""
     p = Parser(prog="eval.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add, count = p.add_argument, lambda lo, hi="inf)": number(int, f"[{lo}, {hi}")
     add("checkpoint", help="train.py out_dir (holding ckpt.pt and done.json), a .pt file, or an authors' release "
@@ -1009,7 +691,7 @@ def _parser():
     add("--task-dir", help="root of the task files (the bundles' layout)")
     add("--n-loops", type=count(1, "1024]"), help="evaluate at r' != trained r (test-time; not hyper)")
     add("--n-loops-sweep", metavar="R1,R2,...", help="val loss at every test-time r' (App. A loop "
-        "extrapolation), written into eval.json as n_loops_sweep; refused for modes that cannot run r' != r (hyper)")
+        "extrapolation), written into eval.json as n_loops_sweep; refused for models that cannot run r' != r (hyper)")
     add("--no-crop", action="store_true", help="authors' behaviour: never left-crop long prompts")
     add("--data", help="prepared data dir (default: the run's train_config['data'])")
     add("--tokenizer", help="tokenizer spec (default: the one named in the data meta)")
@@ -1032,11 +714,11 @@ def _parser():
 def _preflight(a):
     """Every check that needs no checkpoint: task names, the sweep, flags that exclude each other, folders, and
     every task file read and checked (a malformed line at the end of the last file fails now, not after the val
-    loss and 19 tasks were scored). -> (task names, {name: load_task(...)}, sweep list or None)."""
+    loss and 19 tasks were scored). -> (task names, {name: load_task(...)}); a.n_loops_sweep becomes a list."""
     words = [w for arg in a.tasks for w in arg.split(",") if w]
-    for word in words:                                       # validate every name before any work
-        if word not in ("all", "none", *AXES, *TASKS):
-            raise ValueError(f"unknown task {word!r}; known: {', '.join(TASKS)}; axes: {', '.join(AXES)}")
+    bad = [w for w in words if w not in ("all", "none", *AXES, *TASKS)]
+    if bad:
+        raise ValueError(f"unknown task {bad[0]!r}; known: {', '.join(TASKS)}; axes: {', '.join(AXES)}")
     names = list(dict.fromkeys(n for word in words for n in TASKS if word in ("all", n, TASKS[n].axis)))
     for flag, path in (("--task-dir", a.task_dir), ("--data", a.data)):
         if path is not None and not os.path.isdir(path):
@@ -1046,76 +728,66 @@ def _preflight(a):
         raise ValueError("--sample: the prompt is not valid UTF-8 text")
     if a.sample is not None and a.out is not None:
         raise ValueError("--sample prints a continuation and writes nothing: drop --out")
-    # the folder now; ownership once the request is known
-    if a.out is not None:
-        _check_out(a.out)
-    # the sweep's r' values: "1,,2" or "1,2," is a typo (0 marks an item that is not a plain integer), not 1,2
-    sweep = None if a.n_loops_sweep is None else [int(x) if x.strip().isdigit() else 0
-                                                  for x in a.n_loops_sweep.split(",")]
-    if sweep is not None and (min(sweep) < 1 or max(sweep) > 1024 or len(set(sweep)) != len(sweep)):
-        raise ValueError(f"--n-loops-sweep wants distinct integers in [1, 1024] like 1,2,4,8,16, got "
-                         f"{a.n_loops_sweep!r}")
-    if sweep and (a.n_loops is not None or a.sample is not None or a.val_tokens == 0):
+    if a.n_loops_sweep is not None:          # "1,,2" or "1,2," is a typo (0 marks a non-integer), not 1,2
+        text = a.n_loops_sweep
+        a.n_loops_sweep = loops = [int(x) if x.strip().isdigit() else 0 for x in text.split(",")]
+        if min(loops) < 1 or max(loops) > 1024 or len(set(loops)) != len(loops):
+            raise ValueError(f"--n-loops-sweep wants distinct integers in [1, 1024] like 1,2,4,8,16, got {text!r}")
+    if a.n_loops_sweep and (a.n_loops is not None or a.sample is not None or a.val_tokens == 0):
         raise ValueError("--n-loops-sweep sets r' itself and needs the val loss: drop --n-loops / --sample / "
                          "--val-tokens 0")
+    # the folder now (a missing one would only fail at the end); whose file it replaces once the request is known
+    folder = os.path.dirname(os.path.abspath(a.out or "."))
+    if a.out is not None and not (os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK)):
+        raise ValueError(f"--out {a.out}: folder {folder} does not exist or is not writable")
     loaded = {} if a.sample is not None else {name: load_task(name, a.task_dir) for name in names}
-    # k-shot prompts draw k other items of the same file
-    for name, (items, src, shots) in loaded.items():
+    for name, (items, src, shots) in loaded.items():          # k-shot prompts draw k other items of the same file
         if items is not None and len(items) < shots + 1:
             raise ValueError(f"{src['source']}: {len(items)} item(s), but {name} is {shots}-shot (Table 8): it needs "
                              f"at least {shots + 1}")
-    return names, loaded, sweep
+    return names, loaded
 
 
-def _check_out(path, key=None, overwrite=False):
-    """--out's folder must exist and be writable; with key, an existing file must be eval.py's own for this same
-    request (common.check_owned: never a folder or a link, a foreign file only with --overwrite)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise ValueError(f"--out {path}: folder {folder} does not exist (create it first)")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ValueError(f"--out {path}: folder {folder} is not writable")
-    # key None: only a folder or a link is refused
-    check_owned([path], key, overwrite or key is None, "--out")
-
-
-def _open_run(a, sweep):
+def _open_run(a):
     """The checkpoint, its tokenizer and data, checked against each other; r' checked against the model; the
-    output path claimed (this request's own, or --overwrite). -> a dict of what scoring needs."""
+    output path checked (absent, this request's own, or --overwrite). -> a dict of what scoring needs."""
     rank, world, device = init_dist()
     model, ck = load_checkpoint(a.checkpoint, device, a.step)
     cfg, data_dir = model.cfg, a.data or (ck.get("train_config") or {}).get("data")
     tokenizer = tokenizer_for(ck, data_dir, a.tokenizer)
     check_inputs(cfg, ck, tokenizer, data_dir)
     r_eval = cfg.n_loops if a.n_loops is None else a.n_loops
-    # refuse before any work: the model says what it can run
-    for r_test in sweep or [r_eval]:
+    # The one place eval asks whether this model can run r' != r: the model says (hyper: its alpha/M/beta exist
+    # for exactly the trained r), so runs/mini.sh needs no list of names, only this exit 2.
+    for r_test in a.n_loops_sweep or [r_eval]:
         try:
             model.check_n_loops(r_test)
         except ValueError as err:
-            raise ValueError(f"{'--n-loops-sweep' if sweep else '--n-loops'}: injection {cfg.injection!r} cannot run "
-                             f"r'={r_test} (trained r={cfg.n_loops}): {err}") from None
+            raise ValueError(f"{'--n-loops-sweep' if a.n_loops_sweep else '--n-loops'}: injection {cfg.injection!r} "
+                             f"cannot run r'={r_test} (trained r={cfg.n_loops}): {err}") from None
     run = dict(model=model, ck=ck, tokenizer=tokenizer, data_dir=data_dir, r_eval=r_eval, rank=rank, world=world,
                device=device, step=ck["release"]["step"] if "release" in ck else None)
     if a.sample is None:
-        real = os.path.realpath(_checkpoint_kind(a.checkpoint, a.step)[1])   # a release: its dir (+ step)
-        # out/run = out/run/ckpt.pt
-        real = os.path.dirname(real) if os.path.basename(real) == "ckpt.pt" else real
+        real = os.path.realpath(checkpoint_kind(a.checkpoint, a.step)[1])    # a release: its dir (+ step)
+        real = os.path.dirname(real) if os.path.basename(real) == "ckpt.pt" else real   # out/run = out/run/ckpt.pt
         out_dir = os.path.dirname(os.path.abspath(a.checkpoint)) if os.path.isfile(a.checkpoint) else a.checkpoint
         stem = "eval" if run["step"] is None else f"eval_{run['step']:06d}"        # release: eval_<step>.json
         run["path"] = a.out or os.path.join(out_dir, f"{stem}.json" if r_eval == cfg.n_loops else
                                             f"{stem}_r{r_eval}.json")
-        run["key"] = request_key("eval", dict(checkpoint=real, n_loops=r_eval, step=run["step"]))
-        _check_out(run["path"], run["key"], a.overwrite)
+        # The request names the checkpoint relative to the output's folder, so a run folder copied or moved as a
+        # whole (eval.json inside it) still holds this request's own file.
+        where = os.path.relpath(real, os.path.realpath(os.path.dirname(os.path.abspath(run["path"]))))
+        run["key"] = request_key("eval", dict(checkpoint=where, n_loops=r_eval, step=run["step"]))
+        check_new(run["path"], a.overwrite, "--out", "eval", run["key"])
         if run["step"] is None and not os.path.isfile(os.path.join(out_dir, "done.json")):
             print0(f"note: {out_dir}/done.json not found (run unfinished?); evaluating the checkpoint anyway")
     return run
 
 
-def _val(a, run, result, sweep):
+def _val(a, run, result):
     """The validation loss on the held-out rows (the same function train.py uses), every size check before the
     first row; and the test-time loop sweep on the same rows."""
-    cfg, data_dir, tcfg = run["model"].cfg, run["data_dir"], run["ck"].get("train_config") or {}
+    cfg, data_dir, tcfg, sweep = run["model"].cfg, run["data_dir"], run["ck"].get("train_config") or {}, a.n_loops_sweep
     val_tokens = a.val_tokens if a.val_tokens is not None else tcfg.get("eval_tokens", -1)
     if not val_tokens:
         return
@@ -1147,8 +819,8 @@ def _main(argv):
     if argv[:1] == ["primitives"]:
         return _cli_primitives(argv[1:])
     a = _parser().parse_args(argv)
-    names, loaded, sweep = _preflight(a)
-    run = _open_run(a, sweep)
+    names, loaded = _preflight(a)
+    run = _open_run(a)
     model, tokenizer, cfg, ck = run["model"], run["tokenizer"], run["model"].cfg, run["ck"]
     if a.sample is not None:                                 # a quick look at the model, nothing written
         text, _ = sample(model, tokenizer, a.sample, a.max_new_tokens, a.temperature, a.top_k, a.seed, a.n_loops)
@@ -1164,7 +836,7 @@ def _main(argv):
     # App. A: test-time loop extrapolation is not expected to help; we measure it
     if r_eval != cfg.n_loops:
         result["note"] = "test-time n_loops differs from training: extrapolation, reported as measured"
-    _val(a, run, result, sweep)
+    _val(a, run, result)
     # downstream continuation loss (App. H)
     suite = evaluate_suite(model, tokenizer, names, task_dir=a.task_dir, seq_len=cfg.seq_len, crop=not a.no_crop,
                            batch_tokens=a.batch_tokens, n_loops=a.n_loops, rank=run["rank"], world=run["world"],
@@ -1176,13 +848,11 @@ def _main(argv):
                + (f" | missing {', '.join(rec['missing'])}" if rec["missing"] else ""))
     result["wall_time_s"] = time.time() - t0
     if run["rank"] == 0:
-        text = json.dumps(result, indent=2)
-        # checked again: nothing foreign appeared meanwhile
-        try:
-            _check_out(path, run["key"], a.overwrite)
-            write_owned(path, text, run["key"])
+        try:                        # checked again: nothing foreign appeared there while we scored
+            check_new(path, a.overwrite, "--out", "eval", run["key"])
+            write_json(path, result, "eval", run["key"])
         except (ValueError, OSError) as e:                   # never lose the work: the result goes to stdout
-            print(text)
+            print(json.dumps(result, indent=2))
             raise ValueError(f"could not write {path}: {first_line(e)}; the result is printed above") from None
         print0(f"wrote {path}")
     if suite["failed"]:
@@ -1197,11 +867,9 @@ def _cli_primitives(argv):
     p.add_argument("--out", required=True, help="task dir (created if missing); files go to "
                    "OUT/reasoning_primitives/*.jsonl")
     p.add_argument("--n", type=number(int, "[1, 1000000]"), default=1000, help="examples per task (App. H.1: 1,000)")
-    p.add_argument("--overwrite", action="store_true", help="replace task files eval.py did not write for this --n "
-                   "(identical files are always fine)")
+    p.add_argument("--overwrite", action="store_true", help="write into a reasoning_primitives folder eval.py did "
+                   "not make for this --n")
     a = p.parse_args(argv)
-    if os.path.exists(a.out) and not os.path.isdir(a.out):
-        raise ValueError(f"--out {a.out} is a file, not a folder")
     for path in write_primitives(a.out, a.n, overwrite=a.overwrite):
         print(f"wrote {path}")
 

@@ -13,6 +13,7 @@ Not here: the model (model.py builds what these formulas count), learning rates 
 """
 import argparse
 import json
+import math
 
 import common
 
@@ -33,35 +34,56 @@ LOOPS = (1, 2, 4, 8)
 DEPTH_VARIANTS = {18: (1, 1), 20: (2, 2), 24: (4, 4)}
 
 
-def _check_int(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_COUNT:
-        raise ValueError(f"{name} must be an integer in [{minimum}, {MAX_COUNT:.0e}], got {value!r:.40}")
-
-
 # -----------------------------------------------------------------------------
-# One map from a model configuration to the accounting (issue 18). Every count below is a function of these fields
-# and nothing else: a ModelConfig field that changes N_once, N_rec or F joins ACCOUNTING (name: smallest value) and
-# the signatures of param_split / flops_per_token, and train.py, fit.py and the tests pick it up from here.
-
+# One map from a model configuration to the accounting (issue 18, issue 24 §7). Every count below is a function of
+# these fields and nothing else. A ModelConfig field that changes N_once, N_rec or F joins ACCOUNTING with the values
+# it may take, and param_split / flops_per_token as a keyword of the same name: train.py, eval.py, fit.py and the
+# tests pick it up from here. Allowed values: an int field's smallest value (counts stop at MAX_COUNT), a str
+# field's choices, or the type bool / float (a default-off switch, a finite scale).
 ACCOUNTING = {"d_model": 1, "n_loops": 1, "n_layers_eff": 1, "n_layers_prelude": 0, "n_layers_coda": 0,
-              "injection": None, "hc_lanes": 1, "n_loops_bwd": 1, "seq_len": 1, "vocab_size": 1}
+              "injection": INJECTIONS, "hc_lanes": 1, "n_loops_bwd": 1, "seq_len": 1, "vocab_size": 1}
+
+
+def _why_not(rule, v):
+    """None if v is allowed by an ACCOUNTING rule, else what it must be."""
+    if rule is bool:
+        return None if isinstance(v, bool) else "true or false"
+    if rule is float:               # bool is an int in Python: a JSON true is not a number
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        return None if ok else "a finite number"
+    if isinstance(rule, tuple):
+        return None if v in rule else f"one of {rule}"
+    ok = isinstance(v, int) and not isinstance(v, bool) and rule <= v <= MAX_COUNT
+    return None if ok else f"an integer in [{rule}, {MAX_COUNT:.0e}]"
 
 
 def accounting_args(cfg) -> dict:
-    """The kwargs param_split and flops_per_token take, from a ModelConfig (or anything with its attributes) or a
-    dict of its fields (done.json's model_config). d_model is cfg.d_model, else aspect_ratio x scale. Fields cfg
-    lacks (or sets to None: n_loops_bwd = None is full BPTT) are left out, so the paper's defaults apply. Each value
-    is checked (an integer count in range, a known injection): a hand-edited record fails here, naming the field."""
-    get = cfg.get if isinstance(cfg, dict) else (lambda k: getattr(cfg, k, None))
-    out = {k: get(k) for k in (*ACCOUNTING, "scale", "aspect_ratio") if get(k) is not None}
+    """The kwargs param_split and flops_per_token take, from a ModelConfig (or any object with its fields) or a dict
+    of its fields (done.json's model_config). d_model is aspect_ratio x scale (else cfg's d_model). Fields cfg lacks
+    (or sets to None: n_loops_bwd = None is full BPTT) are left out, so the paper's defaults apply.
+
+    THE check of an architecture's counted fields, wherever it enters (ModelConfig.__post_init__, a record fit.py
+    reads, the flops.py CLI): each value against ACCOUNTING, then the rules across fields (a layout that exists, the
+    BPTT window). A bad value is a ValueError naming the field; the formulas below trust their arguments."""
+    get = cfg.get if isinstance(cfg, dict) else vars(cfg).get       # vars: fields, not ModelConfig's properties
+    out = {k: get(k) for k in ("scale", "aspect_ratio", *ACCOUNTING) if get(k) is not None}
     for k, v in out.items():
-        if k != "injection":
-            _check_int(k, v, ACCOUNTING.get(k, 1))
-        elif v not in INJECTIONS:
-            raise ValueError(f"injection must be one of {INJECTIONS}, got {v!r:.40}")
+        why = _why_not(ACCOUNTING.get(k, 1), v)                     # scale and aspect_ratio: integers >= 1
+        if why:
+            raise ValueError(f"{k} must be {why}, got {v!r:.40}")
     scale, aspect = out.pop("scale", None), out.pop("aspect_ratio", ASPECT_RATIO)
-    if "d_model" not in out and scale is not None:
+    if scale is not None:
         out["d_model"] = aspect * scale
+    r, k, mode = out.get("n_loops"), out.get("n_loops_bwd"), out.get("injection")
+    if r is not None:               # the layout must exist (r | 16, whole recurrent blocks): layout says why not
+        layout(r, *(out.get(name, default) for name, default in (("n_layers_eff", 20), ("n_layers_prelude", 2),
+                                                                 ("n_layers_coda", 2))))
+        if k is not None and k > r:
+            raise ValueError(f"n_loops_bwd={k} must be None (full BPTT) or in [1, n_loops={r}]")
+        if r > 1 and mode == "hyper" and out.get("hc_lanes", 2) < 2:
+            raise ValueError("hc_lanes must be >= 2 with hyperconnections (K = 1 is a plain residual; App. G.1)")
+        if r > 1 and mode == "hyper" and k not in (None, r):
+            raise ValueError("hyperconnections use full BPTT (App. G.1); n_loops_bwd must be None or n_loops")
     return out
 
 
@@ -70,14 +92,12 @@ def accounting_args(cfg) -> dict:
 
 def pad_vocab(vocab_size: int) -> int:
     """Rows of wte / lm_head: vocab rounded up to a multiple of 64 (32,001 -> 32,064; Table 4)."""
-    _check_int("vocab_size", vocab_size, 1)
     return -(-vocab_size // 64) * 64
 
 
 def layout(n_loops, n_layers_eff=20, n_layers_prelude=2, n_layers_coda=2):
-    """(prelude, recur, coda) block counts with l_eff = l_p + r·l_recur + l_c (§3.1, iso-depth)."""
-    accounting_args(dict(n_loops=n_loops, n_layers_eff=n_layers_eff, n_layers_prelude=n_layers_prelude,
-                         n_layers_coda=n_layers_coda))            # integer counts, each at least its ACCOUNTING minimum
+    """(prelude, recur, coda) block counts with l_eff = l_p + r·l_recur + l_c (§3.1, iso-depth); ValueError for a
+    layout that does not exist (counts r >= 1, l_eff, l_p, l_c >= 0 checked by the caller: accounting_args)."""
     if 16 % n_loops != 0:       # r must divide 16 (r_max = 16, §6): r in {1, 2, 4, 8, 16}
         raise ValueError(f"n_loops={n_loops} must divide 16")
     if n_loops == 1:            # the baseline: one plain stack of l_eff blocks, no prelude / coda / injection
@@ -106,12 +126,9 @@ def n_inject(d_model, injection):
 
 
 def _counts(d_model, n_loops, n_layers_eff, n_layers_prelude, n_layers_coda, injection, hc_lanes):
-    """The checked counts param_split and flops_per_token share: (mode, (prelude, recur, coda) blocks, one block's
+    """The counts param_split and flops_per_token share: (mode, (prelude, recur, coda) blocks, one block's
     parameters, the recurrent parameters N_rec run every iteration, the hc scalars)."""
-    accounting_args(dict(d_model=d_model, injection=injection))
     mode = "passthrough" if n_loops == 1 else injection             # r = 1 never has an injection
-    if mode == "hyper":
-        _check_int("hc_lanes", hc_lanes, 2)     # K >= 2 lanes (App. G.1); K = 1 would be a plain residual
     p, rec, c = layout(n_loops, n_layers_eff, n_layers_prelude, n_layers_coda)
     block = n_b(d_model) + 2 * d_model                               # matrices + 2 RMSNorm gains
     n_rec = rec * block + n_inject(d_model, mode)                    # W_inject / diagonal, used every iteration
@@ -159,11 +176,6 @@ def flops_per_token(d_model, n_loops, n_layers_eff=20, n_layers_prelude=2, n_lay
     mode, (p, rec, c), block, p_rec, n_hc = _counts(d_model, n_loops, n_layers_eff, n_layers_prelude, n_layers_coda,
                                                     injection, hc_lanes)       # p_rec = N_rec: recur + injection
     k = n_loops if n_loops_bwd is None else n_loops_bwd             # gradient window (App. G.1); None = full BPTT
-    accounting_args(dict(seq_len=seq_len, n_loops_bwd=k))
-    if k > n_loops:
-        raise ValueError(f"n_loops_bwd={k} exceeds n_loops={n_loops}")
-    if mode == "hyper" and k != n_loops:
-        raise ValueError("hyperconnections use full BPTT (App. G.1); n_loops_bwd must be None or n_loops")
     d, T = d_model, seq_len
     # The injection is charged in every iteration (footnote 2), its loop-invariant half included: W_e e of the linear
     # injection and B e of the diagonal one could be hoisted out of the loop (computed once: 6 d^2 instead of
@@ -175,21 +187,16 @@ def flops_per_token(d_model, n_loops, n_layers_eff=20, n_layers_prelude=2, n_lay
     return flops + 6 * d * pad_vocab(vocab_size) + 6 * n_hc * d      # unembedding; hyperconnection mixing (Eq. 7)
 
 
-def forward_flops_per_token(d_model, n_loops, n_layers_eff=20, n_layers_prelude=2, n_layers_coda=2,
-                            injection="linear", hc_lanes=2, n_loops_bwd=None, seq_len=SEQ_LEN, vocab_size=V_LLAMA):
+def forward_flops_per_token(d_model, n_loops, **arch):
     """F_fwd per token (Eq. 1): every term of the full-BPTT F_train is forward 2x + backward 4x, so F_train = 3 F_fwd.
-    At inference seq_len is the context the new token attends over (full-T convention, as in training); the
-    gradient window n_loops_bwd is accepted (accounting_args) and has no effect on a forward pass."""
-    return flops_per_token(d_model, n_loops, n_layers_eff, n_layers_prelude, n_layers_coda, injection, hc_lanes,
-                           None, seq_len, vocab_size) // 3
+    arch: flops_per_token's other arguments (accounting_args). At inference seq_len is the context the new token
+    attends over (full-T convention, as in training); the gradient window n_loops_bwd has no effect on a forward."""
+    return flops_per_token(d_model, n_loops, **{**arch, "n_loops_bwd": None}) // 3
 
 
 def tokens_for_budget(flops_budget, flops_per_token, batch_tokens=BATCH_TOKENS):
-    """The authors' horizon rule: steps = round(C / (F·B)), D = steps·B (gives Table 5 exactly)."""
-    for name, v in (("flops_budget", flops_budget), ("flops_per_token", flops_per_token)):
-        if common.check_number(v, "(0, inf)"):
-            raise ValueError(f"{name} {common.check_number(v, '(0, inf)')}")
-    _check_int("batch_tokens", batch_tokens, 1)
+    """The authors' horizon rule: steps = round(C / (F·B)), D = steps·B (gives Table 5 exactly); ValueError when the
+    budget buys no step."""
     steps = round(flops_budget / (flops_per_token * batch_tokens))
     if steps < 1:
         raise ValueError(f"budget {flops_budget:.3g} is below one step ({flops_per_token * batch_tokens:.3g} FLOPs)")
@@ -202,8 +209,6 @@ def tokens_for_budget(flops_budget, flops_per_token, batch_tokens=BATCH_TOKENS):
 def grid_runs(loops=LOOPS, n_layers_eff=20, injection="linear", batch_tokens=BATCH_TOKENS, aspect_ratio=ASPECT_RATIO):
     """One dict per (budget, r, s) run of Table 6 (116 for the default loops). n_layers_eff 18 / 24 gives the
     effective-depth variants with (prelude, coda) from DEPTH_VARIANTS."""
-    if n_layers_eff not in DEPTH_VARIANTS:
-        raise ValueError(f"n_layers_eff must be one of {sorted(DEPTH_VARIANTS)}, got {n_layers_eff!r}")
     p, c = DEPTH_VARIANTS[n_layers_eff]
     runs = []
     for budget, widths in GRID.items():
@@ -238,11 +243,8 @@ def f4_example(n_loops=4, phi=0.46):
 def inference_costs(scale, context=4096, loops=LOOPS, vocab_size=32000, aspect_ratio=ASPECT_RATIO):
     """Per-architecture bf16 weight bytes (embeddings included), KV-cache bytes per sequence, forward FLOPs per
     token at `context`; plus the iso-parameter model of the largest r (l_recur = 16, r x the layers, same N).
-    vocab_size defaults to the earlier version's 32,000 (a multiple of 64, so no padding)."""
-    _check_int("scale", scale, 1)
-    _check_int("context", context, 1)
-    if 1 not in loops:
-        raise ValueError("loops must include the r=1 baseline that the ratios are taken against")
+    vocab_size defaults to the earlier version's 32,000 (a multiple of 64, so no padding); loops must hold r = 1,
+    the baseline of the ratios."""
     d, v = aspect_ratio * scale, pad_vocab(vocab_size)
     r_max = max(loops)
     configs = [(f"r={r}", r, 20) for r in loops] + [(f"iso-param r={r_max}", r_max, 4 + 16 * r_max)]
@@ -252,7 +254,8 @@ def inference_costs(scale, context=4096, loops=LOOPS, vocab_size=32000, aspect_r
         rows.append(dict(model=name, n_loops=r, layers_exec=eff, n_params=n_once + n_rec,
                          weight_bytes=2 * (n_once + n_rec + 2 * v * d),          # bf16; untied wte + lm_head
                          kv_bytes=2 * eff * context * d * 2,                      # K and V, one slot per executed layer
-                         fwd_flops=forward_flops_per_token(d, r, eff, seq_len=context, vocab_size=v)))
+                         fwd_flops=forward_flops_per_token(d, r, n_layers_eff=eff, seq_len=context,
+                                                           vocab_size=v)))
     base = rows[list(loops).index(1)]
     for row in rows:
         for key in ("layers_exec", "weight_bytes", "kv_bytes", "fwd_flops"):
@@ -286,6 +289,7 @@ def main(argv=None):
                           ("hc_lanes", 2), ("n_loops_bwd", None), ("seq_len", SEQ_LEN), ("vocab_size", V_LLAMA)):
         q.add_argument("--" + name.replace("_", "-"), type=num(int, f"[{ACCOUNTING[name]}, {MAX_COUNT}]"),
                        default=default, help="default: full BPTT" if default is None else None)
+    # (the rules across flags -- r | 16, the BPTT window, hc lanes -- are accounting_args', called below)
     for sp in (g, k, q):
         sp.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)

@@ -11,16 +11,20 @@ Variants: additive / passthrough injection (App. C.2), hyperconnection lanes (Eq
 random state init (project ablation, after Huginn), diagonal injection (App. A, after Parcae; untested in the paper).
 r = 1 is the plain baseline: 0-20-0, no injection, 3 model norms.
 Run:   nothing to run; used by train.py / eval.py.   Test: pytest tests/test_model.py
-Read in this order: ModelConfig -> Block -> LoopedGPT.forward -> init_weights -> generate
+Read in this order: ModelConfig -> Block -> LoopedGPT.forward -> init_weights -> generate; the attention backends
+(which kernel runs, plumbing) come last.
 Precision: fp32 parameters and residual stream; under --precision bf16 (the CUDA default) the trainer wraps forward
 in bf16 autocast (matmuls bf16); logits, softcap and loss are fp32 either way. The model never prints.
-Attention: FA-3, FA-2 or SDPA, resolved once per run (resolve_attention); attention_summary() is the start-up line
-that names the kernel, where it was imported from and, when FA-3 does not run, why and how to get it.
+Attention: FA-3, FA-2 or SDPA, resolved once per run (resolve_attention), and SDPA's own kernel (SDPA_BACKENDS);
+attention_summary() is the start-up line that names the kernel, where it was imported from and, when FA-3 does not
+run, why and how to get it.
+Checks: a config is checked once, when built (ModelConfig.__post_init__); the modules trust their arguments.
 Not here: parameter / FLOP formulas (flops.py; tests check they match this module), learning rates (optim.py).
 
 paper -> code:  r n_loops | s scale (d = 64 s) | l_prelude / l_recur / l_coda n_layers_prelude / partition[1] / _coda |
                 r_bwd n_loops_bwd | K hc_lanes | N_once / N_rec LoopedGPT.param_split()
 """
+import contextlib
 import importlib
 import itertools
 import math
@@ -30,93 +34,13 @@ from typing import Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from flops import INJECTIONS, layout, pad_vocab
+from flops import accounting_args, layout, pad_vocab
 
 # INJECTIONS, defined once in flops.py (which counts their FLOPs): linear (Eq. 5), additive and passthrough (App. C.2),
 # hyper (App. G.1, Eq. 7), diagonal (App. A, after Parcae).
 STATE_INITS = ("prelude", "random")                           # h(0) = e (App. C.1) | N(0, std^2) (project)
-
-# Attention backends (Table 4: FA-3 on H100, FA-2 on A100). Which one runs is decided once per run by
-# resolve_attention() from the device's compute capability and what is importable, and stored on every attention
-# module (LoopedGPT.set_attention); nothing is chosen silently per call except under "auto" for callers that never
-# resolve (eval.py's decoding), where FlashAttention is used for bf16/fp16 CUDA tensors on a capable device.
-# FlashAttention only takes fp16/bf16 CUDA tensors; SDPA (F.scaled_dot_product_attention) runs anywhere.
-ATTN_BACKENDS = ("auto", "fa3", "fa2", "sdpa")
-# Where each FlashAttention is found, first importable module wins (issue 19 §4). FA-3 is not on PyPI: the
-# flash-attention repo's hopper/ build (and the flash_attn_3 wheels made from it) installs the top-level module
-# flash_attn_interface; newer packaged builds also ship it as flash_attn_3.flash_attn_interface. `pip install
-# flash-attn` gives FA-2 only, as flash_attn.flash_attn_func; its own flash_attn.flash_attn_interface module is FA-2
-# as well, so it is never taken for FA-3.
-FLASH_MODULES = {"fa3": ("flash_attn_interface", "flash_attn_3.flash_attn_interface"), "fa2": ("flash_attn",)}
-FLASH_HOWTO = {"fa3": "install FlashAttention-3: build the flash-attention repo's hopper/ folder (cd hopper && "
-                      "python setup.py install) or install a flash_attn_3 wheel built for this torch and CUDA",
-               "fa2": "install flash_attn (pip install flash-attn)"}
-
-
-def _find_flash(name) -> tuple:
-    """(flash_attn_func or None, where it came from or why not) for "fa3" / "fa2", trying FLASH_MODULES in order.
-
-    A module that is installed but fails to import (a build against another torch or CUDA, a missing extension) is
-    reported with its error, so the start-up line can tell "not installed" from "installed but broken"."""
-    why = []
-    for module in FLASH_MODULES[name]:
-        try:
-            return importlib.import_module(module).flash_attn_func, module
-        except (ImportError, OSError, AttributeError) as err:   # OSError: a CUDA library the build needs is absent
-            # "not installed" only when the module (or its package) itself is missing, not something it imports
-            absent = isinstance(err, ModuleNotFoundError) and module.startswith(str(err.name))
-            why.append(f"{module}: " + ("not installed" if absent else f"{type(err).__name__}: {err}"))
-    return None, "; ".join(why)
-
-
-# backend -> flash_attn_func (None: not importable), and backend -> the module it came from or why it did not
-_FLASH, _FLASH_FROM = (dict(zip(("fa3", "fa2"), column)) for column in zip(_find_flash("fa3"), _find_flash("fa2")))
-
-
-def _attn_unusable(name, device, bf16) -> Optional[str]:
-    """Why backend `name` cannot run on `device` (with bf16 activations or not), or None if it can."""
-    if name == "sdpa":
-        return None
-    if device.type != "cuda":
-        return f"{name} needs a CUDA device, this is {device.type}"
-    cap = tuple(torch.cuda.get_device_capability(device))           # (major, minor), e.g. (9, 0) on H100
-    this = f"this device is {cap[0]}.{cap[1]}"
-    reasons = ((name == "fa3" and cap[0] != 9, f"fa3 runs only on compute capability 9.x (Hopper), {this}"),
-               (name == "fa2" and cap < (8, 0), f"fa2 needs compute capability >= 8.0 (Ampere or newer), {this}"),
-               (_FLASH[name] is None, f"{name} is not importable: {FLASH_HOWTO[name]} ({_FLASH_FROM[name]})"),
-               (not bf16, f"{name} takes only bf16/fp16 tensors; it needs --precision bf16"))
-    return next((why for bad, why in reasons if bad), None)               # the first reason that applies
-
-
-def attention_summary(backend: str, device, bf16: bool) -> str:
-    """One line for the start-up print: the attention kernel that runs (backend from resolve_attention) and where
-    it was imported from; unless it is FA-3, why FA-3 does not run here and, where that is the cure, how to get it."""
-    origin = _FLASH_FROM.get(backend, "torch scaled_dot_product_attention" if backend == "sdpa" else "picked per call")
-    why = None if backend == "fa3" else _attn_unusable("fa3", torch.device(device), bf16) or "--attn chose another"
-    return f"attention kernel: {backend} ({origin})" + (f"; not fa3: {why}" if why else "")
-
-
-def resolve_attention(requested: str, device, bf16: bool) -> tuple:
-    """--attn value -> (backend, reason). auto: FA-3 on 9.x, else FA-2 on >= 8.0, else SDPA (first that can run).
-
-    A forced backend that cannot run here is a ValueError naming the reason (never a silent fallback)."""
-    if requested not in ATTN_BACKENDS:
-        raise ValueError(f"--attn {requested!r} not in {ATTN_BACKENDS}")
-    device = torch.device(device)
-    if requested != "auto":
-        why = _attn_unusable(requested, device, bf16)
-        if why:
-            raise ValueError(f"--attn {requested} cannot run here: {why} (use --attn auto or sdpa)")
-        return requested, "forced by --attn"
-    skipped = []
-    for name in ("fa3", "fa2"):
-        why = _attn_unusable(name, device, bf16)
-        if why is None:
-            return name, "auto: " + "; ".join(skipped + [f"{name} runs here"])
-        skipped.append(why)
-    return "sdpa", "auto: " + "; ".join(skipped)
-
 
 # -----------------------------------------------------------------------------
 # Config
@@ -125,10 +49,12 @@ def resolve_attention(requested: str, device, bf16: bool) -> tuple:
 class ModelConfig:
     """Every architecture choice of one run; the defaults are the paper's s = 10, r = 4 reference (Table 4).
 
-    Validated when built (__post_init__): a bad value is a ValueError naming the field, so train.py / eval.py turn it
-    into a one-line error before any work. Combinations the paper's mechanism cannot train are refused here too
+    Checked once, when built (__post_init__): a bad value is a ValueError naming the field, so train.py / eval.py
+    turn it into a one-line error before any work. Combinations the paper's mechanism cannot train are refused too
     (random state without a path for e, hyperconnections or passthrough with truncated BPTT), not left to fail (or
-    silently not learn) at step 2. Derived sizes are properties, so a config is never internally inconsistent."""
+    silently not learn) at step 2. Derived sizes are properties, so a config is never internally inconsistent.
+    A new variant: a field here (default off: existing runs keep their identity), its parameters in LoopedGPT,
+    its count in flops.py (ACCOUNTING) when it changes N or F; nothing else (README recipe)."""
     scale: int = 10                     # s; d_model = aspect_ratio * s (§3.1; s = 10 is the App. C.2 reference)
     aspect_ratio: int = 64              # d = 64 s (§3.1); the CPU mini study uses smaller values, e.g. 16
     n_loops: int = 4                    # r, iterations of the shared recurrent block (§3.1; grid r in {1,2,4,8})
@@ -148,44 +74,30 @@ class ModelConfig:
     norm_eps: float = 1e-6              # RMSNorm eps (Table 4)
 
     def __post_init__(self):
+        # The one check of a config, wherever it enters (train.py's flags, a checkpoint's or a release meta's
+        # model_config, a notebook). flops.accounting_args checks every field the accounting counts: integers in
+        # range, a known injection, a layout that exists (r | 16, whole recurrent blocks), the BPTT window, hc lanes.
+        # The other fields are checked here, one line each.
+        accounting_args(self)
         def need(ok, msg):
             if not ok:
                 raise ValueError(f"ModelConfig: {msg}")
-        for name in ("scale", "aspect_ratio", "n_loops", "n_layers_eff", "head_dim", "vocab_size", "seq_len",
-                     "hc_lanes", "n_layers_prelude", "n_layers_coda"):
-            need(type(getattr(self, name)) is int, f"{name} must be an int, got {getattr(self, name)!r}")  # no bool
-        need(self.n_loops >= 1 and 16 % self.n_loops == 0,
-             f"n_loops={self.n_loops} must divide 16 (r in {{1, 2, 4, 8, 16}}; §6)")
-        need(min(self.scale, self.aspect_ratio, self.vocab_size, self.seq_len) >= 1,
-             "scale, aspect_ratio, vocab_size and seq_len must be >= 1")
-        need(self.head_dim >= 2 and self.head_dim % 2 == 0, f"head_dim={self.head_dim} must be even (RoPE halves)")
-        need(self.d_model % self.head_dim == 0,
-             f"d_model={self.d_model} (= {self.aspect_ratio} x scale {self.scale}) is not a multiple of "
-             f"head_dim={self.head_dim}; pick another scale (the paper never rounds d)")
-        need(self.injection in INJECTIONS, f"injection={self.injection!r} not in {INJECTIONS}")
+        need(type(self.head_dim) is int and self.head_dim >= 2 and self.head_dim % 2 == 0,
+             f"head_dim={self.head_dim!r} must be even and >= 2 (RoPE halves)")
+        need(self.d_model % self.head_dim == 0, f"d_model={self.d_model} (= {self.aspect_ratio} x scale {self.scale})"
+             f" is not a multiple of head_dim={self.head_dim}; pick another scale (the paper never rounds d)")
         need(self.state_init in STATE_INITS, f"state_init={self.state_init!r} not in {STATE_INITS}")
         need(self.state_init == "prelude" or self.injection in ("linear", "additive", "diagonal"),
              f"state_init='random' needs injection linear, additive or diagonal (with {self.injection!r} the prelude "
              "output would never reach the recurrent block)")
-        need(self.state_init_std > 0, f"state_init_std must be > 0, got {self.state_init_std}")
-        need(self.hc_lanes >= 2, f"hc_lanes={self.hc_lanes} must be >= 2 (K = 1 is a plain residual; App. G.1)")
-        if self.n_loops_bwd is not None:
-            need(isinstance(self.n_loops_bwd, int) and 1 <= self.n_loops_bwd <= self.n_loops,
-                 f"n_loops_bwd={self.n_loops_bwd!r} must be None (full BPTT) or in [1, n_loops={self.n_loops}]")
-            need(self.injection != "hyper" or self.n_loops_bwd == self.n_loops,
-                 "hyperconnections use full BPTT (App. G.1); leave n_loops_bwd=None")
-            # Passthrough (u = h) reads e only through h(0), and Eq. 6 detaches every iteration before the window,
-            # so no gradient would ever reach wte, norm_emb or the prelude: they would silently stay at their init
-            # (and DDP, finding them unused, fails at step 2). The release has the same zero gradient; refuse.
-            need(self.injection != "passthrough" or self.n_loops_bwd == self.n_loops, "injection='passthrough' needs "
-                 "full BPTT: e enters only through h(0), which n_loops_bwd < n_loops detaches (Eq. 6), so wte and the "
-                 "prelude would never train; leave n_loops_bwd=None or pick another injection")
-        need(min(self.logit_softcap, self.rope_base, self.norm_eps) > 0,
-             "logit_softcap, rope_base and norm_eps must be > 0")
-        try:                                    # the recur block must divide evenly: (l_eff - p - c) % r == 0
-            layout(self.n_loops, self.n_layers_eff, self.n_layers_prelude, self.n_layers_coda)
-        except ValueError as err:
-            raise ValueError(f"ModelConfig: bad layer partition: {err}") from None
+        # Passthrough (u = h) reads e only through h(0), and Eq. 6 detaches every iteration before the window, so
+        # no gradient would ever reach wte, norm_emb or the prelude: they would silently stay at their init (and
+        # DDP, finding them unused, fails at step 2). The release has the same zero gradient; refuse.
+        need(self.injection != "passthrough" or self.n_loops_bwd in (None, self.n_loops), "injection='passthrough' "
+             "needs full BPTT: e enters only through h(0), which n_loops_bwd < n_loops detaches (Eq. 6), so wte and "
+             "the prelude would never train; leave n_loops_bwd=None or pick another injection")
+        need(all(0 < v < math.inf for v in (self.state_init_std, self.logit_softcap, self.rope_base, self.norm_eps)),
+             "state_init_std, logit_softcap, rope_base and norm_eps must be finite and > 0")   # nan fails too
 
     @property
     def d_model(self) -> int:
@@ -205,6 +117,13 @@ class ModelConfig:
     @property
     def vocab_padded(self) -> int:
         return pad_vocab(self.vocab_size)   # 32,001 -> 32,064 rows in wte / lm_head
+
+    @property
+    def loop_sweepable(self) -> bool:
+        """Can the trained model run a test-time r' != r (loop extrapolation, App. A)? THE predicate (eval.py and the
+        runs/ scripts ask here, never a list of names): not where parameters exist per iteration, as
+        hyperconnections' alpha/M/beta (Eq. 7) exist for exactly r. A new per-iteration mechanism adds itself here."""
+        return self.n_loops == 1 or self.injection != "hyper"        # r = 1 has no injection at all
 
 
 # -----------------------------------------------------------------------------
@@ -229,12 +148,12 @@ def apply_rope(x, cos, sin):
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
-def attend(q, k, v, backend="auto"):
+def attend(q, k, v, backend="auto", sdpa="auto"):
     """Causal attention of Tq queries, the last Tq positions, over Tk >= Tq keys. q (B, Tq, H, D), k/v (B, Tk, H, D).
 
     Full causal attention, no window, no dropout (Table 4). backend: "fa3" | "fa2" | "sdpa" (resolved by
-    resolve_attention) or "auto" (FlashAttention for half-precision CUDA tensors where it can run).
-    Returns (B, Tq, H, D)."""
+    resolve_attention) or "auto" (FlashAttention for half-precision CUDA tensors where it can run). sdpa: the
+    kernel SDPA uses (SDPA_BACKENDS; "auto" = torch's own choice). Returns (B, Tq, H, D)."""
     Tq, Tk = q.size(1), k.size(1)
     half = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
     if backend == "auto":
@@ -249,7 +168,8 @@ def attend(q, k, v, backend="auto"):
     # Training / prefill (Tq = Tk): the plain causal mask. One decoded token (Tq = 1) sees every cached key: no mask.
     # A chunk after a cache (1 < Tq < Tk): query j sees keys <= Tk - Tq + j, an explicit bottom-right-aligned mask.
     mask = None if Tq in (1, Tk) else torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(diagonal=Tk - Tq)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=Tq == Tk).transpose(1, 2)
+    with contextlib.nullcontext() if sdpa == "auto" else sdpa_kernel([SDPA_BACKENDS[sdpa]]):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=Tq == Tk).transpose(1, 2)
 
 
 class CausalSelfAttention(nn.Module):
@@ -260,7 +180,7 @@ class CausalSelfAttention(nn.Module):
         d = cfg.d_model
         self.n_head, self.head_dim, self.eps = cfg.n_head, cfg.head_dim, cfg.norm_eps
         self.c_q, self.c_k, self.c_v, self.c_proj = (nn.Linear(d, d, bias=False) for _ in range(4))
-        self.backend = "auto"                                        # set by LoopedGPT.set_attention
+        self.backend = self.sdpa = "auto"                            # set by LoopedGPT.set_attention
 
     def forward(self, x, rope, kv=None):
         """x (B, T, d) -> (B, T, d). rope: (cos, sin) for these T positions; kv: (KVCache, slot) when decoding, so
@@ -271,7 +191,7 @@ class CausalSelfAttention(nn.Module):
         q, k = (F.rms_norm(apply_rope(t, *rope), (self.head_dim,), eps=self.eps).to(v.dtype) for t in (q, k))
         if kv is not None:                                           # decoding: kv = (KVCache, this layer's slot)
             k, v = kv[0].update(kv[1], k, v)                         # (B, pos + T, H, D), the new keys appended
-        return self.c_proj(attend(q, k, v, self.backend).reshape(B, T, -1))   # attend: (B, T, H, D)
+        return self.c_proj(attend(q, k, v, self.backend, self.sdpa).reshape(B, T, -1))   # attend: (B, T, H, D)
 
 
 class MLP(nn.Module):
@@ -388,12 +308,11 @@ class LoopedGPT(nn.Module):
         """Every distinct Block once (prelude, recur, coda): for init and labelling, not the execution order."""
         return itertools.chain(self.prelude, self.recur, self.coda)
 
-    def set_attention(self, backend: str):
-        """Use attention backend "fa3" | "fa2" | "sdpa" (from resolve_attention) or "auto" in every layer."""
-        if backend not in ATTN_BACKENDS:
-            raise ValueError(f"attention backend {backend!r} not in {ATTN_BACKENDS}")
+    def set_attention(self, backend: str, sdpa: str = "auto"):
+        """Use attention backend "fa3" | "fa2" | "sdpa" (from resolve_attention) or "auto" in every layer, and SDPA's
+        kernel sdpa (a key of SDPA_BACKENDS; "auto" = torch's choice, as before the switch existed)."""
         for blk in self.blocks():
-            blk.attn.backend = backend
+            blk.attn.backend, blk.attn.sdpa = backend, sdpa
 
     def hc_params(self):
         """The hyperconnection scalars alpha, M, beta (Eq. 7) that exist; [] for every other injection mode."""
@@ -438,29 +357,29 @@ class LoopedGPT(nn.Module):
             self.diag.dt_bias.fill_(math.log(math.expm1(dt)))
 
     def param_groups(self) -> dict:
-        """Optimizer labels (optimizer.md): block matrices + inject -> MuonH; the rest -> AdamW, one group each.
-        Diagonal injection: B -> MuonH; A_log, dt_bias -> AdamW at the norm LR (per-channel vectors like the gains,
-        no width-free radius for MuonH to keep; Parcae trains them with AdamW too)."""
-        matrix = [p for blk in self.blocks() for p in blk.parameters() if p.ndim == 2]
-        if self.inject is not None:
-            matrix.append(self.inject.weight)
-        norms = [m.weight for m in self.modules() if isinstance(m, RMSNorm)]
-        if self.diag is not None:
-            matrix.append(self.diag.B.weight)
-            norms += [self.diag.A_log, self.diag.dt_bias]
-        groups = dict(matrix=matrix, wte=[self.wte.weight], lm_head=[self.lm_head.weight], norm=norms,
+        """Optimizer labels (optimizer.md), by what a tensor is, never by a list of names: every nn.Linear weight
+        (block matrices, inject, diagonal's B) but lm_head -> "matrix" (MuonH); wte, lm_head, the hc scalars -> their
+        own AdamW groups; every other parameter -> "norm" (AdamW at the norm LR): the RMSNorm gains first, then
+        any other vector (diagonal's A_log, dt_bias: per-channel like the gains, no width-free radius for MuonH to
+        keep; Parcae trains them with AdamW too), so a new variant's vectors need no edit here or in optim.py.
+        The order within each group is the checkpoints' (optimizer state is saved by position)."""
+        gains = [m.weight for m in self.modules() if isinstance(m, RMSNorm)]
+        linear = {id(m.weight) for m in self.modules() if isinstance(m, nn.Linear) and m is not self.lm_head}
+        named = {id(p) for p in (self.wte.weight, self.lm_head.weight, *self.hc_params(), *gains)}
+        rest = [p for p in self.parameters() if id(p) not in named]
+        groups = dict(matrix=[p for p in rest if id(p) in linear], wte=[self.wte.weight],
+                      lm_head=[self.lm_head.weight], norm=gains + [p for p in rest if id(p) not in linear],
                       hc=self.hc_params())
-        if sorted(id(p) for g in groups.values() for p in g) != sorted(id(p) for p in self.parameters()):  # once each
-            raise RuntimeError("param_groups() does not cover every parameter exactly once")
+        assert sorted(id(p) for g in groups.values() for p in g) == sorted(id(p) for p in self.parameters())
         return groups
 
     def param_split(self) -> tuple:
-        """(N_once, N_rec) from module membership, as flops.param_split counts it (architecture §8.1):
-        once = prelude + coda blocks + the 3 model norms + hc scalars; rec = recur blocks + inject (or diag)."""
-        count = lambda *mods: sum(p.numel() for m in mods if m is not None for p in m.parameters())
-        n_once = count(self.prelude, self.coda, self.norm_emb, self.norm_recur, self.norm_final)
-        n_once += sum(p.numel() for p in self.hc_params())
-        return n_once, count(self.recur, self.inject, self.diag)
+        """(N_once, N_rec) from module membership, as flops.param_split counts it (architecture §8.1): rec = recur
+        blocks + inject (or diag), run every iteration; once = every other parameter but wte and lm_head (prelude,
+        coda, the 3 model norms, hc scalars, and any parameter a variant adds)."""
+        count = lambda *ps: sum(p.numel() for p in ps)
+        n_rec = sum(count(*m.parameters()) for m in (self.recur, self.inject, self.diag) if m is not None)
+        return count(*self.parameters()) - count(self.wte.weight, self.lm_head.weight) - n_rec, n_rec
 
     def _run(self, blocks, x, rope, kv_cache, first_slot):
         """Apply `blocks` in order; block j uses KV slot first_slot + j (one slot per executed layer)."""
@@ -468,45 +387,28 @@ class LoopedGPT(nn.Module):
             x = blk(x, rope, None if kv_cache is None else (kv_cache, first_slot + j))
         return x
 
-    def check_n_loops(self, n_loops: Optional[int], kv_cache=None) -> int:
-        """The r to run: the config's (None), an override (test-time loop extrapolation, App. A), or the cache's;
-        ValueError saying why this model cannot run n_loops iterations (hyper: exactly r). A new mode whose
-        parameters exist per iteration adds its refusal here; eval.py asks here too."""
-        if kv_cache is not None:
-            if n_loops is not None and n_loops != kv_cache.n_loops:
-                raise ValueError(f"n_loops={n_loops} differs from the KV cache's n_loops={kv_cache.n_loops}")
-            n_loops = kv_cache.n_loops
-        if n_loops is None:
-            return self.cfg.n_loops
-        if isinstance(n_loops, bool) or not isinstance(n_loops, int) or n_loops < 1:
-            raise ValueError(f"n_loops must be an int >= 1, got {n_loops!r}")
-        if self.injection == "hyper" and n_loops != self.cfg.n_loops:
-            raise ValueError(f"hyperconnections have alpha/M/beta for exactly {self.cfg.n_loops} iterations; "
-                             f"cannot run n_loops={n_loops}")
-        return n_loops
+    def check_n_loops(self, n_loops: int) -> None:
+        """ValueError if this model cannot run n_loops iterations (cfg.loop_sweepable): eval.py's preflight."""
+        if n_loops != self.cfg.n_loops and not self.cfg.loop_sweepable:
+            raise ValueError(f"its per-iteration parameters (cfg.loop_sweepable) exist for exactly "
+                             f"{self.cfg.n_loops} iterations; cannot run n_loops={n_loops}")
 
     def forward(self, idx, targets=None, reduction="mean", n_loops=None, generator=None, kv_cache=None,
                 state_noise=None):
         """idx (B, T) int64 -> loss if targets (B, T) are given (-1 = ignored), else logits (B, T, vocab_size) fp32.
 
-        reduction: "mean" | "sum" | "none" (then (B, T)). n_loops: run r' != r iterations (not for hyper).
+        reduction: "mean" | "sum" | "none" (then (B, T)). n_loops: run r' != r iterations (if cfg.loop_sweepable).
         generator: random source for state_init="random" (same device as the model), for deterministic eval.
         state_noise: (B, T, d) N(0, 1) draws for state_init="random", given by the caller (the trainer draws one per
         global batch row, so ranks differ and the result does not depend on the world size); None = draw here.
         kv_cache: a KVCache (from new_kv_cache) for incremental decoding; idx are the next tokens.
         """
         cfg = self.cfg
-        if idx.ndim != 2 or idx.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"idx must be a (B, T) integer tensor, got {tuple(idx.shape)} {idx.dtype}")
-        if targets is not None and targets.shape != idx.shape:
-            raise ValueError(f"targets shape {tuple(targets.shape)} != idx shape {tuple(idx.shape)}")
-        if reduction not in ("mean", "sum", "none"):
-            raise ValueError(f"reduction must be mean | sum | none, got {reduction!r}")
-        n = self.check_n_loops(n_loops, kv_cache)
+        n = kv_cache.n_loops if kv_cache is not None else n_loops or cfg.n_loops        # the r to run
+        assert n_loops in (None, n) and (n == cfg.n_loops or cfg.loop_sweepable), "r' is the cache's, if sweepable"
         B, T = idx.shape
         pos = 0 if kv_cache is None else kv_cache.pos
-        if pos + T > self.rope_cos.size(0) or (kv_cache is not None and pos + T > kv_cache.max_len):
-            raise ValueError(f"positions up to {pos + T} exceed the RoPE table ({self.rope_cos.size(0)}) or cache")
+        assert pos + T <= min(self.rope_cos.size(0), kv_cache.max_len if kv_cache else pos + T), "past RoPE or cache"
         rope = (self.rope_cos[pos:pos + T], self.rope_sin[pos:pos + T])     # (T, D/2) each
         n_pre, n_layers_recur = len(self.prelude), len(self.recur)
         # An n_loops override keeps the window's size, capped at n: a shorter run still backpropagates its last k
@@ -525,8 +427,7 @@ class LoopedGPT(nn.Module):
         elif self.state_init == "random":                       # Huginn-style h(0) ~ N(0, std^2 I), fresh each call
             if state_noise is None:
                 state_noise = torch.randn(e.shape, generator=generator, device=e.device, dtype=e.dtype)
-            elif state_noise.shape != e.shape:
-                raise ValueError(f"state_noise shape {tuple(state_noise.shape)} != {tuple(e.shape)} (B, T, d)")
+            assert state_noise.shape == e.shape, "state_noise must be (B, T, d), one draw per position"
             h = state_noise.to(e.dtype) * cfg.state_init_std
         elif mode == "additive":
             h = torch.zeros_like(e)                             # h(0) = 0, so u(0) = e (App. C.2)
@@ -572,7 +473,7 @@ class LoopedGPT(nn.Module):
 
     def new_kv_cache(self, max_len: int, n_loops: Optional[int] = None) -> KVCache:
         """An empty cache for sequences up to max_len tokens, with one slot per executed layer at this r."""
-        n = self.check_n_loops(n_loops)
+        n = n_loops or self.cfg.n_loops
         return KVCache(len(self.prelude) + n * len(self.recur) + len(self.coda), n, max_len)
 
     @torch.no_grad()
@@ -580,10 +481,6 @@ class LoopedGPT(nn.Module):
         """Append max_new_tokens sampled tokens to idx (B, T0) with KV-cached decoding. temperature 0 = greedy.
 
         generator (same device as the model) makes sampling and the random state init reproducible."""
-        if not (isinstance(max_new_tokens, int) and max_new_tokens >= 0):
-            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-        if temperature < 0 or (top_k is not None and not (isinstance(top_k, int) and top_k >= 1)):
-            raise ValueError(f"need temperature >= 0 and top_k None or int >= 1, got {temperature}, {top_k}")
         if max_new_tokens == 0:
             return idx
         # One cache for prompt + continuation: prefill writes every slot for T0 positions, each step one more.
@@ -603,3 +500,91 @@ class LoopedGPT(nn.Module):
             if t + 1 < max_new_tokens:
                 logits = self(nxt, generator=generator, kv_cache=cache)[:, -1]
         return torch.cat(out, dim=1)
+
+
+# -----------------------------------------------------------------------------
+# Attention backends: which kernel runs (after the model: it is plumbing, not the recipe)
+
+# Attention backends (Table 4: FA-3 on H100, FA-2 on A100). Which one runs is decided once per run by
+# resolve_attention() from the device's compute capability and what is importable, and stored on every attention
+# module (LoopedGPT.set_attention); nothing is chosen silently per call except under "auto" for callers that never
+# resolve (eval.py's decoding), where FlashAttention is used for bf16/fp16 CUDA tensors on a capable device.
+# FlashAttention only takes fp16/bf16 CUDA tensors; SDPA (F.scaled_dot_product_attention) runs anywhere.
+ATTN_BACKENDS = ("auto", "fa3", "fa2", "sdpa")
+# The kernel SDPA itself runs (issue 25 item 4: cuDNN attention is the fast one on Hopper), one switch for the whole
+# run (LoopedGPT.set_attention; train.py --sdpa-backend). "auto" leaves torch's own choice, as before the switch;
+# a named one is forced through torch.nn.attention.sdpa_kernel, which torch.compile traces, and a kernel that cannot
+# run these inputs is torch's RuntimeError at the first step, never a silent fallback.
+SDPA_BACKENDS = {"auto": None, "cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+                 "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+# Where each FlashAttention is found, first importable module wins (issue 19 §4). FA-3 is not on PyPI: the
+# flash-attention repo's hopper/ build (and the flash_attn_3 wheels made from it) installs the top-level module
+# flash_attn_interface; newer packaged builds also ship it as flash_attn_3.flash_attn_interface. `pip install
+# flash-attn` gives FA-2 only, as flash_attn.flash_attn_func; its own flash_attn.flash_attn_interface module is FA-2
+# as well, so it is never taken for FA-3.
+FLASH_MODULES = {"fa3": ("flash_attn_interface", "flash_attn_3.flash_attn_interface"), "fa2": ("flash_attn",)}
+FLASH_HOWTO = {"fa3": "install FlashAttention-3: build the flash-attention repo's hopper/ folder (cd hopper && "
+                      "python setup.py install) or install a flash_attn_3 wheel built for this torch and CUDA",
+               "fa2": "install flash_attn (pip install flash-attn)"}
+
+
+def _find_flash(name) -> tuple:
+    """(flash_attn_func or None, where it came from or why not) for "fa3" / "fa2", trying FLASH_MODULES in order.
+
+    A module that is installed but fails to import (a build against another torch or CUDA, a missing extension) is
+    reported with its error, so the start-up line can tell "not installed" from "installed but broken"."""
+    why = []
+    for module in FLASH_MODULES[name]:
+        try:
+            return importlib.import_module(module).flash_attn_func, module
+        except (ImportError, OSError, AttributeError) as err:   # OSError: a CUDA library the build needs is absent
+            # "not installed" only when the module (or its package) itself is missing, not something it imports
+            absent = isinstance(err, ModuleNotFoundError) and module.startswith(str(err.name))
+            why.append(f"{module}: " + ("not installed" if absent else f"{type(err).__name__}: {err}"))
+    return None, "; ".join(why)
+
+
+# backend -> flash_attn_func (None: not importable), and backend -> the module it came from or why it did not
+_FLASH, _FLASH_FROM = (dict(zip(("fa3", "fa2"), column)) for column in zip(_find_flash("fa3"), _find_flash("fa2")))
+
+
+def _attn_unusable(name, device, bf16) -> Optional[str]:
+    """Why backend `name` cannot run on `device` (with bf16 activations or not), or None if it can."""
+    if name == "sdpa":
+        return None
+    if device.type != "cuda":
+        return f"{name} needs a CUDA device, this is {device.type}"
+    cap = tuple(torch.cuda.get_device_capability(device))           # (major, minor), e.g. (9, 0) on H100
+    this = f"this device is {cap[0]}.{cap[1]}"
+    reasons = ((name == "fa3" and cap[0] != 9, f"fa3 runs only on compute capability 9.x (Hopper), {this}"),
+               (name == "fa2" and cap < (8, 0), f"fa2 needs compute capability >= 8.0 (Ampere or newer), {this}"),
+               (_FLASH[name] is None, f"{name} is not importable: {FLASH_HOWTO[name]} ({_FLASH_FROM[name]})"),
+               (not bf16, f"{name} takes only bf16/fp16 tensors; it needs --precision bf16"))
+    return next((why for bad, why in reasons if bad), None)               # the first reason that applies
+
+
+def attention_summary(backend: str, device, bf16: bool) -> str:
+    """One line for the start-up print: the attention kernel that runs (backend from resolve_attention) and where
+    it was imported from; unless it is FA-3, why FA-3 does not run here and, where that is the cure, how to get it."""
+    origin = _FLASH_FROM.get(backend, "torch scaled_dot_product_attention" if backend == "sdpa" else "picked per call")
+    why = None if backend == "fa3" else _attn_unusable("fa3", torch.device(device), bf16) or "--attn chose another"
+    return f"attention kernel: {backend} ({origin})" + (f"; not fa3: {why}" if why else "")
+
+
+def resolve_attention(requested: str, device, bf16: bool) -> tuple:
+    """--attn value -> (backend, reason). auto: FA-3 on 9.x, else FA-2 on >= 8.0, else SDPA (first that can run).
+
+    A forced backend that cannot run here is a ValueError naming the reason (never a silent fallback)."""
+    device = torch.device(device)
+    if requested != "auto":
+        why = _attn_unusable(requested, device, bf16)
+        if why:
+            raise ValueError(f"--attn {requested} cannot run here: {why} (use --attn auto or sdpa)")
+        return requested, "forced by --attn"
+    skipped = []
+    for name in ("fa3", "fa2"):
+        why = _attn_unusable(name, device, bf16)
+        if why is None:
+            return name, "auto: " + "; ".join(skipped + [f"{name} runs here"])
+        skipped.append(why)
+    return "sdpa", "auto: " + "; ".join(skipped)

@@ -23,7 +23,6 @@ owned part. World size 1 owns everything and gathers nothing: the replicated opt
 """
 import json
 import math
-import numbers
 
 import torch
 import torch.distributed as dist
@@ -85,14 +84,6 @@ GROUPS = {"matrix": ("muonh", "muonh_lr"), "wte": ("adamw", "wte_lr"), "lm_head"
           "norm": ("adamw", "norm_lr"), "hc": ("adamw", "hc_lr")}
 
 
-def _check_real(values, closed=False):
-    """ValueError naming the first of values ({name: value}) that is not a finite real number > 0 (>= 0 if closed)."""
-    for name, v in values.items():
-        finite = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
-        if not (finite and (v >= 0 if closed else v > 0)):
-            raise ValueError(f"{name} must be a finite number {'>=' if closed else '>'} 0, got {v!r}")
-
-
 # -----------------------------------------------------------------------------
 # HyperP learning-rate transfer (paper §4.1, App. D.2)
 
@@ -105,9 +96,8 @@ def reference(n_loops, aspect_ratio=64, head_dim=128, n_layers_eff=20, n_layers_
               to a multiple of head_dim (as the release builds every model), counted at the run's r.
     The two widths differ only when 10 x aspect_ratio is not a multiple of head_dim (never on the paper's grid: 640).
     The layout is the run's depth (l_eff, prelude, coda; see reference_tokens); the paper's defaults give the release's
-    constants, 983,315,200 (r=1), 606,380,800 / 1,016,083,200 / 1,835,488,000 (r = 2 / 4 / 8)."""
-    _check_real({"head_dim": head_dim})                      # aspect_ratio and the rest: reference_tokens checks
-    layout(n_loops, n_layers_eff, n_layers_prelude, n_layers_coda)   # the run itself must exist (r | 16, §3.1)
+    constants, 983,315,200 (r=1), 606,380,800 / 1,016,083,200 / 1,835,488,000 (r = 2 / 4 / 8).
+    Its arguments are a run's checked config (ModelConfig, or this file's CLI), so they are trusted here."""
     width = REF_SCALE * aspect_ratio
     built = -(-width // head_dim) * head_dim                 # the reference model's width (ceil to head_dim)
     return width, reference_tokens(n_loops, built, n_layers_eff, n_layers_prelude, n_layers_coda)
@@ -131,15 +121,11 @@ def reference_tokens(n_loops, d_model=D_MODEL_REF, n_layers_eff=20, n_layers_pre
     run's l_eff and prelude/coda, with a recurrent block of (l_eff - p - c) / ref_loops layers (2-4-2 at l_eff = 20;
     1-2-1 for the CPU mini study's l_eff = 10; a fractional count is kept as it is, it only sets a constant).
     """
-    _check_real(dict(n_loops=n_loops, d_model=d_model, n_layers_eff=n_layers_eff, ratio=ratio, ref_loops=ref_loops))
     block = 12 * d_model ** 2 + 2 * d_model           # one transformer block, gains included (§3.2 n_b + norms)
     if n_loops == 1:                                  # r=1 family: one plain stack, passthrough, no W_inject
         return int(ratio * (n_layers_eff * block + 3 * d_model))
     once = n_layers_prelude + n_layers_coda
-    l_rec = (n_layers_eff - once) / ref_loops         # 4 at the paper's 2-4-2
-    if l_rec <= 0:
-        raise ValueError(f"reference: l_eff {n_layers_eff} leaves no recurrent layers after prelude {n_layers_prelude}"
-                         f" + coda {n_layers_coda}")
+    l_rec = (n_layers_eff - once) / ref_loops         # 4 at the paper's 2-4-2; > 0 for any layout that exists
     effective = once * block + 3 * d_model + n_loops * (l_rec * block + 2 * d_model ** 2)   # counted at the run's r
     return int(round(ratio * effective))
 
@@ -153,14 +139,9 @@ def hyperp_factors(d_model, n_loops, tokens, batch_tokens=BATCH_REF, d_ref=None,
     batch_ref is the batch at which the base LRs were tuned (App. D.1: 2^18 tokens). A scaled-down study whose
     batch is far below it (the CPU mini study runs ~2K-token steps) re-anchors here instead of extrapolating the
     (B/B_ref)^0.558 rule two orders of magnitude outside the range it was fitted on."""
-    _check_real(dict(d_model=d_model, n_loops=n_loops, tokens=tokens, batch_tokens=batch_tokens,
-                     d_model_ref=d_model_ref, batch_ref=batch_ref))
     if d_ref is None:
-        if d_model_ref != D_MODEL_REF:
-            raise ValueError(f"d_model_ref {d_model_ref} is not the paper's {D_MODEL_REF}: pass the d_ref that "
-                             "optim.reference() gives with it")
+        assert d_model_ref == D_MODEL_REF, "a non-paper d_model_ref needs the d_ref optim.reference() gives with it"
         d_ref = reference(n_loops)[1]
-    _check_real({"d_ref": d_ref})
     # width: the muP rule, applied to AdamW only (release setup_optimizer)
     return {"width": (d_model / d_model_ref) ** -0.5, "batch": (batch_tokens / batch_ref) ** BATCH_EXP,
             "data": (tokens / d_ref) ** -DATA_EXP, "d_ref": d_ref}
@@ -177,7 +158,6 @@ def hyperp_lrs(d_model, n_loops, tokens, batch_tokens=BATCH_REF, base_lr=MUONH_L
     Only MuonH gets the data factor and only MuonH, wte and lm_head the batch factor (release base_train.py).
     There is no depth factor: l_eff = 20 for every r.
     """
-    _check_real({"base_lr": base_lr})
     f = hyperp_factors(d_model, n_loops, tokens, batch_tokens, d_ref, d_model_ref, batch_ref)
     w, b = f["width"], f["batch"]
     # eta = 0.014 b (D/D_ref)^-0.32 (App. D.2); norm and hc are hard-coded without b in the release
@@ -190,16 +170,11 @@ def hyperp_lrs(d_model, n_loops, tokens, batch_tokens=BATCH_REF, base_lr=MUONH_L
 
 def lr_multiplier(step, total_steps):
     """1 at step 0, falling linearly to 0.1 at step == total_steps (the loop's final, eval-only step)."""
-    if isinstance(total_steps, bool) or not isinstance(total_steps, numbers.Integral) or total_steps < 1:
-        raise ValueError(f"total_steps must be an int >= 1, got {total_steps!r} (an LR schedule needs a step)")
-    if isinstance(step, bool) or not isinstance(step, numbers.Integral) or not 0 <= step <= total_steps:
-        raise ValueError(f"step must be an int in [0, {total_steps}], got {step!r}")
     return FINAL_LR_FRAC + (1.0 - FINAL_LR_FRAC) * (total_steps - step) / total_steps
 
 
 def set_lr_multiplier(optimizer, mult):
     """lr = initial_lr * mult for every group (the multiplier is shared by all groups; momentum is never scheduled)."""
-    _check_real({"LR multiplier": mult}, closed=True)
     for group in optimizer.param_groups:
         group["lr"] = group["initial_lr"] * mult
 
@@ -216,10 +191,6 @@ def polar_express(G, steps=NS_STEPS, bf16=None):
     p(X) = a X + b X X^T X + c (X X^T)^2 X, the odd quintic above, grouped through the SMALL Gram matrix, as the
     release writes it: wide (rows <= cols) A = X X^T, X <- a X + (b A + c A^2) X; tall A = X^T X,
     X <- a X + X (b A + c A^2) in bf16 (the release's kernel), the wide form on the transpose in fp32 (see below)."""
-    if G.ndim < 2:
-        raise ValueError(f"polar_express needs matrices (..., rows, cols), got shape {tuple(G.shape)}")
-    if not 1 <= steps <= len(POLAR_EXPRESS_COEFFS):
-        raise ValueError(f"steps must be in [1, {len(POLAR_EXPRESS_COEFFS)}], got {steps}")
     bf16 = G.is_cuda if bf16 is None else bf16
     X = G.to(torch.bfloat16 if bf16 else torch.promote_types(G.dtype, torch.float32))   # fp64 stays fp64
     X = X / (X.norm(dim=(-2, -1), keepdim=True) * 1.02 + 1e-6)     # ||X||_2 <= ||X||_F < 1
@@ -258,6 +229,25 @@ def muonh_update(G, W, M, R, mu, lr, ns_steps=NS_STEPS, bf16=None):
     # W' = W - eta U: a tensor eta as the release rounds it (eta and eta U in U's dtype), a float eta in fp32
     W = W - lr.to(U.dtype) * U if isinstance(lr, torch.Tensor) else W.sub(U, alpha=lr)
     return W * (R.to(W.dtype) / W.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10))  # retract: R W' / ||W'||_F
+
+
+# As the release: one fused graph per stack shape, its LR and momentum passed as 0-d CPU tensors (a new float would
+# recompile); fullgraph, so a graph break is an error, never a silent fallback to eager. Dynamo keeps its graphs on
+# the function's code object and allows 8 per code object (recompile_limit; past it, fullgraph fails): one shared
+# compiled muonh_update died after 8 shapes in a process that built models of 3 widths (issue 25). So every stack
+# signature gets its own copy of the code object, compiled once: one graph each, never a recompile, any number of
+# shapes, and each graph the same as before (same specialisation, so the same kernels and the same bits).
+_COMPILED = {}      # (shape, dtype, device, ns_steps, bf16) -> compiled muonh_update, shared by every optimizer
+
+
+def _compiled_update(W, ns_steps, bf16):
+    """The compiled muonh_update for stacks like W (K, rows, cols), built on first use."""
+    key = (tuple(W.shape), W.dtype, W.device, ns_steps, bf16)
+    if key not in _COMPILED:
+        f = muonh_update
+        fresh = type(f)(f.__code__.replace(), f.__globals__, f.__name__, f.__defaults__)   # a new code object
+        _COMPILED[key] = torch.compile(fresh, dynamic=False, fullgraph=True)
+    return _COMPILED[key]
 
 
 # -----------------------------------------------------------------------------
@@ -302,26 +292,11 @@ class MuonHAdamW(torch.optim.Optimizer):
 
     def __init__(self, param_groups, shard=True, polar_bf16=None, compile=None):
         self.polar_bf16 = polar_bf16    # Polar Express in bf16: None = on CUDA only (see polar_express)
-        def need(ok, msg):
-            if not ok:
-                raise ValueError(f"group {g['name']!r}: {msg}")
         groups = []
         for i, g in enumerate(param_groups):
-            g = dict(g, params=list(g["params"]))
-            kind = g.get("kind")
-            g.setdefault("name", f"{kind}{i}")
-            need(kind in GROUP_DEFAULTS, f"kind must be 'muonh' or 'adamw', got {kind!r}")
-            _check_real({f"group {g['name']!r}: lr": g.get("lr")}, closed=True)
-            for key, default in GROUP_DEFAULTS[kind].items():
-                g.setdefault(key, default)
-            if kind == "muonh":
-                need(0 <= g["momentum"] < 1 and 1 <= g["ns_steps"] <= len(POLAR_EXPRESS_COEFFS), "need momentum in "
-                     f"[0, 1) and ns_steps in [1, 5], got {g['momentum']} and {g['ns_steps']}")
-                for p in g["params"]:   # MuonH orthogonalises matrices; gains and vectors belong to AdamW
-                    need(p.ndim == 2, f"MuonH takes only 2-D matrices, got a parameter of shape {tuple(p.shape)}; put "
-                         "1-D params (norm gains) in an AdamW group")
-            else:
-                need(all(0 <= b < 1 for b in g["betas"]) and not g["eps"] < 0, "need betas in [0, 1) and eps >= 0")
+            g = {**GROUP_DEFAULTS[g["kind"]], "name": f"{g['kind']}{i}", **g, "params": list(g["params"])}
+            # MuonH orthogonalises matrices; gains and vectors belong to AdamW (model.param_groups sorts them)
+            assert g["kind"] == "adamw" or all(p.ndim == 2 for p in g["params"]), "MuonH takes only 2-D matrices"
             groups.append(dict(g, initial_lr=g["lr"]))
         super().__init__(groups, defaults={})   # raises if a parameter appears in two groups
         distributed = shard and dist.is_available() and dist.is_initialized()
@@ -333,11 +308,8 @@ class MuonHAdamW(torch.optim.Optimizer):
         self._checked = set()    # stacks whose init norms every rank has checked (first step)
         self._packs = {}         # (state key, param ids) -> (stacked tensor, its slices handed out as the state)
         cuda = any(p.is_cuda for g in self.param_groups if g["kind"] == "muonh" for p in g["params"])
-        compiled = cuda if compile is None else compile
-        # As the release: one fused graph per stack shape, its LR and momentum passed as 0-d CPU tensors (a new
-        # float would recompile); fullgraph so a graph break is an error, not a silent fallback to eager.
-        self._update = torch.compile(muonh_update, dynamic=False, fullgraph=True) if compiled else muonh_update
-        self._tensor_scalars = compiled or bool(polar_bf16) or (polar_bf16 is None and cuda)
+        self._compiled = cuda if compile is None else compile
+        self._tensor_scalars = self._compiled or bool(polar_bf16) or (polar_bf16 is None and cuda)
         self._mu_t, self._lr_t = torch.tensor(0.0), torch.tensor(0.0)
 
     def _plan(self, group):
@@ -406,7 +378,8 @@ class MuonHAdamW(torch.optim.Optimizer):
             if self._tensor_scalars:                 # 0-d CPU tensors: the release's rounding, one compiled graph
                 mu, lr = self._mu_t.fill_(mu), self._lr_t.fill_(lr)
             bf16 = W.is_cuda if self.polar_bf16 is None else self.polar_bf16
-            W = self._update(G, W, M, R.view(-1, 1, 1), mu, lr, group["ns_steps"], bf16)
+            update = _compiled_update(W, group["ns_steps"], bf16) if self._compiled else muonh_update
+            W = update(G, W, M, R.view(-1, 1, 1), mu, lr, group["ns_steps"], bf16)
             torch._foreach_copy_(act, list(W.unbind(0)))                       # the weights take the new values
         if self.world == 1:                  # owns the whole stack: nothing to gather (the replicated optimizer)
             return []
@@ -510,17 +483,9 @@ def build_optimizer(groups, lrs, shard=True, polar_bf16=None, compile=None):
     Empty groups are skipped (e.g. no "hc" without hyperconnections; none at all is torch's ValueError). Under DDP
     build it on every rank; shard splits MuonH over the ranks (MuonHAdamW), shard=False keeps a replicated optimizer.
     """
-    if not isinstance(groups, dict) or set(groups) - set(GROUPS):
-        raise ValueError(f"groups must be a dict with keys from {list(GROUPS)}, got "
-                         f"{list(groups) if isinstance(groups, dict) else type(groups).__name__}")
-    param_groups = []
-    for name, (kind, lr_key) in GROUPS.items():        # fixed order, so checkpoints line up
-        params = list(groups.get(name, []))
-        if not params:
-            continue
-        if lr_key not in lrs:
-            raise ValueError(f"group {name!r} has {len(params)} params but lrs has no {lr_key!r} (keys: {sorted(lrs)})")
-        param_groups.append(dict(name=name, kind=kind, params=params, lr=lrs[lr_key]))
+    assert set(groups) <= set(GROUPS), f"group names are {list(GROUPS)}"
+    param_groups = [dict(name=name, kind=kind, params=list(groups[name]), lr=lrs[lr_key])   # fixed order, so
+                    for name, (kind, lr_key) in GROUPS.items() if groups.get(name)]         # checkpoints line up
     return MuonHAdamW(param_groups, shard=shard, polar_bf16=polar_bf16, compile=compile)
 
 
@@ -545,6 +510,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     d = a.aspect_ratio * a.scale
     try:
+        layout(a.n_loops, a.n_layers_eff, a.n_layers_prelude, a.n_layers_coda)   # the run must exist (r | 16, §3.1)
         d_model_ref, d_ref = reference(a.n_loops, a.aspect_ratio, a.head_dim, a.n_layers_eff, a.n_layers_prelude,
                                        a.n_layers_coda)
         d_ref = a.d_ref or d_ref

@@ -191,8 +191,6 @@ def test_fewshot_deterministic_and_excludes_self():
         assert prompt.count("\n\n") == k                                         # each shot ends in a blank line
     assert E.fewshot_indices(3, n, k, seed=99) != E.fewshot_indices(3, n, k)    # the seed matters
     assert E.shuffle_and_cap(items, 10) == E.shuffle_and_cap(items, 10)
-    with pytest.raises(ValueError, match="at least 6 items"):
-        E.fewshot_indices(0, 5, 5)
 
 
 # -----------------------------------------------------------------------------
@@ -398,7 +396,7 @@ def test_cli_sample_cached_equals_uncached(run_dir, tok, capsys):
     assert len(set(uncached)) > 3
 
 
-def test_cli_writes_eval_json_with_missing_task(run_dir, tmp_path):
+def test_cli_writes_eval_json_with_missing_task(run_dir, tmp_path, capsys):
     task_dir = str(tmp_path / "tasks")
     E.write_primitives(task_dir, n=60)
     res = E.main([run_dir["out"], "--tasks", "var_assign_d0_math,induction_head", "triviaqa", "--task-dir", task_dir])
@@ -423,8 +421,9 @@ def test_cli_writes_eval_json_with_missing_task(run_dir, tmp_path):
     assert os.path.isfile(os.path.join(run_dir["out"], "eval_r4.json"))
     assert res4["n_loops"] == 4 and res4["n_loops_trained"] == 2 and "note" in res4
     assert res4["val_loss"] != saved["val_loss"]
-    with pytest.raises(SystemExit, match="unknown task"):
+    with pytest.raises(SystemExit) as exc:
         E.main([run_dir["out"], "--tasks", "not_a_task"])
+    assert exc.value.code == 2 and "unknown task 'not_a_task'" in capsys.readouterr().err
 
 
 def test_bench_batched_equals_one_at_a_time():

@@ -97,30 +97,37 @@ def test_closed_form_and_split():
     assert flops.pad_vocab(32001) == 32064 and flops.pad_vocab(32000) == 32000
 
 
+# Bad architectures are refused once, where a config enters the accounting (accounting_args: ModelConfig, a record
+# fit.py reads, the CLI); the formulas themselves trust their arguments (issue 24 §3).
 BAD = {
-    "r=3 (16 % r != 0)": lambda: flops.layout(3),
-    "r=32 (16 % r != 0)": lambda: flops.layout(32),
-    "r=0": lambda: flops.layout(0),
-    "r not an int": lambda: flops.layout(2.0),
-    "17 looped layers, r=2": lambda: flops.layout(2, 20, 2, 1),
-    "no recurrent layer": lambda: flops.layout(2, 4, 2, 2),
-    "negative prelude": lambda: flops.layout(2, 20, -1, 2),
-    "unknown injection": lambda: flops.param_split(640, 4, injection="gated"),
-    "hc with one lane": lambda: flops.param_split(640, 4, injection="hyper", hc_lanes=1),
-    "d_model=0": lambda: flops.param_split(0, 4),
-    "n_loops_bwd > r": lambda: flops.flops_per_token(640, 4, n_loops_bwd=5),
-    "n_loops_bwd=0": lambda: flops.flops_per_token(640, 4, n_loops_bwd=0),
-    "hc truncated": lambda: flops.flops_per_token(640, 4, injection="hyper", n_loops_bwd=2),
-    "budget below one step": lambda: flops.tokens_for_budget(1e12, flops.flops_per_token(640, 4)),
-    "negative budget": lambda: flops.tokens_for_budget(-1.0, 1000),
-    "unknown depth variant": lambda: flops.grid_runs(n_layers_eff=22),
+    "r=3 (16 % r != 0)": dict(n_loops=3),
+    "r=32 (16 % r != 0)": dict(n_loops=32),
+    "r=0": dict(n_loops=0),
+    "r not an int": dict(n_loops=2.0),
+    "17 looped layers, r=2": dict(n_loops=2, n_layers_coda=1),
+    "no recurrent layer": dict(n_loops=2, n_layers_eff=4),
+    "negative prelude": dict(n_loops=2, n_layers_prelude=-1),
+    "unknown injection": dict(injection="gated"),
+    "hc with one lane": dict(injection="hyper", hc_lanes=1),
+    "d_model=0": dict(d_model=0),
+    "n_loops_bwd > r": dict(n_loops_bwd=5),
+    "n_loops_bwd=0": dict(n_loops_bwd=0),
+    "hc truncated": dict(injection="hyper", n_loops_bwd=2),
+    "a switch that is not a bool": dict(n_loops=1, n_layers_eff=True),
 }
 
 
 @pytest.mark.parametrize("case", list(BAD))
-def test_bad_input_raises(case):
-    with pytest.raises(ValueError):
-        BAD[case]()
+def test_bad_architecture_refused_at_the_mapping(case):
+    with pytest.raises(ValueError) as err:
+        flops.accounting_args({"d_model": 640, "n_loops": 4, **BAD[case]})
+    print(f"{case}: {err.value}")
+    assert "\n" not in str(err.value)
+
+
+def test_budget_below_one_step_raises():
+    with pytest.raises(ValueError, match="below one step"):
+        flops.tokens_for_budget(1e12, flops.flops_per_token(640, 4))
 
 
 # -----------------------------------------------------------------------------
@@ -283,9 +290,8 @@ def test_cli(capsys):
 def test_accounting_args_is_the_one_map_from_a_config():
     # param_split, flops_per_token and forward_flops_per_token take the same arguments, and accounting_args builds
     # them from a ModelConfig-like object or a done.json model_config dict (d_model = aspect_ratio x scale)
-    sig = [list(inspect.signature(f).parameters) for f in (flops.param_split, flops.flops_per_token,
-                                                           flops.forward_flops_per_token)]
-    assert sig[0] == sig[1] == sig[2] == list(flops.ACCOUNTING)
+    sig = [list(inspect.signature(f).parameters) for f in (flops.param_split, flops.flops_per_token)]
+    assert sig[0] == sig[1] == list(flops.ACCOUNTING)
     cfg = dict(scale=10, aspect_ratio=64, n_loops=4, n_layers_eff=20, n_layers_prelude=2, n_layers_coda=2,
                injection="hyper", hc_lanes=3, n_loops_bwd=None, seq_len=1024, vocab_size=1000, head_dim=128)
     acc = flops.accounting_args(cfg)
@@ -301,6 +307,15 @@ def test_accounting_args_is_the_one_map_from_a_config():
                          ({"injection": "gated"}, "injection must be one of")):
         with pytest.raises(ValueError, match=culprit):
             flops.accounting_args(bad)
+    # every kind of field a variant may add (issue 24 §7): a bool switch, a float scale, checked by type
+    rules = dict(flops.ACCOUNTING, switch=bool, gain=float)
+    ok, bad = dict(switch=False, gain=0.5, n_loops=2), [dict(switch=1), dict(gain=True), dict(gain=float("nan"))]
+    import unittest.mock
+    with unittest.mock.patch.dict(flops.ACCOUNTING, rules):
+        assert flops.accounting_args(ok) == ok
+        for b in bad:
+            with pytest.raises(ValueError, match=f"{next(iter(b))} must be"):
+                flops.accounting_args(b)
 
 
 def test_every_model_config_field_is_counted_or_listed():

@@ -1,5 +1,7 @@
-"""Hostile input for data.py (issue 12): every ordinary mistake or fault is one line naming the culprit, with the
-right exit status, no traceback, and every file that existed before byte-identical after.
+"""Hostile input for data.py (issues 12, 24): every ordinary mistake or fault is one line naming the culprit, with the
+right exit status, no traceback, and every file that existed before byte-identical after. Issue 24's rules are tested
+through the CLI, never through a mechanism: one writer per output, a kill then a rerun finishes, what cannot be read
+is named, every number read from a file passes its flag's limits, a refusal changes nothing.
 
 Most cases call data.main in-process (a Python start-up per case would cost seconds on a loaded 2-core box); what
 SystemExit carries is exactly what `python data.py ...` prints, and one case runs the real process to prove it.
@@ -12,6 +14,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -43,7 +46,9 @@ def snapshot(root):
     for d, _, files in os.walk(root):
         for f in files:
             p = os.path.join(d, f)
-            out[os.path.relpath(p, root)] = hashlib.sha256(open(p, "rb").read()).hexdigest()
+            # a FIFO is named, never opened (it would wait for a writer)
+            out[os.path.relpath(p, root)] = hashlib.sha256(open(p, "rb").read()).hexdigest() if os.path.isfile(p) \
+                else "not a file"
     return out
 
 
@@ -153,10 +158,10 @@ def test_val_docs_larger_than_the_corpus_fails_before_any_work(tmp_path, tok, ca
     assert "--rows-per-file 10,000,000" in line and not (tmp_path / "out").exists()     # no 1 GB row buffer
 
 
-def test_out_under_a_file_refused_before_reading_the_source(tmp_path, tok, capsys):
+def test_out_under_a_file_refused_before_any_write(tmp_path, tok, capsys):
     src = write_jsonl(tmp_path / "src.jsonl", good_records())
-    for out, culprit in ((src, "is a file, not a folder"), (src / "sub", "is a file, so the folder cannot be created")):
-        assert culprit in cli(prepare_args(src, tok, out), tmp_path, capsys, 2)
+    for out, why in ((src, "File exists"), (src / "sub", "Not a directory")):
+        assert f"cannot use this folder ({why})" in cli(prepare_args(src, tok, out), tmp_path, capsys, 2)
 
 
 def test_missing_source_and_foreign_tokenizer(tmp_path, tok, capsys):
@@ -168,7 +173,7 @@ def test_missing_source_and_foreign_tokenizer(tmp_path, tok, capsys):
         prepare_args(src, tmp_path / "fake.model", tmp_path / "out"), tmp_path, capsys, 2)
 
 # -----------------------------------------------------------------------------
-# --out: only this same request's directory is reused or resumed; anything else needs --overwrite
+# --out: only this same request's directory is reused or resumed; anything else needs --overwrite (common.claim)
 
 
 def test_out_dir_with_foreign_files_is_refused_and_overwrite_keeps_them(tmp_path, tok, capsys):
@@ -186,23 +191,46 @@ def test_out_dir_with_foreign_files_is_refused_and_overwrite_keeps_them(tmp_path
     data.main(prepare_args(str(src), tok, str(out)))
     assert "nothing to do" in capsys.readouterr().out and snapshot(out) == before
     line = cli(prepare_args(src, tok, out, "--seed", "1"), tmp_path, capsys, 2)
-    assert "different request" in line
+    assert "another request of data" in line and "--overwrite" in line
 
 
-def test_modified_prepared_set_is_not_reused(tmp_path, tok, capsys):
+def test_overwrite_deletes_nothing_and_refuses_shards_in_the_way(tmp_path, tok, capsys):
+    """--overwrite lets prepare write into a folder it does not own, but never deletes: a shard of another set, which
+    the loader would read with the new files, is refused by name and the folder is left as it was."""
     src = write_jsonl(tmp_path / "src.jsonl", good_records())
     out = tmp_path / "out"
     data.main(prepare_args(str(src), tok, str(out)))
     capsys.readouterr()
+    line = cli(prepare_args(src, tok, out, "--seed", "1", "--overwrite"), tmp_path, capsys, 2)
+    assert "train-00000.parquet, a shard of another prepare" in line
+    # the authors' layout in the way: the same refusal; a folder of other files: written, the files kept
+    pub = published(tmp_path)
+    assert "a shard of another prepare" in cli(prepare_args(src, tok, pub, "--overwrite"), tmp_path, capsys, 2)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    data.main(prepare_args(str(src), tok, str(tmp_path / "mine"), "--overwrite"))
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep" and (tmp_path / "mine" / "meta_val.json").exists()
+
+
+def test_modified_prepared_set_is_packed_again(tmp_path, tok, capsys):
+    """A finished set of this same request whose file was modified is not reused as it is: the folder is this
+    request's own, so the rerun packs it again, to the bytes it had."""
+    src = write_jsonl(tmp_path / "src.jsonl", good_records())
+    out = tmp_path / "out"
+    data.main(prepare_args(str(src), tok, str(out)))
+    before = snapshot(out)
     f0 = out / "train-00000.parquet"
     rows = pq.read_table(f0).column("tokens").to_pylist()
     pq.write_table(pa.table({"tokens": pa.array(rows[::-1], type=pa.list_(pa.uint16()))}), f0)
-    assert "files differ from its metas" in cli(prepare_args(src, tok, out), tmp_path, capsys, 2)
+    capsys.readouterr()
+    data.main(prepare_args(str(src), tok, str(out)))
+    assert "wrote" in capsys.readouterr().out and snapshot(out) == before
 
 
 def test_cli_prepare_killed_midway_resumes_by_itself(tmp_path, tok, capsys, monkeypatch):
     """A kill after the 2nd shard (and a half-written temporary left behind): the same command finishes the job and
-    the result is byte-identical to an uninterrupted prepare."""
+    the result is byte-identical to an uninterrupted prepare. The temporary is not removed (a tool deletes nothing
+    by its name's pattern) and no reader sees it."""
     src = write_jsonl(tmp_path / "src.jsonl", good_records(400))
     args = lambda out: prepare_args(str(src), tok, str(out), "--rows-per-file", "8", "--val-docs", "40")
     data.main(args(tmp_path / "whole"))
@@ -218,15 +246,17 @@ def test_cli_prepare_killed_midway_resumes_by_itself(tmp_path, tok, capsys, monk
         data.main(args(tmp_path / "cut"))
     assert exc.value.code == 130 and "rerun the same command to resume" in capsys.readouterr().err
     monkeypatch.setattr(pq, "write_table", real)
-    (tmp_path / "cut" / ".train-00002.parquet.tmp").write_bytes(b"PAR1 half")    # as a kill -9 would leave
+    (tmp_path / "cut" / ".train-00002.parquet.0badc0de.tmp").write_bytes(b"PAR1 half")    # as a kill -9 leaves it
     capsys.readouterr()
     data.main(args(tmp_path / "cut"))
     out = capsys.readouterr().out
-    assert "resuming train" in out and "removed .train-00002.parquet.tmp" in out and "(resumed)" in out
-    assert snapshot(tmp_path / "cut") == snapshot(tmp_path / "whole")
+    assert "resuming train" in out and "(resumed)" in out
+    cut = snapshot(tmp_path / "cut")
+    assert cut.pop(".train-00002.parquet.0badc0de.tmp") and cut == snapshot(tmp_path / "whole")
+    assert "ok:" in (data.main(["check", str(tmp_path / "cut")]) or capsys.readouterr().out)
 
 # -----------------------------------------------------------------------------
-# Long documents and lines: never dropped without a word
+# Long lines: never dropped without a word
 
 
 def test_long_lines_are_split_for_the_tokenizer_and_counted(tmp_path, capsys):
@@ -238,20 +268,6 @@ def test_long_lines_are_split_for_the_tokenizer_and_counted(tmp_path, capsys):
     assert "1 line(s) over 16,384 bytes were cut" in err
     pieces = data._split_long(long_line, data.SPM_MAX_LINE // 4)
     assert "".join(pieces) == long_line and max(map(len, pieces)) <= data.SPM_MAX_LINE // 4
-
-
-def test_huge_document_is_encoded_in_pieces_with_an_exact_prefix(tmp_path, tok, monkeypatch, capsys):
-    t = data.load_tokenizer(tok)
-    doc = " ".join(text(10, i) for i in range(300))                                # ~15k chars
-    monkeypatch.setattr(data, "HUGE_DOC_CHARS", 2000)
-    (prefix, n), = data._encode_batch([doc], t.bos_id, 65, None, t)
-    whole = t.encode([doc])[0]
-    assert prefix.tolist() == [t.bos_id] + whole[:64]                             # the packed part is exact
-    assert abs(n - (len(whole) + 1)) <= len(doc) // 2000 + 1                      # length: ~1 token per cut
-    src = write_jsonl(tmp_path / "src.jsonl", good_records(100) + [{"text": doc}])
-    data.main(prepare_args(str(src), tok, str(tmp_path / "out")))
-    out = capsys.readouterr().out
-    assert "1 document(s) over 2,000 characters were encoded in pieces" in out and "docs cropped" in out
 
 # -----------------------------------------------------------------------------
 # Prepacked data (ours or the authors'): bad ids, a lying meta, corrupt files -> one line, at load time
@@ -291,7 +307,7 @@ def test_prepacked_corrupt_parquet_and_meta(tmp_path, capsys):
     (out / "val-00000.parquet").write_bytes(os.urandom(500))
     assert "val-00000.parquet: not a readable parquet file" in cli(["check", out], tmp_path, capsys, 2)
     (out / "meta_train.json").write_text('{"vocab_size": 300, "seq_len": ')
-    assert "meta_train.json:1: not valid JSON" in cli(["check", out], tmp_path, capsys, 2)
+    assert "meta_train.json: not a JSON record" in cli(["check", out], tmp_path, capsys, 2)
     (out / "meta_train.json").write_text('{"vocab_size": "300", "seq_len": 32}')
     assert "meta_train.json: key 'vocab_size' must be int, got str '300'" in cli(["check", out], tmp_path, capsys, 2)
 
@@ -304,3 +320,140 @@ def test_real_process_one_line_exit_2(tmp_path, tok):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
     assert 'src.jsonl:2: "text" is int' in proc.stderr and not (tmp_path / "out").exists()
+
+# -----------------------------------------------------------------------------
+# Issue 24's general properties, through the real CLI: one writer per output, a kill then a rerun finishes, what a
+# tool cannot read it names, every number read from a file passes its flag's limits.
+
+
+def spawn(argv):
+    """A real `python data.py ...` process, started now (not waited for)."""
+    return subprocess.Popen([sys.executable, "data.py", *map(str, argv)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_two_concurrent_writers_are_never_both_told_wrote(tmp_path):
+    """Two tokenizer runs on one --out, then two prepares into one folder, started together: at most one says it
+    wrote (the other is refused in one line, or finds the finished set), and what is left is whole."""
+    src = write_jsonl(tmp_path / "src.jsonl", good_records(400))
+    runs = [spawn(["tokenizer", "--corpus", src, "--vocab-size", 300, "--out", tmp_path / "t.model"]) for _ in range(2)]
+    outs = [(p.wait(timeout=120), *p.communicate()) for p in runs]
+    assert sum("trained" in out for _, out, _ in outs) == 1, outs
+    assert [code for code, _, _ in outs].count(2) == 1 and data.load_tokenizer(str(tmp_path / "t.model")).vocab_size
+    args = prepare_args(src, tmp_path / "t.model", tmp_path / "out", "--rows-per-file", "4")
+    runs = [spawn(args) for _ in range(2)]
+    outs = [(p.wait(timeout=120), *p.communicate()) for p in runs]
+    assert sum("wrote" in out for _, out, _ in outs) == 1, outs
+    assert all(code == 0 and "nothing to do" in out or code == 2 and "another data process" in err
+               for code, out, err in outs if "wrote" not in out), outs
+    assert "ok:" in subprocess.run([sys.executable, "data.py", "check", tmp_path / "out"], cwd=ROOT,
+                                   capture_output=True, text=True, timeout=120).stdout
+
+
+def test_kill_9_then_rerun_finishes_to_the_same_bytes(tmp_path, tok):
+    """SIGKILL mid-prepare (no Python cleanup runs): the same command resumes and writes what an uninterrupted run
+    writes; anything the kill left is a hidden temporary no reader sees."""
+    src = write_jsonl(tmp_path / "src.jsonl", [{"text": text(40 + i % 50, i)} for i in range(1500)])
+    args = lambda out: prepare_args(src, tok, out, "--rows-per-file", "8", "--val-docs", "40")
+    assert subprocess.run([sys.executable, "data.py", *map(str, args(tmp_path / "whole"))], cwd=ROOT,
+                          capture_output=True, timeout=300).returncode == 0
+    p = spawn(args(tmp_path / "cut"))
+    while p.poll() is None and not (tmp_path / "cut" / "train-00020.parquet").exists():
+        time.sleep(0.02)
+    p.kill()
+    assert p.wait() == -9, "prepare finished before the kill: make the corpus larger"
+    rerun = subprocess.run([sys.executable, "data.py", *map(str, args(tmp_path / "cut"))], cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    cut = {k: v for k, v in snapshot(tmp_path / "cut").items() if not k.endswith(".tmp")}
+    assert cut == snapshot(tmp_path / "whole")
+
+
+def test_what_cannot_be_read_is_named_never_waited_on(tmp_path, tok, capsys):
+    """A FIFO as a source file, a tokenizer, an --out file, a shard or a meta: refused by name, at once (open() on a
+    FIFO would wait for a writer forever; the alarm turns a hang into a failure). A linked folder is followed."""
+    import signal
+    signal.signal(signal.SIGALRM, lambda *_: pytest.fail("hung on a FIFO"))
+    signal.alarm(60)
+    try:
+        src = tmp_path / "src"
+        src.mkdir()
+        write_jsonl(src / "a.jsonl", good_records())
+        os.mkfifo(src / "b.jsonl")
+        assert "b.jsonl, which is no regular file" in cli(prepare_args(f"{src}/*", tok, tmp_path / "o"),
+                                                              tmp_path, capsys, 2)
+        os.remove(src / "b.jsonl")
+        os.symlink(src, src / "loop")                                           # a link loop: the same file twice
+        assert "the file" in cli(prepare_args(f"{src}/**/*.jsonl", tok, tmp_path / "o"), tmp_path, capsys, 2)
+        os.remove(src / "loop")
+        os.mkfifo(tmp_path / "fifo.model")
+        assert "fifo.model" in cli(prepare_args(src / "a.jsonl", tmp_path / "fifo.model", tmp_path / "o"),
+                                   tmp_path, capsys, 2)
+        assert "fifo.model is not a plain file" in cli(["tokenizer", "--corpus", src / "a.jsonl", "--vocab-size",
+                                                        300, "--out", tmp_path / "fifo.model"], tmp_path, capsys, 2)
+        pub = published(tmp_path)
+        os.symlink(pub, tmp_path / "link")                                       # a linked data folder: followed
+        assert "ok:" in (data.main(["check", str(tmp_path / "link")]) or capsys.readouterr().out)
+        os.remove(pub / "val-00000.parquet")
+        os.mkfifo(pub / "val-00000.parquet")
+        assert "val-00000.parquet: not a regular file" in cli(["check", pub], tmp_path, capsys, 2)
+        os.remove(pub / "meta_train.json")
+        os.mkfifo(pub / "meta_train.json")
+        assert "meta_train.json: is a FIFO" in cli(["check", pub], tmp_path, capsys, 2)
+        os.symlink(tmp_path / "target", tmp_path / "outlink")                    # --out a link to a folder: followed
+        (tmp_path / "target").mkdir()
+        data.main(prepare_args(str(src / "a.jsonl"), tok, str(tmp_path / "outlink")))
+        assert (tmp_path / "target" / "meta_val.json").exists()
+    finally:
+        signal.alarm(0)
+
+
+@pytest.mark.parametrize("key, value", [("seq_len", 0), ("seq_len", 1 << 20), ("vocab_size", 1 << 40),
+                                        ("vocab_size", True), ("total_rows", -1), ("bos_token_id", -3),
+                                        ("num_shards", 1.5)])
+def test_meta_numbers_pass_the_limits_of_their_flags(tmp_path, capsys, key, value):
+    """A meta's numbers meet the limits of the flags that could have set them (--seq-len <= 2^17, train.py's
+    --vocab-size <= 1e9, counts >= 0): a hand-edited value is one line naming the file and the key."""
+    pub = published(tmp_path)
+    meta = json.loads((pub / "meta_train.json").read_text())
+    (pub / "meta_train.json").write_text(json.dumps({**meta, key: value}))
+    assert f"meta_train.json: key '{key}'" in cli(["check", pub], tmp_path, capsys, 2)
+
+
+def test_a_refusal_changes_nothing(tmp_path, tok, capsys):
+    """Refused at each point (a foreign folder, a foreign file, a bad record after the folder exists): every file and
+    marker is as it was; a folder the refused command would have made does not exist."""
+    src = write_jsonl(tmp_path / "src.jsonl", good_records())
+    out = tmp_path / "out"
+    data.main(prepare_args(str(src), tok, str(out)))
+    capsys.readouterr()
+    bad = write_jsonl(tmp_path / "bad.jsonl", good_records()[:5] + ['{"text": 1}'])
+    for argv in (prepare_args(src, tok, out, "--seed", "7"), prepare_args(bad, tok, out),
+                 prepare_args(bad, tok, out, "--overwrite"), prepare_args(bad, tok, tmp_path / "new"),
+                 ["tokenizer", "--corpus", src, "--vocab-size", 300, "--out", tok]):
+        cli(argv, tmp_path, capsys, 2)                          # cli() checks every file under tmp_path unchanged
+    assert not (tmp_path / "new").exists() and sorted(os.listdir(out))[0] == ".nanoloop-data"
+
+
+def test_a_tampered_prepare_state_is_refused_by_name(tmp_path, tok, capsys, monkeypatch):
+    """The resume state is a file too: its counts and its saved documents pass the limits a prepare could have
+    written, else the rerun is refused in one line naming it, changing nothing."""
+    src = write_jsonl(tmp_path / "src.jsonl", good_records(400))
+    args = prepare_args(str(src), tok, str(tmp_path / "cut"), "--rows-per-file", "8", "--val-docs", "40")
+    real, calls = pq.write_table, []
+
+    def die_on_third(table, path):
+        calls.append(path)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        real(table, path)
+    monkeypatch.setattr(pq, "write_table", die_on_third)
+    with pytest.raises(SystemExit):
+        data.main(args)
+    monkeypatch.setattr(pq, "write_table", real)
+    capsys.readouterr()
+    path = tmp_path / "cut" / ".prepare-state.json"
+    good = json.loads(path.read_text())
+    for progress in ({"rows": -1}, {"window": [[[1, 5, 6], -4]]}, {"window": 5}, {"window": [["x", 3]]}):
+        path.write_text(json.dumps({**good, "progress": {**good["progress"], **progress}}))
+        assert ".prepare-state.json" in cli(args, tmp_path, capsys, 2)

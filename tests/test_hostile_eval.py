@@ -9,6 +9,7 @@ tokenizer and a run of its tiny model with random weights (d_model 32, seq_len 6
 import dataclasses
 import gzip
 import json
+import shutil
 import re
 import os
 import subprocess
@@ -143,7 +144,7 @@ def test_out_in_missing_folder_fails_before_any_scoring(run_dir, capsys, tmp_pat
 
 def test_out_folder_and_out_with_sample_refused(run_dir, capsys, tmp_path):
     roots = [os.path.dirname(run_dir["out"]), str(tmp_path)]
-    refused([run_dir["out"], "--tasks", "none", "--out", str(tmp_path)], capsys, 2, str(tmp_path), "not a file",
+    refused([run_dir["out"], "--tasks", "none", "--out", str(tmp_path)], capsys, 2, str(tmp_path), "not a plain file",
             roots=roots)
     refused([run_dir["out"], "--sample", "x", "--out", str(tmp_path / "s.json")], capsys, 2, "--sample", "--out",
             roots=roots)
@@ -178,7 +179,7 @@ def test_foreign_out_file_refused_unless_overwrite(run_dir, capsys, tmp_path):
     r4 = tmp_path / "r4.json"
     assert cli([run_dir["out"], "--tasks", "none", "--val-tokens", "0", "--n-loops", "4", "--out", str(r4)],
                capsys)[0] == 0
-    refused([run_dir["out"], "--tasks", "none", "--out", str(r4)], capsys, 2, str(r4), "another request", roots=roots)
+    refused([run_dir["out"], "--tasks", "none", "--out", str(r4)], capsys, 2, str(r4), "did not write it", roots=roots)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
@@ -293,9 +294,9 @@ def test_failed_task_keeps_the_other_results(run_dir, capsys, tmp_path, tasks):
 
 
 def test_disk_full_at_the_end_prints_the_result_instead_of_losing_it(run_dir, capsys, tmp_path, tasks, monkeypatch):
-    def full(path, blob, key):
+    def full(path, obj, tool, key):
         raise OSError(28, "No space left on device", path)
-    monkeypatch.setattr(E, "write_owned", full)
+    monkeypatch.setattr(E, "write_json", full)
     out = tmp_path / "e.json"
     code, msg, stdout = cli([run_dir["out"], "--tasks", "induction_head", "--task-dir", str(tasks), "--out", str(out)],
                             capsys)
@@ -310,12 +311,13 @@ def test_disk_full_at_the_end_prints_the_result_instead_of_losing_it(run_dir, ca
 def test_primitives_never_replace_other_files(capsys, tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("mine\n")
-    refused(["primitives", "--out", str(afile)], capsys, 2, str(afile), "is a file", roots=[str(tmp_path)])
+    refused(["primitives", "--out", str(afile)], capsys, 2, str(afile), "cannot use this folder", roots=[str(tmp_path)])
     d = tmp_path / "tasks"
     assert cli(["primitives", "--out", str(d), "--n", "10"], capsys)[0] == 0
     assert cli(["primitives", "--out", str(d), "--n", "10"], capsys)[0] == 0          # a rerun: identical bytes
     culprit = str(d / "reasoning_primitives" / "var_assign_d0_math.jsonl")
-    refused(["primitives", "--out", str(d), "--n", "12"], capsys, 2, culprit, "--overwrite", roots=[str(tmp_path)])
+    refused(["primitives", "--out", str(d), "--n", "12"], capsys, 2, str(d / "reasoning_primitives"), "--overwrite",
+            roots=[str(tmp_path)])
     assert cli(["primitives", "--out", str(d), "--n", "12", "--overwrite"], capsys)[0] == 0
     assert len(E.load_task_file(culprit)) == 12
 
@@ -408,7 +410,8 @@ RELEASE_MC = dict(sequence_len=64, vocab_size=384, size=4, n_head=2, n_kv_head=2
 
 @pytest.mark.parametrize("field,value,culprit", [
     ("sequence_len", 10 ** 8, "GiB for its weights and RoPE tables"),      # RoPE: 10 T x D/2 entries
-    ("vocab_size", 10 ** 10, "vocab_size must be an integer in [1, 1e+09]"),   # past flops' count limit
+    ("vocab_size", 10 ** 10, "key 'model_config.vocab_size' must be in [2, 1e9]"),   # --vocab-size's limit
+    ("n_embd", 10 ** 12, "key 'model_config.n_embd' must be in [1, 1e9]"),
     ("sequence_len", 1e8, "key 'model_config.sequence_len' must be int, got float"),
     ("logit_softcap", float("nan"), "key 'model_config.logit_softcap' must be a finite number"),
     ("num_recur", "2", "key 'model_config.num_recur' must be int, got str"),
@@ -441,13 +444,22 @@ def test_nanoloop_checkpoint_too_large_and_hand_edited_entries(run_dir, tok, cap
         refused([run, "--tasks", "none"], capsys, 2, os.path.join(run, "ckpt.pt"), culprit, roots=roots)
 
 
-def test_own_eval_json_edited_since_is_no_longer_ours(run_dir, capsys, tmp_path):
-    """The ownership ledger knows the file it wrote (inode, size, mtime): one the user edited afterwards is theirs."""
-    out = tmp_path / "e.json"
-    assert cli([run_dir["out"], "--tasks", "none", "--val-tokens", "0", "--out", str(out)], capsys)[0] == 0
-    out.write_text(out.read_text().replace('"crop": true', '"crop": true, "my note": 1'))
-    refused([run_dir["out"], "--tasks", "none", "--val-tokens", "0", "--out", str(out)], capsys, 2, str(out),
-            "edited since", "--overwrite", roots=[str(tmp_path)])
+def test_eval_json_is_ours_by_its_header_and_a_copied_run_keeps_it(run_dir, capsys, tmp_path):
+    """Rule 2 through the CLI: eval.json carries its written_by header, so a run folder copied as a whole (cp -a)
+    still holds this request's own file and a rerun there replaces it; a header naming another tool or request is
+    not ours (refused, file untouched) until --overwrite."""
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir["out"], copy, symlinks=True)
+    assert cli([str(copy), "--tasks", "none", "--val-tokens", "0"], capsys)[0] == 0
+    saved = json.loads((copy / "eval.json").read_text())
+    assert saved["written_by"]["tool"] == "eval" and saved["n_loops"] == 2
+    moved = tmp_path / "moved"
+    shutil.copytree(copy, moved, symlinks=True)                 # eval.json inside: still this request's own
+    assert cli([str(moved), "--tasks", "none", "--val-tokens", "0"], capsys)[0] == 0
+    (moved / "eval.json").write_text(json.dumps(dict(saved, written_by={"tool": "fit", "key": "x"})))
+    refused([str(moved), "--tasks", "none", "--val-tokens", "0"], capsys, 2, str(moved / "eval.json"), "--overwrite",
+            roots=[str(tmp_path)])
+    assert cli([str(moved), "--tasks", "none", "--val-tokens", "0", "--overwrite"], capsys)[0] == 0
 
 
 def test_release_meta_of_another_step_or_type_refused(tmp_path, capsys):
@@ -462,3 +474,48 @@ def test_release_meta_of_another_step_or_type_refused(tmp_path, capsys):
                          ([RELEASE_MC], "expected a JSON object, got list")):
         meta.write_text(json.dumps(doc))
         refused([str(root), "--tasks", "none"], capsys, 2, str(meta), culprit, roots=[str(tmp_path)])
+
+
+# -----------------------------------------------------------------------------
+# 9. rules through the CLI on the light mechanisms: what cannot be read is named (never waited on), a model that
+# cannot run r' != r says so through the model, one writer per primitives folder
+
+def test_fifos_and_links_named_never_waited_on(run_dir, tok, capsys, tmp_path):
+    """A FIFO where a file is read or written would block open() forever: each is refused by name, exit 2."""
+    roots = [os.path.dirname(run_dir["out"])]          # not tmp_path: the snapshot itself would open the FIFOs
+    os.mkfifo(tmp_path / "out.json")
+    refused([run_dir["out"], "--tasks", "none", "--out", str(tmp_path / "out.json")], capsys, 2,
+            str(tmp_path / "out.json"), "not a plain file", roots=roots)
+    task = tmp_path / "tasks" / "world_knowledge" / "arc_easy.jsonl"
+    task.parent.mkdir(parents=True)
+    os.mkfifo(task)
+    refused([run_dir["out"], "--tasks", "arc_easy", "--task-dir", str(tmp_path / "tasks")], capsys, 2, str(task),
+            "not a plain file", roots=roots)
+    (tmp_path / "fiforun").mkdir()
+    os.mkfifo(tmp_path / "fiforun" / "ckpt.pt")
+    refused([str(tmp_path / "fiforun"), "--tasks", "none"], capsys, 2, str(tmp_path / "fiforun" / "ckpt.pt"),
+            "not a plain file", roots=roots)
+
+
+def test_loop_sweep_refused_through_the_model(run_dir, tok, capsys, tmp_path):
+    """runs/mini.sh relies on this exit 2 instead of a list of case names: hyperconnections exist for exactly r."""
+    run = _run_variant(tmp_path / "hc", run_dir["data"], tok, injection="hyper")
+    msg = refused([run, "--n-loops-sweep", "1,2", "--tasks", "none"], capsys, 2, "--n-loops-sweep", "r'=1",
+                  "injection 'hyper'", roots=[str(tmp_path)])
+    assert not os.path.exists(os.path.join(run, "eval.json")), msg
+    assert cli([run, "--n-loops-sweep", "2", "--tasks", "none", "--val-tokens", "64"], capsys)[0] == 0   # r' = r
+
+
+def test_primitives_one_writer_and_a_users_folder(capsys, tmp_path):
+    """The reasoning_primitives folder is eval.py's: a user's own file there is never replaced (refused, untouched),
+    and a second writer while the first holds the folder is refused, not interleaved."""
+    import fcntl
+    mine = tmp_path / "a" / "reasoning_primitives" / "induction_head.jsonl"
+    mine.parent.mkdir(parents=True)
+    mine.write_text('{"context": "my own", "continuation": "file"}\n')
+    refused(["primitives", "--out", str(tmp_path / "a"), "--n", "5"], capsys, 2, "--overwrite", roots=[str(tmp_path)])
+    b = tmp_path / "b"
+    assert cli(["primitives", "--out", str(b), "--n", "5"], capsys)[0] == 0
+    with open(b / "reasoning_primitives" / ".nanoloop-eval-primitives") as held:   # another writer holds it
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        refused(["primitives", "--out", str(b), "--n", "5"], capsys, 2, "another", roots=[str(tmp_path)])

@@ -352,8 +352,23 @@ def test_sdpa_fallback_when_flash_attn_absent(monkeypatch):
     m.set_attention("fa2")                                   # forced FlashAttention on fp32 CPU tensors: an error
     with pytest.raises(ValueError, match="takes bf16/fp16 CUDA tensors"):
         m(tokens())
-    with pytest.raises(ValueError, match="not in"):
-        m.set_attention("flash")
+
+
+def test_sdpa_backend_switch():
+    """Issue 25 item 4: SDPA's kernel is one switch (set_attention's sdpa; train.py --sdpa-backend). "auto" is the
+    call as it was before the switch existed (no sdpa_kernel context: bit-identical); "math" forces torch's
+    reference kernel, equal to the default kernel to fp32 rounding on CPU."""
+    m = LoopedGPT(tiny_cfg(n_loops=2))
+    idx = tokens()
+    with torch.no_grad():
+        before = m(idx)
+        m.set_attention("sdpa", sdpa="math")
+        forced = m(idx)
+        m.set_attention("auto", sdpa="auto")
+        again = m(idx)
+    print(f"\nSDPA math vs auto on CPU: max diff {(forced - before).abs().max():.1e}")
+    assert torch.equal(again, before) and torch.allclose(forced, before, atol=1e-4)
+    assert set(model.SDPA_BACKENDS) == {"auto", "cudnn", "flash", "efficient", "math"}
 
 
 @pytest.mark.parametrize("cap, fa3, fa2, bf16, want", [
@@ -428,8 +443,7 @@ def test_forced_attention_errors_name_the_reason(monkeypatch):
     monkeypatch.setitem(model._FLASH, "fa2", None)
     for req, dev, bf16, msg in [("fa3", "cuda", True, "only on compute capability 9.x"),
                                 ("fa2", "cuda", True, "not importable: install flash_attn"),
-                                ("fa3", "cpu", True, "needs a CUDA device"),
-                                ("sdpa-ish", "cpu", True, "not in")]:
+                                ("fa3", "cpu", True, "needs a CUDA device")]:
         with pytest.raises(ValueError, match=msg) as exc:
             model.resolve_attention(req, dev, bf16)
         print(f"\n--attn {req} on {dev}: {exc.value}")
@@ -444,13 +458,13 @@ def test_forced_attention_errors_name_the_reason(monkeypatch):
 @pytest.mark.parametrize("kw,msg", [
     (dict(n_loops=3), "must divide 16"),
     (dict(scale=3, aspect_ratio=10, head_dim=16), "not a multiple of head_dim"),
-    (dict(injection="gated"), "injection='gated' not in"),
+    (dict(injection="gated"), "injection must be one of"),
     (dict(state_init="zeros"), "state_init='zeros' not in"),
-    (dict(n_loops=4, n_layers_prelude=3), "bad layer partition"),
-    (dict(n_loops=4, n_loops_bwd=0), "n_loops_bwd=0"),
+    (dict(n_loops=4, n_layers_prelude=3), "positive multiple of n_loops=4"),
+    (dict(n_loops=4, n_loops_bwd=0), "n_loops_bwd must be an integer in"),
     (dict(n_loops=4, n_loops_bwd=5), "n_loops_bwd=5"),
     (dict(n_loops=4, injection="hyper", n_loops_bwd=2), "full BPTT"),
-    (dict(hc_lanes=1), "hc_lanes=1"),
+    (dict(injection="hyper", hc_lanes=1), "hc_lanes must be >= 2"),
     (dict(injection="passthrough", state_init="random"), "state_init='random' needs"),
     (dict(n_loops=4, injection="passthrough", n_loops_bwd=2), "passthrough' needs full BPTT"),   # issue 19 §1
     (dict(head_dim=15, aspect_ratio=15), "must be even"),
@@ -462,17 +476,40 @@ def test_bad_config_raises(kw, msg):
     print(err.value)
 
 
-def test_bad_calls_raise():
+def test_a_new_parameter_needs_no_edit_in_the_optimizer_or_the_split():
+    """Issue 24 §7: a variant's new parameters are grouped by what they are and counted by membership. A vector, a
+    per-iteration stack of vectors and a new nn.Linear added to the model: the first two go to AdamW ("norm"), the
+    Linear to MuonH ("matrix"), all three into N_once, and one optimizer step moves them, with no edit elsewhere."""
+    import optim
+    m = LoopedGPT(tiny_cfg(n_loops=2))
+    base = m.param_split()
+    d = m.cfg.d_model
+    m.gate = torch.nn.Parameter(torch.ones(d))                                    # (d,)
+    m.loop_emb = torch.nn.Parameter(torch.zeros(2, d))                            # (r, d)
+    m.mix = torch.nn.Linear(d, d, bias=False)                                      # (d, d)
+    groups = m.param_groups()
+    assert any(p is m.gate for p in groups["norm"]) and any(p is m.loop_emb for p in groups["norm"])
+    assert any(p is m.mix.weight for p in groups["matrix"])
+    assert m.param_split() == (base[0] + d + 2 * d + d * d, base[1])
+    opt = optim.build_optimizer(groups, optim.hyperp_lrs(d, 2, 10 ** 6))
+    for p in (m.gate, m.loop_emb, m.mix.weight):
+        p.grad = torch.ones_like(p)
+    before = [p.detach().clone() for p in (m.gate, m.loop_emb, m.mix.weight)]
+    opt.step()
+    assert all(not torch.equal(a, p) for a, p in zip(before, (m.gate, m.loop_emb, m.mix.weight)))
+
+
+def test_loop_sweepable_is_the_one_predicate():
+    """Issue 24 §7: whether a model can run a test-time r' != r is ModelConfig.loop_sweepable, and check_n_loops
+    (eval.py's preflight) refuses by it: hyperconnections have alpha/M/beta for exactly r iterations."""
+    for mode in ("linear", "additive", "passthrough", "diagonal"):
+        assert tiny_cfg(n_loops=4, injection=mode).loop_sweepable
+    assert tiny_cfg(n_loops=1, injection="hyper").loop_sweepable                     # r = 1: no injection at all
     m = LoopedGPT(tiny_cfg(n_loops=4, injection="hyper"))
-    idx = tokens()
-    for kwargs, msg in [(dict(n_loops=8), "exactly 4 iterations"), (dict(n_loops=0), "int >= 1"),
-                        (dict(targets=idx[:, :3]), "targets shape"), (dict(targets=idx, reduction="avg"), "reduction")]:
-        with pytest.raises(ValueError, match=msg):
-            m(idx, **kwargs)
-    with pytest.raises(ValueError, match="exceed the RoPE table"):
-        m(torch.zeros(1, 10 * 32 + 1, dtype=torch.long))
-    with pytest.raises(ValueError, match="integer tensor"):
-        m(idx.float())
+    assert not m.cfg.loop_sweepable
+    m.check_n_loops(4)
+    with pytest.raises(ValueError, match="exactly 4 iterations"):
+        m.check_n_loops(8)
 
 
 # -----------------------------------------------------------------------------

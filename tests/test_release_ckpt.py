@@ -235,7 +235,7 @@ def test_release_refusals(tmp_path, case, match):
 def test_release_dir_files(tmp_path):
     root = _release(tmp_path)
     for bad, match in (("step", "has no step 7; steps: \\[100\\]"), ("trunc", "truncated or corrupt"),
-                       ("empty", "is empty"), ("meta", "meta_000100.json not found")):
+                       ("empty", "is empty"), ("meta", "meta_000100.json: cannot read")):
         with pytest.raises(ValueError) as exc:
             if bad == "step":
                 E.load_release(root, step=7)

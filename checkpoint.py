@@ -1,0 +1,327 @@
+"""
+checkpoint.py -- reading checkpoints: train.py's ckpt.pt and the authors' release directories, checked before use.
+
+    read_checkpoint   a torch file -> its dict (weights_only: never unpickles code), the entries eval/train read checked
+    load_weights      a state dict into a model, only if names, shapes and finiteness fit exactly
+    model_bytes       what building a ModelConfig allocates, from the config alone (check_memory refuses too large)
+    load_checkpoint   a run dir, a .pt file or a release dir -> (model in eval mode, checkpoint dict)
+    load_release      the authors' model_<step>.pt + meta_<step>.json mapped onto LoopedGPT exactly
+Writing checkpoints is train.py's (atomic, with its resume state). Every failure here is a one-line ValueError naming
+the file; the tools turn it into "prog: error: ..." and exit 2.
+Test:  pytest tests/test_release_ckpt.py tests/test_hostile_eval.py
+"""
+import dataclasses
+import os
+import pickle
+import re
+import warnings
+
+import torch
+
+import flops
+from common import check_record, first_line, print0, read_json, require
+from model import LoopedGPT, ModelConfig
+
+# -----------------------------------------------------------------------------
+# nanoloop's own checkpoints (train.py's out_dir/ckpt.pt)
+
+CKPT_KEYS = ("model", "model_config")     # what eval needs; train.py's resume asks for more
+# The entries read from a ckpt.pt, each (type, range) as common.check_record takes them: a hand-edited file is one
+# line, never a traceback or a wrong default (eval_tokens: train.py's --eval-tokens limit, -1 = the whole split).
+# model_config is checked by ModelConfig itself (the same check as train.py's flags).
+CKPT_FIELDS = {"model": (dict, None), "model_config": (dict, None), "tokenizer_hash": (str, None),
+               "train_config": (dict, None)}
+TRAIN_FIELDS = {"data": (str, None), "tokenizer": (str, None), "eval_tokens": (int, "[-1, inf)")}
+
+
+def read_checkpoint(path, keys=CKPT_KEYS) -> dict:
+    """A torch checkpoint (a run dir's ckpt.pt or any .pt path) -> its dict, with `keys` present and checked.
+
+    weights_only=True always: a checkpoint is tensors and plain types, and unpickling anything else could run
+    arbitrary code, so such a file is refused (never "retry with weights_only=False"). With "model" and
+    "model_config" (train.py's layout) the config must build a ModelConfig, and the _orig_mod. / module. prefixes
+    of torch.compile / DDP are stripped. Whether the weights fit the config is load_weights' question."""
+    path = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
+    # not a plain file (absent, a FIFO, a folder): torch.load on a FIFO would wait for a writer forever
+    if os.path.lexists(path) and not os.path.isfile(path):
+        raise ValueError(f"{path} is not a plain file (a FIFO, a folder or a broken link?)")
+    if not os.path.isfile(path):
+        raise ValueError(f"no checkpoint at {path} (expected train.py's out_dir/ckpt.pt, or an authors' release dir "
+                         "of model_<step>.pt + meta_<step>.json)")
+    if os.path.getsize(path) == 0:
+        raise ValueError(f"{path} is empty (0 bytes): an interrupted copy? Use another checkpoint")
+    try:
+        with warnings.catch_warnings():                           # old pickle protocols warn before failing
+            warnings.simplefilter("ignore")
+            ck = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        # PyTorch's own text suggests weights_only=False, which would execute whatever the file contains
+        raise ValueError(f"{path} is not a PyTorch checkpoint of tensors and plain types (corrupt, or a pickle of "
+                         "other objects, which is refused: loading it could run arbitrary code)") from None
+    except OSError as e:                                          # permissions, an I/O error
+        raise ValueError(f"{path}: cannot read it ({e.strerror or type(e).__name__})") from None
+    except Exception as e:                                        # truncated zip, random bytes
+        detail = first_line(str(e).split(". ")[0])[:120] if str(e) else ""
+        raise ValueError(f"{path} cannot be read as a PyTorch checkpoint: truncated or corrupt "
+                         f"({type(e).__name__}{': ' + detail if detail else ''})") from None
+    if not isinstance(ck, dict):
+        raise ValueError(f"{path} holds a {type(ck).__name__}, not a checkpoint dict")
+    missing = [k for k in keys if k not in ck]
+    if missing:
+        raise ValueError(f"{path} has no {missing} entr{'y' if len(missing) == 1 else 'ies'} (keys: {sorted(ck)}): "
+                         "not a complete train.py checkpoint")
+    check_record(ck, CKPT_FIELDS, path)
+    check_record(ck.get("train_config") or {}, TRAIN_FIELDS, path, "train_config.")
+    if "model" in ck and "model_config" in ck:
+        unknown = sorted(set(ck["model_config"]) - {f.name for f in dataclasses.fields(ModelConfig)})
+        try:
+            assert not unknown, f"fields this model.py does not know: {unknown}"
+            ModelConfig(**ck["model_config"])
+        except (AssertionError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}: invalid model_config: {e}") from None
+        # torch.compile wraps a module as _orig_mod, DDP as module: their state-dict keys carry the prefix
+        ck["model"] = {re.sub(r"^(_orig_mod\.)?(module\.)?", "", k) if isinstance(k, str) else k: v
+                       for k, v in ck["model"].items()}
+    return ck
+
+
+def load_weights(model, state, source, names=None):
+    """model.load_state_dict(state) after checking that state fits the model exactly, else a one-line ValueError.
+
+    A missing, unknown or non-float tensor, a wrong shape, or a NaN / inf value is named, never a silently random,
+    truncated or poisoned layer (load_state_dict would raise a many-line RuntimeError, or load the NaNs). bf16
+    tensors are upcast exactly. source: the file, for the message; names: key -> the name to show."""
+    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}      # persistent tensors only (no RoPE)
+    name = lambda k: str((names or {}).get(k, k))
+    is_float = lambda v: isinstance(v, torch.Tensor) and v.is_floating_point()
+    fits = [k for k in want if is_float(state.get(k)) and tuple(state[k].shape) == want[k]]
+    problems = [f"{len(ks)} {what}: {', '.join(map(name, ks[:4]))}{' ...' if len(ks) > 4 else ''}" for what, ks in (
+        ("missing", [k for k in want if k not in state]),
+        ("unknown", [k for k in state if k not in want]),
+        ("not a float tensor", [k for k in want if k in state and not is_float(state[k])]),
+        ("with another shape", [f"{name(k)} {tuple(state[k].shape)} vs {want[k]}"
+                                for k in want if is_float(state.get(k)) and k not in fits]),
+        ("holding NaN or inf", [k for k in fits if not torch.isfinite(state[k]).all()])) if ks]
+    if problems:
+        c = model.cfg
+        raise ValueError(f"{source}: the weights do not match the model config (d_model {c.d_model}, n_loops "
+                         f"{c.n_loops}, layout {'-'.join(map(str, c.partition))}, injection {c.injection}, vocab "
+                         f"{c.vocab_size}): {'; '.join(problems)}")
+    model.load_state_dict(state)
+    return model
+
+
+# -----------------------------------------------------------------------------
+# Memory: a hand-edited sequence_len 1e8 or vocab_size 1e10 is one line up front, never the allocator's
+# RuntimeError (or the OOM killer) halfway through building the model.
+
+def model_bytes(cfg) -> tuple:
+    """(host bytes, device bytes) that building and loading LoopedGPT(cfg) allocates before any forward: the fp32
+    weights (the non-embedding parameters flops.py counts, plus wte and lm_head), held twice on the host (the
+    checkpoint's state dict and the model), and the RoPE tables (10 T x D/2 entries each, built in fp64 on the
+    host: ~32 bytes an entry there, 8 on the device)."""
+    # via the one ModelConfig -> accounting mapping
+    n_once, n_rec = flops.param_split(**flops.accounting_args(cfg))
+    n_params, rope = n_once + n_rec + 2 * cfg.vocab_padded * cfg.d_model, 10 * cfg.seq_len * (cfg.head_dim // 2)
+    return 8 * n_params + 32 * rope, 4 * n_params + 8 * rope
+
+
+def check_memory(cfg, device, source) -> None:
+    """Refuse, naming the size, a model whose weights cannot fit in physical RAM (and, on CUDA, the GPU)."""
+    try:                                   # a count past flops' limits (vocab_size 1e10) names its source
+        host, dev = model_bytes(cfg)
+    except ValueError as err:
+        raise ValueError(f"{source}: {err}") from None
+    limits = [("host RAM", host, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))]
+    if torch.device(device).type == "cuda":
+        limits.append(("GPU memory", dev, torch.cuda.get_device_properties(torch.device(device)).total_memory))
+    for where, need, have in limits:
+        if need > have:
+            raise ValueError(f"{source}: this model (d_model {cfg.d_model}, vocab {cfg.vocab_size:,}, seq_len "
+                             f"{cfg.seq_len:,}) needs ~{need / 2 ** 30:,.1f} GiB for its weights and RoPE tables, "
+                             f"more than the {have / 2 ** 30:,.1f} GiB of {where}: a wrong config?")
+
+
+def load_checkpoint(path, device="cpu", step=None):
+    """(model in eval mode, checkpoint dict) from a nanoloop run (out_dir or a .pt path) or an authors' release
+    directory (or one of its model_<step>.pt files). A release's dict is shaped like train.py's (model_config, a
+    train_config with the release's 70.8M val tokens) plus "release": its meta. step: the release step (default the
+    latest), an error for a nanoloop run. The model is sized (check_memory) before it is built."""
+    kind, root, step = checkpoint_kind(path, step)
+    if kind == "release":
+        model, meta = load_release(root, step, device)
+        c = model.cfg
+        print0(f"release checkpoint {root} step {meta['step']}: s={meta['model_config'].get('size')} d={c.d_model} "
+               f"r={c.n_loops} layout {'-'.join(map(str, c.partition))} {c.injection}"
+               + (f" | their val_loss {meta['val_loss']:.4f}" if meta.get("val_loss") is not None else ""))
+        return model, dict(model_config=dataclasses.asdict(c), release=meta,
+                           train_config=dict(eval_tokens=RELEASE_EVAL_TOKENS))
+    ck = read_checkpoint(root)
+    source, cfg = os.path.join(root, "ckpt.pt") if os.path.isdir(root) else root, ModelConfig(**ck["model_config"])
+    check_memory(cfg, device, source)
+    return load_weights(LoopedGPT(cfg), ck["model"], source).to(device).eval(), ck
+
+
+def checkpoint_kind(path, step):
+    """("nanoloop" | "release", the path to read, step): which layout `path` holds (see load_checkpoint)."""
+    name = os.path.basename(os.path.normpath(path))
+    m = re.fullmatch(r"model_(\d+)\.pt", name)
+    if os.path.isfile(path) and m:                                # one release file names its own step
+        if step is not None and step != int(m.group(1)):
+            raise ValueError(f"--step {step} contradicts the file name {name}")
+        return "release", os.path.dirname(os.path.abspath(path)), int(m.group(1))
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "ckpt.pt")) and release_steps(path):
+        return "release", path, step
+    if step is not None:
+        raise ValueError(f"--step selects a step of a release directory (model_<step>.pt); {path} is a nanoloop run")
+    return "nanoloop", path, None
+
+
+# -----------------------------------------------------------------------------
+# The authors' release checkpoints (kschwethelm/looped-lm-scaling, nanochat/checkpoint_manager.py at v0.1.0)
+# DIR/model_<step:06d>.pt: the GPT's state_dict; DIR/meta_<step:06d>.json: {"step", "val_loss", "model_config":
+# the GPTConfig fields, "user_config": the CLI args, ...}. Mapped onto LoopedGPT exactly; anything nanoloop cannot
+# express is an error, never an approximation.
+
+RELEASE_INJECTION = {"inject_init_prelude": "linear", "additive": "additive", "passthrough": "passthrough",
+                     "hyperconnect": "hyper"}
+RELEASE_EVAL_TOKENS = 34_560 * 2048       # the release's fixed validation set, 70.8M tokens (data.md §4)
+# The meta's model_config fields: (type, range), the ranges those of the flag each maps to (train.py's LIMITS:
+# sequence_len -> --seq-len, n_prelude -> --n-layers-prelude, ...); sizes are bounded by check_memory too. The first
+# ten are needed (shape or function); the last four have the release GPTConfig's defaults (RELEASE_DEFAULTS):
+# bptt_k only affects training, size is only a label (d is n_embd), num_lanes only shapes the hyperconnection
+# tensors (checked), logit_softcap is Table 4's 15.
+RELEASE_FIELDS = {"sequence_len": (int, "[1, 1e9]"), "vocab_size": (int, "[2, 1e9]"), "n_head": (int, "[1, 1e9]"),
+                  "n_kv_head": (int, "[1, 1e9]"), "n_embd": (int, "[1, 1e9]"), "n_prelude": (int, "[0, 1e9]"),
+                  "n_recur_block": (int, "[1, 1e9]"), "n_coda": (int, "[0, 1e9]"), "num_recur": (int, "[1, 16]"),
+                  "input_injection": (str, None), "size": (int, None), "bptt_k": (int, None),
+                  "num_lanes": (int, "[2, 1e9]"), "logit_softcap": ((int, float), "(0, 10000]")}
+RELEASE_DEFAULTS = dict(size=None, bptt_k=None, num_lanes=2, logit_softcap=15.0)
+RELEASE_META = {"step": (int, "[0, inf)"), "val_loss": ((int, float), "[0, inf)"), "model_config": (dict, None),
+                "user_config": (dict, None)}              # the meta's own keys, for common.read_json
+
+
+def release_steps(root) -> dict:
+    """{step: model path} of root/model_<digits>.pt (aliases such as model_pre_warmdown.pt are not steps)."""
+    found = (re.fullmatch(r"model_(\d+)\.pt", name) for name in os.listdir(root))
+    return {int(m.group(1)): os.path.join(root, m.group(0)) for m in found if m}
+
+
+def release_rope_tables(n_pos, head_dim, base):
+    """The release's RoPE cos / sin, each (n_pos, D/2): angles in fp32, then rounded to bf16 and kept there
+    (gpt.py _precompute_rotary_embeddings), returned as fp32 holding those bf16 values. nanoloop's own tables are
+    fp64-computed fp32; with the release's a loaded model computes the release's function to fp32 rounding."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))   # (D/2,)
+    angles = torch.outer(torch.arange(n_pos, dtype=torch.float32), inv_freq)                  # (n_pos, D/2)
+    return angles.cos().bfloat16().float(), angles.sin().bfloat16().float()
+
+
+def release_config(meta, meta_path) -> ModelConfig:
+    """The meta's model_config -> the ModelConfig it describes (mapping in load_release); where names the file.
+
+    Every field is checked against RELEASE_FIELDS (type, range; none unknown, the first ten present) and completed
+    with RELEASE_DEFAULTS: a hand-edited field is one line naming the file and the key."""
+    require(meta, ["model_config"], meta_path)
+    mc, where = meta["model_config"], f"{meta_path}: model_config"
+    for what, fields in (("unknown", sorted(set(mc) - set(RELEASE_FIELDS))),
+                         ("missing", [k for k in tuple(RELEASE_FIELDS)[:10] if k not in mc])):
+        if fields:
+            raise ValueError(f"{where}: {what} fields {fields} (a newer or older release?)")
+    check_record(mc, RELEASE_FIELDS, meta_path, "model_config.")
+    c = dict(RELEASE_DEFAULTS, **mc)
+    if c["input_injection"] not in RELEASE_INJECTION:
+        raise ValueError(f"{where}: input_injection {c['input_injection']!r} not in {sorted(RELEASE_INJECTION)}")
+    injection, r, d, H = RELEASE_INJECTION[c["input_injection"]], c["num_recur"], c["n_embd"], c["n_head"]
+    if c["n_kv_head"] != H:
+        raise ValueError(f"{where}: grouped-query attention (n_kv_head {c['n_kv_head']} != n_head {H}); nanoloop's "
+                         "attention has one key/value head per query head")
+    if d % H:
+        raise ValueError(f"{where}: n_embd {d} is not a multiple of n_head {H}")
+    p, l, co = c["n_prelude"], c["n_recur_block"], c["n_coda"]
+    if r == 1 and (p or co or injection not in ("passthrough", "additive")):
+        raise ValueError(f"{where}: r = 1 with layout {p}-{l}-{co} and {c['input_injection']!r} is a layout nanoloop "
+                         "cannot express (its r = 1 baseline is 0-L-0 passthrough: one stack, no injection)")
+    # The width label: d = aspect x scale exactly. The run's own aspect ratio when the meta records it and it
+    # divides d (odd s rounds d up: s=15 -> 1024 = 16 x 64), else 64 (the paper's), else one head per unit
+    # (d // H always divides d).
+    user, size = meta.get("user_config") or {}, c["size"] if c["size"] and c["size"] > 0 else None
+    candidates = (user.get("aspect_ratio"), d // size if size and d % size == 0 else None, 64, d // H)
+    aspect = next(a for a in candidates if type(a) is int and a > 0 and d % a == 0)
+    bptt = c["bptt_k"]
+    try:
+        return ModelConfig(scale=d // aspect, aspect_ratio=aspect, n_loops=r, n_layers_eff=p + r * l + co,
+                           n_layers_prelude=p, n_layers_coda=co, head_dim=d // H, vocab_size=c["vocab_size"],
+                           seq_len=c["sequence_len"], injection=injection, hc_lanes=c["num_lanes"] if injection ==
+                           "hyper" else 2, n_loops_bwd=bptt if bptt is not None and 1 <= bptt < r else None,
+                           logit_softcap=float(c["logit_softcap"]))
+    except ValueError as e:
+        raise ValueError(f"{where}: a layout nanoloop cannot express ({e})") from None
+
+
+def release_state(path) -> tuple:
+    """(state under nanoloop's names, {nanoloop name: release name}) of one model_<step>.pt."""
+    state, names = {}, {}
+    for k, v in read_checkpoint(path, keys=()).items():          # the safe reader: a flat state dict here
+        name = re.sub(r"^_orig_mod\.", "", str(k))
+        m = re.fullmatch(r"transformer\.((?:prelude|recur|coda)\.\d+\.)(.+)", name)
+        if m:
+            new = m[1] + {"n1.weight": "norm_attn.weight", "n3.weight": "norm_mlp.weight"}.get(m[2], m[2])
+        elif name.startswith(("wte.", "hc_", "prelude.", "recur.", "coda.")):     # would get its RoPE flipped
+            raise ValueError(f"{path} holds nanoloop names ({name}): a nanoloop state dict, not a release one (its "
+                             "RoPE rows must not be flipped); save it as train.py's ckpt.pt instead")
+        else:
+            new = {"transformer.wte.weight": "wte.weight", "lane_alpha": "hc_alpha", "lane_mixing": "hc_mix",
+                   "lane_beta": "hc_beta"}.get(name, name)
+        if new in state:
+            raise ValueError(f"{path}: two tensors map to {new} ({names[new]}, {k})")
+        state[new], names[new] = v, k
+    return state, names
+
+
+def load_release(root, step=None, device="cpu", release_rope=True):
+    """An authors' release directory -> (LoopedGPT in eval mode, meta dict with "step" set). ValueError if not.
+
+    root: the directory of model_<step:06d>.pt + meta_<step:06d>.json; step: which (default the latest).
+    The mapping (release -> nanoloop; every fact from the release's gpt.py / base_train.py at v0.1.0):
+      config   n_embd -> d_model = aspect_ratio x scale; head_dim = n_embd / n_head; num_recur -> n_loops;
+               n_prelude / n_recur_block / n_coda -> the layout, n_layers_eff = p + r l + c; input_injection ->
+               injection (inject_init_prelude = linear, hyperconnect = hyper); num_lanes -> hc_lanes; bptt_k < r ->
+               n_loops_bwd; sequence_len -> seq_len; vocab_size, logit_softcap as they are.
+               An odd s: the release rounds d up to a multiple of head_dim (s=15: 960 -> 1024), so d != 64 s; the
+               model is kept exact (d_model = 1024) and labelled scale = d / aspect_ratio (16 x 64).
+               r = 1 must be 0-L-0 passthrough (or additive, the same function at r = 1): nanoloop's baseline.
+               Refused: GQA (n_kv_head != n_head), r not dividing 16, r = 1 with a prelude / coda / inject layer /
+               lanes, unknown or missing config fields, a model too large for this machine (check_memory).
+      weights  transformer.wte -> wte (bf16 on CUDA runs: upcast, exact); transformer.{prelude,recur,coda}.i ->
+               the same blocks, n1 / n3 -> norm_attn / norm_mlp; lane_alpha / lane_mixing / lane_beta -> hc_alpha /
+               hc_mix / hc_beta; inject, norm_emb, norm_recur, norm_final, lm_head unchanged; a leading _orig_mod.
+               (torch.compile) is dropped. Strict: an unknown, missing, misshapen or non-finite tensor is an error.
+      RoPE     the release rotates each pair (x_j, x_{j+D/2}) by -theta, nanoloop by +theta. Negating the second-half
+               output rows of every head of c_q and c_k gives q', k' = the release's q, k with their second halves
+               negated; QK-norm and every q.k are unchanged by that, so attention is the release's exactly.
+               release_rope: also install the release's bf16-rounded tables (eval; train.py --init-from keeps
+               nanoloop's own, so its resumes stay bitwise).
+    """
+    steps = release_steps(root)
+    if not steps:
+        raise ValueError(f"{root} holds no model_<step>.pt (and no ckpt.pt): not a checkpoint directory")
+    step = max(steps) if step is None else step
+    if step not in steps:
+        raise ValueError(f"{root} has no step {step}; steps: {sorted(steps)}")
+    meta_path = os.path.join(root, f"meta_{step:06d}.json")
+    meta = read_json(meta_path, RELEASE_META)                     # absent, a FIFO, torn: one line naming it
+    if meta.get("step") not in (None, step):                     # a meta copied from another step
+        raise ValueError(f"{meta_path}: key 'step' is {meta['step']}, but it sits beside model_{step:06d}.pt")
+    cfg = release_config(meta, meta_path)
+    check_memory(cfg, device, meta_path)                          # before the weights are read or the model built
+    state, names = release_state(steps[step])
+    model = load_weights(LoopedGPT(cfg), state, steps[step], names)   # bf16 wte (CUDA runs) -> fp32: exact
+    H, D = cfg.n_head, cfg.head_dim
+    with torch.no_grad():                                         # the RoPE direction (docstring)
+        for lin in [m for blk in model.blocks() for m in (blk.attn.c_q, blk.attn.c_k)]:
+            lin.weight.view(H, D, cfg.d_model)[:, D // 2:] *= -1  # (H, D, d): second-half output rows of each head
+    if release_rope:
+        cos, sin = release_rope_tables(model.rope_cos.size(0), D, cfg.rope_base)
+        model.rope_cos.copy_(cos)
+        model.rope_sin.copy_(sin)
+    return model.to(device).eval(), dict(meta, step=step)
