@@ -9,7 +9,9 @@
 - --budget drops the stages that no longer fit by their estimates, and says so; the default budget runs all six on
   one H200 by the measured estimates (issue 25); bad flags are one-line errors (exit 2) before any
   work; an --out the tool did not write for the same request is never replaced.
-Run: python -m pytest -q tests/test_gpu_check.py -s      (~40 s on an idle 2-core CPU; the smoke run is ~30 s)
+- runs/bench_train.py --levers (issue 25 item 4): one cell per lever, each JSON written, a failing lever recorded;
+  runs/gpu_session.sh (the one prepared GPU call) in --cpu-smoke keeps what fits its budget; --dry-run's plan.
+Run: python -m pytest -q tests/test_gpu_check.py -s      (~2.5 min on an idle 2-core CPU; the smoke run is ~30 s)
 """
 import json
 import os
