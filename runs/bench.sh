@@ -9,7 +9,7 @@
 #   4. the full fit protocol (9 fits x 500 restarts + 200 bootstrap refits) vs naive serial scipy;
 #   5. batched vs one-at-a-time continuation scoring.
 # Usage: bash runs/bench.sh [--dry-run] [--overwrite] [OUT]  (OUT: out/bench; ~3-5 min on a 2-core CPU, no GPU)
-# OUT is bench.sh's own folder (common.py claim-dir): a new or empty one is adopted (OUT/.nanoloop-bench marks it),
+# OUT is bench.sh's own folder (common.py claim): a new or empty one is adopted (OUT/.nanoloop-bench marks it),
 # one it made for the same parameters is reused, and any other non-empty folder is refused (exit 2), so files
 # bench.sh did not write are never replaced; --overwrite adopts such a folder (and lets part 1 replace its files).
 # Numbers are wall clock on whatever else the machine is doing: run it on an idle machine to compare commits.
@@ -42,10 +42,13 @@ if [[ $DRY == 1 ]]; then
   done
   exit 0
 fi
-# ---- ownership: OUT is bench.sh's own folder (common.py claim-dir, the rule every tool shares; issue 18 §2) ------
-# The request is the benchmark's parameters: a folder made for other ones is refused, not mixed.
-state=$(python common.py claim-dir "$OUT" bench "${TRAIN[*]} steps $STEPS" ${OVERWRITE:+"$OVERWRITE"} 2>&1) ||
+# ---- ownership: OUT is bench.sh's own folder (common.py claim, the rule every tool shares; issue 18 §2) ---------
+# The request is the benchmark's parameters: a folder made for other ones is refused, not mixed. claim() exits with
+# its process, so the script then holds the flock on the marker itself (read-only open: the marker keeps its text).
+state=$(python common.py claim "$OUT" bench "${TRAIN[*]} steps $STEPS" ${OVERWRITE:+"$OVERWRITE"} 2>&1) ||
   { state=${state%$'\n'}; echo "runs/bench.sh: ${state##*error: }" >&2; exit 2; }
+exec 9<"$OUT/.nanoloop-bench"
+flock -n 9 || { echo "runs/bench.sh: OUT $OUT is being written by another bench.sh; pick another folder" >&2; exit 2; }
 mkdir -p -- "$OUT/train"
 T0=$(date +%s)
 hdr() { printf '\n==== %s  [%ds]\n' "$*" "$(( $(date +%s) - T0 ))"; }

@@ -11,7 +11,7 @@ kind of text: 0.32 cpu-s/MB and 1,031 MiB (~87 bytes/token, i.e. ~22 GB at 1 GB 
 
 Usage: python runs/bench_data.py [--mb 16] [--seq-len 2048] [--workers 0] [--out DIR [--overwrite]]
 --out keeps the corpus and tokenizers in DIR (a folder this script owns whole: new, empty, or its own for the same
-request) and writes the figures to DIR/bench_data.json through the ownership ledger; without it a temporary folder
+request) and writes the figures to DIR/bench_data.json (atomically); without it a temporary folder
 is used and removed.
 """
 import json
@@ -129,12 +129,10 @@ def main(argv=None):
     # what this invocation asks for: the same request resumes its own --out folder (corpus and tokenizers reused)
     request = dict(mb=a.mb, seq_len=a.seq_len, pack_seq_len=a.pack_seq_len, workers=a.workers)
     try:
-        # --out is this script's whole: adopted if new or empty, resumed if its marker names this request, else
-        # refused (common.claim_dir); the figures file is replaced only when this request wrote it
+        # --out is this script's whole (common.claim): adopted if new or empty, resumed if its marker names this
+        # request, else refused unless --overwrite; everything in it, bench_data.json included, is then ours
         if a.out:
-            common.claim_dir(a.out, "bench_data", request, a.overwrite, "--out")
-            result, key = os.path.join(a.out, "bench_data.json"), common.request_key("bench_data", request)
-            common.check_owned([result], key, a.overwrite, "--out")
+            common.claim(a.out, "bench_data", request, a.overwrite, "--out")
         work = a.out or tempfile.mkdtemp(prefix="nanoloop-bench-data-")
         # the pack part's 1,024-piece BPE, trained on the default corpus unless --out already holds it
         texts, tok_path = data.read_source("default")[0], os.path.join(work, "tokenizer.model")
@@ -142,7 +140,7 @@ def main(argv=None):
         figures = dict(request, pack=pack_bench(tok, texts, a.pack_seq_len),
                        stream=stream_bench(work, a.mb, a.seq_len, a.workers))
         if a.out:
-            common.write_owned(result, json.dumps(figures, indent=2) + "\n", key)
+            common.atomic_write(os.path.join(a.out, "bench_data.json"), json.dumps(figures, indent=2) + "\n")
         else:
             shutil.rmtree(work)
     except (ValueError, OSError) as err:

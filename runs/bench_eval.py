@@ -8,9 +8,8 @@ default (a CPU mini-study shape: d = 64, r = 4, l_eff = 10), or a trained run's 
 and the first --n-examples items of --task).
 
 Usage: python runs/bench_eval.py [--equal-length 64] [--checkpoint RUN [--task induction_head --task-dir DIR]]
-       [--out FILE.json [--overwrite]]      (FILE: written through the ownership ledger; replaced only if ours)
+       [--out FILE.json [--overwrite]]      (FILE: replaced only if this request wrote it)
 """
-import json
 import os
 import random
 import sys
@@ -129,11 +128,11 @@ def main(argv=None):
     try:
         # checked before any work: a file this script did not write for this request is kept unless --overwrite
         if a.out:
-            common.check_owned([a.out], key, a.overwrite, "--out")
+            common.check_new(a.out, a.overwrite, "--out", "runs/bench_eval.py", key)
         model, examples, pad = (_trained_model if a.checkpoint else _random_model)(a)
         out = dict(request, **bench_scorer(model, examples, batch_tokens=a.batch_tokens, pad_id=pad))
         if a.out:
-            common.write_owned(a.out, json.dumps(out, indent=2) + "\n", key)
+            common.write_json(a.out, out, "runs/bench_eval.py", key)
     except (ValueError, OSError) as err:
         common.fail("runs/bench_eval.py", err)
     return out

@@ -7,16 +7,20 @@ rewritten atomically after every stage, so a check killed at any point keeps eve
     2 attention     fwd + bwd of FA vs SDPA vs fp32 on s = 10 shapes; full forward vs KV-cached chunked decoding
     3 memory        peak allocated / reserved at the release's device batch of the worst cells (s16 r8, s28 r8,
                     s34 r1; halved on OOM), an eval forward and a checkpoint save (eager: compiled runs save less)
-    4 throughput    tok/s, MFU and the optimizer's share of the step, r = 1, 4, 8 at s = 10 and s = 6 (B = 262,144)
+    4 throughput    tok/s, MFU and the optimizer's share of the step at r = 4, s = 10 and s = 6 (B = 262,144);
+                    --all-cells: r = 1, 4, 8 at both widths (~6.5 min more)
     5 ddp           2 ranks (on one GPU if only one is visible) vs 1 rank, compiled, sharded MuonH: same losses
     6 compile       graph breaks (torch._dynamo.explain) of four variants, recompiles and compile seconds
---budget SECONDS (default 480) drops the last stages once their estimates no longer fit: the plan is printed and
-stored at the start, and a stage that overran drops the ones after it. The estimates are guesses until measured on
-a GPU: each stage's entry records wall_s beside estimate_s. --cpu-smoke runs every stage on CPU with tiny sizes
-(CI), compiling with the aot_eager backend (stages 5 and 6; the others run eager there).
-Run:   bash runs/gpu_check.sh [--budget S] [--out F] [--overwrite]  |  bash runs/gpu_check.sh --cpu-smoke --out F
+--budget SECONDS (default 480: all six stages on one H100/H200) runs each stage, in order, whose estimate fits what
+is left, and drops the others: the plan is printed and stored at the start. The estimates are the times measured on
+one H200 (2026-12-04: compiling one cell takes 50-63 s, stage 4's six cells took 369 s); each stage's entry records
+wall_s beside estimate_s. Inductor's on-disk cache makes the repeats cheap: stages 5 and 6 compile stage 4's s = 10,
+r = 4 graph again (the warm compile took 5 s). --stages 1,3,5 runs only those. --cpu-smoke runs every stage on CPU
+with tiny sizes (CI), compiling with the aot_eager backend (stages 5 and 6; the others run eager there).
+Run:   bash runs/gpu_check.sh [--budget S] [--all-cells] [--stages LIST] [--out F] [--overwrite]
+       bash runs/gpu_check.sh --cpu-smoke --out F
 
-The JSON: {"written_by": {tool, request}, "plan": {"estimates_s", "dropped"}, "stages": {"1": {name, estimate_s,
+The JSON: {"request", "plan": {"estimates_s", "dropped"}, "stages": {"1": {name, estimate_s,
 status: ok | failed | timed out | dropped, wall_s, result | error | reason}, ...}}. Figures are bytes, seconds and
 tokens per second; "mfu" is null where the device has no datasheet peak (the stage-1 "peak" entry says why).
 What the figures answer, and what they do not:
@@ -24,15 +28,18 @@ What the figures answer, and what they do not:
   - stage 3 is eager: a cell that fits here fits compiled (inductor saves no more); an OOM entry gives the rows
     that failed, the cell's "device_batch" the rows that fit.
   - stage 4 is the trainer's step (bf16, compiled, accumulation to B = 262,144) on random tokens: no data loading.
-  - stage 5 on one GPU puts both ranks on it (NCCL >= 2.30 allows it behind NCCL_MULTI_RANK_GPU_ENABLE; an older
-    NCCL refuses and the stage fails saying which NCCL): it checks correctness (losses, weights in sync), not
-    scaling; with two or more GPUs visible the ranks take cuda:0 and cuda:1.
+  - stage 5 on one GPU puts both ranks on it: NCCL >= 2.30 allows it (NCCL_MULTI_RANK_GPU_ENABLE); an older NCCL
+    refuses ("Duplicate GPU detected") and the ranks fall back to gloo on the same CUDA tensors ("backend" and
+    "fallback" say which ran and why). It checks correctness (losses, weights in sync), not scaling: the 1-rank
+    reference runs beside the 2 ranks (their compiles overlap). With two GPUs visible the ranks take cuda:0 and 1.
+    --cpu-smoke takes the fallback path for real: NCCL cannot serve CPU tensors, so gloo runs after it refuses.
   - stage 6 counts dynamo graphs: 1 per variant means no graph break; more after the training steps, a recompile.
 Scratch files (a stage's result, the stage-3 checkpoints, the 2-rank rendezvous) go beside --out and are removed.
 """
 import argparse
 import contextlib
 import ctypes
+import datetime
 import json
 import os
 import signal
@@ -44,15 +51,19 @@ import time
 import torch
 import torch.distributed as dist
 
-from bench_train import claim_out, peak_memory, train_bench    # first: it puts the repo root on sys.path
+from bench_train import peak_memory, train_bench              # first: it puts the repo root on sys.path
 import common                                                  # noqa: E402, I100
 from train import git_info, peak_flops, release_device_batch
 from model import LoopedGPT, ModelConfig, attend, attention_summary, resolve_attention
 
 TOOL = "runs/gpu_check.py"
-# stage -> (name, estimated seconds on one H100/H200, on a 2-core CPU with --cpu-smoke)
-STAGES = {1: ("environment", 20, 5), 2: ("attention", 25, 5), 3: ("memory", 90, 6), 4: ("throughput", 200, 6),
-          5: ("ddp", 90, 15), 6: ("compile", 50, 10)}
+# stage -> (name, estimated seconds on one H200, on a 2-core CPU with --cpu-smoke). Measured on 2026-12-04 (stage 1:
+# 5 s, 2: 12 s, 3: 72 s for two of its three cells, 4: 369 s for six cells); 5 and 6 are two compiles each, side by
+# side or warm from stage 4. Stage 4 is 10 s + CELL_S per cell.
+STAGES = {1: ("environment", 10, 5), 2: ("attention", 20, 5), 3: ("memory", 100, 6), 4: ("throughput", None, 6),
+          5: ("ddp", 100, 15), 6: ("compile", 40, 10)}
+CELL_S, DEFAULT_CELLS, ALL_CELLS = 65, ("s10_r4", "s6_r4"), tuple(f"s{s}_r{r}" for s in (10, 6) for r in (1, 4, 8))
+CELLS = DEFAULT_CELLS                                    # stage 4's cells: main sets them (--all-cells)
 SMOKE = dict(aspect_ratio=16, head_dim=16, n_layers_prelude=0, n_layers_coda=0, vocab_size=256, seq_len=64)
 
 
@@ -130,6 +141,7 @@ def stage_memory(smoke) -> dict:
     # The cells most likely not to fit 80 GB: r = 8 at s = 16 and 28 under full BPTT (8 x the recurrent activations),
     # and the widest model, s = 34 at r = 1 (most weights and optimizer state).
     for s, r in ((16, 8), (28, 8), (34, 1)):
+        torch._dynamo.reset()                 # each cell compiles from a clean state (MuonH's update per stack shape)
         cfg, rows, cell = cfg_for(smoke, s, r), release_rows(s, smoke), res.setdefault(f"s{s}_r{r}", {})
         while rows >= 1 and "save" not in cell:
             try:
@@ -150,34 +162,50 @@ def stage_memory(smoke) -> dict:
 
 
 def stage_throughput(smoke) -> dict:
-    """The trainer's path (compiled, bf16) at B = 262,144 tokens by accumulation; 3 timed steps after the first.
-    A cell's compile seconds are about first_step_s - step_s."""
+    """The trainer's path (compiled, bf16) at B = 262,144 tokens by accumulation; 3 timed steps after the first, per
+    cell of CELLS (s = 10, the App. C.2 reference; s = 6, the grid's smallest width). Compile s: first_step_s - step_s."""
     (device, bf16, backend, attn), res = setup(smoke), {}
-    # s = 10 is the App. C.2 reference; s = 6 the grid's smallest width, where launch overheads weigh most
-    for s in (10, 6):
-        for r in (1, 4, 8):
-            rows = release_rows(s, smoke)                    # 128 rows of 2048 = B; accumulation makes up the rest
-            # The optimizer steps once per 128 / rows micro-batches, so its share here is the one a grid run pays
-            rec = train_bench(cfg_for(smoke, s, r), device, rows, 3, (4 if smoke else 128) // rows, bf16,
-                              None if smoke else backend, attn)[0]           # smoke: eager (5 and 6 compile)
-            res[f"s{s}_r{r}"] = {k: v for k, v in rec.items() if k not in ("losses", "device", "steps")}
-            torch._dynamo.reset()                            # the next model compiles from scratch
+    for cell in CELLS:
+        s, r = (int(x[1:]) for x in cell.split("_"))
+        torch._dynamo.reset()                                # each cell compiles from a clean state
+        rows = release_rows(s, smoke)                        # 128 rows of 2048 = B; accumulation makes up the rest
+        # The optimizer steps once per 128 / rows micro-batches, so its share here is the one a grid run pays
+        rec = train_bench(cfg_for(smoke, s, r), device, rows, 3, (4 if smoke else 128) // rows, bf16,
+                          None if smoke else backend, attn)[0]           # smoke: eager (5 and 6 compile)
+        res[cell] = {k: v for k, v in rec.items() if k not in ("losses", "device", "steps")}
     return res
 
 
+def join(rank, device, store) -> tuple:
+    """Start stage 5's 2-rank group on the first backend that works: NCCL, else gloo on the same (CUDA) tensors.
+    A backend "works" once its init and one all-reduce pass: NCCL builds its communicator at the first collective,
+    and that is where NCCL < 2.30 refuses two ranks on one GPU. -> (backend, [why each one before it failed])."""
+    refusals = []
+    for i, backend in enumerate(("nccl", "gloo")):
+        try:                                         # one store file per try: a failed try leaves keys behind
+            dist.init_process_group(backend, init_method=f"file://{store}{i}", rank=rank, world_size=2,
+                                    timeout=datetime.timedelta(seconds=120))
+            dist.all_reduce(torch.ones(1, device=device))
+            return backend, refusals
+        except Exception as err:                     # any refusal: both ranks see it, both try the next backend
+            refusals.append(f"{backend}: {' '.join(str(err).split())[:400]}")   # NCCL's reason is its last line
+            if dist.is_initialized():
+                dist.destroy_process_group()
+    raise RuntimeError(f"no backend could join 2 ranks: {refusals}")
+
+
 def ddp_rank(rank, smoke, result) -> None:
-    """One of stage 5's 2 ranks (this script --ddp-rank k): gloo on CPU, NCCL on CUDA (both ranks on cuda:0 when one
-    GPU is visible: NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1; older NCCL refuses, and the stage says so)."""
+    """One of stage 5's 2 ranks (this script --ddp-rank k): both on cuda:0 when one GPU is visible; CPU in smoke."""
     device = torch.device("cpu") if smoke else torch.device("cuda", rank % torch.cuda.device_count())
     if not smoke:
         torch.cuda.set_device(device)
-    dist.init_process_group("gloo" if smoke else "nccl", init_method=f"file://{result}.store", rank=rank, world_size=2)
+    backend, refusals = join(rank, device, f"{result}.store")
     from torch._dynamo.utils import counters             # after init: DDP's graph split shows in the count
-    _, bf16, backend, attn = setup(smoke)
+    _, bf16, compiler, attn = setup(smoke)
     ddp = lambda m: torch.nn.parallel.DistributedDataParallel(   # noqa: E731  train.py's wrapping
         m, device_ids=None if smoke else [device.index], broadcast_buffers=False, gradient_as_bucket_view=True)
     rec, model, opt = train_bench(cfg_for(smoke, 10, 2 if smoke else 4), device, 2 if smoke else 8, 3, 1, bf16,
-                                  backend, attn, 2, rank, wrap=ddp)
+                                  compiler, attn, 2, rank, wrap=ddp)
     # Each rank orthogonalises only its own matrices and all-gathers the rest: a wrong gather shows as weights that
     # differ between ranks, so compare a checksum of every parameter (fp64 sums: MIN == MAX only if all agree).
     total = torch.stack([p.detach().double().sum() for p in model.parameters()]).sum().reshape(1)
@@ -187,32 +215,34 @@ def ddp_rank(rank, smoke, result) -> None:
     if rank == 0:
         # DDPOptimizer splits the compiled graph at bucket boundaries; each piece is one AOT-autograd compile
         common.atomic_write(result, json.dumps(dict(
-            rec, muonh_shards=opt.world, ranks_weight_sum_spread=(hi - lo).item(), placement=str(device),
-            dynamo_graphs=counters["stats"]["unique_graphs"], ddp_subgraphs=counters["aot_autograd"]["total"])))
+            rec, backend=backend, fallback=refusals, muonh_shards=opt.world, placement=str(device),
+            ranks_weight_sum_spread=(hi - lo).item(), dynamo_graphs=counters["stats"]["unique_graphs"],
+            ddp_subgraphs=counters["aot_autograd"]["total"])))
     dist.destroy_process_group()
 
 
 def stage_ddp(smoke) -> dict:
-    """1 rank at 2x the rows vs 2 ranks (2 processes) on the same global batches: losses, tok/s, weights in sync."""
+    """2 ranks (2 processes) vs 1 rank taking the same rows as 2 micro-batches: losses, weights in sync."""
     device, bf16, backend, attn = setup(smoke)
-    one = train_bench(cfg_for(smoke, 10, 2 if smoke else 4), device, 4 if smoke else 16, 3, 1, bf16,
-                      None if smoke else backend, attn)[0]        # smoke: eager here, compiled on the 2 ranks
-    # The ranks rendezvous through a file store beside --out (no port to find); rank 0 writes its figures there too
+    # The ranks rendezvous through files beside --out (no port to find); rank 0 writes its figures there too. The
+    # 1-rank reference runs here meanwhile: the three compiles overlap (tok/s is therefore not a scaling figure).
     result = f"{OUT}.ddp{os.getpid()}"
     ranks = [subprocess.Popen([sys.executable, __file__, "--ddp-rank", str(k), "--result", result] + ["--cpu-smoke"]
                               * smoke, env=dict(os.environ, NCCL_MULTI_RANK_GPU_ENABLE="1"),
                               preexec_fn=die_with_parent) for k in (0, 1)]
+    one = train_bench(cfg_for(smoke, 10, 2 if smoke else 4), device, 2 if smoke else 8, 3, 2, bf16,
+                      None if smoke else backend, attn)[0]        # smoke: eager here, compiled on the 2 ranks
     codes = [p.wait() for p in ranks]                    # the stage's own timeout bounds this wait
-    # A failed rank leaves the other waiting in a collective until NCCL / gloo time out; the stage timeout covers it
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(result + ".store")
+    for i in (0, 1):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(f"{result}.store{i}")
     if codes != [0, 0]:
         raise RuntimeError(f"the 2-rank run exited {codes} (NCCL {None if smoke else torch.cuda.nccl.version()})")
     two = common.read_json(result)
     os.remove(result)
     pick = lambda rec, *more: {k: rec[k] for k in ("tok_per_s", "step_s", "first_step_s", "optim_share", *more)}  # noqa
-    return dict(one_rank=pick(one), two_ranks=pick(two, "muonh_shards", "placement", "ranks_weight_sum_spread",
-                                                    "dynamo_graphs", "ddp_subgraphs"),
+    return dict(one_rank=pick(one), two_ranks=pick(two, "backend", "fallback", "muonh_shards", "placement",
+                                                    "ranks_weight_sum_spread", "dynamo_graphs", "ddp_subgraphs"),
                 max_abs_loss_diff=max(abs(x - y) for x, y in zip(one["losses"], two["losses"])))
 
 
@@ -251,7 +281,7 @@ RUN, OUT = {1: stage_environment, 2: stage_attention, 3: stage_memory, 4: stage_
             6: stage_compile}, None                      # OUT: --out, beside which the stages put scratch files
 
 
-def run_child(n, smoke, timeout) -> dict:
+def run_child(n, argv, timeout) -> dict:
     """Stage n in its own process (this script --stage n), killed after `timeout` s -> its status, result, wall_s."""
     # The stage writes its own result file (atomically): a stage that dies leaves it empty, which reads as "failed"
     # with the exit status, and a kill of this process leaves the JSON as it was after the previous stage.
@@ -259,8 +289,8 @@ def run_child(n, smoke, timeout) -> dict:
     os.close(fd)
     t = time.monotonic()
     try:
-        code = subprocess.run([sys.executable, __file__, "--stage", str(n), "--result", result, "--out", OUT]
-                              + ["--cpu-smoke"] * smoke, timeout=timeout, preexec_fn=die_with_parent).returncode
+        code = subprocess.run([sys.executable, __file__, *argv, "--stage", str(n), "--result", result],
+                              timeout=timeout, preexec_fn=die_with_parent).returncode
         died = {"status": "failed", "error": f"exit status {code}"}      # no result written: the exit status says why
         out = common.read_json(result) if os.path.getsize(result) else died
     except subprocess.TimeoutExpired:
@@ -270,14 +300,27 @@ def run_child(n, smoke, timeout) -> dict:
     return dict(out, wall_s=round(time.monotonic() - t, 1))
 
 
+def plan(a) -> dict:
+    """Each stage asked for, in order, whose estimate fits the budget left by the ones planned before it."""
+    est = {n: v[2] if a.cpu_smoke else v[1] or 10 + CELL_S * len(CELLS) for n, v in STAGES.items()}
+    keep, left = [], a.budget
+    for n in a.stages:
+        if est[n] <= left:
+            keep.append(n)
+            left -= est[n]
+    return {"estimates_s": est, "dropped": [n for n in STAGES if n not in keep]}
+
+
 def main(argv=None) -> int:
     """The CLI, and the entry of the stage and rank processes (hidden flags). The parent checks every flag and --out
     before any stage, prints the plan, then runs the stages in order; exit 1 if one failed or timed out."""
-    global OUT
+    global OUT, CELLS
     p = common.Parser(prog=TOOL, description="staged device check (issue 19 §5)")
     p.add_argument("--cpu-smoke", action="store_true", help="every stage on CPU with tiny sizes (CI)")
     p.add_argument("--budget", type=common.number(float, "(0, 1e6)"), default=480.0,
                    help="seconds for all stages (default %(default)s)")
+    p.add_argument("--all-cells", action="store_true", help="stage 4 measures r = 1, 4, 8 at s = 10 and 6")
+    p.add_argument("--stages", type=stage_list, default=list(STAGES), help="which stages, e.g. 1,3,5 (default all)")
     p.add_argument("--out", default="out/gpu_check.json", help="the JSON (default %(default)s)")
     p.add_argument("--overwrite", action="store_true", help="replace an --out this tool did not write")
     p.add_argument("--dry-run", action="store_true", help="print the plan (stages, estimates, drops) and stop")
@@ -285,7 +328,7 @@ def main(argv=None) -> int:
         p.add_argument(hidden, type=int, choices=kind, help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    OUT = os.path.abspath(a.out)
+    OUT, CELLS = os.path.abspath(a.out), ALL_CELLS if a.all_cells else DEFAULT_CELLS
     if a.ddp_rank is not None:
         return ddp_rank(a.ddp_rank, a.cpu_smoke, a.result)
     if a.stage:                                            # a stage's process: any failure is recorded, not raised
@@ -296,41 +339,46 @@ def main(argv=None) -> int:
         return common.atomic_write(a.result, json.dumps(out))
     if not (a.cpu_smoke or a.dry_run or torch.cuda.is_available()):
         p.error("no CUDA device visible; `bash runs/gpu_check.sh --cpu-smoke` runs the stages on CPU")
-    # Ownership: the JSON is this tool's for this same request (the ledger beside it says so), or --overwrite
-    request = {"cpu_smoke": a.cpu_smoke, "budget": a.budget}
+    # Ownership: the JSON is absent, or this tool's for this same request (its written_by says so), or --overwrite
+    request = {"cpu_smoke": a.cpu_smoke, "budget": a.budget, "all_cells": a.all_cells, "stages": a.stages}
     key = common.request_key("gpu_check", request)
     try:                                                   # a dry run writes nothing: no --out to check
         if not a.dry_run:
-            claim_out(a.out, key, a.overwrite)             # bench_train's: folder writable (made), file ours
-    except ValueError as err:
+            common.check_new(a.out, a.overwrite, "--out", TOOL, key)
+            os.makedirs(os.path.dirname(OUT), exist_ok=True)
+    except (ValueError, OSError) as err:
         common.fail(TOOL, err)
-    # The plan: stages run in priority order while their summed estimates fit the budget; the rest are dropped.
-    # At run time a stage that overran can only drop later ones (a stage's timeout is never past the budget).
-    est = {n: v[2 if a.cpu_smoke else 1] for n, v in STAGES.items()}
-    cut = next((n for n in STAGES if sum(est[k] for k in STAGES if k <= n) > a.budget), None)   # first not to fit
-    plan = {"estimates_s": est, "dropped": [n for n in STAGES if cut and n >= cut]}
-    print(f"gpu-check: {len(STAGES)} stages, ~{sum(est.values())} s estimated, --budget {a.budget:g} s; dropped: "
-          + (", ".join(f"{n} {STAGES[n][0]} (~{est[n]} s)" for n in plan["dropped"]) or "none"), flush=True)
+    rec, t0 = {"request": request, "plan": plan(a), "stages": {}}, time.monotonic()
+    est, dropped = rec["plan"]["estimates_s"], rec["plan"]["dropped"]
+    print(f"gpu-check: {len(STAGES)} stages, ~{sum(est[n] for n in STAGES if n not in dropped)} s estimated, --budget "
+          f"{a.budget:g} s; dropped: " + (", ".join(f"{n} {STAGES[n][0]} (~{est[n]} s)" for n in dropped) or "none"),
+          flush=True)
     if a.dry_run:
         return 0
     if a.cpu_smoke:                                        # tiny models: one thread each is faster on a shared CPU
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-    rec, t0 = {"tool": TOOL, "request": request, "plan": plan, "stages": {}}, time.monotonic()
-    common.write_owned(a.out, json.dumps(rec, indent=1), key)
+    child = ["--out", OUT] + ["--cpu-smoke"] * a.cpu_smoke + ["--all-cells"] * a.all_cells
     for n, (name, *_) in STAGES.items():
         left = a.budget - (time.monotonic() - t0)
         entry = rec["stages"][str(n)] = {"name": name, "estimate_s": est[n]}
-        if (cut and n >= cut) or est[n] > left:               # from the first stage that does not fit, all dropped
-            cut = cut or n
-            entry.update(status="dropped", reason=f"--budget {a.budget:g} s: {left:.0f} s left, ~{est[n]} s needed")
+        if n in dropped or est[n] > left:                  # not asked, not planned, or earlier stages overran
+            why = "not in --stages" if n not in a.stages else f"--budget {a.budget:g} s: {left:.0f} s left"
+            entry.update(status="dropped", reason=f"{why}, ~{est[n]} s needed")
         else:
             # a stage may overrun its estimate (3x + 60 s) but never the budget: the timeout is what is left at most
-            entry.update(run_child(n, a.cpu_smoke, timeout=min(left, 3 * est[n] + 60)))
-        common.write_owned(a.out, json.dumps(rec, indent=1), key)   # after every stage: a kill keeps what is done
+            entry.update(run_child(n, child, timeout=min(left, 3 * est[n] + 60)))
+        common.write_json(a.out, rec, TOOL, key)           # after every stage: a kill keeps what is done
         print(f"gpu-check [{time.monotonic() - t0:5.0f}s] stage {n} {name}: {entry['status']} "
               f"{json.dumps(entry.get('result', entry.get('reason', entry.get('error'))))[:600]}", flush=True)
     print(f"gpu-check: wrote {a.out}", flush=True)
     return 0 if all(e["status"] in ("ok", "dropped") for e in rec["stages"].values()) else 1
+
+
+def stage_list(text) -> list:
+    """--stages: stage numbers, comma-separated (argparse makes the refusal a one-line error)."""
+    if not set(text.split(",")) <= {str(n) for n in STAGES}:
+        raise argparse.ArgumentTypeError(f"expected stage numbers 1-6, comma-separated, got {text!r}")
+    return sorted({int(x) for x in text.split(",")})
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """
 runs/op_count.py -- aten ops per optimizer step and per whole train step, on CPU (issue 19 §3; a benchmark, no test).
 
-The model is what `train.py --scale 2 --n-loops 4` builds: ModelConfig defaults (the paper's 2-4-2 layout, l_eff 20,
-aspect 64 -> d = 128, linear injection, vocab 32,001) at s = 2, r = 4; only the batch (2 rows) and T (64) are small:
-the op count does not depend on them. fp32, eager: the CPU numerics. One warm-up step first (the optimizer's first
+The model is what `train.py --scale S --n-loops R` builds (default s = 2, r = 4: the paper's 2-4-2 layout, l_eff 20,
+aspect 64 -> d = 128, linear injection, vocab 32,001); only the batch (2 rows) and T (64) are small: the op count
+depends on neither, nor on the width -- at s = 6 a step launches as many kernels as at s = 10, each doing less. fp32, eager: the CPU numerics. One warm-up step first (the optimizer's first
 step initialises its state), then one profiled optimizer.step() and one profiled fwd + bwd + step + zero_grad.
 Two figures each: every aten op the profiler records ("all": nested ones too, e.g. the cat inside a stack, or the
 per-tensor kernels a foreach op loops over on CPU) and the top-level ones, dispatched from Python (on CUDA each is
@@ -21,7 +21,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # repo root AFTER PYTHONPATH
 import optim  # noqa: E402
-from common import Parser  # noqa: E402
+from common import Parser, number  # noqa: E402
 from model import LoopedGPT, ModelConfig  # noqa: E402
 
 
@@ -42,10 +42,14 @@ def count(fn):
 def main(argv=None):
     p = Parser(prog="runs/op_count.py", description="aten ops per optimizer step and per train step (CPU).")
     p.add_argument("--compile", action="store_true", help="count the compiled bf16 MuonH path (the CUDA default)")
+    p.add_argument("--scale", type=number(int, "[1, 64]"), default=2, help="width s (the count does not depend on it)")
+    p.add_argument("--n-loops", type=number(int, "[1, 16]"), default=4, help="r (the grid's 1, 2, 4, 8)")
     a = p.parse_args(argv)
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    cfg = ModelConfig(scale=2, n_loops=4, seq_len=64)
+    # Measured (issue 25): s = 6 and s = 10 at r = 1 both 4,293 top-level ops per train step (r = 8: 4,610); what
+    # the width changes is the work per kernel (GEMMs ~ d^2 per token, norms and adds ~ d), not their number
+    cfg = ModelConfig(scale=a.scale, n_loops=a.n_loops, seq_len=64)
     model = LoopedGPT(cfg)
     lrs = optim.hyperp_lrs(cfg.d_model, cfg.n_loops, tokens=10 ** 8)
     extra = dict(polar_bf16=True, compile=True) if a.compile else dict(polar_bf16=False)
@@ -64,7 +68,7 @@ def main(argv=None):
     opt.zero_grad(set_to_none=True)
     whole_all, whole_top = count(train_step)                    # fwd + bwd + step + zero_grad
     groups = model.param_groups()          # what the optimizer holds: the "matrix" group is MuonH, the rest AdamW
-    print(f"op count | {optim.__file__} | s=2 r=4 d={cfg.d_model} layout {'-'.join(map(str, cfg.partition))}, "
+    print(f"op count | {optim.__file__} | s={a.scale} r={a.n_loops} d={cfg.d_model} layout {'-'.join(map(str, cfg.partition))}, "
           f"{len(groups['matrix'])} MuonH matrices, {sum(len(v) for k, v in groups.items() if k != 'matrix')} "
           f"AdamW tensors | CPU {'bf16, compiled MuonH update' if a.compile else 'fp32 eager'}")
     print(f"  optimizer.step():     {step_all:5d} aten ops ({step_top} top-level)")
