@@ -37,7 +37,8 @@ EXAMPLE_ARGS = {"slurm.sh": ["--flops-budget", "2.15e19", "--n-loops", "4", "--s
 LOWER_BUDGETS = {4.64e17, 1e18, 2.15e18, 4.64e18}            # the case studies' four budgets (§5)
 # Scripts that launch no training run (issue 19: the benchmark and the device check left train.py): what their
 # --dry-run prints instead.
-NO_TRAIN = {"bench.sh": "python runs/bench_train.py ", "gpu_check.sh": "gpu-check: 6 stages"}
+NO_TRAIN = {"bench.sh": "python runs/bench_train.py ", "gpu_check.sh": "gpu-check: 6 stages",
+            "gpu_session.sh": "gpu-session: "}
 
 
 def dry_run(script, out_root):
