@@ -13,30 +13,26 @@ Run:   single GPU   python train.py --flops-budget 1e18 --n-loops 4 --scale 10 -
                         a prepared --data also the out-dir's status: finished / resume / fresh)
        fine-tune    python train.py --init-from RUN_OR_RELEASE_DIR --tokens 1e9 --data DIR --out-dir out/ft
 Read in this order: TrainConfig -> main (banner sections, in the order they run) -> the helpers it calls.
-Not here: FLOP/token accounting (flops.py), LR rules and MuonH (optim.py), loader/packing (data.py), val_loss and
-checkpoint reading (eval.py), the model (model.py), parser / checked numbers / atomic writes / claim (common.py).
+Not here: FLOP accounting (flops.py), LR rules and MuonH (optim.py), loader (data.py), val_loss and checkpoint
+reading (eval.py), the model (model.py), parser / checked numbers / atomic writes / claim (common.py).
 
-Decisions (printed with their rules at start-up):
-- Horizon: exactly one of --flops-budget C (steps = round(C / (F B)), App. E), --tokens D (steps = round(D / B)),
-  --tokens-per-param rho (D = int(rho (N_once + r N_rec)), steps = D // B, App. D), --steps N (D = N B, App. I).
-  The HyperP data factor uses the unrounded D.
+Decisions (each printed with its rule at start-up):
+- Horizon: exactly one of --flops-budget C (steps = round(C / (F B)), App. E), --tokens D (round(D / B)),
+  --tokens-per-param rho (D = int(rho (N_once + r N_rec)), steps = D // B, App. D), --steps N (App. I).
 - Vocabulary: --vocab-size left at its default takes the data's; seq_len must equal the data's (no re-packing).
-- BPTT: full unless --n-loops-bwd k is given (never truncated silently; the release's CLI defaulted to k = 4).
+  BPTT: full unless --n-loops-bwd is given (the release's CLI defaulted to 4; never truncated silently).
 - Run identity (README "Guarantees", rule 1): every config field but IDENTITY_EXCLUDED, with the data's content
-  hash, the --init-from weights' hash and the resolved precision / attention / compile. ckpt.pt and done.json carry
-  it; --resume hands back a finished run or continues a checkpoint only for an equal identity (common.identity_diff:
-  a field an older record lacks reads as its default), else one line names the fields that differ.
-- Run folder: rank 0 claims --out-dir (common.claim: a marker, and a flock held while it runs: one writer); it holds
-  train.py's files or nothing, unless --overwrite. ckpt.pt, done.json and the trimmed log are written atomically; a
-  kill leaves at most a temporary nobody reads. Rank 0 alone decides fresh / resume / finished and broadcasts it: a
-  folder every rank sees is the launcher's to provide (README "Multi-node").
-- Device batch: auto = the largest divisor of the rows per rank whose micro-step fits (a trial on CUDA, a memory
-  model of autograd's saved tensors on CPU); accumulation keeps B. --plan shows the release's 32 / 16 / 8.
-- Precision: bf16 (default on CUDA) = autocast, bf16 wte and its Adam state, bf16 Polar Express; fp32 (CPU) none.
+  hash, the --init-from weights' hash and the resolved precision / attention / compile; ckpt.pt and done.json
+  carry it, and --resume continues or hands back only an equal one (a field an older record lacks = its default).
+- Run folder: rank 0 decides fresh / resume / finished, broadcasts it, and claims --out-dir (common.claim: one
+  writer); it holds train.py's files or nothing, unless --overwrite. Files are written atomically: a kill leaves at
+  most a temporary nobody reads. Every rank must see the same folder: the launcher's job (README "Multi-node").
+- Device batch: auto = the largest divisor of the rows per rank that fits (measured); accumulation keeps B.
+- Precision: bf16 (CUDA default) = autocast, bf16 wte and its Adam state, bf16 Polar Express; fp32 (CPU) none.
 - DDP wraps, then torch.compile compiles the wrapped module; eval runs the uncompiled module in the run's precision.
 - Host syncs: the loss is read (all-reduce, .item(), NaN guard) only at logging, eval and checkpoint steps.
-- Test hooks: NANOLOOP_FAULT="nan@K" fills lm_head with NaN before step K, "kill@K" SIGKILLs after step K;
-  NANOLOOP_MEMORY_CAP=BYTES caps the device memory the checks assume. Never set them otherwise.
+- Test hooks: NANOLOOP_FAULT="nan@K" (lm_head NaN before step K) / "kill@K" (SIGKILL after step K);
+  NANOLOOP_MEMORY_CAP=BYTES caps the memory the checks assume. Never set them otherwise.
 """
 import argparse
 import dataclasses
@@ -78,7 +74,6 @@ PEAK_FLOPS = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H200 NVL
               "GH200": 989e12, "H800 PCIe": 756e12, "H800": 989e12, "H20": 148e12, "B200": 2.25e15, "GB200": 2.5e15,
               "B100": 1.75e15, "A100": 312e12, "A800": 312e12, "L40S": 362e12, "L4": 121e12}
 PLAN_MFU = 0.4             # model FLOPs utilisation assumed for the device-hour estimate printed at start-up
-HORIZONS = ("flops_budget", "tokens", "tokens_per_param", "steps")   # exactly one gives the run's length
 CKPT_KEYS = ("model", "optimizer", "loader", "rng", "step", "val_loss", "wall_time_s", "tokenizer_hash",
              "model_config", "train_config", "identity")
 # Fields that cannot change a run's result stay out of its identity: where and how often it writes, how it starts,
@@ -87,7 +82,6 @@ CKPT_KEYS = ("model", "optimizer", "loader", "rng", "step", "val_loss", "wall_ti
 # field in neither the identity nor this list.
 IDENTITY_EXCLUDED = ("out_dir", "resume", "plan", "ckpt_every", "eval_every", "log_every", "device_batch",
                      "peak_flops", "tokenizer", "overwrite", "compile_mode", "sdpa_backend")
-VOCAB_DEFAULT = ModelConfig.__dataclass_fields__["vocab_size"].default
 SDPA_BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
                  "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
 # The string fields' allowed values (None = auto), checked when the config is built
@@ -133,7 +127,7 @@ class TrainConfig:
     # runtime
     seed: int = 0                           # init (same on every rank); random state init noise per global row
     compile: Optional[bool] = None          # torch.compile the model; None = on for CUDA, off for CPU (style B11)
-    compile_mode: str = "default"           # default | reduce-overhead (CUDA graphs: small cells) | max-autotune-no-cudagraphs
+    compile_mode: str = "default"           # default | reduce-overhead (CUDA graphs) | max-autotune-no-cudagraphs
     precision: Optional[str] = None         # fp32 | bf16 (autocast, bf16 wte, bf16 Polar Express); None = bf16 on CUDA
     attn: str = "auto"                      # auto | fa3 | fa2 | sdpa; auto: FA-3 on 9.x, FA-2 on >= 8.0, else SDPA
     sdpa_backend: str = "auto"              # auto | cudnn | flash | efficient | math: SDPA's kernel (auto: torch picks)
@@ -142,7 +136,8 @@ class TrainConfig:
 
     def __post_init__(self):
         # the rules between fields and the string choices; numbers meet LIMITS at the CLI and in preflight
-        horizons = ["--" + n.replace("_", "-") for n in HORIZONS if getattr(self, n) is not None]
+        horizons = [f"--{n.replace('_', '-')}" for n in ("flops_budget", "tokens", "tokens_per_param", "steps")
+                    if getattr(self, n) is not None]
         need(len(horizons) == 1, "give exactly one horizon: --flops-budget, --tokens, --tokens-per-param or --steps "
              f"(got {horizons or 'none'})")
         need(self.eval_tokens != 0, "--eval-tokens must be > 0 or -1 (the whole val split), got 0")
@@ -201,15 +196,11 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
         return run.record
     # One optimizer step = B tokens = batch_rows rows of the one global stream (data.md §3), per_rank rows on each
     # rank in accum micro-steps; total_steps from the horizon rule (App. E); the peak LRs of HyperP (App. D.2).
-    B, F, total_steps, r, d = g.B, g.F, g.steps, cfg.n_loops, cfg.d_model
+    B, F, total_steps, r = g.B, g.F, g.steps, cfg.n_loops
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if run.use_bf16 else nullcontext
     sdpa = (lambda: sdpa_kernel(SDPA_BACKENDS[tc.sdpa_backend])) if tc.sdpa_backend != "auto" else nullcontext
     peak, peak_rule = peak_flops(run.dev_name, tc.peak_flops)
-    plan_db, db_rule = tc.device_batch, "--device-batch"
-    if not tc.device_batch:                  # auto: measured on the built model below; --plan builds nothing
-        plan_db = release_device_batch(cfg.scale, g.per_rank) if tc.plan else None
-        db_rule = "release rule 32 / 16 (s >= 18) / 8 (s >= 30) in --plan" if tc.plan else "auto: measured below"
-    hours = startup_print(run, world, plan_db, db_rule, peak, peak_rule)
+    hours, plan_db = startup_print(run, world, peak, peak_rule)
     if tc.plan:                              # --plan: the numbers a launch would use, without building anything
         print0(f"status: {run.status}" + (f" at step {run.ckpt['step']}" if run.ckpt else ""))
         return {**summary(cfg, tc, g), "device_batch": plan_db, "accum": g.per_rank // plan_db, "world": world,
@@ -363,9 +354,8 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
 
 def preflight(model_cfg, tc, rank: int, world: int, device) -> SimpleNamespace:
     """Check everything a run can be refused for, in one place: the values, the --init-from checkpoint, the data,
-    the batch geometry and horizon (derive), the memory the weights and optimizer need, and what out_dir holds (its
-    identity must be this run's). Rank 0 then claims out_dir. Returns the resolved run; --plan without a prepared
-    --data checks what needs none."""
+    the geometry and horizon (derive), the memory, and what out_dir holds (out_dir_state, which then claims it).
+    Returns the resolved run; --plan without a prepared --data checks what needs none."""
     for c in (model_cfg, tc):                # the CLI checked these; an in-process caller may have edited a config
         common.check_fields(c, LIMITS)
     hook, cfg, init_state, init_tok, init_id, facts = fault_hook(), model_cfg, None, None, None, None
@@ -384,51 +374,41 @@ def preflight(model_cfg, tc, rank: int, world: int, device) -> SimpleNamespace:
          f"{tc.sdpa_backend} needs SDPA attention on CUDA (here: {attn} on {device.type}); leave it at auto")
     use_compile = (device.type == "cuda") if tc.compile is None else tc.compile
     g = derive(cfg, tc, world)
-    # fp32 weights, gradients and two optimizer moments: 4 x the weights' bytes (eval.model_bytes, from the config),
-    # before any allocation: --vocab-size 1e9 is a one-line refusal naming its size, never the allocator's error
+    # fp32 weights, gradients and two optimizer moments = 4 x the weights (eval.model_bytes), before any allocation:
+    # --vocab-size 1e9 is a one-line refusal naming its size, never the allocator's error
     state, (have, what) = 4 * model_bytes(cfg)[1], device_memory(device)
     need(state <= have or tc.plan, f"the model does not fit: d_model {cfg.d_model}, l_eff {cfg.n_layers_eff}, vocab "
          f"{cfg.vocab_padded:,} padded, seq_len {cfg.seq_len:,}: its weights, gradients and optimizer state need "
          f"{state / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB of {what}")
-    identity = run_identity(cfg, tc, facts.identity, init_id, "bf16" if use_bf16 else "fp32", attn,
-                            use_compile) if facts else None
-    status, held = out_dir_state(tc, identity, rank, world) if with_data else (
-        "unknown (--plan without a prepared --data)", None)
+    identity = facts and run_identity(cfg, tc, facts.identity, init_id, "bf16" if use_bf16 else "fp32", attn,
+                                      use_compile)
+    status, held = out_dir_state(tc, identity, rank, world) if with_data else ("unknown (no prepared --data)", None)
     return SimpleNamespace(cfg=cfg, tc=tc, g=g, facts=facts, identity=identity, status=status, init_state=init_state,
                            record=held if status == "finished" else None, ckpt=held if status == "resume" else None,
                            use_bf16=use_bf16, attn=attn, use_compile=use_compile, hook=hook, state_bytes=state,
-                           device=device, dev_name=torch.cuda.get_device_name(device) if device.type == "cuda" else
-                           "cpu")
+                           device=device, dev_name=torch.cuda.get_device_name(device) if device.type == "cuda"
+                           else "cpu")
 
 
 def out_dir_state(tc, identity: dict, rank: int, world: int) -> tuple:
-    """("finished", its done.json), ("resume", its ckpt.pt) or ("fresh", None), decided by rank 0 and broadcast
-    (with its refusal, if any, so every rank stops with the same line). A record or checkpoint is this run's only if
-    its identity is (common.identity_diff); using either needs --resume. Then rank 0 claims out_dir for writing
-    (not for --plan, nor to hand a finished run back). The other ranks read the checkpoint themselves: out_dir must
-    be one folder every rank sees, which the launcher provides (runs/slurm.sh; a shared filesystem)."""
+    """("finished", done.json), ("resume", ckpt.pt) or ("fresh", None), decided by rank 0 and broadcast with its
+    refusal, if any, so every rank stops with the same line. Rank 0 then claims out_dir for writing (not for --plan,
+    nor to hand a finished run back); the other ranks read the checkpoint themselves, from the folder every rank
+    must see (the launcher's job: runs/slurm.sh, a shared filesystem)."""
     done_path, ckpt_path = (os.path.join(tc.out_dir, n) for n in (DONE_NAME, CKPT_NAME))
+    look = lambda: "finished" if os.path.lexists(done_path) else "resume" if os.path.lexists(ckpt_path) else "fresh"
     status, held, err = "fresh", None, None
     if rank == 0:
         try:
-            for path, name in ((done_path, "finished"), (ckpt_path, "resume")):
-                if os.path.lexists(path):
-                    need(tc.resume or tc.plan, f"{path} exists: " + ("this run is finished; pick another --out-dir "
-                         "(or pass --resume to get its record back)" if name == "finished" else
-                         "pass --resume to continue that run, or pick another --out-dir"))
-                    status, held = name, read_held(path, name)
-                    diff = common.identity_diff(held.get("identity"), identity, IDENTITY_DEFAULTS)
-                    need(not diff, f"{path} is the record of a different run (recorded vs now: {'; '.join(diff[:4])}"
-                         f"{'; ...' if len(diff) > 4 else ''}); pick another --out-dir, or rerun with its flags")
-                    break
+            status = look()
+            held = read_held(tc, status, identity)
             if not tc.plan and status != "finished":
-                # the folder holds train.py's files (or nothing), or --overwrite; claim refuses a second writer
+                # out_dir holds train.py's files (or nothing), or --overwrite was given; claim refuses a 2nd writer
                 names = os.listdir(tc.out_dir) if os.path.isdir(tc.out_dir) else []
                 ours = all(n in RUN_NAMES or n.startswith(".nanoloop-") or n.endswith(".tmp") for n in names)
                 common.claim(tc.out_dir, "train", None, tc.overwrite or ours, "--out-dir")
-                # a trainer that finished or checkpointed between the read above and the claim: look again
-                now = "finished" if os.path.exists(done_path) else "resume" if os.path.exists(ckpt_path) else "fresh"
-                need(now == status, f"another trainer wrote {tc.out_dir} while this one started; rerun")
+                # a trainer that checkpointed or finished between the look above and the claim: refuse, not clobber
+                need(look() == status, f"another trainer wrote {tc.out_dir} while this one started; rerun")
         except ValueError as e:
             err = str(e)
     if world > 1:                            # one small collective, before any work
@@ -436,29 +416,40 @@ def out_dir_state(tc, identity: dict, rank: int, world: int) -> tuple:
         dist.broadcast_object_list(box, src=0)
         status, err = box
     need(err is None, err)
-    if rank != 0 and status != "fresh":
-        held = read_held(done_path if status == "finished" else ckpt_path, status)
-    return status, held
+    return status, held if rank == 0 else read_held(tc, status, identity)
 
 
-def read_held(path: str, status: str) -> dict:
-    """The done.json or ckpt.pt in out_dir, read and checked as a file (a 0-byte or torn one is one line)."""
-    if status == "resume":
-        return read_checkpoint(path, [k for k in CKPT_KEYS if k != "identity"])
-    try:
-        rec = common.read_json(path, {"val_loss": (float, "(0, inf)"), "identity": (dict, None)})
-        common.require(rec, ("val_loss", "steps", "tokens"), path)
-        return rec
-    except ValueError as err:
-        raise ValueError(f"{path} is not a train.py record ({err}); move it away to train again") from None
+def read_held(tc, status: str, identity: dict):
+    """The done.json or checkpoint out_dir holds, read as a file (a 0-byte or torn one is one line), if it is this
+    run's: using it needs --resume, and its identity must equal this run's (rule 1)."""
+    if status == "fresh":
+        return None
+    path = os.path.join(tc.out_dir, DONE_NAME if status == "finished" else CKPT_NAME)
+    need(tc.resume or tc.plan, f"{path} exists: pass --resume to continue that run (or to get a finished one's "
+         "record back), or pick another --out-dir")
+    if status == "resume":                   # one-line ValueErrors naming the file; the identity is compared below
+        held = read_checkpoint(path, CKPT_KEYS[:-1])
+    else:
+        try:
+            held = common.read_json(path, {"val_loss": (float, "(0, inf)"), "identity": (dict, None)})
+            common.require(held, ("val_loss", "steps", "tokens"), path)
+        except ValueError as err:
+            raise ValueError(f"{path} is not a train.py record ({err}); move it away to train again") from None
+    diff = common.identity_diff(held.get("identity"), identity, IDENTITY_DEFAULTS)   # a missing field = its default
+    need(not diff, f"{path} is the record of a different run (recorded vs now: {'; '.join(diff[:4])}"
+         f"{'; ...' if len(diff) > 4 else ''}); pick another --out-dir, or rerun with its flags")
+    return held
 
+
+# -----------------------------------------------------------------------------
+# The loop's helpers: the one file writer, the one host sync (the NaN guard), the random state init's noise
 
 def save(path: str, data, kept: str) -> None:
     """Write one of the run's own files (ckpt.pt, done.json) atomically: a full disk or a kill leaves the previous
     file (or none) and at most a temporary nobody reads. A failure is one line naming the file and the cause."""
     try:
         common.atomic_write(path, data)
-    except (OSError, RuntimeError) as err:   # torch.save wraps ENOSPC in a RuntimeError: find the errno in the chain
+    except (OSError, RuntimeError) as err:   # torch.save wraps ENOSPC in a RuntimeError: the errno in its chain
         e = err
         while e is not None and not (isinstance(e, OSError) and e.errno):
             e = e.__cause__ or e.__context__
@@ -467,8 +458,8 @@ def save(path: str, data, kept: str) -> None:
 
 
 def read_loss(loss_sum, step: int, total_steps: int, accum: int, world: int, ckpt_path: str) -> float:
-    """The global-batch mean loss of this step: the loop's one host sync (all-reduce, .item()). A non-finite loss
-    stops the run before anything of it is checkpointed (the NaN guard)."""
+    """The global-batch mean loss: the loop's one host sync (all-reduce, .item()). A non-finite loss stops the run
+    before anything of it is checkpointed (the NaN guard)."""
     if world > 1:
         dist.all_reduce(loss_sum)                       # gloo has no AVG: sum over ranks, divide below
     loss_val = loss_sum.item() / (accum * world)
@@ -483,7 +474,7 @@ def read_loss(loss_sum, step: int, total_steps: int, accum: int, world: int, ckp
 
 
 def state_noise(model, seed: int, first: int, rows: int, device):
-    """(rows, T, d) N(0, 1) for the random state init, one draw per global batch row first.. seeded by (seed, row):
+    """(rows, T, d) N(0, 1) for the random state init: one draw per global batch row, seeded by (seed, row), so
     every row gets its own noise and the run does not depend on the world size. None for the prelude init."""
     if model.state_init != "random":
         return None
@@ -582,10 +573,10 @@ def check_data(cfg, tc, init_tok_hash) -> tuple:
          f"{tc.tokenizer!r} is not the one {tc.data} was packed with ({tok or 'it records none'}); drop --tokenizer")
     need(init_tok_hash in (None, tok), f"--init-from {tc.init_from} was trained on data tokenised with "
          f"{init_tok_hash}, but {tc.data} was tokenised with {tok}")
-    vocab_rule = "--vocab-size"
-    if cfg.vocab_size == VOCAB_DEFAULT and meta["vocab_size"] != VOCAB_DEFAULT and not tc.init_from:
+    vocab_rule, default = "--vocab-size", IDENTITY_DEFAULTS["vocab_size"]
+    if cfg.vocab_size == default and meta["vocab_size"] != default and not tc.init_from:
         cfg = dataclasses.replace(cfg, vocab_size=meta["vocab_size"])
-        vocab_rule = f"the data meta's (--vocab-size left at its default {VOCAB_DEFAULT})"
+        vocab_rule = f"the data meta's (--vocab-size left at its default {default})"
     need(meta["vocab_size"] <= cfg.vocab_size, f"data {tc.data} has vocab_size {meta['vocab_size']} > the model's "
          f"--vocab-size {cfg.vocab_size}: token ids would index past the embedding")
     val_rows = val_meta["total_rows"] if isinstance(val_meta.get("total_rows"), int) else 0
@@ -610,10 +601,7 @@ def device_memory(device) -> tuple:
 def fault_hook():
     """NANOLOOP_FAULT="nan@K,kill@K" (tests only; module docstring) -> hook(step, model), called at the top of every
     step (step = the 0-based index about to run). A no-op when the variable is unset."""
-    items = [item.partition("@")[::2] for item in filter(None, os.environ.get("NANOLOOP_FAULT", "").split(","))]
-    need(all(k in ("nan", "kill") and v.isdigit() for k, v in items), f"NANOLOOP_FAULT="
-         f"{os.environ.get('NANOLOOP_FAULT')!r}: items must be nan@K or kill@K")
-    faults = {k: int(v) for k, v in items}
+    faults = {k: int(v) for k, _, v in (i.partition("@") for i in os.environ.get("NANOLOOP_FAULT", "").split(",") if i)}
 
     def hook(step, model):
         if faults.get("nan") == step + 1:             # a diverged run: every logit (and the loss) is NaN
@@ -681,15 +669,13 @@ def peak_flops(dev_name: str, override: Optional[float] = None) -> tuple:
 
 
 def inductor_cache() -> str:
-    """Inductor's on-disk caches (FX graphs, kernels) in one stable folder per user, so the second process that
-    compiles the same cell shape loads its kernels instead of compiling them (issue 25 §5); the rule, for printing."""
+    """Inductor's on-disk caches (FX graphs, kernels) in one stable folder per user, unless TORCHINDUCTOR_CACHE_DIR
+    is set: the second process compiling the same cell shape loads them (issue 25 §5). Returns the rule."""
     import torch._inductor.config
     torch._inductor.config.fx_graph_cache = True
-    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
-        return f"TORCHINDUCTOR_CACHE_DIR={os.environ['TORCHINDUCTOR_CACHE_DIR']} (set by you)"
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(root, "nanoloop", "inductor")
-    return f"{os.environ['TORCHINDUCTOR_CACHE_DIR']} (default; set TORCHINDUCTOR_CACHE_DIR to move it)"
+    default = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "nanoloop", "inductor")
+    rule = "set by you" if os.environ.get("TORCHINDUCTOR_CACHE_DIR") else "default; TORCHINDUCTOR_CACHE_DIR moves it"
+    return f"{os.environ.setdefault('TORCHINDUCTOR_CACHE_DIR', default)} ({rule})"
 
 
 # -----------------------------------------------------------------------------
@@ -704,9 +690,9 @@ def release_device_batch(scale: int, per_rank: int) -> int:
 
 def probe(model, rows: int, autocast, budget=None):
     """One micro-step of `rows` rows of zeros. budget None: the bytes autograd saves for the backward (the
-    activations a micro-step holds), counted once per storage by saved-tensor hooks, the parameters (saved by
-    reference) excluded; no backward runs. budget given (CUDA): forward + backward for real, True if it ran and
-    its peak reserved memory stayed within budget -- out of memory is False, not an error."""
+    activations a micro-step holds), counted once per storage by saved-tensor hooks, the parameters excluded; no
+    backward runs. budget given (CUDA): forward + backward for real, True if its peak reserved memory stayed within
+    budget -- out of memory is False, not an error."""
     cfg, device = model.cfg, next(model.parameters()).device
     x = torch.zeros(rows, cfg.seq_len, dtype=torch.long, device=device)                 # (rows, T)
     noise = torch.zeros(rows, cfg.seq_len, cfg.d_model, device=device) if model.state_init == "random" else None
@@ -734,41 +720,40 @@ def probe(model, rows: int, autocast, budget=None):
 
 def pick_device_batch(model, tc, g, world: int, autocast, static: int) -> tuple:
     """(rows per micro-step, rule). Auto: the largest divisor k of the rows per rank whose micro-step fits; every
-    divisor is a candidate (no power-of-two cap: at s = 6, B = 128 rows, an H200 tries 128, then 64, ...). The
-    memory model mem(k) = static (weights, grads, optimizer state) + 1.2 (a + k b), with a + k b the saved
-    activations measured at 1 and 2 rows (1.2: headroom for the backward's transients), decides on CPU; on CUDA it
-    bounds the candidates, each then tried for real (eager, so an upper bound of the compiled step's memory),
-    largest first. Every rank takes the smallest pick (same micro-steps)."""
+    divisor is a candidate (no power-of-two cap: at s = 6, B = 128 rows of 2048, an H200 tries 128, then 64, ...).
+    mem(k) = static (weights, grads, optimizer state) + 1.2 (a + k b), a + k b the saved activations measured at 1
+    and 2 rows (1.2: the backward's transients), decides on CPU; on CUDA it bounds the candidates, each then tried
+    for real (eager, so at most what the compiled step needs), largest first. Every rank takes the smallest pick."""
     if tc.device_batch:
         return tc.device_batch, "--device-batch"
     device = next(model.parameters()).device
     (have, what), one, two = device_memory(device), probe(model, 1, autocast), probe(model, 2, autocast)
-    per_row = max(two - one, 1)
-    mem = lambda k: static + 1.2 * (max(2 * one - two, 0) + k * per_row)
-    cands = [k for k in range(g.per_rank, 0, -1) if g.per_rank % k == 0]
-    if device.type == "cuda":                 # the model only bounds the trials (2x: it may overestimate); the
-        budget = have - 2 * model_bytes(model.cfg)[1]       # optimizer's two moments are not allocated yet
-        rows = next((k for k in cands if mem(k) <= 2 * have and probe(model, k, autocast, budget)), 0)
-        rule = f"largest divisor of {g.per_rank} rows per rank whose trial micro-step fits {have / 2**30:.1f} GiB"
-    else:
-        rows = next((k for k in cands if mem(k) <= have), 0)
-        rule = (f"largest divisor of {g.per_rank} rows per rank with state {static / 2**20:,.1f} MiB + 1.2 x "
-                f"{per_row / 2**20:,.2f} MiB saved activations per row <= {have / 2**30:,.2f} GiB ({what})")
+    mem = lambda k: static + 1.2 * (max(2 * one - two, 0) + k * max(two - one, 1))
+    budget = have - 2 * model_bytes(model.cfg)[1]    # CUDA: the optimizer's two moments are not allocated yet
+    fits = (lambda k: mem(k) <= 2 * have and probe(model, k, autocast, budget)) if device.type == "cuda" else (
+        lambda k: mem(k) <= have)            # CUDA: the model only bounds the trials (2x: it may overestimate)
+    rows = next((k for k in range(g.per_rank, 0, -1) if g.per_rank % k == 0 and fits(k)), 0)
     if world > 1:
         t = torch.tensor([rows], device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         rows = int(t.item())
     need(rows, f"one row of {model.cfg.seq_len} tokens does not fit in {have / 2**30:,.1f} GiB ({what}) beside the "
          "weights and optimizer state: shorten --seq-len, truncate BPTT (--n-loops-bwd) or use a smaller model")
-    return rows, rule
+    return rows, f"largest divisor of {g.per_rank} rows per rank whose " + (
+        "trial micro-step fits" if device.type == "cuda" else f"state {static / 2**20:,.1f} MiB + 1.2 x saved "
+        f"activations ({max(two - one, 1) / 2**20:,.2f} MiB a row) fit") + f" {have / 2**30:,.2f} GiB ({what})"
 
 
 # -----------------------------------------------------------------------------
 # Small helpers: the start-up print, the record's common part, the log, git provenance
 
-def startup_print(run, world: int, device_batch, db_rule: str, peak, peak_rule: str) -> float:
-    """Print every derived quantity once, with its rule; return the estimated device-hours."""
+def startup_print(run, world: int, peak, peak_rule: str) -> tuple:
+    """Print every derived quantity once, with its rule; return (estimated device-hours, --plan's device batch)."""
     cfg, tc, g, r, (p, rec, c) = run.cfg, run.tc, run.g, run.cfg.n_loops, run.cfg.partition
+    device_batch, db_rule = tc.device_batch, "--device-batch"
+    if not device_batch:                     # auto: measured on the built model (main); --plan builds nothing
+        device_batch = release_device_batch(cfg.scale, g.per_rank) if tc.plan else None
+        db_rule = "release rule 32 / 16 (s >= 18) / 8 (s >= 30) in --plan" if tc.plan else "auto: measured below"
     bptt = "full" if cfg.n_loops_bwd in (None, r) else f"truncated: last {cfg.n_loops_bwd} of {r} loops"
     hours = g.tokens * g.F / (PLAN_MFU * (peak or PEAK_FLOPS["H100"])) / 3600
     ref = f"; b = (B/{tc.lr_batch_ref})^0.558, w = (d/{g.width_ref})^-0.5  (optimizer §2)"
@@ -808,7 +793,7 @@ def startup_print(run, world: int, device_batch, db_rule: str, peak, peak_rule: 
     print0(f"nanoloop {'plan' if tc.plan else 'train'} | world {world} | device {run.dev_name} | out_dir {tc.out_dir}")
     for name, value, rule in rows:
         print0(f"  {name:<22} {str(value):<28} # {rule}")
-    return hours
+    return hours, device_batch
 
 
 def summary(cfg, tc, g) -> dict:
@@ -821,26 +806,19 @@ def summary(cfg, tc, g) -> dict:
 
 
 def read_log(log_path: str, upto: int) -> list:
-    """The lines of log.jsonl whose step is <= upto (the rest is about to be redone). A kill during an append can
-    leave the last line cut short (or NULs after it): that tail is dropped with a message (rule 3). A bad line
-    anywhere else means the file is not this run's log: an error naming the file and line, the file untouched."""
+    """The lines of log.jsonl whose step is <= upto (the rest is about to be redone). A kill mid-append leaves at
+    most a cut-short tail after the last newline: dropped, with a message (rule 3). Any other line that is not a
+    train.py record means the file is not this run's log: an error naming it and the line; the file is untouched."""
     lines = open(log_path, "rb").read().split(b"\n") if os.path.exists(log_path) else [b""]
-    tail, kept = lines.pop(), []             # tail: after the last newline, b"" when the file ends cleanly
-    for i, ln in enumerate(lines, 1):
+    if lines[-1]:
+        print0(f"{log_path}: dropped a torn last line ({lines[-1][:40]!r}), the trace of a kill mid-write")
+    kept = []
+    for i, ln in enumerate(lines[:-1], 1):
         try:
-            step = json.loads(ln).get("step")
-        except (ValueError, AttributeError):  # JSONDecodeError, UnicodeDecodeError; JSON that is not an object
-            step = None
-        if not isinstance(step, int) and i == len(lines) and not tail:
-            tail = ln                        # the last line is itself the torn one
-        elif not isinstance(step, int):
-            raise ValueError(f"{log_path} line {i} is not a train.py record ({ln[:60]!r}): this is not the run's "
-                             "own log. Move it away and rerun (the run resumes from its checkpoint without it)")
-        elif step <= upto:
-            kept.append(ln.decode() + "\n")
-    if tail:
-        print0(f"{log_path}: dropped a torn last line ({len(tail)} bytes: {tail[:40]!r}), the trace of a kill "
-               "mid-write; the log resumes from the checkpoint")
+            kept += [ln.decode() + "\n"] if int(json.loads(ln)["step"]) <= upto else []
+        except (ValueError, KeyError, TypeError):   # not JSON (or not UTF-8), not an object, no integer step
+            raise ValueError(f"{log_path} line {i} is not a train.py record ({ln[:60]!r}): not this run's log; move "
+                             "it away and rerun (the run resumes from its checkpoint without it)") from None
     return kept
 
 
