@@ -560,9 +560,7 @@ def check_data(cfg, tc, init_tok_hash) -> tuple:
     """The prepared data against the model: equal seq_len (no silent re-packing), one tokenizer for both splits (and
     --tokenizer's and the --init-from checkpoint's, when given), the vocabulary (the default --vocab-size takes the
     data's), enough val rows for --eval-tokens. Returns (cfg with its vocabulary, the data's facts)."""
-    need(os.path.isdir(tc.data), f"--data {tc.data!r} is not a directory; prepare one with `python data.py prepare "
-         "--source default --tokenizer TOK.model --out DIR --seq-len T` (see data.py)")
-    meta, val_meta = read_meta(tc.data, "train"), read_meta(tc.data, "val")
+    meta, val_meta = read_meta(tc.data, "train"), read_meta(tc.data, "val")   # one line if not a prepared dir
     for name, m in (("train", meta), ("val", val_meta)):
         need(m["seq_len"] == cfg.seq_len, f"data {tc.data} ({name}) was packed with seq_len {m['seq_len']} but the "
              f"model has --seq-len {cfg.seq_len}; pass --seq-len {m['seq_len']} or re-pack")
@@ -628,22 +626,19 @@ def derive(cfg, tc, world: int) -> SimpleNamespace:
     # layout, injection, hc lanes, the BPTT window (Eq. 6), T and the padded vocabulary.
     arch = flops.accounting_args(cfg)
     (n_once, n_rec), F = flops.param_split(**arch), flops.flops_per_token(**arch)
-    # Every horizon gives whole steps of B tokens; the budget and --steps horizons are >= 1 step by construction
+    # Every horizon gives whole steps of B tokens (the budget and --steps ones >= 1 step by construction); the LR
+    # rule's D stays unrounded. rho uses the reuse-weighted params, the release's effective_params (optimizer §2.3).
+    C, D, rho, N = tc.flops_budget, tc.tokens, tc.tokens_per_param, tc.steps
     try:
-        if tc.flops_budget is not None:
-            steps = flops.tokens_for_budget(tc.flops_budget, F, B)[0]
-            lr_tokens, rule = int(tc.flops_budget / F), "steps = round(C / (F B)); D_lr = int(C / F)"
-        elif tc.steps is not None:
-            steps, lr_tokens, rule = tc.steps, tc.steps * B, "D = steps x B = D_lr"
-        elif tc.tokens is not None:
-            lr_tokens, rule, steps = tc.tokens, "steps = round(D / B); D_lr = D", round(tc.tokens / B)
-        else:                                # reuse-weighted params = the release's effective_params (optimizer §2.3)
-            lr_tokens = int(tc.tokens_per_param * (n_once + r * n_rec))
-            rule, steps = "D_lr = int(rho (N_once + r N_rec)); steps = D_lr // B", lr_tokens // B
-        need(steps >= 1, f"{lr_tokens:,} tokens are {'less than half of' if tc.tokens else 'less than'} one "
-             f"optimizer step of {B:,} tokens")
+        steps = flops.tokens_for_budget(C, F, B)[0] if C else N or (round(D / B) if D else None)
     except ValueError as err:
         raise ValueError(f"horizon: {err} (one step of B = {B:,} tokens costs F B = {F * B:.4g} FLOPs)") from None
+    lr_tokens = int(C / F) if C else N * B if N else D or int(rho * (n_once + r * n_rec))
+    steps = lr_tokens // B if steps is None else steps
+    rule = ("steps = round(C / (F B)); D_lr = int(C / F)" if C else "D = steps x B = D_lr" if N else
+            "steps = round(D / B); D_lr = D" if D else "D_lr = int(rho (N_once + r N_rec)); steps = D_lr // B")
+    need(steps >= 1, f"horizon: {lr_tokens:,} tokens are {'less than half of' if D else 'less than'} one optimizer "
+         f"step of {B:,} tokens (one step of B = {B:,} tokens costs F B = {F * B:.4g} FLOPs)")
     # Peak LRs: eta_base through HyperP's width / batch / data corrections (App. D.2), computed once from (d, D, B, r);
     # a resume restores the schedule position and never re-applies a factor (optimizer.md §6.7). The reference (the
     # s = 10 model at the run's aspect ratio and depth, counted at THIS r) is optim.py's.
