@@ -86,7 +86,10 @@ SDPA_BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_
                  "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
 # The string fields' allowed values (None = auto), checked when the config is built
 CHOICES = {"precision": (None, "fp32", "bf16"), "attn": ATTN_BACKENDS, "sdpa_backend": ("auto", *SDPA_BACKENDS),
-           "compile_mode": ("default", "reduce-overhead", "max-autotune-no-cudagraphs")}
+           "compile_mode": ("default", "max-autotune-no-cudagraphs")}
+# No CUDA-graph modes (reduce-overhead, max-autotune): measured on an H200 (torch 2.11), the model compiles to several
+# graphs whose CUDA-graph replays overwrite outputs the backward still needs ("accessing tensor output of CUDAGraphs
+# that has been overwritten"), even with cudagraph_mark_step_begin() before each step.
 
 
 # -----------------------------------------------------------------------------
@@ -127,10 +130,10 @@ class TrainConfig:
     # runtime
     seed: int = 0                           # init (same on every rank); random state init noise per global row
     compile: Optional[bool] = None          # torch.compile the model; None = on for CUDA, off for CPU (style B11)
-    compile_mode: str = "default"           # default | reduce-overhead (CUDA graphs) | max-autotune-no-cudagraphs
+    compile_mode: str = "default"           # default | max-autotune-no-cudagraphs: torch.compile's mode
     precision: Optional[str] = None         # fp32 | bf16 (autocast, bf16 wte, bf16 Polar Express); None = bf16 on CUDA
     attn: str = "auto"                      # auto | fa3 | fa2 | sdpa; auto: FA-3 on 9.x, FA-2 on >= 8.0, else SDPA
-    sdpa_backend: str = "auto"              # auto | cudnn | flash | efficient | math: SDPA's kernel (auto: torch picks)
+    sdpa_backend: str = "auto"              # auto | cudnn | flash | efficient | math: SDPA's kernel; auto: torch's
     peak_flops: Optional[float] = None      # per-device peak FLOP/s for MFU; None = PEAK_FLOPS by device name
     plan: bool = False                      # print every derived quantity (steps, tokens, LRs, cost) and stop
 
@@ -663,12 +666,15 @@ def peak_flops(dev_name: str, override: Optional[float] = None) -> tuple:
     return None, f"n/a: {dev_name!r} is not in PEAK_FLOPS (datasheet figures); pass --peak-flops for an MFU figure"
 
 
-def inductor_cache() -> str:
+def inductor_cache(sdpa_backend: str) -> str:
     """Inductor's on-disk caches (FX graphs, kernels) in one stable folder per user, unless TORCHINDUCTOR_CACHE_DIR
-    is set: the second process compiling the same cell shape loads them (issue 25 §5). Returns the rule."""
+    is set: the second process compiling the same cell shape loads them (issue 25 §5; measured on an H200 at s = 6:
+    the first step 40-46 s cold, 4-5 s warm). One folder per --sdpa-backend: the cache key ignores the SDPA kernel
+    choice, so a graph cached under one backend was reused under another (measured). Returns the rule."""
     import torch._inductor.config
     torch._inductor.config.fx_graph_cache = True
-    default = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "nanoloop", "inductor")
+    default = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "nanoloop",
+                           "inductor", f"sdpa-{sdpa_backend}")
     rule = "set by you" if os.environ.get("TORCHINDUCTOR_CACHE_DIR") else "default; TORCHINDUCTOR_CACHE_DIR moves it"
     return f"{os.environ.setdefault('TORCHINDUCTOR_CACHE_DIR', default)} ({rule})"
 
@@ -780,7 +786,7 @@ def startup_print(run, world: int, peak, peak_rule: str) -> tuple:
              "unused (not SDPA)"),
             ("compile", f"{run.use_compile} ({tc.compile_mode})" if run.use_compile else False, "default: on for "
              "CUDA, off for CPU" + ("; after DDP" if world > 1 else "") + "; --compile-mode: torch.compile's mode"),
-            *((("inductor cache", "on", inductor_cache()),) if run.use_compile else ()),
+            *((("inductor cache", "on", inductor_cache(tc.sdpa_backend)),) if run.use_compile else ()),
             ("loss read / log", f"every {tc.log_every} step(s)", "the only host syncs, + every eval / checkpoint"),
             ("mfu peak", f"{peak:.4g} FLOP/s per device" if peak else "n/a", peak_rule),
             ("est. device-hours", f"{hours:,.4g}", f"tokens x F / ({PLAN_MFU:.0%} MFU x peak)" + (

@@ -79,8 +79,10 @@ SMALLEST = ["--scale", "1", "--aspect-ratio", "32", "--head-dim", "16", "--n-lay
 
 
 @pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")), reason="inductor on CPU needs a C++ compiler")
-def test_compiled_cpu_step_matches_eager(tiny_data, tmp_path):
+def test_compiled_cpu_step_matches_eager(tiny_data, tmp_path, monkeypatch, capsys):
     from torch._dynamo.utils import counters
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))              # issue 25 §5: the stable default
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     eager = run([*SMALLEST, "--data", tiny_data, "--out-dir", str(tmp_path / "eager")])
     torch._dynamo.reset()
     graphs = counters["stats"]["unique_graphs"]
@@ -92,6 +94,8 @@ def test_compiled_cpu_step_matches_eager(tiny_data, tmp_path):
     assert compiled["compile"] and not eager["compile"]
     assert max(abs(x - y) for x, y in zip(a, b)) <= 1e-4 and abs(eager["val_loss"] - compiled["val_loss"]) <= 1e-4
     assert new_graphs == 1                                   # one training graph, no break, no recompile for eval
+    cache = tmp_path / "cache" / "nanoloop" / "inductor" / "sdpa-auto"     # inductor's on-disk cache, reused by
+    assert "inductor cache         on" in capsys.readouterr().out and os.listdir(cache)   # the next process
     torch._dynamo.reset()
 
 

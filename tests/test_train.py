@@ -398,10 +398,11 @@ def test_a_field_an_older_record_lacks_reads_as_its_default(kind, tiny_data, tmp
 def test_speed_switches_are_checked_and_not_in_the_identity(tiny_data, tmp_path, capsys):
     """Issue 25 §4: --compile-mode and --sdpa-backend are speed switches (never the run's identity); a value that
     cannot run here is one line before any work."""
-    _, tcfg = train.parse_args(["--steps", "2", "--compile-mode", "reduce-overhead", "--sdpa-backend", "cudnn"])
-    assert (tcfg.compile_mode, tcfg.sdpa_backend) == ("reduce-overhead", "cudnn")
+    _, tcfg = train.parse_args(["--steps", "2", "--compile-mode", "max-autotune-no-cudagraphs", "--sdpa-backend",
+                                "cudnn"])
+    assert (tcfg.compile_mode, tcfg.sdpa_backend) == ("max-autotune-no-cudagraphs", "cudnn")
     assert {"compile_mode", "sdpa_backend", "overwrite"} <= set(train.IDENTITY_EXCLUDED)
-    for argv, msg in [(["--compile-mode", "fast"], "--compile-mode must be one of default, reduce-overhead"),
+    for argv, msg in [(["--compile-mode", "reduce-overhead"], "--compile-mode must be one of default, max-autotune"),
                       (["--sdpa-backend", "fa9"], "--sdpa-backend must be one of auto, cudnn, flash")]:
         with pytest.raises(SystemExit) as exc:
             train.parse_args(["--steps", "2", *argv])
