@@ -255,7 +255,9 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
                           broadcast_buffers=False, gradient_as_bucket_view=True)
     if run.use_compile:
         train_model = torch.compile(train_model, mode=None if tc.compile_mode == "default" else tc.compile_mode)
-    log_file = open(log_path, "a", buffering=1) if master else None   # line-buffered: a record per line, as written
+    # rank 0 appends one JSON record per line (line-buffered: each reaches the file as written); a full disk
+    # surfaces at the next append or checkpoint as one line, and loses nothing: the last checkpoint is intact
+    log_file = open(log_path, "a", buffering=1) if master else None
 
     def log(rec):
         """One record appended to log.jsonl by rank 0; a failed append (full disk) is one line naming the file."""
@@ -401,7 +403,7 @@ def out_dir_state(tc, identity: dict, rank: int, world: int) -> tuple:
     done_path, ckpt_path = (os.path.join(tc.out_dir, n) for n in (DONE_NAME, CKPT_NAME))
     look = lambda: "finished" if os.path.lexists(done_path) else "resume" if os.path.lexists(ckpt_path) else "fresh"
     status, held, err = "fresh", None, None
-    if rank == 0:
+    if rank == 0:                            # a refusal is caught and broadcast: no rank waits in a collective
         try:
             status = look()
             held = read_held(tc, status, identity)
