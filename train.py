@@ -411,6 +411,8 @@ def out_dir_state(tc, identity: dict, rank: int, world: int) -> tuple:
                 # out_dir holds train.py's files (or nothing), or --overwrite was given; claim refuses a 2nd writer
                 names = os.listdir(tc.out_dir) if os.path.isdir(tc.out_dir) else []
                 ours = all(n in RUN_NAMES or n.startswith(".nanoloop-") or n.endswith(".tmp") for n in names)
+                log = os.path.join(tc.out_dir, LOG_NAME)         # the log is appended to: a plain file or nothing
+                need(os.path.isfile(log) or not os.path.lexists(log), f"{log} is not a file; move it away")
                 common.claim(tc.out_dir, "train", None, tc.overwrite or ours, "--out-dir")
                 # a trainer that checkpointed or finished between the look above and the claim: refuse, not clobber
                 need(look() == status, f"another trainer wrote {tc.out_dir} while this one started; rerun")
@@ -439,7 +441,8 @@ def read_held(tc, status: str, identity: dict):
             held = common.read_json(path, {"val_loss": (float, "(0, inf)"), "identity": (dict, None)})
             common.require(held, ("val_loss", "steps", "tokens"), path)
         except ValueError as err:
-            raise ValueError(f"{path} is not a train.py record ({err}); move it away to train again") from None
+            why = str(err).replace(f"{path}: ", "")
+            raise ValueError(f"{path} is not a train.py record ({why}); move it away to train again") from None
     diff = common.identity_diff(held.get("identity"), identity, IDENTITY_DEFAULTS)   # a missing field = its default
     need(not diff, f"{path} is the record of a different run (recorded vs now: {'; '.join(diff[:4])}"
          f"{'; ...' if len(diff) > 4 else ''}); pick another --out-dir, or rerun with its flags")
