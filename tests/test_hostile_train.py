@@ -144,6 +144,14 @@ def test_every_numeric_config_field_has_limits():
         assert not missing
 
 
+@pytest.mark.parametrize("flag, value", [("--compile-mode", "reduce-overhead"), ("--sdpa-backend", "cuDNN"),
+                                         ("--precision", "fp16"), ("--attn", "flash")])
+def test_bad_choice_is_one_line_at_parse_time(flag, value, tmp_path, capsys, monkeypatch, tiny_data):
+    code, out, err = cli(tiny(tiny_data, tmp_path / "run", "--steps", "2", flag, value), capsys, monkeypatch)
+    one_error_line(code, out, err, 2, flag, "must be one of", repr(value))
+    assert not (tmp_path / "run").exists()
+
+
 def test_unknown_flag_is_one_line(capsys, monkeypatch, tmp_path, tiny_data):
     code, out, err = cli(tiny(tiny_data, tmp_path / "run", "--steps", "2", "--n-loop", "4"), capsys, monkeypatch)
     one_error_line(code, out, err, 2, "--n-loop")
@@ -237,6 +245,15 @@ def test_a_users_folder_is_refused_unless_overwrite(tmp_path, capsys, monkeypatc
     code, out_s, err = cli(tiny(tiny_data, out, "--steps", "2", "--overwrite"), capsys, monkeypatch)
     assert code == 0 and err == "" and (out / "done.json").exists()
     assert_untouched(before, snapshot(tmp_path))
+
+
+@pytest.mark.parametrize("name", ["log.jsonl", "done.json", "ckpt.pt"])
+def test_a_run_file_that_is_a_folder_is_refused(name, tmp_path, capsys, monkeypatch, tiny_data):
+    """What train.py cannot read or append to, it names, before any work and without leaving a marker."""
+    out = tmp_path / "run"
+    (out / name).mkdir(parents=True)
+    refused_untouched(tiny(tiny_data, out, "--steps", "2", "--resume"), tmp_path, capsys, monkeypatch, name)
+    assert sorted(os.listdir(out)) == [name]
 
 
 def test_kill_then_rerun_finishes(tmp_path, capsys, monkeypatch, tiny_data):
