@@ -30,6 +30,8 @@ Decisions (each printed with its rule at start-up):
 - Device batch: auto = the largest divisor of the rows per rank that fits (measured); accumulation keeps B.
 - Precision: bf16 (CUDA default) = autocast, bf16 wte and its Adam state, bf16 Polar Express; fp32 (CPU) none.
 - DDP wraps, then torch.compile compiles the wrapped module; eval runs the uncompiled module in the run's precision.
+  Speed switches (issue 25; never the run's identity): --compile-mode, --sdpa-backend; inductor's on-disk cache
+  in ~/.cache/nanoloop/inductor (TORCHINDUCTOR_CACHE_DIR moves it), so a cell shape compiles once per machine.
 - Host syncs: the loss is read (all-reduce, .item(), NaN guard) only at logging, eval and checkpoint steps.
 - Test hooks: NANOLOOP_FAULT="nan@K" (lm_head NaN before step K) / "kill@K" (SIGKILL after step K);
   NANOLOOP_MEMORY_CAP=BYTES caps the memory the checks assume. Never set them otherwise.
