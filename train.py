@@ -48,6 +48,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from contextlib import nullcontext
 from dataclasses import asdict
 from types import SimpleNamespace
@@ -389,7 +390,7 @@ def preflight(model_cfg, tc, rank: int, world: int, device) -> SimpleNamespace:
          f"{state / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB of {what}")
     identity = facts and run_identity(cfg, tc, facts.identity, init_id, "bf16" if use_bf16 else "fp32", attn,
                                       use_compile)
-    status, held = out_dir_state(tc, identity, rank, world) if with_data else ("unknown (no prepared --data)", None)
+    status, held = out_dir_state(tc, cfg, identity, rank, world) if with_data else ("unknown (no prepared --data)", None)
     return SimpleNamespace(cfg=cfg, tc=tc, g=g, facts=facts, identity=identity, status=status, init_state=init_state,
                            record=held if status == "finished" else None, ckpt=held if status == "resume" else None,
                            use_bf16=use_bf16, attn=attn, use_compile=use_compile, hook=hook, state_bytes=state,
@@ -397,7 +398,7 @@ def preflight(model_cfg, tc, rank: int, world: int, device) -> SimpleNamespace:
                            else "cpu")
 
 
-def out_dir_state(tc, identity: dict, rank: int, world: int) -> tuple:
+def out_dir_state(tc, cfg, identity: dict, rank: int, world: int) -> tuple:
     """("finished", done.json), ("resume", ckpt.pt) or ("fresh", None), decided by rank 0 and broadcast with its
     refusal, if any, so every rank stops with the same line. Rank 0 then claims out_dir for writing (not for --plan,
     nor to hand a finished run back); the other ranks read the checkpoint themselves, from the folder every rank
@@ -408,7 +409,7 @@ def out_dir_state(tc, identity: dict, rank: int, world: int) -> tuple:
     if rank == 0:                            # a refusal is caught and broadcast: no rank waits in a collective
         try:
             status = look()
-            held = read_held(tc, status, identity)
+            held = read_held(tc, cfg, status, identity)
             if not tc.plan and status != "finished":
                 # out_dir holds train.py's files (or nothing), or --overwrite was given; claim refuses a 2nd writer
                 names = os.listdir(tc.out_dir) if os.path.isdir(tc.out_dir) else []
@@ -425,10 +426,10 @@ def out_dir_state(tc, identity: dict, rank: int, world: int) -> tuple:
         dist.broadcast_object_list(box, src=0)
         status, err = box
     need(err is None, err)
-    return status, held if rank == 0 else read_held(tc, status, identity)
+    return status, held if rank == 0 else read_held(tc, cfg, status, identity)
 
 
-def read_held(tc, status: str, identity: dict):
+def read_held(tc, cfg, status: str, identity: dict):
     """The done.json or checkpoint out_dir holds, read as a file (a 0-byte or torn one is one line), if it is this
     run's: using it needs --resume, and its identity must equal this run's (rule 1)."""
     if status == "fresh":
@@ -448,6 +449,10 @@ def read_held(tc, status: str, identity: dict):
     diff = common.identity_diff(held.get("identity"), identity, IDENTITY_DEFAULTS)   # a missing field = its default
     need(not diff, f"{path} is the record of a different run (recorded vs now: {'; '.join(diff[:4])}"
          f"{'; ...' if len(diff) > 4 else ''}); pick another --out-dir, or rerun with its flags")
+    if status == "resume":                   # its weights fit the model (names, shapes, finite values): checked now,
+        with torch.device("meta"), warnings.catch_warnings():   # on a model without memory, so a refusal comes
+            warnings.simplefilter("ignore")                       # before the claim (the loads are no-ops)
+            load_weights(LoopedGPT(cfg), held["model"], path)
     return held
 
 
