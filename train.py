@@ -9,51 +9,32 @@ Run:   single GPU   python train.py --flops-budget 1e18 --n-loops 4 --scale 10 -
        CPU (tiny)   python train.py --scale 1 --head-dim 32 --n-layers-eff 4 --n-layers-prelude 1 --n-layers-coda 1 \
                         --n-loops 2 --seq-len 64 --batch-tokens 1024 --device-batch 8 --steps 200 \
                         --eval-tokens 8192 --data DIR --out-dir out/cpu
-       plan only    python train.py --flops-budget 1e18 --n-loops 4 --scale 10 --plan    (steps, tokens, LRs, cost;
-                        with an existing --data also the out-dir's status: finished / resumable / to train)
+       plan only    python train.py --flops-budget 1e18 --n-loops 4 --scale 10 --plan   (every derived quantity; with
+                        a prepared --data also the out-dir's status: finished / resume / fresh)
        fine-tune    python train.py --init-from RUN_OR_RELEASE_DIR --tokens 1e9 --data DIR --out-dir out/ft
-Throughput benchmarks and the GPU check are runs/bench_train.py and runs/gpu_check.py (not the trainer's job).
-Test:  pytest tests/test_train.py tests/test_hostile_train.py
-Read in this order: TrainConfig -> main (banner sections, in the order they run) -> preflight -> derive.
-Not here: FLOP/token accounting (flops.py), LR rules and MuonH (optim.py), loader/packing (data.py), val_loss
-(eval.py), the model (model.py), the parser / checked numbers / atomic writes / lock (common.py).
+Read in this order: TrainConfig -> main (banner sections, in the order they run) -> the helpers it calls.
+Not here: FLOP accounting (flops.py), LR rules and MuonH (optim.py), loader (data.py), val_loss and checkpoint
+reading (eval.py), the model (model.py), parser / checked numbers / atomic writes / claim (common.py).
 
-Decisions (project, stated once here and printed at start-up):
-- Horizon: exactly one of --flops-budget C (steps = round(C / (F B)), the grid, App. E), --tokens D
-  (steps = round(D / B)), --tokens-per-param rho (D = int(rho (N_once + r N_rec)), steps = D // B as the release
-  floors it, the App. D LR sweep), --steps N (D = N B, the App. I pair). The HyperP data factor uses the unrounded
-  D: int(C/F), D, int(rho N_eff) or N B.
-- Vocabulary: if --vocab-size is left at ModelConfig's default (32,001, Llama-2 + 1), the model takes the data
-  meta's vocab_size; an explicit value must be >= the data's. seq_len must equal the data's (no silent re-packing).
-- BPTT: full unless --n-loops-bwd k is given (never truncated silently; the release's CLI defaulted to k = 4).
-- Run identity (README "Guarantees", rule 1): run_identity() = every ModelConfig and TrainConfig field except the
-  short IDENTITY_EXCLUDED list, with --data replaced by the data's content hash, --init-from by its weights' hash,
-  and precision / attention / compile as resolved. ckpt.pt and done.json record it. --resume hands back a finished
-  run, or continues a checkpoint, only when the identities are equal; otherwise one line names the fields that differ.
-- Resume: --resume continues from out_dir/ckpt.pt if it exists (else starts at step 0), bitwise on CPU. Without
-  --resume an existing checkpoint or record is an error. Checkpoints sit at step boundaries, so the device batch and
-  the world size may change across a resume.
-- Device batch: --device-batch auto (the default) = the largest divisor of the rows per rank whose micro-step fits
-  the device: measured on CUDA (a trial forward + backward, largest first, out-of-memory caught), a memory model of
-  the saved activations on CPU (measured with autograd's saved-tensor hooks). --plan builds nothing, so it shows
-  the release's rule 32 / 16 (s >= 18) / 8 (s >= 30). Gradient accumulation keeps B and the tokens per step identical.
-- Memory: a model whose weights, gradients and optimizer state cannot fit in the device's memory is refused before
-  anything is allocated (counted from flops.py's parameter counts).
-- Host syncs: the loss is read (all-reduce, .item(), NaN guard) only at logging steps (--log-every, and every eval /
-  checkpoint step), after the optimizer step, so the device never drains between steps.
-- Run directory: rank 0 holds out_dir/train.lock (common.acquire_lock: flock, or a pid lock file where the
-  filesystem has no flock) while it writes; ckpt.pt and done.json go through common.write_owned (atomic, recorded in
-  the folder's ownership ledger under the run's request key). What a kill leaves (a dead holder's lock, a temporary
-  of an interrupted write, a torn last log line) is named and repaired on the next start.
-- DDP: plain DDP (grads sync only on the last micro-step) with MuonH sharded by whole matrices (optim.py). DDP wraps
-  first and torch.compile compiles the wrapped module; eval runs the uncompiled module, in the run's precision.
-- Precision: --precision bf16 (default on CUDA) = bf16 autocast (training and eval), bf16 wte and its Adam state,
-  bf16 Polar Express; fp32 (default on CPU) = none of them. bf16 on CPU runs the CUDA code path.
-- Many ranks: rank 0's view of out_dir decides finish/resume; every rank must see the same files or all abort. The
-  random state init draws one noise tensor per global batch row, so results do not depend on the world size.
-- Fault hooks for tests (env NANOLOOP_FAULT, comma-separated): "nan@K" fills lm_head with NaN before step K (1-based)
-  runs; "kill@K" SIGKILLs this process once step K (and its checkpoint, if due) is done. Never set them otherwise.
-  NANOLOOP_MEMORY_CAP=BYTES caps the device memory the checks and the device-batch pick assume (a smaller device).
+Decisions (each printed with its rule at start-up):
+- Horizon: exactly one of --flops-budget C (steps = round(C / (F B)), App. E), --tokens D (round(D / B)),
+  --tokens-per-param rho (D = int(rho (N_once + r N_rec)), steps = D // B, App. D), --steps N (App. I).
+- Vocabulary: --vocab-size left at its default takes the data's; seq_len must equal the data's (no re-packing).
+  BPTT: full unless --n-loops-bwd is given (the release's CLI defaulted to 4; never truncated silently).
+- Run identity (README "Guarantees", rule 1): every config field but IDENTITY_EXCLUDED, with the data's content
+  hash, the --init-from weights' hash and the resolved precision / attention / compile; ckpt.pt and done.json
+  carry it, and --resume continues or hands back only an equal one (a field an older record lacks = its default).
+- Run folder: rank 0 decides fresh / resume / finished, broadcasts it, and claims --out-dir (common.claim: one
+  writer); it holds train.py's files or nothing, unless --overwrite. Files are written atomically: a kill leaves at
+  most a temporary nobody reads. Every rank must see the same folder: the launcher's job (README "Multi-node").
+- Device batch: auto = the largest divisor of the rows per rank that fits (measured); accumulation keeps B.
+- Precision: bf16 (CUDA default) = autocast, bf16 wte and its Adam state, bf16 Polar Express; fp32 (CPU) none.
+- DDP wraps, then torch.compile compiles the wrapped module; eval runs the uncompiled module in the run's precision.
+  Speed switches (issue 25; never the run's identity): --compile-mode, --sdpa-backend; inductor's on-disk cache
+  in ~/.cache/nanoloop/inductor (TORCHINDUCTOR_CACHE_DIR moves it), so a cell shape compiles once per machine.
+- Host syncs: the loss is read (all-reduce, .item(), NaN guard) only at logging, eval and checkpoint steps.
+- Test hooks: NANOLOOP_FAULT="nan@K" (lm_head NaN before step K) / "kill@K" (SIGKILL after step K);
+  NANOLOOP_MEMORY_CAP=BYTES caps the memory the checks assume. Never set them otherwise.
 """
 import argparse
 import dataclasses
@@ -64,10 +45,10 @@ import os
 import re
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import time
+import warnings
 from contextlib import nullcontext
 from dataclasses import asdict
 from types import SimpleNamespace
@@ -75,6 +56,7 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import common
@@ -85,30 +67,32 @@ from eval import load_checkpoint, load_weights, model_bytes, read_checkpoint, va
 from model import ATTN_BACKENDS, LoopedGPT, ModelConfig, attention_summary, resolve_attention
 from optim import build_optimizer, hyperp_lrs, lr_multiplier, reference, set_lr_multiplier
 
-CKPT_NAME = "ckpt.pt"      # out_dir/ckpt.pt: the latest good checkpoint, replaced atomically
-DONE_NAME = "done.json"    # out_dir/done.json: the run's record, written last by rank 0
-LOG_NAME = "log.jsonl"     # out_dir/log.jsonl: one JSON object per logged step / eval (machine-readable log)
-LOCK_NAME = "train.lock"   # out_dir/train.lock: "pid P host H" of the one process writing this run
-
-# Dense bf16 peak FLOP/s per accelerator for the MFU column: vendor datasheets, whose "with sparsity" figures are
-# halved (H100 SXM 1,979 -> 989; H100 / H200 NVL 1,671 -> 835; H100 PCIe 1,513 -> 756; HGX B200 4.5 P -> 2.25 P).
-# Matched as whole words of the device name, longest key first, so "H100 NVL" wins over "H100" and "GH200" is not
-# an "H200"; the SXM parts report a plain "H100" / "H200". A device not listed gets MFU "n/a", never a guess.
+CKPT_NAME, DONE_NAME, LOG_NAME = "ckpt.pt", "done.json", "log.jsonl"   # the run's checkpoint, record and log
+# What a run folder may hold besides them without --overwrite: runs/slurm.sh's tee'd log, eval.py's result, the
+# files of an older train.py (its ledger and lock), nanoloop markers (.nanoloop-*) and temporaries (.*.tmp)
+RUN_NAMES = (CKPT_NAME, DONE_NAME, LOG_NAME, "train.log", "eval.json", ".nanoloop-owned.json", "train.lock")
+# Dense bf16 peak FLOP/s per accelerator for the MFU column (vendor datasheets, "with sparsity" figures halved),
+# matched as whole words of the device name, longest key first ("H100 NVL" before "H100"; "GH200" is no "H200").
 PEAK_FLOPS = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H200 NVL": 835e12, "H200": 989e12,
               "GH200": 989e12, "H800 PCIe": 756e12, "H800": 989e12, "H20": 148e12, "B200": 2.25e15, "GB200": 2.5e15,
               "B100": 1.75e15, "A100": 312e12, "A800": 312e12, "L40S": 362e12, "L4": 121e12}
 PLAN_MFU = 0.4             # model FLOPs utilisation assumed for the device-hour estimate printed at start-up
-HORIZONS = ("flops_budget", "tokens", "tokens_per_param", "steps")   # exactly one gives the run's length
 CKPT_KEYS = ("model", "optimizer", "loader", "rng", "step", "val_loss", "wall_time_s", "tokenizer_hash",
-             "model_config", "train_config", "identity")   # what a checkpoint holds (identity: see run_identity)
-# TrainConfig fields that cannot change a run's result, so they stay out of its identity: where it is written and
-# how often (out_dir, ckpt_every, eval_every: evals read the model, never change it; log_every), how it is started
-# (resume, plan), how its batch is split into micro-steps (device_batch: accumulation keeps B), the MFU denominator
-# (peak_flops) and a check (tokenizer: must equal the data's, which the data identity holds). A new field joins the
-# identity unless it is named here (tests/test_train.py fails for a field in neither).
+             "model_config", "train_config", "identity")
+# Fields that cannot change a run's result stay out of its identity: where and how often it writes, how it starts,
+# how B is split into micro-steps (accumulation keeps B), the MFU denominator, a check (--tokenizer must equal the
+# data's, which the data identity holds) and the speed switches (compile mode, SDPA kernel). A test fails for a
+# field in neither the identity nor this list.
 IDENTITY_EXCLUDED = ("out_dir", "resume", "plan", "ckpt_every", "eval_every", "log_every", "device_batch",
-                     "peak_flops", "tokenizer")
-VOCAB_DEFAULT = next(f.default for f in dataclasses.fields(ModelConfig) if f.name == "vocab_size")
+                     "peak_flops", "tokenizer", "overwrite", "compile_mode", "sdpa_backend")
+SDPA_BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+                 "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+# The string fields' allowed values (None = auto), checked when the config is built
+CHOICES = {"precision": (None, "fp32", "bf16"), "attn": ATTN_BACKENDS, "sdpa_backend": ("auto", *SDPA_BACKENDS),
+           "compile_mode": ("default", "max-autotune-no-cudagraphs")}
+# No CUDA-graph modes (reduce-overhead, max-autotune): measured on an H200 (torch 2.11), the model compiles to several
+# graphs whose CUDA-graph replays overwrite outputs the backward still needs ("accessing tensor output of CUDAGraphs
+# that has been overwritten"), even with cudagraph_mark_step_begin() before each step.
 
 
 # -----------------------------------------------------------------------------
@@ -142,33 +126,40 @@ class TrainConfig:
     ckpt_every: int = 1000                  # steps between checkpoints (plus one at the end); 0 = only at the end
     log_every: int = 1                      # steps between loss reads (the only host syncs) and log lines
     resume: bool = False                    # continue from out_dir/ckpt.pt if present (sweeps always pass it)
+    overwrite: bool = False                 # use an out-dir holding files train.py did not make (none is deleted)
     case: str = ""                          # label copied into done.json; fit.py groups case studies by it
     init_from: str = ""                     # start from these weights: a run dir / .pt, or an authors' release dir
                                             # (model_<step>.pt: the latest, or name the file); fresh optimizer
     # runtime
     seed: int = 0                           # init (same on every rank); random state init noise per global row
     compile: Optional[bool] = None          # torch.compile the model; None = on for CUDA, off for CPU (style B11)
+    compile_mode: str = "default"           # default | max-autotune-no-cudagraphs: torch.compile's mode
     precision: Optional[str] = None         # fp32 | bf16 (autocast, bf16 wte, bf16 Polar Express); None = bf16 on CUDA
     attn: str = "auto"                      # auto | fa3 | fa2 | sdpa; auto: FA-3 on 9.x, FA-2 on >= 8.0, else SDPA
+    sdpa_backend: str = "auto"              # auto | cudnn | flash | efficient | math: SDPA's kernel; auto: torch's
     peak_flops: Optional[float] = None      # per-device peak FLOP/s for MFU; None = PEAK_FLOPS by device name
     plan: bool = False                      # print every derived quantity (steps, tokens, LRs, cost) and stop
 
     def __post_init__(self):
-        horizons = ["--" + n.replace("_", "-") for n in HORIZONS if getattr(self, n) is not None]
+        # the rules between fields and the string choices; numbers meet LIMITS at the CLI and in preflight
+        horizons = [f"--{n.replace('_', '-')}" for n in ("flops_budget", "tokens", "tokens_per_param", "steps")
+                    if getattr(self, n) is not None]
         need(len(horizons) == 1, "give exactly one horizon: --flops-budget, --tokens, --tokens-per-param or --steps "
              f"(got {horizons or 'none'})")
-        common.check_fields(self, LIMITS)            # a config built in Python meets the CLI's limits too
         need(self.eval_tokens != 0, "--eval-tokens must be > 0 or -1 (the whole val split), got 0")
-        need(self.precision in (None, "fp32", "bf16"), f"--precision must be fp32, bf16 or auto, got "
-             f"{self.precision!r}")
-        need(self.attn in ATTN_BACKENDS, f"--attn must be one of {', '.join(ATTN_BACKENDS)}, got {self.attn!r}")
+        for name, allowed in CHOICES.items():
+            need(getattr(self, name) in allowed, f"--{name.replace('_', '-')} must be one of "
+                 f"{', '.join(str(a or 'auto') for a in allowed)}, got {getattr(self, name)!r}")
 
+
+# A field an older record lacks reads as its default (common.identity_diff): a new default-off field leaves every
+# existing run's identity unchanged
+IDENTITY_DEFAULTS = {f.name: f.default for cls in (ModelConfig, TrainConfig) for f in dataclasses.fields(cls)}
 
 # Allowed values of every int / float field of ModelConfig and TrainConfig, in common.py's interval notation: checked
-# when the CLI parses the flag (common.number) and again for configs built in Python (common.check_fields). Counts
-# stop at flops.py's MAX_COUNT (1e9), so the accounting never refuses what the CLI let through. Rules
-# across fields (r divides 16, head_dim divides d, one horizon, ...) stay in the classes' __post_init__. A test checks
-# that every numeric field of both classes has a row here.
+# when the CLI parses the flag (common.number) and by preflight for configs built in Python. Counts stop at
+# flops.py's MAX_COUNT (1e9). Rules across fields stay in the classes' __post_init__. A test checks every numeric
+# field has a row.
 LIMITS = {
     # ModelConfig (model.py)
     "scale": ("[1, 1e9]", "width multiplier s"), "aspect_ratio": ("[1, 1e9]", "d_model / s; 64 in the paper"),
@@ -194,7 +185,323 @@ LIMITS = {
 
 
 # -----------------------------------------------------------------------------
-# CLI: one flat parser generated from ModelConfig + TrainConfig by common.add_dataclass_flags (style B5).
+# main: the recipe, top to bottom, in the order it runs (like nanochat's base_train)
+
+def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
+    """Train one run; return its record (the content of out_dir/done.json), or with --plan the derived quantities
+    and the out-dir's status. Every rank runs this; only rank 0 prints (print0) and writes files."""
+    # ---- 1. Setup: ranks, every refusal (preflight), the derived quantities printed with their rules ------------
+    t_start = time.time()
+    rank, world, device = common.init_dist()   # torchrun env -> nccl (CUDA) / gloo (CPU); plain python -> (0, 1, dev)
+    master = rank == 0
+    run = preflight(model_cfg, train_cfg, rank, world, device)   # rank 0 has claimed out_dir if it will write there
+    cfg, tc, g = run.cfg, run.tc, run.g
+    ckpt_path, done_path, log_path = (os.path.join(tc.out_dir, n) for n in (CKPT_NAME, DONE_NAME, LOG_NAME))
+    if run.status == "finished" and not tc.plan:            # a sweep relaunches every run with --resume
+        print0(f"{done_path} exists: the run is finished (same run identity); returning its record")
+        return run.record
+    # One optimizer step = B tokens = batch_rows rows of the one global stream (data.md §3), per_rank rows on each
+    # rank in accum micro-steps; total_steps from the horizon rule (App. E); the peak LRs of HyperP (App. D.2).
+    B, F, total_steps, r = g.B, g.F, g.steps, cfg.n_loops
+    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if run.use_bf16 else nullcontext
+    sdpa = (lambda: sdpa_kernel(SDPA_BACKENDS[tc.sdpa_backend])) if tc.sdpa_backend != "auto" else nullcontext
+    peak, peak_rule = peak_flops(run.dev_name, tc.peak_flops)
+    hours, plan_db = startup_print(run, world, peak, peak_rule)
+    if tc.plan:                              # --plan: the numbers a launch would use, without building anything
+        print0(f"status: {run.status}" + (f" at step {run.ckpt['step']}" if run.ckpt else ""))
+        return {**summary(cfg, tc, g), "device_batch": plan_db, "accum": g.per_rank // plan_db, "world": world,
+                "device_hours": hours, "status": run.status, "identity": run.identity}
+
+    # ---- 2. Model: same seed on every rank, so every rank holds the same init (DDP's broadcast is a no-op) --------
+    torch.manual_seed(tc.seed)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = device.type == "cuda"  # arch. §9
+    raw_model = LoopedGPT(cfg).to(device)
+    if run.init_state is not None:           # --init-from weights; a resume below replaces them with its checkpoint's
+        raw_model.load_state_dict(run.init_state)
+    raw_model.set_attention(run.attn)
+    if run.use_bf16:
+        raw_model.wte.to(dtype=torch.bfloat16)             # App. C.1: embeddings drawn in fp32, then cast to bf16
+    assert raw_model.param_split() == (g.n_once, g.n_rec), "the module must be what flops.py counts (style B7)"
+    # The device batch is measured on the built model (issue 19 §2): the largest that fits; accumulation keeps B,
+    # so the trajectory is the fixed-size one's (fp32: to rounding; tests)
+    device_batch, db_rule = pick_device_batch(raw_model, tc, g, world, autocast, run.state_bytes)
+    accum = g.per_rank // device_batch
+    print0(f"  {'device batch':<22} {f'{device_batch} rows x {accum} accum steps':<28} # {db_rule}")
+
+    # ---- 3. Optimizer and data -----------------------------------------------------------------------------------
+    # MuonH on the block matrices + W_inject, AdamW on the rest (optimizer.md §0); MuonH sharded by whole matrices
+    # across ranks, all-gathered after each step (optimizer.md §4); its state_dict does not depend on the world size.
+    optimizer = build_optimizer(raw_model.param_groups(), g.lrs, polar_bf16=run.use_bf16)
+    loader, val_loader = (PackedLoader(tc.data, split, seq_len=cfg.seq_len, batch_rows=g.batch_rows,
+                                       device_batch=device_batch, rank=rank, world=world, device=device,
+                                       tokenizer_hash=run.facts.tok_hash) for split in ("train", "val"))
+    # Resume: weights, optimizer (R, momenta, Adam moments), loader position, RNG, step, elapsed wall time; with
+    # deterministic CPU kernels a resumed run is bitwise equal to an uninterrupted one (tests).
+    start_step, wall_before, last_val = 0, 0.0, None
+    if run.ckpt is not None:
+        ck, run.ckpt = run.ckpt, None
+        load_weights(raw_model, ck["model"], ckpt_path)       # names and shapes checked: a one-line error if not
+        optimizer.load_state_dict(ck["optimizer"])
+        loader.load_state_dict(ck["loader"])
+        torch.set_rng_state(ck["rng"]["torch"])               # rank 0's; every rank draws the same numbers
+        if ck["rng"]["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state(ck["rng"]["cuda"])
+        start_step, wall_before, last_val = ck["step"], ck["wall_time_s"], ck["val_loss"]
+        print0(f"resumed {ckpt_path} at step {start_step}/{total_steps}")
+    if master:                               # the log up to the checkpoint (later lines are redone), torn tail dropped
+        common.atomic_write(log_path, "".join(read_log(log_path, start_step)))
+    # Wrap, then compile: compiling the DDP module lets DDPOptimizer split the graph at bucket boundaries, so each
+    # all-reduce overlaps the compiled backward; gradient_as_bucket_view: .grad are views into the buckets.
+    train_model = raw_model
+    if world > 1:
+        train_model = DDP(raw_model, device_ids=[device.index] if device.type == "cuda" else None,
+                          broadcast_buffers=False, gradient_as_bucket_view=True)
+    if run.use_compile:
+        train_model = torch.compile(train_model, mode=None if tc.compile_mode == "default" else tc.compile_mode)
+    # rank 0 appends one JSON record per line (line-buffered: each reaches the file as written); a full disk
+    # surfaces at the next append or checkpoint as one line, and loses nothing: the last checkpoint is intact
+    log_file = open(log_path, "a", buffering=1) if master else None
+
+    def log(rec):
+        """One record appended to log.jsonl by rank 0; a failed append (full disk) is one line naming the file."""
+        try:
+            log_file and log_file.write(json.dumps(rec) + "\n")
+        except OSError as err:
+            raise OSError(f"could not append to {log_path} ({err.strerror}); free space, then rerun with --resume "
+                          "(the run continues from its last checkpoint)") from None
+
+    def evaluate(step):
+        """Val loss in nats over the first eval_rows val rows (eval.val_loss: exact, fp64 sums, all-reduced), of
+        the uncompiled module (no recompile of the training graph), in the run's precision."""
+        v = val_loss(raw_model, val_loader, run.facts.eval_rows * cfg.seq_len, bf16=run.use_bf16)
+        print0(f"eval step {step:05d} | val_loss {v:.4f} nats | n_loops {r}")
+        log({"step": step, "val_loss": v})
+        return v
+
+    # ---- 4. The loop ---------------------------------------------------------------------------------------------
+    # One optimizer step = accum micro-batches per rank: LR multiplier, forward/backward (grads all-reduce only on
+    # the last micro-batch), optimizer step; at logging steps one loss read, one log line; eval / checkpoint if due.
+    # No weight decay, no clipping, no warmup anywhere (§4.1): the loop has nothing else to do.
+    t_loop = t_log = time.time()
+    last_log = start_step
+    for step in range(start_step, total_steps):
+        run.hook(step, raw_model)                           # test faults (NANOLOOP_FAULT); no-op otherwise
+        lr_mult = lr_multiplier(step, total_steps)          # 0.1 + 0.9 (N - step) / N  (§4.1)
+        set_lr_multiplier(optimizer, lr_mult)
+        loss_sum = torch.zeros((), device=device)           # sum of micro-batch mean losses, on the device
+        for micro in range(accum):
+            x, y = loader.next_batch()                      # (device_batch, seq_len) int64 each
+            noise = state_noise(raw_model, tc.seed, step * g.batch_rows + rank * g.per_rank + micro * device_batch,
+                                device_batch, device)       # (device_batch, T, d) or None; data.md §3 row order
+            with (train_model.no_sync() if world > 1 and micro < accum - 1 else nullcontext()), sdpa():
+                with autocast():
+                    loss = train_model(x, y, state_noise=noise)   # mean CE over this micro-batch
+                (loss / accum).backward()                   # optimizer.md §5: loss divided by accum steps
+            loss_sum += loss.detach()
+        optimizer.step()                                    # MuonH: momentum, Polar Express, rescale to R,
+        optimizer.zero_grad(set_to_none=True)               # step, retract; AdamW on the rest
+        done = step + 1
+        due_eval = done == total_steps or (tc.eval_every and done % tc.eval_every == 0)
+        due_ckpt = done == total_steps or (tc.ckpt_every and done % tc.ckpt_every == 0)
+        if done % tc.log_every and not (due_eval or due_ckpt):
+            continue                                        # no host sync between logging steps
+        loss_val = read_loss(loss_sum, step, total_steps, accum, world, ckpt_path)   # syncs; the NaN guard
+        now = time.time()
+        dt, t_log, last_log = (now - t_log) / (done - last_log), now, done   # mean step time since the last read
+        mfu = F * B / dt / (world * peak) if peak else None  # model FLOPs utilisation per device
+        print0(f"step {done:05d}/{total_steps:05d} | loss {loss_val:.4f} | lr_mult {lr_mult:.3f} | dt "
+               f"{dt * 1e3:.0f}ms | tok/s {B / dt:,.0f} | mfu {f'{100 * mfu:.1f}%' if peak else 'n/a'} | flops "
+               f"{done * B * F:.3g}/{total_steps * B * F:.3g} | eta {(total_steps - done) * dt / 60:.1f}min")
+        log({"step": done, "loss": loss_val, "lr_mult": lr_mult, "dt": dt, "tok_per_s": B / dt, "mfu": mfu})
+        if due_eval:                                        # eval before the checkpoint: a run killed after both
+            last_val = evaluate(done)                       # resumes past this step, never re-evaluating
+
+        # ---- 5. Checkpoint: every rank gathers the sharded optimizer state, rank 0 writes, the others wait -------
+        if due_ckpt:
+            # torch's RNG states (CPU and CUDA) as tensors, so the file loads with weights_only=True; nothing in a
+            # step draws from numpy or Python (the loader and the state noise are seeded by row)
+            state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                     "loader": loader.state_dict(), "step": done, "val_loss": last_val, "identity": run.identity,
+                     "rng": {"torch": torch.get_rng_state(),
+                             "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None},
+                     "wall_time_s": wall_before + time.time() - t_loop, "tokenizer_hash": run.facts.tok_hash,
+                     "model_config": asdict(cfg), "train_config": asdict(tc)}
+            if master:
+                save(ckpt_path, lambda tmp: torch.save(state, tmp), "the previous one is kept" if
+                     os.path.exists(ckpt_path) else "no checkpoint was kept")
+            if world > 1:
+                dist.barrier()
+
+    # ---- 6. The record: done.json, written last by rank 0, atomically, with the run identity --------------------
+    # done.json is the run's only machine-readable result: fit.py and runs/*.sh read it and never the log (B9).
+    if last_val is None:                                    # resumed from a final checkpoint without a val loss
+        last_val = evaluate(total_steps)
+    if log_file:
+        log_file.close()
+    # Peak memory: CUDA's max allocated, or this process's peak RSS (ru_maxrss is in KiB on Linux; the whole
+    # process, so in-process sweeps report their largest run so far).
+    mem = ({"cuda_max_allocated": torch.cuda.max_memory_allocated(device)} if device.type == "cuda" else
+           {"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
+    record = {"config": {"model_config": asdict(cfg), "train_config": asdict(tc)}, "identity": run.identity,
+              **summary(cfg, tc, g), "world": world, "device_batch": device_batch, "val_loss": last_val,
+              "eval_tokens": run.facts.eval_rows * cfg.seq_len, "wall_time_s": wall_before + time.time() - t_loop,
+              "total_time_s": time.time() - t_start, "tokenizer_hash": run.facts.tok_hash, "data": tc.data,
+              **mem, "attn": run.attn, "precision": "bf16" if run.use_bf16 else "fp32",
+              "compile": run.use_compile, **git_info(), **({"case": tc.case} if tc.case else {})}
+    if master:
+        save(done_path, json.dumps(record, indent=1) + "\n", "the final checkpoint is kept")
+        print0(f"done: val_loss {last_val:.4f} nats after {g.tokens:,} tokens -> {done_path}")
+        common.release(tc.out_dir)                          # the process's exit would drop the claim anyway
+    if world > 1:
+        dist.barrier()
+    return record
+
+
+# -----------------------------------------------------------------------------
+# preflight: every refusal, before any model is built (README "Guarantees", rule 5)
+
+def preflight(model_cfg, tc, rank: int, world: int, device) -> SimpleNamespace:
+    """Check everything a run can be refused for, in one place: the values, the --init-from checkpoint, the data,
+    the geometry and horizon (derive), the memory, and what out_dir holds (out_dir_state, which then claims it).
+    Returns the resolved run; --plan without a prepared --data checks what needs none."""
+    for c in (model_cfg, tc):                # the CLI checked these; an in-process caller may have edited a config
+        common.check_fields(c, LIMITS)
+    hook, cfg, init_state, init_tok, init_id, facts = fault_hook(), model_cfg, None, None, None, None
+    if tc.init_from:
+        cfg, init_state, init_tok = init_architecture(model_cfg, tc.init_from)
+        init_id = weights_identity(init_state)
+        print0(f"init-from {tc.init_from}: weights and architecture from the checkpoint (d_model {cfg.d_model}, r "
+               f"{cfg.n_loops}, layout {'-'.join(map(str, cfg.partition))}, {cfg.injection}); fresh optimizer, step 0")
+    with_data = not tc.plan or os.path.isdir(tc.data)   # --plan needs no data; with it, it reports the out-dir's state
+    if with_data:
+        cfg, facts = check_data(cfg, tc, init_tok)
+    # precision, attention and compile, resolved once (a forced backend that cannot run is an error here)
+    use_bf16 = (device.type == "cuda") if tc.precision is None else tc.precision == "bf16"
+    attn = resolve_attention(tc.attn, device, use_bf16)[0]
+    need(tc.sdpa_backend in ("auto", "math") or (attn == "sdpa" and device.type == "cuda"), f"--sdpa-backend "
+         f"{tc.sdpa_backend} needs SDPA attention on CUDA (here: {attn} on {device.type}); leave it at auto")
+    use_compile = (device.type == "cuda") if tc.compile is None else tc.compile
+    g = derive(cfg, tc, world)
+    # fp32 weights, gradients and two optimizer moments = 4 x the weights (eval.model_bytes), before any allocation:
+    # --vocab-size 1e9 is a one-line refusal naming its size, never the allocator's error
+    state, (have, what) = 4 * model_bytes(cfg)[1], device_memory(device)
+    need(state <= have or tc.plan, f"the model does not fit: d_model {cfg.d_model}, l_eff {cfg.n_layers_eff}, vocab "
+         f"{cfg.vocab_padded:,} padded, seq_len {cfg.seq_len:,}: its weights, gradients and optimizer state need "
+         f"{state / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB of {what}")
+    identity = facts and run_identity(cfg, tc, facts.identity, init_id, "bf16" if use_bf16 else "fp32", attn,
+                                      use_compile)
+    status, held = out_dir_state(tc, cfg, identity, rank, world) if with_data else ("unknown (no prepared --data)", None)
+    return SimpleNamespace(cfg=cfg, tc=tc, g=g, facts=facts, identity=identity, status=status, init_state=init_state,
+                           record=held if status == "finished" else None, ckpt=held if status == "resume" else None,
+                           use_bf16=use_bf16, attn=attn, use_compile=use_compile, hook=hook, state_bytes=state,
+                           device=device, dev_name=torch.cuda.get_device_name(device) if device.type == "cuda"
+                           else "cpu")
+
+
+def out_dir_state(tc, cfg, identity: dict, rank: int, world: int) -> tuple:
+    """("finished", done.json), ("resume", ckpt.pt) or ("fresh", None), decided by rank 0 and broadcast with its
+    refusal, if any, so every rank stops with the same line. Rank 0 then claims out_dir for writing (not for --plan,
+    nor to hand a finished run back); the other ranks read the checkpoint themselves, from the folder every rank
+    must see (the launcher's job: runs/slurm.sh, a shared filesystem)."""
+    done_path, ckpt_path = (os.path.join(tc.out_dir, n) for n in (DONE_NAME, CKPT_NAME))
+    look = lambda: "finished" if os.path.lexists(done_path) else "resume" if os.path.lexists(ckpt_path) else "fresh"
+    status, held, err = "fresh", None, None
+    if rank == 0:                            # a refusal is caught and broadcast: no rank waits in a collective
+        try:
+            status = look()
+            held = read_held(tc, cfg, status, identity)
+            if not tc.plan and status != "finished":
+                # out_dir holds train.py's files (or nothing), or --overwrite was given; claim refuses a 2nd writer
+                names = os.listdir(tc.out_dir) if os.path.isdir(tc.out_dir) else []
+                ours = all(n in RUN_NAMES or n.startswith(".nanoloop-") or n.endswith(".tmp") for n in names)
+                log = os.path.join(tc.out_dir, LOG_NAME)         # the log is appended to: a plain file or nothing
+                need(os.path.isfile(log) or not os.path.lexists(log), f"{log} is not a file; move it away")
+                common.claim(tc.out_dir, "train", None, tc.overwrite or ours, "--out-dir")
+                # a trainer that checkpointed or finished between the look above and the claim: refuse, not clobber
+                need(look() == status, f"another trainer wrote {tc.out_dir} while this one started; rerun")
+        except ValueError as e:
+            err = str(e)
+    if world > 1:                            # one small collective, before any work
+        box = [status, err]
+        dist.broadcast_object_list(box, src=0)
+        status, err = box
+    need(err is None, err)
+    return status, held if rank == 0 else read_held(tc, cfg, status, identity)
+
+
+def read_held(tc, cfg, status: str, identity: dict):
+    """The done.json or checkpoint out_dir holds, read as a file (a 0-byte or torn one is one line), if it is this
+    run's: using it needs --resume, and its identity must equal this run's (rule 1)."""
+    if status == "fresh":
+        return None
+    path = os.path.join(tc.out_dir, DONE_NAME if status == "finished" else CKPT_NAME)
+    need(tc.resume or tc.plan, f"{path} exists: pass --resume to continue that run (or to get a finished one's "
+         "record back), or pick another --out-dir")
+    if status == "resume":                   # one-line ValueErrors naming the file; the identity is compared below
+        held = read_checkpoint(path, CKPT_KEYS[:-1])
+    else:
+        try:
+            held = common.read_json(path, {"val_loss": (float, "(0, inf)"), "identity": (dict, None)})
+            common.require(held, ("val_loss", "steps", "tokens"), path)
+        except ValueError as err:
+            why = str(err).replace(f"{path}: ", "")
+            raise ValueError(f"{path} is not a train.py record ({why}); move it away to train again") from None
+    diff = common.identity_diff(held.get("identity"), identity, IDENTITY_DEFAULTS)   # a missing field = its default
+    need(not diff, f"{path} is the record of a different run (recorded vs now: {'; '.join(diff[:4])}"
+         f"{'; ...' if len(diff) > 4 else ''}); pick another --out-dir, or rerun with its flags")
+    if status == "resume":                   # its weights fit the model (names, shapes, finite values): checked now,
+        with torch.device("meta"), warnings.catch_warnings():   # on a model without memory, so a refusal comes
+            warnings.simplefilter("ignore")                       # before the claim (the loads are no-ops)
+            load_weights(LoopedGPT(cfg), held["model"], path)
+    return held
+
+
+# -----------------------------------------------------------------------------
+# The loop's helpers: the one file writer, the one host sync (the NaN guard), the random state init's noise
+
+def save(path: str, data, kept: str) -> None:
+    """Write one of the run's own files (ckpt.pt, done.json) atomically: a full disk or a kill leaves the previous
+    file (or none) and at most a temporary nobody reads. A failure is one line naming the file and the cause."""
+    try:
+        common.atomic_write(path, data)
+    except (OSError, RuntimeError) as err:   # torch.save wraps ENOSPC in a RuntimeError: the errno in its chain
+        e = err
+        while e is not None and not (isinstance(e, OSError) and e.errno):
+            e = e.__cause__ or e.__context__
+        why = os.strerror(e.errno) if e is not None else common.first_line(err)
+        raise OSError(f"could not write {path}: {why}; {kept}. Free space, then rerun with --resume") from None
+
+
+def read_loss(loss_sum, step: int, total_steps: int, accum: int, world: int, ckpt_path: str) -> float:
+    """The global-batch mean loss: the loop's one host sync (all-reduce, .item()). A non-finite loss stops the run
+    before anything of it is checkpointed (the NaN guard)."""
+    if world > 1:
+        dist.all_reduce(loss_sum)                       # gloo has no AVG: sum over ranks, divide below
+    loss_val = loss_sum.item() / (accum * world)
+    if math.isfinite(loss_val):
+        return loss_val
+    kept = f"{ckpt_path} is the last good checkpoint" if os.path.exists(ckpt_path) else "no checkpoint yet"
+    cause = ("the loss is non-finite before any optimizer step, so the learning rate is not the cause: check the "
+             "model flags (--norm-eps, --logit-softcap, --rope-base, --state-init-std, --vocab-size) and the data"
+             if step == 0 else "after fixing the cause (e.g. a lower --muonh-lr), --resume")
+    raise FloatingPointError(f"non-finite training loss {loss_val} at step {step + 1}/{total_steps}; stopping "
+                             f"before it is checkpointed. {kept}; {cause}")
+
+
+def state_noise(model, seed: int, first: int, rows: int, device):
+    """(rows, T, d) N(0, 1) for the random state init: one draw per global batch row, seeded by (seed, row), so
+    every row gets its own noise and the run does not depend on the world size. None for the prelude init."""
+    if model.state_init != "random":
+        return None
+    gen, out = torch.Generator(device=device), []
+    for row in range(first, first + rows):
+        gen.manual_seed(int.from_bytes(hashlib.sha256(f"{seed}:{row}".encode()).digest()[:8], "little"))
+        out.append(torch.randn(model.cfg.seq_len, model.cfg.d_model, generator=gen, device=device))   # (T, d)
+    return torch.stack(out)                                                                          # (rows, T, d)
+
+
+# -----------------------------------------------------------------------------
+# CLI: one flat parser generated from ModelConfig + TrainConfig by common.add_dataclass_flags (style B5)
 
 def parse_args(argv=None) -> tuple:
     """argv (list of str, None = sys.argv[1:]) -> (ModelConfig, TrainConfig). Bad values exit 2 with one line."""
@@ -216,19 +523,14 @@ def parse_args(argv=None) -> tuple:
         p.error(str(err))
 
 
+def need(ok, why: str) -> None:
+    """Refuse unless ok: a ValueError whose one line the CLI prints before exiting 2 (README "Guarantees", rule 5)."""
+    if not ok:
+        raise ValueError(why)
+
+
 # -----------------------------------------------------------------------------
-# Run identity (rule 1): what a record or checkpoint must match before it is handed back or continued.
-
-def weights_identity(state: dict) -> str:
-    """A hash of a state dict's names, dtypes, shapes and bytes: the --init-from checkpoint's identity. (A run's own
-    identity would not do: it does not say which of its steps the weights are from.)"""
-    h = hashlib.sha256()
-    for name in sorted(state):
-        t = state[name].detach().cpu().contiguous()
-        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy())
-    return h.hexdigest()[:16]
-
+# Run identity (rule 1): what a record or checkpoint must match before it is handed back or continued
 
 def run_identity(model_cfg, train_cfg, data_id, init_id, precision, attn, compile) -> dict:
     """Everything that can change this run's result: every ModelConfig field (as trained: the vocabulary taken from the
@@ -239,40 +541,41 @@ def run_identity(model_cfg, train_cfg, data_id, init_id, precision, attn, compil
     return ident
 
 
+def weights_identity(state: dict) -> str:
+    """A hash of a state dict's names, dtypes, shapes and bytes: the --init-from checkpoint's identity (a run's own
+    identity would not say which of its steps the weights are from)."""
+    h = hashlib.sha256()
+    for name in sorted(state):
+        t = state[name].detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()[:16]
+
+
 # -----------------------------------------------------------------------------
-# The checks preflight runs: --init-from, the data, the out-dir's contents, memory and disk
-
-def need(ok, why: str) -> None:
-    """Refuse unless ok: a ValueError whose one line the CLI prints before exiting 2 (README "Guarantees", rule 5)."""
-    if not ok:
-        raise ValueError(why)
-
+# The inputs preflight checks: --init-from, the data, the device's memory, the test fault hooks
 
 def init_architecture(model_cfg, init_from: str, typed=None) -> tuple:
     """--init-from: (the checkpoint's ModelConfig with this run's n_loops_bwd, its state dict, its tokenizer hash).
-
-    What a fine-tuning researcher expects: the architecture is the checkpoint's. A model flag typed on the command
-    line (typed: their names) must equal it, even at its default value; for a config built in code (typed None) a
-    field at its default takes the checkpoint's value and any other must equal it. n_loops_bwd stays this run's (a
-    training choice); the optimizer, LR schedule and step count start fresh."""
+    The architecture is the checkpoint's: a model flag typed on the command line (typed: their names) must equal it,
+    even at its default; for a config built in code (typed None) a field at its default takes the checkpoint's
+    value. n_loops_bwd stays this run's (a training choice); optimizer, schedule and step count start fresh."""
     model, ck = load_checkpoint(init_from)          # a nanoloop run or an authors' release; one-line ValueErrors
-    theirs, defaults = asdict(model.cfg), {f.name: f.default for f in dataclasses.fields(ModelConfig)}
-    names = typed if typed is not None else {k for k in theirs if getattr(model_cfg, k) != defaults[k]}
+    theirs = asdict(model.cfg)
+    names = typed if typed is not None else {k for k in theirs if getattr(model_cfg, k) != IDENTITY_DEFAULTS[k]}
     clash = {k: (getattr(model_cfg, k), theirs[k]) for k in sorted(set(names) - {"n_loops_bwd"})
              if getattr(model_cfg, k) != theirs[k]}
     need(not clash, f"--init-from {init_from}: model flags differ from the checkpoint's architecture (flag, "
          f"checkpoint) = {clash}; drop them (the architecture comes from the checkpoint)")
-    return dataclasses.replace(model.cfg, n_loops_bwd=model_cfg.n_loops_bwd), model.state_dict(), ck.get(
-        "tokenizer_hash")
+    return (dataclasses.replace(model.cfg, n_loops_bwd=model_cfg.n_loops_bwd), model.state_dict(),
+            ck.get("tokenizer_hash"))
 
 
 def check_data(cfg, tc, init_tok_hash) -> tuple:
     """The prepared data against the model: equal seq_len (no silent re-packing), one tokenizer for both splits (and
     --tokenizer's and the --init-from checkpoint's, when given), the vocabulary (the default --vocab-size takes the
     data's), enough val rows for --eval-tokens. Returns (cfg with its vocabulary, the data's facts)."""
-    need(os.path.isdir(tc.data), f"--data {tc.data!r} is not a directory; prepare one with `python data.py prepare "
-         "--source default --tokenizer TOK.model --out DIR --seq-len T` (see data.py)")
-    meta, val_meta = read_meta(tc.data, "train"), read_meta(tc.data, "val")
+    meta, val_meta = read_meta(tc.data, "train"), read_meta(tc.data, "val")   # one line if not a prepared dir
     for name, m in (("train", meta), ("val", val_meta)):
         need(m["seq_len"] == cfg.seq_len, f"data {tc.data} ({name}) was packed with seq_len {m['seq_len']} but the "
              f"model has --seq-len {cfg.seq_len}; pass --seq-len {m['seq_len']} or re-pack")
@@ -283,10 +586,10 @@ def check_data(cfg, tc, init_tok_hash) -> tuple:
          f"{tc.tokenizer!r} is not the one {tc.data} was packed with ({tok or 'it records none'}); drop --tokenizer")
     need(init_tok_hash in (None, tok), f"--init-from {tc.init_from} was trained on data tokenised with "
          f"{init_tok_hash}, but {tc.data} was tokenised with {tok}")
-    vocab_rule = "--vocab-size"
-    if cfg.vocab_size == VOCAB_DEFAULT and meta["vocab_size"] != VOCAB_DEFAULT and not tc.init_from:
+    vocab_rule, default = "--vocab-size", IDENTITY_DEFAULTS["vocab_size"]
+    if cfg.vocab_size == default and meta["vocab_size"] != default and not tc.init_from:
         cfg = dataclasses.replace(cfg, vocab_size=meta["vocab_size"])
-        vocab_rule = f"the data meta's (--vocab-size left at its default {VOCAB_DEFAULT})"
+        vocab_rule = f"the data meta's (--vocab-size left at its default {default})"
     need(meta["vocab_size"] <= cfg.vocab_size, f"data {tc.data} has vocab_size {meta['vocab_size']} > the model's "
          f"--vocab-size {cfg.vocab_size}: token ids would index past the embedding")
     val_rows = val_meta["total_rows"] if isinstance(val_meta.get("total_rows"), int) else 0
@@ -295,42 +598,6 @@ def check_data(cfg, tc, init_tok_hash) -> tuple:
          f"tokens but {tc.data} has {val_rows}; pass --eval-tokens <= {val_rows * cfg.seq_len:,} (or -1: all)")
     return cfg, SimpleNamespace(tok_hash=tok, eval_rows=eval_rows, vocab_rule=vocab_rule,
                                 identity=data_identity(tc.data))
-
-
-def out_dir_state(tc, world: int) -> tuple:
-    """(status, what out_dir holds): ("finished", its done.json), ("resume", its ckpt.pt) or ("fresh", None), read
-    and checked as files before anything else is (a 0-byte or torn done.json is refused at once, never taken for
-    "finished"). Using either needs --resume (--plan only reports); preflight then compares its run identity.
-
-    Decided from rank 0's view of out_dir {".", done.json, ckpt.pt} -> (inode, size), None where absent, once every
-    rank has the same. A rank that saw other files (node-local disks, a stale copy) would skip a run the others
-    train, or resume from another step: on any difference every rank raises the same error, naming the rank."""
-    view = {}
-    for name in (".", DONE_NAME, CKPT_NAME):
-        try:
-            st = os.stat(os.path.join(tc.out_dir, name))
-            view[name] = (st.st_ino, 0 if name == "." else st.st_size)
-        except OSError as err:               # recorded, so every rank reaches the collective
-            view[name] = None if isinstance(err, FileNotFoundError) else type(err).__name__
-    views = [(socket.gethostname(), view)] * world
-    if world > 1:
-        dist.all_gather_object(views, views[0])         # one small collective, before any work
-    for k, (host, v) in enumerate(views):
-        need(v == views[0][1], f"rank {k} on {host} sees {tc.out_dir} differently from rank 0 on {views[0][0]} (name "
-             f"-> (inode, size), None = absent; rank {k}: {v}, rank 0: {views[0][1]}); every rank must see one shared "
-             "filesystem: put --out-dir on storage that all nodes mount")
-    done_path, ckpt_path = (os.path.join(tc.out_dir, n) for n in (DONE_NAME, CKPT_NAME))
-    if view[DONE_NAME] is not None:          # every rank's view is rank 0's now
-        need(tc.resume or tc.plan, f"{done_path} exists: this run is finished. Pick another --out-dir (or pass "
-             "--resume to get its record back)")
-        try:
-            return "finished", common.read_json(done_path, {"val_loss": (float, "(0, inf)"), "identity": (dict, None)})
-        except ValueError as err:
-            raise ValueError(f"{done_path} is not a train.py record ({err}); move it away to train again") from None
-    if view[CKPT_NAME] is not None:          # one-line errors for a truncated, foreign or incomplete file
-        need(tc.resume or tc.plan, f"{ckpt_path} exists: pass --resume to continue that run, or pick another --out-dir")
-        return "resume", read_checkpoint(ckpt_path, [k for k in CKPT_KEYS if k != "identity"])
-    return "fresh", None
 
 
 def device_memory(device) -> tuple:
@@ -344,92 +611,17 @@ def device_memory(device) -> tuple:
     return (min(have, int(float(cap))), f"NANOLOOP_MEMORY_CAP={cap}") if cap else (have, what)
 
 
-def check_disk(tc, g, cfg, start_step: int) -> None:
-    """A checkpoint is written beside the previous one, then replaces it: if the disk cannot hold the writes to come,
-    say so now rather than at step 1000. A checkpoint is at most the weights and two optimizer moments each; with two
-    or more writes ahead the disk must hold two checkpoints at once (the folder may not exist yet: its ancestor's)."""
-    ce, path, top = tc.ckpt_every, os.path.join(tc.out_dir, CKPT_NAME), os.path.abspath(tc.out_dir)
-    writes = 0 if start_step >= g.steps else (g.steps // ce - start_step // ce if ce else 0) + (
-        0 if ce and g.steps % ce == 0 else 1)
-    est, old = 3 * model_bytes(cfg)[1] + 2**16, os.path.getsize(path) if os.path.exists(path) else 0
-    while not os.path.isdir(top):
-        top = os.path.dirname(top)
-    st, need_bytes = os.statvfs(top), (0, est, 2 * est - min(old, est))[min(writes, 2)]
-    free = st.f_bavail * st.f_frsize
-    need(free >= need_bytes, f"--out-dir {tc.out_dir!r} has {free:,} bytes free, but its {writes} checkpoint "
-         f"write(s) need about {need_bytes:,}: free some space or pick another --out-dir")
-
-
 def fault_hook():
-    """NANOLOOP_FAULT="nan@K,kill@K" (tests only; module docstring) -> hook(step, model), called once at the top of
-    every step (step = the 0-based index about to run). A no-op when the variable is unset."""
-    items = [item.partition("@")[::2] for item in filter(None, os.environ.get("NANOLOOP_FAULT", "").split(","))]
-    need(all(k in ("nan", "kill") and v.isdigit() for k, v in items), f"NANOLOOP_FAULT="
-         f"{os.environ.get('NANOLOOP_FAULT')!r}: items must be nan@K or kill@K")
-    faults = {k: int(v) for k, v in items}
+    """NANOLOOP_FAULT="nan@K,kill@K" (tests only; module docstring) -> hook(step, model), called at the top of every
+    step (step = the 0-based index about to run). A no-op when the variable is unset."""
+    faults = {k: int(v) for k, _, v in (i.partition("@") for i in os.environ.get("NANOLOOP_FAULT", "").split(",") if i)}
 
     def hook(step, model):
         if faults.get("nan") == step + 1:             # a diverged run: every logit (and the loss) is NaN
             model.lm_head.weight.data.fill_(float("nan"))
-        if faults.get("kill") == step:                 # step K and its checkpoint are done: die like a
-            os.kill(os.getpid(), signal.SIGKILL)            # preempted job (no cleanup)
+        if faults.get("kill") == step:                # step K and its checkpoint are done: die like a preempted job
+            os.kill(os.getpid(), signal.SIGKILL)
     return hook
-
-
-# -----------------------------------------------------------------------------
-# preflight: every refusal, before any folder is made or any model is built
-
-def preflight(model_cfg, tc, world: int, device) -> SimpleNamespace:
-    """Check everything a run can be refused for, in one place (README "Guarantees", rule 5): the values, the
-    out-dir, the --init-from checkpoint, the data, the batch geometry and horizon (derive), the memory the weights
-    and optimizer need, the disk the checkpoints need, and what out_dir already holds (its identity must be this
-    run's). Nothing is written. Returns the resolved run; --plan without a prepared --data checks what needs none."""
-    common.check_fields(model_cfg, LIMITS)           # LIMITS: finiteness and range (the CLI checked them already,
-    common.check_fields(tc, LIMITS)                  # but an in-process caller may have edited a config since)
-    if not tc.plan:
-        common.check_dir_writable(tc.out_dir, "--out-dir")
-    hook, cfg, init_state, init_tok, init_id, facts = fault_hook(), model_cfg, None, None, None, None
-    with_data = not tc.plan or os.path.isdir(tc.data)   # --plan needs no data; with it, it reports the out-dir's state
-    # rank 0's view decides; all ranks must agree
-    status, held = out_dir_state(tc, world) if with_data else ("unknown (--plan without a prepared --data)", None)
-    if tc.init_from:
-        cfg, init_state, init_tok = init_architecture(model_cfg, tc.init_from)
-        init_id = weights_identity(init_state)
-        print0(f"init-from {tc.init_from}: weights and architecture from the checkpoint (d_model {cfg.d_model}, r "
-               f"{cfg.n_loops}, layout {'-'.join(map(str, cfg.partition))}, {cfg.injection}); fresh optimizer, step 0")
-    if with_data:
-        cfg, facts = check_data(cfg, tc, init_tok)
-    # precision, attention and compile, resolved once (a forced backend that cannot run is an error here)
-    use_bf16 = (device.type == "cuda") if tc.precision is None else tc.precision == "bf16"
-    attn = resolve_attention(tc.attn, device, use_bf16)[0]
-    use_compile = (device.type == "cuda") if tc.compile is None else tc.compile
-    g = derive(cfg, tc, world)
-    # fp32 weights, gradients and two optimizer moments: 4 x the weights' bytes (eval.model_bytes, from the config),
-    # before any allocation: --vocab-size 1e10 is a one-line refusal naming its size, never the allocator's error
-    state, (have, what) = 4 * model_bytes(cfg)[1], device_memory(device)
-    need(state <= have or tc.plan, f"the model does not fit: d_model {cfg.d_model}, l_eff {cfg.n_layers_eff}, vocab "
-         f"{cfg.vocab_padded:,} padded, seq_len {cfg.seq_len:,}: its weights, gradients and optimizer state need "
-         f"{state / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB of {what}")
-    precision = "bf16" if use_bf16 else "fp32"
-    identity = run_identity(cfg, tc, facts.identity, init_id, precision, attn, use_compile) if facts else None
-    # A record or checkpoint is this run's only if its identity is (rule 1); a file without one predates run
-    # identities (or is not train.py's) and cannot be checked. The fields that differ come from common.identity_diff.
-    if held is not None:
-        path = os.path.join(tc.out_dir, DONE_NAME if status == "finished" else CKPT_NAME)
-        need(isinstance(held.get("identity"), dict), f"{path} records no run identity: it was written by an older "
-             "train.py (or is not train.py's), so it cannot be checked against this run; move it away or pick another "
-             "--out-dir")
-        diff = common.identity_diff(held["identity"], identity)
-        need(not diff, f"{path} is the record of a different run (recorded vs now: {'; '.join(diff[:4])}"
-             f"{'; ...' if len(diff) > 4 else ''}); pick another --out-dir, or rerun with its flags")
-        common.require(held, ("val_loss", "steps", "tokens") if status == "finished" else (), path)
-    record, ckpt = (held, None) if status == "finished" else (None, held)
-    if not tc.plan and status != "finished":
-        check_disk(tc, g, cfg, ckpt["step"] if ckpt else 0)
-    return SimpleNamespace(cfg=cfg, tc=tc, g=g, facts=facts, identity=identity, status=status, record=record,
-                           ckpt=ckpt, init_state=init_state, use_bf16=use_bf16, attn=attn,
-                           use_compile=use_compile, hook=hook, state_bytes=state, device=device,
-                           dev_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
 
 
 # -----------------------------------------------------------------------------
@@ -439,8 +631,8 @@ def derive(cfg, tc, world: int) -> SimpleNamespace:
     """Batch geometry (B = rows x T; rows = device_batch x world x accum, style B8), the accounting, the horizon
     (steps, tokens, and the D of the HyperP data factor, unrounded as the release keeps it) and the peak LRs."""
     # Every optimizer step consumes the next B // T rows of the one global stream (data.md §3), so 1 GPU and 8 GPUs
-    # (or 4 nodes) train on the same tokens; device_batch only trades memory for accumulation steps. Auto (None)
-    # is chosen later among the divisors of the rows per rank, so here only the world size must divide them.
+    # train on the same tokens; device_batch only trades memory for accumulation steps (auto: chosen later among
+    # the divisors of the rows per rank, so here only the world size must divide them).
     B, T, r, db = tc.batch_tokens, cfg.seq_len, cfg.n_loops, tc.device_batch or 1
     need(B % T == 0, f"--batch-tokens {B} is not a multiple of --seq-len {T}")
     need((B // T) % (db * world) == 0, f"--batch-tokens {B} is not divisible by device_batch x seq_len x world = "
@@ -449,48 +641,35 @@ def derive(cfg, tc, world: int) -> SimpleNamespace:
     # layout, injection, hc lanes, the BPTT window (Eq. 6), T and the padded vocabulary.
     arch = flops.accounting_args(cfg)
     (n_once, n_rec), F = flops.param_split(**arch), flops.flops_per_token(**arch)
-    # Every horizon gives whole steps of B tokens (flops.tokens_for_budget's D is steps x B too); the budget and
-    # --steps horizons are >= 1 step by construction, so the steps >= 1 check only ever refuses D or rho
+    # Every horizon gives whole steps of B tokens (the budget and --steps ones >= 1 step by construction); the LR
+    # rule's D stays unrounded. rho uses the reuse-weighted params, the release's effective_params (optimizer §2.3).
+    C, D, rho, N = tc.flops_budget, tc.tokens, tc.tokens_per_param, tc.steps
     try:
-        if tc.flops_budget is not None:
-            steps = flops.tokens_for_budget(tc.flops_budget, F, B)[0]
-            lr_tokens, rule = int(tc.flops_budget / F), "steps = round(C / (F B)); D_lr = int(C / F)"
-        elif tc.steps is not None:
-            steps, lr_tokens, rule = tc.steps, tc.steps * B, "D = steps x B = D_lr"
-        elif tc.tokens is not None:
-            lr_tokens, rule, steps = tc.tokens, "steps = round(D / B); D_lr = D", round(tc.tokens / B)
-        else:                                # reuse-weighted params = the release's effective_params (optimizer §2.3)
-            lr_tokens = int(tc.tokens_per_param * (n_once + r * n_rec))
-            rule, steps = "D_lr = int(rho (N_once + r N_rec)); steps = D_lr // B", lr_tokens // B
-        need(steps >= 1, f"{lr_tokens:,} tokens are {'less than half of' if tc.tokens else 'less than'} one "
-             f"optimizer step of {B:,} tokens")
+        steps = flops.tokens_for_budget(C, F, B)[0] if C else N or (round(D / B) if D else None)
     except ValueError as err:
         raise ValueError(f"horizon: {err} (one step of B = {B:,} tokens costs F B = {F * B:.4g} FLOPs)") from None
-    tokens = steps * B
+    lr_tokens = int(C / F) if C else N * B if N else D or int(rho * (n_once + r * n_rec))
+    steps = lr_tokens // B if steps is None else steps
+    rule = ("steps = round(C / (F B)); D_lr = int(C / F)" if C else "D = steps x B = D_lr" if N else
+            "steps = round(D / B); D_lr = D" if D else "D_lr = int(rho (N_once + r N_rec)); steps = D_lr // B")
+    need(steps >= 1, f"horizon: {lr_tokens:,} tokens are {'less than half of' if D else 'less than'} one optimizer "
+         f"step of {B:,} tokens (one step of B = {B:,} tokens costs F B = {F * B:.4g} FLOPs)")
     # Peak LRs: eta_base through HyperP's width / batch / data corrections (App. D.2), computed once from (d, D, B, r);
-    # a resume restores the schedule position and never re-applies a factor (optimizer.md §6.7). The reference (its
-    # width and D_ref: the s = 10 model at the run's aspect ratio and depth, counted at THIS r) is optim.py's.
+    # a resume restores the schedule position and never re-applies a factor (optimizer.md §6.7). The reference (the
+    # s = 10 model at the run's aspect ratio and depth, counted at THIS r) is optim.py's.
     width_ref, d_ref = reference(r, cfg.aspect_ratio, cfg.head_dim, cfg.n_layers_eff, cfg.n_layers_prelude,
                                  cfg.n_layers_coda)
     d_ref = d_ref if tc.d_ref is None else tc.d_ref
     lrs = hyperp_lrs(cfg.d_model, r, tokens=lr_tokens, batch_tokens=B, base_lr=tc.muonh_lr, d_ref=d_ref,
                      d_model_ref=width_ref, batch_ref=tc.lr_batch_ref)
     return SimpleNamespace(B=B, batch_rows=B // T, per_rank=B // T // world, n_once=n_once, n_rec=n_rec, F=F,
-                           steps=steps, tokens=tokens, lr_tokens=lr_tokens, horizon_rule=rule, width_ref=width_ref,
-                           d_ref=d_ref, lrs=lrs)
-
-
-def release_device_batch(scale: int, per_rank: int) -> int:
-    """The release's rows per micro-step, 32 / 16 (s >= 18) / 8 (s >= 30), as the largest divisor of the rows per
-    rank not above it: the fallback where nothing can be measured (--plan builds no model)."""
-    rule = 32 if scale < 18 else 16 if scale < 30 else 8
-    return max(k for k in range(1, min(rule, per_rank) + 1) if per_rank % k == 0)
+                           steps=steps, tokens=steps * B, lr_tokens=lr_tokens, horizon_rule=rule,
+                           width_ref=width_ref, d_ref=d_ref, lrs=lrs)
 
 
 def peak_flops(dev_name: str, override: Optional[float] = None) -> tuple:
-    """(peak FLOP/s per device or None, rule): override (--peak-flops), else PEAK_FLOPS by the longest key found as
-    whole words in the device name. None -- MFU n/a -- for a device not in the table: never another device's figure.
-    runs/bench_train.py and runs/gpu_check.py read the same table through this function."""
+    """(peak FLOP/s per device or None, rule): --peak-flops, else PEAK_FLOPS by the longest key found as whole words
+    in the device name; None (MFU n/a) for a device not in the table, never another device's figure."""
     if override:
         return override, "--peak-flops"
     for key in sorted(PEAK_FLOPS, key=len, reverse=True):
@@ -499,14 +678,34 @@ def peak_flops(dev_name: str, override: Optional[float] = None) -> tuple:
     return None, f"n/a: {dev_name!r} is not in PEAK_FLOPS (datasheet figures); pass --peak-flops for an MFU figure"
 
 
+def inductor_cache(sdpa_backend: str) -> str:
+    """Inductor's on-disk caches (FX graphs, kernels) in one stable folder per user, unless TORCHINDUCTOR_CACHE_DIR
+    is set: the second process compiling the same cell shape loads them (issue 25 §5; measured on an H200 at s = 6:
+    the first step 40-46 s cold, 4-5 s warm). One folder per --sdpa-backend: the cache key ignores the SDPA kernel
+    choice, so a graph cached under one backend was reused under another (measured). Returns the rule."""
+    import torch._inductor.config
+    torch._inductor.config.fx_graph_cache = True
+    default = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "nanoloop",
+                           "inductor", f"sdpa-{sdpa_backend}")
+    rule = "set by you" if os.environ.get("TORCHINDUCTOR_CACHE_DIR") else "default; TORCHINDUCTOR_CACHE_DIR moves it"
+    return f"{os.environ.setdefault('TORCHINDUCTOR_CACHE_DIR', default)} ({rule})"
+
+
 # -----------------------------------------------------------------------------
 # The device batch (issue 19 §2): the largest that fits, chosen by measuring
 
+def release_device_batch(scale: int, per_rank: int) -> int:
+    """The release's rows per micro-step, 32 / 16 (s >= 18) / 8 (s >= 30), as the largest divisor of the rows per
+    rank not above it: the fallback where nothing can be measured (--plan builds no model)."""
+    rule = 32 if scale < 18 else 16 if scale < 30 else 8
+    return max(k for k in range(1, min(rule, per_rank) + 1) if per_rank % k == 0)
+
+
 def probe(model, rows: int, autocast, budget=None):
     """One micro-step of `rows` rows of zeros. budget None: the bytes autograd saves for the backward (the
-    activations a micro-step holds), counted once per storage by saved-tensor hooks, the parameters (saved by
-    reference) excluded; no backward runs. budget given (CUDA): forward + backward for real, True if it ran and
-    its peak reserved memory stayed within budget -- out of memory is False, not an error."""
+    activations a micro-step holds), counted once per storage by saved-tensor hooks, the parameters excluded; no
+    backward runs. budget given (CUDA): forward + backward for real, True if its peak reserved memory stayed within
+    budget -- out of memory is False, not an error."""
     cfg, device = model.cfg, next(model.parameters()).device
     x = torch.zeros(rows, cfg.seq_len, dtype=torch.long, device=device)                 # (rows, T)
     noise = torch.zeros(rows, cfg.seq_len, cfg.d_model, device=device) if model.state_init == "random" else None
@@ -533,43 +732,43 @@ def probe(model, rows: int, autocast, budget=None):
 
 
 def pick_device_batch(model, tc, g, world: int, autocast, static: int) -> tuple:
-    """(rows per micro-step, rule). Auto: the largest divisor k of the rows per rank whose micro-step fits. The memory
-    model mem(k) = static (weights, grads, optimizer state) + 1.2 (a + k b), with a + k b the saved activations
-    measured at 1 and 2 rows (1.2: headroom for the backward's transients), decides on CPU; on CUDA it bounds the
-    candidates, each then tried for real, largest first. Every rank takes the smallest pick (same micro-steps)."""
+    """(rows per micro-step, rule). Auto: the largest divisor k of the rows per rank whose micro-step fits; every
+    divisor is a candidate (no power-of-two cap: at s = 6, B = 128 rows of 2048, an H200 tries 128, then 64, ...).
+    mem(k) = static (weights, grads, optimizer state) + 1.2 (a + k b), a + k b the saved activations measured at 1
+    and 2 rows (1.2: the backward's transients), decides on CPU; on CUDA it bounds the candidates, each then tried
+    for real (eager, so at most what the compiled step needs), largest first. Every rank takes the smallest pick."""
     if tc.device_batch:
         return tc.device_batch, "--device-batch"
     device = next(model.parameters()).device
     (have, what), one, two = device_memory(device), probe(model, 1, autocast), probe(model, 2, autocast)
-    per_row = max(two - one, 1)
-    mem = lambda k: static + 1.2 * (max(2 * one - two, 0) + k * per_row)
-    cands = [k for k in range(g.per_rank, 0, -1) if g.per_rank % k == 0]
-    if device.type == "cuda":                 # the model only bounds the trials (2x: it may overestimate); the
-        budget = have - 2 * model_bytes(model.cfg)[1]       # optimizer's two moments are not allocated yet
-        rows = next((k for k in cands if mem(k) <= 2 * have and probe(model, k, autocast, budget)), 0)
-        rule = f"largest divisor of {g.per_rank} rows per rank whose trial micro-step fits {have / 2**30:.1f} GiB"
-    else:
-        rows = next((k for k in cands if mem(k) <= have), 0)
-        rule = (f"largest divisor of {g.per_rank} rows per rank with state {static / 2**20:,.1f} MiB + 1.2 x "
-                f"{per_row / 2**20:,.2f} MiB saved activations per row <= {have / 2**30:,.2f} GiB ({what})")
+    mem = lambda k: static + 1.2 * (max(2 * one - two, 0) + k * max(two - one, 1))
+    budget = have - 2 * model_bytes(model.cfg)[1]    # CUDA: the optimizer's two moments are not allocated yet
+    fits = (lambda k: mem(k) <= 2 * have and probe(model, k, autocast, budget)) if device.type == "cuda" else (
+        lambda k: mem(k) <= have)            # CUDA: the model only bounds the trials (2x: it may overestimate)
+    rows = next((k for k in range(g.per_rank, 0, -1) if g.per_rank % k == 0 and fits(k)), 0)
     if world > 1:
         t = torch.tensor([rows], device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         rows = int(t.item())
     need(rows, f"one row of {model.cfg.seq_len} tokens does not fit in {have / 2**30:,.1f} GiB ({what}) beside the "
          "weights and optimizer state: shorten --seq-len, truncate BPTT (--n-loops-bwd) or use a smaller model")
-    return rows, rule
+    return rows, f"largest divisor of {g.per_rank} rows per rank whose " + (
+        "trial micro-step fits" if device.type == "cuda" else f"state {static / 2**20:,.1f} MiB + 1.2 x saved "
+        f"activations ({max(two - one, 1) / 2**20:,.2f} MiB a row) fit") + f" {have / 2**30:,.2f} GiB ({what})"
 
 
 # -----------------------------------------------------------------------------
-# Small helpers: the start-up print, the record's common part, the log, git provenance, a run file's write
+# Small helpers: the start-up print, the record's common part, the log, git provenance
 
-def startup_print(run, world: int, device_batch, db_rule: str, peak, peak_rule: str) -> float:
-    """Print every derived quantity once, with its rule; return the estimated device-hours."""
+def startup_print(run, world: int, peak, peak_rule: str) -> tuple:
+    """Print every derived quantity once, with its rule; return (estimated device-hours, --plan's device batch)."""
     cfg, tc, g, r, (p, rec, c) = run.cfg, run.tc, run.g, run.cfg.n_loops, run.cfg.partition
+    device_batch, db_rule = tc.device_batch, "--device-batch"
+    if not device_batch:                     # auto: measured on the built model (main); --plan builds nothing
+        device_batch = release_device_batch(cfg.scale, g.per_rank) if tc.plan else None
+        db_rule = "release rule 32 / 16 (s >= 18) / 8 (s >= 30) in --plan" if tc.plan else "auto: measured below"
     bptt = "full" if cfg.n_loops_bwd in (None, r) else f"truncated: last {cfg.n_loops_bwd} of {r} loops"
     hours = g.tokens * g.F / (PLAN_MFU * (peak or PEAK_FLOPS["H100"])) / 3600
-    eval_tokens = run.facts.eval_rows * cfg.seq_len if run.facts else tc.eval_tokens
     ref = f"; b = (B/{tc.lr_batch_ref})^0.558, w = (d/{g.width_ref})^-0.5  (optimizer §2)"
     rows = [("vocab_size", cfg.vocab_size, run.facts.vocab_rule if run.facts else "--vocab-size"),
             ("d_model", cfg.d_model, f"aspect_ratio x scale = {cfg.aspect_ratio} x {cfg.scale}  (§3.1)"),
@@ -589,13 +788,17 @@ def startup_print(run, world: int, device_batch, db_rule: str, peak, peak_rule: 
             *((k, f"{v:.6g}", {"muonh_lr": f"{tc.muonh_lr} b (D/D_ref)^-0.32", "wte_lr": "0.3 b w", "lm_head_lr":
                "0.004 b w", "norm_lr": "0.005 w", "hc_lr": "0.01 w"}[k] + ref) for k, v in g.lrs.items()),
             ("schedule", "lrm = 0.1 + 0.9 (N - step) / N", "no warmup, decay to 10% (§4.1)"),
-            ("eval", f"{eval_tokens:,} val tokens", f"every {tc.eval_every} steps + final" if tc.eval_every else
-             "final step only (data.md §4)"),
+            ("eval", f"{run.facts.eval_rows * cfg.seq_len if run.facts else tc.eval_tokens:,} val tokens",
+             f"every {tc.eval_every} steps + final" if tc.eval_every else "final step only (data.md §4)"),
             ("precision", "bf16 (autocast, wte, Polar Express)" if run.use_bf16 else "fp32", ("--precision" if
              tc.precision else "default: bf16 on CUDA, fp32 on CPU") + "; eval in the same"),
             ("attention", run.attn, attention_summary(run.attn, run.device, run.use_bf16) + (
                 "; forced by --attn" if tc.attn != "auto" else "")),
-            ("compile", run.use_compile, "default: on for CUDA, off for CPU" + ("; after DDP" if world > 1 else "")),
+            ("sdpa kernel", tc.sdpa_backend, "--sdpa-backend; auto: torch picks per call" if run.attn == "sdpa" else
+             "unused (not SDPA)"),
+            ("compile", f"{run.use_compile} ({tc.compile_mode})" if run.use_compile else False, "default: on for "
+             "CUDA, off for CPU" + ("; after DDP" if world > 1 else "") + "; --compile-mode: torch.compile's mode"),
+            *((("inductor cache", "on", inductor_cache(tc.sdpa_backend)),) if run.use_compile else ()),
             ("loss read / log", f"every {tc.log_every} step(s)", "the only host syncs, + every eval / checkpoint"),
             ("mfu peak", f"{peak:.4g} FLOP/s per device" if peak else "n/a", peak_rule),
             ("est. device-hours", f"{hours:,.4g}", f"tokens x F / ({PLAN_MFU:.0%} MFU x peak)" + (
@@ -603,7 +806,7 @@ def startup_print(run, world: int, device_batch, db_rule: str, peak, peak_rule: 
     print0(f"nanoloop {'plan' if tc.plan else 'train'} | world {world} | device {run.dev_name} | out_dir {tc.out_dir}")
     for name, value, rule in rows:
         print0(f"  {name:<22} {str(value):<28} # {rule}")
-    return hours
+    return hours, device_batch
 
 
 def summary(cfg, tc, g) -> dict:
@@ -616,28 +819,19 @@ def summary(cfg, tc, g) -> dict:
 
 
 def read_log(log_path: str, upto: int) -> list:
-    """The lines of log.jsonl whose step is <= upto (the rest is about to be redone), repairing a torn tail.
-
-    A kill (or a power loss) during an append can leave the last line cut short, or NUL bytes after the last
-    newline: that tail is dropped with a message (rule 3). A bad line anywhere else means the file is not this run's
-    log (edited, or another tool's): an error naming the file and line, and the file is left untouched."""
+    """The lines of log.jsonl whose step is <= upto (the rest is about to be redone). A kill mid-append leaves at
+    most a cut-short tail after the last newline: dropped, with a message (rule 3). Any other line that is not a
+    train.py record means the file is not this run's log: an error naming it and the line; the file is untouched."""
     lines = open(log_path, "rb").read().split(b"\n") if os.path.exists(log_path) else [b""]
-    tail, kept = lines.pop(), []             # tail: after the last newline, b"" when the file ends cleanly
-    for i, ln in enumerate(lines, 1):
+    if lines[-1]:
+        print0(f"{log_path}: dropped a torn last line ({lines[-1][:40]!r}), the trace of a kill mid-write")
+    kept = []
+    for i, ln in enumerate(lines[:-1], 1):
         try:
-            step = json.loads(ln).get("step")
-        except (ValueError, AttributeError):  # JSONDecodeError, UnicodeDecodeError; JSON that is not an object
-            step = None
-        if not isinstance(step, int) and i == len(lines) and not tail:
-            tail = ln                        # the last line is itself the torn one
-        elif not isinstance(step, int):
-            raise ValueError(f"{log_path} line {i} is not a train.py record ({ln[:60]!r}): this is not the run's "
-                             "own log. Move it away and rerun (the run resumes from its checkpoint without it)")
-        elif step <= upto:
-            kept.append(ln.decode() + "\n")
-    if tail:
-        print0(f"{log_path}: dropped a torn last line ({len(tail)} bytes: {tail[:40]!r}), the trace of a kill "
-               "mid-write; the log resumes from the checkpoint")
+            kept += [ln.decode() + "\n"] if int(json.loads(ln)["step"]) <= upto else []
+        except (ValueError, KeyError, TypeError):   # not JSON (or not UTF-8), not an object, no integer step
+            raise ValueError(f"{log_path} line {i} is not a train.py record ({ln[:60]!r}): not this run's log; move "
+                             "it away and rerun (the run resumes from its checkpoint without it)") from None
     return kept
 
 
@@ -653,252 +847,9 @@ def git_info() -> dict:
         return {"git_commit": None, "git_dirty": None, "git_diff_sha256": None}
 
 
-def write_run_file(path: str, data, key: str, what: str, then: str) -> None:
-    """common.write_owned (atomic, recorded under the run's request key), a failure one line: "could not write
-    WHATPATH: why; THEN" -- why from common.write_failure (torch.save wraps ENOSPC in a RuntimeError)."""
-    try:
-        common.write_owned(path, data, key)
-    except (OSError, RuntimeError) as err:
-        raise OSError(f"could not write {what}{path}: {common.write_failure(err, path)}; {then}") from None
-
-
-# -----------------------------------------------------------------------------
-# main: written top to bottom, in the order it runs (like nanochat's base_train)
-
-def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
-    """Train one run; return its record (the content of out_dir/done.json), or with --plan the derived quantities
-    and the out-dir's status. Every rank runs this; only rank 0 prints (print0) and writes files."""
-    t_start = time.time()
-    rank, world, device = common.init_dist()   # torchrun env -> nccl (CUDA) / gloo (CPU); plain python -> (0, 1, dev)
-    master = rank == 0
-
-    # ---- 1. Checks: every refusal, before any folder is made -----------------------------------------------------
-    run = preflight(model_cfg, train_cfg, world, device)
-    cfg, tc, g = run.cfg, run.tc, run.g
-    ckpt_path, done_path, log_path = (os.path.join(tc.out_dir, n) for n in (CKPT_NAME, DONE_NAME, LOG_NAME))
-    if run.status == "finished" and not tc.plan:            # a sweep relaunches every run with --resume
-        print0(f"{done_path} exists: the run is finished (same run identity); returning its record")
-        return run.record
-
-    # ---- 2. Geometry, horizon, LRs (derive: checked by preflight, named here) -----------------------------------
-    # One optimizer step = B tokens = batch_rows rows of the one global stream (data.md §3), per_rank rows on each
-    # rank in accum micro-steps; total_steps from the horizon rule (App. E); the peak LRs of HyperP (App. D.2).
-    B, F, total_steps, lrs, r, d = g.B, g.F, g.steps, g.lrs, cfg.n_loops, cfg.d_model
-    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if run.use_bf16 else nullcontext
-    peak, peak_rule = peak_flops(run.dev_name, tc.peak_flops)
-
-    # ---- 3. The start-up print -----------------------------------------------------------------------------------
-    plan_db, db_rule = tc.device_batch, "--device-batch"
-    if not tc.device_batch:                  # auto: measured in section 4; --plan builds nothing to measure
-        plan_db = release_device_batch(cfg.scale, g.per_rank) if tc.plan else None
-        db_rule = "release rule 32 / 16 (s >= 18) / 8 (s >= 30) in --plan" if tc.plan else "auto: measured below"
-    hours = startup_print(run, world, plan_db, db_rule, peak, peak_rule)
-    if tc.plan:                              # --plan: the numbers a launch would use, without building anything
-        print0(f"status: {run.status}" + (f" at step {run.ckpt['step']}" if run.ckpt else ""))
-        return {**summary(cfg, tc, g), "device_batch": plan_db, "accum": g.per_rank // plan_db, "world": world,
-                "device_hours": hours, "status": run.status, "identity": run.identity}
-
-    # From here on this process writes out_dir: take its lock (one writer per run directory), then repair what a
-    # killed predecessor may have left: temporaries of an interrupted write (the torn log tail is handled below).
-    created, lock = not os.path.isdir(tc.out_dir), common.acquire_lock(tc.out_dir, LOCK_NAME) if master else None
-    try:
-        if master and (os.path.exists(done_path) or (run.status == "fresh" and os.path.exists(ckpt_path))):
-            raise ValueError(f"another trainer wrote {tc.out_dir} while this one was starting; rerun the same command "
-                             "(with --resume) once it is done")
-        for path in common.stale_temps(tc.out_dir) if master else []:
-            os.remove(path)
-            print0(f"removed {path}: a temporary file left by an interrupted write (the real file is untouched)")
-        key = common.request_key("train.py", run.identity)   # the ownership ledger's name for this run's files
-
-        # ---- 4. Build: model, device batch, optimizer, data --------------------------------------------------------
-        # Seed before building: every rank then holds the same init, and DDP's start-up broadcast is a
-        # no-op (style B8). TF32 for the fp32 master-weight matmuls on CUDA (architecture §9).
-        torch.manual_seed(tc.seed)
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = device.type == "cuda"
-        raw_model = LoopedGPT(cfg).to(device)
-        if run.init_state is not None:       # --init-from weights; a resume below replaces them with its checkpoint's
-            raw_model.load_state_dict(run.init_state)
-        raw_model.set_attention(run.attn)
-        if run.use_bf16:
-            raw_model.wte.to(dtype=torch.bfloat16)         # App. C.1: embeddings drawn in fp32, then cast to bf16
-        if raw_model.param_split() != (g.n_once, g.n_rec):  # style B7: the module must be what flops.py counts
-            raise RuntimeError(f"model.param_split() {raw_model.param_split()} != flops {(g.n_once, g.n_rec)}")
-        # The device batch is measured on the built model (issue 19 §2): the largest that fits, the same global batch
-        # by accumulation, so the trajectory is the fixed-size one's (fp32: to rounding; tests).
-        device_batch, db_rule = pick_device_batch(raw_model, tc, g, world, autocast, run.state_bytes)
-        accum = g.per_rank // device_batch
-        print0(f"  {'device batch':<22} {f'{device_batch} rows x {accum} accum steps':<28} # {db_rule}")
-        # MuonH on the block matrices + W_inject, AdamW on the rest (optimizer.md §0); MuonH sharded by whole
-        # matrices across ranks, all-gathered after each step (optimizer.md §4); world-size independent state_dict.
-        optimizer = build_optimizer(raw_model.param_groups(), lrs, polar_bf16=run.use_bf16)
-        loader, val_loader = (PackedLoader(tc.data, split, seq_len=cfg.seq_len, batch_rows=g.batch_rows,
-                                           device_batch=device_batch, rank=rank, world=world, device=device,
-                                           tokenizer_hash=run.facts.tok_hash) for split in ("train", "val"))
-        # Resume: weights, optimizer (R, momenta, Adam moments), loader position, RNG, step, elapsed wall time; with
-        # deterministic CPU kernels a resumed run is bitwise equal to an uninterrupted one (tests).
-        start_step, wall_before, last_val = 0, 0.0, None
-        if run.ckpt is not None:
-            ck, run.ckpt = run.ckpt, None
-            load_weights(raw_model, ck["model"], ckpt_path)   # names and shapes checked: a one-line error if not
-            optimizer.load_state_dict(ck["optimizer"])
-            loader.load_state_dict(ck["loader"])
-            # rank 0's RNG state; every rank draws the same numbers (same seed, same calls)
-            torch.set_rng_state(ck["rng"]["torch"])
-            if ck["rng"]["cuda"] is not None and torch.cuda.is_available():
-                torch.cuda.set_rng_state(ck["rng"]["cuda"])
-            start_step, wall_before, last_val = ck["step"], ck["wall_time_s"], ck["val_loss"]
-            print0(f"resumed {ckpt_path} at step {start_step}/{total_steps}")
-        elif tc.resume:
-            print0(f"--resume: no {ckpt_path} yet; starting at step 0")
-        if master:                           # the log up to the checkpoint (later lines are redone); torn tail dropped
-            common.atomic_write(log_path, "".join(read_log(log_path, start_step)))
-        # Wrap, then compile: DDP all-reduces grads; compiling the DDP module lets DDPOptimizer split the graph at
-        # bucket boundaries so each all-reduce overlaps the compiled backward. gradient_as_bucket_view: .grad are
-        # views into the buckets (one gradient-sized copy less). RoPE tables are constant buffers: no re-broadcast.
-        train_model = raw_model
-        if world > 1:
-            train_model = DDP(raw_model, device_ids=[device.index] if device.type == "cuda" else None,
-                              broadcast_buffers=False, gradient_as_bucket_view=True)
-        if run.use_compile:
-            train_model = torch.compile(train_model)
-
-        def state_noise(step, micro):
-            """(device_batch, T, d) N(0, 1) for the random state init: one draw per global batch row, seeded by
-            (seed, row), so every row gets its own noise and the run does not depend on the world size."""
-            if raw_model.state_init != "random":
-                return None
-            first = step * g.batch_rows + rank * g.per_rank + micro * device_batch     # data.md §3 row order
-            gen, rows = torch.Generator(device=device), []
-            for row in range(first, first + device_batch):
-                gen.manual_seed(int.from_bytes(hashlib.sha256(f"{tc.seed}:{row}".encode()).digest()[:8], "little"))
-                rows.append(torch.randn(cfg.seq_len, d, generator=gen, device=device))   # (T, d)
-            return torch.stack(rows)                                                     # (device_batch, T, d)
-
-        def evaluate(step):
-            """Val loss in nats over the first eval_rows val rows (eval.val_loss: exact, fp64 sums, all-reduced), of
-            the uncompiled module (no recompile of the training graph), in the run's precision."""
-            v = val_loss(raw_model, val_loader, run.facts.eval_rows * cfg.seq_len, bf16=run.use_bf16)
-            print0(f"eval step {step:05d} | val_loss {v:.4f} nats | n_loops {r}")
-            log({"step": step, "val_loss": v})
-            return v
-
-        def checkpoint(step, val):
-            """Rank 0 writes out_dir/ckpt.pt atomically; the other ranks wait, so nobody races ahead of a bad write."""
-            # The RNGs a step can touch, torch's (CPU and CUDA), as tensors so the checkpoint loads with
-            # weights_only=True. Nothing in a step draws from numpy's or Python's generators (the loader and the state
-            # noise are seeded by row).
-            optim_state = optimizer.state_dict()   # every rank: gathers the sharded MuonH state (any world size)
-            rng = {"torch": torch.get_rng_state(),
-                   "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
-            state = {"model": raw_model.state_dict(), "optimizer": optim_state, "loader": loader.state_dict(),
-                     "rng": rng, "step": step, "val_loss": val, "identity": run.identity,
-                     "wall_time_s": wall_before + time.time() - t_loop, "tokenizer_hash": run.facts.tok_hash,
-                     "model_config": asdict(cfg), "train_config": asdict(tc)}
-            if master:
-                kept = f"{ckpt_path} still holds the previous one" if os.path.exists(ckpt_path) else "none was kept"
-                write_run_file(ckpt_path, lambda tmp: torch.save(state, tmp), key, f"the step-{step} checkpoint ",
-                               f"{kept}. Free space, then --resume")
-            if world > 1:
-                dist.barrier()
-
-        def log(rec):
-            """One record appended to log.jsonl (rank 0); a failed append (full disk) is one line naming the file."""
-            try:
-                if log_file:                 # line-buffered: each record reaches the file as it is written
-                    log_file.write(json.dumps(rec) + "\n")
-            except OSError as err:
-                raise OSError(f"could not append to {log_path}: {common.write_failure(err, log_path)}. Free space, "
-                              "then rerun with --resume (the run continues from its last checkpoint)") from None
-
-        def read_loss(loss_sum, step):
-            """The global-batch mean loss of this step: the loop's one host sync (all-reduce, .item()). A non-finite
-            loss stops the run before anything of it is checkpointed (the NaN guard)."""
-            if world > 1:
-                dist.all_reduce(loss_sum)                       # gloo has no AVG: sum over ranks, divide below
-            loss_val = loss_sum.item() / (accum * world)
-            if math.isfinite(loss_val):
-                return loss_val
-            kept = f"{ckpt_path} is the last good checkpoint" if os.path.exists(ckpt_path) else "no checkpoint yet"
-            cause = ("the loss is non-finite before any optimizer step, so the learning rate is not the cause: check "
-                     "the model flags (--norm-eps, --logit-softcap, --rope-base, --state-init-std, --vocab-size) and "
-                     "the data" if step == 0 else "after fixing the cause (e.g. a lower --muonh-lr), --resume")
-            raise FloatingPointError(f"non-finite training loss {loss_val} at step {step + 1}/{total_steps}; stopping "
-                                     f"before it is checkpointed. {kept}; {cause}")
-
-        # ---- 5. The loop ----------------------------------------------------------------------------------------
-        # One optimizer step = accum micro-batches per rank: LR multiplier, forward/backward (grads all-reduce only on
-        # the last micro-batch), optimizer step; at logging steps one loss read, one log line; eval / checkpoint if
-        # due. No weight decay, no clipping, no warmup anywhere (§4.1): the loop has nothing else to do.
-        log_file = open(log_path, "a", buffering=1) if master else None
-        t_loop = t_log = time.time()
-        last_log = start_step
-        for step in range(start_step, total_steps):
-            run.hook(step, raw_model)                           # test faults (NANOLOOP_FAULT); no-op otherwise
-            lr_mult = lr_multiplier(step, total_steps)          # 0.1 + 0.9 (N - step) / N  (§4.1)
-            set_lr_multiplier(optimizer, lr_mult)
-            loss_sum = torch.zeros((), device=device)           # sum of micro-batch mean losses, on the device
-            for micro in range(accum):
-                x, y = loader.next_batch()                      # (device_batch, seq_len) int64 each
-                # grads all-reduce only on the last micro-step
-                with (train_model.no_sync() if world > 1 and micro < accum - 1 else nullcontext()):
-                    with autocast():
-                        loss = train_model(x, y, state_noise=state_noise(step, micro))   # mean CE, this micro-batch
-                    (loss / accum).backward()                   # optimizer.md §5: loss divided by accum steps
-                loss_sum += loss.detach()
-            optimizer.step()                                    # MuonH: momentum, Polar Express, rescale to R,
-            optimizer.zero_grad(set_to_none=True)               # step, retract; AdamW on the rest
-            done = step + 1
-            due_eval = done == total_steps or (tc.eval_every and done % tc.eval_every == 0)
-            due_ckpt = done == total_steps or (tc.ckpt_every and done % tc.ckpt_every == 0)
-            if done % tc.log_every and not (due_eval or due_ckpt):
-                continue                                        # no host sync between logging steps
-            loss_val = read_loss(loss_sum, step)                # syncs the device (the NaN guard)
-            now = time.time()
-            dt, t_log, last_log = (now - t_log) / (done - last_log), now, done   # mean step time since the last read
-            mfu = F * B / dt / (world * peak) if peak else None  # model FLOPs utilisation per device
-            print0(f"step {done:05d}/{total_steps:05d} | loss {loss_val:.4f} | lr_mult {lr_mult:.3f} | dt "
-                   f"{dt * 1e3:.0f}ms | tok/s {B / dt:,.0f} | mfu {f'{100 * mfu:.1f}%' if peak else 'n/a'} | flops "
-                   f"{done * B * F:.3g}/{total_steps * B * F:.3g} | eta {(total_steps - done) * dt / 60:.1f}min")
-            log({"step": done, "loss": loss_val, "lr_mult": lr_mult, "dt": dt, "tok_per_s": B / dt, "mfu": mfu})
-            if due_eval:                                        # eval before the checkpoint: a run killed after
-                last_val = evaluate(done)                       # both resumes past this step, never re-evaluating
-            if due_ckpt:
-                checkpoint(done, last_val)
-
-        # ---- 6. The record: rank 0 writes done.json last, atomically ----------------------------------------------
-        # done.json is the run's only machine-readable result: fit.py and runs/*.sh read it and never the log (B9).
-        # It is written after everything else, carries the run identity, and is handed back only for that identity.
-        if last_val is None:                                    # resumed from a final checkpoint without a val loss
-            last_val = evaluate(total_steps)
-        if log_file:
-            log_file.close()
-        # Peak memory: CUDA's max allocated, or this process's peak RSS (ru_maxrss is in KiB on Linux; the whole
-        # process, so in-process sweeps report their largest run so far).
-        mem = ({"cuda_max_allocated": torch.cuda.max_memory_allocated(device)} if device.type == "cuda" else
-               {"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
-        record = {"config": {"model_config": asdict(cfg), "train_config": asdict(tc)}, "identity": run.identity,
-                  **summary(cfg, tc, g), "world": world, "device_batch": device_batch, "val_loss": last_val,
-                  "eval_tokens": run.facts.eval_rows * cfg.seq_len, "wall_time_s": wall_before + time.time() - t_loop,
-                  "total_time_s": time.time() - t_start, "tokenizer_hash": run.facts.tok_hash, "data": tc.data,
-                  **mem, "attn": run.attn, "precision": "bf16" if run.use_bf16 else "fp32",
-                  "compile": run.use_compile, **git_info(), **({"case": tc.case} if tc.case else {})}
-        if master:
-            write_run_file(done_path, json.dumps(record, indent=1) + "\n", key, "", "the final checkpoint is kept. "
-                           "Free space, then rerun with --resume to write the record")
-            print0(f"done: val_loss {last_val:.4f} nats after {g.tokens:,} tokens -> {done_path}")
-        if world > 1:
-            dist.barrier()
-        return record
-    finally:
-        if lock is not None:
-            common.release_lock(lock, tc.out_dir, LOCK_NAME)
-            if created and not os.listdir(tc.out_dir):     # a start that failed leaves no empty folder behind
-                os.rmdir(tc.out_dir)
-
-
 # The CLI: a refusal (bad input, another run's files, a model that cannot fit) is one line and exit status 2, before
 # any work; a failure while running (a NaN loss, a full disk, out of memory) one line and 1; Ctrl-C 130. The details
-# a developer needs are in the run's log and in tracebacks of in-process callers (runs/mini.sh logs them).
+# a developer needs are in tracebacks of in-process callers (runs/mini.sh logs them).
 if __name__ == "__main__":
     mcfg, tcfg = parse_args()
     try:

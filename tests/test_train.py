@@ -215,8 +215,7 @@ def test_interrupted_checkpoint_write_keeps_previous(tiny_data, tmp_path, refere
     left = sorted(os.listdir(out))
     print(f"\ncheckpoint writes: {calls}; out_dir after the interrupted write: {left}")
     assert calls == [5, 10] and sha(out / "ckpt.pt") == previous["sha"]   # the step-5 file, byte for byte
-    assert left == [".nanoloop-owned.json", "ckpt.pt", "log.jsonl"]   # the half-written temporary is removed,
-                                                       # the lock released; the ownership ledger names the step-5 file
+    assert left == [".nanoloop-train", "ckpt.pt", "log.jsonl"]       # the half-written temporary is removed
     assert torch.load(out / "ckpt.pt", weights_only=True)["step"] == 5
     run(argv + ["--resume"])
     assert_same_as_reference(out, reference)
@@ -366,6 +365,54 @@ def test_every_config_field_is_in_the_identity_or_excluded(tiny_data):
     copy = os.path.join(os.path.dirname(tiny_data), "copy_of_tiny")
     shutil.copytree(tiny_data, copy, dirs_exist_ok=True)
     assert data.data_identity(copy) == data.data_identity(tiny_data)
+
+
+@pytest.mark.parametrize("kind", ["finished", "checkpoint"])
+def test_a_field_an_older_record_lacks_reads_as_its_default(kind, tiny_data, tmp_path, capsys):
+    """Issue 24 rule 1: a record written before a default-off field existed (simulated: the field deleted from the
+    stored identity) is still this run's, handed back or resumed; a field stored at a NON-default value and missing
+    from the record is still a difference (it would read as the default)."""
+    out, argv = tmp_path / "run", tiny_argv(tiny_data, tmp_path / "run", "--steps", "2", "--seed", "5")
+    rec = run(argv)
+
+    def drop(field):                                                  # the stored identity, as an older train.py wrote it
+        if kind == "checkpoint" and (out / "done.json").exists():
+            os.remove(out / "done.json")                              # a run killed after its last checkpoint
+        if kind == "finished":
+            r = json.load(open(out / "done.json"))
+            del r["identity"][field]
+            (out / "done.json").write_text(json.dumps(r))
+        else:
+            ck = torch.load(out / "ckpt.pt", weights_only=True)
+            del ck["identity"][field]
+            torch.save(ck, out / "ckpt.pt")
+    drop("n_loops_bwd")                                               # None: its default (full BPTT)
+    drop("case")                                                      # "": its default
+    again = run([*argv, "--resume"])
+    assert again["val_loss"] == rec["val_loss"]
+    drop("seed")                                                      # 5, not the default 0: still a difference
+    with pytest.raises(ValueError, match=r"different run \(recorded vs now: seed: 0 vs 5\)"):
+        run([*argv, "--resume"])
+
+
+def test_speed_switches_are_checked_and_not_in_the_identity(tiny_data, tmp_path, capsys):
+    """Issue 25 §4: --compile-mode and --sdpa-backend are speed switches (never the run's identity); a value that
+    cannot run here is one line before any work."""
+    _, tcfg = train.parse_args(["--steps", "2", "--compile-mode", "max-autotune-no-cudagraphs", "--sdpa-backend",
+                                "cudnn"])
+    assert (tcfg.compile_mode, tcfg.sdpa_backend) == ("max-autotune-no-cudagraphs", "cudnn")
+    assert {"compile_mode", "sdpa_backend", "overwrite"} <= set(train.IDENTITY_EXCLUDED)
+    for argv, msg in [(["--compile-mode", "reduce-overhead"], "--compile-mode must be one of default, max-autotune"),
+                      (["--sdpa-backend", "fa9"], "--sdpa-backend must be one of auto, cudnn, flash")]:
+        with pytest.raises(SystemExit) as exc:
+            train.parse_args(["--steps", "2", *argv])
+        assert exc.value.code == 2 and msg in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--sdpa-backend cudnn needs SDPA attention on CUDA"):
+        run(tiny_argv(tiny_data, tmp_path / "run", "--steps", "2", "--sdpa-backend", "cudnn"))
+    assert not (tmp_path / "run").exists()
+    math_ = run(tiny_argv(tiny_data, tmp_path / "math", "--steps", "2", "--sdpa-backend", "math"))
+    auto = run(tiny_argv(tiny_data, tmp_path / "auto", "--steps", "2"))
+    assert math_["identity"] == auto["identity"] and abs(math_["val_loss"] - auto["val_loss"]) < 1e-5
 
 
 def test_record_and_checkpoint_carry_the_identity(tiny_data, tmp_path):
