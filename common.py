@@ -148,8 +148,12 @@ def check_fields(obj, limits: dict) -> None:
 def read_json(path: str, schema: typing.Optional[dict] = None) -> dict:
     """The JSON object in path, its keys checked against schema (see check_record); one-line ValueError else."""
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would wait forever, /dev/zero never end
-            raise ValueError(f"{path}: not a plain file (a FIFO, a device or a folder)")
+        kind = os.stat(path).st_mode
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read ({err.strerror})") from None
+    if not stat.S_ISREG(kind):                      # a FIFO would wait forever, /dev/zero never end
+        raise ValueError(f"{path}: is a {'FIFO' if stat.S_ISFIFO(kind) else 'folder or device'}, not a file")
+    try:
         with open(path, "rb") as fh:
             obj = json.loads(fh.read())
     except OSError as err:
@@ -363,7 +367,3 @@ if __name__ == "__main__":
     except ValueError as err:
         fail(f"runs ({a.tool})", err)
 
-
-# TEMPORARY (removed before the redesign lands): the old ledger API, until every tool has moved to claim/check_new
-from _legacy_common import (check_owned, write_owned, owner_of, claim_dir, acquire_lock, release_lock,  # noqa
-                            stale_temps, check_dir_writable, write_failure)

@@ -63,7 +63,8 @@ import common
 import flops
 from common import print0
 from data import PackedLoader, data_identity, load_tokenizer, read_meta
-from eval import load_checkpoint, load_weights, model_bytes, read_checkpoint, val_loss
+from checkpoint import load_checkpoint, load_weights, model_bytes, read_checkpoint
+from eval import val_loss
 from model import ATTN_BACKENDS, LoopedGPT, ModelConfig, attention_summary, resolve_attention
 from optim import build_optimizer, hyperp_lrs, lr_multiplier, reference, set_lr_multiplier
 

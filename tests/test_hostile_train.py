@@ -483,10 +483,10 @@ def test_mini_never_mixes_two_grids_in_one_out(tmp_path):
     out = tmp_path / "study"
     (out / "runs" / "C3e10_r1_s1").mkdir(parents=True)
     (out / "runs" / "C3e10_r1_s1" / "done.json").write_text("{}\n")
-    (out / ".nanoloop-mini").write_text("grid 380655468 (quick)\n")
+    (out / ".nanoloop-mini").write_text("mini 0123456789abcdef\n")               # another grid's marker
     before = snapshot(tmp_path)
     proc = mini(str(out))                                            # the full grid into the quick study's folder
-    mini_error(proc, 2, str(out), "holds another mini study", "(quick)", "(full)")
+    mini_error(proc, 2, str(out), "another request of mini")
     assert_untouched(before, snapshot(tmp_path))
 
 
