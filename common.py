@@ -271,6 +271,7 @@ def claim(folder: str, tool: str, request=None, overwrite: bool = False, flag: s
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            had = made = True                       # another writer's marker and folder: never removed by us
             raise ValueError(f"{flag} {folder} is being written by another {tool} process: one writer per folder; "
                              "wait for it or pick another folder") from None
         except OSError:

@@ -1559,7 +1559,7 @@ def claimed(folder, tool, request, overwrite=False, flag="--out"):
         if isinstance(err, Partial):           # outputs were renamed in: the folder stays ours, for the rerun
             common.release(folder)
             raise
-        fd = common.HELD.get(os.path.abspath(folder))
+        fd = common.HELD.get(os.path.abspath(folder), (None, None))[0]
         with contextlib.suppress(OSError):
             if old is None:
                 os.remove(mark)
