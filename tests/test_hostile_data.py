@@ -227,13 +227,8 @@ def test_modified_prepared_set_is_packed_again(tmp_path, tok, capsys):
     assert "wrote" in capsys.readouterr().out and snapshot(out) == before
 
 
-def test_cli_prepare_killed_midway_resumes_by_itself(tmp_path, tok, capsys, monkeypatch):
-    """A kill after the 2nd shard (and a half-written temporary left behind): the same command finishes the job and
-    the result is byte-identical to an uninterrupted prepare. The temporary is not removed (a tool deletes nothing
-    by its name's pattern) and no reader sees it."""
-    src = write_jsonl(tmp_path / "src.jsonl", good_records(400))
-    args = lambda out: prepare_args(str(src), tok, str(out), "--rows-per-file", "8", "--val-docs", "40")
-    data.main(args(tmp_path / "whole"))
+def kill_at_third_shard(monkeypatch):
+    """Make the third parquet write raise KeyboardInterrupt (a kill mid-prepare); returns the real writer."""
     real, calls = pq.write_table, []
 
     def die_on_third(table, path):
@@ -242,6 +237,17 @@ def test_cli_prepare_killed_midway_resumes_by_itself(tmp_path, tok, capsys, monk
             raise KeyboardInterrupt
         real(table, path)
     monkeypatch.setattr(pq, "write_table", die_on_third)
+    return real
+
+
+def test_cli_prepare_killed_midway_resumes_by_itself(tmp_path, tok, capsys, monkeypatch):
+    """A kill after the 2nd shard (and a half-written temporary left behind): the same command finishes the job and
+    the result is byte-identical to an uninterrupted prepare. The temporary is not removed (a tool deletes nothing
+    by its name's pattern) and no reader sees it."""
+    src = write_jsonl(tmp_path / "src.jsonl", good_records(400))
+    args = lambda out: prepare_args(str(src), tok, str(out), "--rows-per-file", "8", "--val-docs", "40")
+    data.main(args(tmp_path / "whole"))
+    real = kill_at_third_shard(monkeypatch)
     with pytest.raises(SystemExit) as exc:
         data.main(args(tmp_path / "cut"))
     assert exc.value.code == 130 and "rerun the same command to resume" in capsys.readouterr().err
@@ -440,14 +446,7 @@ def test_a_tampered_prepare_state_is_refused_by_name(tmp_path, tok, capsys, monk
     written, else the rerun is refused in one line naming it, changing nothing."""
     src = write_jsonl(tmp_path / "src.jsonl", good_records(400))
     args = prepare_args(str(src), tok, str(tmp_path / "cut"), "--rows-per-file", "8", "--val-docs", "40")
-    real, calls = pq.write_table, []
-
-    def die_on_third(table, path):
-        calls.append(path)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        real(table, path)
-    monkeypatch.setattr(pq, "write_table", die_on_third)
+    real = kill_at_third_shard(monkeypatch)
     with pytest.raises(SystemExit):
         data.main(args)
     monkeypatch.setattr(pq, "write_table", real)
