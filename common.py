@@ -12,76 +12,49 @@ init_dist only). Each plumbing rule of the README's "Guarantees" is one light me
                         check_new / write_json for a single file: absent, ours by its written_by header, or --overwrite
   dist setup            init_dist, print0
 """
-import argparse
-import contextlib
-import dataclasses
-import fcntl
-import hashlib
-import inspect
-import json
-import math
-import os
-import re
-import stat
-import sys
-import typing
+import argparse, contextlib, dataclasses, fcntl, hashlib, inspect, json, math, os, pathlib, re, stat, sys, typing
 
 # -----------------------------------------------------------------------------
 # One error path: every user error is one line "prog: error: why", exit status 2, before any work is done.
-
-
 class Parser(argparse.ArgumentParser):
     """argparse with one-line errors (argparse's usage block would bury the culprit) and no abbreviations, so a
     misspelt flag is an error rather than a silent match."""
-
     def __init__(self, *args, **kwargs):
-        kwargs.setdefault("allow_abbrev", False)
-        super().__init__(*args, **kwargs)
-
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {first_line(message)} (see --help)\n")
-
 
 def first_line(text) -> str:
     return next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "unknown error")
 
-
 class Refusal(SystemExit):
     """Exit status 2 carrying its line, so an in-process caller (a test, a notebook) reads it from str(exc)."""
-
     def __init__(self, message: str):
         super().__init__(2)
         self.message = message
-
     def __str__(self):
         return self.message
-
 
 def fail(prog: str, err) -> typing.NoReturn:
     line = f"{prog}: error: {first_line(err)}"
     print(line, file=sys.stderr, flush=True)
     raise Refusal(line)
 
-
 # -----------------------------------------------------------------------------
 # Checked numbers. One notation for a range, "[lo, hi]" with ( ) for open ends and inf, shared by the CLI flags
 # (number) and by every number read back from a file (read_json), so the two limits cannot drift apart.
-
-
 def check_number(v, interval: str, what: str = "") -> typing.Optional[str]:
     """None if v is a finite number inside interval (None passes: Optional fields use it), else why not."""
     about = f" ({what})" if what else ""
+    # bool is an int in Python (a JSON true is no 1), and nan fails every comparison below
+    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+        return f"must be a finite number in {interval}{about}, got {v!r}"
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)):    # bool is an int in Python: a JSON true is no 1
-        return f"must be a number in {interval}{about}, got {v!r}"
-    if not math.isfinite(v):                                      # nan fails every comparison below
-        return f"must be a finite number in {interval}{about}, got {v}"
     lo, hi = (float(b) for b in interval[1:-1].split(","))        # float() reads "inf" and "-inf"
     if v < lo or v > hi or (interval[0] == "(" and v == lo) or (interval[-1] == ")" and v == hi):
         return f"must be in {interval}{about}, got {v:g}"
     return None
-
 
 def parse_bool(text: str) -> bool:
     v = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
@@ -89,18 +62,14 @@ def parse_bool(text: str) -> bool:
         raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
     return v[text.lower()]
 
-
 def number(kind, interval: str = "(-inf, inf)", what: str = ""):
     """argparse type: int or float, checked against interval when the flag is parsed (nan and inf refused)."""
-
     def parse(text):
         v = None
-        # int() first (exact at any length); an int may also be written as an exact float, --tokens 47e9
-        with contextlib.suppress(ValueError):
-            v = int(text) if kind is int else float(text)
-        with contextlib.suppress(ValueError):
-            if v is None and kind is int and float(text).is_integer():
-                v = int(float(text))
+        with contextlib.suppress(ValueError):      # int() first: exact at any length
+            v = kind(text)
+        with contextlib.suppress(ValueError):      # an int may also be written as an exact float, --tokens 47e9
+            v = int(float(text)) if v is None and kind is int and float(text).is_integer() else v
         if v is None:
             raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
         why = check_number(v, interval, what)
@@ -109,7 +78,6 @@ def number(kind, interval: str = "(-inf, inf)", what: str = ""):
         return v
     parse.__name__ = kind.__name__                 # argparse names the type in its "invalid value" errors
     return parse
-
 
 def add_dataclass_flags(parser: argparse.ArgumentParser, cls, limits: dict) -> None:
     """One --flag per field of the flat dataclass cls (style B5), with its default and its source comment as help.
@@ -127,11 +95,9 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls, limits: dict) -> N
         if optional:
             conv = (lambda c: lambda v: None if v.lower() in ("none", "auto") else c(v))(conv)
             conv.__name__ = tp.__name__
-        kw = dict(type=conv, default=f.default, help=f"{notes.get(f.name, '')} (default: {f.default})")
-        if tp is bool:
-            kw.update(nargs="?", const=True, metavar="BOOL")
-        group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, **kw)
-
+        bare = dict(nargs="?", const=True, metavar="BOOL") if tp is bool else {}    # --flag alone means true
+        group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=conv, default=f.default,
+                           help=f"{notes.get(f.name, '')} (default: {f.default})", **bare)
 
 def check_fields(obj, limits: dict) -> None:
     """A config built in Python (not through the CLI) meets the same limits; a ValueError naming the flag."""
@@ -140,58 +106,46 @@ def check_fields(obj, limits: dict) -> None:
         if why:
             raise ValueError(f"--{f.name.replace('_', '-')} {why}")
 
-
 # -----------------------------------------------------------------------------
 # One reader, one identity test.
-
-
 def read_json(path: str, schema: typing.Optional[dict] = None) -> dict:
     """The JSON object in path, its keys checked against schema (see check_record); one-line ValueError else."""
     try:
-        kind = os.stat(path).st_mode
-    except OSError as err:
-        raise ValueError(f"{path}: cannot read ({err.strerror})") from None
-    if not stat.S_ISREG(kind):                      # a FIFO would wait forever, /dev/zero never end
-        raise ValueError(f"{path}: is a {'FIFO' if stat.S_ISFIFO(kind) else 'folder or device'}, not a file")
-    try:
-        with open(path, "rb") as fh:
-            obj = json.loads(fh.read())
+        mode = os.stat(path).st_mode
+        # only a plain file is read: a FIFO would wait forever, /dev/zero never end
+        obj = json.loads(pathlib.Path(path).read_bytes()) if stat.S_ISREG(mode) else None
     except OSError as err:
         raise ValueError(f"{path}: cannot read ({err.strerror})") from None
     except (ValueError, RecursionError) as err:   # torn write, binary junk, a 5,000-digit integer, deep nesting
         raise ValueError(f"{path}: not a JSON record ({first_line(err)})") from None
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"{path}: is a {'FIFO' if stat.S_ISFIFO(mode) else 'folder or device'}, not a file")
     if not isinstance(obj, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(obj).__name__}")
     check_record(obj, schema or {}, path)
     return obj
-
 
 def check_record(obj: dict, schema: dict, where: str, prefix: str = "") -> None:
     """schema maps key -> (types, interval or None): a present key has one of the types (bool is never a number)
     and a number lies in the interval. Absent keys pass; callers require() what they need."""
     for key, (types, interval) in schema.items():
         v = obj.get(key)
-        if v is None:
-            continue
         types = types if isinstance(types, tuple) else (types,)
-        if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
+        if v is not None and (not isinstance(v, types) or (isinstance(v, bool) and bool not in types)):
             raise ValueError(f"{where}: key {prefix + key!r} must be {'/'.join(t.__name__ for t in types)}, got "
                              f"{type(v).__name__} {v!r:.40}")
         why = check_number(v, interval) if interval and isinstance(v, (int, float)) else None
         if why:
             raise ValueError(f"{where}: key {prefix + key!r} {why}")
 
-
 def require(obj: dict, keys, path: str) -> None:
     missing = [k for k in keys if obj.get(k) is None]
     if missing:
         raise ValueError(f"{path}: missing {', '.join(missing)} (not a complete record of this tool)")
 
-
 def request_key(tool: str, request) -> str:
     """A short stable name for (tool, request): the same invocation gives the same key in every process."""
     return hashlib.sha256(json.dumps([tool, request], sort_keys=True, default=str).encode()).hexdigest()[:16]
-
 
 def identity_diff(old: dict, new: dict, defaults: typing.Optional[dict] = None) -> list:
     """Every "is this the same run?" in nanoloop: the fields on which two identities differ, as "name: a vs b".
@@ -199,44 +153,30 @@ def identity_diff(old: dict, new: dict, defaults: typing.Optional[dict] = None) 
     behaviour, leaves every existing run's identity unchanged."""
     if not isinstance(old, dict) or not isinstance(new, dict):
         return ["identity: missing (a record without one predates this check)"]
-    d = defaults or {}
-    return [f"{k}: {old.get(k, d.get(k))!r} vs {new.get(k, d.get(k))!r}" for k in sorted(set(old) | set(new))
-            if old.get(k, d.get(k)) != new.get(k, d.get(k))]
-
+    a, b = ({k: rec.get(k, (defaults or {}).get(k)) for k in set(old) | set(new)} for rec in (old, new))
+    return [f"{k}: {a[k]!r} vs {b[k]!r}" for k in sorted(a) if a[k] != b[k]]
 
 # -----------------------------------------------------------------------------
 # Atomic files: the real name only ever holds a complete file.
-
-
 def atomic_write(path: str, data, replace: bool = True) -> None:
     """Write data (bytes, str, or a callable write(tmp_path) such as torch.save) through a temporary in the same
     folder, fsync, then rename -- or, with replace=False, link: the name must not exist yet, and of two concurrent
     creators exactly one succeeds (the other gets FileExistsError). A kill leaves at most a ".NAME.<hex>.tmp",
     which no tool reads and which never shadows the real file; a Python-level failure removes it."""
-    folder = os.path.dirname(path) or "."
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.urandom(4).hex()}.tmp")
+    tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.{os.urandom(4).hex()}.tmp")
     # O_EXCL | O_NOFOLLOW: a name planted in the folder is never clobbered or written through
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666))
     try:
         if callable(data):
             data(tmp)
         else:
-            with open(tmp, "wb") as fh:
-                fh.write(data.encode() if isinstance(data, str) else data)
-        fd = os.open(tmp, os.O_RDONLY)
-        os.fsync(fd)                                # the bytes on disk before the name points at them
-        os.close(fd)
-        if replace:
-            os.replace(tmp, path)                   # readers see the old file or the new one
-        else:
-            try:
-                os.link(tmp, path)                  # fails if someone created path meanwhile
-            except FileExistsError:
-                raise FileExistsError(f"{path} exists (another writer made it first)") from None
+            pathlib.Path(tmp).write_bytes(data.encode() if isinstance(data, str) else data)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())                   # the bytes on disk before the name points at them
+        (os.replace if replace else os.link)(tmp, path)   # replace: readers see old or new; link: fails if path exists
     finally:
         with contextlib.suppress(OSError):
             os.remove(tmp)
-
 
 # -----------------------------------------------------------------------------
 # Output ownership and one writer per folder (README "Guarantees", rules 2 and 4). A tool writes into a folder it
@@ -244,9 +184,7 @@ def atomic_write(path: str, data, replace: bool = True) -> None:
 # The marker holds content only (tool and request key), so a folder copied or moved as a whole stays usable; the
 # flock on it, held until the process exits, is the one-writer lock (the kernel drops it when a writer is killed).
 # A folder the ranks of a multi-node run do not all see is the launcher's to provide (README "Multi-node").
-
 HELD = {}    # folder -> (fd of its flocked marker, its key): kept open for the life of the process
-
 
 def claim(folder: str, tool: str, request=None, overwrite: bool = False, flag: str = "--out") -> str:
     """Own folder for tool: "fresh" (new or empty), "resume" (its marker names this tool and request; request None:
@@ -255,116 +193,94 @@ def claim(folder: str, tool: str, request=None, overwrite: bool = False, flag: s
     mark, key = os.path.join(folder, f".nanoloop-{tool}"), f"{tool} {request_key(tool, request)}"
     if HELD.get(os.path.abspath(folder), (0, None))[1] == key:    # claimed already by this process, same request
         return "resume"
-    made = not os.path.isdir(folder)
+    if os.path.islink(mark) or (os.path.lexists(mark) and not os.path.isfile(mark)):
+        raise ValueError(f"{flag} {folder}: {mark} is not a plain file; move it away")
+    made, had, fd = not os.path.isdir(folder), os.path.lexists(mark), None
     try:
         os.makedirs(folder, exist_ok=True)
         names = [n for n in os.listdir(folder) if n != os.path.basename(mark)]
-        had = os.path.lexists(mark)
-        # O_NONBLOCK: a FIFO planted at the marker's name is opened without waiting, then refused as no file
+        # O_NOFOLLOW, O_NONBLOCK: a link or FIFO planted at the marker's name meanwhile is an error, never a wait
         fd = os.open(mark, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
-    except OSError as err:
-        raise ValueError(f"{flag} {folder}: cannot use this folder ({err.strerror})") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise ValueError(f"{flag} {folder}: {mark} is not a plain file; move it away")
-    try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            had = made = True                       # another writer's marker and folder: never removed by us
+            had, made = True, False                 # another writer's marker and folder: never removed by us
             raise ValueError(f"{flag} {folder} is being written by another {tool} process: one writer per folder; "
                              "wait for it or pick another folder") from None
         except OSError:
             pass                                    # no flock on this filesystem (NFS nolock): proceed unlocked
         held = os.read(fd, 200).decode(errors="replace").strip()
-        # an older nanoloop's marker held the key alone (the same hash): the same request, so it resumes
-        mine = held in (key, key.split(" ")[1]) or (request is None and held.split(" ")[0] == tool)
+        mine = held == key or (request is None and held.split(" ")[0] == tool)
         state = "resume" if names and mine else "fresh" if not names else "overwrite" if overwrite else None
         if state is None:
             what = f"another request of {tool}" if held.startswith(tool + " ") else "files this tool did not make"
             raise ValueError(f"{flag} {folder} holds {what} ({', '.join(sorted(names)[:3])}"
                              f"{', ...' if len(names) > 3 else ''}); pick a new folder or pass --overwrite")
-        if held != key:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, (key + "\n").encode(), 0)
-    except BaseException:
-        os.close(fd)                                # a refusal leaves the folder as it found it
+        os.ftruncate(fd, 0)                         # the marker names this tool and request from now on
+        os.pwrite(fd, (key + "\n").encode(), 0)
+    except BaseException as err:                    # a refusal leaves the folder as it found it
+        if fd is not None:
+            os.close(fd)
         with contextlib.suppress(OSError):
-            if not had:
+            if fd is not None and not had:
                 os.remove(mark)
             if made:
                 os.rmdir(folder)
+        if isinstance(err, OSError):
+            raise ValueError(f"{flag} {folder}: cannot use this folder ({err.strerror})") from None
         raise
     release(folder)                                 # a claim of another request by this process ends here
     HELD[os.path.abspath(folder)] = (fd, key)
     return state
 
-
 def release(folder: str) -> None:
     """Drop a claim early (the process's exit drops it anyway)."""
-    fd, _ = HELD.pop(os.path.abspath(folder), (None, None))
+    fd = HELD.pop(os.path.abspath(folder), (None,))[0]
     if fd is not None:
         os.close(fd)
-
 
 def check_new(path: str, overwrite: bool = False, flag: str = "--out", tool=None, key=None) -> None:
     """A single output file may be written if it is absent, ours (a JSON whose written_by names tool and key),
     or overwrite was passed. A link, folder or FIFO in the way is never written through, even with overwrite."""
-    if not os.path.lexists(path):
-        return
-    if os.path.islink(path) or not os.path.isfile(path):
+    if os.path.islink(path) or (os.path.lexists(path) and not os.path.isfile(path)):
         raise ValueError(f"{flag} {path} is {'a link' if os.path.islink(path) else 'not a plain file'}; move it away")
-    if overwrite:
+    if overwrite or not os.path.lexists(path):
         return
-    with contextlib.suppress(ValueError):
+    with contextlib.suppress(ValueError):           # a file we cannot read as our JSON is not ours
         if tool and read_json(path).get("written_by") == {"tool": tool, "key": key}:
             return
     raise ValueError(f"{flag} {path} exists and this request did not write it; pass --overwrite or pick another path")
-
 
 def write_json(path: str, obj: dict, tool: str, key: str, replace: bool = True) -> None:
     """atomic_write of obj with its written_by header: how a tool marks a file it writes in another's folder."""
     atomic_write(path, json.dumps({**obj, "written_by": {"tool": tool, "key": key}}, indent=1) + "\n", replace)
 
-
 # -----------------------------------------------------------------------------
 # Distributed setup (style B8): torchrun sets RANK / LOCAL_RANK / WORLD_SIZE; plain `python x.py` does not.
-
-
 def init_dist():
     """Returns (rank, world, device). gloo on CPU, so torchrun ranks really synchronise."""
     import torch                                   # here, not at the top: fit.py and flops.py never need torch
     import torch.distributed as dist
     if "RANK" not in os.environ:
         return 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    local = int(os.environ["LOCAL_RANK"])
-    device = torch.device("cuda", local) if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return dist.get_rank(), dist.get_world_size(), device
 
-
 def print0(*args, **kwargs):
     if int(os.environ.get("RANK", "0")) == 0:
-        kwargs.setdefault("flush", True)
-        print(*args, **kwargs)
-
+        print(*args, **{"flush": True, **kwargs})
 
 if __name__ == "__main__":
-    # The shell's door to claim(): runs/*.sh ask here, then hold `flock -n` on DIR/.nanoloop-TOOL themselves
-    # (this process exits at once, taking its lock with it).
-    p = Parser(prog="common.py", description="claim an output folder for a runs/*.sh script")
-    sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser)
-    c = sub.add_parser("claim", help="adopt / resume / refuse a folder (prints fresh, resume or overwrite)")
-    c.add_argument("folder")
-    c.add_argument("tool")
-    c.add_argument("request", help="what this invocation asks for (same string = same request)")
-    c.add_argument("--overwrite", action="store_true")
-    a = p.parse_args()
+    # The shell's door to claim(): `python common.py claim DIR TOOL REQUEST [--overwrite]` prints fresh, resume or
+    # overwrite; runs/*.sh then hold `flock -n` on DIR/.nanoloop-TOOL themselves (this process exits at once).
+    args = [a for a in sys.argv[1:] if a != "--overwrite"]
+    if len(args) != 4 or args[0] != "claim":
+        fail("common.py", "usage: python common.py claim DIR TOOL REQUEST [--overwrite]")
     try:
-        print(claim(a.folder, a.tool, a.request, a.overwrite, "OUT"))
+        print(claim(*args[1:], overwrite="--overwrite" in sys.argv, flag="OUT"))
     except ValueError as err:
-        fail(f"runs ({a.tool})", err)
-
+        fail(f"runs ({args[2]})", err)
