@@ -195,10 +195,21 @@ def claim(folder: str, tool: str, request=None, overwrite: bool = False, flag: s
         return "resume"
     if os.path.islink(mark) or (os.path.lexists(mark) and not os.path.isfile(mark)):
         raise ValueError(f"{flag} {folder}: {mark} is not a plain file; move it away")
+    # decide before creating anything, so a refusal leaves the folder (even its mtime) as it was
+    try:
+        names = sorted(n for n in os.listdir(folder) if n != os.path.basename(mark)) if os.path.isdir(folder) else []
+        held = pathlib.Path(mark).read_text(errors="replace").strip() if os.path.exists(mark) else ""
+    except OSError as err:
+        raise ValueError(f"{flag} {folder}: cannot use this folder ({err.strerror})") from None
+    mine = held == key or (request is None and held.split(" ")[0] == tool)
+    state = "resume" if names and mine else "fresh" if not names else "overwrite" if overwrite else None
+    if state is None:
+        what = f"another request of {tool}" if held.startswith(tool + " ") else "files this tool did not make"
+        raise ValueError(f"{flag} {folder} holds {what} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}); "
+                         "pick a new folder or pass --overwrite")
     made, had, fd = not os.path.isdir(folder), os.path.lexists(mark), None
     try:
         os.makedirs(folder, exist_ok=True)
-        names = [n for n in os.listdir(folder) if n != os.path.basename(mark)]
         # O_NOFOLLOW, O_NONBLOCK: a link or FIFO planted at the marker's name meanwhile is an error, never a wait
         fd = os.open(mark, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
         try:
@@ -209,16 +220,9 @@ def claim(folder: str, tool: str, request=None, overwrite: bool = False, flag: s
                              "wait for it or pick another folder") from None
         except OSError:
             pass                                    # no flock on this filesystem (NFS nolock): proceed unlocked
-        held = os.read(fd, 200).decode(errors="replace").strip()
-        mine = held == key or (request is None and held.split(" ")[0] == tool)
-        state = "resume" if names and mine else "fresh" if not names else "overwrite" if overwrite else None
-        if state is None:
-            what = f"another request of {tool}" if held.startswith(tool + " ") else "files this tool did not make"
-            raise ValueError(f"{flag} {folder} holds {what} ({', '.join(sorted(names)[:3])}"
-                             f"{', ...' if len(names) > 3 else ''}); pick a new folder or pass --overwrite")
         os.ftruncate(fd, 0)                         # the marker names this tool and request from now on
         os.pwrite(fd, (key + "\n").encode(), 0)
-    except BaseException as err:                    # a refusal leaves the folder as it found it
+    except BaseException as err:                    # a failure leaves the folder as it found it
         if fd is not None:
             os.close(fd)
         with contextlib.suppress(OSError):
