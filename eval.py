@@ -31,8 +31,8 @@ Read in this order: TASKS -> val_loss -> load_task_file -> render_prompts -> bui
 loader and tokenizers (data.py), the scorer benchmark (runs/bench_eval.py), the parser and writers (common.py).
 """
 import argparse
+import collections
 import contextlib
-import dataclasses
 import importlib.util
 import json
 import math
@@ -65,17 +65,14 @@ VAR_ASSIGN_SEED = 42     # one Random(42) for all four VarAssign files (data.md 
 INDUCTION_SEED = 1337    # induction-head probe (data.md §7.7)
 
 
-@dataclasses.dataclass(frozen=True)
-class Task:
-    """One downstream task. `file` is relative to --task-dir (the layout of the authors' bundles)."""
-    file: str                       # CORE jsonl, e.g. "closed_book_qa/triviaqa.jsonl"
-    axis: str                       # one of AXES
-    shots: int                      # few-shot examples per prompt (Table 8)
-    # continuation_delimiter between context and continuation (CORE default " ")
-    delimiter: str = " "
-    # optional fallback: (oe_eval_tasks/<task>/<variant>, shots already in prompt)
-    olmo: tuple = None
-    note: str = ""                  # provenance caveat printed into eval.json
+# One downstream task:
+#   file       the CORE jsonl, relative to --task-dir (the layout of the authors' bundles)
+#   axis       one of AXES
+#   shots      few-shot examples per prompt (Table 8)
+#   delimiter  continuation_delimiter between context and continuation (CORE default " ")
+#   olmo       optional fallback: (oe_eval_tasks/<task>/<variant>, shots already in its prompts)
+#   note       provenance caveat of that fallback, written into eval.json
+Task = collections.namedtuple("Task", "file axis shots delimiter olmo note", defaults=(" ", None, ""))
 
 
 # Samples / shots / type per Table 8. File names follow the release's bundles (Saunshi bundle, owned bundle, CORE).
@@ -296,15 +293,14 @@ def render_prompts(item, shots, delimiter=" "):
 # -----------------------------------------------------------------------------
 # Tokenising, cropping: one scored sequence per example
 
-@dataclasses.dataclass
-class Example:
-    """One scored sequence: tokens = BOS + prompt + gold continuation; the span is tokens[start:] (always the end,
-    empty when start == len(tokens): an MC gold choice that is a token prefix of another choice)."""
-    tokens: list            # token ids, BOS first
-    start: int              # first span token; position start-1 predicts it
-    n_bytes: int            # UTF-8 bytes of the text the span covers (for bits per byte)
-    cropped: int = 0        # tokens removed by the left crop
-    mismatch: bool = False  # LM only: prompt tokens were not a prefix of prompt+continuation tokens
+# One scored sequence: tokens = BOS + prompt + gold continuation; the span is tokens[start:] (always the end, empty
+# when start == len(tokens): an MC gold choice that is a token prefix of another choice).
+#   tokens    token ids, BOS first
+#   start     first span token; position start-1 predicts it
+#   n_bytes   UTF-8 bytes of the text the span covers (for bits per byte)
+#   cropped   tokens removed by the left crop
+#   mismatch  LM only: the prompt's tokens were not a prefix of prompt+continuation tokens
+Example = collections.namedtuple("Example", "tokens start n_bytes cropped mismatch", defaults=(0, False))
 
 
 def _common_prefix(seqs):
@@ -614,9 +610,9 @@ def sample(model, tokenizer, prompt, max_new_tokens=64, temperature=0.8, top_k=5
     # front with the largest value that fits (not silently clamped: the user should know).
     n_pos, t0 = model.rope_cos.size(0), idx.size(1)
     if max_new_tokens > n_pos + 1 - t0:
-        raise ValueError(f"--max-new-tokens {max_new_tokens}: the prompt's {t0} tokens and the new ones need "
-                         f"{t0 + max_new_tokens - 1} positions, RoPE covers {n_pos}; " +
-                         (f"use --max-new-tokens <= {n_pos + 1 - t0}" if t0 <= n_pos else "shorten the prompt"))
+        hint = f"use --max-new-tokens <= {n_pos + 1 - t0}" if t0 <= n_pos else "shorten the prompt"
+        raise ValueError(f"--max-new-tokens {max_new_tokens}: a {t0}-token prompt needs {t0 + max_new_tokens - 1} "
+                         f"positions, RoPE covers {n_pos}; {hint}")
     gen = torch.Generator(device=device).manual_seed(seed)
     new = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k or None, generator=gen,
                          n_loops=n_loops)[0, t0:].tolist()   # (max_new_tokens,) the continuation only
@@ -637,8 +633,7 @@ def _parser():
     """eval.py's flags; every value checked when parsed (exit 2, one line)."""
     p = Parser(prog="eval.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add, count = p.add_argument, lambda lo, hi="inf)": number(int, f"[{lo}, {hi}")
-    add("checkpoint", help="train.py out_dir (ckpt.pt), a .pt file, or an authors' release dir (model_<step>.pt + "
-        "meta_<step>.json)")
+    add("checkpoint", help="a train.py out_dir (ckpt.pt), a .pt file, or an authors' release dir (model_<step>.pt)")
     add("--step", type=count(0), help="release dir only: which step (default the latest)")
     add("--tasks", nargs="+", default=["all"], help="task names, axis names, 'all' or 'none' (default all; TASKS)")
     add("--task-dir", help="root of the task files (the bundles' layout)")
@@ -671,11 +666,10 @@ def _preflight(a):
     for flag, path in (("--task-dir", a.task_dir), ("--data", a.data)):
         if path is not None and not os.path.isdir(path):
             raise ValueError(f"{flag} {path}: no such folder")
-    # undecodable bytes on the command line arrive as lone surrogates, which no tokenizer can encode
-    if a.sample is not None and a.sample != a.sample.encode("utf-8", "replace").decode("utf-8"):
-        raise ValueError("--sample: the prompt is not valid UTF-8 text")
-    if a.sample is not None and a.out is not None:           # it prints a continuation and writes nothing
-        raise ValueError("--sample writes no file: drop --out")
+    # A sample is printed, never written. Undecodable bytes on the command line arrive as lone surrogates, which no
+    # tokenizer can encode.
+    if a.sample is not None and (a.out is not None or a.sample != a.sample.encode("utf-8", "replace").decode()):
+        raise ValueError("--sample " + ("is printed, not written: drop --out" if a.out is not None else "is not UTF-8"))
     if a.n_loops_sweep is not None:          # "1,,2" or "1,2," is a typo (0 marks a non-integer), not 1,2
         text = a.n_loops_sweep
         a.n_loops_sweep = loops = [int(x) if x.strip().isdigit() else 0 for x in text.split(",")]
