@@ -255,6 +255,16 @@ def test_missing_task_dir_data_dir_and_oversized_val_tokens(run_dir, capsys, tmp
     assert "-1" in msg                                                    # says what to use instead
 
 
+def test_val_loss_never_skipped_silently_when_the_data_moved(run_dir, tok, capsys, tmp_path):
+    """A run whose recorded data dir is gone: the val loss it would report is refused in one line naming the dir and
+    the way out (--data or --val-tokens 0), before any scoring; with --val-tokens 0 the tasks alone are scored."""
+    moved = _run_variant(tmp_path / "moved", str(tmp_path / "gone"), tok)
+    refused([moved, "--tokenizer", tok.spec, "--tasks", "induction_head"], capsys, 2, str(tmp_path / "gone"),
+            "--val-tokens 0", roots=[str(tmp_path)])
+    res = E.main([moved, "--tokenizer", tok.spec, "--tasks", "induction_head", "--val-tokens", "0"])
+    assert "val_loss" not in res and res["tasks"]["induction_head"]["status"] == "ok"
+
+
 def test_max_new_tokens_beyond_rope_refused_before_decoding(run_dir, tok, capsys):
     roots = [os.path.dirname(run_dir["out"])]
     prompt = ""
