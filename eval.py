@@ -158,10 +158,10 @@ def _schema(rec):
     kind, opts, texts = (("schema", "context_options", ("continuation",)) if "context_options" in rec else
                          ("mc", "choices", ("query",)) if "query" in rec else ("lm", None, ("context", "continuation")))
     for key in texts + ("delimiter",):
-        # the delimiter is optional (the task's default); an LM continuation must add text to be scored
-        empty = kind == "lm" and key == "continuation" and rec.get(key) == ""
-        if empty or not isinstance(rec.get(key, ""), str) or (key != "delimiter" and key not in rec):
-            raise ValueError(f"{key} must be a {'non-empty ' if empty else ''}string")
+        value = rec.get(key, "" if key == "delimiter" else None)      # the delimiter is optional (the task's default)
+        # an LM continuation must add text to be scored
+        if not isinstance(value, str) or (value == "" and kind == "lm" and key == "continuation"):
+            raise ValueError(f"{key} must be a {'non-empty ' if isinstance(value, str) else ''}string")
     if opts:                              # mc and schema: >= 2 string options and a gold index into them
         options, gold = rec.get(opts), rec.get("gold")
         if not (isinstance(options, list) and len(options) >= 2 and all(isinstance(o, str) for o in options)):
@@ -717,10 +717,10 @@ def _main(argv):
     check_new(path, a.overwrite, "--out", "eval", key)
     t0 = time.time()
     # what was evaluated (a release: which step, and the authors' own record of it), then how
-    rel = {k: ck["release"].get(k) for k in ("step", "val_loss", "model_config")} if step is not None else None
-    result = dict(checkpoint=os.path.abspath(a.checkpoint), n_loops=r_eval, **({} if rel is None else {"step": step}),
-                  n_loops_trained=cfg.n_loops, crop=not a.no_crop, seq_len=cfg.seq_len, tokenizer=tokenizer.identity,
-                  **({} if rel is None else {"release": rel}))
+    result = dict(checkpoint=os.path.abspath(a.checkpoint), n_loops=r_eval, **({} if step is None else {"step": step}),
+                  n_loops_trained=cfg.n_loops, crop=not a.no_crop, seq_len=cfg.seq_len, tokenizer=tokenizer.identity)
+    if step is not None:
+        result["release"] = {k: ck["release"].get(k) for k in ("step", "val_loss", "model_config")}
     if r_eval != cfg.n_loops:                                # App. A: not expected to help; we measure it
         result["note"] = "test-time n_loops differs from training: extrapolation, reported as measured"
     _val(a, model, ck, data_dir, result, rank=rank, world=world, device=device)
