@@ -586,10 +586,10 @@ def sample(model, tokenizer, prompt, max_new_tokens=64, temperature=0.8, top_k=5
 
 # -----------------------------------------------------------------------------
 # CLI. Every user error is one line before any work (README rule 5): numbers are checked when parsed; names,
-# folders and every task file in _preflight; the checkpoint and the inputs' identity, r', the output path and the
-# val sizes in _main, all before the first forward. eval.json is written last, atomically, with its written_by header
-# (common.write_json): it replaces only a file eval.py wrote for this same request (checkpoint, r, step), or any
-# file with --overwrite, so it can live in train.py's run folder.
+# folders and every task file in _preflight; the checkpoint and the inputs' identity, r' and the output path in
+# _main, the val sizes in _val, all before the first forward. eval.json is written last, atomically, with its
+# written_by header (common.write_json): it replaces only a file eval.py wrote for this same request (checkpoint, r,
+# step), or any file with --overwrite, so it can live in train.py's run folder.
 
 def _parser():
     """eval.py's flags; every value checked when parsed (exit 2, one line)."""
