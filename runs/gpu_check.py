@@ -34,7 +34,8 @@ What the figures answer, and what they do not:
     reference runs beside the 2 ranks (their compiles overlap). With two GPUs visible the ranks take cuda:0 and 1.
     --cpu-smoke takes the fallback path for real: NCCL cannot serve CPU tensors, so gloo runs after it refuses.
   - stage 6 counts dynamo graphs: 1 per variant means no graph break; more after the training steps, a recompile.
-Scratch files (a stage's result, the stage-3 checkpoints, the 2-rank rendezvous) go beside --out and are removed.
+Scratch files (the stage-3 checkpoints, the 2-rank rendezvous) go beside --out and are removed. A stage hands its
+entry to the parent as the last line of its stdout.
 """
 import argparse
 import contextlib
@@ -50,6 +51,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch._dynamo.utils import counters                       # dynamo's graph counts (stages 5 and 6)
 
 from bench_train import peak_memory, train_bench              # first: it puts the repo root on sys.path
 import common                                                  # noqa: E402, I100
@@ -63,7 +65,7 @@ TOOL = "runs/gpu_check.py"
 STAGES = {1: ("environment", 10, 5), 2: ("attention", 20, 5), 3: ("memory", 100, 6), 4: ("throughput", None, 6),
           5: ("ddp", 100, 15), 6: ("compile", 40, 10)}
 CELL_S, DEFAULT_CELLS, ALL_CELLS = 65, ("s10_r4", "s6_r4"), tuple(f"s{s}_r{r}" for s in (10, 6) for r in (1, 4, 8))
-CELLS = DEFAULT_CELLS                                    # stage 4's cells: main sets them (--all-cells)
+CELLS, OUT = DEFAULT_CELLS, None          # main sets them: stage 4's cells (--all-cells), --out (scratch goes beside)
 SMOKE = dict(aspect_ratio=16, head_dim=16, n_layers_prelude=0, n_layers_coda=0, vocab_size=256, seq_len=64)
 
 
@@ -82,7 +84,8 @@ def release_rows(s, smoke) -> int:
 
 def setup(smoke) -> tuple:
     """(device, bf16, compile backend, attention backend) of a run here. The device is the one a stage measures: cuda
-    (the current device) with bf16 + inductor on a GPU, cpu with fp32 + aot_eager under --cpu-smoke."""
+    (the current device) with bf16 + inductor on a GPU, cpu with fp32 + aot_eager under --cpu-smoke. The attention
+    backend is --attn auto's for a bf16 run (FlashAttention needs CUDA: sdpa on CPU either way)."""
     device = torch.device("cpu" if smoke else "cuda")
     return device, not smoke, "aot_eager" if smoke else "inductor", resolve_attention("auto", device, not smoke)[0]
 
@@ -104,8 +107,7 @@ def stage_attention(smoke) -> dict:
     """bf16 FA and SDPA against fp32 SDPA: max |diff| over the output and dq, dk, dv (loss sum(out^2)), beside the
     reference's own size; then one model's logits: full forward vs KV-cached decoding in three chunks (prefill, a
     chunk, one token), per backend, and FA vs SDPA vs fp32 on the full forward."""
-    device = setup(smoke)[0]
-    backend = resolve_attention("auto", device, True)[0]
+    device, *_, backend = setup(smoke)
     # s = 10 shapes (B = 4 rows of T = 2048, 5 heads of 128); fp32 masters, each backend casts its own copy
     base = [torch.randn((2, 64, 2, 16) if smoke else (4, 2048, 5, 128), device=device) for _ in range(3)]  # B T H D
 
@@ -163,7 +165,8 @@ def stage_memory(smoke) -> dict:
 
 def stage_throughput(smoke) -> dict:
     """The trainer's path (compiled, bf16) at B = 262,144 tokens by accumulation; 3 timed steps after the first, per
-    cell of CELLS (s = 10, the App. C.2 reference; s = 6, the grid's smallest width). Compile s: first_step_s - step_s."""
+    cell of CELLS (s = 10, the App. C.2 reference; s = 6, the grid's smallest width). Compile seconds: first_step_s
+    - step_s."""
     (device, bf16, backend, attn), res = setup(smoke), {}
     for cell in CELLS:
         s, r = (int(x[1:]) for x in cell.split("_"))
@@ -181,9 +184,9 @@ def join(rank, device, store) -> tuple:
     A backend "works" once its init and one all-reduce pass: NCCL builds its communicator at the first collective,
     and that is where NCCL < 2.30 refuses two ranks on one GPU. -> (backend, [why each one before it failed])."""
     refusals = []
-    for i, backend in enumerate(("nccl", "gloo")):
+    for backend in ("nccl", "gloo"):
         try:                                         # one store file per try: a failed try leaves keys behind
-            dist.init_process_group(backend, init_method=f"file://{store}{i}", rank=rank, world_size=2,
+            dist.init_process_group(backend, init_method=f"file://{store}/{backend}", rank=rank, world_size=2,
                                     timeout=datetime.timedelta(seconds=120))
             dist.all_reduce(torch.ones(1, device=device))
             return backend, refusals
@@ -194,52 +197,50 @@ def join(rank, device, store) -> tuple:
     raise RuntimeError(f"no backend could join 2 ranks: {refusals}")
 
 
-def ddp_rank(rank, smoke, result) -> None:
-    """One of stage 5's 2 ranks (this script --ddp-rank k): both on cuda:0 when one GPU is visible; CPU in smoke."""
+def ddp_rank(rank, smoke, store) -> int:
+    """One of stage 5's 2 ranks (this script --ddp-rank k): both on cuda:0 when one GPU is visible; CPU in smoke.
+    Rank 0 prints its figures as one JSON line."""
     device = torch.device("cpu") if smoke else torch.device("cuda", rank % torch.cuda.device_count())
     if not smoke:
         torch.cuda.set_device(device)
-    backend, refusals = join(rank, device, f"{result}.store")
-    from torch._dynamo.utils import counters             # after init: DDP's graph split shows in the count
+    backend, refusals = join(rank, device, store)
     _, bf16, compiler, attn = setup(smoke)
     ddp = lambda m: torch.nn.parallel.DistributedDataParallel(   # noqa: E731  train.py's wrapping
         m, device_ids=None if smoke else [device.index], broadcast_buffers=False, gradient_as_bucket_view=True)
     rec, model, opt = train_bench(cfg_for(smoke, 10, 2 if smoke else 4), device, 2 if smoke else 8, 3, 1, bf16,
                                   compiler, attn, 2, rank, wrap=ddp)
     # Each rank orthogonalises only its own matrices and all-gathers the rest: a wrong gather shows as weights that
-    # differ between ranks, so compare a checksum of every parameter (fp64 sums: MIN == MAX only if all agree).
-    total = torch.stack([p.detach().double().sum() for p in model.parameters()]).sum().reshape(1)
-    lo, hi = total.clone(), total.clone()                 # after sharded MuonH's all-gather the ranks must agree
-    dist.all_reduce(lo, dist.ReduceOp.MIN)
-    dist.all_reduce(hi, dist.ReduceOp.MAX)
+    # differ between ranks, so compare a checksum of every parameter (fp64 sums; the MAX of (sum, -sum) over the
+    # ranks is (the largest, minus the smallest): their total is 0 only if all agree)
+    total = torch.stack([p.detach().double().sum() for p in model.parameters()]).sum()
+    spread = torch.stack([total, -total])
+    dist.all_reduce(spread, dist.ReduceOp.MAX)
     if rank == 0:
         # DDPOptimizer splits the compiled graph at bucket boundaries; each piece is one AOT-autograd compile
-        common.atomic_write(result, json.dumps(dict(
-            rec, backend=backend, fallback=refusals, muonh_shards=opt.world, placement=str(device),
-            ranks_weight_sum_spread=(hi - lo).item(), dynamo_graphs=counters["stats"]["unique_graphs"],
-            ddp_subgraphs=counters["aot_autograd"]["total"])))
+        print(json.dumps(dict(rec, backend=backend, fallback=refusals, muonh_shards=opt.world, placement=str(device),
+                              ranks_weight_sum_spread=spread.sum().item(),
+                              dynamo_graphs=counters["stats"]["unique_graphs"],
+                              ddp_subgraphs=counters["aot_autograd"]["total"])))
     dist.destroy_process_group()
+    return 0
 
 
 def stage_ddp(smoke) -> dict:
     """2 ranks (2 processes) vs 1 rank taking the same rows as 2 micro-batches: losses, weights in sync."""
     device, bf16, backend, attn = setup(smoke)
-    # The ranks rendezvous through files beside --out (no port to find); rank 0 writes its figures there too. The
-    # 1-rank reference runs here meanwhile: the three compiles overlap (tok/s is therefore not a scaling figure).
-    result = f"{OUT}.ddp{os.getpid()}"
-    ranks = [subprocess.Popen([sys.executable, __file__, "--ddp-rank", str(k), "--result", result] + ["--cpu-smoke"]
-                              * smoke, env=dict(os.environ, NCCL_MULTI_RANK_GPU_ENABLE="1"),
-                              preexec_fn=die_with_parent) for k in (0, 1)]
-    one = train_bench(cfg_for(smoke, 10, 2 if smoke else 4), device, 2 if smoke else 8, 3, 2, bf16,
-                      None if smoke else backend, attn)[0]        # smoke: eager here, compiled on the 2 ranks
-    codes = [p.wait() for p in ranks]                    # the stage's own timeout bounds this wait
-    for i in (0, 1):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(f"{result}.store{i}")
-    if codes != [0, 0]:
-        raise RuntimeError(f"the 2-rank run exited {codes} (NCCL {None if smoke else torch.cuda.nccl.version()})")
-    two = common.read_json(result)
-    os.remove(result)
+    # The ranks rendezvous through files in a folder beside --out (no port to find). The 1-rank reference runs here
+    # meanwhile: the three compiles overlap (tok/s is therefore not a scaling figure).
+    with tempfile.TemporaryDirectory(prefix=".gpu_check_ddp_", dir=os.path.dirname(OUT)) as store:
+        ranks = [subprocess.Popen([sys.executable, __file__, "--ddp-rank", str(k), "--store", store] + ["--cpu-smoke"]
+                                  * smoke, stdout=subprocess.PIPE, text=True, preexec_fn=die_with_parent,
+                                  env=dict(os.environ, NCCL_MULTI_RANK_GPU_ENABLE="1")) for k in (0, 1)]
+        one = train_bench(cfg_for(smoke, 10, 2 if smoke else 4), device, 2 if smoke else 8, 3, 2, bf16,
+                          None if smoke else backend, attn)[0]        # smoke: eager here, compiled on the 2 ranks
+        printed = [p.communicate()[0] for p in ranks]           # the stage's own timeout bounds this wait
+    if [p.returncode for p in ranks] != [0, 0]:
+        raise RuntimeError(f"the 2-rank run exited {[p.returncode for p in ranks]} "
+                           f"(NCCL {None if smoke else torch.cuda.nccl.version()})")
+    two = json.loads(printed[0].splitlines()[-1])
     pick = lambda rec, *more: {k: rec[k] for k in ("tok_per_s", "step_s", "first_step_s", "optim_share", *more)}  # noqa
     return dict(one_rank=pick(one), two_ranks=pick(two, "backend", "fallback", "muonh_shards", "placement",
                                                     "ranks_weight_sum_spread", "dynamo_graphs", "ddp_subgraphs"),
@@ -249,7 +250,6 @@ def stage_ddp(smoke) -> dict:
 def stage_compile(smoke) -> dict:
     """Graph breaks of one forward + loss per variant (dynamo only: no codegen), then the trainer's compiled step:
     dynamo graphs after 4 steps (1 = no break, no recompile) and compile seconds (first step - a later one)."""
-    from torch._dynamo.utils import counters
     (device, bf16, backend, attn), res = setup(smoke), {}
     # The grid's baseline, a truncated-BPTT cell (grad mode switches inside the loop), hyperconnections (per-iteration
     # scalars indexed in the loop) and the plain r = 1 stack, each with the run's attention kernel (a FlashAttention
@@ -261,8 +261,8 @@ def stage_compile(smoke) -> dict:
         x = torch.randint(0, model.cfg.vocab_size, (1, model.cfg.seq_len), device=device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             e = torch._dynamo.explain(model)(x, x)
-        res[label] = dict(graphs=e.graph_count, breaks=e.graph_break_count, why=[str(b.reason)[:200] for b in
-                                                                                 e.break_reasons[:3]])
+        res[label] = dict(graphs=e.graph_count, breaks=e.graph_break_count,
+                          why=[str(b.reason)[:200] for b in e.break_reasons[:3]])
         torch._dynamo.reset()
     counters.clear()                                     # count only the training graphs from here
     rec = train_bench(cfg_for(smoke, 10, 4), device, release_rows(10, smoke), 3, 1, bf16, backend, attn)[0]
@@ -277,38 +277,22 @@ def die_with_parent() -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)           # PR_SET_PDEATHSIG = 1
 
 
-RUN, OUT = {1: stage_environment, 2: stage_attention, 3: stage_memory, 4: stage_throughput, 5: stage_ddp,
-            6: stage_compile}, None                      # OUT: --out, beside which the stages put scratch files
+RUN = {1: stage_environment, 2: stage_attention, 3: stage_memory, 4: stage_throughput, 5: stage_ddp, 6: stage_compile}
 
 
 def run_child(n, argv, timeout) -> dict:
     """Stage n in its own process (this script --stage n), killed after `timeout` s -> its status, result, wall_s."""
-    # The stage writes its own result file (atomically): a stage that dies leaves it empty, which reads as "failed"
-    # with the exit status, and a kill of this process leaves the JSON as it was after the previous stage.
-    fd, result = tempfile.mkstemp(prefix=f".gpu_check_stage{n}_", suffix=".json", dir=os.path.dirname(OUT))
-    os.close(fd)
+    # The stage prints its entry as its last line: a stage that dies prints none, and its exit status says why; a
+    # kill of this process leaves the JSON as it was after the previous stage.
     t = time.monotonic()
     try:
-        code = subprocess.run([sys.executable, __file__, *argv, "--stage", str(n), "--result", result],
-                              timeout=timeout, preexec_fn=die_with_parent).returncode
-        died = {"status": "failed", "error": f"exit status {code}"}      # no result written: the exit status says why
-        out = common.read_json(result) if os.path.getsize(result) else died
+        proc = subprocess.run([sys.executable, __file__, *argv, "--stage", str(n)], timeout=timeout, text=True,
+                              stdout=subprocess.PIPE, preexec_fn=die_with_parent)
+        out = json.loads(proc.stdout.splitlines()[-1]) if proc.returncode == 0 else \
+            {"status": "failed", "error": f"exit status {proc.returncode}"}
     except subprocess.TimeoutExpired:
         out = {"status": "timed out", "error": f"killed after its {timeout:.0f} s timeout"}
-    finally:
-        os.remove(result)
     return dict(out, wall_s=round(time.monotonic() - t, 1))
-
-
-def plan(a) -> dict:
-    """Each stage asked for, in order, whose estimate fits the budget left by the ones planned before it."""
-    est = {n: v[2] if a.cpu_smoke else v[1] or 10 + CELL_S * len(CELLS) for n, v in STAGES.items()}
-    keep, left = [], a.budget
-    for n in a.stages:
-        if est[n] <= left:
-            keep.append(n)
-            left -= est[n]
-    return {"estimates_s": est, "dropped": [n for n in STAGES if n not in keep]}
 
 
 def main(argv=None) -> int:
@@ -324,19 +308,20 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="out/gpu_check.json", help="the JSON (default %(default)s)")
     p.add_argument("--overwrite", action="store_true", help="replace an --out this tool did not write")
     p.add_argument("--dry-run", action="store_true", help="print the plan (stages, estimates, drops) and stop")
-    for hidden, kind in (("--stage", RUN), ("--ddp-rank", (0, 1))):   # internal: one stage's or rank's process
-        p.add_argument(hidden, type=int, choices=kind, help=argparse.SUPPRESS)
-    p.add_argument("--result", help=argparse.SUPPRESS)
+    p.add_argument("--stage", type=int, choices=RUN, help=argparse.SUPPRESS)         # internal: one stage's process
+    p.add_argument("--ddp-rank", type=int, choices=(0, 1), help=argparse.SUPPRESS)   # internal: one stage-5 rank
+    p.add_argument("--store", help=argparse.SUPPRESS)                                # its rendezvous folder
     a = p.parse_args(argv)
     OUT, CELLS = os.path.abspath(a.out), ALL_CELLS if a.all_cells else DEFAULT_CELLS
     if a.ddp_rank is not None:
-        return ddp_rank(a.ddp_rank, a.cpu_smoke, a.result)
+        return ddp_rank(a.ddp_rank, a.cpu_smoke, a.store)
     if a.stage:                                            # a stage's process: any failure is recorded, not raised
         try:
             out = {"status": "ok", "result": RUN[a.stage](a.cpu_smoke)}
         except Exception as err:                           # one stage's failure must not cost the next stages
             out = {"status": "failed", "error": f"{type(err).__name__}: {err}"[:2000]}
-        return common.atomic_write(a.result, json.dumps(out))
+        print(json.dumps(out))                             # the parent reads this last line
+        return 0
     if not (a.cpu_smoke or a.dry_run or torch.cuda.is_available()):
         p.error("no CUDA device visible; `bash runs/gpu_check.sh --cpu-smoke` runs the stages on CPU")
     # Ownership: the JSON is absent, or this tool's for this same request (its written_by says so), or --overwrite
@@ -348,11 +333,16 @@ def main(argv=None) -> int:
             os.makedirs(os.path.dirname(OUT), exist_ok=True)
     except (ValueError, OSError) as err:
         common.fail(TOOL, err)
-    rec, t0 = {"request": request, "plan": plan(a), "stages": {}}, time.monotonic()
-    est, dropped = rec["plan"]["estimates_s"], rec["plan"]["dropped"]
-    print(f"gpu-check: {len(STAGES)} stages, ~{sum(est[n] for n in STAGES if n not in dropped)} s estimated, --budget "
-          f"{a.budget:g} s; dropped: " + (", ".join(f"{n} {STAGES[n][0]} (~{est[n]} s)" for n in dropped) or "none"),
-          flush=True)
+    # The plan: each stage asked for, in order, whose estimate fits the budget left by the ones planned before it
+    est = {n: v[2] if a.cpu_smoke else v[1] or 10 + CELL_S * len(CELLS) for n, v in STAGES.items()}
+    keep = []
+    for n in a.stages:                                     # greedy, in order: a stage that does not fit is skipped
+        if est[n] <= a.budget - sum(est[k] for k in keep):
+            keep.append(n)
+    dropped = [n for n in STAGES if n not in keep]
+    rec, t0 = {"request": request, "plan": {"estimates_s": est, "dropped": dropped}, "stages": {}}, time.monotonic()
+    print(f"gpu-check: {len(STAGES)} stages, ~{sum(est[n] for n in keep)} s estimated, --budget {a.budget:g} s; "
+          "dropped: " + (", ".join(f"{n} {STAGES[n][0]} (~{est[n]} s)" for n in dropped) or "none"), flush=True)
     if a.dry_run:
         return 0
     if a.cpu_smoke:                                        # tiny models: one thread each is faster on a shared CPU
