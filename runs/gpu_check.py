@@ -34,8 +34,8 @@ What the figures answer, and what they do not:
     reference runs beside the 2 ranks (their compiles overlap). With two GPUs visible the ranks take cuda:0 and 1.
     --cpu-smoke takes the fallback path for real: NCCL cannot serve CPU tensors, so gloo runs after it refuses.
   - stage 6 counts dynamo graphs: 1 per variant means no graph break; more after the training steps, a recompile.
-Scratch files (the stage-3 checkpoints, the 2-rank rendezvous) go beside --out and are removed. A stage hands its
-entry to the parent as the last line of its stdout.
+Each stage process gets a scratch folder beside --out, removed after it: its entry (written atomically; a stage
+that dies writes none), the stage-3 checkpoints, the 2-rank rendezvous and rank 0's figures.
 """
 import argparse
 import contextlib
@@ -65,7 +65,8 @@ TOOL = "runs/gpu_check.py"
 STAGES = {1: ("environment", 10, 5), 2: ("attention", 20, 5), 3: ("memory", 100, 6), 4: ("throughput", None, 6),
           5: ("ddp", 100, 15), 6: ("compile", 40, 10)}
 CELL_S, DEFAULT_CELLS, ALL_CELLS = 65, ("s10_r4", "s6_r4"), tuple(f"s{s}_r{r}" for s in (10, 6) for r in (1, 4, 8))
-CELLS, OUT = DEFAULT_CELLS, None          # main sets them: stage 4's cells (--all-cells), --out (scratch goes beside)
+# main sets these: stage 4's cells (--all-cells), --out, and in a stage or rank process its scratch folder
+CELLS, OUT, SCRATCH = DEFAULT_CELLS, None, None
 SMOKE = dict(aspect_ratio=16, head_dim=16, n_layers_prelude=0, n_layers_coda=0, vocab_size=256, seq_len=64)
 
 
@@ -137,7 +138,7 @@ def stage_attention(smoke) -> dict:
 
 def stage_memory(smoke) -> dict:
     """Per cell: one warm-up + one timed step (the optimizer state exists from the first), an eval forward of the
-    same rows, then a checkpoint save beside --out (deleted after). An OOM is recorded and the rows halved."""
+    same rows, then a checkpoint save in the scratch folder (deleted after). An OOM is recorded and the rows halved."""
     device, bf16, _, attn = setup(smoke)
     res = {"rule": "release: 32 rows, 16 at s >= 18, 8 at s >= 30", "mode": "eager" + ", bf16" * bf16}
     # The cells most likely not to fit 80 GB: r = 8 at s = 16 and 28 under full BPTT (8 x the recurrent activations),
@@ -151,7 +152,7 @@ def stage_memory(smoke) -> dict:
                 cell.update(device_batch=rows, train={k: v for k, v in rec.items() if "max" in k or "rss" in k})
                 with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                     model(torch.randint(0, cfg.vocab_size, (rows, cfg.seq_len), device=device))
-                cell["eval"], t, path = peak_memory(device), time.time(), f"{OUT}.ckpt_s{s}_r{r}.pt"
+                cell["eval"], t, path = peak_memory(device), time.time(), os.path.join(SCRATCH, "ckpt.pt")
                 torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path)
                 cell.update(save=peak_memory(device), save_s=time.time() - t, ckpt_bytes=os.path.getsize(path))
                 os.remove(path)
@@ -179,14 +180,14 @@ def stage_throughput(smoke) -> dict:
     return res
 
 
-def join(rank, device, store) -> tuple:
+def join(rank, device) -> tuple:
     """Start stage 5's 2-rank group on the first backend that works: NCCL, else gloo on the same (CUDA) tensors.
     A backend "works" once its init and one all-reduce pass: NCCL builds its communicator at the first collective,
     and that is where NCCL < 2.30 refuses two ranks on one GPU. -> (backend, [why each one before it failed])."""
     refusals = []
     for backend in ("nccl", "gloo"):
         try:                                         # one store file per try: a failed try leaves keys behind
-            dist.init_process_group(backend, init_method=f"file://{store}/{backend}", rank=rank, world_size=2,
+            dist.init_process_group(backend, init_method=f"file://{SCRATCH}/{backend}", rank=rank, world_size=2,
                                     timeout=datetime.timedelta(seconds=120))
             dist.all_reduce(torch.ones(1, device=device))
             return backend, refusals
@@ -197,13 +198,13 @@ def join(rank, device, store) -> tuple:
     raise RuntimeError(f"no backend could join 2 ranks: {refusals}")
 
 
-def ddp_rank(rank, smoke, store) -> int:
+def ddp_rank(rank, smoke) -> None:
     """One of stage 5's 2 ranks (this script --ddp-rank k): both on cuda:0 when one GPU is visible; CPU in smoke.
-    Rank 0 prints its figures as one JSON line."""
+    They rendezvous through files in the stage's scratch folder; rank 0 writes its figures there."""
     device = torch.device("cpu") if smoke else torch.device("cuda", rank % torch.cuda.device_count())
     if not smoke:
         torch.cuda.set_device(device)
-    backend, refusals = join(rank, device, store)
+    backend, refusals = join(rank, device)
     _, bf16, compiler, attn = setup(smoke)
     ddp = lambda m: torch.nn.parallel.DistributedDataParallel(   # noqa: E731  train.py's wrapping
         m, device_ids=None if smoke else [device.index], broadcast_buffers=False, gradient_as_bucket_view=True)
@@ -217,30 +218,27 @@ def ddp_rank(rank, smoke, store) -> int:
     dist.all_reduce(spread, dist.ReduceOp.MAX)
     if rank == 0:
         # DDPOptimizer splits the compiled graph at bucket boundaries; each piece is one AOT-autograd compile
-        print(json.dumps(dict(rec, backend=backend, fallback=refusals, muonh_shards=opt.world, placement=str(device),
-                              ranks_weight_sum_spread=spread.sum().item(),
-                              dynamo_graphs=counters["stats"]["unique_graphs"],
-                              ddp_subgraphs=counters["aot_autograd"]["total"])))
+        common.atomic_write(os.path.join(SCRATCH, "ddp.json"), json.dumps(dict(
+            rec, backend=backend, fallback=refusals, muonh_shards=opt.world, placement=str(device),
+            ranks_weight_sum_spread=spread.sum().item(), dynamo_graphs=counters["stats"]["unique_graphs"],
+            ddp_subgraphs=counters["aot_autograd"]["total"])))
     dist.destroy_process_group()
-    return 0
 
 
 def stage_ddp(smoke) -> dict:
     """2 ranks (2 processes) vs 1 rank taking the same rows as 2 micro-batches: losses, weights in sync."""
     device, bf16, backend, attn = setup(smoke)
-    # The ranks rendezvous through files in a folder beside --out (no port to find). The 1-rank reference runs here
+    # The ranks rendezvous through files in the scratch folder (no port to find). The 1-rank reference runs here
     # meanwhile: the three compiles overlap (tok/s is therefore not a scaling figure).
-    with tempfile.TemporaryDirectory(prefix=".gpu_check_ddp_", dir=os.path.dirname(OUT)) as store:
-        ranks = [subprocess.Popen([sys.executable, __file__, "--ddp-rank", str(k), "--store", store] + ["--cpu-smoke"]
-                                  * smoke, stdout=subprocess.PIPE, text=True, preexec_fn=die_with_parent,
-                                  env=dict(os.environ, NCCL_MULTI_RANK_GPU_ENABLE="1")) for k in (0, 1)]
-        one = train_bench(cfg_for(smoke, 10, 2 if smoke else 4), device, 2 if smoke else 8, 3, 2, bf16,
-                          None if smoke else backend, attn)[0]        # smoke: eager here, compiled on the 2 ranks
-        printed = [p.communicate()[0] for p in ranks]           # the stage's own timeout bounds this wait
-    if [p.returncode for p in ranks] != [0, 0]:
-        raise RuntimeError(f"the 2-rank run exited {[p.returncode for p in ranks]} "
-                           f"(NCCL {None if smoke else torch.cuda.nccl.version()})")
-    two = json.loads(printed[0].splitlines()[-1])
+    ranks = [subprocess.Popen([sys.executable, __file__, "--ddp-rank", str(k), "--scratch", SCRATCH] + ["--cpu-smoke"]
+                              * smoke, env=dict(os.environ, NCCL_MULTI_RANK_GPU_ENABLE="1"),
+                              preexec_fn=die_with_parent) for k in (0, 1)]
+    one = train_bench(cfg_for(smoke, 10, 2 if smoke else 4), device, 2 if smoke else 8, 3, 2, bf16,
+                      None if smoke else backend, attn)[0]        # smoke: eager here, compiled on the 2 ranks
+    codes = [p.wait() for p in ranks]                    # the stage's own timeout bounds this wait
+    if codes != [0, 0]:
+        raise RuntimeError(f"the 2-rank run exited {codes} (NCCL {None if smoke else torch.cuda.nccl.version()})")
+    two = common.read_json(os.path.join(SCRATCH, "ddp.json"))
     pick = lambda rec, *more: {k: rec[k] for k in ("tok_per_s", "step_s", "first_step_s", "optim_share", *more)}  # noqa
     return dict(one_rank=pick(one), two_ranks=pick(two, "backend", "fallback", "muonh_shards", "placement",
                                                     "ranks_weight_sum_spread", "dynamo_graphs", "ddp_subgraphs"),
@@ -282,23 +280,25 @@ RUN = {1: stage_environment, 2: stage_attention, 3: stage_memory, 4: stage_throu
 
 def run_child(n, argv, timeout) -> dict:
     """Stage n in its own process (this script --stage n), killed after `timeout` s -> its status, result, wall_s."""
-    # The stage prints its entry as its last line: a stage that dies prints none, and its exit status says why; a
-    # kill of this process leaves the JSON as it was after the previous stage.
+    # The stage writes its entry into its scratch folder (atomically): a stage that dies writes none, and its exit
+    # status says why; a kill of this process leaves the JSON as it was after the previous stage.
     t = time.monotonic()
-    try:
-        proc = subprocess.run([sys.executable, __file__, *argv, "--stage", str(n)], timeout=timeout, text=True,
-                              stdout=subprocess.PIPE, preexec_fn=die_with_parent)
-        out = json.loads(proc.stdout.splitlines()[-1]) if proc.returncode == 0 else \
-            {"status": "failed", "error": f"exit status {proc.returncode}"}
-    except subprocess.TimeoutExpired:
-        out = {"status": "timed out", "error": f"killed after its {timeout:.0f} s timeout"}
+    with tempfile.TemporaryDirectory(prefix=f".gpu_check_stage{n}_", dir=os.path.dirname(OUT)) as scratch:
+        result = os.path.join(scratch, "entry.json")
+        try:
+            code = subprocess.run([sys.executable, __file__, *argv, "--stage", str(n), "--scratch", scratch],
+                                  timeout=timeout, preexec_fn=die_with_parent).returncode
+            out = common.read_json(result) if os.path.exists(result) else \
+                {"status": "failed", "error": f"exit status {code}"}
+        except subprocess.TimeoutExpired:
+            out = {"status": "timed out", "error": f"killed after its {timeout:.0f} s timeout"}
     return dict(out, wall_s=round(time.monotonic() - t, 1))
 
 
 def main(argv=None) -> int:
     """The CLI, and the entry of the stage and rank processes (hidden flags). The parent checks every flag and --out
     before any stage, prints the plan, then runs the stages in order; exit 1 if one failed or timed out."""
-    global OUT, CELLS
+    global OUT, CELLS, SCRATCH
     p = common.Parser(prog=TOOL, description="staged device check (issue 19 §5)")
     p.add_argument("--cpu-smoke", action="store_true", help="every stage on CPU with tiny sizes (CI)")
     p.add_argument("--budget", type=common.number(float, "(0, 1e6)"), default=480.0,
@@ -310,18 +310,17 @@ def main(argv=None) -> int:
     p.add_argument("--dry-run", action="store_true", help="print the plan (stages, estimates, drops) and stop")
     p.add_argument("--stage", type=int, choices=RUN, help=argparse.SUPPRESS)         # internal: one stage's process
     p.add_argument("--ddp-rank", type=int, choices=(0, 1), help=argparse.SUPPRESS)   # internal: one stage-5 rank
-    p.add_argument("--store", help=argparse.SUPPRESS)                                # its rendezvous folder
+    p.add_argument("--scratch", help=argparse.SUPPRESS)                              # their scratch folder
     a = p.parse_args(argv)
-    OUT, CELLS = os.path.abspath(a.out), ALL_CELLS if a.all_cells else DEFAULT_CELLS
+    OUT, CELLS, SCRATCH = os.path.abspath(a.out), ALL_CELLS if a.all_cells else DEFAULT_CELLS, a.scratch
     if a.ddp_rank is not None:
-        return ddp_rank(a.ddp_rank, a.cpu_smoke, a.store)
+        return ddp_rank(a.ddp_rank, a.cpu_smoke)
     if a.stage:                                            # a stage's process: any failure is recorded, not raised
         try:
             out = {"status": "ok", "result": RUN[a.stage](a.cpu_smoke)}
         except Exception as err:                           # one stage's failure must not cost the next stages
             out = {"status": "failed", "error": f"{type(err).__name__}: {err}"[:2000]}
-        print(json.dumps(out))                             # the parent reads this last line
-        return 0
+        return common.atomic_write(os.path.join(SCRATCH, "entry.json"), json.dumps(out))
     if not (a.cpu_smoke or a.dry_run or torch.cuda.is_available()):
         p.error("no CUDA device visible; `bash runs/gpu_check.sh --cpu-smoke` runs the stages on CPU")
     # Ownership: the JSON is absent, or this tool's for this same request (its written_by says so), or --overwrite
