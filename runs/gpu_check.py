@@ -180,31 +180,28 @@ def stage_throughput(smoke) -> dict:
     return res
 
 
-def join(rank, device) -> tuple:
-    """Start stage 5's 2-rank group on the first backend that works: NCCL, else gloo on the same (CUDA) tensors.
-    A backend "works" once its init and one all-reduce pass: NCCL builds its communicator at the first collective,
-    and that is where NCCL < 2.30 refuses two ranks on one GPU. -> (backend, [why each one before it failed])."""
-    refusals = []
-    for backend in ("nccl", "gloo"):
-        try:                                         # one store file per try: a failed try leaves keys behind
-            dist.init_process_group(backend, init_method=f"file://{SCRATCH}/{backend}", rank=rank, world_size=2,
-                                    timeout=datetime.timedelta(seconds=120))
-            dist.all_reduce(torch.ones(1, device=device))
-            return backend, refusals
-        except Exception as err:                     # any refusal: both ranks see it, both try the next backend
-            refusals.append(f"{backend}: {' '.join(str(err).split())[:400]}")   # NCCL's reason is its last line
-            if dist.is_initialized():
-                dist.destroy_process_group()
-    raise RuntimeError(f"no backend could join 2 ranks: {refusals}")
-
-
 def ddp_rank(rank, smoke) -> None:
     """One of stage 5's 2 ranks (this script --ddp-rank k): both on cuda:0 when one GPU is visible; CPU in smoke.
     They rendezvous through files in the stage's scratch folder; rank 0 writes its figures there."""
     device = torch.device("cpu") if smoke else torch.device("cuda", rank % torch.cuda.device_count())
     if not smoke:
         torch.cuda.set_device(device)
-    backend, refusals = join(rank, device)
+    # The group starts on the first backend that works: NCCL, else gloo on the same (CUDA) tensors. A backend "works"
+    # once its init and one all-reduce pass: NCCL builds its communicator at the first collective, and that is where
+    # NCCL < 2.30 refuses two ranks on one GPU. refusals: why each backend before the one that ran failed.
+    refusals = []
+    for backend in ("nccl", "gloo"):
+        try:                                         # one store file per try: a failed try leaves keys behind
+            dist.init_process_group(backend, init_method=f"file://{SCRATCH}/{backend}", rank=rank, world_size=2,
+                                    timeout=datetime.timedelta(seconds=120))
+            dist.all_reduce(torch.ones(1, device=device))
+            break
+        except Exception as err:                     # any refusal: both ranks see it, both try the next backend
+            refusals.append(f"{backend}: {' '.join(str(err).split())[:400]}")   # NCCL's reason is its last line
+            if dist.is_initialized():
+                dist.destroy_process_group()
+    else:
+        raise RuntimeError(f"no backend could join 2 ranks: {refusals}")
     _, bf16, compiler, attn = setup(smoke)
     ddp = lambda m: torch.nn.parallel.DistributedDataParallel(   # noqa: E731  train.py's wrapping
         m, device_ids=None if smoke else [device.index], broadcast_buffers=False, gradient_as_bucket_view=True)
