@@ -23,7 +23,9 @@ import eval as E  # noqa: E402
 
 
 def bench_scorer(model, examples, *, batch_tokens=8192, n_loops=None, pad_id=0, repeats=2) -> dict:
-    """Batched vs one-at-a-time tokens/s and the largest per-example |difference| in nats, printed and returned."""
+    """Batched vs one-at-a-time tokens/s and the largest per-example |difference| in nats, printed and returned.
+    batch_tokens = 0 is eval.score_examples's one-example-per-forward mode; pad_id fills the batched rows (the
+    tokenizer's BOS for a trained run); n_loops is the test-time r' (None: the model's own r)."""
     n_in = sum(len(e.tokens) - 1 for e in examples)              # model input positions processed per pass
     score = lambda ex, bt: E.score_examples(model, ex, batch_tokens=bt, n_loops=n_loops, pad_id=pad_id)[0]  # noqa
     # warm-up: the first forward pays for allocator and kernel set-up, which neither timing should include
