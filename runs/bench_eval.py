@@ -96,14 +96,14 @@ def main(argv=None):
     """The figures, printed and returned; with --out also written as json. Bad input: one line, exit 2."""
     p = common.Parser(prog="runs/bench_eval.py", description=__doc__.split("\n\n")[1])
     add = p.add_argument
-    # the random model's shape (defaults: a CPU mini-study model, d = 64, r = 4, l_eff = 10), the examples scored and
-    # the batched scorer's width
+    # the random model's shape (defaults: a CPU mini-study model, d = 64, r = 4, l_eff = 10; its prompts are 1/4 .. 1
+    # x --seq-len tokens), the examples scored and the batched scorer's width
     for flag, interval, default in (("--scale", "[1, inf)", 1), ("--aspect-ratio", "[1, inf)", 64),
                                     ("--head-dim", "[1, inf)", 32), ("--n-loops", "[1, 1024]", 4),
                                     ("--n-layers-eff", "[1, inf)", 10), ("--vocab-size", "[8, inf)", 2048),
-                                    ("--n-examples", "[8, inf)", 256), ("--batch-tokens", "[8, inf)", 8192)):
+                                    ("--seq-len", "[8, 65536]", 128), ("--n-examples", "[8, inf)", 256),
+                                    ("--batch-tokens", "[8, inf)", 8192)):
         add(flag, type=common.number(int, interval), default=default)
-    add("--seq-len", type=common.number(int, "[8, 65536]"), default=128, help="prompts are 1/4 .. 1 x seq_len")
     add("--equal-length", type=common.number(int, "[0, inf)"), default=0, help="every prompt this many tokens "
         "(batching's best case, the issue-6 target: >= 3x); 0 = mixed lengths 1/4 .. 1 x seq_len")
     add("--checkpoint", help="a trained run instead of a random model (eval.load_checkpoint)")
