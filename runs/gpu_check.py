@@ -280,7 +280,9 @@ def run_child(n, argv, timeout) -> dict:
     # The stage writes its entry into its scratch folder (atomically): a stage that dies writes none, and its exit
     # status says why; a kill of this process leaves the JSON as it was after the previous stage.
     t = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix=f".gpu_check_stage{n}_", dir=os.path.dirname(OUT)) as scratch:
+    # (a rank killed with its stage may still hold files there: a cleanup error must not stop the next stages)
+    with tempfile.TemporaryDirectory(prefix=f".gpu_check_stage{n}_", dir=os.path.dirname(OUT),
+                                     ignore_cleanup_errors=True) as scratch:
         result = os.path.join(scratch, "entry.json")
         try:
             code = subprocess.run([sys.executable, __file__, *argv, "--stage", str(n), "--scratch", scratch],
