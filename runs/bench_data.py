@@ -17,7 +17,6 @@ is used and removed.
 import json
 import os
 import resource
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,8 +26,7 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# the project is flat top-level files
-sys.path.insert(0, ROOT)
+sys.path.insert(0, ROOT)                                           # the project is flat top-level files
 import common  # noqa: E402
 import data  # noqa: E402
 
@@ -53,8 +51,7 @@ def generate_corpus(path, mb, seed=0):
                 # (64,) sentences per document, then each document's sentence ids
                 n_sent = (rng.lognormal(3.2, 1.0, size=64) + 1).astype(int)
                 docs = np.split(rng.integers(0, len(pool), size=int(n_sent.sum())), np.cumsum(n_sent)[:-1])
-                f.write("".join(json.dumps({"text": " ".join(pool[j] for j in d.tolist())}) + "\n" for d in docs)
-                        .encode())
+                f.write("".join(json.dumps({"text": " ".join(pool[j] for j in d)}) + "\n" for d in docs).encode())
     common.atomic_write(path, write)
     return os.path.getsize(path)
 
@@ -65,15 +62,12 @@ def pack_bench(tok, texts, seq_len, repeats=2):
     # the two ways to tokenise the same texts: what a naive loop gets, and what prepare's batched call gets
     runs = {"1 thread, per-doc loop": lambda: [tok.encode([t], num_threads=1)[0] for t in texts],
             f"{ncpu} threads, batched": lambda: tok.encode(texts, num_threads=ncpu)}
-    # (wall s, cpu s) of the fastest repeat
-    best = {label: (float("inf"), 0.0) for label in runs}
+    best = {label: (float("inf"), 0.0) for label in runs}          # (wall s, cpu s) of the fastest repeat
     for _ in range(repeats):
         for label, encode in runs.items():
-            # process_time sums all threads
-            t0, c0 = time.perf_counter(), time.process_time()
+            t0, c0 = time.perf_counter(), time.process_time()      # process_time sums all threads
             docs = encode()
-            # + BOS per document
-            data.best_fit_plan([len(d) + 1 for d in docs], seq_len + 1)
+            data.best_fit_plan([len(d) + 1 for d in docs], seq_len + 1)      # + BOS per document
             best[label] = min(best[label], (time.perf_counter() - t0, time.process_time() - c0))
     # the tokens of the last repeat's documents (every repeat encodes the same texts to the same ids)
     n_tokens = sum(len(d) + 1 for d in docs)
@@ -107,8 +101,7 @@ def stream_bench(work, mb, seq_len, workers):
             raise ValueError(f"bench prepare failed: {(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
         tokens = sum(data.read_meta(out, s)["doc_tokens"] for s in ("train", "val"))
     mb, cpu = os.path.getsize(corpus) / 1e6, (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
-    # KiB -> MiB; the largest child so far: the prepare
-    peak = c1.ru_maxrss / 1024
+    peak = c1.ru_maxrss / 1024                                     # KiB -> MiB; the largest child so far: the prepare
     print(f"bench stream-prepare: {mb:,.0f} MB, {tokens:,} tokens, seq_len {seq_len}, workers {workers} | "
           f"{wall:.1f} s wall = {mb / wall:.2f} MB/s ({tokens / wall:,.0f} tok/s) | {cpu:.1f} s cpu = "
           f"{cpu / mb:.3f} cpu-s/MB | peak RSS {peak:,.0f} MiB ({peak * 2 ** 20 / max(tokens, 1):.2f} bytes/token)")
@@ -118,12 +111,11 @@ def stream_bench(work, mb, seq_len, workers):
 def main(argv=None):
     """Both figures, printed; with --out also written to OUT/bench_data.json. Bad input: one line, exit 2."""
     p = common.Parser(prog="runs/bench_data.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--mb", type=common.number(float, "(0, 1e6)"), default=16.0, help="generated corpus size in MB "
-                   "(1000 for the issue-13 figure)")
+    p.add_argument("--mb", type=common.number(float, "(0, 1e6)"), default=16.0, help="corpus MB (issue 13: 1000)")
     p.add_argument("--seq-len", type=common.number(int, "[1, 131072]"), default=2048, help="rows of the stream part")
     p.add_argument("--pack-seq-len", type=common.number(int, "[1, 131072]"), default=128, help="rows of part 1")
     p.add_argument("--workers", type=common.number(int, "[0, 256]"), default=0)
-    p.add_argument("--out", default=None, help="keep the corpus and tokenizers here and write bench_data.json")
+    p.add_argument("--out", help="keep the corpus and tokenizers here and write bench_data.json")
     p.add_argument("--overwrite", action="store_true", help="adopt an --out that holds other files")
     a = p.parse_args(argv)
     # what this invocation asks for: the same request resumes its own --out folder (corpus and tokenizers reused)
@@ -132,17 +124,17 @@ def main(argv=None):
         # --out is this script's whole (common.claim): adopted if new or empty, resumed if its marker names this
         # request, else refused unless --overwrite; everything in it, bench_data.json included, is then ours
         if a.out:
-            common.claim(a.out, "bench_data", request, a.overwrite, "--out")
-        work = a.out or tempfile.mkdtemp(prefix="nanoloop-bench-data-")
-        # the pack part's 1,024-piece BPE, trained on the default corpus unless --out already holds it
-        texts, tok_path = data.read_source("default")[0], os.path.join(work, "tokenizer.model")
-        tok = data.load_tokenizer(tok_path) if os.path.isfile(tok_path) else data.train_tokenizer(texts, 1024, tok_path)
-        figures = dict(request, pack=pack_bench(tok, texts, a.pack_seq_len),
-                       stream=stream_bench(work, a.mb, a.seq_len, a.workers))
+            common.claim(a.out, "bench_data", request, a.overwrite)
+        with tempfile.TemporaryDirectory(prefix="nanoloop-bench-data-") as tmp:      # without --out: removed after
+            work = a.out or tmp
+            # the pack part's 1,024-piece BPE, trained on the default corpus unless --out already holds it
+            texts, tok_path = data.read_source("default")[0], os.path.join(work, "tokenizer.model")
+            tok = data.load_tokenizer(tok_path) if os.path.isfile(tok_path) else data.train_tokenizer(texts, 1024,
+                                                                                                      tok_path)
+            figures = dict(request, pack=pack_bench(tok, texts, a.pack_seq_len),
+                           stream=stream_bench(work, a.mb, a.seq_len, a.workers))
         if a.out:
             common.atomic_write(os.path.join(a.out, "bench_data.json"), json.dumps(figures, indent=2) + "\n")
-        else:
-            shutil.rmtree(work)
     except (ValueError, OSError) as err:
         common.fail("runs/bench_data.py", err)
     return figures

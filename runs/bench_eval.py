@@ -15,66 +15,60 @@ import random
 import sys
 import time
 
-# flat top-level files
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repository's flat files
+import torch  # noqa: E402
+
 import common  # noqa: E402
 import eval as E  # noqa: E402
 
-# torch, like the project's modules, only after sys.path names the repository root
-import torch  # noqa: E402
-
 
 def bench_scorer(model, examples, *, batch_tokens=8192, n_loops=None, pad_id=0, repeats=2) -> dict:
-    """Batched vs one-at-a-time tokens/s and the largest per-example |difference| in nats, printed and returned."""
-    # model input positions processed per pass
-    n_in = sum(len(e.tokens) - 1 for e in examples)
+    """Batched vs one-at-a-time tokens/s and the largest per-example |difference| in nats, printed and returned.
+    batch_tokens = 0 is eval.score_examples's one-example-per-forward mode; pad_id fills the batched rows (the
+    tokenizer's BOS for a trained run); n_loops is the test-time r' (None: the model's own r)."""
+    n_in = sum(len(e.tokens) - 1 for e in examples)              # model input positions processed per pass
+    score = lambda ex, bt: E.score_examples(model, ex, batch_tokens=bt, n_loops=n_loops, pad_id=pad_id)[0]  # noqa
     # warm-up: the first forward pays for allocator and kernel set-up, which neither timing should include
-    E.score_examples(model, examples[:4], batch_tokens=batch_tokens, n_loops=n_loops, pad_id=pad_id)
+    score(examples[:4], batch_tokens)
     best, nats = {0: float("inf"), batch_tokens: float("inf")}, {}
     # alternate the two modes so that a burst of load from other jobs falls on both, and keep each one's best
     for _ in range(repeats):
         for bt in best:
             t0 = time.perf_counter()
-            nats[bt] = E.score_examples(model, examples, batch_tokens=bt, n_loops=n_loops, pad_id=pad_id)[0]
+            nats[bt] = score(examples, bt)
             best[bt] = min(best[bt], time.perf_counter() - t0)
-    out = dict(n_examples=len(examples), input_tokens=n_in, batch_tokens=batch_tokens,
-               one_at_a_time_tok_s=n_in / best[0], batched_tok_s=n_in / best[batch_tokens],
-               max_abs_diff_nats=max((abs(a - b) for a, b in zip(nats[0], nats[batch_tokens])), default=0.0))
-    # > 1: batching pays; the issue-6 target is >= 3x on equal-length prompts
-    out["speedup"] = out["batched_tok_s"] / out["one_at_a_time_tok_s"]
-    print(f"bench | {len(examples)} examples, {n_in:,} tokens | one-at-a-time {out['one_at_a_time_tok_s']:,.0f} "
-          f"tok/s | batched {out['batched_tok_s']:,.0f} tok/s | speedup {out['speedup']:.1f}x "
-          f"| max |diff| {out['max_abs_diff_nats']:.2e} nats")
+    one, many = n_in / best[0], n_in / best[batch_tokens]
+    # speedup > 1: batching pays; the issue-6 target is >= 3x on equal-length prompts
+    out = dict(n_examples=len(examples), input_tokens=n_in, batch_tokens=batch_tokens, one_at_a_time_tok_s=one,
+               batched_tok_s=many, max_abs_diff_nats=max((abs(a - b) for a, b in zip(nats[0], nats[batch_tokens])),
+                                                         default=0.0), speedup=many / one)
+    print(f"bench | {len(examples)} examples, {n_in:,} tokens | one-at-a-time {one:,.0f} tok/s | batched {many:,.0f} "
+          f"tok/s | speedup {many / one:.1f}x | max |diff| {out['max_abs_diff_nats']:.2e} nats")
     return out
 
 
-# Random prompts: the scorer's speed depends on their lengths and the batch width, not on which tokens they hold
 def synthetic_examples(n, vocab, lengths=(32, 48, 64, 80, 96, 112, 128), span=3, seed=0):
-    """Random token sequences with the length spread of (cropped) few-shot prompts and a short gold span: scoring
-    speed does not depend on which tokens they are."""
-    g, out = random.Random(seed), []
-    for _ in range(n):
-        L = g.choice(lengths) + 1
-        out.append(E.Example([1] + [g.randrange(2, vocab) for _ in range(L - 1)], L - span, 3 * span))
-    return out
+    """Random token sequences (BOS first) with the length spread of (cropped) few-shot prompts and a short gold span
+    at the end: scoring speed depends on the lengths and the batch width, not on which tokens they are."""
+    g = random.Random(seed)
+    # each example draws its length L, then its L - 1 tokens (the generator interleaves the draws in that order)
+    return [E.Example([1] + [g.randrange(2, vocab) for _ in range(L - 1)], L - span, 3 * span)
+            for L in (g.choice(lengths) + 1 for _ in range(n))]
 
 
 # -----------------------------------------------------------------------------
 # The two models to time: a random tiny one (no checkpoint needed), or a trained run's on one of its tasks
 
-
 def _random_model(a):
-    """The checkpoint-free model, sized (common check_memory, eval's) before it is built."""
+    """The checkpoint-free model, sized before it is built (ModelConfig's own checks raise ValueError)."""
     torch.manual_seed(0)
-    # its own checks (e.g. layout) raise ValueError
     cfg = E.ModelConfig(n_layers_prelude=1, n_layers_coda=1, **{k: getattr(a, k) for k in (
         "scale", "aspect_ratio", "head_dim", "n_loops", "n_layers_eff", "vocab_size", "seq_len")})
-    # parameters from eval.model_bytes (device bytes / 4, the RoPE tables included): sized before it is built, so
-    # too large a model is refused before allocating, not an out-of-memory crash
+    # parameters from eval.model_bytes (device bytes / 4, the RoPE tables included): too large a model is refused
+    # before allocating, not an out-of-memory crash
     n_params = E.model_bytes(cfg)[1] / 4
     if n_params > 1e9:
-        raise ValueError(f"bench model of ~{n_params / 1e9:.1f}B parameters (d_model {cfg.d_model}): the scorer "
-                         f"benchmark is for small models; lower --scale / --aspect-ratio / --vocab-size")
+        raise ValueError(f"a bench model of ~{n_params / 1e9:.1f}B parameters is too large; lower --scale")
     device = common.init_dist()[2]
     model = E.LoopedGPT(cfg).to(device).eval()
     print(f"bench model: d_model {cfg.d_model}, r {cfg.n_loops}, l_eff {cfg.n_layers_eff}, vocab {cfg.vocab_size}, "
@@ -93,8 +87,7 @@ def _trained_model(a):
     items, src, shots = E.load_task(a.task, a.task_dir)
     if items is None:
         raise ValueError(f"--task {a.task}: no task file (looked in {', '.join(src['looked_in']) or 'no task dir'})")
-    # the task's own seeded order and few-shot prompts, capped at --n-examples
-    items = E.shuffle_and_cap(items, a.n_examples)
+    items = E.shuffle_and_cap(items, a.n_examples)      # the task's own seeded order, capped at --n-examples
     return model, E.build_examples(items, range(len(items)), tok, shots=shots, delimiter=E.TASKS[a.task].delimiter,
                                    seq_len=model.cfg.seq_len), tok.bos_id
 
@@ -103,21 +96,21 @@ def main(argv=None):
     """The figures, printed and returned; with --out also written as json. Bad input: one line, exit 2."""
     p = common.Parser(prog="runs/bench_eval.py", description=__doc__.split("\n\n")[1])
     add = p.add_argument
-    # the random model's shape (defaults: a CPU mini-study model, d = 64, r = 4, l_eff = 10)
+    # the random model's shape (defaults: a CPU mini-study model, d = 64, r = 4, l_eff = 10; its prompts are 1/4 .. 1
+    # x --seq-len tokens), the examples scored and the batched scorer's width
     for flag, interval, default in (("--scale", "[1, inf)", 1), ("--aspect-ratio", "[1, inf)", 64),
                                     ("--head-dim", "[1, inf)", 32), ("--n-loops", "[1, 1024]", 4),
-                                    ("--n-layers-eff", "[1, inf)", 10), ("--vocab-size", "[8, inf)", 2048)):
+                                    ("--n-layers-eff", "[1, inf)", 10), ("--vocab-size", "[8, inf)", 2048),
+                                    ("--seq-len", "[8, 65536]", 128), ("--n-examples", "[8, inf)", 256),
+                                    ("--batch-tokens", "[8, inf)", 8192)):
         add(flag, type=common.number(int, interval), default=default)
-    add("--seq-len", type=common.number(int, "[8, 65536]"), default=128, help="prompts are 1/4 .. 1 x seq_len")
-    add("--n-examples", type=common.number(int, "[8, inf)"), default=256)
-    add("--batch-tokens", type=common.number(int, "[8, inf)"), default=8192)
     add("--equal-length", type=common.number(int, "[0, inf)"), default=0, help="every prompt this many tokens "
         "(batching's best case, the issue-6 target: >= 3x); 0 = mixed lengths 1/4 .. 1 x seq_len")
-    add("--checkpoint", default=None, help="a trained run instead of a random model (eval.load_checkpoint)")
-    add("--tokenizer", default=None, help="with --checkpoint: tokenizer spec (default: the run's data's)")
+    add("--checkpoint", help="a trained run instead of a random model (eval.load_checkpoint)")
+    add("--tokenizer", help="with --checkpoint: tokenizer spec (default: the run's data's)")
     add("--task", default="induction_head", choices=sorted(E.TASKS), help="with --checkpoint: the task scored")
-    add("--task-dir", default=None, help="with --checkpoint: the task files' root")
-    add("--out", default=None, help="also write the figures to this json file")
+    add("--task-dir", help="with --checkpoint: the task files' root")
+    add("--out", help="also write the figures to this json file")
     add("--overwrite", action="store_true", help="let --out replace a file this script did not write")
     a = p.parse_args(argv)
     if a.equal_length > a.seq_len:

@@ -7,31 +7,25 @@ Not here: the fits themselves (fit.py); this file only times them.
 """
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repository's flat files
 import common  # noqa: E402
 import fit  # noqa: E402  (sets one BLAS thread before numpy loads)
 
 
-def timed(fn, *args, **kwargs) -> tuple:
-    """(fn(*args, **kwargs), wall seconds): perf_counter, the monotonic clock with the finest resolution."""
-    t0 = time.perf_counter()
-    return fn(*args, **kwargs), time.perf_counter() - t0          # the call runs first: a tuple is built in order
-
-
 def bench(seed=0, restarts=fit.RESTARTS, n_boot=fit.N_BOOT):
-    """Time the full protocol on the 116-run synthetic grid, then one fit with one scipy L-BFGS-B per start."""
+    """Time the full protocol on the 116-run synthetic grid, then one fit with one scipy L-BFGS-B per start. The
+    times are fit.py's own "seconds" (perf_counter around the fits: the protocol's, and each fit_law's)."""
     runs = fit.synthetic_runs(0.46, 0.01, seed)          # the acceptance's workload: 116 runs, paper-like noise
-    res, t_full = timed(fit.run_protocol, runs, restarts, n_boot, seed, progress=True)
+    res = fit.run_protocol(runs, restarts, n_boot, seed, progress=True)
+    t_full = res["seconds"]
     print(f"full protocol: 4 per-arch + joint + phi=0 + phi=1 + 2 halves at {restarts} restarts, {n_boot} bootstrap "
           f"refits, frontier: {t_full:.1f} s")
     # the same fit twice: batched screen + polish, then one scipy L-BFGS-B per start at the same tight tolerances
     # (looser ones are faster but stop early, fitting.md §4.2); same starts, so the best objectives must agree
     prob = fit.make_problem(runs)
-    fast, t_fast = timed(fit.fit_law, prob, restarts, seed)
-    naive, t_naive = timed(fit.fit_law, prob, restarts, seed, engine="scipy")
-    rel = abs(fast["huber"] - naive["huber"]) / naive["huber"]
+    fast, naive = fit.fit_law(prob, restarts, seed), fit.fit_law(prob, restarts, seed, engine="scipy")
+    t_fast, t_naive, rel = fast["seconds"], naive["seconds"], abs(fast["huber"] - naive["huber"]) / naive["huber"]
     print(f"one joint fit ({restarts} starts): batched {t_fast:.2f} s, naive scipy {t_naive:.2f} s, speed-up "
           f"{t_naive / t_fast:.1f}x; best objective {fast['huber']:.10e} vs {naive['huber']:.10e} (rel {rel:.1e})")
     # the naive protocol repeats that fit 9 times and, without warm starts, 200 more times in the bootstrap

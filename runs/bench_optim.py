@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repo root, after PYTHONPATH
 from common import Parser, number  # noqa: E402
+from flops import layout  # noqa: E402
 from optim import MUONH_LR, MuonHAdamW  # noqa: E402
 
 
@@ -23,10 +24,7 @@ def bench(d_model=640, n_loops=1, steps=3, seed=0):
     """Seconds per MuonH step (CPU, fp32) for every matrix of one model: 6 shapes per block, plus W_inject if r > 1.
 
     Under an initialised process group (torchrun) every rank draws the same gradients (what DDP leaves behind)."""
-    if n_loops < 1 or 16 % n_loops:
-        raise ValueError(f"n_loops must divide 16 (iso-depth layout, §3.1), got {n_loops}")
-    n_blocks = 20 if n_loops == 1 else 4 + 16 // n_loops        # 0-20-0, or 2-(16/r)-2 unique blocks
-    d = d_model
+    n_blocks, d = sum(layout(n_loops)), d_model                # 0-20-0, or 2-(16/r)-2 unique blocks (§3.1)
     # The block's matrices as model.py holds them (out, in): one stack of 4 K per (d, d) shape after grouping (c_q,
     # c_k, c_v, attn.c_proj; then mlp.c_fc, mlp.c_proj). Looped models (r > 1) add the single W_inject (d, 2 d): a
     # stack of K = 1, which sharding cannot split
@@ -50,30 +48,25 @@ def bench(d_model=640, n_loops=1, steps=3, seed=0):
         cpu.append(time.process_time() - c0)                    # this rank's CPU time: robust on a shared machine
     # Mean and min wall seconds (min: the least disturbed step on a shared machine), and this rank's CPU seconds
     return {"n_matrices": len(params), "n_blocks": n_blocks, "seconds_per_step": sum(times) / len(times),
-            "cpu_seconds_per_step": sum(cpu) / len(cpu),
-            "min_seconds": min(times), "threads": torch.get_num_threads(), "world": opt.world, "rank": opt.rank}
+            "cpu_seconds_per_step": sum(cpu) / len(cpu), "min_seconds": min(times), "threads": torch.get_num_threads(),
+            "world": opt.world, "rank": opt.rank}
 
 
 def main(argv=None):
-    """CLI: parse (one-line errors), join the gloo group under torchrun, time, print one line on rank 0."""
+    """CLI: parse (one-line errors, exit 2), join the gloo group under torchrun, time, print one line on rank 0."""
     p = Parser(prog="runs/bench_optim.py", description="MuonH step time over an s-scale model's matrices (CPU).")
     p.add_argument("--scale", type=number(int, "(0, inf)"), default=10, help="width scale s (d = aspect x s)")
     p.add_argument("--aspect-ratio", type=number(int, "(0, inf)"), default=64, help="d_model per unit of scale")
-    p.add_argument("--n-loops", type=number(int, "(0, inf)"), default=1, help="r (must divide 16)")
+    p.add_argument("--n-loops", type=number(int), choices=(1, 2, 4, 8, 16), default=1, help="r (must divide 16)")
     p.add_argument("--bench-steps", type=number(int, "(0, inf)"), default=3, help="timed steps after one warm-up")
     a = p.parse_args(argv)
     d = a.aspect_ratio * a.scale                               # d_model, as model.py computes it (§3.1)
-    # torchrun sets WORLD_SIZE; gloo, because this is a CPU benchmark (runs/bench.sh §2b)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:             # under torchrun: sharded MuonH over gloo CPU ranks
+    # torchrun sets WORLD_SIZE: sharded MuonH over gloo CPU ranks, because this is a CPU benchmark (runs/bench.sh §2b)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         dist.init_process_group("gloo")
-    try:
-        r = bench(d, a.n_loops, a.bench_steps)
-    except ValueError as e:                                     # raised before any work: one line, exit 2
-        p.error(str(e))
-    finally:                                                    # leave no process group behind, even on an error
-        # destroy_process_group is collective-free: safe on every rank whatever happened above
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    r = bench(d, a.n_loops, a.bench_steps)
+    if dist.is_initialized():                                   # collective-free: safe on every rank
+        dist.destroy_process_group()
     if r["rank"] == 0:                                          # one line per run: runs/bench.sh parses it
         # "s/step" and "CPU ... s" are the two numbers runs/bench.sh reads to form its 1-rank / 2-rank ratio
         ranks = f"{r['world']} ranks (sharded, gloo)" if r["world"] > 1 else "1 rank"

@@ -36,13 +36,13 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the flat top-level modules
 import torch                                                                          # noqa: E402
-from torch.nn.attention import SDPBackend                                             # noqa: E402
 
 import common                                                                         # noqa: E402
 import flops                                                                          # noqa: E402
 import train                                                                          # noqa: E402
 from model import LoopedGPT, ModelConfig, resolve_attention                           # noqa: E402
 from optim import build_optimizer, hyperp_lrs                                         # noqa: E402
+
 
 def peak_memory(device) -> dict:
     """Peak memory since the last call, then a reset: CUDA allocated and reserved bytes (the cache is emptied first,
@@ -122,8 +122,7 @@ def train_bench(cfg, device, device_batch, steps, accum=1, bf16=False, compile_b
 # The small-width levers (issue 25 item 4), applied where the step is built: no trainer flag needed
 
 MODES = ("reduce-overhead", "max-autotune-no-cudagraphs")                 # torch.compile modes; default: None
-KERNELS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
-           "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+KERNELS = train.SDPA_BACKENDS                                 # the SDPA kernels by name, as train.py's --sdpa-backend
 
 
 def lever(text) -> dict:

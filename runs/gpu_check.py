@@ -34,7 +34,8 @@ What the figures answer, and what they do not:
     reference runs beside the 2 ranks (their compiles overlap). With two GPUs visible the ranks take cuda:0 and 1.
     --cpu-smoke takes the fallback path for real: NCCL cannot serve CPU tensors, so gloo runs after it refuses.
   - stage 6 counts dynamo graphs: 1 per variant means no graph break; more after the training steps, a recompile.
-Scratch files (a stage's result, the stage-3 checkpoints, the 2-rank rendezvous) go beside --out and are removed.
+Each stage process gets a scratch folder beside --out, removed after it: its entry (written atomically; a stage
+that dies writes none), the stage-3 checkpoints, the 2-rank rendezvous and rank 0's figures.
 """
 import argparse
 import contextlib
@@ -50,6 +51,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch._dynamo.utils import counters                       # dynamo's graph counts (stages 5 and 6)
 
 from bench_train import peak_memory, train_bench              # first: it puts the repo root on sys.path
 import common                                                  # noqa: E402, I100
@@ -63,7 +65,8 @@ TOOL = "runs/gpu_check.py"
 STAGES = {1: ("environment", 10, 5), 2: ("attention", 20, 5), 3: ("memory", 100, 6), 4: ("throughput", None, 6),
           5: ("ddp", 100, 15), 6: ("compile", 40, 10)}
 CELL_S, DEFAULT_CELLS, ALL_CELLS = 65, ("s10_r4", "s6_r4"), tuple(f"s{s}_r{r}" for s in (10, 6) for r in (1, 4, 8))
-CELLS = DEFAULT_CELLS                                    # stage 4's cells: main sets them (--all-cells)
+# main sets these: stage 4's cells (--all-cells), --out, and in a stage or rank process its scratch folder
+CELLS, OUT, SCRATCH = DEFAULT_CELLS, None, None
 SMOKE = dict(aspect_ratio=16, head_dim=16, n_layers_prelude=0, n_layers_coda=0, vocab_size=256, seq_len=64)
 
 
@@ -82,7 +85,8 @@ def release_rows(s, smoke) -> int:
 
 def setup(smoke) -> tuple:
     """(device, bf16, compile backend, attention backend) of a run here. The device is the one a stage measures: cuda
-    (the current device) with bf16 + inductor on a GPU, cpu with fp32 + aot_eager under --cpu-smoke."""
+    (the current device) with bf16 + inductor on a GPU, cpu with fp32 + aot_eager under --cpu-smoke. The attention
+    backend is --attn auto's for a bf16 run (FlashAttention needs CUDA: sdpa on CPU either way)."""
     device = torch.device("cpu" if smoke else "cuda")
     return device, not smoke, "aot_eager" if smoke else "inductor", resolve_attention("auto", device, not smoke)[0]
 
@@ -104,8 +108,7 @@ def stage_attention(smoke) -> dict:
     """bf16 FA and SDPA against fp32 SDPA: max |diff| over the output and dq, dk, dv (loss sum(out^2)), beside the
     reference's own size; then one model's logits: full forward vs KV-cached decoding in three chunks (prefill, a
     chunk, one token), per backend, and FA vs SDPA vs fp32 on the full forward."""
-    device = setup(smoke)[0]
-    backend = resolve_attention("auto", device, True)[0]
+    device, *_, backend = setup(smoke)
     # s = 10 shapes (B = 4 rows of T = 2048, 5 heads of 128); fp32 masters, each backend casts its own copy
     base = [torch.randn((2, 64, 2, 16) if smoke else (4, 2048, 5, 128), device=device) for _ in range(3)]  # B T H D
 
@@ -135,7 +138,7 @@ def stage_attention(smoke) -> dict:
 
 def stage_memory(smoke) -> dict:
     """Per cell: one warm-up + one timed step (the optimizer state exists from the first), an eval forward of the
-    same rows, then a checkpoint save beside --out (deleted after). An OOM is recorded and the rows halved."""
+    same rows, then a checkpoint save in the scratch folder (deleted after). An OOM is recorded and the rows halved."""
     device, bf16, _, attn = setup(smoke)
     res = {"rule": "release: 32 rows, 16 at s >= 18, 8 at s >= 30", "mode": "eager" + ", bf16" * bf16}
     # The cells most likely not to fit 80 GB: r = 8 at s = 16 and 28 under full BPTT (8 x the recurrent activations),
@@ -149,7 +152,7 @@ def stage_memory(smoke) -> dict:
                 cell.update(device_batch=rows, train={k: v for k, v in rec.items() if "max" in k or "rss" in k})
                 with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                     model(torch.randint(0, cfg.vocab_size, (rows, cfg.seq_len), device=device))
-                cell["eval"], t, path = peak_memory(device), time.time(), f"{OUT}.ckpt_s{s}_r{r}.pt"
+                cell["eval"], t, path = peak_memory(device), time.time(), os.path.join(SCRATCH, "ckpt.pt")
                 torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path)
                 cell.update(save=peak_memory(device), save_s=time.time() - t, ckpt_bytes=os.path.getsize(path))
                 os.remove(path)
@@ -163,7 +166,8 @@ def stage_memory(smoke) -> dict:
 
 def stage_throughput(smoke) -> dict:
     """The trainer's path (compiled, bf16) at B = 262,144 tokens by accumulation; 3 timed steps after the first, per
-    cell of CELLS (s = 10, the App. C.2 reference; s = 6, the grid's smallest width). Compile s: first_step_s - step_s."""
+    cell of CELLS (s = 10, the App. C.2 reference; s = 6, the grid's smallest width). Compile seconds: first_step_s
+    - step_s."""
     (device, bf16, backend, attn), res = setup(smoke), {}
     for cell in CELLS:
         s, r = (int(x[1:]) for x in cell.split("_"))
@@ -176,47 +180,44 @@ def stage_throughput(smoke) -> dict:
     return res
 
 
-def join(rank, device, store) -> tuple:
-    """Start stage 5's 2-rank group on the first backend that works: NCCL, else gloo on the same (CUDA) tensors.
-    A backend "works" once its init and one all-reduce pass: NCCL builds its communicator at the first collective,
-    and that is where NCCL < 2.30 refuses two ranks on one GPU. -> (backend, [why each one before it failed])."""
+def ddp_rank(rank, smoke) -> None:
+    """One of stage 5's 2 ranks (this script --ddp-rank k): both on cuda:0 when one GPU is visible; CPU in smoke.
+    They rendezvous through files in the stage's scratch folder; rank 0 writes its figures there."""
+    device = torch.device("cpu") if smoke else torch.device("cuda", rank % torch.cuda.device_count())
+    if not smoke:
+        torch.cuda.set_device(device)
+    # The group starts on the first backend that works: NCCL, else gloo on the same (CUDA) tensors. A backend "works"
+    # once its init and one all-reduce pass: NCCL builds its communicator at the first collective, and that is where
+    # NCCL < 2.30 refuses two ranks on one GPU. refusals: why each backend before the one that ran failed.
     refusals = []
-    for i, backend in enumerate(("nccl", "gloo")):
+    for backend in ("nccl", "gloo"):
         try:                                         # one store file per try: a failed try leaves keys behind
-            dist.init_process_group(backend, init_method=f"file://{store}{i}", rank=rank, world_size=2,
+            dist.init_process_group(backend, init_method=f"file://{SCRATCH}/{backend}", rank=rank, world_size=2,
                                     timeout=datetime.timedelta(seconds=120))
             dist.all_reduce(torch.ones(1, device=device))
-            return backend, refusals
+            break
         except Exception as err:                     # any refusal: both ranks see it, both try the next backend
             refusals.append(f"{backend}: {' '.join(str(err).split())[:400]}")   # NCCL's reason is its last line
             if dist.is_initialized():
                 dist.destroy_process_group()
-    raise RuntimeError(f"no backend could join 2 ranks: {refusals}")
-
-
-def ddp_rank(rank, smoke, result) -> None:
-    """One of stage 5's 2 ranks (this script --ddp-rank k): both on cuda:0 when one GPU is visible; CPU in smoke."""
-    device = torch.device("cpu") if smoke else torch.device("cuda", rank % torch.cuda.device_count())
-    if not smoke:
-        torch.cuda.set_device(device)
-    backend, refusals = join(rank, device, f"{result}.store")
-    from torch._dynamo.utils import counters             # after init: DDP's graph split shows in the count
+    else:
+        raise RuntimeError(f"no backend could join 2 ranks: {refusals}")
     _, bf16, compiler, attn = setup(smoke)
     ddp = lambda m: torch.nn.parallel.DistributedDataParallel(   # noqa: E731  train.py's wrapping
         m, device_ids=None if smoke else [device.index], broadcast_buffers=False, gradient_as_bucket_view=True)
     rec, model, opt = train_bench(cfg_for(smoke, 10, 2 if smoke else 4), device, 2 if smoke else 8, 3, 1, bf16,
                                   compiler, attn, 2, rank, wrap=ddp)
     # Each rank orthogonalises only its own matrices and all-gathers the rest: a wrong gather shows as weights that
-    # differ between ranks, so compare a checksum of every parameter (fp64 sums: MIN == MAX only if all agree).
-    total = torch.stack([p.detach().double().sum() for p in model.parameters()]).sum().reshape(1)
-    lo, hi = total.clone(), total.clone()                 # after sharded MuonH's all-gather the ranks must agree
-    dist.all_reduce(lo, dist.ReduceOp.MIN)
-    dist.all_reduce(hi, dist.ReduceOp.MAX)
+    # differ between ranks, so compare a checksum of every parameter (fp64 sums; the MAX of (sum, -sum) over the
+    # ranks is (the largest, minus the smallest): their total is 0 only if all agree)
+    total = torch.stack([p.detach().double().sum() for p in model.parameters()]).sum()
+    spread = torch.stack([total, -total])
+    dist.all_reduce(spread, dist.ReduceOp.MAX)
     if rank == 0:
         # DDPOptimizer splits the compiled graph at bucket boundaries; each piece is one AOT-autograd compile
-        common.atomic_write(result, json.dumps(dict(
+        common.atomic_write(os.path.join(SCRATCH, "ddp.json"), json.dumps(dict(
             rec, backend=backend, fallback=refusals, muonh_shards=opt.world, placement=str(device),
-            ranks_weight_sum_spread=(hi - lo).item(), dynamo_graphs=counters["stats"]["unique_graphs"],
+            ranks_weight_sum_spread=spread.sum().item(), dynamo_graphs=counters["stats"]["unique_graphs"],
             ddp_subgraphs=counters["aot_autograd"]["total"])))
     dist.destroy_process_group()
 
@@ -224,22 +225,17 @@ def ddp_rank(rank, smoke, result) -> None:
 def stage_ddp(smoke) -> dict:
     """2 ranks (2 processes) vs 1 rank taking the same rows as 2 micro-batches: losses, weights in sync."""
     device, bf16, backend, attn = setup(smoke)
-    # The ranks rendezvous through files beside --out (no port to find); rank 0 writes its figures there too. The
-    # 1-rank reference runs here meanwhile: the three compiles overlap (tok/s is therefore not a scaling figure).
-    result = f"{OUT}.ddp{os.getpid()}"
-    ranks = [subprocess.Popen([sys.executable, __file__, "--ddp-rank", str(k), "--result", result] + ["--cpu-smoke"]
+    # The ranks rendezvous through files in the scratch folder (no port to find). The 1-rank reference runs here
+    # meanwhile: the three compiles overlap (tok/s is therefore not a scaling figure).
+    ranks = [subprocess.Popen([sys.executable, __file__, "--ddp-rank", str(k), "--scratch", SCRATCH] + ["--cpu-smoke"]
                               * smoke, env=dict(os.environ, NCCL_MULTI_RANK_GPU_ENABLE="1"),
                               preexec_fn=die_with_parent) for k in (0, 1)]
     one = train_bench(cfg_for(smoke, 10, 2 if smoke else 4), device, 2 if smoke else 8, 3, 2, bf16,
                       None if smoke else backend, attn)[0]        # smoke: eager here, compiled on the 2 ranks
     codes = [p.wait() for p in ranks]                    # the stage's own timeout bounds this wait
-    for i in (0, 1):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(f"{result}.store{i}")
     if codes != [0, 0]:
         raise RuntimeError(f"the 2-rank run exited {codes} (NCCL {None if smoke else torch.cuda.nccl.version()})")
-    two = common.read_json(result)
-    os.remove(result)
+    two = common.read_json(os.path.join(SCRATCH, "ddp.json"))
     pick = lambda rec, *more: {k: rec[k] for k in ("tok_per_s", "step_s", "first_step_s", "optim_share", *more)}  # noqa
     return dict(one_rank=pick(one), two_ranks=pick(two, "backend", "fallback", "muonh_shards", "placement",
                                                     "ranks_weight_sum_spread", "dynamo_graphs", "ddp_subgraphs"),
@@ -249,7 +245,6 @@ def stage_ddp(smoke) -> dict:
 def stage_compile(smoke) -> dict:
     """Graph breaks of one forward + loss per variant (dynamo only: no codegen), then the trainer's compiled step:
     dynamo graphs after 4 steps (1 = no break, no recompile) and compile seconds (first step - a later one)."""
-    from torch._dynamo.utils import counters
     (device, bf16, backend, attn), res = setup(smoke), {}
     # The grid's baseline, a truncated-BPTT cell (grad mode switches inside the loop), hyperconnections (per-iteration
     # scalars indexed in the loop) and the plain r = 1 stack, each with the run's attention kernel (a FlashAttention
@@ -261,8 +256,8 @@ def stage_compile(smoke) -> dict:
         x = torch.randint(0, model.cfg.vocab_size, (1, model.cfg.seq_len), device=device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             e = torch._dynamo.explain(model)(x, x)
-        res[label] = dict(graphs=e.graph_count, breaks=e.graph_break_count, why=[str(b.reason)[:200] for b in
-                                                                                 e.break_reasons[:3]])
+        res[label] = dict(graphs=e.graph_count, breaks=e.graph_break_count,
+                          why=[str(b.reason)[:200] for b in e.break_reasons[:3]])
         torch._dynamo.reset()
     counters.clear()                                     # count only the training graphs from here
     rec = train_bench(cfg_for(smoke, 10, 4), device, release_rows(10, smoke), 3, 1, bf16, backend, attn)[0]
@@ -277,44 +272,32 @@ def die_with_parent() -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)           # PR_SET_PDEATHSIG = 1
 
 
-RUN, OUT = {1: stage_environment, 2: stage_attention, 3: stage_memory, 4: stage_throughput, 5: stage_ddp,
-            6: stage_compile}, None                      # OUT: --out, beside which the stages put scratch files
+RUN = {1: stage_environment, 2: stage_attention, 3: stage_memory, 4: stage_throughput, 5: stage_ddp, 6: stage_compile}
 
 
 def run_child(n, argv, timeout) -> dict:
     """Stage n in its own process (this script --stage n), killed after `timeout` s -> its status, result, wall_s."""
-    # The stage writes its own result file (atomically): a stage that dies leaves it empty, which reads as "failed"
-    # with the exit status, and a kill of this process leaves the JSON as it was after the previous stage.
-    fd, result = tempfile.mkstemp(prefix=f".gpu_check_stage{n}_", suffix=".json", dir=os.path.dirname(OUT))
-    os.close(fd)
+    # The stage writes its entry into its scratch folder (atomically): a stage that dies writes none, and its exit
+    # status says why; a kill of this process leaves the JSON as it was after the previous stage.
     t = time.monotonic()
-    try:
-        code = subprocess.run([sys.executable, __file__, *argv, "--stage", str(n), "--result", result],
-                              timeout=timeout, preexec_fn=die_with_parent).returncode
-        died = {"status": "failed", "error": f"exit status {code}"}      # no result written: the exit status says why
-        out = common.read_json(result) if os.path.getsize(result) else died
-    except subprocess.TimeoutExpired:
-        out = {"status": "timed out", "error": f"killed after its {timeout:.0f} s timeout"}
-    finally:
-        os.remove(result)
+    # (a rank killed with its stage may still hold files there: a cleanup error must not stop the next stages)
+    with tempfile.TemporaryDirectory(prefix=f".gpu_check_stage{n}_", dir=os.path.dirname(OUT),
+                                     ignore_cleanup_errors=True) as scratch:
+        result = os.path.join(scratch, "entry.json")
+        try:
+            code = subprocess.run([sys.executable, __file__, *argv, "--stage", str(n), "--scratch", scratch],
+                                  timeout=timeout, preexec_fn=die_with_parent).returncode
+            out = common.read_json(result) if os.path.exists(result) else \
+                {"status": "failed", "error": f"exit status {code}"}
+        except subprocess.TimeoutExpired:
+            out = {"status": "timed out", "error": f"killed after its {timeout:.0f} s timeout"}
     return dict(out, wall_s=round(time.monotonic() - t, 1))
-
-
-def plan(a) -> dict:
-    """Each stage asked for, in order, whose estimate fits the budget left by the ones planned before it."""
-    est = {n: v[2] if a.cpu_smoke else v[1] or 10 + CELL_S * len(CELLS) for n, v in STAGES.items()}
-    keep, left = [], a.budget
-    for n in a.stages:
-        if est[n] <= left:
-            keep.append(n)
-            left -= est[n]
-    return {"estimates_s": est, "dropped": [n for n in STAGES if n not in keep]}
 
 
 def main(argv=None) -> int:
     """The CLI, and the entry of the stage and rank processes (hidden flags). The parent checks every flag and --out
     before any stage, prints the plan, then runs the stages in order; exit 1 if one failed or timed out."""
-    global OUT, CELLS
+    global OUT, CELLS, SCRATCH
     p = common.Parser(prog=TOOL, description="staged device check (issue 19 §5)")
     p.add_argument("--cpu-smoke", action="store_true", help="every stage on CPU with tiny sizes (CI)")
     p.add_argument("--budget", type=common.number(float, "(0, 1e6)"), default=480.0,
@@ -324,19 +307,19 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="out/gpu_check.json", help="the JSON (default %(default)s)")
     p.add_argument("--overwrite", action="store_true", help="replace an --out this tool did not write")
     p.add_argument("--dry-run", action="store_true", help="print the plan (stages, estimates, drops) and stop")
-    for hidden, kind in (("--stage", RUN), ("--ddp-rank", (0, 1))):   # internal: one stage's or rank's process
-        p.add_argument(hidden, type=int, choices=kind, help=argparse.SUPPRESS)
-    p.add_argument("--result", help=argparse.SUPPRESS)
+    p.add_argument("--stage", type=int, choices=RUN, help=argparse.SUPPRESS)         # internal: one stage's process
+    p.add_argument("--ddp-rank", type=int, choices=(0, 1), help=argparse.SUPPRESS)   # internal: one stage-5 rank
+    p.add_argument("--scratch", help=argparse.SUPPRESS)                              # their scratch folder
     a = p.parse_args(argv)
-    OUT, CELLS = os.path.abspath(a.out), ALL_CELLS if a.all_cells else DEFAULT_CELLS
+    OUT, CELLS, SCRATCH = os.path.abspath(a.out), ALL_CELLS if a.all_cells else DEFAULT_CELLS, a.scratch
     if a.ddp_rank is not None:
-        return ddp_rank(a.ddp_rank, a.cpu_smoke, a.result)
+        return ddp_rank(a.ddp_rank, a.cpu_smoke)
     if a.stage:                                            # a stage's process: any failure is recorded, not raised
         try:
             out = {"status": "ok", "result": RUN[a.stage](a.cpu_smoke)}
         except Exception as err:                           # one stage's failure must not cost the next stages
             out = {"status": "failed", "error": f"{type(err).__name__}: {err}"[:2000]}
-        return common.atomic_write(a.result, json.dumps(out))
+        return common.atomic_write(os.path.join(SCRATCH, "entry.json"), json.dumps(out))
     if not (a.cpu_smoke or a.dry_run or torch.cuda.is_available()):
         p.error("no CUDA device visible; `bash runs/gpu_check.sh --cpu-smoke` runs the stages on CPU")
     # Ownership: the JSON is absent, or this tool's for this same request (its written_by says so), or --overwrite
@@ -348,11 +331,16 @@ def main(argv=None) -> int:
             os.makedirs(os.path.dirname(OUT), exist_ok=True)
     except (ValueError, OSError) as err:
         common.fail(TOOL, err)
-    rec, t0 = {"request": request, "plan": plan(a), "stages": {}}, time.monotonic()
-    est, dropped = rec["plan"]["estimates_s"], rec["plan"]["dropped"]
-    print(f"gpu-check: {len(STAGES)} stages, ~{sum(est[n] for n in STAGES if n not in dropped)} s estimated, --budget "
-          f"{a.budget:g} s; dropped: " + (", ".join(f"{n} {STAGES[n][0]} (~{est[n]} s)" for n in dropped) or "none"),
-          flush=True)
+    # The plan: each stage asked for, in order, whose estimate fits the budget left by the ones planned before it
+    est = {n: v[2] if a.cpu_smoke else v[1] or 10 + CELL_S * len(CELLS) for n, v in STAGES.items()}
+    keep = []
+    for n in a.stages:                                     # greedy, in order: a stage that does not fit is skipped
+        if est[n] <= a.budget - sum(est[k] for k in keep):
+            keep.append(n)
+    dropped = [n for n in STAGES if n not in keep]
+    rec, t0 = {"request": request, "plan": {"estimates_s": est, "dropped": dropped}, "stages": {}}, time.monotonic()
+    print(f"gpu-check: {len(STAGES)} stages, ~{sum(est[n] for n in keep)} s estimated, --budget {a.budget:g} s; "
+          "dropped: " + (", ".join(f"{n} {STAGES[n][0]} (~{est[n]} s)" for n in dropped) or "none"), flush=True)
     if a.dry_run:
         return 0
     if a.cpu_smoke:                                        # tiny models: one thread each is faster on a shared CPU

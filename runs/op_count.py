@@ -3,8 +3,9 @@ runs/op_count.py -- aten ops per optimizer step and per whole train step, on CPU
 
 The model is what `train.py --scale S --n-loops R` builds (default s = 2, r = 4: the paper's 2-4-2 layout, l_eff 20,
 aspect 64 -> d = 128, linear injection, vocab 32,001); only the batch (2 rows) and T (64) are small: the op count
-depends on neither, nor on the width -- at s = 6 a step launches as many kernels as at s = 10, each doing less. fp32, eager: the CPU numerics. One warm-up step first (the optimizer's first
-step initialises its state), then one profiled optimizer.step() and one profiled fwd + bwd + step + zero_grad.
+depends on neither, nor on the width -- at s = 6 a step launches as many kernels as at s = 10, each doing less.
+fp32, eager: the CPU numerics. One warm-up step first (the optimizer's first step initialises its state), then one
+profiled optimizer.step() and one profiled fwd + bwd + step + zero_grad.
 Two figures each: every aten op the profiler records ("all": nested ones too, e.g. the cat inside a stack, or the
 per-tensor kernels a foreach op loops over on CPU) and the top-level ones, dispatched from Python (on CUDA each is
 roughly one kernel launch; a foreach or compiled op is one multi-tensor kernel).
@@ -40,6 +41,7 @@ def count(fn):
 
 
 def main(argv=None):
+    """The CLI: one warm-up step, then the two profiled counts, printed (the flags are checked when parsed)."""
     p = Parser(prog="runs/op_count.py", description="aten ops per optimizer step and per train step (CPU).")
     p.add_argument("--compile", action="store_true", help="count the compiled bf16 MuonH path (the CUDA default)")
     p.add_argument("--scale", type=number(int, "[1, 64]"), default=2, help="width s (the count does not depend on it)")
@@ -51,9 +53,10 @@ def main(argv=None):
     # the width changes is the work per kernel (GEMMs ~ d^2 per token, norms and adds ~ d), not their number
     cfg = ModelConfig(scale=a.scale, n_loops=a.n_loops, seq_len=64)
     model = LoopedGPT(cfg)
-    lrs = optim.hyperp_lrs(cfg.d_model, cfg.n_loops, tokens=10 ** 8)
-    extra = dict(polar_bf16=True, compile=True) if a.compile else dict(polar_bf16=False)
-    opt = optim.build_optimizer(model.param_groups(), lrs, **extra)
+    groups = model.param_groups()          # what the optimizer holds: the "matrix" group is MuonH, the rest AdamW
+    # (compile= only with --compile: another checkout's build_optimizer, for a before figure, may not take it)
+    opt = optim.build_optimizer(groups, optim.hyperp_lrs(cfg.d_model, cfg.n_loops, tokens=10 ** 8),
+                                **(dict(polar_bf16=True, compile=True) if a.compile else dict(polar_bf16=False)))
     # One batch of random tokens: the ops dispatched do not depend on the token values
     x = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len + 1), generator=torch.Generator().manual_seed(1))
 
@@ -67,10 +70,10 @@ def main(argv=None):
     step_all, step_top = count(opt.step)                        # the optimizer step alone
     opt.zero_grad(set_to_none=True)
     whole_all, whole_top = count(train_step)                    # fwd + bwd + step + zero_grad
-    groups = model.param_groups()          # what the optimizer holds: the "matrix" group is MuonH, the rest AdamW
-    print(f"op count | {optim.__file__} | s={a.scale} r={a.n_loops} d={cfg.d_model} layout {'-'.join(map(str, cfg.partition))}, "
-          f"{len(groups['matrix'])} MuonH matrices, {sum(len(v) for k, v in groups.items() if k != 'matrix')} "
-          f"AdamW tensors | CPU {'bf16, compiled MuonH update' if a.compile else 'fp32 eager'}")
+    print(f"op count | {optim.__file__} | s={a.scale} r={a.n_loops} d={cfg.d_model} layout "
+          f"{'-'.join(map(str, cfg.partition))}, {len(groups['matrix'])} MuonH matrices, "
+          f"{sum(len(v) for k, v in groups.items() if k != 'matrix')} AdamW tensors | CPU "
+          f"{'bf16, compiled MuonH update' if a.compile else 'fp32 eager'}")
     print(f"  optimizer.step():     {step_all:5d} aten ops ({step_top} top-level)")
     print(f"  whole train step:     {whole_all:5d} aten ops ({whole_top} top-level)")
 
