@@ -17,8 +17,7 @@ import argparse, contextlib, dataclasses, fcntl, hashlib, inspect, json, math, o
 # -----------------------------------------------------------------------------
 # One error path: every user error is one line "prog: error: why", exit status 2, before any work is done.
 class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (argparse's usage block would bury the culprit) and no abbreviations, so a
-    misspelt flag is an error rather than a silent match."""
+    """argparse with one-line errors (a usage block buries the culprit), no abbreviations (a typo is no match)."""
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **{"allow_abbrev": False, **kwargs})
     def error(self, message):
@@ -47,20 +46,18 @@ def check_number(v, interval: str, what: str = "") -> typing.Optional[str]:
     """None if v is a finite number inside interval (None passes: Optional fields use it), else why not."""
     about = f" ({what})" if what else ""
     # bool is an int in Python (a JSON true is no 1), and nan fails every comparison below
-    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
-        return f"must be a finite number in {interval}{about}, got {v!r}"
     if v is None:
         return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return f"must be a finite number in {interval}{about}, got {v!r}"
     lo, hi = (float(b) for b in interval[1:-1].split(","))        # float() reads "inf" and "-inf"
-    if v < lo or v > hi or (interval[0] == "(" and v == lo) or (interval[-1] == ")" and v == hi):
-        return f"must be in {interval}{about}, got {v:g}"
-    return None
+    out = v < lo or v > hi or (interval[0] == "(" and v == lo) or (interval[-1] == ")" and v == hi)
+    return f"must be in {interval}{about}, got {v:g}" if out else None
 
 def parse_bool(text: str) -> bool:
-    v = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
-    if text.lower() not in v:
+    if text.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
         raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
-    return v[text.lower()]
+    return text.lower() in ("1", "true", "yes", "on")
 
 def number(kind, interval: str = "(-inf, inf)", what: str = ""):
     """argparse type: int or float, checked against interval when the flag is parsed (nan and inf refused)."""
@@ -98,13 +95,6 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls, limits: dict) -> N
         bare = dict(nargs="?", const=True, metavar="BOOL") if tp is bool else {}    # --flag alone means true
         group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=conv, default=f.default,
                            help=f"{notes.get(f.name, '')} (default: {f.default})", **bare)
-
-def check_fields(obj, limits: dict) -> None:
-    """A config built in Python (not through the CLI) meets the same limits; a ValueError naming the flag."""
-    for f in dataclasses.fields(obj):
-        why = check_number(getattr(obj, f.name), *limits[f.name]) if f.name in limits else None
-        if why:
-            raise ValueError(f"--{f.name.replace('_', '-')} {why}")
 
 # -----------------------------------------------------------------------------
 # One reader, one identity test.
@@ -207,32 +197,25 @@ def claim(folder: str, tool: str, request=None, overwrite: bool = False, flag: s
         what = f"another request of {tool}" if held.startswith(tool + " ") else "files this tool did not make"
         raise ValueError(f"{flag} {folder} holds {what} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}); "
                          "pick a new folder or pass --overwrite")
-    made, had, fd = not os.path.isdir(folder), os.path.lexists(mark), None
+    made = not os.path.isdir(folder)
     try:
         os.makedirs(folder, exist_ok=True)
         # O_NOFOLLOW, O_NONBLOCK: a link or FIFO planted at the marker's name meanwhile is an error, never a wait
         fd = os.open(mark, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            had, made = True, False                 # another writer's marker and folder: never removed by us
-            raise ValueError(f"{flag} {folder} is being written by another {tool} process: one writer per folder; "
-                             "wait for it or pick another folder") from None
-        except OSError:
-            pass                                    # no flock on this filesystem (NFS nolock): proceed unlocked
-        os.ftruncate(fd, 0)                         # the marker names this tool and request from now on
-        os.pwrite(fd, (key + "\n").encode(), 0)
-    except BaseException as err:                    # a failure leaves the folder as it found it
-        if fd is not None:
-            os.close(fd)
-        with contextlib.suppress(OSError):
-            if fd is not None and not had:
-                os.remove(mark)
+    except OSError as err:
+        with contextlib.suppress(OSError):          # a refusal leaves no folder behind
             if made:
                 os.rmdir(folder)
-        if isinstance(err, OSError):
-            raise ValueError(f"{flag} {folder}: cannot use this folder ({err.strerror})") from None
-        raise
+        raise ValueError(f"{flag} {folder}: cannot use this folder ({err.strerror})") from None
+    with contextlib.suppress(OSError):              # OSError without BlockingIOError: no flock here (NFS nolock)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:                     # the marker and folder are the other writer's: never removed
+            os.close(fd)
+            raise ValueError(f"{flag} {folder} is being written by another {tool} process: one writer per folder; "
+                             "wait for it or pick another folder") from None
+    os.ftruncate(fd, 0)                             # the marker names this tool and request from now on
+    os.pwrite(fd, (key + "\n").encode(), 0)
     release(folder)                                 # a claim of another request by this process ends here
     HELD[os.path.abspath(folder)] = (fd, key)
     return state
