@@ -18,7 +18,8 @@ Test: pytest tests/test_data.py tests/test_hostile_data.py
 Read in this order: Tokenizer -> iter_source -> BestFitWindow -> prepare_source -> _pack_split -> PackedLoader.
 Not here: the validation loss (eval.py), training (train.py), throughput figures (runs/bench_data.py).
 """
-import argparse, contextlib, functools, glob, gzip, hashlib, importlib.util, io, itertools, json, os, pathlib, re, shutil, sys, time, zlib
+import argparse, contextlib, functools, glob, gzip, hashlib, importlib.util, io, itertools, json, os, pathlib, re
+import shutil, sys, time, zlib
 
 import numpy as np
 import pyarrow as pa
@@ -94,16 +95,14 @@ def train_tokenizer(texts, vocab_size, out_path, num_threads=None, replace=True)
     """Train a sentencepiece BPE (SPM_SETTINGS) on texts; write out_path atomically (replace=False: only if still
     absent, so of two concurrent writers one fails); return it loaded. Lines are the sentences, as for Llama-2 ("\\n" is
     the byte <0x0A>); one over 16,384 bytes, which sentencepiece drops silently, is cut into pieces at word bounds."""
-    lines, n_long = [], 0
-    for ln in (ln for t in texts for ln in t.split("\n") if ln.strip()):
-        long = len(ln) > SPM_MAX_LINE // 4 and len(ln.encode("utf-8")) > SPM_MAX_LINE
-        n_long += long
-        lines += [p for p in _split_long(ln, SPM_MAX_LINE // 4) if p.strip()] if long else [ln]
+    long = lambda ln: len(ln) > SPM_MAX_LINE // 4 and len(ln.encode("utf-8")) > SPM_MAX_LINE
+    lines = [ln for t in texts for ln in t.split("\n") if ln.strip()]
+    n_long = sum(map(long, lines))
+    lines = [p for ln in lines for p in (_split_long(ln, SPM_MAX_LINE // 4) if long(ln) else [ln]) if p.strip()]
     if not lines:
         raise ValueError("empty corpus: no non-blank line to train a tokenizer on")
-    if n_long:
-        print(f"note: {n_long:,} line(s) over {SPM_MAX_LINE:,} bytes were cut into pieces of <= "
-              f"{SPM_MAX_LINE // 4:,} characters (sentencepiece would skip them)", file=sys.stderr)
+    if n_long:      # (sentencepiece would skip them)
+        print(f"note: {n_long:,} line(s) over {SPM_MAX_LINE:,} bytes were cut into pieces", file=sys.stderr)
     # in memory: no temp path gets recorded in the model's trainer spec; a fixed seed: same corpus, same bytes
     model = io.BytesIO()
     spm.set_random_generator_seed(0)
@@ -168,8 +167,7 @@ def default_corpus(max_chars=1000):
     docs = []
     for path in paths:
         # "# Hamlet", then the play's blocks: paragraphs, i.e. a heading, a stage direction, or one speech
-        with open(path, encoding="utf-8") as f:
-            title, *blocks = f.read().strip().split("\n\n")
+        title, *blocks = pathlib.Path(path).read_text(encoding="utf-8").strip().split("\n\n")
         cur = []
         for block in blocks:
             # a heading after body text starts a new scene; otherwise cut when the piece would exceed max_chars
@@ -200,8 +198,8 @@ def _docs(p):
     if p.endswith(".jsonl"):
         for where, rec in jsonl_records(p):
             if not isinstance(rec.get("text"), str):
-                raise ValueError(f"{where}: " + (f'"text" is {type(rec["text"]).__name__}, not a string' if "text" in rec
-                                                 else 'no "text" field'))
+                raise ValueError(f"{where}: " + (f'"text" is {type(rec["text"]).__name__}, not a string'
+                                                 if "text" in rec else 'no "text" field'))
             yield rec["text"]
     elif p.endswith(".parquet"):
         # FineWeb-Edu's own format: one document per row of the "text" column (null = empty)
@@ -221,7 +219,6 @@ def jsonl_records(path):
     """(where = "FILE:LINE", record) for every non-blank line of a jsonl file (*.gz: gzipped), for data.py's sources
     and eval.py's tasks. Anything but a JSON object of real text is a ValueError naming file and line: invalid UTF-8
     or JSON, a lone surrogate ("\\ud800" is valid JSON, but no text), a non-object, an unreadable or truncated file."""
-    lineno = 0
     try:
         # bytes, decoded line by line: a UTF-8 error then names its own line (a text stream decodes 8 KB blocks)
         with (gzip.open if str(path).endswith(".gz") else open)(path, "rb") as f:
@@ -235,12 +232,12 @@ def jsonl_records(path):
                 except json.JSONDecodeError as e:
                     raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
                 except UnicodeEncodeError:
-                    raise ValueError(f"{where}: a string holds a lone surrogate, which no tokenizer can encode") from None
+                    raise ValueError(f"{where}: a string holds a lone surrogate, which is no text") from None
                 if not isinstance(rec, dict):
                     raise ValueError(f"{where}: expected a JSON object, got {type(rec).__name__}")
                 yield where, rec
     except (OSError, EOFError, zlib.error) as e:           # unreadable, not gzip, truncated gzip
-        raise ValueError(f"{f'{path}:{lineno + 1}' if lineno else path}: cannot read the file: {e}") from None
+        raise ValueError(f"{path}: cannot read the file: {e}") from None
 
 
 def _utf8(raw, path, lineno):
@@ -292,8 +289,7 @@ def best_fit_rows(docs, capacity, window, size=BUFFER_SIZE):
     rest of the stream for the caller to count."""
     docs = iter(docs)
     # (size,) token counts of the window, the first len(window) live: the scan below is vectorised
-    lens = np.zeros(size, dtype=np.int64)
-    lens[:len(window)] = [n for _, n in window]
+    lens = np.array([n for _, n in window] + [0] * (size - len(window)), dtype=np.int64)
     while True:
         for item, n in itertools.islice(docs, size - len(window)):
             lens[len(window)] = n
@@ -402,29 +398,24 @@ def _prepare(out_dir, request, count, docs_for, overwrite, log, bos_id, source, 
     # Preflight: every input error surfaces here, before the folder is touched, so a refusal changes nothing.
     # One file of rows is held in memory while it fills, and parquet list offsets are int32: both cap a file.
     if rows_per_file * (seq_len + 1) > MAX_FILE_TOKENS:
-        raise ValueError(f"--rows-per-file {rows_per_file:,} x {seq_len + 1} tokens per row exceeds "
-                         f"{MAX_FILE_TOKENS:,} tokens per file (the release: 15,000 x 2,049)")
+        raise ValueError(f"--rows-per-file {rows_per_file:,} x {seq_len + 1} tokens is over {MAX_FILE_TOKENS:,} a file")
 
-    def counts():
-        """Pass 1: the document count, and the held-out count it allows (default 5 %, at least one)."""
-        n = count()
-        v = request["val_docs"] if request["val_docs"] is not None else max(1, n // 20)
-        if not 1 <= v < n:
-            raise ValueError(f"--val-docs {v} must be in [1, {n - 1}] for {n} documents" if n else
-                             "empty corpus: the source holds no non-empty document")
-        return n, v
     # a finished prepare of this request is reused without a pass over the source, and without a claim: it only
     # reads (a modified one is packed again)
     done = _finished(out_dir, request, verify=True)
     if done:
         return done, "done"
-    n_docs, val_docs = counts()
+    # pass 1: the document count, and the held-out count it allows (default 5 %, at least one)
+    n_docs = count()
+    val_docs = request["val_docs"] if request["val_docs"] is not None else max(1, n_docs // 20)
+    if not 1 <= val_docs < n_docs:
+        raise ValueError(f"--val-docs {val_docs} must be in [1, {n_docs - 1}] for {n_docs} documents" if n_docs else
+                         "empty corpus: the source holds no non-empty document")
     # --overwrite deletes nothing, and the loader reads every {split}-*.parquet: another set's shards are refused
     stray = sorted(p for split in ("train", "val") for p in glob.glob(os.path.join(out_dir, f"{split}-*.parquet")))
     if overwrite and stray and not _finished(out_dir, request) and \
             (_read_state(out_dir) or {}).get("request") != request:
-        raise ValueError(f"--out {out_dir} holds {os.path.basename(stray[0])}, a shard of another prepare; move it "
-                         "away (the loader would read it with this prepare's files)")
+        raise ValueError(f"--out {out_dir} holds {os.path.basename(stray[0])}, a shard of another prepare; move it")
     made = not os.path.lexists(out_dir)
     how = claim(out_dir, "data", request, overwrite)
     try:                # the claim ends with this call (an in-process caller may claim the folder again)
@@ -452,8 +443,8 @@ def _prepare(out_dir, request, count, docs_for, overwrite, log, bos_id, source, 
                     os.remove(os.path.join(out_dir, name))
                 if made:
                     shutil.rmtree(out_dir)
-                raise ValueError(f"{split} split: {prog['consumed']} documents do not fill one row of {seq_len + 1} "
-                                 f"tokens; rerun with more text, a smaller --seq-len, or (val) a larger --val-docs")
+                # (more text, a smaller --seq-len, or for val a larger --val-docs would)
+                raise ValueError(f"{split}: {prog['consumed']} documents do not fill one row of {seq_len + 1} tokens")
             # the release's keys, so the loader treats both kinds of folder alike; then provenance, reconciliation
             # (dropped: cropped tails + docs left when the window ran dry) and integrity
             total, n_tok = prog["rows"] * (seq_len + 1), prog["doc_tokens"]
@@ -508,8 +499,7 @@ def _pack_split(out_dir, split, info, docs_for, is_val, log):
     def flush(n):
         """The first n rows as the next file, shuffled by its own seeded generator, in the release's layout (one
         column tokens: list<uint16|uint32>); then the state to resume (a kill between the two: the same file again)."""
-        k = len(prog["files"])
-        path = os.path.join(out_dir, f"{split}-{k:05d}.parquet")
+        path = os.path.join(out_dir, f"{split}-{(k := len(prog['files'])):05d}.parquet")
         flat = pa.array(rows[:n][np.random.default_rng([r["seed"], si, k]).permutation(n)].reshape(-1))
         column = pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32) * capacity), flat)
         atomic_write(path, lambda tmp: pq.write_table(pa.table({"tokens": column}), tmp))
@@ -619,8 +609,7 @@ class PackedLoader:
         if meta["seq_len"] != seq_len or meta.get("row_capacity", seq_len + 1) != seq_len + 1:
             raise ValueError(f"{data_dir} was packed for seq_len {meta['seq_len']}, not {seq_len}")
         if tokenizer_hash is not None and meta.get("tokenizer_hash") not in (None, tokenizer_hash):
-            raise ValueError(f"{data_dir} was tokenised with {meta['tokenizer_hash']}, not the tokenizer in use "
-                             f"({tokenizer_hash}); prepare it again with this tokenizer")
+            raise ValueError(f"{data_dir} was tokenised with {meta['tokenizer_hash']}, not the tokenizer in use")
         names = _split_files(data_dir, split, meta)
         self.paths, self.vocab_size, counts = [os.path.join(data_dir, n) for n in names], meta["vocab_size"], []
         for name, path in zip(names, self.paths):
@@ -637,7 +626,7 @@ class PackedLoader:
                 raise ValueError(f"{path}: token id {top:,} >= vocab_size {meta['vocab_size']:,} of meta_{split}.json")
             counts.append(pf.metadata.num_rows)
             want = meta.get("files", {}).get(name)
-            if want and (want["rows"] != counts[-1] or want["sha256"] != _sha256_file(path)):
+            if want and (want["rows"], want["sha256"]) != (counts[-1], _sha256_file(path)):
                 raise ValueError(f"{path}: content hash or row count differs from meta_{split}.json (modified)")
         self.starts = np.concatenate([[0], np.cumsum(counts)])      # (n_files+1,) first global row per file
         self.total_rows = int(self.starts[-1])
@@ -808,14 +797,13 @@ def main(argv=None):
                 print(f"{a.out} already holds this prepare (same source, tokenizer and options): nothing to do")
             for split, m in metas.items():
                 print(f"{split}: {m['total_rows']:,} rows x {m['row_capacity']} tokens from {m['total_docs']:,} docs "
-                      f"({m['dropped_tokens']:,} of {m['doc_tokens']:,} tokens dropped: {m.get('cropped_docs', 0):,} "
-                      f"docs cropped at a row end) in {m['num_shards']} files")
+                      f"in {m['num_shards']} files ({m['dropped_tokens']:,} of {m['doc_tokens']:,} tokens dropped)")
             if how != "done":
                 print(f"wrote {a.out} in {time.time() - t0:.1f} s" + (" (resumed)" if how == "resume" else ""))
     except (ValueError, OSError) as e:      # bad input; a missing or read-only folder, a full disk
         fail("data.py", e)
     except KeyboardInterrupt:
-        print(f"interrupted: rerun the same command to {'resume' if a.cmd == 'prepare' else 'start over'}",
+        print(f"interrupted: rerun the same command to {'start over' if a.cmd != 'prepare' else 'resume'}",
               file=sys.stderr)
         raise SystemExit(130)
 
