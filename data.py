@@ -418,17 +418,15 @@ def _prepare(out_dir, request, count, docs_for, overwrite, log, bos_id, source, 
     made = not os.path.lexists(out_dir)
     how = claim(out_dir, "data", request, overwrite)
     try:                # the claim ends with this call (an in-process caller may claim the folder again)
-        state = _read_state(out_dir)
         # held-out documents: a seeded draw of val_docs of the n_docs; (n_docs,) one byte per document
         is_val = np.zeros(n_docs, dtype=bool)
         is_val[np.random.default_rng(request["seed"]).choice(n_docs, size=val_docs, replace=False)] = True
-        info = state if state and state.get("request") == request else dict(request=request, split="train",
-                                                                             done={}, progress=None)
-        # first: the folder holds this request's state (a kill from here on resumes)
-        if info is not state:
+        info = _read_state(out_dir) or {}
+        if info.get("request") != request:
+            # first: the folder holds this request's state (a kill from here on resumes)
+            info = dict(request=request, split="train", done={}, progress=None)
             atomic_write(os.path.join(out_dir, STATE_NAME), json.dumps(info))
-        tok_name = None if tokenizer is None else "tokenizer.model"
-        if tok_name:
+        if tok_name := tokenizer and "tokenizer.model":
             atomic_write(os.path.join(out_dir, tok_name), lambda tmp: shutil.copyfile(tokenizer, tmp))
         for split in ("train", "val"):
             if split in info["done"]:
@@ -446,15 +444,15 @@ def _prepare(out_dir, request, count, docs_for, overwrite, log, bos_id, source, 
                 raise ValueError(f"{split}: {prog['consumed']} documents do not fill one row of {seq_len + 1} tokens")
             # the release's keys, so the loader treats both kinds of folder alike; then provenance, reconciliation
             # (dropped: cropped tails + docs left when the window ran dry) and integrity
-            total, n_tok = prog["rows"] * (seq_len + 1), prog["doc_tokens"]
             info["done"][split] = {
                 "vocab_size": vocab_size, "bos_token_id": bos_id, "seq_len": seq_len, "row_capacity": seq_len + 1,
-                "total_rows": prog["rows"], "total_tokens": total, "total_docs": prog["consumed"],
-                "num_shards": len(prog["files"]), "buffer_size": request["buffer_size"], "split": split,
-                "source": source, "tokenizer": tok_name, "tokenizer_hash": tokenizer_hash, **(meta_extra or {}),
-                "seed": request["seed"], "dtype": "uint16" if vocab_size <= 2 ** 16 else "uint32",
-                "doc_tokens": n_tok, "dropped_tokens": n_tok - total, "cropped_docs": prog["cropped_docs"],
-                "rows_per_file": rows_per_file, "request": request, "files": prog["files"]}
+                "total_rows": prog["rows"], "total_tokens": prog["rows"] * (seq_len + 1),
+                "total_docs": prog["consumed"], "num_shards": len(prog["files"]), "buffer_size": request["buffer_size"],
+                "split": split, "source": source, "tokenizer": tok_name, "tokenizer_hash": tokenizer_hash,
+                **(meta_extra or {}), "seed": request["seed"], "dtype": "uint16" if vocab_size <= 2 ** 16 else "uint32",
+                "doc_tokens": prog["doc_tokens"], "dropped_tokens": prog["doc_tokens"] - prog["rows"] * (seq_len + 1),
+                "cropped_docs": prog["cropped_docs"], "rows_per_file": rows_per_file, "request": request,
+                "files": prog["files"]}
             info["split"], info["progress"] = ("val" if split == "train" else "meta"), None
             atomic_write(os.path.join(out_dir, STATE_NAME), json.dumps(info))
         for split, meta in info["done"].items():
@@ -526,15 +524,14 @@ def _pack_split(out_dir, split, info, docs_for, is_val, log):
 def _finished(out_dir, request, verify=False):
     """The metas of a finished prepare of this request in out_dir, else None: both metas name the request and no
     state is left; with verify, every file they list also hashes as recorded (else it is packed again)."""
-    try:
+    with contextlib.suppress(ValueError, OSError):
         metas = {s: read_meta(out_dir, s) for s in ("train", "val")}
-        ok = not os.path.lexists(os.path.join(out_dir, STATE_NAME)) and \
-            all(m.get("request") == request for m in metas.values()) and \
-            (not verify or all(_sha256_file(os.path.join(out_dir, n)) == f["sha256"]
-                               for m in metas.values() for n, f in m.get("files", {}).items()))
-    except (ValueError, OSError):
-        return None
-    return metas if ok else None
+        hashes = [(n, f["sha256"]) for m in metas.values() for n, f in m.get("files", {}).items()] if verify else []
+        mine = all(m.get("request") == request for m in metas.values())
+        if mine and not os.path.lexists(os.path.join(out_dir, STATE_NAME)) and \
+                all(_sha256_file(os.path.join(out_dir, n)) == h for n, h in hashes):
+            return metas
+    return None
 
 
 def _read_state(out_dir):
