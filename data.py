@@ -15,7 +15,7 @@ Run:  python data.py tokenizer --corpus default --vocab-size 8192 --out out/tok8
       python data.py prepare --source 'fineweb/*.parquet' --tokenizer llama2/tokenizer.model --out DIR
       python data.py check DIR                       # verify a prepared dir (ours or the authors'): files, rows, ids
 Test: pytest tests/test_data.py tests/test_hostile_data.py
-Read in this order: Tokenizer -> iter_source -> BestFitWindow -> prepare_source -> _pack_split -> PackedLoader.
+Read in this order: Tokenizer -> iter_source -> best_fit_rows -> prepare_source -> _pack_split -> PackedLoader.
 Not here: the validation loss (eval.py), training (train.py), throughput figures (runs/bench_data.py).
 """
 import argparse, contextlib, functools, glob, gzip, hashlib, importlib.util, io, itertools, json, os, pathlib, re
@@ -398,7 +398,6 @@ def _prepare(out_dir, request, count, docs_for, overwrite, log, bos_id, source, 
     # One file of rows is held in memory while it fills, and parquet list offsets are int32: both cap a file.
     if rows_per_file * (seq_len + 1) > MAX_FILE_TOKENS:
         raise ValueError(f"--rows-per-file {rows_per_file:,} x {seq_len + 1} tokens is over {MAX_FILE_TOKENS:,} a file")
-
     # a finished prepare of this request is reused without a pass over the source, and without a claim: it only
     # reads (a modified one is packed again)
     done = _finished(out_dir, request, verify=True)
@@ -727,10 +726,8 @@ def read_meta(data_dir, split="train"):
 def _split_files(data_dir, split, meta):
     """Sorted names of a split's parquet files: the ones its meta lists (our metas list them), as many as it says."""
     names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(data_dir, f"{split}-*.parquet")))
-    if "files" in meta and sorted(meta["files"]) != names:
-        raise ValueError(f"{data_dir}: {split} files {names} differ from meta_{split}.json's {sorted(meta['files'])}")
-    if not names or meta.get("num_shards", len(names)) != len(names):
-        raise ValueError(f"{data_dir}: found {len(names)} {split} files, meta says {meta.get('num_shards')}")
+    if not names or sorted(meta.get("files", names)) != names or meta.get("num_shards", len(names)) != len(names):
+        raise ValueError(f"{data_dir}: its {len(names)} {split} files are not the ones meta_{split}.json lists")
     return names
 
 # -----------------------------------------------------------------------------
