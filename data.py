@@ -339,26 +339,10 @@ def prepare_source(source, tok, out_dir, *, seq_len, val_docs=None, seed=0, max_
                    vocab_size=tok.vocab_size, seq_len=seq_len, val_docs=val_docs, seed=seed,
                    rows_per_file=rows_per_file, buffer_size=buffer_size)
 
-    def docs_for(is_val, split, skip):
-        """(prefix, n) per document of `split` in source order after the first `skip` (see _prepare), the texts
-        encoded in batches of ~BATCH_CHARS characters: one call on `workers` threads (0: all cores)."""
-        texts = iter_source(source, doc_chars, max_docs)
-        # is_val first: zip stops on it without taking a document, so one past the count is still in texts
-        picked = itertools.islice((text for v, text in zip(is_val, texts) if v == (split == "val")), skip, None)
-        encode = lambda batch: (_prefix(ids, tok.bos_id, seq_len + 1) for ids in tok.encode(batch, workers or None))
-        batch, chars = [], 0
-        for text in picked:
-            batch.append(text)
-            chars += len(text)
-            if chars >= BATCH_CHARS or len(batch) >= 4096:
-                yield from encode(batch)
-                batch, chars = [], 0
-        yield from encode(batch)
-        if next(texts, None) is not None:
-            raise ValueError(f"source {source!r} changed while preparing (more documents than counted)")
-    return _prepare(out_dir, request, lambda: sum(1 for _ in iter_source(source, doc_chars, max_docs)), docs_for,
-                    overwrite, log, bos_id=tok.bos_id, source=desc, tokenizer=tok.spec, tokenizer_hash=tok.identity,
-                    meta_extra={"tokenizer_pieces": tok.n_pieces})
+    # the texts are encoded on `workers` threads (0: all cores)
+    return _prepare(out_dir, request, lambda: iter_source(source, doc_chars, max_docs),
+                    lambda batch: tok.encode(batch, workers or None), overwrite, log, bos_id=tok.bos_id, source=desc,
+                    tokenizer=tok.spec, tokenizer_hash=tok.identity, meta_extra={"tokenizer_pieces": tok.n_pieces})
 
 
 def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, val_docs, seed=0,
@@ -375,20 +359,14 @@ def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, 
     request = dict(version=PREPARE_VERSION, source=source, token_ids=hashlib.sha256(
         b"".join(d.tobytes() + b"|" for d in docs)).hexdigest(), vocab_size=vocab_size, seq_len=seq_len,
         val_docs=val_docs, seed=seed, rows_per_file=rows_per_file, buffer_size=buffer_size)
-
-    def docs_for(is_val, split, skip):
-        """(BOS + the document's first capacity-1 ids, its length + 1) per document of `split`, after `skip`."""
-        picked = (d for d, v in zip(docs, is_val) if v == (split == "val"))
-        return (_prefix(d, bos_id, seq_len + 1) for d in itertools.islice(picked, skip, None))
-    return _prepare(out_dir, request, lambda: len(docs), docs_for, False, lambda msg: None, bos_id=bos_id,
+    return _prepare(out_dir, request, lambda: docs, lambda batch: batch, False, lambda msg: None, bos_id=bos_id,
                     source=source, tokenizer=tokenizer, tokenizer_hash=tokenizer_hash)[0]
 
 
-def _prepare(out_dir, request, count, docs_for, overwrite, log, bos_id, source, tokenizer, tokenizer_hash,
+def _prepare(out_dir, request, texts, encode, overwrite, log, bos_id, source, tokenizer, tokenizer_hash,
              meta_extra=None):
-    """The one preflight, claim and write behind both entries -> (metas, how). count(): the documents (pass 1);
-    docs_for(is_val (n_docs,) bool, split, skip): (prefix = BOS + the first tokens, at most a row, as uint32; n = the
-    full length with BOS) per document of that split in order after the first `skip`. The rest is for the metas.
+    """The one preflight, claim and write behind both entries -> (metas, how). texts(): the documents, in order, as
+    a fresh iterable (texts, or token ids); encode(batch of them) -> their token ids. The rest is for the metas.
     A set finished but modified since is packed again, and an unreadable state starts the request over: both hold
     only this request's own files."""
     # tuples -> lists: the request compares equal to its copy read back from a meta or the state
@@ -404,7 +382,7 @@ def _prepare(out_dir, request, count, docs_for, overwrite, log, bos_id, source, 
     if done:
         return done, "done"
     # pass 1: the document count, and the held-out count it allows (default 5 %, at least one)
-    n_docs = count()
+    n_docs = sum(1 for _ in texts())
     val_docs = request["val_docs"] if request["val_docs"] is not None else max(1, n_docs // 20)
     if not 1 <= val_docs < n_docs:
         raise ValueError(f"--val-docs {val_docs} must be in [1, {n_docs - 1}] for {n_docs} documents" if n_docs else
@@ -430,7 +408,7 @@ def _prepare(out_dir, request, count, docs_for, overwrite, log, bos_id, source, 
         for split in ("train", "val"):
             if split in info["done"]:
                 continue
-            prog = _pack_split(out_dir, split, info, docs_for, is_val, log)
+            prog = _pack_split(out_dir, split, info, (texts, encode, bos_id), is_val, log)
             # an impossible request leaves nothing behind: the folder this run made (all of it is this run's), else
             # the files it wrote (plain names from the state, never a path)
             if not prog["files"]:
@@ -463,10 +441,10 @@ def _prepare(out_dir, request, count, docs_for, overwrite, log, bos_id, source, 
         release(out_dir)
 
 
-def _pack_split(out_dir, split, info, docs_for, is_val, log):
+def _pack_split(out_dir, split, info, docs, is_val, log):
     """Best-fit pack one split into {split}-NNNNN.parquet files, saving the state after each file; return its
     progress: consumed documents, files {name: {rows, sha256}}, doc_tokens, cropped_docs, rows. It resumes from the
-    state saved with the split's last file, if there is one."""
+    state saved with the split's last file, if there is one. docs: _prepare's (texts, encode, bos_id)."""
     r, state = info["request"], os.path.join(out_dir, STATE_NAME)
     capacity, rows_per_file, si = r["seq_len"] + 1, r["rows_per_file"], ("train", "val").index(split)
     prog, window = dict(consumed=0, files={}, doc_tokens=0, cropped_docs=0, rows=0), []
@@ -486,10 +464,25 @@ def _pack_split(out_dir, split, info, docs_for, is_val, log):
     rows = np.empty((rows_per_file, capacity), dtype=np.uint16 if r["vocab_size"] <= 2 ** 16 else np.uint32)
 
     def counted():
-        """The split's documents as (prefix, length) for the window, each counted as it is read."""
-        for prefix, n in docs_for(is_val, split, prog["consumed"]):
-            prog.update(consumed=prog["consumed"] + 1, doc_tokens=prog["doc_tokens"] + n)
-            yield prefix, n
+        """The split's documents after those consumed, each counted as it is read, as (prefix = BOS + the first
+        tokens, at most a row, as uint32; n = the full length with BOS) for the window. The texts are encoded in
+        batches of ~BATCH_CHARS characters (one call on all threads)."""
+        texts, encode, bos_id = docs
+        source = iter(texts())
+        # is_val first: zip stops on it without taking a document, so one past the count is still in the source
+        picked = itertools.islice((t for v, t in zip(is_val, source) if v == (split == "val")), prog["consumed"], None)
+        batch, chars = [], 0
+        for text in itertools.chain(picked, [None]):
+            if text is not None:
+                batch.append(text)
+                chars += len(text)
+            if batch and (text is None or chars >= BATCH_CHARS or len(batch) >= 4096):
+                for prefix, n in (_prefix(ids, bos_id, capacity) for ids in encode(batch)):
+                    prog.update(consumed=prog["consumed"] + 1, doc_tokens=prog["doc_tokens"] + n)
+                    yield prefix, n
+                batch, chars = [], 0
+        if next(source, None) is not None:
+            raise ValueError("the source changed while preparing (more documents than counted)")
 
     def flush(n):
         """The first n rows as the next file, shuffled by its own seeded generator, in the release's layout (one
@@ -502,8 +495,8 @@ def _pack_split(out_dir, split, info, docs_for, is_val, log):
         prog["window"] = [[prefix.tolist(), length] for prefix, length in window]
         info["split"], info["progress"] = split, prog
         atomic_write(state, json.dumps(info))
-    docs = counted()
-    for row in best_fit_rows(docs, capacity, window, r["buffer_size"]):
+    stream = counted()
+    for row in best_fit_rows(stream, capacity, window, r["buffer_size"]):
         # one packed row: the taken prefix of each of its documents, in the window's order
         rows[prog["rows"] % rows_per_file] = np.concatenate([prefix[:take] for prefix, _, take in row])
         prog["cropped_docs"] += sum(take < n for _, n, take in row)
@@ -511,7 +504,7 @@ def _pack_split(out_dir, split, info, docs_for, is_val, log):
         if prog["rows"] % rows_per_file == 0:
             flush(rows_per_file)
     # packing stopped (the window ran dry mid-row): the rest is only counted (reconciliation)
-    for _ in docs:
+    for _ in stream:
         pass
     # the last, partial file (unless a resume finds it written already)
     if prog["rows"] > sum(f["rows"] for f in prog["files"].values()):
