@@ -477,9 +477,9 @@ def _pack_split(out_dir, split, info, docs, is_val, log):
                 batch.append(text)
                 chars += len(text)
             if batch and (text is None or chars >= BATCH_CHARS or len(batch) >= 4096):
-                for prefix, n in (_prefix(ids, bos_id, capacity) for ids in encode(batch)):
-                    prog.update(consumed=prog["consumed"] + 1, doc_tokens=prog["doc_tokens"] + n)
-                    yield prefix, n
+                for ids in encode(batch):
+                    prog.update(consumed=prog["consumed"] + 1, doc_tokens=prog["doc_tokens"] + len(ids) + 1)
+                    yield np.fromiter(itertools.chain([bos_id], ids[:capacity - 1]), np.uint32), 1 + len(ids)
                 batch, chars = [], 0
         if next(source, None) is not None:
             raise ValueError("the source changed while preparing (more documents than counted)")
@@ -556,10 +556,6 @@ def _sha256_file(path):
         atomic_write(entry, digest + "\n")
     return digest
 
-
-def _prefix(ids, bos_id, capacity):
-    """One document's ids -> (BOS + its first capacity-1 ids as uint32, its full length with BOS)."""
-    return np.fromiter(itertools.islice(itertools.chain([bos_id], ids), capacity), dtype=np.uint32), 1 + len(ids)
 
 # -----------------------------------------------------------------------------
 # Loader: one global stream of rows, identical for every world size, device batch and architecture.

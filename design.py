@@ -437,7 +437,7 @@ _n = common.number
 # the others bound every loop and count the search and the simulation make (a pool, the replicates, the rounds).
 C, TRAIN = "(0, 1e30]", {"aspect-ratio": "[1, 1e9]", "n-layers-eff": "[1, 1e9]", "n-layers-prelude": "[0, 1e9]",
                          "n-layers-coda": "[0, 1e9]", "seq-len": "[1, 1e9]", "vocab-size": "[2, 1e9]"}
-NOISE, SEED = _n(float, "(0, 1]"), _n(int, "[0, 9.2e18]")       # nats per run (the prior's rmse too); fit.py's seed
+# --noise: nats per run, the limits of a prior's rmse too; --seed: fit.py's
 # (flag, type, default, help) per command. plan: the pool (Table 6 unless --budgets / --scales widen it; the
 # architecture flags make a mini study's pool), the prior and its noise, one target, finished runs, a case.
 # simulate: the replicates and the protocol (the paper's by default), the pools, the case and sequential set-up.
@@ -448,7 +448,7 @@ FLAGS = {"plan": [("--out", str, None, "write the run list here (runs/grid.sh --
     *[("--" + k, _n(int, i), d, "") for (k, i), d in zip(TRAIN.items(), (64, 20, 2, 2, flops.SEQ_LEN, flops.V_LLAMA))],
     ("--batch-tokens", _n(int, "[1, 1e12]"), flops.BATCH_TOKENS, ""), ("--min-per-r", _n(int, "[0, 1000]"), 5, ""),
     ("--prior", str, None, "a fit.py fit.json (default: the paper's joint fit, Table 2)"),
-    ("--noise", NOISE, None, "nats per run (default: the prior's RMSE)"),
+    ("--noise", _n(float, "(0, 1]"), None, "nats per run (default: the prior's RMSE)"),
     ("--noise-phi", _n(float, "(0, 6]"), None, "raise the noise until the --reference design's sd(phi) is this"),
     ("--reference", str, None, "a run list: --noise-phi's design; with no target, the total FLOPs to match"),
     ("--target-halfwidth", _n(float, "(0, 6]"), None, "the cheapest design with this predicted 95%% half-width"),
@@ -456,8 +456,8 @@ FLAGS = {"plan": [("--out", str, None, "write the run list here (runs/grid.sh --
     ("--next", _n(int, "[1, 100000]"), None, "the next K runs beside --runs"),
     ("--delta-phi", _n(float, "[-6, 6]"), None, "a case study's shift (prior phi + shift inside the App. F box)"),
     ("--mfu", _n(float, "(0, 1]"), MFU, ""), ("--peak-flops", _n(float, "(0, 1e20]"), PEAK, "")],
-    "simulate": [("--out", str, "out/design_sim", "folder for sim.json, sim.md, sim.png"), ("--seed", SEED, 0, ""),
-    ("--reps", _n(int, "[1, 10000]"), 20, "noisy replicates per design"),
+    "simulate": [("--out", str, "out/design_sim", "folder for sim.json, sim.md, sim.png"),
+    ("--seed", _n(int, "[0, 9.2e18]"), 0, ""), ("--reps", _n(int, "[1, 10000]"), 20, "noisy replicates per design"),
     ("--restarts", _n(int, "[1, 100000]"), fit.RESTARTS, "App. F: 500"),
     ("--bootstrap", _n(int, "[1, 100000]"), fit.N_BOOT, "App. F.2: 200"),
     ("--boot-restarts", _n(int, "[0, 1000]"), fit.BOOT_RESTARTS, ""),
