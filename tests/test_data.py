@@ -519,13 +519,15 @@ def test_streaming_prepare_is_bounded_deterministic_and_thread_independent(tmp_p
                            for i in range(0, 200_000, 500)))                   # 400 docs, ~3-200 tokens each
     tok = data.load_tokenizer(bpe["path"])
     seen = {"window": 0, "prefix": 0}
-    real_add = data.BestFitWindow.add
+    real_rows = data.best_fit_rows
 
-    def add(self, item, length):
-        real_add(self, item, length)
-        seen["window"] = max(seen["window"], len(self.items))
-        seen["prefix"] = max(seen["prefix"], len(item[0]))
-    monkeypatch.setattr(data.BestFitWindow, "add", add)
+    def rows(docs, capacity, window, size):
+        for row in real_rows(docs, capacity, window, size):
+            # the window as refilled for this row: what is left in it, and the documents the row took
+            seen["window"] = max(seen["window"], len(window) + len(row))
+            seen["prefix"] = max([seen["prefix"]] + [len(p) for p, *_ in window + row])
+            yield row
+    monkeypatch.setattr(data, "best_fit_rows", rows)
     kw = dict(seq_len=32, val_docs=40, rows_per_file=16, buffer_size=24, log=lambda *a: None)
     metas, how = data.prepare_source(str(src), tok, str(tmp_path / "a"), **kw)
     assert how == "fresh" and seen["window"] == 24 and seen["prefix"] <= 33
