@@ -36,19 +36,7 @@ Decisions (each printed with its rule at start-up):
 - Test hooks: NANOLOOP_FAULT="nan@K" (lm_head NaN before step K) / "kill@K" (SIGKILL after step K);
   NANOLOOP_MEMORY_CAP=BYTES caps the memory the checks assume. Never set them otherwise.
 """
-import argparse
-import dataclasses
-import hashlib
-import json
-import math
-import os
-import re
-import resource
-import signal
-import subprocess
-import sys
-import time
-import warnings
+import argparse, dataclasses, hashlib, json, math, os, re, resource, signal, subprocess, sys, time, warnings
 from contextlib import nullcontext
 from dataclasses import asdict
 from types import SimpleNamespace
@@ -62,8 +50,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import common
 import flops
 from common import print0
-from data import PackedLoader, data_identity, load_tokenizer, read_meta
 from checkpoint import load_checkpoint, load_weights, model_bytes, read_checkpoint
+from data import PackedLoader, data_identity, load_tokenizer, read_meta
 from eval import val_loss
 from model import ATTN_BACKENDS, LoopedGPT, ModelConfig, attention_summary, resolve_attention
 from optim import build_optimizer, hyperp_lrs, lr_multiplier, reference, set_lr_multiplier
@@ -72,14 +60,15 @@ CKPT_NAME, DONE_NAME, LOG_NAME = "ckpt.pt", "done.json", "log.jsonl"   # the run
 # What a run folder may hold besides them without --overwrite: runs/slurm.sh's tee'd log, eval.py's result, the
 # files of an older train.py (its ledger and lock), nanoloop markers (.nanoloop-*) and temporaries (.*.tmp)
 RUN_NAMES = (CKPT_NAME, DONE_NAME, LOG_NAME, "train.log", "eval.json", ".nanoloop-owned.json", "train.lock")
+# What a checkpoint holds besides its identity (an older one without it is "a different run", never a crash)
+CKPT_KEYS = ("model", "optimizer", "loader", "rng", "step", "val_loss", "wall_time_s", "tokenizer_hash",
+             "model_config", "train_config")
 # Dense bf16 peak FLOP/s per accelerator for the MFU column (vendor datasheets, "with sparsity" figures halved),
 # matched as whole words of the device name, longest key first ("H100 NVL" before "H100"; "GH200" is no "H200").
 PEAK_FLOPS = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H200 NVL": 835e12, "H200": 989e12,
               "GH200": 989e12, "H800 PCIe": 756e12, "H800": 989e12, "H20": 148e12, "B200": 2.25e15, "GB200": 2.5e15,
               "B100": 1.75e15, "A100": 312e12, "A800": 312e12, "L40S": 362e12, "L4": 121e12}
 PLAN_MFU = 0.4             # model FLOPs utilisation assumed for the device-hour estimate printed at start-up
-CKPT_KEYS = ("model", "optimizer", "loader", "rng", "step", "val_loss", "wall_time_s", "tokenizer_hash",
-             "model_config", "train_config", "identity")
 # Fields that cannot change a run's result stay out of its identity: where and how often it writes, how it starts,
 # how B is split into micro-steps (accumulation keeps B), the MFU denominator, a check (--tokenizer must equal the
 # data's, which the data identity holds) and the speed switches (compile mode, SDPA kernel). A test fails for a
@@ -88,12 +77,11 @@ IDENTITY_EXCLUDED = ("out_dir", "resume", "plan", "ckpt_every", "eval_every", "l
                      "peak_flops", "tokenizer", "overwrite", "compile_mode", "sdpa_backend")
 SDPA_BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
                  "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
-# The string fields' allowed values (None = auto), checked when the config is built
+# The string fields' allowed values (None = auto), checked by parse_args. No CUDA-graph compile modes
+# (reduce-overhead, max-autotune): measured on an H200 (torch 2.11), the model compiles to several graphs whose
+# CUDA-graph replays overwrite outputs the backward still needs, even with cudagraph_mark_step_begin().
 CHOICES = {"precision": (None, "fp32", "bf16"), "attn": ATTN_BACKENDS, "sdpa_backend": ("auto", *SDPA_BACKENDS),
            "compile_mode": ("default", "max-autotune-no-cudagraphs")}
-# No CUDA-graph modes (reduce-overhead, max-autotune): measured on an H200 (torch 2.11), the model compiles to several
-# graphs whose CUDA-graph replays overwrite outputs the backward still needs ("accessing tensor output of CUDAGraphs
-# that has been overwritten"), even with cudagraph_mark_step_begin() before each step.
 
 
 # -----------------------------------------------------------------------------
@@ -102,7 +90,8 @@ CHOICES = {"precision": (None, "fp32", "bf16"), "attn": ATTN_BACKENDS, "sdpa_bac
 @dataclasses.dataclass
 class TrainConfig:
     """Flat (style B5): one field per flag, its trailing comment the --help text. Every field is part of the run's
-    identity unless IDENTITY_EXCLUDED names it; every int / float field has a LIMITS row."""
+    identity unless IDENTITY_EXCLUDED names it; every int / float field has a LIMITS row. parse_args checks every
+    value once (LIMITS, CHOICES, one horizon); main trusts a config built in code."""
     # horizon: exactly one of the four
     flops_budget: Optional[float] = None    # C in FLOPs; steps = round(C / (F B)) (App. E; architecture §8.3)
     tokens: Optional[int] = None            # D; steps = round(D / B) (matched-token runs)
@@ -141,26 +130,14 @@ class TrainConfig:
     peak_flops: Optional[float] = None      # per-device peak FLOP/s for MFU; None = PEAK_FLOPS by device name
     plan: bool = False                      # print every derived quantity (steps, tokens, LRs, cost) and stop
 
-    def __post_init__(self):
-        # the rules between fields and the string choices; numbers meet LIMITS at the CLI and in preflight
-        horizons = [f"--{n.replace('_', '-')}" for n in ("flops_budget", "tokens", "tokens_per_param", "steps")
-                    if getattr(self, n) is not None]
-        need(len(horizons) == 1, "give exactly one horizon: --flops-budget, --tokens, --tokens-per-param or --steps "
-             f"(got {horizons or 'none'})")
-        need(self.eval_tokens != 0, "--eval-tokens must be > 0 or -1 (the whole val split), got 0")
-        for name, allowed in CHOICES.items():
-            need(getattr(self, name) in allowed, f"--{name.replace('_', '-')} must be one of "
-                 f"{', '.join(str(a or 'auto') for a in allowed)}, got {getattr(self, name)!r}")
-
 
 # A field an older record lacks reads as its default (common.identity_diff): a new default-off field leaves every
 # existing run's identity unchanged
 IDENTITY_DEFAULTS = {f.name: f.default for cls in (ModelConfig, TrainConfig) for f in dataclasses.fields(cls)}
 
-# Allowed values of every int / float field of ModelConfig and TrainConfig, in common.py's interval notation: checked
-# when the CLI parses the flag (common.number) and by preflight for configs built in Python. Counts stop at
-# flops.py's MAX_COUNT (1e9). Rules across fields stay in the classes' __post_init__. A test checks every numeric
-# field has a row.
+# Allowed values of every int / float field of ModelConfig and TrainConfig, in common.py's interval notation,
+# checked once, when the CLI parses the flag (common.number). Counts stop at flops.py's MAX_COUNT (1e9). Rules
+# across fields stay in ModelConfig.__post_init__ and parse_args. A test checks every numeric field has a row.
 LIMITS = {
     # ModelConfig (model.py)
     "scale": ("[1, 1e9]", "width multiplier s"), "aspect_ratio": ("[1, 1e9]", "d_model / s; 64 in the paper"),
@@ -200,7 +177,7 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     ckpt_path, done_path, log_path = (os.path.join(tc.out_dir, n) for n in (CKPT_NAME, DONE_NAME, LOG_NAME))
     if run.status == "finished" and not tc.plan:            # a sweep relaunches every run with --resume
         print0(f"{done_path} exists: the run is finished (same run identity); returning its record")
-        return run.record
+        return run.held
     # One optimizer step = B tokens = batch_rows rows of the one global stream (data.md §3), per_rank rows on each
     # rank in accum micro-steps; total_steps from the horizon rule (App. E); the peak LRs of HyperP (App. D.2).
     B, F, total_steps, r = g.B, g.F, g.steps, cfg.n_loops
@@ -209,7 +186,7 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     peak, peak_rule = peak_flops(run.dev_name, tc.peak_flops)
     hours, plan_db = startup_print(run, world, peak, peak_rule)
     if tc.plan:                              # --plan: the numbers a launch would use, without building anything
-        print0(f"status: {run.status}" + (f" at step {run.ckpt['step']}" if run.ckpt else ""))
+        print0(f"status: {run.status}" + (f" at step {run.held['step']}" if run.status == "resume" else ""))
         return {**summary(cfg, tc, g), "device_batch": plan_db, "accum": g.per_rank // plan_db, "world": world,
                 "device_hours": hours, "status": run.status, "identity": run.identity}
 
@@ -237,11 +214,12 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
                                        device_batch=device_batch, rank=rank, world=world, device=device,
                                        tokenizer_hash=run.facts.tok_hash) for split in ("train", "val"))
     # Resume: weights, optimizer (R, momenta, Adam moments), loader position, RNG, step, elapsed wall time; with
-    # deterministic CPU kernels a resumed run is bitwise equal to an uninterrupted one (tests).
+    # deterministic CPU kernels a resumed run is bitwise equal to an uninterrupted one (tests). Rank 0 checked the
+    # checkpoint in preflight (this run's identity, weights that fit the model).
     start_step, wall_before, last_val = 0, 0.0, None
-    if run.ckpt is not None:
-        ck, run.ckpt = run.ckpt, None
-        load_weights(raw_model, ck["model"], ckpt_path)       # names and shapes checked: a one-line error if not
+    if run.status == "resume":
+        ck, run.held = run.held, None
+        raw_model.load_state_dict(ck["model"])
         optimizer.load_state_dict(ck["optimizer"])
         loader.load_state_dict(ck["loader"])
         torch.set_rng_state(ck["rng"]["torch"])               # rank 0's; every rank draws the same numbers
@@ -262,14 +240,7 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     # rank 0 appends one JSON record per line (line-buffered: each reaches the file as written); a full disk
     # surfaces at the next append or checkpoint as one line, and loses nothing: the last checkpoint is intact
     log_file = open(log_path, "a", buffering=1) if master else None
-
-    def log(rec):
-        """One record appended to log.jsonl by rank 0; a failed append (full disk) is one line naming the file."""
-        try:
-            log_file and log_file.write(json.dumps(rec) + "\n")
-        except OSError as err:
-            raise OSError(f"could not append to {log_path} ({err.strerror}); free space, then rerun with --resume "
-                          "(the run continues from its last checkpoint)") from None
+    log = lambda rec: log_file and log_file.write(json.dumps(rec) + "\n")   # noqa: E731
 
     def evaluate(step):
         """Val loss in nats over the first eval_rows val rows (eval.val_loss: exact, fp64 sums, all-reduced), of
@@ -362,12 +333,11 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
 # preflight: every refusal, before any model is built (README "Guarantees", rule 5)
 
 def preflight(model_cfg, tc, rank: int, world: int, device) -> SimpleNamespace:
-    """Check everything a run can be refused for, in one place: the values, the --init-from checkpoint, the data,
-    the geometry and horizon (derive), the memory, and what out_dir holds (out_dir_state, which then claims it).
-    Returns the resolved run; --plan without a prepared --data checks what needs none."""
-    for c in (model_cfg, tc):                # the CLI checked these; an in-process caller may have edited a config
-        common.check_fields(c, LIMITS)
-    hook, cfg, init_state, init_tok, init_id, facts = fault_hook(), model_cfg, None, None, None, None
+    """Check what a run can be refused for beyond its values (parse_args checked those): the --init-from
+    checkpoint, the data, the backends, the geometry and horizon (derive), the memory, and what out_dir holds
+    (out_dir_state, which then claims it). Returns the resolved run; --plan without a prepared --data checks what
+    needs none."""
+    cfg, init_state, init_tok, init_id, facts = model_cfg, None, None, None, None
     if tc.init_from:
         cfg, init_state, init_tok = init_architecture(model_cfg, tc.init_from)
         init_id = weights_identity(init_state)
@@ -383,8 +353,8 @@ def preflight(model_cfg, tc, rank: int, world: int, device) -> SimpleNamespace:
          f"{tc.sdpa_backend} needs SDPA attention on CUDA (here: {attn} on {device.type}); leave it at auto")
     use_compile = (device.type == "cuda") if tc.compile is None else tc.compile
     g = derive(cfg, tc, world)
-    # fp32 weights, gradients and two optimizer moments = 4 x the weights (eval.model_bytes), before any allocation:
-    # --vocab-size 1e9 is a one-line refusal naming its size, never the allocator's error
+    # fp32 weights, gradients and two optimizer moments = 4 x the weights (checkpoint.model_bytes), before any
+    # allocation: --vocab-size 1e9 is a one-line refusal naming its size, never the allocator's error
     state, (have, what) = 4 * model_bytes(cfg)[1], device_memory(device)
     need(state <= have or tc.plan, f"the model does not fit: d_model {cfg.d_model}, l_eff {cfg.n_layers_eff}, vocab "
          f"{cfg.vocab_padded:,} padded, seq_len {cfg.seq_len:,}: its weights, gradients and optimizer state need "
@@ -392,25 +362,43 @@ def preflight(model_cfg, tc, rank: int, world: int, device) -> SimpleNamespace:
     identity = facts and run_identity(cfg, tc, facts.identity, init_id, "bf16" if use_bf16 else "fp32", attn,
                                       use_compile)
     status, held = out_dir_state(tc, cfg, identity, rank, world) if with_data else ("unknown (no prepared --data)", None)
-    return SimpleNamespace(cfg=cfg, tc=tc, g=g, facts=facts, identity=identity, status=status, init_state=init_state,
-                           record=held if status == "finished" else None, ckpt=held if status == "resume" else None,
-                           use_bf16=use_bf16, attn=attn, use_compile=use_compile, hook=hook, state_bytes=state,
-                           device=device, dev_name=torch.cuda.get_device_name(device) if device.type == "cuda"
-                           else "cpu")
+    return SimpleNamespace(cfg=cfg, tc=tc, g=g, facts=facts, identity=identity, status=status, held=held,
+                           init_state=init_state, use_bf16=use_bf16, attn=attn, use_compile=use_compile,
+                           hook=fault_hook(), state_bytes=state, device=device,
+                           dev_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
 
 
 def out_dir_state(tc, cfg, identity: dict, rank: int, world: int) -> tuple:
-    """("finished", done.json), ("resume", ckpt.pt) or ("fresh", None), decided by rank 0 and broadcast with its
-    refusal, if any, so every rank stops with the same line. Rank 0 then claims out_dir for writing (not for --plan,
-    nor to hand a finished run back); the other ranks read the checkpoint themselves, from the folder every rank
-    must see (the launcher's job: runs/slurm.sh, a shared filesystem)."""
+    """("finished", done.json's record), ("resume", ckpt.pt's dict) or ("fresh", None). Rank 0 alone decides: it
+    reads what out_dir holds (a 0-byte or torn file is one line), which must be this run's (rule 1) and needs
+    --resume, then claims out_dir for writing (not for --plan, nor to hand a finished run back). It broadcasts the
+    status, the record and any refusal, so every rank stops with the same line; the other ranks read the checkpoint
+    it checked from the folder every rank must see (the launcher's job: runs/slurm.sh, a shared filesystem)."""
     done_path, ckpt_path = (os.path.join(tc.out_dir, n) for n in (DONE_NAME, CKPT_NAME))
     look = lambda: "finished" if os.path.lexists(done_path) else "resume" if os.path.lexists(ckpt_path) else "fresh"
-    status, held, err = "fresh", None, None
+    status, held, err = None, None, None
     if rank == 0:                            # a refusal is caught and broadcast: no rank waits in a collective
         try:
             status = look()
-            held = read_held(tc, cfg, status, identity)
+            path = done_path if status == "finished" else ckpt_path
+            need(status == "fresh" or tc.resume or tc.plan, f"{path} exists: pass --resume to continue that run (or "
+                 "to get a finished one's record back), or pick another --out-dir")
+            if status == "finished":
+                try:
+                    held = common.read_json(path, {"val_loss": (float, "(0, inf)"), "identity": (dict, None)})
+                    common.require(held, ("val_loss", "steps", "tokens"), path)
+                except ValueError as e:
+                    why = str(e).replace(f"{path}: ", "")
+                    raise ValueError(f"{path} is not a train.py record ({why}); move it away to train again") from None
+            elif status == "resume":         # one-line ValueErrors naming the file
+                held = read_checkpoint(path, CKPT_KEYS)
+            diff = common.identity_diff(held.get("identity"), identity, IDENTITY_DEFAULTS) if held else []
+            need(not diff, f"{path} is the record of a different run (recorded vs now: {'; '.join(diff[:4])}"
+                 f"{'; ...' if len(diff) > 4 else ''}); pick another --out-dir, or rerun with its flags")
+            if status == "resume":           # its weights fit the model (names, shapes, finite values): checked on
+                with torch.device("meta"), warnings.catch_warnings():   # a model without memory, before the claim
+                    warnings.simplefilter("ignore")                       # (the loads are no-ops)
+                    load_weights(LoopedGPT(cfg), held["model"], path)
             if not tc.plan and status != "finished":
                 # out_dir holds train.py's files (or nothing), or --overwrite was given; claim refuses a 2nd writer
                 names = os.listdir(tc.out_dir) if os.path.isdir(tc.out_dir) else []
@@ -423,116 +411,58 @@ def out_dir_state(tc, cfg, identity: dict, rank: int, world: int) -> tuple:
         except ValueError as e:
             err = str(e)
     if world > 1:                            # one small collective, before any work
-        box = [status, err]
+        box = [status, err, held if status == "finished" else None]
         dist.broadcast_object_list(box, src=0)
-        status, err = box
+        status, err, held = box[0], box[1], held if rank == 0 else box[2]
     need(err is None, err)
-    return status, held if rank == 0 else read_held(tc, cfg, status, identity)
+    return status, read_checkpoint(ckpt_path, CKPT_KEYS) if rank and status == "resume" else held
 
 
-def read_held(tc, cfg, status: str, identity: dict):
-    """The done.json or checkpoint out_dir holds, read as a file (a 0-byte or torn one is one line), if it is this
-    run's: using it needs --resume, and its identity must equal this run's (rule 1)."""
-    if status == "fresh":
-        return None
-    path = os.path.join(tc.out_dir, DONE_NAME if status == "finished" else CKPT_NAME)
-    need(tc.resume or tc.plan, f"{path} exists: pass --resume to continue that run (or to get a finished one's "
-         "record back), or pick another --out-dir")
-    if status == "resume":                   # one-line ValueErrors naming the file; the identity is compared below
-        held = read_checkpoint(path, CKPT_KEYS[:-1])
-    else:
-        try:
-            held = common.read_json(path, {"val_loss": (float, "(0, inf)"), "identity": (dict, None)})
-            common.require(held, ("val_loss", "steps", "tokens"), path)
-        except ValueError as err:
-            why = str(err).replace(f"{path}: ", "")
-            raise ValueError(f"{path} is not a train.py record ({why}); move it away to train again") from None
-    diff = common.identity_diff(held.get("identity"), identity, IDENTITY_DEFAULTS)   # a missing field = its default
-    need(not diff, f"{path} is the record of a different run (recorded vs now: {'; '.join(diff[:4])}"
-         f"{'; ...' if len(diff) > 4 else ''}); pick another --out-dir, or rerun with its flags")
-    if status == "resume":                   # its weights fit the model (names, shapes, finite values): checked now,
-        with torch.device("meta"), warnings.catch_warnings():   # on a model without memory, so a refusal comes
-            warnings.simplefilter("ignore")                       # before the claim (the loads are no-ops)
-            load_weights(LoopedGPT(cfg), held["model"], path)
-    return held
+def check_data(cfg, tc, init_tok_hash) -> tuple:
+    """The prepared data against the model: equal seq_len (no silent re-packing), one tokenizer for both splits (and
+    --tokenizer's and the --init-from checkpoint's, when given), the vocabulary (the default --vocab-size takes the
+    data's), enough val rows for --eval-tokens. Returns (cfg with its vocabulary, the data's facts)."""
+    meta, val_meta = read_meta(tc.data, "train"), read_meta(tc.data, "val")   # one line if not a prepared dir
+    for name, m in (("train", meta), ("val", val_meta)):
+        need(m["seq_len"] == cfg.seq_len, f"data {tc.data} ({name}) was packed with seq_len {m['seq_len']} but the "
+             f"model has --seq-len {cfg.seq_len}; pass --seq-len {m['seq_len']} or re-pack")
+    tok = meta.get("tokenizer_hash")                # the authors' published metas carry no hash (data.md §2)
+    need(val_meta.get("tokenizer_hash") == tok, f"data {tc.data}: train and val splits were tokenised differently")
+    need(not tc.tokenizer or (tok is not None and load_tokenizer(tc.tokenizer).identity == tok), f"--tokenizer "
+         f"{tc.tokenizer!r} is not the one {tc.data} was packed with ({tok or 'it records none'}); drop --tokenizer")
+    need(init_tok_hash in (None, tok), f"--init-from {tc.init_from} was trained on data tokenised with "
+         f"{init_tok_hash}, but {tc.data} was tokenised with {tok}")
+    vocab_rule, default = "--vocab-size", IDENTITY_DEFAULTS["vocab_size"]
+    if cfg.vocab_size == default and meta["vocab_size"] != default and not tc.init_from:
+        cfg = dataclasses.replace(cfg, vocab_size=meta["vocab_size"])
+        vocab_rule = f"the data meta's (--vocab-size left at its default {default})"
+    need(meta["vocab_size"] <= cfg.vocab_size, f"data {tc.data} has vocab_size {meta['vocab_size']} > the model's "
+         f"--vocab-size {cfg.vocab_size}: token ids would index past the embedding")
+    val_rows = val_meta["total_rows"] if isinstance(val_meta.get("total_rows"), int) else 0
+    eval_rows = val_rows if tc.eval_tokens == -1 else tc.eval_tokens // cfg.seq_len   # no silent shrinking
+    need(1 <= eval_rows <= val_rows, f"--eval-tokens {tc.eval_tokens:,} needs {eval_rows} val rows of {cfg.seq_len} "
+         f"tokens but {tc.data} has {val_rows}; pass --eval-tokens <= {val_rows * cfg.seq_len:,} (or -1: all)")
+    return cfg, SimpleNamespace(tok_hash=tok, eval_rows=eval_rows, vocab_rule=vocab_rule,
+                                identity=data_identity(tc.data))
 
 
-# -----------------------------------------------------------------------------
-# The loop's helpers: the one file writer, the one host sync (the NaN guard), the random state init's noise
-
-def save(path: str, data, kept: str) -> None:
-    """Write one of the run's own files (ckpt.pt, done.json) atomically: a full disk or a kill leaves the previous
-    file (or none) and at most a temporary nobody reads. A failure is one line naming the file and the cause."""
-    try:
-        common.atomic_write(path, data)
-    except (OSError, RuntimeError) as err:   # torch.save wraps ENOSPC in a RuntimeError: the errno in its chain
-        e = err
-        while e is not None and not (isinstance(e, OSError) and e.errno):
-            e = e.__cause__ or e.__context__
-        why = os.strerror(e.errno) if e is not None else common.first_line(err)
-        raise OSError(f"could not write {path}: {why}; {kept}. Free space, then rerun with --resume") from None
-
-
-def read_loss(loss_sum, step: int, total_steps: int, accum: int, world: int, ckpt_path: str) -> float:
-    """The global-batch mean loss: the loop's one host sync (all-reduce, .item()). A non-finite loss stops the run
-    before anything of it is checkpointed (the NaN guard)."""
-    if world > 1:
-        dist.all_reduce(loss_sum)                       # gloo has no AVG: sum over ranks, divide below
-    loss_val = loss_sum.item() / (accum * world)
-    if math.isfinite(loss_val):
-        return loss_val
-    kept = f"{ckpt_path} is the last good checkpoint" if os.path.exists(ckpt_path) else "no checkpoint yet"
-    cause = ("the loss is non-finite before any optimizer step, so the learning rate is not the cause: check the "
-             "model flags (--norm-eps, --logit-softcap, --rope-base, --state-init-std, --vocab-size) and the data"
-             if step == 0 else "after fixing the cause (e.g. a lower --muonh-lr), --resume")
-    raise FloatingPointError(f"non-finite training loss {loss_val} at step {step + 1}/{total_steps}; stopping "
-                             f"before it is checkpointed. {kept}; {cause}")
+def init_architecture(model_cfg, init_from: str, typed=None) -> tuple:
+    """--init-from: (the checkpoint's ModelConfig with this run's n_loops_bwd, its state dict, its tokenizer hash).
+    The architecture is the checkpoint's: a model flag typed on the command line (typed: their names) must equal it,
+    even at its default; for a config built in code (typed None) a field at its default takes the checkpoint's
+    value. n_loops_bwd stays this run's (a training choice); optimizer, schedule and step count start fresh."""
+    model, ck = load_checkpoint(init_from)          # a nanoloop run or an authors' release; one-line ValueErrors
+    theirs = asdict(model.cfg)
+    names = typed if typed is not None else {k for k in theirs if getattr(model_cfg, k) != IDENTITY_DEFAULTS[k]}
+    clash = {k: (getattr(model_cfg, k), theirs[k]) for k in sorted(set(names) - {"n_loops_bwd"})
+             if getattr(model_cfg, k) != theirs[k]}
+    need(not clash, f"--init-from {init_from}: model flags differ from the checkpoint's architecture (flag, "
+         f"checkpoint) = {clash}; drop them (the architecture comes from the checkpoint)")
+    return (dataclasses.replace(model.cfg, n_loops_bwd=model_cfg.n_loops_bwd), model.state_dict(),
+            ck.get("tokenizer_hash"))
 
 
-def state_noise(model, seed: int, first: int, rows: int, device):
-    """(rows, T, d) N(0, 1) for the random state init: one draw per global batch row, seeded by (seed, row), so
-    every row gets its own noise and the run does not depend on the world size. None for the prelude init."""
-    if model.state_init != "random":
-        return None
-    gen, out = torch.Generator(device=device), []
-    for row in range(first, first + rows):
-        gen.manual_seed(int.from_bytes(hashlib.sha256(f"{seed}:{row}".encode()).digest()[:8], "little"))
-        out.append(torch.randn(model.cfg.seq_len, model.cfg.d_model, generator=gen, device=device))   # (T, d)
-    return torch.stack(out)                                                                          # (rows, T, d)
-
-
-# -----------------------------------------------------------------------------
-# CLI: one flat parser generated from ModelConfig + TrainConfig by common.add_dataclass_flags (style B5)
-
-def parse_args(argv=None) -> tuple:
-    """argv (list of str, None = sys.argv[1:]) -> (ModelConfig, TrainConfig). Bad values exit 2 with one line."""
-    p = common.Parser(prog="train.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for cls in (ModelConfig, TrainConfig):
-        common.add_dataclass_flags(p, cls, LIMITS)
-    # argparse fills in a default only for a dest the namespace lacks: a model field still UNSET after parsing was
-    # not on the command line (how --init-from tells "--n-loops 1" typed from n_loops left at its default 1)
-    unset, names = object(), [f.name for f in dataclasses.fields(ModelConfig)]
-    ns = p.parse_args(argv, argparse.Namespace(**dict.fromkeys(names, unset)))
-    typed = {k for k in names if getattr(ns, k) is not unset}
-    try:                                     # a model field not typed takes its dataclass default
-        model_cfg = ModelConfig(**{k: getattr(ns, k) for k in typed})
-        train_cfg = TrainConfig(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(TrainConfig)})
-        if train_cfg.init_from:              # every model flag typed must be the checkpoint's, default-valued ones too
-            init_architecture(model_cfg, train_cfg.init_from, typed)
-        return model_cfg, train_cfg
-    except ValueError as err:                # e.g. r does not divide 16, two horizons, a flag --init-from contradicts
-        p.error(str(err))
-
-
-def need(ok, why: str) -> None:
-    """Refuse unless ok: a ValueError whose one line the CLI prints before exiting 2 (README "Guarantees", rule 5)."""
-    if not ok:
-        raise ValueError(why)
-
-
-# -----------------------------------------------------------------------------
 # Run identity (rule 1): what a record or checkpoint must match before it is handed back or continued
-
 def run_identity(model_cfg, train_cfg, data_id, init_id, precision, attn, compile) -> dict:
     """Everything that can change this run's result: every ModelConfig field (as trained: the vocabulary taken from the
     data, the architecture from --init-from) and every TrainConfig field not in IDENTITY_EXCLUDED, with data = the
@@ -553,54 +483,6 @@ def weights_identity(state: dict) -> str:
     return h.hexdigest()[:16]
 
 
-# -----------------------------------------------------------------------------
-# The inputs preflight checks: --init-from, the data, the device's memory, the test fault hooks
-
-def init_architecture(model_cfg, init_from: str, typed=None) -> tuple:
-    """--init-from: (the checkpoint's ModelConfig with this run's n_loops_bwd, its state dict, its tokenizer hash).
-    The architecture is the checkpoint's: a model flag typed on the command line (typed: their names) must equal it,
-    even at its default; for a config built in code (typed None) a field at its default takes the checkpoint's
-    value. n_loops_bwd stays this run's (a training choice); optimizer, schedule and step count start fresh."""
-    model, ck = load_checkpoint(init_from)          # a nanoloop run or an authors' release; one-line ValueErrors
-    theirs = asdict(model.cfg)
-    names = typed if typed is not None else {k for k in theirs if getattr(model_cfg, k) != IDENTITY_DEFAULTS[k]}
-    clash = {k: (getattr(model_cfg, k), theirs[k]) for k in sorted(set(names) - {"n_loops_bwd"})
-             if getattr(model_cfg, k) != theirs[k]}
-    need(not clash, f"--init-from {init_from}: model flags differ from the checkpoint's architecture (flag, "
-         f"checkpoint) = {clash}; drop them (the architecture comes from the checkpoint)")
-    return (dataclasses.replace(model.cfg, n_loops_bwd=model_cfg.n_loops_bwd), model.state_dict(),
-            ck.get("tokenizer_hash"))
-
-
-def check_data(cfg, tc, init_tok_hash) -> tuple:
-    """The prepared data against the model: equal seq_len (no silent re-packing), one tokenizer for both splits (and
-    --tokenizer's and the --init-from checkpoint's, when given), the vocabulary (the default --vocab-size takes the
-    data's), enough val rows for --eval-tokens. Returns (cfg with its vocabulary, the data's facts)."""
-    meta, val_meta = read_meta(tc.data, "train"), read_meta(tc.data, "val")   # one line if not a prepared dir
-    for name, m in (("train", meta), ("val", val_meta)):
-        need(m["seq_len"] == cfg.seq_len, f"data {tc.data} ({name}) was packed with seq_len {m['seq_len']} but the "
-             f"model has --seq-len {cfg.seq_len}; pass --seq-len {m['seq_len']} or re-pack")
-    tok = meta.get("tokenizer_hash")                # the authors' published metas carry no hash (data.md §2)
-    need(val_meta.get("tokenizer_hash") == tok, f"data {tc.data}: train and val splits were tokenised differently "
-         f"({tok} vs {val_meta.get('tokenizer_hash')})")
-    need(not tc.tokenizer or (tok is not None and load_tokenizer(tc.tokenizer).identity == tok), f"--tokenizer "
-         f"{tc.tokenizer!r} is not the one {tc.data} was packed with ({tok or 'it records none'}); drop --tokenizer")
-    need(init_tok_hash in (None, tok), f"--init-from {tc.init_from} was trained on data tokenised with "
-         f"{init_tok_hash}, but {tc.data} was tokenised with {tok}")
-    vocab_rule, default = "--vocab-size", IDENTITY_DEFAULTS["vocab_size"]
-    if cfg.vocab_size == default and meta["vocab_size"] != default and not tc.init_from:
-        cfg = dataclasses.replace(cfg, vocab_size=meta["vocab_size"])
-        vocab_rule = f"the data meta's (--vocab-size left at its default {default})"
-    need(meta["vocab_size"] <= cfg.vocab_size, f"data {tc.data} has vocab_size {meta['vocab_size']} > the model's "
-         f"--vocab-size {cfg.vocab_size}: token ids would index past the embedding")
-    val_rows = val_meta["total_rows"] if isinstance(val_meta.get("total_rows"), int) else 0
-    eval_rows = val_rows if tc.eval_tokens == -1 else tc.eval_tokens // cfg.seq_len   # no silent shrinking
-    need(1 <= eval_rows <= val_rows, f"--eval-tokens {tc.eval_tokens:,} needs {eval_rows} val rows of {cfg.seq_len} "
-         f"tokens but {tc.data} has {val_rows}; pass --eval-tokens <= {val_rows * cfg.seq_len:,} (or -1: all)")
-    return cfg, SimpleNamespace(tok_hash=tok, eval_rows=eval_rows, vocab_rule=vocab_rule,
-                                identity=data_identity(tc.data))
-
-
 def device_memory(device) -> tuple:
     """(bytes, what): CUDA's total memory, else the physical RAM; NANOLOOP_MEMORY_CAP (bytes) caps it (a smaller
     device, simulated: the tests' hook for the memory refusal and the device-batch pick)."""
@@ -610,19 +492,6 @@ def device_memory(device) -> tuple:
         have, what = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "physical RAM"
     cap = os.environ.get("NANOLOOP_MEMORY_CAP")
     return (min(have, int(float(cap))), f"NANOLOOP_MEMORY_CAP={cap}") if cap else (have, what)
-
-
-def fault_hook():
-    """NANOLOOP_FAULT="nan@K,kill@K" (tests only; module docstring) -> hook(step, model), called at the top of every
-    step (step = the 0-based index about to run). A no-op when the variable is unset."""
-    faults = {k: int(v) for k, _, v in (i.partition("@") for i in os.environ.get("NANOLOOP_FAULT", "").split(",") if i)}
-
-    def hook(step, model):
-        if faults.get("nan") == step + 1:             # a diverged run: every logit (and the loss) is NaN
-            model.lm_head.weight.data.fill_(float("nan"))
-        if faults.get("kill") == step:                # step K and its checkpoint are done: die like a preempted job
-            os.kill(os.getpid(), signal.SIGKILL)
-    return hook
 
 
 # -----------------------------------------------------------------------------
@@ -642,19 +511,18 @@ def derive(cfg, tc, world: int) -> SimpleNamespace:
     # layout, injection, hc lanes, the BPTT window (Eq. 6), T and the padded vocabulary.
     arch = flops.accounting_args(cfg)
     (n_once, n_rec), F = flops.param_split(**arch), flops.flops_per_token(**arch)
-    # Every horizon gives whole steps of B tokens (the budget and --steps ones >= 1 step by construction); the LR
-    # rule's D stays unrounded. rho uses the reuse-weighted params, the release's effective_params (optimizer §2.3).
+    # Every horizon gives whole steps of B tokens; the LR rule's D stays unrounded. rho uses the reuse-weighted
+    # params, the release's effective_params (optimizer §2.3); its steps = D // B, floored as the release does.
     C, D, rho, N = tc.flops_budget, tc.tokens, tc.tokens_per_param, tc.steps
-    try:
-        steps = flops.tokens_for_budget(C, F, B)[0] if C else N or (round(D / B) if D else None)
-    except ValueError as err:
-        raise ValueError(f"horizon: {err} (one step of B = {B:,} tokens costs F B = {F * B:.4g} FLOPs)") from None
     lr_tokens = int(C / F) if C else N * B if N else D or int(rho * (n_once + r * n_rec))
-    steps = lr_tokens // B if steps is None else steps
+    try:
+        steps = flops.tokens_for_budget(C, F, B)[0] if C else N or (round(D / B) if D else lr_tokens // B)
+    except ValueError as err:                        # the budget buys no step
+        raise ValueError(f"horizon: {err}") from None
+    need(steps >= 1, f"horizon: {lr_tokens:,} tokens are less than {'half of ' if D else ''}one optimizer step of "
+         f"{B:,} tokens")
     rule = ("steps = round(C / (F B)); D_lr = int(C / F)" if C else "D = steps x B = D_lr" if N else
             "steps = round(D / B); D_lr = D" if D else "D_lr = int(rho (N_once + r N_rec)); steps = D_lr // B")
-    need(steps >= 1, f"horizon: {lr_tokens:,} tokens are {'less than half of' if D else 'less than'} one optimizer "
-         f"step of {B:,} tokens (one step of B = {B:,} tokens costs F B = {F * B:.4g} FLOPs)")
     # Peak LRs: eta_base through HyperP's width / batch / data corrections (App. D.2), computed once from (d, D, B, r);
     # a resume restores the schedule position and never re-applies a factor (optimizer.md §6.7). The reference (the
     # s = 10 model at the run's aspect ratio and depth, counted at THIS r) is optim.py's.
@@ -666,30 +534,6 @@ def derive(cfg, tc, world: int) -> SimpleNamespace:
     return SimpleNamespace(B=B, batch_rows=B // T, per_rank=B // T // world, n_once=n_once, n_rec=n_rec, F=F,
                            steps=steps, tokens=steps * B, lr_tokens=lr_tokens, horizon_rule=rule,
                            width_ref=width_ref, d_ref=d_ref, lrs=lrs)
-
-
-def peak_flops(dev_name: str, override: Optional[float] = None) -> tuple:
-    """(peak FLOP/s per device or None, rule): --peak-flops, else PEAK_FLOPS by the longest key found as whole words
-    in the device name; None (MFU n/a) for a device not in the table, never another device's figure."""
-    if override:
-        return override, "--peak-flops"
-    for key in sorted(PEAK_FLOPS, key=len, reverse=True):
-        if re.search(rf"(?<![A-Za-z0-9]){re.escape(key)}(?![A-Za-z0-9])", dev_name, re.IGNORECASE):
-            return PEAK_FLOPS[key], f"PEAK_FLOPS[{key!r}]: dense bf16 datasheet figure for {dev_name!r}"
-    return None, f"n/a: {dev_name!r} is not in PEAK_FLOPS (datasheet figures); pass --peak-flops for an MFU figure"
-
-
-def inductor_cache(sdpa_backend: str) -> str:
-    """Inductor's on-disk caches (FX graphs, kernels) in one stable folder per user, unless TORCHINDUCTOR_CACHE_DIR
-    is set: the second process compiling the same cell shape loads them (issue 25 §5; measured on an H200 at s = 6:
-    the first step 40-46 s cold, 4-5 s warm). One folder per --sdpa-backend: the cache key ignores the SDPA kernel
-    choice, so a graph cached under one backend was reused under another (measured). Returns the rule."""
-    import torch._inductor.config
-    torch._inductor.config.fx_graph_cache = True
-    default = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "nanoloop",
-                           "inductor", f"sdpa-{sdpa_backend}")
-    rule = "set by you" if os.environ.get("TORCHINDUCTOR_CACHE_DIR") else "default; TORCHINDUCTOR_CACHE_DIR moves it"
-    return f"{os.environ.setdefault('TORCHINDUCTOR_CACHE_DIR', default)} ({rule})"
 
 
 # -----------------------------------------------------------------------------
@@ -742,7 +586,7 @@ def pick_device_batch(model, tc, g, world: int, autocast, static: int) -> tuple:
         return tc.device_batch, "--device-batch"
     device = next(model.parameters()).device
     (have, what), one, two = device_memory(device), probe(model, 1, autocast), probe(model, 2, autocast)
-    mem = lambda k: static + 1.2 * (max(2 * one - two, 0) + k * max(two - one, 1))
+    mem = lambda k: static + 1.2 * (max(2 * one - two, 0) + k * max(two - one, 1))   # noqa: E731
     budget = have - 2 * model_bytes(model.cfg)[1]    # CUDA: the optimizer's two moments are not allocated yet
     fits = (lambda k: mem(k) <= 2 * have and probe(model, k, autocast, budget)) if device.type == "cuda" else (
         lambda k: mem(k) <= have)            # CUDA: the model only bounds the trials (2x: it may overestimate)
@@ -759,7 +603,104 @@ def pick_device_batch(model, tc, g, world: int, autocast, static: int) -> tuple:
 
 
 # -----------------------------------------------------------------------------
-# Small helpers: the start-up print, the record's common part, the log, git provenance
+# The loop's helpers: the one file writer, the one host sync (the NaN guard), the state noise, the test faults
+
+def save(path: str, data, kept: str) -> None:
+    """Write one of the run's own files (ckpt.pt, done.json) atomically: a full disk or a kill leaves the previous
+    file (or none) and at most a temporary nobody reads. A failure is one line naming the file and the cause."""
+    try:
+        common.atomic_write(path, data)
+    except (OSError, RuntimeError) as err:   # torch.save wraps ENOSPC in a RuntimeError: the errno in its chain
+        e = err
+        while e is not None and not (isinstance(e, OSError) and e.errno):
+            e = e.__cause__ or e.__context__
+        why = os.strerror(e.errno) if e is not None else common.first_line(err)
+        raise OSError(f"could not write {path}: {why}; {kept}. Free space, then rerun with --resume") from None
+
+
+def read_loss(loss_sum, step: int, total_steps: int, accum: int, world: int, ckpt_path: str) -> float:
+    """The global-batch mean loss: the loop's one host sync (all-reduce, .item()). A non-finite loss stops the run
+    before anything of it is checkpointed (the NaN guard)."""
+    if world > 1:
+        dist.all_reduce(loss_sum)                       # gloo has no AVG: sum over ranks, divide below
+    loss_val = loss_sum.item() / (accum * world)
+    if math.isfinite(loss_val):
+        return loss_val
+    kept = f"{ckpt_path} is the last good checkpoint" if os.path.exists(ckpt_path) else "no checkpoint yet"
+    cause = ("before any optimizer step the learning rate is not the cause: check the model flags (--norm-eps, "
+             "--logit-softcap, --rope-base, --state-init-std, --vocab-size) and the data" if step == 0 else
+             "after fixing the cause (e.g. a lower --muonh-lr), --resume")
+    raise FloatingPointError(f"non-finite training loss {loss_val} at step {step + 1}/{total_steps}; stopping "
+                             f"before it is checkpointed. {kept}; {cause}")
+
+
+def state_noise(model, seed: int, first: int, rows: int, device):
+    """(rows, T, d) N(0, 1) for the random state init: one draw per global batch row, seeded by (seed, row), so
+    every row gets its own noise and the run does not depend on the world size. None for the prelude init."""
+    if model.state_init != "random":
+        return None
+    gen, out = torch.Generator(device=device), []
+    for row in range(first, first + rows):
+        gen.manual_seed(int.from_bytes(hashlib.sha256(f"{seed}:{row}".encode()).digest()[:8], "little"))
+        out.append(torch.randn(model.cfg.seq_len, model.cfg.d_model, generator=gen, device=device))   # (T, d)
+    return torch.stack(out)                                                                          # (rows, T, d)
+
+
+def fault_hook():
+    """NANOLOOP_FAULT="nan@K,kill@K" (tests only; module docstring) -> hook(step, model), called at the top of every
+    step (step = the 0-based index about to run). A no-op when the variable is unset."""
+    faults = {k: int(v) for k, _, v in (i.partition("@") for i in os.environ.get("NANOLOOP_FAULT", "").split(",") if i)}
+
+    def hook(step, model):
+        if faults.get("nan") == step + 1:             # a diverged run: every logit (and the loss) is NaN
+            model.lm_head.weight.data.fill_(float("nan"))
+        if faults.get("kill") == step:                # step K and its checkpoint are done: die like a preempted job
+            os.kill(os.getpid(), signal.SIGKILL)
+    return hook
+
+
+def read_log(log_path: str, upto: int) -> list:
+    """The lines of log.jsonl whose step is <= upto (the rest is about to be redone). A kill mid-append leaves at
+    most a cut-short tail after the last newline: dropped, with a message (rule 3). Any other line that is not a
+    train.py record means the file is not this run's log: an error naming it and the line; the file is untouched."""
+    lines = open(log_path, "rb").read().split(b"\n") if os.path.exists(log_path) else [b""]
+    if lines[-1]:
+        print0(f"{log_path}: dropped a torn last line ({lines[-1][:40]!r}), the trace of a kill mid-write")
+    kept = []
+    for i, ln in enumerate(lines[:-1], 1):
+        try:
+            kept += [ln.decode() + "\n"] if int(json.loads(ln)["step"]) <= upto else []
+        except (ValueError, KeyError, TypeError):   # not JSON (or not UTF-8), not an object, no integer step
+            raise ValueError(f"{log_path} line {i} is not a train.py record ({ln[:60]!r}); move it away") from None
+    return kept
+
+
+# -----------------------------------------------------------------------------
+# What is printed and recorded: every derived quantity with its rule, the record's common part, git provenance
+
+def peak_flops(dev_name: str, override: Optional[float] = None) -> tuple:
+    """(peak FLOP/s per device or None, rule): --peak-flops, else PEAK_FLOPS by the longest key found as whole words
+    in the device name; None (MFU n/a) for a device not in the table, never another device's figure."""
+    if override:
+        return override, "--peak-flops"
+    for key in sorted(PEAK_FLOPS, key=len, reverse=True):
+        if re.search(rf"(?<![A-Za-z0-9]){re.escape(key)}(?![A-Za-z0-9])", dev_name, re.IGNORECASE):
+            return PEAK_FLOPS[key], f"PEAK_FLOPS[{key!r}]: dense bf16 datasheet figure for {dev_name!r}"
+    return None, f"n/a: {dev_name!r} is not in PEAK_FLOPS (datasheet figures); pass --peak-flops for an MFU figure"
+
+
+def inductor_cache(sdpa_backend: str) -> str:
+    """Inductor's on-disk caches (FX graphs, kernels) in one stable folder per user, unless TORCHINDUCTOR_CACHE_DIR
+    is set: the second process compiling the same cell shape loads them (issue 25 §5; measured on an H200 at s = 6:
+    the first step 40-46 s cold, 4-5 s warm). One folder per --sdpa-backend: the cache key ignores the SDPA kernel
+    choice, so a graph cached under one backend was reused under another (measured). Returns the rule."""
+    import torch._inductor.config
+    torch._inductor.config.fx_graph_cache = True
+    default = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "nanoloop",
+                           "inductor", f"sdpa-{sdpa_backend}")
+    rule = "set by you" if os.environ.get("TORCHINDUCTOR_CACHE_DIR") else "default; TORCHINDUCTOR_CACHE_DIR moves it"
+    return f"{os.environ.setdefault('TORCHINDUCTOR_CACHE_DIR', default)} ({rule})"
+
 
 def startup_print(run, world: int, peak, peak_rule: str) -> tuple:
     """Print every derived quantity once, with its rule; return (estimated device-hours, --plan's device batch)."""
@@ -819,23 +760,6 @@ def summary(cfg, tc, g) -> dict:
             "batch_tokens": g.B}
 
 
-def read_log(log_path: str, upto: int) -> list:
-    """The lines of log.jsonl whose step is <= upto (the rest is about to be redone). A kill mid-append leaves at
-    most a cut-short tail after the last newline: dropped, with a message (rule 3). Any other line that is not a
-    train.py record means the file is not this run's log: an error naming it and the line; the file is untouched."""
-    lines = open(log_path, "rb").read().split(b"\n") if os.path.exists(log_path) else [b""]
-    if lines[-1]:
-        print0(f"{log_path}: dropped a torn last line ({lines[-1][:40]!r}), the trace of a kill mid-write")
-    kept = []
-    for i, ln in enumerate(lines[:-1], 1):
-        try:
-            kept += [ln.decode() + "\n"] if int(json.loads(ln)["step"]) <= upto else []
-        except (ValueError, KeyError, TypeError):   # not JSON (or not UTF-8), not an object, no integer step
-            raise ValueError(f"{log_path} line {i} is not a train.py record ({ln[:60]!r}): not this run's log; move "
-                             "it away and rerun (the run resumes from its checkpoint without it)") from None
-    return kept
-
-
 def git_info() -> dict:
     """Commit, dirty flag and a hash of the uncommitted diff (style B9), or None where git is unavailable."""
     git = lambda *a: subprocess.run(["git", "-C", os.path.dirname(os.path.abspath(__file__)), *a], check=True,
@@ -848,23 +772,62 @@ def git_info() -> dict:
         return {"git_commit": None, "git_dirty": None, "git_diff_sha256": None}
 
 
-# The CLI: a refusal (bad input, another run's files, a model that cannot fit) is one line and exit status 2, before
-# any work; a failure while running (a NaN loss, a full disk, out of memory) one line and 1; Ctrl-C 130. The details
-# a developer needs are in tracebacks of in-process callers (runs/mini.sh logs them).
-if __name__ == "__main__":
-    mcfg, tcfg = parse_args()
+# -----------------------------------------------------------------------------
+# CLI: one flat parser generated from ModelConfig + TrainConfig by common.add_dataclass_flags (style B5)
+
+def parse_args(argv=None) -> tuple:
+    """argv (list of str, None = sys.argv[1:]) -> (ModelConfig, TrainConfig). Every value is checked here, once:
+    its LIMITS row as the flag is parsed, then the choices, the one horizon and --init-from's architecture. A bad
+    one exits 2 with one line."""
+    p = common.Parser(prog="train.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for cls in (ModelConfig, TrainConfig):
+        common.add_dataclass_flags(p, cls, LIMITS)
+    # argparse fills in a default only for a dest the namespace lacks: a model field still UNSET after parsing was
+    # not on the command line (how --init-from tells "--n-loops 1" typed from n_loops left at its default 1)
+    unset, names = object(), [f.name for f in dataclasses.fields(ModelConfig)]
+    ns = p.parse_args(argv, argparse.Namespace(**dict.fromkeys(names, unset)))
+    typed = {k for k in names if getattr(ns, k) is not unset}
+    horizons = [f"--{k.replace('_', '-')}" for k in ("flops_budget", "tokens", "tokens_per_param", "steps")
+                if getattr(ns, k) is not None]
     try:
-        main(mcfg, tcfg)
-    except ValueError as err:                                  # bad input or a refusal: one line, exit 2
+        for name, allowed in CHOICES.items():
+            need(getattr(ns, name) in allowed, f"--{name.replace('_', '-')} must be one of "
+                 f"{', '.join(str(a or 'auto') for a in allowed)}, got {getattr(ns, name)!r}")
+        need(len(horizons) == 1, "give exactly one horizon: --flops-budget, --tokens, --tokens-per-param or --steps "
+             f"(got {horizons or 'none'})")
+        need(ns.eval_tokens != 0, "--eval-tokens must be > 0 or -1 (the whole val split), got 0")
+        model_cfg = ModelConfig(**{k: getattr(ns, k) for k in typed})   # a model field not typed: its default
+        train_cfg = TrainConfig(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(TrainConfig)})
+        if train_cfg.init_from:              # every model flag typed must be the checkpoint's, default-valued ones too
+            init_architecture(model_cfg, train_cfg.init_from, typed)
+        return model_cfg, train_cfg
+    except ValueError as err:                # e.g. r does not divide 16, two horizons, a flag --init-from contradicts
+        p.error(str(err))
+
+
+def need(ok, why: str) -> None:
+    """Refuse unless ok: a ValueError whose one line the CLI prints before exiting 2 (README "Guarantees", rule 5)."""
+    if not ok:
+        raise ValueError(why)
+
+
+# A refusal (bad input, another run's files, a model that cannot fit) is one line and exit status 2, before any
+# work; a failure while running (a NaN loss, a full disk, out of memory) one line and 1; Ctrl-C 130. The details a
+# developer needs are in tracebacks of in-process callers (runs/mini.sh logs them).
+if __name__ == "__main__":
+    try:
+        main(*parse_args())
+    except ValueError as err:
         common.fail("train.py", err)
-    except (FloatingPointError, OSError, torch.cuda.OutOfMemoryError) as err:   # NaN, disk, memory: one line, exit 1
+    except (FloatingPointError, OSError, torch.cuda.OutOfMemoryError) as err:
+        oom = isinstance(err, torch.cuda.OutOfMemoryError)
         print(f"train.py: error: {common.first_line(err)}" + (" (pass a smaller --device-batch, then rerun with "
-              "--resume)" if isinstance(err, torch.cuda.OutOfMemoryError) else ""), file=sys.stderr)
+              "--resume)" if oom else ""), file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
         print("train.py: interrupted; rerun the same command with --resume to continue from the last checkpoint",
               file=sys.stderr)
-        sys.exit(130)                                          # the shell's status for SIGINT
+        sys.exit(130)                        # the shell's status for SIGINT
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
