@@ -136,30 +136,18 @@ class TrainConfig:
 IDENTITY_DEFAULTS = {f.name: f.default for cls in (ModelConfig, TrainConfig) for f in dataclasses.fields(cls)}
 
 # Allowed values of every int / float field of ModelConfig and TrainConfig, in common.py's interval notation,
-# checked once, when the CLI parses the flag (common.number). Counts stop at flops.py's MAX_COUNT (1e9). Rules
+# checked once, when the CLI parses the flag (common.number). Counts stop at flops.py's MAX_COUNT (1e9); seed at
+# numpy's range; eval_tokens -1 = the whole val split (0 is refused by parse_args); device_batch 0 = auto. Rules
 # across fields stay in ModelConfig.__post_init__ and parse_args. A test checks every numeric field has a row.
-LIMITS = {
-    # ModelConfig (model.py)
-    "scale": ("[1, 1e9]", "width multiplier s"), "aspect_ratio": ("[1, 1e9]", "d_model / s; 64 in the paper"),
-    "n_loops": ("[1, 16]", "recurrences r"), "n_layers_eff": ("[1, 1e9]", "effective depth l_eff; 20 in the paper"),
-    "n_layers_prelude": ("[0, 1e9]", "prelude blocks"), "n_layers_coda": ("[0, 1e9]", "coda blocks"),
-    "head_dim": ("[2, 1e9]", "attention head width"), "vocab_size": ("[2, 1e9]", "vocabulary; default: the data's"),
-    "seq_len": ("[1, 1e9]", "context length T; must equal the data's"), "hc_lanes": ("[2, 1e9]", "hc lanes K"),
-    "state_init_std": ("(0, 1000]", "sigma of the random initial state"),
-    "n_loops_bwd": ("[1, 16]", "gradient window r_bwd; none = full BPTT"),
-    "logit_softcap": ("(0, 10000]", "logit soft cap; Table 4: 15"), "rope_base": ("(1, 1e12]", "RoPE theta"),
-    "norm_eps": ("(0, 0.1]", "RMSNorm epsilon; Table 4: 1e-6"),
-    # TrainConfig
-    "flops_budget": ("(0, 1e30]", "compute budget C in FLOPs; the grid spans 4.64e17 to 2.15e19"),
-    "tokens": ("[1, inf)", "training tokens D"), "tokens_per_param": ("(0, 1e9]", "tokens per parameter rho"),
-    "steps": ("[1, inf)", "optimizer steps"), "batch_tokens": ("[1, inf)", "tokens per optimizer step B"),
-    "device_batch": ("[0, inf)", "rows per rank per micro-step; 0 or auto = the largest that fits"),
-    "muonh_lr": ("(0, 10]", "base MuonH LR"), "d_ref": ("(0, inf)", "HyperP D_ref; none = the family constant"),
-    "lr_batch_ref": ("[1, inf)", "HyperP reference batch"), "eval_every": ("[0, inf)", "steps between val evals"),
-    "eval_tokens": ("[-1, inf)", "val tokens per eval; -1 = the whole val split"),
-    "ckpt_every": ("[0, inf)", "steps between checkpoints"), "log_every": ("[1, inf)", "steps between loss reads"),
-    "seed": ("[0, 4294967295]", "random seed; numpy's range"), "peak_flops": ("(0, 1e20]", "peak FLOP/s per device"),
-}
+LIMITS = {k: (v,) for k, v in dict(
+    scale="[1, 1e9]", aspect_ratio="[1, 1e9]", n_loops="[1, 16]", n_layers_eff="[1, 1e9]", n_layers_prelude="[0, 1e9]",
+    n_layers_coda="[0, 1e9]", head_dim="[2, 1e9]", vocab_size="[2, 1e9]", seq_len="[1, 1e9]", hc_lanes="[2, 1e9]",
+    state_init_std="(0, 1000]", n_loops_bwd="[1, 16]", logit_softcap="(0, 10000]", rope_base="(1, 1e12]",
+    norm_eps="(0, 0.1]", flops_budget="(0, 1e30]", tokens="[1, inf)", tokens_per_param="(0, 1e9]", steps="[1, inf)",
+    batch_tokens="[1, inf)", device_batch="[0, inf)", muonh_lr="(0, 10]", d_ref="(0, inf)", lr_batch_ref="[1, inf)",
+    eval_every="[0, inf)", eval_tokens="[-1, inf)", ckpt_every="[0, inf)", log_every="[1, inf)",
+    seed="[0, 4294967295]", peak_flops="(0, 1e20]").items()}
+
 
 
 # -----------------------------------------------------------------------------
@@ -171,9 +159,8 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     # ---- 1. Setup: ranks, every refusal (preflight), the derived quantities printed with their rules ------------
     t_start = time.time()
     rank, world, device = common.init_dist()   # torchrun env -> nccl (CUDA) / gloo (CPU); plain python -> (0, 1, dev)
-    master = rank == 0
     run = preflight(model_cfg, train_cfg, rank, world, device)   # rank 0 has claimed out_dir if it will write there
-    cfg, tc, g = run.cfg, run.tc, run.g
+    cfg, tc, g, master = run.cfg, run.tc, run.g, rank == 0
     ckpt_path, done_path, log_path = (os.path.join(tc.out_dir, n) for n in (CKPT_NAME, DONE_NAME, LOG_NAME))
     if run.status == "finished" and not tc.plan:            # a sweep relaunches every run with --resume
         print0(f"{done_path} exists: the run is finished (same run identity); returning its record")
@@ -215,13 +202,12 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
                                        tokenizer_hash=run.facts.tok_hash) for split in ("train", "val"))
     # Resume: weights, optimizer (R, momenta, Adam moments), loader position, RNG, step, elapsed wall time; with
     # deterministic CPU kernels a resumed run is bitwise equal to an uninterrupted one (tests). Rank 0 checked the
-    # checkpoint in preflight (this run's identity, weights that fit the model).
+    # checkpoint in preflight: this run's identity, weights that fit the model.
     start_step, wall_before, last_val = 0, 0.0, None
     if run.status == "resume":
         ck, run.held = run.held, None
-        raw_model.load_state_dict(ck["model"])
-        optimizer.load_state_dict(ck["optimizer"])
-        loader.load_state_dict(ck["loader"])
+        for part, key in ((raw_model, "model"), (optimizer, "optimizer"), (loader, "loader")):
+            part.load_state_dict(ck[key])
         torch.set_rng_state(ck["rng"]["torch"])               # rank 0's; every rank draws the same numbers
         if ck["rng"]["cuda"] is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state(ck["rng"]["cuda"])
@@ -257,7 +243,10 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     t_loop = t_log = time.time()
     last_log = start_step
     for step in range(start_step, total_steps):
-        run.hook(step, raw_model)                           # test faults (NANOLOOP_FAULT); no-op otherwise
+        if run.faults.get("nan") == step + 1:               # test fault: a diverged run, every logit NaN
+            raw_model.lm_head.weight.data.fill_(float("nan"))
+        if run.faults.get("kill") == step:                  # test fault: step K and its checkpoint are done, then
+            os.kill(os.getpid(), signal.SIGKILL)            # die like a preempted job
         lr_mult = lr_multiplier(step, total_steps)          # 0.1 + 0.9 (N - step) / N  (§4.1)
         set_lr_multiplier(optimizer, lr_mult)
         loss_sum = torch.zeros((), device=device)           # sum of micro-batch mean losses, on the device
@@ -338,11 +327,15 @@ def preflight(model_cfg, tc, rank: int, world: int, device) -> SimpleNamespace:
     (out_dir_state, which then claims it). Returns the resolved run; --plan without a prepared --data checks what
     needs none."""
     cfg, init_state, init_tok, init_id, facts = model_cfg, None, None, None, None
-    if tc.init_from:
+    if tc.init_from:                         # its identity: a hash of the weights' names, dtypes, shapes and bytes
         cfg, init_state, init_tok = init_architecture(model_cfg, tc.init_from)
-        init_id = weights_identity(init_state)
-        print0(f"init-from {tc.init_from}: weights and architecture from the checkpoint (d_model {cfg.d_model}, r "
-               f"{cfg.n_loops}, layout {'-'.join(map(str, cfg.partition))}, {cfg.injection}); fresh optimizer, step 0")
+        h = hashlib.sha256()
+        for name, t in sorted(init_state.items()):
+            t = t.detach().cpu().contiguous()
+            h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy())
+        init_id = h.hexdigest()[:16]
+        print0(f"init-from {tc.init_from}: weights and architecture from the checkpoint; fresh optimizer, step 0")
     with_data = not tc.plan or os.path.isdir(tc.data)   # --plan needs no data; with it, it reports the out-dir's state
     if with_data:
         cfg, facts = check_data(cfg, tc, init_tok)
@@ -356,17 +349,16 @@ def preflight(model_cfg, tc, rank: int, world: int, device) -> SimpleNamespace:
     # fp32 weights, gradients and two optimizer moments = 4 x the weights (checkpoint.model_bytes), before any
     # allocation: --vocab-size 1e9 is a one-line refusal naming its size, never the allocator's error
     state, (have, what) = 4 * model_bytes(cfg)[1], device_memory(device)
-    need(state <= have or tc.plan, f"the model does not fit: d_model {cfg.d_model}, l_eff {cfg.n_layers_eff}, vocab "
-         f"{cfg.vocab_padded:,} padded, seq_len {cfg.seq_len:,}: its weights, gradients and optimizer state need "
+    need(state <= have or tc.plan, f"the model does not fit: its weights, gradients and optimizer state need "
          f"{state / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB of {what}")
     identity = facts and run_identity(cfg, tc, facts.identity, init_id, "bf16" if use_bf16 else "fp32", attn,
                                       use_compile)
-    status, held = out_dir_state(tc, cfg, identity, rank, world) if with_data else ("unknown (no prepared --data)", None)
+    status, held = out_dir_state(tc, cfg, identity, rank, world) if with_data else ("unknown (no --data)", None)
+    faults = (i.partition("@") for i in os.environ.get("NANOLOOP_FAULT", "").split(",") if i)   # tests only
     return SimpleNamespace(cfg=cfg, tc=tc, g=g, facts=facts, identity=identity, status=status, held=held,
                            init_state=init_state, use_bf16=use_bf16, attn=attn, use_compile=use_compile,
-                           hook=fault_hook(), state_bytes=state, device=device,
+                           faults={k: int(v) for k, _, v in faults}, state_bytes=state, device=device,
                            dev_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
-
 
 def out_dir_state(tc, cfg, identity: dict, rank: int, world: int) -> tuple:
     """("finished", done.json's record), ("resume", ckpt.pt's dict) or ("fresh", None). Rank 0 alone decides: it
@@ -387,9 +379,8 @@ def out_dir_state(tc, cfg, identity: dict, rank: int, world: int) -> tuple:
                 try:
                     held = common.read_json(path, {"val_loss": (float, "(0, inf)"), "identity": (dict, None)})
                     common.require(held, ("val_loss", "steps", "tokens"), path)
-                except ValueError as e:
-                    why = str(e).replace(f"{path}: ", "")
-                    raise ValueError(f"{path} is not a train.py record ({why}); move it away to train again") from None
+                except ValueError as e:      # a 0-byte, torn or foreign done.json
+                    raise ValueError(f"{e}; not a train.py record: move it away to train again") from None
             elif status == "resume":         # one-line ValueErrors naming the file
                 held = read_checkpoint(path, CKPT_KEYS)
             diff = common.identity_diff(held.get("identity"), identity, IDENTITY_DEFAULTS) if held else []
@@ -417,15 +408,14 @@ def out_dir_state(tc, cfg, identity: dict, rank: int, world: int) -> tuple:
     need(err is None, err)
     return status, read_checkpoint(ckpt_path, CKPT_KEYS) if rank and status == "resume" else held
 
-
 def check_data(cfg, tc, init_tok_hash) -> tuple:
     """The prepared data against the model: equal seq_len (no silent re-packing), one tokenizer for both splits (and
     --tokenizer's and the --init-from checkpoint's, when given), the vocabulary (the default --vocab-size takes the
     data's), enough val rows for --eval-tokens. Returns (cfg with its vocabulary, the data's facts)."""
     meta, val_meta = read_meta(tc.data, "train"), read_meta(tc.data, "val")   # one line if not a prepared dir
-    for name, m in (("train", meta), ("val", val_meta)):
-        need(m["seq_len"] == cfg.seq_len, f"data {tc.data} ({name}) was packed with seq_len {m['seq_len']} but the "
-             f"model has --seq-len {cfg.seq_len}; pass --seq-len {m['seq_len']} or re-pack")
+    for m in (meta, val_meta):
+        need(m["seq_len"] == cfg.seq_len, f"data {tc.data} was packed with seq_len {m['seq_len']} but the model has "
+             f"--seq-len {cfg.seq_len}; pass --seq-len {m['seq_len']} or re-pack")
     tok = meta.get("tokenizer_hash")                # the authors' published metas carry no hash (data.md §2)
     need(val_meta.get("tokenizer_hash") == tok, f"data {tc.data}: train and val splits were tokenised differently")
     need(not tc.tokenizer or (tok is not None and load_tokenizer(tc.tokenizer).identity == tok), f"--tokenizer "
@@ -445,7 +435,6 @@ def check_data(cfg, tc, init_tok_hash) -> tuple:
     return cfg, SimpleNamespace(tok_hash=tok, eval_rows=eval_rows, vocab_rule=vocab_rule,
                                 identity=data_identity(tc.data))
 
-
 def init_architecture(model_cfg, init_from: str, typed=None) -> tuple:
     """--init-from: (the checkpoint's ModelConfig with this run's n_loops_bwd, its state dict, its tokenizer hash).
     The architecture is the checkpoint's: a model flag typed on the command line (typed: their names) must equal it,
@@ -461,35 +450,19 @@ def init_architecture(model_cfg, init_from: str, typed=None) -> tuple:
     return (dataclasses.replace(model.cfg, n_loops_bwd=model_cfg.n_loops_bwd), model.state_dict(),
             ck.get("tokenizer_hash"))
 
-
-# Run identity (rule 1): what a record or checkpoint must match before it is handed back or continued
 def run_identity(model_cfg, train_cfg, data_id, init_id, precision, attn, compile) -> dict:
-    """Everything that can change this run's result: every ModelConfig field (as trained: the vocabulary taken from the
-    data, the architecture from --init-from) and every TrainConfig field not in IDENTITY_EXCLUDED, with data = the
-    data's content identity, init_from = the initial weights' identity, and precision / attn / compile as resolved."""
+    """Rule 1, what a record or checkpoint must match to be handed back or continued: every ModelConfig field (as
+    trained: the vocabulary taken from the data, the architecture from --init-from) and every TrainConfig field not
+    in IDENTITY_EXCLUDED, with data = the data's content identity, init_from = the initial weights' identity, and
+    precision / attn / compile as resolved."""
     ident = {k: v for k, v in {**asdict(model_cfg), **asdict(train_cfg)}.items() if k not in IDENTITY_EXCLUDED}
-    ident.update(data=data_id, init_from=init_id, precision=precision, attn=attn, compile=compile)
-    return ident
-
-
-def weights_identity(state: dict) -> str:
-    """A hash of a state dict's names, dtypes, shapes and bytes: the --init-from checkpoint's identity (a run's own
-    identity would not say which of its steps the weights are from)."""
-    h = hashlib.sha256()
-    for name in sorted(state):
-        t = state[name].detach().cpu().contiguous()
-        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy())
-    return h.hexdigest()[:16]
-
+    return dict(ident, data=data_id, init_from=init_id, precision=precision, attn=attn, compile=compile)
 
 def device_memory(device) -> tuple:
     """(bytes, what): CUDA's total memory, else the physical RAM; NANOLOOP_MEMORY_CAP (bytes) caps it (a smaller
     device, simulated: the tests' hook for the memory refusal and the device-batch pick)."""
-    if device.type == "cuda":
-        have, what = torch.cuda.get_device_properties(device).total_memory, torch.cuda.get_device_name(device)
-    else:
-        have, what = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "physical RAM"
+    have, what = (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "physical RAM") if device.type != "cuda" \
+        else (torch.cuda.get_device_properties(device).total_memory, torch.cuda.get_device_name(device))
     cap = os.environ.get("NANOLOOP_MEMORY_CAP")
     return (min(have, int(float(cap))), f"NANOLOOP_MEMORY_CAP={cap}") if cap else (have, what)
 
@@ -519,8 +492,7 @@ def derive(cfg, tc, world: int) -> SimpleNamespace:
         steps = flops.tokens_for_budget(C, F, B)[0] if C else N or (round(D / B) if D else lr_tokens // B)
     except ValueError as err:                        # the budget buys no step
         raise ValueError(f"horizon: {err}") from None
-    need(steps >= 1, f"horizon: {lr_tokens:,} tokens are less than {'half of ' if D else ''}one optimizer step of "
-         f"{B:,} tokens")
+    need(steps >= 1, f"horizon: {lr_tokens:,} tokens are less than {'half of ' if D else ''}one optimizer step")
     rule = ("steps = round(C / (F B)); D_lr = int(C / F)" if C else "D = steps x B = D_lr" if N else
             "steps = round(D / B); D_lr = D" if D else "D_lr = int(rho (N_once + r N_rec)); steps = D_lr // B")
     # Peak LRs: eta_base through HyperP's width / batch / data corrections (App. D.2), computed once from (d, D, B, r);
@@ -544,7 +516,6 @@ def release_device_batch(scale: int, per_rank: int) -> int:
     rank not above it: the fallback where nothing can be measured (--plan builds no model)."""
     rule = 32 if scale < 18 else 16 if scale < 30 else 8
     return max(k for k in range(1, min(rule, per_rank) + 1) if per_rank % k == 0)
-
 
 def probe(model, rows: int, autocast, budget=None):
     """One micro-step of `rows` rows of zeros. budget None: the bytes autograd saves for the backward (the
@@ -575,7 +546,6 @@ def probe(model, rows: int, autocast, budget=None):
         model.zero_grad(set_to_none=True)
         torch.cuda.empty_cache()
 
-
 def pick_device_batch(model, tc, g, world: int, autocast, static: int) -> tuple:
     """(rows per micro-step, rule). Auto: the largest divisor k of the rows per rank whose micro-step fits; every
     divisor is a candidate (no power-of-two cap: at s = 6, B = 128 rows of 2048, an H200 tries 128, then 64, ...).
@@ -597,13 +567,12 @@ def pick_device_batch(model, tc, g, world: int, autocast, static: int) -> tuple:
         rows = int(t.item())
     need(rows, f"one row of {model.cfg.seq_len} tokens does not fit in {have / 2**30:,.1f} GiB ({what}) beside the "
          "weights and optimizer state: shorten --seq-len, truncate BPTT (--n-loops-bwd) or use a smaller model")
-    return rows, f"largest divisor of {g.per_rank} rows per rank whose " + (
-        "trial micro-step fits" if device.type == "cuda" else f"state {static / 2**20:,.1f} MiB + 1.2 x saved "
-        f"activations ({max(two - one, 1) / 2**20:,.2f} MiB a row) fit") + f" {have / 2**30:,.2f} GiB ({what})"
+    return rows, f"largest divisor of {g.per_rank} rows per rank whose " + ("trial micro-step fits" if device.type ==
+                  "cuda" else f"memory model fits") + f" {have / 2**30:,.2f} GiB ({what})"
 
 
 # -----------------------------------------------------------------------------
-# The loop's helpers: the one file writer, the one host sync (the NaN guard), the state noise, the test faults
+# The loop's helpers: the one file writer, the one host sync (the NaN guard), the state noise, the log's repair
 
 def save(path: str, data, kept: str) -> None:
     """Write one of the run's own files (ckpt.pt, done.json) atomically: a full disk or a kill leaves the previous
@@ -617,22 +586,19 @@ def save(path: str, data, kept: str) -> None:
         why = os.strerror(e.errno) if e is not None else common.first_line(err)
         raise OSError(f"could not write {path}: {why}; {kept}. Free space, then rerun with --resume") from None
 
-
 def read_loss(loss_sum, step: int, total_steps: int, accum: int, world: int, ckpt_path: str) -> float:
     """The global-batch mean loss: the loop's one host sync (all-reduce, .item()). A non-finite loss stops the run
-    before anything of it is checkpointed (the NaN guard)."""
+    before anything of it is checkpointed (the NaN guard); before the first optimizer step the LR is not the cause."""
     if world > 1:
         dist.all_reduce(loss_sum)                       # gloo has no AVG: sum over ranks, divide below
     loss_val = loss_sum.item() / (accum * world)
     if math.isfinite(loss_val):
         return loss_val
     kept = f"{ckpt_path} is the last good checkpoint" if os.path.exists(ckpt_path) else "no checkpoint yet"
-    cause = ("before any optimizer step the learning rate is not the cause: check the model flags (--norm-eps, "
-             "--logit-softcap, --rope-base, --state-init-std, --vocab-size) and the data" if step == 0 else
-             "after fixing the cause (e.g. a lower --muonh-lr), --resume")
+    fix = ("the learning rate is not the cause: check --norm-eps, --logit-softcap, --rope-base, --state-init-std, "
+           "--vocab-size and the data" if step == 0 else "after fixing the cause (e.g. a lower --muonh-lr), --resume")
     raise FloatingPointError(f"non-finite training loss {loss_val} at step {step + 1}/{total_steps}; stopping "
-                             f"before it is checkpointed. {kept}; {cause}")
-
+                             f"before it is checkpointed. {kept}; {fix}")
 
 def state_noise(model, seed: int, first: int, rows: int, device):
     """(rows, T, d) N(0, 1) for the random state init: one draw per global batch row, seeded by (seed, row), so
@@ -644,20 +610,6 @@ def state_noise(model, seed: int, first: int, rows: int, device):
         gen.manual_seed(int.from_bytes(hashlib.sha256(f"{seed}:{row}".encode()).digest()[:8], "little"))
         out.append(torch.randn(model.cfg.seq_len, model.cfg.d_model, generator=gen, device=device))   # (T, d)
     return torch.stack(out)                                                                          # (rows, T, d)
-
-
-def fault_hook():
-    """NANOLOOP_FAULT="nan@K,kill@K" (tests only; module docstring) -> hook(step, model), called at the top of every
-    step (step = the 0-based index about to run). A no-op when the variable is unset."""
-    faults = {k: int(v) for k, _, v in (i.partition("@") for i in os.environ.get("NANOLOOP_FAULT", "").split(",") if i)}
-
-    def hook(step, model):
-        if faults.get("nan") == step + 1:             # a diverged run: every logit (and the loss) is NaN
-            model.lm_head.weight.data.fill_(float("nan"))
-        if faults.get("kill") == step:                # step K and its checkpoint are done: die like a preempted job
-            os.kill(os.getpid(), signal.SIGKILL)
-    return hook
-
 
 def read_log(log_path: str, upto: int) -> list:
     """The lines of log.jsonl whose step is <= upto (the rest is about to be redone). A kill mid-append leaves at
@@ -688,7 +640,6 @@ def peak_flops(dev_name: str, override: Optional[float] = None) -> tuple:
             return PEAK_FLOPS[key], f"PEAK_FLOPS[{key!r}]: dense bf16 datasheet figure for {dev_name!r}"
     return None, f"n/a: {dev_name!r} is not in PEAK_FLOPS (datasheet figures); pass --peak-flops for an MFU figure"
 
-
 def inductor_cache(sdpa_backend: str) -> str:
     """Inductor's on-disk caches (FX graphs, kernels) in one stable folder per user, unless TORCHINDUCTOR_CACHE_DIR
     is set: the second process compiling the same cell shape loads them (issue 25 §5; measured on an H200 at s = 6:
@@ -701,46 +652,41 @@ def inductor_cache(sdpa_backend: str) -> str:
     rule = "set by you" if os.environ.get("TORCHINDUCTOR_CACHE_DIR") else "default; TORCHINDUCTOR_CACHE_DIR moves it"
     return f"{os.environ.setdefault('TORCHINDUCTOR_CACHE_DIR', default)} ({rule})"
 
-
 def startup_print(run, world: int, peak, peak_rule: str) -> tuple:
     """Print every derived quantity once, with its rule; return (estimated device-hours, --plan's device batch)."""
     cfg, tc, g, r, (p, rec, c) = run.cfg, run.tc, run.g, run.cfg.n_loops, run.cfg.partition
-    device_batch, db_rule = tc.device_batch, "--device-batch"
-    if not device_batch:                     # auto: measured on the built model (main); --plan builds nothing
-        device_batch = release_device_batch(cfg.scale, g.per_rank) if tc.plan else None
-        db_rule = "release rule 32 / 16 (s >= 18) / 8 (s >= 30) in --plan" if tc.plan else "auto: measured below"
-    bptt = "full" if cfg.n_loops_bwd in (None, r) else f"truncated: last {cfg.n_loops_bwd} of {r} loops"
+    db = tc.device_batch or (release_device_batch(cfg.scale, g.per_rank) if tc.plan else None)   # else: main measures
     hours = g.tokens * g.F / (PLAN_MFU * (peak or PEAK_FLOPS["H100"])) / 3600
-    ref = f"; b = (B/{tc.lr_batch_ref})^0.558, w = (d/{g.width_ref})^-0.5  (optimizer §2)"
+    lr_rule = dict(muonh_lr=f"{tc.muonh_lr} b (D/D_ref)^-0.32", wte_lr="0.3 b w", lm_head_lr="0.004 b w",
+                   norm_lr="0.005 w", hc_lr="0.01 w")
     rows = [("vocab_size", cfg.vocab_size, run.facts.vocab_rule if run.facts else "--vocab-size"),
-            ("d_model", cfg.d_model, f"aspect_ratio x scale = {cfg.aspect_ratio} x {cfg.scale}  (§3.1)"),
-            ("n_head", cfg.n_head, f"d_model / head_dim = {cfg.d_model} / {cfg.head_dim}"),
+            ("d_model, n_head", f"{cfg.d_model}, {cfg.n_head}", f"{cfg.aspect_ratio} x scale {cfg.scale} (§3.1), "
+             f"d_model / head_dim {cfg.head_dim}"),
             ("layout p-recur-c", f"{p}-{rec}-{c}", f"l_eff = {p} + {r} x {rec} + {c} = {cfg.n_layers_eff} (§3.1)"),
             ("injection", cfg.injection if r > 1 else "none (r = 1)", "Eq. 5 linear default; App. C.2 / G.1"),
-            ("bptt", bptt, "Eq. 6; truncation only when --n-loops-bwd is given"),
+            ("bptt", "full" if cfg.n_loops_bwd in (None, r) else f"truncated: last {cfg.n_loops_bwd} of {r} loops",
+             "Eq. 6; truncation only when --n-loops-bwd is given"),
             ("n_once + n_rec", f"{g.n_once:,} + {g.n_rec:,}", "N, non-embedding, norm gains included (Table 6)"),
             ("flops_per_token", f"{g.F:,}", "F_train: 6 N_exec + attention 12 d T per layer + 6 d V_pad  (§3.2)"),
             ("batch", f"{g.B:,} tok = {g.batch_rows} rows", f"{g.per_rank} rows per rank x {world} ranks"),
-            ("device batch", device_batch or "auto", db_rule),
-            ("steps", f"{g.steps:,}", g.horizon_rule), ("tokens", f"{g.tokens:,}", "steps x B (whole steps)"),
-            ("flops", f"{g.tokens * g.F:.4g}", f"tokens x F (budget {tc.flops_budget or 'none'})"),
+            ("device batch", db or "auto", "--device-batch" if tc.device_batch else "release rule 32 / 16 (s >= 18) "
+             "/ 8 (s >= 30) in --plan" if tc.plan else "auto: measured below"),
+            ("steps", f"{g.steps:,}", g.horizon_rule),
+            ("tokens, flops", f"{g.tokens:,}, {g.tokens * g.F:.4g}", f"steps x B, x F (budget {tc.flops_budget})"),
             ("lr data tokens D", f"{g.lr_tokens:,}", "enters (D / D_ref)^-0.32 on MuonH  (App. D.2)"),
             ("D_ref", f"{g.d_ref:,.0f}", "--d-ref" if tc.d_ref is not None else "10 x effective params of the s=10 "
              f"reference (d={g.width_ref}, l_eff={cfg.n_layers_eff})  (optimizer §2.3)"),
-            *((k, f"{v:.6g}", {"muonh_lr": f"{tc.muonh_lr} b (D/D_ref)^-0.32", "wte_lr": "0.3 b w", "lm_head_lr":
-               "0.004 b w", "norm_lr": "0.005 w", "hc_lr": "0.01 w"}[k] + ref) for k, v in g.lrs.items()),
+            *((k, f"{v:.6g}", f"{lr_rule[k]}; b = (B/{tc.lr_batch_ref})^0.558, w = (d/{g.width_ref})^-0.5 "
+               "(optimizer §2)") for k, v in g.lrs.items()),
             ("schedule", "lrm = 0.1 + 0.9 (N - step) / N", "no warmup, decay to 10% (§4.1)"),
             ("eval", f"{run.facts.eval_rows * cfg.seq_len if run.facts else tc.eval_tokens:,} val tokens",
              f"every {tc.eval_every} steps + final" if tc.eval_every else "final step only (data.md §4)"),
             ("precision", "bf16 (autocast, wte, Polar Express)" if run.use_bf16 else "fp32", ("--precision" if
              tc.precision else "default: bf16 on CUDA, fp32 on CPU") + "; eval in the same"),
-            ("attention", run.attn, attention_summary(run.attn, run.device, run.use_bf16) + (
-                "; forced by --attn" if tc.attn != "auto" else "")),
-            ("sdpa kernel", tc.sdpa_backend, "--sdpa-backend; auto: torch picks per call" if run.attn == "sdpa" else
-             "unused (not SDPA)"),
-            ("compile", f"{run.use_compile} ({tc.compile_mode})" if run.use_compile else False, "default: on for "
-             "CUDA, off for CPU" + ("; after DDP" if world > 1 else "") + "; --compile-mode: torch.compile's mode"),
-            *((("inductor cache", "on", inductor_cache(tc.sdpa_backend)),) if run.use_compile else ()),
+            ("attention", f"{run.attn}, sdpa kernel {tc.sdpa_backend}", attention_summary(run.attn, run.device,
+             run.use_bf16) + ("; forced by --attn" if tc.attn != "auto" else "")),
+            ("compile", f"{tc.compile_mode} mode" if run.use_compile else False, "default: on for CUDA, off for CPU"
+             + (f"; inductor cache {inductor_cache(tc.sdpa_backend)}" if run.use_compile else "")),
             ("loss read / log", f"every {tc.log_every} step(s)", "the only host syncs, + every eval / checkpoint"),
             ("mfu peak", f"{peak:.4g} FLOP/s per device" if peak else "n/a", peak_rule),
             ("est. device-hours", f"{hours:,.4g}", f"tokens x F / ({PLAN_MFU:.0%} MFU x peak)" + (
@@ -748,8 +694,7 @@ def startup_print(run, world: int, peak, peak_rule: str) -> tuple:
     print0(f"nanoloop {'plan' if tc.plan else 'train'} | world {world} | device {run.dev_name} | out_dir {tc.out_dir}")
     for name, value, rule in rows:
         print0(f"  {name:<22} {str(value):<28} # {rule}")
-    return hours, device_batch
-
+    return hours, db
 
 def summary(cfg, tc, g) -> dict:
     """The part of the record (and of --plan's result) that the config and the horizon fix."""
@@ -758,7 +703,6 @@ def summary(cfg, tc, g) -> dict:
             "n_params": g.n_once + g.n_rec, "flops_budget": tc.flops_budget, "flops_per_token": g.F,
             "flops": g.tokens * g.F, "tokens": g.tokens, "steps": g.steps, "lr_tokens": g.lr_tokens, "lrs": g.lrs,
             "batch_tokens": g.B}
-
 
 def git_info() -> dict:
     """Commit, dirty flag and a hash of the uncommitted diff (style B9), or None where git is unavailable."""
@@ -804,7 +748,6 @@ def parse_args(argv=None) -> tuple:
     except ValueError as err:                # e.g. r does not divide 16, two horizons, a flag --init-from contradicts
         p.error(str(err))
 
-
 def need(ok, why: str) -> None:
     """Refuse unless ok: a ValueError whose one line the CLI prints before exiting 2 (README "Guarantees", rule 5)."""
     if not ok:
@@ -814,6 +757,7 @@ def need(ok, why: str) -> None:
 # A refusal (bad input, another run's files, a model that cannot fit) is one line and exit status 2, before any
 # work; a failure while running (a NaN loss, a full disk, out of memory) one line and 1; Ctrl-C 130. The details a
 # developer needs are in tracebacks of in-process callers (runs/mini.sh logs them).
+
 if __name__ == "__main__":
     try:
         main(*parse_args())
