@@ -635,10 +635,10 @@ def peak_flops(dev_name: str, override: Optional[float] = None) -> tuple:
     in the device name; None (MFU n/a) for a device not in the table, never another device's figure."""
     if override:
         return override, "--peak-flops"
-    for key in sorted(PEAK_FLOPS, key=len, reverse=True):
-        if re.search(rf"(?<![A-Za-z0-9]){re.escape(key)}(?![A-Za-z0-9])", dev_name, re.IGNORECASE):
-            return PEAK_FLOPS[key], f"PEAK_FLOPS[{key!r}]: dense bf16 datasheet figure for {dev_name!r}"
-    return None, f"n/a: {dev_name!r} is not in PEAK_FLOPS (datasheet figures); pass --peak-flops for an MFU figure"
+    word = lambda k: re.search(rf"(?<![A-Za-z0-9]){re.escape(k)}(?![A-Za-z0-9])", dev_name, re.IGNORECASE)   # noqa
+    key = next((k for k in sorted(PEAK_FLOPS, key=len, reverse=True) if word(k)), None)
+    return (PEAK_FLOPS[key], f"PEAK_FLOPS[{key!r}]: dense bf16 datasheet figure for {dev_name!r}") if key else (
+        None, f"n/a: {dev_name!r} is not in PEAK_FLOPS (datasheet figures); pass --peak-flops for an MFU figure")
 
 def inductor_cache(sdpa_backend: str) -> str:
     """Inductor's on-disk caches (FX graphs, kernels) in one stable folder per user, unless TORCHINDUCTOR_CACHE_DIR
@@ -654,32 +654,28 @@ def inductor_cache(sdpa_backend: str) -> str:
 
 def startup_print(run, world: int, peak, peak_rule: str) -> tuple:
     """Print every derived quantity once, with its rule; return (estimated device-hours, --plan's device batch)."""
-    cfg, tc, g, r, (p, rec, c) = run.cfg, run.tc, run.g, run.cfg.n_loops, run.cfg.partition
+    cfg, tc, g, r, (p, rec, c), f = run.cfg, run.tc, run.g, run.cfg.n_loops, run.cfg.partition, run.facts
     db = tc.device_batch or (release_device_batch(cfg.scale, g.per_rank) if tc.plan else None)   # else: main measures
-    hours = g.tokens * g.F / (PLAN_MFU * (peak or PEAK_FLOPS["H100"])) / 3600
-    lr_rule = dict(muonh_lr=f"{tc.muonh_lr} b (D/D_ref)^-0.32", wte_lr="0.3 b w", lm_head_lr="0.004 b w",
-                   norm_lr="0.005 w", hc_lr="0.01 w")
-    rows = [("vocab_size", cfg.vocab_size, run.facts.vocab_rule if run.facts else "--vocab-size"),
-            ("d_model, n_head", f"{cfg.d_model}, {cfg.n_head}", f"{cfg.aspect_ratio} x scale {cfg.scale} (§3.1), "
-             f"d_model / head_dim {cfg.head_dim}"),
+    hours = g.tokens * g.F / (PLAN_MFU * (peak or PEAK_FLOPS["H100"])) / 3600       # the H100's peak if none known
+    lr = dict(muonh_lr=f"{tc.muonh_lr} b (D/D_ref)^-0.32", wte_lr="0.3 b w", lm_head_lr="0.004 b w", norm_lr="0.005 w",
+              hc_lr="0.01 w")
+    rows = [("vocab_size", cfg.vocab_size, f.vocab_rule if f else "--vocab-size"),
+            ("d_model, n_head", f"{cfg.d_model}, {cfg.n_head}", f"{cfg.aspect_ratio} x s (§3.1), / head_dim"),
             ("layout p-recur-c", f"{p}-{rec}-{c}", f"l_eff = {p} + {r} x {rec} + {c} = {cfg.n_layers_eff} (§3.1)"),
             ("injection", cfg.injection if r > 1 else "none (r = 1)", "Eq. 5 linear default; App. C.2 / G.1"),
-            ("bptt", "full" if cfg.n_loops_bwd in (None, r) else f"truncated: last {cfg.n_loops_bwd} of {r} loops",
-             "Eq. 6; truncation only when --n-loops-bwd is given"),
+            ("bptt window", f"{cfg.n_loops_bwd or r} of {r} loops", "Eq. 6; truncated only by --n-loops-bwd"),
             ("n_once + n_rec", f"{g.n_once:,} + {g.n_rec:,}", "N, non-embedding, norm gains included (Table 6)"),
-            ("flops_per_token", f"{g.F:,}", "F_train: 6 N_exec + attention 12 d T per layer + 6 d V_pad  (§3.2)"),
+            ("flops_per_token", f"{g.F:,}", "F_train: 6 N_exec + attention 12 d T per layer + 6 d V_pad (§3.2)"),
             ("batch", f"{g.B:,} tok = {g.batch_rows} rows", f"{g.per_rank} rows per rank x {world} ranks"),
-            ("device batch", db or "auto", "--device-batch" if tc.device_batch else "release rule 32 / 16 (s >= 18) "
-             "/ 8 (s >= 30) in --plan" if tc.plan else "auto: measured below"),
-            ("steps", f"{g.steps:,}", g.horizon_rule),
-            ("tokens, flops", f"{g.tokens:,}, {g.tokens * g.F:.4g}", f"steps x B, x F (budget {tc.flops_budget})"),
-            ("lr data tokens D", f"{g.lr_tokens:,}", "enters (D / D_ref)^-0.32 on MuonH  (App. D.2)"),
-            ("D_ref", f"{g.d_ref:,.0f}", "--d-ref" if tc.d_ref is not None else "10 x effective params of the s=10 "
-             f"reference (d={g.width_ref}, l_eff={cfg.n_layers_eff})  (optimizer §2.3)"),
-            *((k, f"{v:.6g}", f"{lr_rule[k]}; b = (B/{tc.lr_batch_ref})^0.558, w = (d/{g.width_ref})^-0.5 "
-               "(optimizer §2)") for k, v in g.lrs.items()),
-            ("schedule", "lrm = 0.1 + 0.9 (N - step) / N", "no warmup, decay to 10% (§4.1)"),
-            ("eval", f"{run.facts.eval_rows * cfg.seq_len if run.facts else tc.eval_tokens:,} val tokens",
+            ("device batch", db or "auto", "--device-batch" if tc.device_batch else "the release's rule 32 / 16 "
+             "(s >= 18) / 8 (s >= 30)" if tc.plan else "measured on the model, below"),
+            ("steps, tokens", f"{g.steps:,}, {g.tokens:,}", f"{g.horizon_rule}; tokens = steps x B"),
+            ("flops", f"{g.tokens * g.F:.4g}", f"tokens x F (budget {tc.flops_budget})"),
+            ("lr data tokens D", f"{g.lr_tokens:,}", f"(D / D_ref)^-0.32 on MuonH (App. D.2), D_ref {g.d_ref:,.0f}: "
+             + ("--d-ref" if tc.d_ref is not None else f"10 x params of the s=10 reference (optimizer §2.3)")),
+            *((k, f"{v:.6g}", f"{lr[k]}; b = (B/{tc.lr_batch_ref})^0.558, w = (d/{g.width_ref})^-0.5; decay to 10% "
+               "(§4.1)") for k, v in g.lrs.items()),
+            ("eval", f"{f.eval_rows * cfg.seq_len if f else tc.eval_tokens:,} val tokens",
              f"every {tc.eval_every} steps + final" if tc.eval_every else "final step only (data.md §4)"),
             ("precision", "bf16 (autocast, wte, Polar Express)" if run.use_bf16 else "fp32", ("--precision" if
              tc.precision else "default: bf16 on CUDA, fp32 on CPU") + "; eval in the same"),
@@ -689,8 +685,7 @@ def startup_print(run, world: int, peak, peak_rule: str) -> tuple:
              + (f"; inductor cache {inductor_cache(tc.sdpa_backend)}" if run.use_compile else "")),
             ("loss read / log", f"every {tc.log_every} step(s)", "the only host syncs, + every eval / checkpoint"),
             ("mfu peak", f"{peak:.4g} FLOP/s per device" if peak else "n/a", peak_rule),
-            ("est. device-hours", f"{hours:,.4g}", f"tokens x F / ({PLAN_MFU:.0%} MFU x peak)" + (
-                "" if peak else " at the H100 SXM's peak (none for this device)") + "; eval excluded")]
+            ("est. device-hours", f"{hours:,.4g}", f"tokens x F / ({PLAN_MFU:.0%} MFU x peak); eval excluded")]
     print0(f"nanoloop {'plan' if tc.plan else 'train'} | world {world} | device {run.dev_name} | out_dir {tc.out_dir}")
     for name, value, rule in rows:
         print0(f"  {name:<22} {str(value):<28} # {rule}")
@@ -713,8 +708,7 @@ def git_info() -> dict:
         diff = hashlib.sha256(git("diff", "HEAD").encode()).hexdigest()[:16] if dirty else None
         return {"git_commit": git("rev-parse", "HEAD").strip(), "git_dirty": dirty, "git_diff_sha256": diff}
     except (OSError, subprocess.SubprocessError):               # not a checkout, or no git: provenance unknown
-        return {"git_commit": None, "git_dirty": None, "git_diff_sha256": None}
-
+        return dict.fromkeys(("git_commit", "git_dirty", "git_diff_sha256"))
 
 # -----------------------------------------------------------------------------
 # CLI: one flat parser generated from ModelConfig + TrainConfig by common.add_dataclass_flags (style B5)
@@ -757,21 +751,17 @@ def need(ok, why: str) -> None:
 # A refusal (bad input, another run's files, a model that cannot fit) is one line and exit status 2, before any
 # work; a failure while running (a NaN loss, a full disk, out of memory) one line and 1; Ctrl-C 130. The details a
 # developer needs are in tracebacks of in-process callers (runs/mini.sh logs them).
-
 if __name__ == "__main__":
     try:
         main(*parse_args())
     except ValueError as err:
         common.fail("train.py", err)
-    except (FloatingPointError, OSError, torch.cuda.OutOfMemoryError) as err:
-        oom = isinstance(err, torch.cuda.OutOfMemoryError)
-        print(f"train.py: error: {common.first_line(err)}" + (" (pass a smaller --device-batch, then rerun with "
-              "--resume)" if oom else ""), file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        print("train.py: interrupted; rerun the same command with --resume to continue from the last checkpoint",
-              file=sys.stderr)
-        sys.exit(130)                        # the shell's status for SIGINT
+    except (FloatingPointError, OSError, torch.cuda.OutOfMemoryError, KeyboardInterrupt) as err:
+        stop, oom = isinstance(err, KeyboardInterrupt), isinstance(err, torch.cuda.OutOfMemoryError)
+        print("train.py: " + ("interrupted; rerun the same command with --resume to continue from the last checkpoint"
+              if stop else f"error: {common.first_line(err)}" + (" (pass a smaller --device-batch, then rerun with "
+                                                                 "--resume)" if oom else "")), file=sys.stderr)
+        sys.exit(130 if stop else 1)         # 130: the shell's status for SIGINT
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
