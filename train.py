@@ -13,8 +13,9 @@ Run:   single GPU   python train.py --flops-budget 1e18 --n-loops 4 --scale 10 -
                         a prepared --data also the out-dir's status: finished / resume / fresh)
        fine-tune    python train.py --init-from RUN_OR_RELEASE_DIR --tokens 1e9 --data DIR --out-dir out/ft
 Read in this order: TrainConfig -> main (banner sections, in the order they run) -> the helpers it calls.
-Not here: FLOP accounting (flops.py), LR rules and MuonH (optim.py), loader (data.py), val_loss and checkpoint
-reading (eval.py), the model (model.py), parser / checked numbers / atomic writes / claim (common.py).
+Not here: FLOP accounting (flops.py), LR rules and MuonH (optim.py), loader (data.py), val_loss (eval.py), reading
+checkpoints and need() (checkpoint.py), the model (model.py), parser / checked numbers / atomic writes / claim
+(common.py).
 
 Decisions (each printed with its rule at start-up):
 - Horizon: exactly one of --flops-budget C (steps = round(C / (F B)), App. E), --tokens D (round(D / B)),
@@ -50,7 +51,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import common
 import flops
 from common import print0
-from checkpoint import load_checkpoint, load_weights, model_bytes, read_checkpoint
+from checkpoint import load_checkpoint, load_weights, model_bytes, need, read_checkpoint
 from data import PackedLoader, data_identity, load_tokenizer, read_meta
 from eval import val_loss
 from model import ATTN_BACKENDS, LoopedGPT, ModelConfig, attention_summary, resolve_attention
@@ -170,8 +171,7 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     B, F, total_steps, r = g.B, g.F, g.steps, cfg.n_loops
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if run.use_bf16 else nullcontext
     sdpa = (lambda: sdpa_kernel(SDPA_BACKENDS[tc.sdpa_backend])) if tc.sdpa_backend != "auto" else nullcontext
-    peak, peak_rule = peak_flops(run.dev_name, tc.peak_flops)
-    hours, plan_db = startup_print(run, world, peak, peak_rule)
+    hours, plan_db, peak = startup_print(run, world)
     if tc.plan:                              # --plan: the numbers a launch would use, without building anything
         print0(f"status: {run.status}" + (f" at step {run.held['step']}" if run.status == "resume" else ""))
         return {**summary(cfg, tc, g), "device_batch": plan_db, "accum": g.per_rank // plan_db, "world": world,
@@ -415,19 +415,19 @@ def check_data(cfg, tc, init_tok_hash) -> tuple:
     meta, val_meta = read_meta(tc.data, "train"), read_meta(tc.data, "val")   # one line if not a prepared dir
     for m in (meta, val_meta):
         need(m["seq_len"] == cfg.seq_len, f"data {tc.data} was packed with seq_len {m['seq_len']} but the model has "
-             f"--seq-len {cfg.seq_len}; pass --seq-len {m['seq_len']} or re-pack")
+             f"--seq-len {cfg.seq_len}; pass that --seq-len or re-pack")
     tok = meta.get("tokenizer_hash")                # the authors' published metas carry no hash (data.md §2)
     need(val_meta.get("tokenizer_hash") == tok, f"data {tc.data}: train and val splits were tokenised differently")
     need(not tc.tokenizer or (tok is not None and load_tokenizer(tc.tokenizer).identity == tok), f"--tokenizer "
          f"{tc.tokenizer!r} is not the one {tc.data} was packed with ({tok or 'it records none'}); drop --tokenizer")
-    need(init_tok_hash in (None, tok), f"--init-from {tc.init_from} was trained on data tokenised with "
-         f"{init_tok_hash}, but {tc.data} was tokenised with {tok}")
+    need(init_tok_hash in (None, tok), f"--init-from {tc.init_from} was trained on data tokenised with {init_tok_hash}")
     vocab_rule, default = "--vocab-size", IDENTITY_DEFAULTS["vocab_size"]
     if cfg.vocab_size == default and meta["vocab_size"] != default and not tc.init_from:
         cfg = dataclasses.replace(cfg, vocab_size=meta["vocab_size"])
         vocab_rule = f"the data meta's (--vocab-size left at its default {default})"
+    # a larger data vocabulary would index past the embedding
     need(meta["vocab_size"] <= cfg.vocab_size, f"data {tc.data} has vocab_size {meta['vocab_size']} > the model's "
-         f"--vocab-size {cfg.vocab_size}: token ids would index past the embedding")
+         f"--vocab-size {cfg.vocab_size}")
     val_rows = val_meta["total_rows"] if isinstance(val_meta.get("total_rows"), int) else 0
     eval_rows = val_rows if tc.eval_tokens == -1 else tc.eval_tokens // cfg.seq_len   # no silent shrinking
     need(1 <= eval_rows <= val_rows, f"--eval-tokens {tc.eval_tokens:,} needs {eval_rows} val rows of {cfg.seq_len} "
@@ -652,9 +652,11 @@ def inductor_cache(sdpa_backend: str) -> str:
     rule = "set by you" if os.environ.get("TORCHINDUCTOR_CACHE_DIR") else "default; TORCHINDUCTOR_CACHE_DIR moves it"
     return f"{os.environ.setdefault('TORCHINDUCTOR_CACHE_DIR', default)} ({rule})"
 
-def startup_print(run, world: int, peak, peak_rule: str) -> tuple:
-    """Print every derived quantity once, with its rule; return (estimated device-hours, --plan's device batch)."""
+def startup_print(run, world: int) -> tuple:
+    """Print every derived quantity once, with its rule; return (estimated device-hours, --plan's device batch, the
+    peak FLOP/s per device for the MFU column or None)."""
     cfg, tc, g, r, (p, rec, c), f = run.cfg, run.tc, run.g, run.cfg.n_loops, run.cfg.partition, run.facts
+    peak, peak_rule = peak_flops(run.dev_name, tc.peak_flops)
     db = tc.device_batch or (release_device_batch(cfg.scale, g.per_rank) if tc.plan else None)   # else: main measures
     hours = g.tokens * g.F / (PLAN_MFU * (peak or PEAK_FLOPS["H100"])) / 3600       # the H100's peak if none known
     lr = dict(muonh_lr=f"{tc.muonh_lr} b (D/D_ref)^-0.32", wte_lr="0.3 b w", lm_head_lr="0.004 b w", norm_lr="0.005 w",
@@ -667,29 +669,26 @@ def startup_print(run, world: int, peak, peak_rule: str) -> tuple:
             ("n_once + n_rec", f"{g.n_once:,} + {g.n_rec:,}", "N, non-embedding, norm gains included (Table 6)"),
             ("flops_per_token", f"{g.F:,}", "F_train: 6 N_exec + attention 12 d T per layer + 6 d V_pad (§3.2)"),
             ("batch", f"{g.B:,} tok = {g.batch_rows} rows", f"{g.per_rank} rows per rank x {world} ranks"),
-            ("device batch", db or "auto", "--device-batch" if tc.device_batch else "the release's rule 32 / 16 "
-             "(s >= 18) / 8 (s >= 30)" if tc.plan else "measured on the model, below"),
+            ("device batch", db or "auto", "--device-batch" if tc.device_batch else "release rule" if db else "below"),
             ("steps, tokens", f"{g.steps:,}, {g.tokens:,}", f"{g.horizon_rule}; tokens = steps x B"),
             ("flops", f"{g.tokens * g.F:.4g}", f"tokens x F (budget {tc.flops_budget})"),
-            ("lr data tokens D", f"{g.lr_tokens:,}", f"(D / D_ref)^-0.32 on MuonH (App. D.2), D_ref {g.d_ref:,.0f}: "
-             + ("--d-ref" if tc.d_ref is not None else f"10 x params of the s=10 reference (optimizer §2.3)")),
+            ("lr data tokens D", f"{g.lr_tokens:,}", f"(D / D_ref)^-0.32 on MuonH (App. D.2), D_ref {g.d_ref:,.0f}"),
             *((k, f"{v:.6g}", f"{lr[k]}; b = (B/{tc.lr_batch_ref})^0.558, w = (d/{g.width_ref})^-0.5; decay to 10% "
                "(§4.1)") for k, v in g.lrs.items()),
-            ("eval", f"{f.eval_rows * cfg.seq_len if f else tc.eval_tokens:,} val tokens",
-             f"every {tc.eval_every} steps + final" if tc.eval_every else "final step only (data.md §4)"),
-            ("precision", "bf16 (autocast, wte, Polar Express)" if run.use_bf16 else "fp32", ("--precision" if
-             tc.precision else "default: bf16 on CUDA, fp32 on CPU") + "; eval in the same"),
+            ("eval", f"{f.eval_rows * cfg.seq_len if f else tc.eval_tokens:,} val tokens", f"every {tc.eval_every} "
+             "steps (0: none) + the final one (data.md §4)"),
+            ("precision", "bf16 (autocast, wte, Polar Express)" if run.use_bf16 else "fp32", "default: bf16 on CUDA"),
             ("attention", f"{run.attn}, sdpa kernel {tc.sdpa_backend}", attention_summary(run.attn, run.device,
              run.use_bf16) + ("; forced by --attn" if tc.attn != "auto" else "")),
-            ("compile", f"{tc.compile_mode} mode" if run.use_compile else False, "default: on for CUDA, off for CPU"
-             + (f"; inductor cache {inductor_cache(tc.sdpa_backend)}" if run.use_compile else "")),
+            ("compile", run.use_compile and tc.compile_mode, "default: on for CUDA" + (
+                f"; inductor cache {inductor_cache(tc.sdpa_backend)}" if run.use_compile else "")),
             ("loss read / log", f"every {tc.log_every} step(s)", "the only host syncs, + every eval / checkpoint"),
             ("mfu peak", f"{peak:.4g} FLOP/s per device" if peak else "n/a", peak_rule),
             ("est. device-hours", f"{hours:,.4g}", f"tokens x F / ({PLAN_MFU:.0%} MFU x peak); eval excluded")]
     print0(f"nanoloop {'plan' if tc.plan else 'train'} | world {world} | device {run.dev_name} | out_dir {tc.out_dir}")
     for name, value, rule in rows:
         print0(f"  {name:<22} {str(value):<28} # {rule}")
-    return hours, db
+    return hours, db, peak
 
 def summary(cfg, tc, g) -> dict:
     """The part of the record (and of --plan's result) that the config and the horizon fix."""
@@ -741,12 +740,6 @@ def parse_args(argv=None) -> tuple:
         return model_cfg, train_cfg
     except ValueError as err:                # e.g. r does not divide 16, two horizons, a flag --init-from contradicts
         p.error(str(err))
-
-def need(ok, why: str) -> None:
-    """Refuse unless ok: a ValueError whose one line the CLI prints before exiting 2 (README "Guarantees", rule 5)."""
-    if not ok:
-        raise ValueError(why)
-
 
 # A refusal (bad input, another run's files, a model that cannot fit) is one line and exit status 2, before any
 # work; a failure while running (a NaN loss, a full disk, out of memory) one line and 1; Ctrl-C 130. The details a
