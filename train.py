@@ -84,7 +84,6 @@ SDPA_BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_
 CHOICES = {"precision": (None, "fp32", "bf16"), "attn": ATTN_BACKENDS, "sdpa_backend": ("auto", *SDPA_BACKENDS),
            "compile_mode": ("default", "max-autotune-no-cudagraphs")}
 
-
 # -----------------------------------------------------------------------------
 # Config: everything that is not the architecture (ModelConfig lives in model.py). Defaults = the paper's grid runs.
 
@@ -148,8 +147,6 @@ LIMITS = {k: (v,) for k, v in dict(
     batch_tokens="[1, inf)", device_batch="[0, inf)", muonh_lr="(0, 10]", d_ref="(0, inf)", lr_batch_ref="[1, inf)",
     eval_every="[0, inf)", eval_tokens="[-1, inf)", ckpt_every="[0, inf)", log_every="[1, inf)",
     seed="[0, 4294967295]", peak_flops="(0, 1e20]").items()}
-
-
 
 # -----------------------------------------------------------------------------
 # main: the recipe, top to bottom, in the order it runs (like nanochat's base_train)
@@ -317,7 +314,6 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
         dist.barrier()
     return record
 
-
 # -----------------------------------------------------------------------------
 # preflight: every refusal, before any model is built (README "Guarantees", rule 5)
 
@@ -466,7 +462,6 @@ def device_memory(device) -> tuple:
     cap = os.environ.get("NANOLOOP_MEMORY_CAP")
     return (min(have, int(float(cap))), f"NANOLOOP_MEMORY_CAP={cap}") if cap else (have, what)
 
-
 # -----------------------------------------------------------------------------
 # The derived quantities: geometry, accounting, horizon, learning rates (pure: printed with their rules at start-up)
 
@@ -506,7 +501,6 @@ def derive(cfg, tc, world: int) -> SimpleNamespace:
     return SimpleNamespace(B=B, batch_rows=B // T, per_rank=B // T // world, n_once=n_once, n_rec=n_rec, F=F,
                            steps=steps, tokens=steps * B, lr_tokens=lr_tokens, horizon_rule=rule,
                            width_ref=width_ref, d_ref=d_ref, lrs=lrs)
-
 
 # -----------------------------------------------------------------------------
 # The device batch (issue 19 §2): the largest that fits, chosen by measuring
@@ -570,7 +564,6 @@ def pick_device_batch(model, tc, g, world: int, autocast, static: int) -> tuple:
     return rows, f"largest divisor of {g.per_rank} rows per rank whose " + ("trial micro-step fits" if device.type ==
                   "cuda" else f"memory model fits") + f" {have / 2**30:,.2f} GiB ({what})"
 
-
 # -----------------------------------------------------------------------------
 # The loop's helpers: the one file writer, the one host sync (the NaN guard), the state noise, the log's repair
 
@@ -625,7 +618,6 @@ def read_log(log_path: str, upto: int) -> list:
         except (ValueError, KeyError, TypeError):   # not JSON (or not UTF-8), not an object, no integer step
             raise ValueError(f"{log_path} line {i} is not a train.py record ({ln[:60]!r}); move it away") from None
     return kept
-
 
 # -----------------------------------------------------------------------------
 # What is printed and recorded: every derived quantity with its rule, the record's common part, git provenance
