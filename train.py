@@ -672,8 +672,8 @@ def startup_print(run, world: int) -> tuple:
             ("precision", "bf16 (autocast, wte, Polar Express)" if run.use_bf16 else "fp32", "default: bf16 on CUDA"),
             ("attention", f"{run.attn}, sdpa kernel {tc.sdpa_backend}", attention_summary(run.attn, run.device,
              run.use_bf16) + ("; forced by --attn" if tc.attn != "auto" else "")),
-            ("compile", run.use_compile and tc.compile_mode, "default: on for CUDA" + (
-                f"; inductor cache {inductor_cache(tc.sdpa_backend)}" if run.use_compile else "")),
+            ("compile", run.use_compile and tc.compile_mode, "default: on for CUDA; --compile-mode: torch's mode"),
+            *((("inductor cache", "on", inductor_cache(tc.sdpa_backend)),) if run.use_compile else ()),
             ("loss read / log", f"every {tc.log_every} step(s)", "the only host syncs, + every eval / checkpoint"),
             ("mfu peak", f"{peak:.4g} FLOP/s per device" if peak else "n/a", peak_rule),
             ("est. device-hours", f"{hours:,.4g}", f"tokens x F / ({PLAN_MFU:.0%} MFU x peak); eval excluded")]
