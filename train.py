@@ -169,9 +169,15 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if run.use_bf16 else nullcontext
     sdpa = (lambda: sdpa_kernel(SDPA_BACKENDS[tc.sdpa_backend])) if tc.sdpa_backend != "auto" else nullcontext
     hours, plan_db, peak = startup_print(run, world)
+    # the part of the record (and of --plan's result) that the config and the horizon fix
+    base = {"n_loops": r, "scale": cfg.scale, "d_model": cfg.d_model, "layout": list(cfg.partition),
+            "injection": cfg.injection, "n_loops_bwd": cfg.n_loops_bwd, "n_once": g.n_once, "n_rec": g.n_rec,
+            "n_params": g.n_once + g.n_rec, "flops_budget": tc.flops_budget, "flops_per_token": F,
+            "flops": g.tokens * F, "tokens": g.tokens, "steps": total_steps, "lr_tokens": g.lr_tokens, "lrs": g.lrs,
+            "batch_tokens": B}
     if tc.plan:                              # --plan: the numbers a launch would use, without building anything
         print0(f"status: {run.status}" + (f" at step {run.held['step']}" if run.status == "resume" else ""))
-        return {**summary(cfg, tc, g), "device_batch": plan_db, "accum": g.per_rank // plan_db, "world": world,
+        return {**base, "device_batch": plan_db, "accum": g.per_rank // plan_db, "world": world,
                 "device_hours": hours, "status": run.status, "identity": run.identity}
 
     # ---- 2. Model: same seed on every rank, so every rank holds the same init (DDP's broadcast is a no-op) --------
@@ -263,7 +269,16 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
         due_ckpt = done == total_steps or (tc.ckpt_every and done % tc.ckpt_every == 0)
         if done % tc.log_every and not (due_eval or due_ckpt):
             continue                                        # no host sync between logging steps
-        loss_val = read_loss(loss_sum, step, total_steps, accum, world, ckpt_path)   # syncs; the NaN guard
+        if world > 1:                                       # the loop's one host sync: all-reduce, then .item()
+            dist.all_reduce(loss_sum)                       # (gloo has no AVG: sum over ranks, divide below)
+        loss_val = loss_sum.item() / (accum * world)        # the global-batch mean loss
+        if not math.isfinite(loss_val):                     # the NaN guard: stop before anything of it is saved;
+            kept = f"{ckpt_path} is the last good checkpoint" if os.path.exists(ckpt_path) else "no checkpoint yet"
+            fix = ("the learning rate is not the cause: check --norm-eps, --logit-softcap, --rope-base, "   # step 1
+                   "--state-init-std, --vocab-size and the data" if step == 0 else "after fixing the cause (e.g. a "
+                   "lower --muonh-lr), --resume")
+            raise FloatingPointError(f"non-finite training loss {loss_val} at step {done}/{total_steps}; stopping "
+                                     f"before it is checkpointed. {kept}; {fix}")
         now = time.time()
         dt, t_log, last_log = (now - t_log) / (done - last_log), now, done   # mean step time since the last read
         mfu = F * B / dt / (world * peak) if peak else None  # model FLOPs utilisation per device
@@ -301,7 +316,7 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     mem = ({"cuda_max_allocated": torch.cuda.max_memory_allocated(device)} if device.type == "cuda" else
            {"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
     record = {"config": {"model_config": asdict(cfg), "train_config": asdict(tc)}, "identity": run.identity,
-              **summary(cfg, tc, g), "world": world, "device_batch": device_batch, "val_loss": last_val,
+              **base, "world": world, "device_batch": device_batch, "val_loss": last_val,
               "eval_tokens": run.facts.eval_rows * cfg.seq_len, "wall_time_s": wall_before + time.time() - t_loop,
               "total_time_s": time.time() - t_start, "tokenizer_hash": run.facts.tok_hash, "data": tc.data,
               **mem, "attn": run.attn, "precision": "bf16" if run.use_bf16 else "fp32",
@@ -579,20 +594,6 @@ def save(path: str, data, kept: str) -> None:
         why = os.strerror(e.errno) if e is not None else common.first_line(err)
         raise OSError(f"could not write {path}: {why}; {kept}. Free space, then rerun with --resume") from None
 
-def read_loss(loss_sum, step: int, total_steps: int, accum: int, world: int, ckpt_path: str) -> float:
-    """The global-batch mean loss: the loop's one host sync (all-reduce, .item()). A non-finite loss stops the run
-    before anything of it is checkpointed (the NaN guard); before the first optimizer step the LR is not the cause."""
-    if world > 1:
-        dist.all_reduce(loss_sum)                       # gloo has no AVG: sum over ranks, divide below
-    loss_val = loss_sum.item() / (accum * world)
-    if math.isfinite(loss_val):
-        return loss_val
-    kept = f"{ckpt_path} is the last good checkpoint" if os.path.exists(ckpt_path) else "no checkpoint yet"
-    fix = ("the learning rate is not the cause: check --norm-eps, --logit-softcap, --rope-base, --state-init-std, "
-           "--vocab-size and the data" if step == 0 else "after fixing the cause (e.g. a lower --muonh-lr), --resume")
-    raise FloatingPointError(f"non-finite training loss {loss_val} at step {step + 1}/{total_steps}; stopping "
-                             f"before it is checkpointed. {kept}; {fix}")
-
 def state_noise(model, seed: int, first: int, rows: int, device):
     """(rows, T, d) N(0, 1) for the random state init: one draw per global batch row, seeded by (seed, row), so
     every row gets its own noise and the run does not depend on the world size. None for the prelude init."""
@@ -681,14 +682,6 @@ def startup_print(run, world: int) -> tuple:
     for name, value, rule in rows:
         print0(f"  {name:<22} {str(value):<28} # {rule}")
     return hours, db, peak
-
-def summary(cfg, tc, g) -> dict:
-    """The part of the record (and of --plan's result) that the config and the horizon fix."""
-    return {"n_loops": cfg.n_loops, "scale": cfg.scale, "d_model": cfg.d_model, "layout": list(cfg.partition),
-            "injection": cfg.injection, "n_loops_bwd": cfg.n_loops_bwd, "n_once": g.n_once, "n_rec": g.n_rec,
-            "n_params": g.n_once + g.n_rec, "flops_budget": tc.flops_budget, "flops_per_token": g.F,
-            "flops": g.tokens * g.F, "tokens": g.tokens, "steps": g.steps, "lr_tokens": g.lr_tokens, "lrs": g.lrs,
-            "batch_tokens": g.B}
 
 def git_info() -> dict:
     """Commit, dirty flag and a hash of the uncommitted diff (style B9), or None where git is unavailable."""
