@@ -709,8 +709,7 @@ def parse_args(argv=None) -> tuple:
     unset, names = object(), [f.name for f in dataclasses.fields(ModelConfig)]
     ns = p.parse_args(argv, argparse.Namespace(**dict.fromkeys(names, unset)))
     typed = {k for k in names if getattr(ns, k) is not unset}
-    horizons = [f"--{k.replace('_', '-')}" for k in ("flops_budget", "tokens", "tokens_per_param", "steps")
-                if getattr(ns, k) is not None]
+    horizons = [k for k in ("flops_budget", "tokens", "tokens_per_param", "steps") if getattr(ns, k) is not None]
     try:
         for name, allowed in CHOICES.items():
             need(getattr(ns, name) in allowed, f"--{name.replace('_', '-')} must be one of "
