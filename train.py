@@ -220,10 +220,8 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
         common.atomic_write(log_path, "".join(read_log(log_path, start_step)))
     # Wrap, then compile: compiling the DDP module lets DDPOptimizer split the graph at bucket boundaries, so each
     # all-reduce overlaps the compiled backward; gradient_as_bucket_view: .grad are views into the buckets.
-    train_model = raw_model
-    if world > 1:
-        train_model = DDP(raw_model, device_ids=[device.index] if device.type == "cuda" else None,
-                          broadcast_buffers=False, gradient_as_bucket_view=True)
+    train_model = DDP(raw_model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False,
+                      gradient_as_bucket_view=True) if world > 1 else raw_model
     if run.use_compile:
         train_model = torch.compile(train_model, mode=None if tc.compile_mode == "default" else tc.compile_mode)
     # rank 0 appends one JSON record per line (line-buffered: each reaches the file as written); a full disk
