@@ -6,6 +6,7 @@ checkpoint.py -- reading checkpoints: train.py's ckpt.pt and the authors' releas
     model_bytes       what building a ModelConfig allocates, from the config alone (check_memory refuses too large)
     load_checkpoint   a run dir, a .pt file or a release dir -> (model in eval mode, checkpoint dict)
     load_release      the authors' model_<step>.pt + meta_<step>.json mapped onto LoopedGPT exactly
+    need              the one-line refusal (train.py's too)
 Writing checkpoints is train.py's (atomic, with its resume state). Every failure here is a one-line ValueError naming
 the file; the tools turn it into "prog: error: ..." and exit 2.
 Test:  pytest tests/test_release_ckpt.py tests/test_hostile_eval.py
@@ -23,6 +24,7 @@ def need(ok, why: str) -> None:
     """Refuse unless ok: a ValueError whose one line the tools print before exiting 2 (README "Guarantees", rule 5)."""
     if not ok:
         raise ValueError(why)
+
 
 # -----------------------------------------------------------------------------
 # nanoloop's own checkpoints (train.py's out_dir/ckpt.pt)

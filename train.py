@@ -666,8 +666,8 @@ def startup_print(run, world: int) -> tuple:
             ("lr data tokens D", f"{g.lr_tokens:,}", f"(D / D_ref)^-0.32 on MuonH (App. D.2), D_ref {g.d_ref:,.0f}"),
             *((k, f"{v:.6g}", f"{lr[k]}; b = (B/{tc.lr_batch_ref})^0.558, w = (d/{g.width_ref})^-0.5; decay to 10% "
                "(§4.1)") for k, v in g.lrs.items()),
-            ("eval", f"{f.eval_rows * cfg.seq_len if f else tc.eval_tokens:,} val tokens", f"every {tc.eval_every} "
-             "steps (0: none) + the final one (data.md §4)"),
+            ("eval", f"{f.eval_rows * cfg.seq_len if f else tc.eval_tokens:,} val tokens", "data.md §4; every "
+             f"{tc.eval_every} steps (0: none) + the final one"),
             ("precision", "bf16 (autocast, wte, Polar Express)" if run.use_bf16 else "fp32", "default: bf16 on CUDA"),
             ("attention", f"{run.attn}, sdpa kernel {tc.sdpa_backend}", attention_summary(run.attn, run.device,
              run.use_bf16) + ("; forced by --attn" if tc.attn != "auto" else "")),
