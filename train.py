@@ -575,7 +575,7 @@ def pick_device_batch(model, tc, g, world: int, autocast, static: int) -> tuple:
     need(rows, f"one row of {model.cfg.seq_len} tokens does not fit in {have / 2**30:,.1f} GiB ({what}) beside the "
          "weights and optimizer state: shorten --seq-len, truncate BPTT (--n-loops-bwd) or use a smaller model")
     return rows, f"largest divisor of {g.per_rank} rows per rank whose " + ("trial micro-step fits" if device.type ==
-                  "cuda" else f"memory model fits") + f" {have / 2**30:,.2f} GiB ({what})"
+                  "cuda" else "memory model fits") + f" {have / 2**30:,.2f} GiB ({what})"
 
 # -----------------------------------------------------------------------------
 # The loop's helpers: the one file writer, the one host sync (the NaN guard), the state noise, the log's repair
