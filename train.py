@@ -227,7 +227,7 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     # rank 0 appends one JSON record per line (line-buffered: each reaches the file as written); a full disk
     # surfaces at the next append or checkpoint as one line, and loses nothing: the last checkpoint is intact
     log_file = open(log_path, "a", buffering=1) if master else None
-    log = lambda rec: log_file and log_file.write(json.dumps(rec) + "\n")   # noqa: E731
+    log = lambda rec: log_file and log_file.write(json.dumps(rec) + "\n")
 
     def evaluate(step):
         """Val loss in nats over the first eval_rows val rows (eval.val_loss: exact, fp64 sums, all-reduced), of
@@ -563,7 +563,7 @@ def pick_device_batch(model, tc, g, world: int, autocast, static: int) -> tuple:
         return tc.device_batch, "--device-batch"
     device = next(model.parameters()).device
     (have, what), one, two = device_memory(device), probe(model, 1, autocast), probe(model, 2, autocast)
-    mem = lambda k: static + 1.2 * (max(2 * one - two, 0) + k * max(two - one, 1))   # noqa: E731
+    mem = lambda k: static + 1.2 * (max(2 * one - two, 0) + k * max(two - one, 1))
     budget = have - 2 * model_bytes(model.cfg)[1]    # CUDA: the optimizer's two moments are not allocated yet
     fits = (lambda k: mem(k) <= 2 * have and probe(model, k, autocast, budget)) if device.type == "cuda" else (
         lambda k: mem(k) <= have)            # CUDA: the model only bounds the trials (2x: it may overestimate)
@@ -626,7 +626,7 @@ def peak_flops(dev_name: str, override: Optional[float] = None) -> tuple:
     in the device name; None (MFU n/a) for a device not in the table, never another device's figure."""
     if override:
         return override, "--peak-flops"
-    word = lambda k: re.search(rf"(?<![A-Za-z0-9]){re.escape(k)}(?![A-Za-z0-9])", dev_name, re.IGNORECASE)   # noqa
+    word = lambda k: re.search(rf"(?<![A-Za-z0-9]){re.escape(k)}(?![A-Za-z0-9])", dev_name, re.IGNORECASE)
     key = next((k for k in sorted(PEAK_FLOPS, key=len, reverse=True) if word(k)), None)
     return (PEAK_FLOPS[key], f"PEAK_FLOPS[{key!r}]: dense bf16 datasheet figure for {dev_name!r}") if key else (
         None, f"n/a: {dev_name!r} is not in PEAK_FLOPS (datasheet figures); pass --peak-flops for an MFU figure")
