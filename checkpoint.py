@@ -6,21 +6,25 @@ checkpoint.py -- reading checkpoints: train.py's ckpt.pt and the authors' releas
     model_bytes       what building a ModelConfig allocates, from the config alone (check_memory refuses too large)
     load_checkpoint   a run dir, a .pt file or a release dir -> (model in eval mode, checkpoint dict)
     load_release      the authors' model_<step>.pt + meta_<step>.json mapped onto LoopedGPT exactly
+    need              the one-line refusal (train.py's too)
 Writing checkpoints is train.py's (atomic, with its resume state). Every failure here is a one-line ValueError naming
 the file; the tools turn it into "prog: error: ..." and exit 2.
 Test:  pytest tests/test_release_ckpt.py tests/test_hostile_eval.py
 """
-import dataclasses
-import os
-import pickle
-import re
-import warnings
+import dataclasses, os, pickle, re, warnings
 
 import torch
 
 import flops
 from common import check_record, first_line, print0, read_json, require
 from model import LoopedGPT, ModelConfig
+
+
+def need(ok, why: str) -> None:
+    """Refuse unless ok: a ValueError whose one line the tools print before exiting 2 (README "Guarantees", rule 5)."""
+    if not ok:
+        raise ValueError(why)
+
 
 # -----------------------------------------------------------------------------
 # nanoloop's own checkpoints (train.py's out_dir/ckpt.pt)
@@ -42,43 +46,29 @@ def read_checkpoint(path, keys=CKPT_KEYS) -> dict:
     "model_config" (train.py's layout) the config must build a ModelConfig, and the _orig_mod. / module. prefixes
     of torch.compile / DDP are stripped. Whether the weights fit the config is load_weights' question."""
     path = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
-    # not a plain file (absent, a FIFO, a folder): torch.load on a FIFO would wait for a writer forever
-    if os.path.lexists(path) and not os.path.isfile(path):
-        raise ValueError(f"{path} is not a plain file (a FIFO, a folder or a broken link?)")
-    if not os.path.isfile(path):
-        raise ValueError(f"no checkpoint at {path} (expected train.py's out_dir/ckpt.pt, or an authors' release dir "
-                         "of model_<step>.pt + meta_<step>.json)")
-    if os.path.getsize(path) == 0:
-        raise ValueError(f"{path} is empty (0 bytes): an interrupted copy? Use another checkpoint")
+    # absent, a folder, a FIFO (torch.load on a FIFO would wait for a writer forever)
+    need(os.path.isfile(path), f"{path} is not a plain file: no checkpoint there (a FIFO, a folder or a broken link?)")
+    need(os.path.getsize(path), f"{path} is empty (0 bytes): an interrupted copy? Use another checkpoint")
     try:
         with warnings.catch_warnings():                           # old pickle protocols warn before failing
             warnings.simplefilter("ignore")
             ck = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        # PyTorch's own text suggests weights_only=False, which would execute whatever the file contains
+    except pickle.UnpicklingError:   # torch's own text suggests weights_only=False, which would run the file's code
         raise ValueError(f"{path} is not a PyTorch checkpoint of tensors and plain types (corrupt, or a pickle of "
                          "other objects, which is refused: loading it could run arbitrary code)") from None
-    except OSError as e:                                          # permissions, an I/O error
-        raise ValueError(f"{path}: cannot read it ({e.strerror or type(e).__name__})") from None
-    except Exception as e:                                        # truncated zip, random bytes
-        detail = first_line(str(e).split(". ")[0])[:120] if str(e) else ""
-        raise ValueError(f"{path} cannot be read as a PyTorch checkpoint: truncated or corrupt "
-                         f"({type(e).__name__}{': ' + detail if detail else ''})") from None
-    if not isinstance(ck, dict):
-        raise ValueError(f"{path} holds a {type(ck).__name__}, not a checkpoint dict")
+    except Exception as e:                                        # truncated zip, random bytes, an I/O error
+        raise ValueError(f"{path} cannot be read as a PyTorch checkpoint: unreadable, truncated or corrupt "
+                         f"({type(e).__name__}: {first_line(str(e).split('. ')[0])[:120]})") from None
+    need(isinstance(ck, dict), f"{path} holds a {type(ck).__name__}, not a checkpoint dict")
     missing = [k for k in keys if k not in ck]
-    if missing:
-        raise ValueError(f"{path} has no {missing} entr{'y' if len(missing) == 1 else 'ies'} (keys: {sorted(ck)}): "
-                         "not a complete train.py checkpoint")
+    need(not missing, f"{path} has no {missing} entry (keys: {sorted(ck)}): not a complete train.py checkpoint")
     check_record(ck, CKPT_FIELDS, path)
     check_record(ck.get("train_config") or {}, TRAIN_FIELDS, path, "train_config.")
     if "model" in ck and "model_config" in ck:
-        unknown = sorted(set(ck["model_config"]) - {f.name for f in dataclasses.fields(ModelConfig)})
-        try:
-            assert not unknown, f"fields this model.py does not know: {unknown}"
+        try:                                 # an unknown field is a TypeError naming it; a bad value a ValueError
             ModelConfig(**ck["model_config"])
-        except (AssertionError, TypeError, ValueError) as e:
-            raise ValueError(f"{path}: invalid model_config: {e}") from None
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path}: invalid model_config: {first_line(e)}") from None
         # torch.compile wraps a module as _orig_mod, DDP as module: their state-dict keys carry the prefix
         ck["model"] = {re.sub(r"^(_orig_mod\.)?(module\.)?", "", k) if isinstance(k, str) else k: v
                        for k, v in ck["model"].items()}
@@ -102,11 +92,7 @@ def load_weights(model, state, source, names=None):
         ("with another shape", [f"{name(k)} {tuple(state[k].shape)} vs {want[k]}"
                                 for k in want if is_float(state.get(k)) and k not in fits]),
         ("holding NaN or inf", [k for k in fits if not torch.isfinite(state[k]).all()])) if ks]
-    if problems:
-        c = model.cfg
-        raise ValueError(f"{source}: the weights do not match the model config (d_model {c.d_model}, n_loops "
-                         f"{c.n_loops}, layout {'-'.join(map(str, c.partition))}, injection {c.injection}, vocab "
-                         f"{c.vocab_size}): {'; '.join(problems)}")
+    need(not problems, f"{source}: the weights do not match the model config: {'; '.join(problems)}")
     model.load_state_dict(state)
     return model
 
@@ -128,18 +114,13 @@ def model_bytes(cfg) -> tuple:
 
 def check_memory(cfg, device, source) -> None:
     """Refuse, naming the size, a model whose weights cannot fit in physical RAM (and, on CUDA, the GPU)."""
-    try:                                   # a count past flops' limits (vocab_size 1e10) names its source
-        host, dev = model_bytes(cfg)
-    except ValueError as err:
-        raise ValueError(f"{source}: {err}") from None
-    limits = [("host RAM", host, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))]
-    if torch.device(device).type == "cuda":
-        limits.append(("GPU memory", dev, torch.cuda.get_device_properties(torch.device(device)).total_memory))
-    for where, need, have in limits:
-        if need > have:
-            raise ValueError(f"{source}: this model (d_model {cfg.d_model}, vocab {cfg.vocab_size:,}, seq_len "
-                             f"{cfg.seq_len:,}) needs ~{need / 2 ** 30:,.1f} GiB for its weights and RoPE tables, "
-                             f"more than the {have / 2 ** 30:,.1f} GiB of {where}: a wrong config?")
+    (host, dev), device = model_bytes(cfg), torch.device(device)
+    gpu = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    for where, size, have in (("host RAM", host, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
+                              ("GPU memory", dev, gpu or float("inf"))):
+        need(size <= have, f"{source}: this model (d_model {cfg.d_model}, vocab {cfg.vocab_size:,}, seq_len "
+             f"{cfg.seq_len:,}) needs ~{size / 2 ** 30:,.1f} GiB for its weights and RoPE tables, more than the "
+             f"{have / 2 ** 30:,.1f} GiB of {where}: a wrong config?")
 
 
 def load_checkpoint(path, device="cpu", step=None):
@@ -151,9 +132,8 @@ def load_checkpoint(path, device="cpu", step=None):
     if kind == "release":
         model, meta = load_release(root, step, device)
         c = model.cfg
-        print0(f"release checkpoint {root} step {meta['step']}: s={meta['model_config'].get('size')} d={c.d_model} "
-               f"r={c.n_loops} layout {'-'.join(map(str, c.partition))} {c.injection}"
-               + (f" | their val_loss {meta['val_loss']:.4f}" if meta.get("val_loss") is not None else ""))
+        print0(f"release checkpoint {root} step {meta['step']}: d={c.d_model} r={c.n_loops} layout "
+               f"{'-'.join(map(str, c.partition))} {c.injection} | their val_loss {meta.get('val_loss')}")
         return model, dict(model_config=dataclasses.asdict(c), release=meta,
                            train_config=dict(eval_tokens=RELEASE_EVAL_TOKENS))
     ck = read_checkpoint(root)
@@ -167,13 +147,11 @@ def checkpoint_kind(path, step):
     name = os.path.basename(os.path.normpath(path))
     m = re.fullmatch(r"model_(\d+)\.pt", name)
     if os.path.isfile(path) and m:                                # one release file names its own step
-        if step is not None and step != int(m.group(1)):
-            raise ValueError(f"--step {step} contradicts the file name {name}")
+        need(step in (None, int(m.group(1))), f"--step {step} contradicts the file name {name}")
         return "release", os.path.dirname(os.path.abspath(path)), int(m.group(1))
     if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "ckpt.pt")) and release_steps(path):
         return "release", path, step
-    if step is not None:
-        raise ValueError(f"--step selects a step of a release directory (model_<step>.pt); {path} is a nanoloop run")
+    need(step is None, f"--step selects a step of a release directory (model_<step>.pt); {path} is a nanoloop run")
     return "nanoloop", path, None
 
 
@@ -207,15 +185,6 @@ def release_steps(root) -> dict:
     return {int(m.group(1)): os.path.join(root, m.group(0)) for m in found if m}
 
 
-def release_rope_tables(n_pos, head_dim, base):
-    """The release's RoPE cos / sin, each (n_pos, D/2): angles in fp32, then rounded to bf16 and kept there
-    (gpt.py _precompute_rotary_embeddings), returned as fp32 holding those bf16 values. nanoloop's own tables are
-    fp64-computed fp32; with the release's a loaded model computes the release's function to fp32 rounding."""
-    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))   # (D/2,)
-    angles = torch.outer(torch.arange(n_pos, dtype=torch.float32), inv_freq)                  # (n_pos, D/2)
-    return angles.cos().bfloat16().float(), angles.sin().bfloat16().float()
-
-
 def release_config(meta, meta_path) -> ModelConfig:
     """The meta's model_config -> the ModelConfig it describes (mapping in load_release); where names the file.
 
@@ -225,22 +194,19 @@ def release_config(meta, meta_path) -> ModelConfig:
     mc, where = meta["model_config"], f"{meta_path}: model_config"
     for what, fields in (("unknown", sorted(set(mc) - set(RELEASE_FIELDS))),
                          ("missing", [k for k in tuple(RELEASE_FIELDS)[:10] if k not in mc])):
-        if fields:
-            raise ValueError(f"{where}: {what} fields {fields} (a newer or older release?)")
+        need(not fields, f"{where}: {what} fields {fields} (a newer or older release?)")
     check_record(mc, RELEASE_FIELDS, meta_path, "model_config.")
     c = dict(RELEASE_DEFAULTS, **mc)
-    if c["input_injection"] not in RELEASE_INJECTION:
-        raise ValueError(f"{where}: input_injection {c['input_injection']!r} not in {sorted(RELEASE_INJECTION)}")
+    need(c["input_injection"] in RELEASE_INJECTION,
+         f"{where}: input_injection {c['input_injection']!r} not in {sorted(RELEASE_INJECTION)}")
     injection, r, d, H = RELEASE_INJECTION[c["input_injection"]], c["num_recur"], c["n_embd"], c["n_head"]
-    if c["n_kv_head"] != H:
-        raise ValueError(f"{where}: grouped-query attention (n_kv_head {c['n_kv_head']} != n_head {H}); nanoloop's "
-                         "attention has one key/value head per query head")
-    if d % H:
-        raise ValueError(f"{where}: n_embd {d} is not a multiple of n_head {H}")
+    # nanoloop's attention has one key/value head per query head; n_head must divide the width exactly
+    need(c["n_kv_head"] == H, f"{where}: grouped-query attention (n_kv_head {c['n_kv_head']} != n_head {H})")
+    need(d % H == 0, f"{where}: n_embd {d} is not a multiple of n_head {H}")
     p, l, co = c["n_prelude"], c["n_recur_block"], c["n_coda"]
-    if r == 1 and (p or co or injection not in ("passthrough", "additive")):
-        raise ValueError(f"{where}: r = 1 with layout {p}-{l}-{co} and {c['input_injection']!r} is a layout nanoloop "
-                         "cannot express (its r = 1 baseline is 0-L-0 passthrough: one stack, no injection)")
+    # nanoloop's r = 1 baseline is 0-L-0 passthrough: one stack, no injection
+    need(r > 1 or not (p or co or injection not in ("passthrough", "additive")), f"{where}: r = 1 with layout "
+         f"{p}-{l}-{co} and {c['input_injection']!r} is a layout nanoloop cannot express")
     # The width label: d = aspect x scale exactly. The run's own aspect ratio when the meta records it and it
     # divides d (odd s rounds d up: s=15 -> 1024 = 16 x 64), else 64 (the paper's), else one head per unit
     # (d // H always divides d).
@@ -272,8 +238,7 @@ def release_state(path) -> tuple:
         else:
             new = {"transformer.wte.weight": "wte.weight", "lane_alpha": "hc_alpha", "lane_mixing": "hc_mix",
                    "lane_beta": "hc_beta"}.get(name, name)
-        if new in state:
-            raise ValueError(f"{path}: two tensors map to {new} ({names[new]}, {k})")
+        need(new not in state, f"{path}: two tensors map to {new} ({names.get(new)}, {k})")
         state[new], names[new] = v, k
     return state, names
 
@@ -303,15 +268,13 @@ def load_release(root, step=None, device="cpu", release_rope=True):
                nanoloop's own, so its resumes stay bitwise).
     """
     steps = release_steps(root)
-    if not steps:
-        raise ValueError(f"{root} holds no model_<step>.pt (and no ckpt.pt): not a checkpoint directory")
+    need(steps, f"{root} holds no model_<step>.pt (and no ckpt.pt): not a checkpoint directory")
     step = max(steps) if step is None else step
-    if step not in steps:
-        raise ValueError(f"{root} has no step {step}; steps: {sorted(steps)}")
+    need(step in steps, f"{root} has no step {step}; steps: {sorted(steps)}")
     meta_path = os.path.join(root, f"meta_{step:06d}.json")
     meta = read_json(meta_path, RELEASE_META)                     # absent, a FIFO, torn: one line naming it
-    if meta.get("step") not in (None, step):                     # a meta copied from another step
-        raise ValueError(f"{meta_path}: key 'step' is {meta['step']}, but it sits beside model_{step:06d}.pt")
+    need(meta.get("step") in (None, step),                       # a meta copied from another step
+         f"{meta_path}: key 'step' is {meta.get('step')}, but it sits beside model_{step:06d}.pt")
     cfg = release_config(meta, meta_path)
     check_memory(cfg, device, meta_path)                          # before the weights are read or the model built
     state, names = release_state(steps[step])
@@ -320,8 +283,11 @@ def load_release(root, step=None, device="cpu", release_rope=True):
     with torch.no_grad():                                         # the RoPE direction (docstring)
         for lin in [m for blk in model.blocks() for m in (blk.attn.c_q, blk.attn.c_k)]:
             lin.weight.view(H, D, cfg.d_model)[:, D // 2:] *= -1  # (H, D, d): second-half output rows of each head
-    if release_rope:
-        cos, sin = release_rope_tables(model.rope_cos.size(0), D, cfg.rope_base)
-        model.rope_cos.copy_(cos)
-        model.rope_sin.copy_(sin)
+    if release_rope:             # the release's tables: angles in fp32, rounded to bf16 and kept there (gpt.py
+        # _precompute_rotary_embeddings); nanoloop's own are fp64-computed fp32, so with the release's a loaded
+        # model computes the release's function to fp32 rounding
+        inv_freq = 1.0 / (cfg.rope_base ** (torch.arange(0, D, 2, dtype=torch.float32) / D))         # (D/2,)
+        angles = torch.outer(torch.arange(model.rope_cos.size(0), dtype=torch.float32), inv_freq)  # (n_pos, D/2)
+        model.rope_cos.copy_(angles.cos().bfloat16().float())
+        model.rope_sin.copy_(angles.sin().bfloat16().float())
     return model.to(device).eval(), dict(meta, step=step)

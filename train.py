@@ -13,8 +13,9 @@ Run:   single GPU   python train.py --flops-budget 1e18 --n-loops 4 --scale 10 -
                         a prepared --data also the out-dir's status: finished / resume / fresh)
        fine-tune    python train.py --init-from RUN_OR_RELEASE_DIR --tokens 1e9 --data DIR --out-dir out/ft
 Read in this order: TrainConfig -> main (banner sections, in the order they run) -> the helpers it calls.
-Not here: FLOP accounting (flops.py), LR rules and MuonH (optim.py), loader (data.py), val_loss and checkpoint
-reading (eval.py), the model (model.py), parser / checked numbers / atomic writes / claim (common.py).
+Not here: FLOP accounting (flops.py), LR rules and MuonH (optim.py), loader (data.py), val_loss (eval.py), reading
+checkpoints and need() (checkpoint.py), the model (model.py), parser / checked numbers / atomic writes / claim
+(common.py).
 
 Decisions (each printed with its rule at start-up):
 - Horizon: exactly one of --flops-budget C (steps = round(C / (F B)), App. E), --tokens D (round(D / B)),
@@ -36,19 +37,7 @@ Decisions (each printed with its rule at start-up):
 - Test hooks: NANOLOOP_FAULT="nan@K" (lm_head NaN before step K) / "kill@K" (SIGKILL after step K);
   NANOLOOP_MEMORY_CAP=BYTES caps the memory the checks assume. Never set them otherwise.
 """
-import argparse
-import dataclasses
-import hashlib
-import json
-import math
-import os
-import re
-import resource
-import signal
-import subprocess
-import sys
-import time
-import warnings
+import argparse, dataclasses, hashlib, json, math, os, re, resource, signal, subprocess, sys, time, warnings
 from contextlib import nullcontext
 from dataclasses import asdict
 from types import SimpleNamespace
@@ -62,8 +51,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import common
 import flops
 from common import print0
+from checkpoint import load_checkpoint, load_weights, model_bytes, need, read_checkpoint
 from data import PackedLoader, data_identity, load_tokenizer, read_meta
-from checkpoint import load_checkpoint, load_weights, model_bytes, read_checkpoint
 from eval import val_loss
 from model import ATTN_BACKENDS, LoopedGPT, ModelConfig, attention_summary, resolve_attention
 from optim import build_optimizer, hyperp_lrs, lr_multiplier, reference, set_lr_multiplier
@@ -72,14 +61,15 @@ CKPT_NAME, DONE_NAME, LOG_NAME = "ckpt.pt", "done.json", "log.jsonl"   # the run
 # What a run folder may hold besides them without --overwrite: runs/slurm.sh's tee'd log, eval.py's result, the
 # files of an older train.py (its ledger and lock), nanoloop markers (.nanoloop-*) and temporaries (.*.tmp)
 RUN_NAMES = (CKPT_NAME, DONE_NAME, LOG_NAME, "train.log", "eval.json", ".nanoloop-owned.json", "train.lock")
+# What a checkpoint holds besides its identity (an older one without it is "a different run", never a crash)
+CKPT_KEYS = ("model", "optimizer", "loader", "rng", "step", "val_loss", "wall_time_s", "tokenizer_hash",
+             "model_config", "train_config")
 # Dense bf16 peak FLOP/s per accelerator for the MFU column (vendor datasheets, "with sparsity" figures halved),
 # matched as whole words of the device name, longest key first ("H100 NVL" before "H100"; "GH200" is no "H200").
 PEAK_FLOPS = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H200 NVL": 835e12, "H200": 989e12,
               "GH200": 989e12, "H800 PCIe": 756e12, "H800": 989e12, "H20": 148e12, "B200": 2.25e15, "GB200": 2.5e15,
               "B100": 1.75e15, "A100": 312e12, "A800": 312e12, "L40S": 362e12, "L4": 121e12}
 PLAN_MFU = 0.4             # model FLOPs utilisation assumed for the device-hour estimate printed at start-up
-CKPT_KEYS = ("model", "optimizer", "loader", "rng", "step", "val_loss", "wall_time_s", "tokenizer_hash",
-             "model_config", "train_config", "identity")
 # Fields that cannot change a run's result stay out of its identity: where and how often it writes, how it starts,
 # how B is split into micro-steps (accumulation keeps B), the MFU denominator, a check (--tokenizer must equal the
 # data's, which the data identity holds) and the speed switches (compile mode, SDPA kernel). A test fails for a
@@ -88,13 +78,11 @@ IDENTITY_EXCLUDED = ("out_dir", "resume", "plan", "ckpt_every", "eval_every", "l
                      "peak_flops", "tokenizer", "overwrite", "compile_mode", "sdpa_backend")
 SDPA_BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
                  "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
-# The string fields' allowed values (None = auto), checked when the config is built
+# The string fields' allowed values (None = auto), checked by parse_args. No CUDA-graph compile modes
+# (reduce-overhead, max-autotune): measured on an H200 (torch 2.11), the model compiles to several graphs whose
+# CUDA-graph replays overwrite outputs the backward still needs, even with cudagraph_mark_step_begin().
 CHOICES = {"precision": (None, "fp32", "bf16"), "attn": ATTN_BACKENDS, "sdpa_backend": ("auto", *SDPA_BACKENDS),
            "compile_mode": ("default", "max-autotune-no-cudagraphs")}
-# No CUDA-graph modes (reduce-overhead, max-autotune): measured on an H200 (torch 2.11), the model compiles to several
-# graphs whose CUDA-graph replays overwrite outputs the backward still needs ("accessing tensor output of CUDAGraphs
-# that has been overwritten"), even with cudagraph_mark_step_begin() before each step.
-
 
 # -----------------------------------------------------------------------------
 # Config: everything that is not the architecture (ModelConfig lives in model.py). Defaults = the paper's grid runs.
@@ -102,7 +90,8 @@ CHOICES = {"precision": (None, "fp32", "bf16"), "attn": ATTN_BACKENDS, "sdpa_bac
 @dataclasses.dataclass
 class TrainConfig:
     """Flat (style B5): one field per flag, its trailing comment the --help text. Every field is part of the run's
-    identity unless IDENTITY_EXCLUDED names it; every int / float field has a LIMITS row."""
+    identity unless IDENTITY_EXCLUDED names it; every int / float field has a LIMITS row. parse_args checks every
+    value once (LIMITS, CHOICES, one horizon); main trusts a config built in code."""
     # horizon: exactly one of the four
     flops_budget: Optional[float] = None    # C in FLOPs; steps = round(C / (F B)) (App. E; architecture §8.3)
     tokens: Optional[int] = None            # D; steps = round(D / B) (matched-token runs)
@@ -141,49 +130,23 @@ class TrainConfig:
     peak_flops: Optional[float] = None      # per-device peak FLOP/s for MFU; None = PEAK_FLOPS by device name
     plan: bool = False                      # print every derived quantity (steps, tokens, LRs, cost) and stop
 
-    def __post_init__(self):
-        # the rules between fields and the string choices; numbers meet LIMITS at the CLI and in preflight
-        horizons = [f"--{n.replace('_', '-')}" for n in ("flops_budget", "tokens", "tokens_per_param", "steps")
-                    if getattr(self, n) is not None]
-        need(len(horizons) == 1, "give exactly one horizon: --flops-budget, --tokens, --tokens-per-param or --steps "
-             f"(got {horizons or 'none'})")
-        need(self.eval_tokens != 0, "--eval-tokens must be > 0 or -1 (the whole val split), got 0")
-        for name, allowed in CHOICES.items():
-            need(getattr(self, name) in allowed, f"--{name.replace('_', '-')} must be one of "
-                 f"{', '.join(str(a or 'auto') for a in allowed)}, got {getattr(self, name)!r}")
-
 
 # A field an older record lacks reads as its default (common.identity_diff): a new default-off field leaves every
 # existing run's identity unchanged
 IDENTITY_DEFAULTS = {f.name: f.default for cls in (ModelConfig, TrainConfig) for f in dataclasses.fields(cls)}
 
-# Allowed values of every int / float field of ModelConfig and TrainConfig, in common.py's interval notation: checked
-# when the CLI parses the flag (common.number) and by preflight for configs built in Python. Counts stop at
-# flops.py's MAX_COUNT (1e9). Rules across fields stay in the classes' __post_init__. A test checks every numeric
-# field has a row.
-LIMITS = {
-    # ModelConfig (model.py)
-    "scale": ("[1, 1e9]", "width multiplier s"), "aspect_ratio": ("[1, 1e9]", "d_model / s; 64 in the paper"),
-    "n_loops": ("[1, 16]", "recurrences r"), "n_layers_eff": ("[1, 1e9]", "effective depth l_eff; 20 in the paper"),
-    "n_layers_prelude": ("[0, 1e9]", "prelude blocks"), "n_layers_coda": ("[0, 1e9]", "coda blocks"),
-    "head_dim": ("[2, 1e9]", "attention head width"), "vocab_size": ("[2, 1e9]", "vocabulary; default: the data's"),
-    "seq_len": ("[1, 1e9]", "context length T; must equal the data's"), "hc_lanes": ("[2, 1e9]", "hc lanes K"),
-    "state_init_std": ("(0, 1000]", "sigma of the random initial state"),
-    "n_loops_bwd": ("[1, 16]", "gradient window r_bwd; none = full BPTT"),
-    "logit_softcap": ("(0, 10000]", "logit soft cap; Table 4: 15"), "rope_base": ("(1, 1e12]", "RoPE theta"),
-    "norm_eps": ("(0, 0.1]", "RMSNorm epsilon; Table 4: 1e-6"),
-    # TrainConfig
-    "flops_budget": ("(0, 1e30]", "compute budget C in FLOPs; the grid spans 4.64e17 to 2.15e19"),
-    "tokens": ("[1, inf)", "training tokens D"), "tokens_per_param": ("(0, 1e9]", "tokens per parameter rho"),
-    "steps": ("[1, inf)", "optimizer steps"), "batch_tokens": ("[1, inf)", "tokens per optimizer step B"),
-    "device_batch": ("[0, inf)", "rows per rank per micro-step; 0 or auto = the largest that fits"),
-    "muonh_lr": ("(0, 10]", "base MuonH LR"), "d_ref": ("(0, inf)", "HyperP D_ref; none = the family constant"),
-    "lr_batch_ref": ("[1, inf)", "HyperP reference batch"), "eval_every": ("[0, inf)", "steps between val evals"),
-    "eval_tokens": ("[-1, inf)", "val tokens per eval; -1 = the whole val split"),
-    "ckpt_every": ("[0, inf)", "steps between checkpoints"), "log_every": ("[1, inf)", "steps between loss reads"),
-    "seed": ("[0, 4294967295]", "random seed; numpy's range"), "peak_flops": ("(0, 1e20]", "peak FLOP/s per device"),
-}
-
+# Allowed values of every int / float field of ModelConfig and TrainConfig, in common.py's interval notation,
+# checked once, when the CLI parses the flag (common.number). Counts stop at flops.py's MAX_COUNT (1e9); seed at
+# numpy's range; eval_tokens -1 = the whole val split (0 is refused by parse_args); device_batch 0 = auto. Rules
+# across fields stay in ModelConfig.__post_init__ and parse_args. A test checks every numeric field has a row.
+LIMITS = {k: (v,) for k, v in dict(
+    scale="[1, 1e9]", aspect_ratio="[1, 1e9]", n_loops="[1, 16]", n_layers_eff="[1, 1e9]", n_layers_prelude="[0, 1e9]",
+    n_layers_coda="[0, 1e9]", head_dim="[2, 1e9]", vocab_size="[2, 1e9]", seq_len="[1, 1e9]", hc_lanes="[2, 1e9]",
+    state_init_std="(0, 1000]", n_loops_bwd="[1, 16]", logit_softcap="(0, 10000]", rope_base="(1, 1e12]",
+    norm_eps="(0, 0.1]", flops_budget="(0, 1e30]", tokens="[1, inf)", tokens_per_param="(0, 1e9]", steps="[1, inf)",
+    batch_tokens="[1, inf)", device_batch="[0, inf)", muonh_lr="(0, 10]", d_ref="(0, inf)", lr_batch_ref="[1, inf)",
+    eval_every="[0, inf)", eval_tokens="[-1, inf)", ckpt_every="[0, inf)", log_every="[1, inf)",
+    seed="[0, 4294967295]", peak_flops="(0, 1e20]").items()}
 
 # -----------------------------------------------------------------------------
 # main: the recipe, top to bottom, in the order it runs (like nanochat's base_train)
@@ -194,23 +157,27 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     # ---- 1. Setup: ranks, every refusal (preflight), the derived quantities printed with their rules ------------
     t_start = time.time()
     rank, world, device = common.init_dist()   # torchrun env -> nccl (CUDA) / gloo (CPU); plain python -> (0, 1, dev)
-    master = rank == 0
     run = preflight(model_cfg, train_cfg, rank, world, device)   # rank 0 has claimed out_dir if it will write there
-    cfg, tc, g = run.cfg, run.tc, run.g
+    cfg, tc, g, master = run.cfg, run.tc, run.g, rank == 0
     ckpt_path, done_path, log_path = (os.path.join(tc.out_dir, n) for n in (CKPT_NAME, DONE_NAME, LOG_NAME))
     if run.status == "finished" and not tc.plan:            # a sweep relaunches every run with --resume
         print0(f"{done_path} exists: the run is finished (same run identity); returning its record")
-        return run.record
+        return run.held
     # One optimizer step = B tokens = batch_rows rows of the one global stream (data.md §3), per_rank rows on each
     # rank in accum micro-steps; total_steps from the horizon rule (App. E); the peak LRs of HyperP (App. D.2).
     B, F, total_steps, r = g.B, g.F, g.steps, cfg.n_loops
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if run.use_bf16 else nullcontext
     sdpa = (lambda: sdpa_kernel(SDPA_BACKENDS[tc.sdpa_backend])) if tc.sdpa_backend != "auto" else nullcontext
-    peak, peak_rule = peak_flops(run.dev_name, tc.peak_flops)
-    hours, plan_db = startup_print(run, world, peak, peak_rule)
+    hours, plan_db, peak = startup_print(run, world)
+    # the part of the record (and of --plan's result) that the config and the horizon fix
+    base = {"n_loops": r, "scale": cfg.scale, "d_model": cfg.d_model, "layout": list(cfg.partition),
+            "injection": cfg.injection, "n_loops_bwd": cfg.n_loops_bwd, "n_once": g.n_once, "n_rec": g.n_rec,
+            "n_params": g.n_once + g.n_rec, "flops_budget": tc.flops_budget, "flops_per_token": F,
+            "flops": g.tokens * F, "tokens": g.tokens, "steps": total_steps, "lr_tokens": g.lr_tokens, "lrs": g.lrs,
+            "batch_tokens": B}
     if tc.plan:                              # --plan: the numbers a launch would use, without building anything
-        print0(f"status: {run.status}" + (f" at step {run.ckpt['step']}" if run.ckpt else ""))
-        return {**summary(cfg, tc, g), "device_batch": plan_db, "accum": g.per_rank // plan_db, "world": world,
+        print0(f"status: {run.status}" + (f" at step {run.held['step']}" if run.status == "resume" else ""))
+        return {**base, "device_batch": plan_db, "accum": g.per_rank // plan_db, "world": world,
                 "device_hours": hours, "status": run.status, "identity": run.identity}
 
     # ---- 2. Model: same seed on every rank, so every rank holds the same init (DDP's broadcast is a no-op) --------
@@ -237,13 +204,13 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
                                        device_batch=device_batch, rank=rank, world=world, device=device,
                                        tokenizer_hash=run.facts.tok_hash) for split in ("train", "val"))
     # Resume: weights, optimizer (R, momenta, Adam moments), loader position, RNG, step, elapsed wall time; with
-    # deterministic CPU kernels a resumed run is bitwise equal to an uninterrupted one (tests).
+    # deterministic CPU kernels a resumed run is bitwise equal to an uninterrupted one (tests). Rank 0 checked the
+    # checkpoint in preflight: this run's identity, weights that fit the model.
     start_step, wall_before, last_val = 0, 0.0, None
-    if run.ckpt is not None:
-        ck, run.ckpt = run.ckpt, None
-        load_weights(raw_model, ck["model"], ckpt_path)       # names and shapes checked: a one-line error if not
-        optimizer.load_state_dict(ck["optimizer"])
-        loader.load_state_dict(ck["loader"])
+    if run.status == "resume":
+        ck, run.held = run.held, None
+        for part, key in ((raw_model, "model"), (optimizer, "optimizer"), (loader, "loader")):
+            part.load_state_dict(ck[key])
         torch.set_rng_state(ck["rng"]["torch"])               # rank 0's; every rank draws the same numbers
         if ck["rng"]["cuda"] is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state(ck["rng"]["cuda"])
@@ -253,23 +220,14 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
         common.atomic_write(log_path, "".join(read_log(log_path, start_step)))
     # Wrap, then compile: compiling the DDP module lets DDPOptimizer split the graph at bucket boundaries, so each
     # all-reduce overlaps the compiled backward; gradient_as_bucket_view: .grad are views into the buckets.
-    train_model = raw_model
-    if world > 1:
-        train_model = DDP(raw_model, device_ids=[device.index] if device.type == "cuda" else None,
-                          broadcast_buffers=False, gradient_as_bucket_view=True)
+    train_model = DDP(raw_model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False,
+                      gradient_as_bucket_view=True) if world > 1 else raw_model
     if run.use_compile:
         train_model = torch.compile(train_model, mode=None if tc.compile_mode == "default" else tc.compile_mode)
     # rank 0 appends one JSON record per line (line-buffered: each reaches the file as written); a full disk
     # surfaces at the next append or checkpoint as one line, and loses nothing: the last checkpoint is intact
     log_file = open(log_path, "a", buffering=1) if master else None
-
-    def log(rec):
-        """One record appended to log.jsonl by rank 0; a failed append (full disk) is one line naming the file."""
-        try:
-            log_file and log_file.write(json.dumps(rec) + "\n")
-        except OSError as err:
-            raise OSError(f"could not append to {log_path} ({err.strerror}); free space, then rerun with --resume "
-                          "(the run continues from its last checkpoint)") from None
+    log = lambda rec: log_file and log_file.write(json.dumps(rec) + "\n")
 
     def evaluate(step):
         """Val loss in nats over the first eval_rows val rows (eval.val_loss: exact, fp64 sums, all-reduced), of
@@ -286,7 +244,10 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     t_loop = t_log = time.time()
     last_log = start_step
     for step in range(start_step, total_steps):
-        run.hook(step, raw_model)                           # test faults (NANOLOOP_FAULT); no-op otherwise
+        if run.faults.get("nan") == step + 1:               # test fault: a diverged run, every logit NaN
+            raw_model.lm_head.weight.data.fill_(float("nan"))
+        if run.faults.get("kill") == step:                  # test fault: step K and its checkpoint are done, then
+            os.kill(os.getpid(), signal.SIGKILL)            # die like a preempted job
         lr_mult = lr_multiplier(step, total_steps)          # 0.1 + 0.9 (N - step) / N  (§4.1)
         set_lr_multiplier(optimizer, lr_mult)
         loss_sum = torch.zeros((), device=device)           # sum of micro-batch mean losses, on the device
@@ -306,7 +267,16 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
         due_ckpt = done == total_steps or (tc.ckpt_every and done % tc.ckpt_every == 0)
         if done % tc.log_every and not (due_eval or due_ckpt):
             continue                                        # no host sync between logging steps
-        loss_val = read_loss(loss_sum, step, total_steps, accum, world, ckpt_path)   # syncs; the NaN guard
+        if world > 1:                                       # the loop's one host sync: all-reduce, then .item()
+            dist.all_reduce(loss_sum)                       # (gloo has no AVG: sum over ranks, divide below)
+        loss_val = loss_sum.item() / (accum * world)        # the global-batch mean loss
+        if not math.isfinite(loss_val):                     # the NaN guard: stop before anything of it is saved;
+            kept = f"{ckpt_path} is the last good checkpoint" if os.path.exists(ckpt_path) else "no checkpoint yet"
+            fix = ("the learning rate is not the cause: check --norm-eps, --logit-softcap, --rope-base, "   # step 1
+                   "--state-init-std, --vocab-size and the data" if step == 0 else "after fixing the cause (e.g. a "
+                   "lower --muonh-lr), --resume")
+            raise FloatingPointError(f"non-finite training loss {loss_val} at step {done}/{total_steps}; stopping "
+                                     f"before it is checkpointed. {kept}; {fix}")
         now = time.time()
         dt, t_log, last_log = (now - t_log) / (done - last_log), now, done   # mean step time since the last read
         mfu = F * B / dt / (world * peak) if peak else None  # model FLOPs utilisation per device
@@ -344,7 +314,7 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     mem = ({"cuda_max_allocated": torch.cuda.max_memory_allocated(device)} if device.type == "cuda" else
            {"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
     record = {"config": {"model_config": asdict(cfg), "train_config": asdict(tc)}, "identity": run.identity,
-              **summary(cfg, tc, g), "world": world, "device_batch": device_batch, "val_loss": last_val,
+              **base, "world": world, "device_batch": device_batch, "val_loss": last_val,
               "eval_tokens": run.facts.eval_rows * cfg.seq_len, "wall_time_s": wall_before + time.time() - t_loop,
               "total_time_s": time.time() - t_start, "tokenizer_hash": run.facts.tok_hash, "data": tc.data,
               **mem, "attn": run.attn, "precision": "bf16" if run.use_bf16 else "fp32",
@@ -357,22 +327,24 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
         dist.barrier()
     return record
 
-
 # -----------------------------------------------------------------------------
 # preflight: every refusal, before any model is built (README "Guarantees", rule 5)
 
 def preflight(model_cfg, tc, rank: int, world: int, device) -> SimpleNamespace:
-    """Check everything a run can be refused for, in one place: the values, the --init-from checkpoint, the data,
-    the geometry and horizon (derive), the memory, and what out_dir holds (out_dir_state, which then claims it).
-    Returns the resolved run; --plan without a prepared --data checks what needs none."""
-    for c in (model_cfg, tc):                # the CLI checked these; an in-process caller may have edited a config
-        common.check_fields(c, LIMITS)
-    hook, cfg, init_state, init_tok, init_id, facts = fault_hook(), model_cfg, None, None, None, None
-    if tc.init_from:
+    """Check what a run can be refused for beyond its values (parse_args checked those): the --init-from
+    checkpoint, the data, the backends, the geometry and horizon (derive), the memory, and what out_dir holds
+    (out_dir_state, which then claims it). Returns the resolved run; --plan without a prepared --data checks what
+    needs none."""
+    cfg, init_state, init_tok, init_id, facts = model_cfg, None, None, None, None
+    if tc.init_from:                         # its identity: a hash of the weights' names, dtypes, shapes and bytes
         cfg, init_state, init_tok = init_architecture(model_cfg, tc.init_from)
-        init_id = weights_identity(init_state)
-        print0(f"init-from {tc.init_from}: weights and architecture from the checkpoint (d_model {cfg.d_model}, r "
-               f"{cfg.n_loops}, layout {'-'.join(map(str, cfg.partition))}, {cfg.injection}); fresh optimizer, step 0")
+        h = hashlib.sha256()
+        for name, t in sorted(init_state.items()):
+            t = t.detach().cpu().contiguous()
+            h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy())
+        init_id = h.hexdigest()[:16]
+        print0(f"init-from {tc.init_from}: weights and architecture from the checkpoint; fresh optimizer, step 0")
     with_data = not tc.plan or os.path.isdir(tc.data)   # --plan needs no data; with it, it reports the out-dir's state
     if with_data:
         cfg, facts = check_data(cfg, tc, init_tok)
@@ -383,34 +355,50 @@ def preflight(model_cfg, tc, rank: int, world: int, device) -> SimpleNamespace:
          f"{tc.sdpa_backend} needs SDPA attention on CUDA (here: {attn} on {device.type}); leave it at auto")
     use_compile = (device.type == "cuda") if tc.compile is None else tc.compile
     g = derive(cfg, tc, world)
-    # fp32 weights, gradients and two optimizer moments = 4 x the weights (eval.model_bytes), before any allocation:
-    # --vocab-size 1e9 is a one-line refusal naming its size, never the allocator's error
+    # fp32 weights, gradients and two optimizer moments = 4 x the weights (checkpoint.model_bytes), before any
+    # allocation: --vocab-size 1e9 is a one-line refusal naming its size, never the allocator's error
     state, (have, what) = 4 * model_bytes(cfg)[1], device_memory(device)
-    need(state <= have or tc.plan, f"the model does not fit: d_model {cfg.d_model}, l_eff {cfg.n_layers_eff}, vocab "
-         f"{cfg.vocab_padded:,} padded, seq_len {cfg.seq_len:,}: its weights, gradients and optimizer state need "
+    need(state <= have or tc.plan, f"the model does not fit: its weights, gradients and optimizer state need "
          f"{state / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB of {what}")
     identity = facts and run_identity(cfg, tc, facts.identity, init_id, "bf16" if use_bf16 else "fp32", attn,
                                       use_compile)
-    status, held = out_dir_state(tc, cfg, identity, rank, world) if with_data else ("unknown (no prepared --data)", None)
-    return SimpleNamespace(cfg=cfg, tc=tc, g=g, facts=facts, identity=identity, status=status, init_state=init_state,
-                           record=held if status == "finished" else None, ckpt=held if status == "resume" else None,
-                           use_bf16=use_bf16, attn=attn, use_compile=use_compile, hook=hook, state_bytes=state,
-                           device=device, dev_name=torch.cuda.get_device_name(device) if device.type == "cuda"
-                           else "cpu")
-
+    status, held = out_dir_state(tc, cfg, identity, rank, world) if with_data else ("unknown (no --data)", None)
+    faults = (i.partition("@") for i in os.environ.get("NANOLOOP_FAULT", "").split(",") if i)   # tests only
+    return SimpleNamespace(cfg=cfg, tc=tc, g=g, facts=facts, identity=identity, status=status, held=held,
+                           init_state=init_state, use_bf16=use_bf16, attn=attn, use_compile=use_compile,
+                           faults={k: int(v) for k, _, v in faults}, state_bytes=state, device=device,
+                           dev_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
 
 def out_dir_state(tc, cfg, identity: dict, rank: int, world: int) -> tuple:
-    """("finished", done.json), ("resume", ckpt.pt) or ("fresh", None), decided by rank 0 and broadcast with its
-    refusal, if any, so every rank stops with the same line. Rank 0 then claims out_dir for writing (not for --plan,
-    nor to hand a finished run back); the other ranks read the checkpoint themselves, from the folder every rank
-    must see (the launcher's job: runs/slurm.sh, a shared filesystem)."""
+    """("finished", done.json's record), ("resume", ckpt.pt's dict) or ("fresh", None). Rank 0 alone decides: it
+    reads what out_dir holds (a 0-byte or torn file is one line), which must be this run's (rule 1) and needs
+    --resume, then claims out_dir for writing (not for --plan, nor to hand a finished run back). It broadcasts the
+    status, the record and any refusal, so every rank stops with the same line; the other ranks read the checkpoint
+    it checked from the folder every rank must see (the launcher's job: runs/slurm.sh, a shared filesystem)."""
     done_path, ckpt_path = (os.path.join(tc.out_dir, n) for n in (DONE_NAME, CKPT_NAME))
     look = lambda: "finished" if os.path.lexists(done_path) else "resume" if os.path.lexists(ckpt_path) else "fresh"
-    status, held, err = "fresh", None, None
+    status, held, err = None, None, None
     if rank == 0:                            # a refusal is caught and broadcast: no rank waits in a collective
         try:
             status = look()
-            held = read_held(tc, cfg, status, identity)
+            path = done_path if status == "finished" else ckpt_path
+            need(status == "fresh" or tc.resume or tc.plan, f"{path} exists: pass --resume to continue that run (or "
+                 "to get a finished one's record back), or pick another --out-dir")
+            if status == "finished":
+                try:
+                    held = common.read_json(path, {"val_loss": (float, "(0, inf)"), "identity": (dict, None)})
+                    common.require(held, ("val_loss", "steps", "tokens"), path)
+                except ValueError as e:      # a 0-byte, torn or foreign done.json
+                    raise ValueError(f"{e}; not a train.py record: move it away to train again") from None
+            elif status == "resume":         # one-line ValueErrors naming the file
+                held = read_checkpoint(path, CKPT_KEYS)
+            diff = common.identity_diff(held.get("identity"), identity, IDENTITY_DEFAULTS) if held else []
+            need(not diff, f"{path} is the record of a different run (recorded vs now: {'; '.join(diff[:4])}"
+                 f"{'; ...' if len(diff) > 4 else ''}); pick another --out-dir, or rerun with its flags")
+            if status == "resume":           # its weights fit the model (names, shapes, finite values): checked on
+                with torch.device("meta"), warnings.catch_warnings():   # a model without memory, before the claim
+                    warnings.simplefilter("ignore")                       # (the loads are no-ops)
+                    load_weights(LoopedGPT(cfg), held["model"], path)
             if not tc.plan and status != "finished":
                 # out_dir holds train.py's files (or nothing), or --overwrite was given; claim refuses a 2nd writer
                 names = os.listdir(tc.out_dir) if os.path.isdir(tc.out_dir) else []
@@ -423,138 +411,38 @@ def out_dir_state(tc, cfg, identity: dict, rank: int, world: int) -> tuple:
         except ValueError as e:
             err = str(e)
     if world > 1:                            # one small collective, before any work
-        box = [status, err]
+        box = [status, err, held if status == "finished" else None]
         dist.broadcast_object_list(box, src=0)
-        status, err = box
+        status, err, held = box[0], box[1], held if rank == 0 else box[2]
     need(err is None, err)
-    return status, held if rank == 0 else read_held(tc, cfg, status, identity)
+    return status, read_checkpoint(ckpt_path, CKPT_KEYS) if rank and status == "resume" else held
 
-
-def read_held(tc, cfg, status: str, identity: dict):
-    """The done.json or checkpoint out_dir holds, read as a file (a 0-byte or torn one is one line), if it is this
-    run's: using it needs --resume, and its identity must equal this run's (rule 1)."""
-    if status == "fresh":
-        return None
-    path = os.path.join(tc.out_dir, DONE_NAME if status == "finished" else CKPT_NAME)
-    need(tc.resume or tc.plan, f"{path} exists: pass --resume to continue that run (or to get a finished one's "
-         "record back), or pick another --out-dir")
-    if status == "resume":                   # one-line ValueErrors naming the file; the identity is compared below
-        held = read_checkpoint(path, CKPT_KEYS[:-1])
-    else:
-        try:
-            held = common.read_json(path, {"val_loss": (float, "(0, inf)"), "identity": (dict, None)})
-            common.require(held, ("val_loss", "steps", "tokens"), path)
-        except ValueError as err:
-            why = str(err).replace(f"{path}: ", "")
-            raise ValueError(f"{path} is not a train.py record ({why}); move it away to train again") from None
-    diff = common.identity_diff(held.get("identity"), identity, IDENTITY_DEFAULTS)   # a missing field = its default
-    need(not diff, f"{path} is the record of a different run (recorded vs now: {'; '.join(diff[:4])}"
-         f"{'; ...' if len(diff) > 4 else ''}); pick another --out-dir, or rerun with its flags")
-    if status == "resume":                   # its weights fit the model (names, shapes, finite values): checked now,
-        with torch.device("meta"), warnings.catch_warnings():   # on a model without memory, so a refusal comes
-            warnings.simplefilter("ignore")                       # before the claim (the loads are no-ops)
-            load_weights(LoopedGPT(cfg), held["model"], path)
-    return held
-
-
-# -----------------------------------------------------------------------------
-# The loop's helpers: the one file writer, the one host sync (the NaN guard), the random state init's noise
-
-def save(path: str, data, kept: str) -> None:
-    """Write one of the run's own files (ckpt.pt, done.json) atomically: a full disk or a kill leaves the previous
-    file (or none) and at most a temporary nobody reads. A failure is one line naming the file and the cause."""
-    try:
-        common.atomic_write(path, data)
-    except (OSError, RuntimeError) as err:   # torch.save wraps ENOSPC in a RuntimeError: the errno in its chain
-        e = err
-        while e is not None and not (isinstance(e, OSError) and e.errno):
-            e = e.__cause__ or e.__context__
-        why = os.strerror(e.errno) if e is not None else common.first_line(err)
-        raise OSError(f"could not write {path}: {why}; {kept}. Free space, then rerun with --resume") from None
-
-
-def read_loss(loss_sum, step: int, total_steps: int, accum: int, world: int, ckpt_path: str) -> float:
-    """The global-batch mean loss: the loop's one host sync (all-reduce, .item()). A non-finite loss stops the run
-    before anything of it is checkpointed (the NaN guard)."""
-    if world > 1:
-        dist.all_reduce(loss_sum)                       # gloo has no AVG: sum over ranks, divide below
-    loss_val = loss_sum.item() / (accum * world)
-    if math.isfinite(loss_val):
-        return loss_val
-    kept = f"{ckpt_path} is the last good checkpoint" if os.path.exists(ckpt_path) else "no checkpoint yet"
-    cause = ("the loss is non-finite before any optimizer step, so the learning rate is not the cause: check the "
-             "model flags (--norm-eps, --logit-softcap, --rope-base, --state-init-std, --vocab-size) and the data"
-             if step == 0 else "after fixing the cause (e.g. a lower --muonh-lr), --resume")
-    raise FloatingPointError(f"non-finite training loss {loss_val} at step {step + 1}/{total_steps}; stopping "
-                             f"before it is checkpointed. {kept}; {cause}")
-
-
-def state_noise(model, seed: int, first: int, rows: int, device):
-    """(rows, T, d) N(0, 1) for the random state init: one draw per global batch row, seeded by (seed, row), so
-    every row gets its own noise and the run does not depend on the world size. None for the prelude init."""
-    if model.state_init != "random":
-        return None
-    gen, out = torch.Generator(device=device), []
-    for row in range(first, first + rows):
-        gen.manual_seed(int.from_bytes(hashlib.sha256(f"{seed}:{row}".encode()).digest()[:8], "little"))
-        out.append(torch.randn(model.cfg.seq_len, model.cfg.d_model, generator=gen, device=device))   # (T, d)
-    return torch.stack(out)                                                                          # (rows, T, d)
-
-
-# -----------------------------------------------------------------------------
-# CLI: one flat parser generated from ModelConfig + TrainConfig by common.add_dataclass_flags (style B5)
-
-def parse_args(argv=None) -> tuple:
-    """argv (list of str, None = sys.argv[1:]) -> (ModelConfig, TrainConfig). Bad values exit 2 with one line."""
-    p = common.Parser(prog="train.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for cls in (ModelConfig, TrainConfig):
-        common.add_dataclass_flags(p, cls, LIMITS)
-    # argparse fills in a default only for a dest the namespace lacks: a model field still UNSET after parsing was
-    # not on the command line (how --init-from tells "--n-loops 1" typed from n_loops left at its default 1)
-    unset, names = object(), [f.name for f in dataclasses.fields(ModelConfig)]
-    ns = p.parse_args(argv, argparse.Namespace(**dict.fromkeys(names, unset)))
-    typed = {k for k in names if getattr(ns, k) is not unset}
-    try:                                     # a model field not typed takes its dataclass default
-        model_cfg = ModelConfig(**{k: getattr(ns, k) for k in typed})
-        train_cfg = TrainConfig(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(TrainConfig)})
-        if train_cfg.init_from:              # every model flag typed must be the checkpoint's, default-valued ones too
-            init_architecture(model_cfg, train_cfg.init_from, typed)
-        return model_cfg, train_cfg
-    except ValueError as err:                # e.g. r does not divide 16, two horizons, a flag --init-from contradicts
-        p.error(str(err))
-
-
-def need(ok, why: str) -> None:
-    """Refuse unless ok: a ValueError whose one line the CLI prints before exiting 2 (README "Guarantees", rule 5)."""
-    if not ok:
-        raise ValueError(why)
-
-
-# -----------------------------------------------------------------------------
-# Run identity (rule 1): what a record or checkpoint must match before it is handed back or continued
-
-def run_identity(model_cfg, train_cfg, data_id, init_id, precision, attn, compile) -> dict:
-    """Everything that can change this run's result: every ModelConfig field (as trained: the vocabulary taken from the
-    data, the architecture from --init-from) and every TrainConfig field not in IDENTITY_EXCLUDED, with data = the
-    data's content identity, init_from = the initial weights' identity, and precision / attn / compile as resolved."""
-    ident = {k: v for k, v in {**asdict(model_cfg), **asdict(train_cfg)}.items() if k not in IDENTITY_EXCLUDED}
-    ident.update(data=data_id, init_from=init_id, precision=precision, attn=attn, compile=compile)
-    return ident
-
-
-def weights_identity(state: dict) -> str:
-    """A hash of a state dict's names, dtypes, shapes and bytes: the --init-from checkpoint's identity (a run's own
-    identity would not say which of its steps the weights are from)."""
-    h = hashlib.sha256()
-    for name in sorted(state):
-        t = state[name].detach().cpu().contiguous()
-        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy())
-    return h.hexdigest()[:16]
-
-
-# -----------------------------------------------------------------------------
-# The inputs preflight checks: --init-from, the data, the device's memory, the test fault hooks
+def check_data(cfg, tc, init_tok_hash) -> tuple:
+    """The prepared data against the model: equal seq_len (no silent re-packing), one tokenizer for both splits (and
+    --tokenizer's and the --init-from checkpoint's, when given), the vocabulary (the default --vocab-size takes the
+    data's), enough val rows for --eval-tokens. Returns (cfg with its vocabulary, the data's facts)."""
+    meta, val_meta = read_meta(tc.data, "train"), read_meta(tc.data, "val")   # one line if not a prepared dir
+    for m in (meta, val_meta):
+        need(m["seq_len"] == cfg.seq_len, f"data {tc.data} was packed with seq_len {m['seq_len']} but the model has "
+             f"--seq-len {cfg.seq_len}; pass that --seq-len or re-pack")
+    tok = meta.get("tokenizer_hash")                # the authors' published metas carry no hash (data.md §2)
+    need(val_meta.get("tokenizer_hash") == tok, f"data {tc.data}: train and val splits were tokenised differently")
+    need(not tc.tokenizer or (tok is not None and load_tokenizer(tc.tokenizer).identity == tok), f"--tokenizer "
+         f"{tc.tokenizer!r} is not the one {tc.data} was packed with ({tok or 'it records none'}); drop --tokenizer")
+    need(init_tok_hash in (None, tok), f"--init-from {tc.init_from} was trained on data tokenised with {init_tok_hash}")
+    vocab_rule, default = "--vocab-size", IDENTITY_DEFAULTS["vocab_size"]
+    if cfg.vocab_size == default and meta["vocab_size"] != default and not tc.init_from:
+        cfg = dataclasses.replace(cfg, vocab_size=meta["vocab_size"])
+        vocab_rule = f"the data meta's (--vocab-size left at its default {default})"
+    # a larger data vocabulary would index past the embedding
+    need(meta["vocab_size"] <= cfg.vocab_size, f"data {tc.data} has vocab_size {meta['vocab_size']} > the model's "
+         f"--vocab-size {cfg.vocab_size}")
+    val_rows = val_meta["total_rows"] if isinstance(val_meta.get("total_rows"), int) else 0
+    eval_rows = val_rows if tc.eval_tokens == -1 else tc.eval_tokens // cfg.seq_len   # no silent shrinking
+    need(1 <= eval_rows <= val_rows, f"--eval-tokens {tc.eval_tokens:,} needs {eval_rows} val rows of {cfg.seq_len} "
+         f"tokens but {tc.data} has {val_rows}; pass --eval-tokens <= {val_rows * cfg.seq_len:,} (or -1: all)")
+    return cfg, SimpleNamespace(tok_hash=tok, eval_rows=eval_rows, vocab_rule=vocab_rule,
+                                identity=data_identity(tc.data))
 
 def init_architecture(model_cfg, init_from: str, typed=None) -> tuple:
     """--init-from: (the checkpoint's ModelConfig with this run's n_loops_bwd, its state dict, its tokenizer hash).
@@ -571,59 +459,21 @@ def init_architecture(model_cfg, init_from: str, typed=None) -> tuple:
     return (dataclasses.replace(model.cfg, n_loops_bwd=model_cfg.n_loops_bwd), model.state_dict(),
             ck.get("tokenizer_hash"))
 
-
-def check_data(cfg, tc, init_tok_hash) -> tuple:
-    """The prepared data against the model: equal seq_len (no silent re-packing), one tokenizer for both splits (and
-    --tokenizer's and the --init-from checkpoint's, when given), the vocabulary (the default --vocab-size takes the
-    data's), enough val rows for --eval-tokens. Returns (cfg with its vocabulary, the data's facts)."""
-    meta, val_meta = read_meta(tc.data, "train"), read_meta(tc.data, "val")   # one line if not a prepared dir
-    for name, m in (("train", meta), ("val", val_meta)):
-        need(m["seq_len"] == cfg.seq_len, f"data {tc.data} ({name}) was packed with seq_len {m['seq_len']} but the "
-             f"model has --seq-len {cfg.seq_len}; pass --seq-len {m['seq_len']} or re-pack")
-    tok = meta.get("tokenizer_hash")                # the authors' published metas carry no hash (data.md §2)
-    need(val_meta.get("tokenizer_hash") == tok, f"data {tc.data}: train and val splits were tokenised differently "
-         f"({tok} vs {val_meta.get('tokenizer_hash')})")
-    need(not tc.tokenizer or (tok is not None and load_tokenizer(tc.tokenizer).identity == tok), f"--tokenizer "
-         f"{tc.tokenizer!r} is not the one {tc.data} was packed with ({tok or 'it records none'}); drop --tokenizer")
-    need(init_tok_hash in (None, tok), f"--init-from {tc.init_from} was trained on data tokenised with "
-         f"{init_tok_hash}, but {tc.data} was tokenised with {tok}")
-    vocab_rule, default = "--vocab-size", IDENTITY_DEFAULTS["vocab_size"]
-    if cfg.vocab_size == default and meta["vocab_size"] != default and not tc.init_from:
-        cfg = dataclasses.replace(cfg, vocab_size=meta["vocab_size"])
-        vocab_rule = f"the data meta's (--vocab-size left at its default {default})"
-    need(meta["vocab_size"] <= cfg.vocab_size, f"data {tc.data} has vocab_size {meta['vocab_size']} > the model's "
-         f"--vocab-size {cfg.vocab_size}: token ids would index past the embedding")
-    val_rows = val_meta["total_rows"] if isinstance(val_meta.get("total_rows"), int) else 0
-    eval_rows = val_rows if tc.eval_tokens == -1 else tc.eval_tokens // cfg.seq_len   # no silent shrinking
-    need(1 <= eval_rows <= val_rows, f"--eval-tokens {tc.eval_tokens:,} needs {eval_rows} val rows of {cfg.seq_len} "
-         f"tokens but {tc.data} has {val_rows}; pass --eval-tokens <= {val_rows * cfg.seq_len:,} (or -1: all)")
-    return cfg, SimpleNamespace(tok_hash=tok, eval_rows=eval_rows, vocab_rule=vocab_rule,
-                                identity=data_identity(tc.data))
-
+def run_identity(model_cfg, train_cfg, data_id, init_id, precision, attn, compile) -> dict:
+    """Rule 1, what a record or checkpoint must match to be handed back or continued: every ModelConfig field (as
+    trained: the vocabulary taken from the data, the architecture from --init-from) and every TrainConfig field not
+    in IDENTITY_EXCLUDED, with data = the data's content identity, init_from = the initial weights' identity, and
+    precision / attn / compile as resolved."""
+    ident = {k: v for k, v in {**asdict(model_cfg), **asdict(train_cfg)}.items() if k not in IDENTITY_EXCLUDED}
+    return dict(ident, data=data_id, init_from=init_id, precision=precision, attn=attn, compile=compile)
 
 def device_memory(device) -> tuple:
     """(bytes, what): CUDA's total memory, else the physical RAM; NANOLOOP_MEMORY_CAP (bytes) caps it (a smaller
     device, simulated: the tests' hook for the memory refusal and the device-batch pick)."""
-    if device.type == "cuda":
-        have, what = torch.cuda.get_device_properties(device).total_memory, torch.cuda.get_device_name(device)
-    else:
-        have, what = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "physical RAM"
+    have, what = (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "physical RAM") if device.type != "cuda" \
+        else (torch.cuda.get_device_properties(device).total_memory, torch.cuda.get_device_name(device))
     cap = os.environ.get("NANOLOOP_MEMORY_CAP")
     return (min(have, int(float(cap))), f"NANOLOOP_MEMORY_CAP={cap}") if cap else (have, what)
-
-
-def fault_hook():
-    """NANOLOOP_FAULT="nan@K,kill@K" (tests only; module docstring) -> hook(step, model), called at the top of every
-    step (step = the 0-based index about to run). A no-op when the variable is unset."""
-    faults = {k: int(v) for k, _, v in (i.partition("@") for i in os.environ.get("NANOLOOP_FAULT", "").split(",") if i)}
-
-    def hook(step, model):
-        if faults.get("nan") == step + 1:             # a diverged run: every logit (and the loss) is NaN
-            model.lm_head.weight.data.fill_(float("nan"))
-        if faults.get("kill") == step:                # step K and its checkpoint are done: die like a preempted job
-            os.kill(os.getpid(), signal.SIGKILL)
-    return hook
-
 
 # -----------------------------------------------------------------------------
 # The derived quantities: geometry, accounting, horizon, learning rates (pure: printed with their rules at start-up)
@@ -642,19 +492,17 @@ def derive(cfg, tc, world: int) -> SimpleNamespace:
     # layout, injection, hc lanes, the BPTT window (Eq. 6), T and the padded vocabulary.
     arch = flops.accounting_args(cfg)
     (n_once, n_rec), F = flops.param_split(**arch), flops.flops_per_token(**arch)
-    # Every horizon gives whole steps of B tokens (the budget and --steps ones >= 1 step by construction); the LR
-    # rule's D stays unrounded. rho uses the reuse-weighted params, the release's effective_params (optimizer §2.3).
+    # Every horizon gives whole steps of B tokens; the LR rule's D stays unrounded. rho uses the reuse-weighted
+    # params, the release's effective_params (optimizer §2.3); its steps = D // B, floored as the release does.
     C, D, rho, N = tc.flops_budget, tc.tokens, tc.tokens_per_param, tc.steps
-    try:
-        steps = flops.tokens_for_budget(C, F, B)[0] if C else N or (round(D / B) if D else None)
-    except ValueError as err:
-        raise ValueError(f"horizon: {err} (one step of B = {B:,} tokens costs F B = {F * B:.4g} FLOPs)") from None
     lr_tokens = int(C / F) if C else N * B if N else D or int(rho * (n_once + r * n_rec))
-    steps = lr_tokens // B if steps is None else steps
+    try:
+        steps = flops.tokens_for_budget(C, F, B)[0] if C else N or (round(D / B) if D else lr_tokens // B)
+    except ValueError as err:                        # the budget buys no step
+        raise ValueError(f"horizon: {err}") from None
+    need(steps >= 1, f"horizon: {lr_tokens:,} tokens are less than {'half of ' if D else ''}one optimizer step")
     rule = ("steps = round(C / (F B)); D_lr = int(C / F)" if C else "D = steps x B = D_lr" if N else
             "steps = round(D / B); D_lr = D" if D else "D_lr = int(rho (N_once + r N_rec)); steps = D_lr // B")
-    need(steps >= 1, f"horizon: {lr_tokens:,} tokens are {'less than half of' if D else 'less than'} one optimizer "
-         f"step of {B:,} tokens (one step of B = {B:,} tokens costs F B = {F * B:.4g} FLOPs)")
     # Peak LRs: eta_base through HyperP's width / batch / data corrections (App. D.2), computed once from (d, D, B, r);
     # a resume restores the schedule position and never re-applies a factor (optimizer.md §6.7). The reference (the
     # s = 10 model at the run's aspect ratio and depth, counted at THIS r) is optim.py's.
@@ -667,31 +515,6 @@ def derive(cfg, tc, world: int) -> SimpleNamespace:
                            steps=steps, tokens=steps * B, lr_tokens=lr_tokens, horizon_rule=rule,
                            width_ref=width_ref, d_ref=d_ref, lrs=lrs)
 
-
-def peak_flops(dev_name: str, override: Optional[float] = None) -> tuple:
-    """(peak FLOP/s per device or None, rule): --peak-flops, else PEAK_FLOPS by the longest key found as whole words
-    in the device name; None (MFU n/a) for a device not in the table, never another device's figure."""
-    if override:
-        return override, "--peak-flops"
-    for key in sorted(PEAK_FLOPS, key=len, reverse=True):
-        if re.search(rf"(?<![A-Za-z0-9]){re.escape(key)}(?![A-Za-z0-9])", dev_name, re.IGNORECASE):
-            return PEAK_FLOPS[key], f"PEAK_FLOPS[{key!r}]: dense bf16 datasheet figure for {dev_name!r}"
-    return None, f"n/a: {dev_name!r} is not in PEAK_FLOPS (datasheet figures); pass --peak-flops for an MFU figure"
-
-
-def inductor_cache(sdpa_backend: str) -> str:
-    """Inductor's on-disk caches (FX graphs, kernels) in one stable folder per user, unless TORCHINDUCTOR_CACHE_DIR
-    is set: the second process compiling the same cell shape loads them (issue 25 §5; measured on an H200 at s = 6:
-    the first step 40-46 s cold, 4-5 s warm). One folder per --sdpa-backend: the cache key ignores the SDPA kernel
-    choice, so a graph cached under one backend was reused under another (measured). Returns the rule."""
-    import torch._inductor.config
-    torch._inductor.config.fx_graph_cache = True
-    default = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "nanoloop",
-                           "inductor", f"sdpa-{sdpa_backend}")
-    rule = "set by you" if os.environ.get("TORCHINDUCTOR_CACHE_DIR") else "default; TORCHINDUCTOR_CACHE_DIR moves it"
-    return f"{os.environ.setdefault('TORCHINDUCTOR_CACHE_DIR', default)} ({rule})"
-
-
 # -----------------------------------------------------------------------------
 # The device batch (issue 19 §2): the largest that fits, chosen by measuring
 
@@ -700,7 +523,6 @@ def release_device_batch(scale: int, per_rank: int) -> int:
     rank not above it: the fallback where nothing can be measured (--plan builds no model)."""
     rule = 32 if scale < 18 else 16 if scale < 30 else 8
     return max(k for k in range(1, min(rule, per_rank) + 1) if per_rank % k == 0)
-
 
 def probe(model, rows: int, autocast, budget=None):
     """One micro-step of `rows` rows of zeros. budget None: the bytes autograd saves for the backward (the
@@ -731,7 +553,6 @@ def probe(model, rows: int, autocast, budget=None):
         model.zero_grad(set_to_none=True)
         torch.cuda.empty_cache()
 
-
 def pick_device_batch(model, tc, g, world: int, autocast, static: int) -> tuple:
     """(rows per micro-step, rule). Auto: the largest divisor k of the rows per rank whose micro-step fits; every
     divisor is a candidate (no power-of-two cap: at s = 6, B = 128 rows of 2048, an H200 tries 128, then 64, ...).
@@ -753,71 +574,34 @@ def pick_device_batch(model, tc, g, world: int, autocast, static: int) -> tuple:
         rows = int(t.item())
     need(rows, f"one row of {model.cfg.seq_len} tokens does not fit in {have / 2**30:,.1f} GiB ({what}) beside the "
          "weights and optimizer state: shorten --seq-len, truncate BPTT (--n-loops-bwd) or use a smaller model")
-    return rows, f"largest divisor of {g.per_rank} rows per rank whose " + (
-        "trial micro-step fits" if device.type == "cuda" else f"state {static / 2**20:,.1f} MiB + 1.2 x saved "
-        f"activations ({max(two - one, 1) / 2**20:,.2f} MiB a row) fit") + f" {have / 2**30:,.2f} GiB ({what})"
-
+    return rows, f"largest divisor of {g.per_rank} rows per rank whose " + ("trial micro-step fits" if device.type ==
+                  "cuda" else "memory model fits") + f" {have / 2**30:,.2f} GiB ({what})"
 
 # -----------------------------------------------------------------------------
-# Small helpers: the start-up print, the record's common part, the log, git provenance
+# The loop's helpers: the one file writer, the one host sync (the NaN guard), the state noise, the log's repair
 
-def startup_print(run, world: int, peak, peak_rule: str) -> tuple:
-    """Print every derived quantity once, with its rule; return (estimated device-hours, --plan's device batch)."""
-    cfg, tc, g, r, (p, rec, c) = run.cfg, run.tc, run.g, run.cfg.n_loops, run.cfg.partition
-    device_batch, db_rule = tc.device_batch, "--device-batch"
-    if not device_batch:                     # auto: measured on the built model (main); --plan builds nothing
-        device_batch = release_device_batch(cfg.scale, g.per_rank) if tc.plan else None
-        db_rule = "release rule 32 / 16 (s >= 18) / 8 (s >= 30) in --plan" if tc.plan else "auto: measured below"
-    bptt = "full" if cfg.n_loops_bwd in (None, r) else f"truncated: last {cfg.n_loops_bwd} of {r} loops"
-    hours = g.tokens * g.F / (PLAN_MFU * (peak or PEAK_FLOPS["H100"])) / 3600
-    ref = f"; b = (B/{tc.lr_batch_ref})^0.558, w = (d/{g.width_ref})^-0.5  (optimizer §2)"
-    rows = [("vocab_size", cfg.vocab_size, run.facts.vocab_rule if run.facts else "--vocab-size"),
-            ("d_model", cfg.d_model, f"aspect_ratio x scale = {cfg.aspect_ratio} x {cfg.scale}  (§3.1)"),
-            ("n_head", cfg.n_head, f"d_model / head_dim = {cfg.d_model} / {cfg.head_dim}"),
-            ("layout p-recur-c", f"{p}-{rec}-{c}", f"l_eff = {p} + {r} x {rec} + {c} = {cfg.n_layers_eff} (§3.1)"),
-            ("injection", cfg.injection if r > 1 else "none (r = 1)", "Eq. 5 linear default; App. C.2 / G.1"),
-            ("bptt", bptt, "Eq. 6; truncation only when --n-loops-bwd is given"),
-            ("n_once + n_rec", f"{g.n_once:,} + {g.n_rec:,}", "N, non-embedding, norm gains included (Table 6)"),
-            ("flops_per_token", f"{g.F:,}", "F_train: 6 N_exec + attention 12 d T per layer + 6 d V_pad  (§3.2)"),
-            ("batch", f"{g.B:,} tok = {g.batch_rows} rows", f"{g.per_rank} rows per rank x {world} ranks"),
-            ("device batch", device_batch or "auto", db_rule),
-            ("steps", f"{g.steps:,}", g.horizon_rule), ("tokens", f"{g.tokens:,}", "steps x B (whole steps)"),
-            ("flops", f"{g.tokens * g.F:.4g}", f"tokens x F (budget {tc.flops_budget or 'none'})"),
-            ("lr data tokens D", f"{g.lr_tokens:,}", "enters (D / D_ref)^-0.32 on MuonH  (App. D.2)"),
-            ("D_ref", f"{g.d_ref:,.0f}", "--d-ref" if tc.d_ref is not None else "10 x effective params of the s=10 "
-             f"reference (d={g.width_ref}, l_eff={cfg.n_layers_eff})  (optimizer §2.3)"),
-            *((k, f"{v:.6g}", {"muonh_lr": f"{tc.muonh_lr} b (D/D_ref)^-0.32", "wte_lr": "0.3 b w", "lm_head_lr":
-               "0.004 b w", "norm_lr": "0.005 w", "hc_lr": "0.01 w"}[k] + ref) for k, v in g.lrs.items()),
-            ("schedule", "lrm = 0.1 + 0.9 (N - step) / N", "no warmup, decay to 10% (§4.1)"),
-            ("eval", f"{run.facts.eval_rows * cfg.seq_len if run.facts else tc.eval_tokens:,} val tokens",
-             f"every {tc.eval_every} steps + final" if tc.eval_every else "final step only (data.md §4)"),
-            ("precision", "bf16 (autocast, wte, Polar Express)" if run.use_bf16 else "fp32", ("--precision" if
-             tc.precision else "default: bf16 on CUDA, fp32 on CPU") + "; eval in the same"),
-            ("attention", run.attn, attention_summary(run.attn, run.device, run.use_bf16) + (
-                "; forced by --attn" if tc.attn != "auto" else "")),
-            ("sdpa kernel", tc.sdpa_backend, "--sdpa-backend; auto: torch picks per call" if run.attn == "sdpa" else
-             "unused (not SDPA)"),
-            ("compile", f"{run.use_compile} ({tc.compile_mode})" if run.use_compile else False, "default: on for "
-             "CUDA, off for CPU" + ("; after DDP" if world > 1 else "") + "; --compile-mode: torch.compile's mode"),
-            *((("inductor cache", "on", inductor_cache(tc.sdpa_backend)),) if run.use_compile else ()),
-            ("loss read / log", f"every {tc.log_every} step(s)", "the only host syncs, + every eval / checkpoint"),
-            ("mfu peak", f"{peak:.4g} FLOP/s per device" if peak else "n/a", peak_rule),
-            ("est. device-hours", f"{hours:,.4g}", f"tokens x F / ({PLAN_MFU:.0%} MFU x peak)" + (
-                "" if peak else " at the H100 SXM's peak (none for this device)") + "; eval excluded")]
-    print0(f"nanoloop {'plan' if tc.plan else 'train'} | world {world} | device {run.dev_name} | out_dir {tc.out_dir}")
-    for name, value, rule in rows:
-        print0(f"  {name:<22} {str(value):<28} # {rule}")
-    return hours, device_batch
+def save(path: str, data, kept: str) -> None:
+    """Write one of the run's own files (ckpt.pt, done.json) atomically: a full disk or a kill leaves the previous
+    file (or none) and at most a temporary nobody reads. A failure is one line naming the file and the cause."""
+    try:
+        common.atomic_write(path, data)
+    except (OSError, RuntimeError) as err:   # torch.save wraps ENOSPC in a RuntimeError: the errno in its chain
+        e = err
+        while e is not None and not (isinstance(e, OSError) and e.errno):
+            e = e.__cause__ or e.__context__
+        why = os.strerror(e.errno) if e is not None else common.first_line(err)
+        raise OSError(f"could not write {path}: {why}; {kept}. Free space, then rerun with --resume") from None
 
-
-def summary(cfg, tc, g) -> dict:
-    """The part of the record (and of --plan's result) that the config and the horizon fix."""
-    return {"n_loops": cfg.n_loops, "scale": cfg.scale, "d_model": cfg.d_model, "layout": list(cfg.partition),
-            "injection": cfg.injection, "n_loops_bwd": cfg.n_loops_bwd, "n_once": g.n_once, "n_rec": g.n_rec,
-            "n_params": g.n_once + g.n_rec, "flops_budget": tc.flops_budget, "flops_per_token": g.F,
-            "flops": g.tokens * g.F, "tokens": g.tokens, "steps": g.steps, "lr_tokens": g.lr_tokens, "lrs": g.lrs,
-            "batch_tokens": g.B}
-
+def state_noise(model, seed: int, first: int, rows: int, device):
+    """(rows, T, d) N(0, 1) for the random state init: one draw per global batch row, seeded by (seed, row), so
+    every row gets its own noise and the run does not depend on the world size. None for the prelude init."""
+    if model.state_init != "random":
+        return None
+    gen, out = torch.Generator(device=device), []
+    for row in range(first, first + rows):
+        gen.manual_seed(int.from_bytes(hashlib.sha256(f"{seed}:{row}".encode()).digest()[:8], "little"))
+        out.append(torch.randn(model.cfg.seq_len, model.cfg.d_model, generator=gen, device=device))   # (T, d)
+    return torch.stack(out)                                                                          # (rows, T, d)
 
 def read_log(log_path: str, upto: int) -> list:
     """The lines of log.jsonl whose step is <= upto (the rest is about to be redone). A kill mid-append leaves at
@@ -831,10 +615,71 @@ def read_log(log_path: str, upto: int) -> list:
         try:
             kept += [ln.decode() + "\n"] if int(json.loads(ln)["step"]) <= upto else []
         except (ValueError, KeyError, TypeError):   # not JSON (or not UTF-8), not an object, no integer step
-            raise ValueError(f"{log_path} line {i} is not a train.py record ({ln[:60]!r}): not this run's log; move "
-                             "it away and rerun (the run resumes from its checkpoint without it)") from None
+            raise ValueError(f"{log_path} line {i} is not a train.py record ({ln[:60]!r}); move it away") from None
     return kept
 
+# -----------------------------------------------------------------------------
+# What is printed and recorded: every derived quantity with its rule, the record's common part, git provenance
+
+def peak_flops(dev_name: str, override: Optional[float] = None) -> tuple:
+    """(peak FLOP/s per device or None, rule): --peak-flops, else PEAK_FLOPS by the longest key found as whole words
+    in the device name; None (MFU n/a) for a device not in the table, never another device's figure."""
+    if override:
+        return override, "--peak-flops"
+    word = lambda k: re.search(rf"(?<![A-Za-z0-9]){re.escape(k)}(?![A-Za-z0-9])", dev_name, re.IGNORECASE)
+    key = next((k for k in sorted(PEAK_FLOPS, key=len, reverse=True) if word(k)), None)
+    return (PEAK_FLOPS[key], f"PEAK_FLOPS[{key!r}]: dense bf16 datasheet figure for {dev_name!r}") if key else (
+        None, f"n/a: {dev_name!r} is not in PEAK_FLOPS (datasheet figures); pass --peak-flops for an MFU figure")
+
+def inductor_cache(sdpa_backend: str) -> str:
+    """Inductor's on-disk caches (FX graphs, kernels) in one stable folder per user, unless TORCHINDUCTOR_CACHE_DIR
+    is set: the second process compiling the same cell shape loads them (issue 25 §5; measured on an H200 at s = 6:
+    the first step 40-46 s cold, 4-5 s warm). One folder per --sdpa-backend: the cache key ignores the SDPA kernel
+    choice, so a graph cached under one backend was reused under another (measured). Returns the rule."""
+    import torch._inductor.config
+    torch._inductor.config.fx_graph_cache = True
+    default = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "nanoloop",
+                           "inductor", f"sdpa-{sdpa_backend}")
+    rule = "set by you" if os.environ.get("TORCHINDUCTOR_CACHE_DIR") else "default; TORCHINDUCTOR_CACHE_DIR moves it"
+    return f"{os.environ.setdefault('TORCHINDUCTOR_CACHE_DIR', default)} ({rule})"
+
+def startup_print(run, world: int) -> tuple:
+    """Print every derived quantity once, with its rule; return (estimated device-hours, --plan's device batch, the
+    peak FLOP/s per device for the MFU column or None)."""
+    cfg, tc, g, r, (p, rec, c), f = run.cfg, run.tc, run.g, run.cfg.n_loops, run.cfg.partition, run.facts
+    peak, peak_rule = peak_flops(run.dev_name, tc.peak_flops)
+    db = tc.device_batch or (release_device_batch(cfg.scale, g.per_rank) if tc.plan else None)   # else: main measures
+    hours = g.tokens * g.F / (PLAN_MFU * (peak or PEAK_FLOPS["H100"])) / 3600       # the H100's peak if none known
+    lr = dict(muonh_lr=f"{tc.muonh_lr} b (D/D_ref)^-0.32", wte_lr="0.3 b w", lm_head_lr="0.004 b w", norm_lr="0.005 w",
+              hc_lr="0.01 w")
+    rows = [("vocab_size", cfg.vocab_size, f.vocab_rule if f else "--vocab-size"),
+            ("d_model, n_head", f"{cfg.d_model}, {cfg.n_head}", f"{cfg.aspect_ratio} x s (§3.1), / head_dim"),
+            ("layout p-recur-c", f"{p}-{rec}-{c}", f"l_eff = {p} + {r} x {rec} + {c} = {cfg.n_layers_eff} (§3.1)"),
+            ("injection", cfg.injection if r > 1 else "none (r = 1)", "Eq. 5 linear default; App. C.2 / G.1"),
+            ("bptt window", f"{cfg.n_loops_bwd or r} of {r} loops", "Eq. 6; truncated only by --n-loops-bwd"),
+            ("n_once + n_rec", f"{g.n_once:,} + {g.n_rec:,}", "N, non-embedding, norm gains included (Table 6)"),
+            ("flops_per_token", f"{g.F:,}", "F_train: 6 N_exec + attention 12 d T per layer + 6 d V_pad (§3.2)"),
+            ("batch", f"{g.B:,} tok = {g.batch_rows} rows", f"{g.per_rank} rows per rank x {world} ranks"),
+            ("device batch", db or "auto", "--device-batch" if tc.device_batch else "release rule" if db else "below"),
+            ("steps, tokens", f"{g.steps:,}, {g.tokens:,}", f"{g.horizon_rule}; tokens = steps x B"),
+            ("flops", f"{g.tokens * g.F:.4g}", f"tokens x F (budget {tc.flops_budget})"),
+            ("lr data tokens D", f"{g.lr_tokens:,}", f"(D / D_ref)^-0.32 on MuonH (App. D.2), D_ref {g.d_ref:,.0f}"),
+            *((k, f"{v:.6g}", f"{lr[k]}; b = (B/{tc.lr_batch_ref})^0.558, w = (d/{g.width_ref})^-0.5; decay to 10% "
+               "(§4.1)") for k, v in g.lrs.items()),
+            ("eval", f"{f.eval_rows * cfg.seq_len if f else tc.eval_tokens:,} val tokens", "data.md §4; every "
+             f"{tc.eval_every} steps (0: none) + the final one"),
+            ("precision", "bf16 (autocast, wte, Polar Express)" if run.use_bf16 else "fp32", "default: bf16 on CUDA"),
+            ("attention", f"{run.attn}, sdpa kernel {tc.sdpa_backend}", attention_summary(run.attn, run.device,
+             run.use_bf16) + ("; forced by --attn" if tc.attn != "auto" else "")),
+            ("compile", run.use_compile and tc.compile_mode, "default: on for CUDA; --compile-mode: torch's mode"),
+            *((("inductor cache", "on", inductor_cache(tc.sdpa_backend)),) if run.use_compile else ()),
+            ("loss read / log", f"every {tc.log_every} step(s)", "the only host syncs, + every eval / checkpoint"),
+            ("mfu peak", f"{peak:.4g} FLOP/s per device" if peak else "n/a", peak_rule),
+            ("est. device-hours", f"{hours:,.4g}", f"tokens x F / ({PLAN_MFU:.0%} MFU x peak); eval excluded")]
+    print0(f"nanoloop {'plan' if tc.plan else 'train'} | world {world} | device {run.dev_name} | out_dir {tc.out_dir}")
+    for name, value, rule in rows:
+        print0(f"  {name:<22} {str(value):<28} # {rule}")
+    return hours, db, peak
 
 def git_info() -> dict:
     """Commit, dirty flag and a hash of the uncommitted diff (style B9), or None where git is unavailable."""
@@ -845,26 +690,53 @@ def git_info() -> dict:
         diff = hashlib.sha256(git("diff", "HEAD").encode()).hexdigest()[:16] if dirty else None
         return {"git_commit": git("rev-parse", "HEAD").strip(), "git_dirty": dirty, "git_diff_sha256": diff}
     except (OSError, subprocess.SubprocessError):               # not a checkout, or no git: provenance unknown
-        return {"git_commit": None, "git_dirty": None, "git_diff_sha256": None}
+        return dict.fromkeys(("git_commit", "git_dirty", "git_diff_sha256"))
 
+# -----------------------------------------------------------------------------
+# CLI: one flat parser generated from ModelConfig + TrainConfig by common.add_dataclass_flags (style B5)
 
-# The CLI: a refusal (bad input, another run's files, a model that cannot fit) is one line and exit status 2, before
-# any work; a failure while running (a NaN loss, a full disk, out of memory) one line and 1; Ctrl-C 130. The details
-# a developer needs are in tracebacks of in-process callers (runs/mini.sh logs them).
-if __name__ == "__main__":
-    mcfg, tcfg = parse_args()
+def parse_args(argv=None) -> tuple:
+    """argv (list of str, None = sys.argv[1:]) -> (ModelConfig, TrainConfig). Every value is checked here, once:
+    its LIMITS row as the flag is parsed, then the choices, the one horizon and --init-from's architecture. A bad
+    one exits 2 with one line."""
+    p = common.Parser(prog="train.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for cls in (ModelConfig, TrainConfig):
+        common.add_dataclass_flags(p, cls, LIMITS)
+    # argparse fills in a default only for a dest the namespace lacks: a model field still UNSET after parsing was
+    # not on the command line (how --init-from tells "--n-loops 1" typed from n_loops left at its default 1)
+    unset, names = object(), [f.name for f in dataclasses.fields(ModelConfig)]
+    ns = p.parse_args(argv, argparse.Namespace(**dict.fromkeys(names, unset)))
+    typed = {k for k in names if getattr(ns, k) is not unset}
+    horizons = [k for k in ("flops_budget", "tokens", "tokens_per_param", "steps") if getattr(ns, k) is not None]
     try:
-        main(mcfg, tcfg)
-    except ValueError as err:                                  # bad input or a refusal: one line, exit 2
+        for name, allowed in CHOICES.items():
+            need(getattr(ns, name) in allowed, f"--{name.replace('_', '-')} must be one of "
+                 f"{', '.join(str(a or 'auto') for a in allowed)}, got {getattr(ns, name)!r}")
+        need(len(horizons) == 1, "give exactly one horizon: --flops-budget, --tokens, --tokens-per-param or --steps "
+             f"(got {horizons or 'none'})")
+        need(ns.eval_tokens != 0, "--eval-tokens must be > 0 or -1 (the whole val split), got 0")
+        model_cfg = ModelConfig(**{k: getattr(ns, k) for k in typed})   # a model field not typed: its default
+        train_cfg = TrainConfig(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(TrainConfig)})
+        if train_cfg.init_from:              # every model flag typed must be the checkpoint's, default-valued ones too
+            init_architecture(model_cfg, train_cfg.init_from, typed)
+        return model_cfg, train_cfg
+    except ValueError as err:                # e.g. r does not divide 16, two horizons, a flag --init-from contradicts
+        p.error(str(err))
+
+# A refusal (bad input, another run's files, a model that cannot fit) is one line and exit status 2, before any
+# work; a failure while running (a NaN loss, a full disk, out of memory) one line and 1; Ctrl-C 130. The details a
+# developer needs are in tracebacks of in-process callers (runs/mini.sh logs them).
+if __name__ == "__main__":
+    try:
+        main(*parse_args())
+    except ValueError as err:
         common.fail("train.py", err)
-    except (FloatingPointError, OSError, torch.cuda.OutOfMemoryError) as err:   # NaN, disk, memory: one line, exit 1
-        print(f"train.py: error: {common.first_line(err)}" + (" (pass a smaller --device-batch, then rerun with "
-              "--resume)" if isinstance(err, torch.cuda.OutOfMemoryError) else ""), file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        print("train.py: interrupted; rerun the same command with --resume to continue from the last checkpoint",
-              file=sys.stderr)
-        sys.exit(130)                                          # the shell's status for SIGINT
+    except (FloatingPointError, OSError, torch.cuda.OutOfMemoryError, KeyboardInterrupt) as err:
+        stop, oom = isinstance(err, KeyboardInterrupt), isinstance(err, torch.cuda.OutOfMemoryError)
+        print("train.py: " + ("interrupted; rerun the same command with --resume to continue from the last checkpoint"
+              if stop else f"error: {common.first_line(err)}" + (" (pass a smaller --device-batch, then rerun with "
+                                                                 "--resume)" if oom else "")), file=sys.stderr)
+        sys.exit(130 if stop else 1)         # 130: the shell's status for SIGINT
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()

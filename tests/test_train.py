@@ -478,7 +478,7 @@ def test_loss_is_read_only_at_logging_steps(tiny_data, tmp_path, monkeypatch):
     monkeypatch.setattr(torch.Tensor, "item", item)
     run(tiny_argv(tiny_data, tmp_path / "run", "--steps", "8", "--log-every", "4", "--ckpt-every", "0"))
     print(f"\n.item() calls from train.py over 8 steps: {calls}")
-    assert calls == ["read_loss", "read_loss"] and len(losses(tmp_path / "run")) == 2
+    assert calls == ["main", "main"] and len(losses(tmp_path / "run")) == 2
 
 
 @pytest.mark.parametrize("name, want", [
