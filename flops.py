@@ -76,8 +76,7 @@ def accounting_args(cfg) -> dict:
         out["d_model"] = aspect * scale
     r, k, mode = out.get("n_loops"), out.get("n_loops_bwd"), out.get("injection")
     if r is not None:               # the layout must exist (r | 16, whole recurrent blocks): layout says why not
-        layout(r, *(out.get(name, default) for name, default in (("n_layers_eff", 20), ("n_layers_prelude", 2),
-                                                                 ("n_layers_coda", 2))))
+        layout(r, out.get("n_layers_eff", 20), out.get("n_layers_prelude", 2), out.get("n_layers_coda", 2))
         if k is not None and k > r:
             raise ValueError(f"n_loops_bwd={k} must be None (full BPTT) or in [1, n_loops={r}]")
         if r > 1 and mode == "hyper" and out.get("hc_lanes", 2) < 2:
@@ -254,8 +253,7 @@ def inference_costs(scale, context=4096, loops=LOOPS, vocab_size=32000, aspect_r
         rows.append(dict(model=name, n_loops=r, layers_exec=eff, n_params=n_once + n_rec,
                          weight_bytes=2 * (n_once + n_rec + 2 * v * d),          # bf16; untied wte + lm_head
                          kv_bytes=2 * eff * context * d * 2,                      # K and V, one slot per executed layer
-                         fwd_flops=forward_flops_per_token(d, r, n_layers_eff=eff, seq_len=context,
-                                                           vocab_size=v)))
+                         fwd_flops=forward_flops_per_token(d, r, n_layers_eff=eff, seq_len=context, vocab_size=v)))
     base = rows[list(loops).index(1)]
     for row in rows:
         for key in ("layers_exec", "weight_bytes", "kv_bytes", "fwd_flops"):
@@ -289,39 +287,38 @@ def main(argv=None):
                           ("hc_lanes", 2), ("n_loops_bwd", None), ("seq_len", SEQ_LEN), ("vocab_size", V_LLAMA)):
         q.add_argument("--" + name.replace("_", "-"), type=num(int, f"[{ACCOUNTING[name]}, {MAX_COUNT}]"),
                        default=default, help="default: full BPTT" if default is None else None)
-    # (the rules across flags -- r | 16, the BPTT window, hc lanes -- are accounting_args', called below)
     for sp in (g, k, q):
         sp.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    try:
-        if a.cmd == "grid":
-            out = grid_runs(n_layers_eff=a.n_layers_eff)
-            if not a.json:
-                _print_grid(out, a.mfu, a.peak_flops)
-        elif a.cmd == "costs":
-            out = inference_costs(a.scale, a.context)
-            if not a.json:
-                print(f"inference at s={a.scale} (d={ASPECT_RATIO * a.scale}), context {a.context}, bf16, V=32000")
-                for r in out:
-                    print(f"{r['model']:>16} | layers {r['layers_exec']:3d} ({r['layers_exec_x']:.1f}x) | N "
-                          f"{r['n_params'] / 1e6:7.1f}M | weights {r['weight_bytes'] / 1e9:.2f} GB | KV "
-                          f"{r['kv_bytes'] / 1e6:6.0f} MB ({r['kv_bytes_x']:.1f}x) | fwd {r['fwd_flops'] / 1e9:.2f} "
-                          f"GFLOP/token ({r['fwd_flops_x']:.3f}x)")
-        else:
+    if a.cmd == "grid":
+        out = grid_runs(n_layers_eff=a.n_layers_eff)
+    elif a.cmd == "costs":
+        out = inference_costs(a.scale, a.context)
+    else:
+        try:        # the rules across flags (r | 16, the BPTT window, hc lanes) and a budget that buys one step
             acc = accounting_args(vars(a))                   # the flags are named as the ModelConfig fields
             (n_once, n_rec), f, fwd = param_split(**acc), flops_per_token(**acc), forward_flops_per_token(**acc)
             steps, tokens = tokens_for_budget(a.flops_budget, f)
-            out = dict(scale=a.scale, d_model=acc["d_model"], n_loops=a.n_loops, injection=a.injection,
-                       layout=layout(a.n_loops, a.n_layers_eff, a.n_layers_prelude, a.n_layers_coda), n_once=n_once,
-                       n_rec=n_rec, n_params=n_once + n_rec, flops_per_token=f, fwd_flops_per_token=fwd,
-                       flops_budget=a.flops_budget, steps=steps, tokens=tokens)
-            if not a.json:
-                for key, val in out.items():
-                    print(f"{key:>20} {val:,}" if isinstance(val, int) else f"{key:>20} {val}")
-    except ValueError as err:
-        common.fail("flops.py", err)
+        except ValueError as err:
+            common.fail("flops.py", err)
+        out = dict(scale=a.scale, d_model=acc["d_model"], n_loops=a.n_loops, injection=a.injection,
+                   layout=layout(a.n_loops, a.n_layers_eff, a.n_layers_prelude, a.n_layers_coda), n_once=n_once,
+                   n_rec=n_rec, n_params=n_once + n_rec, flops_per_token=f, fwd_flops_per_token=fwd,
+                   flops_budget=a.flops_budget, steps=steps, tokens=tokens)
     if a.json:
         print(json.dumps(out, indent=1))
+    elif a.cmd == "grid":
+        _print_grid(out, a.mfu, a.peak_flops)
+    elif a.cmd == "costs":
+        print(f"inference at s={a.scale} (d={ASPECT_RATIO * a.scale}), context {a.context}, bf16, V=32000")
+        for r in out:
+            print(f"{r['model']:>16} | layers {r['layers_exec']:3d} ({r['layers_exec_x']:.1f}x) | N "
+                  f"{r['n_params'] / 1e6:7.1f}M | weights {r['weight_bytes'] / 1e9:.2f} GB | KV "
+                  f"{r['kv_bytes'] / 1e6:6.0f} MB ({r['kv_bytes_x']:.1f}x) | fwd {r['fwd_flops'] / 1e9:.2f} "
+                  f"GFLOP/token ({r['fwd_flops_x']:.3f}x)")
+    else:
+        for key, val in out.items():
+            print(f"{key:>20} {val:,}" if isinstance(val, int) else f"{key:>20} {val}")
     return 0
 
 
