@@ -15,7 +15,7 @@ import argparse
 import json
 import math
 
-import common
+from common import Parser, fail, number
 
 V_LLAMA = 32001            # Llama-2's 32,000 pieces + <|assistant_end|> (architecture §1); padded to 32,064
 SEQ_LEN = 2048             # T, Table 4
@@ -265,27 +265,26 @@ def inference_costs(scale, context=4096, loops=LOOPS, vocab_size=32000, aspect_r
 # CLI
 
 def main(argv=None):
-    ap = common.Parser(prog="flops.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=common.Parser)
-    num = common.number
+    ap = Parser(prog="flops.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=Parser)
     g = sub.add_parser("grid", help="Table 6 and the 116-run list")
     g.add_argument("--n-layers-eff", type=int, default=20, choices=sorted(DEPTH_VARIANTS))
     # bounded below too: --mfu 1e-300 --peak-flops 1e-300 would underflow to a division by zero
-    g.add_argument("--mfu", type=num(float, "[1e-6, 1]"), default=None, help="plan GPU-hours at this model FLOPs "
+    g.add_argument("--mfu", type=number(float, "[1e-6, 1]"), default=None, help="plan GPU-hours at this model FLOPs "
                    "utilisation, in [1e-6, 1]")
-    g.add_argument("--peak-flops", type=num(float, "[1e6, 1e20]"), default=989e12,
+    g.add_argument("--peak-flops", type=number(float, "[1e6, 1e20]"), default=989e12,
                    help="per-GPU peak FLOP/s (default H100 bf16 dense)")
     k = sub.add_parser("costs", help="inference costs, iso-depth vs iso-parameter")
-    k.add_argument("--scale", type=num(int, "[1, 1e6]"), default=34)
-    k.add_argument("--context", type=num(int, "[1, 1e9]"), default=4096)
+    k.add_argument("--scale", type=number(int, "[1, 1e6]"), default=34)
+    k.add_argument("--context", type=number(int, "[1, 1e9]"), default=4096)
     q = sub.add_parser("params", help="N_once, N_rec, F per token for one config")
-    q.add_argument("--flops-budget", type=num(float, "(0, 1e30]"), default=1e18, help="training FLOPs C")
-    q.add_argument("--scale", type=num(int, "[1, 1e6]"), default=10)
+    q.add_argument("--flops-budget", type=number(float, "(0, 1e30]"), default=1e18, help="training FLOPs C")
+    q.add_argument("--scale", type=number(int, "[1, 1e6]"), default=10)
     q.add_argument("--injection", default="linear", choices=INJECTIONS)
     # the other accounting arguments, one flag each, at the ModelConfig defaults (n_loops 4, the paper's layout)
     for name, default in (("n_loops", 4), ("n_layers_eff", 20), ("n_layers_prelude", 2), ("n_layers_coda", 2),
                           ("hc_lanes", 2), ("n_loops_bwd", None), ("seq_len", SEQ_LEN), ("vocab_size", V_LLAMA)):
-        q.add_argument("--" + name.replace("_", "-"), type=num(int, f"[{ACCOUNTING[name]}, {MAX_COUNT}]"),
+        q.add_argument("--" + name.replace("_", "-"), type=number(int, f"[{ACCOUNTING[name]}, {MAX_COUNT}]"),
                        default=default, help="default: full BPTT" if default is None else None)
     for sp in (g, k, q):
         sp.add_argument("--json", action="store_true")
@@ -300,7 +299,7 @@ def main(argv=None):
             (n_once, n_rec), f, fwd = param_split(**acc), flops_per_token(**acc), forward_flops_per_token(**acc)
             steps, tokens = tokens_for_budget(a.flops_budget, f)
         except ValueError as err:
-            common.fail("flops.py", err)
+            fail("flops.py", err)
         out = dict(scale=a.scale, d_model=acc["d_model"], n_loops=a.n_loops, injection=a.injection,
                    layout=layout(a.n_loops, a.n_layers_eff, a.n_layers_prelude, a.n_layers_coda), n_once=n_once,
                    n_rec=n_rec, n_params=n_once + n_rec, flops_per_token=f, fwd_flops_per_token=fwd,

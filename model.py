@@ -38,8 +38,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from flops import accounting_args, layout, pad_vocab
 
 # INJECTIONS, defined once in flops.py (which counts their FLOPs): linear (Eq. 5), additive and passthrough (App. C.2),
-# hyper (App. G.1, Eq. 7), diagonal (App. A, after Parcae).
-STATE_INITS = ("prelude", "random")                           # h(0) = e (App. C.1) | N(0, std^2) (project)
+# hyper (App. G.1, Eq. 7), diagonal (App. A, after Parcae). State inits: prelude, h(0) = e (App. C.1) | random,
+# h(0) ~ N(0, std^2) (project ablation, after Huginn).
 
 # -----------------------------------------------------------------------------
 # Config
@@ -85,7 +85,7 @@ class ModelConfig:
              f"head_dim={self.head_dim!r} must be even and >= 2")
         # d = aspect_ratio x scale is never rounded (the paper never rounds d): another scale is the cure
         need(self.d_model % self.head_dim == 0, f"d_model={self.d_model} is not a multiple of head_dim={self.head_dim}")
-        need(self.state_init in STATE_INITS, f"state_init={self.state_init!r} not in {STATE_INITS}")
+        need(self.state_init in ("prelude", "random"), f"state_init={self.state_init!r} not in ('prelude', 'random')")
         # Only linear, additive and diagonal read e every iteration: with passthrough a random h(0) would cut the
         # prelude off the loop, and hyper's lanes start as copies of e, so the random state would be ignored.
         need(self.state_init == "prelude" or self.injection in ("linear", "additive", "diagonal"),
