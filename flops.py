@@ -323,14 +323,13 @@ def main(argv=None):
 
 def _print_grid(runs, mfu, peak_flops):
     """Table 6: N (M) per (s, r) and r=1 tokens (B) per (s, C); then every run; then the GPU-hour plan."""
-    cell = {(x["flops_budget"], x["n_loops"], x["scale"]): x for x in runs}
-    widths, loops = sorted({x["scale"] for x in runs}), sorted({x["n_loops"] for x in runs})
+    loops = sorted({x["n_loops"] for x in runs})
     print("   s      d " + "".join(f"  N r={r:<3}" for r in loops) + "".join(f"{'D@%.3g' % c:>11}" for c in GRID))
-    for s in widths:
-        row = {x["n_loops"]: x for x in runs if x["scale"] == s}
-        d = [cell.get((c, 1, s)) for c in GRID]
+    for s in sorted({x["scale"] for x in runs}):
+        cell = {(x["flops_budget"], x["n_loops"]): x for x in runs if x["scale"] == s}    # this width's runs
+        row = {r: x for (_, r), x in cell.items()}                                       # d and N do not depend on C
         print(f"{s:4d} {row[loops[0]]['d_model']:6d} " + "".join(f"{row[r]['n_params'] / 1e6:9.1f}" for r in loops)
-              + "".join(f"{x['tokens'] / 1e9:11.2f}" if x else f"{'-':>11}" for x in d))
+              + "".join(f"{cell[c, 1]['tokens'] / 1e9:11.2f}" if (c, 1) in cell else f"{'-':>11}" for c in GRID))
     print(f"\n{len(runs)} runs: flops_budget n_loops scale d_model n_params tokens steps")
     for x in runs:
         print(f"{x['flops_budget']:9.3g} {x['n_loops']:2d} {x['scale']:3d} {x['d_model']:5d} {x['n_params']:12,d} "

@@ -354,8 +354,7 @@ class MuonHAdamW(torch.optim.Optimizer):
     def _step_muonh(self, group, params, lo, hi, c):
         """MuonH on the owned matrices params[lo:hi] of one same-shape stack (their gradients are already the mean
         over ranks: DDP), then launch the all-gather of the owned chunk. Returns the pending gathers ([] if W = 1)."""
-        live = [p for p in params if p.grad is not None]           # same on every rank: DDP grads every param
-        if not live:
+        if all(p.grad is None for p in params):                    # same on every rank: DDP grads every param
             return []
         own = params[lo:hi]
         rdt = torch.promote_types(params[0].dtype, torch.float32)             # R in fp32 (fp64 for fp64 params)
