@@ -15,7 +15,7 @@ import argparse
 import json
 import math
 
-import common
+from common import Parser, fail, number
 
 V_LLAMA = 32001            # Llama-2's 32,000 pieces + <|assistant_end|> (architecture §1); padded to 32,064
 SEQ_LEN = 2048             # T, Table 4
@@ -76,8 +76,7 @@ def accounting_args(cfg) -> dict:
         out["d_model"] = aspect * scale
     r, k, mode = out.get("n_loops"), out.get("n_loops_bwd"), out.get("injection")
     if r is not None:               # the layout must exist (r | 16, whole recurrent blocks): layout says why not
-        layout(r, *(out.get(name, default) for name, default in (("n_layers_eff", 20), ("n_layers_prelude", 2),
-                                                                 ("n_layers_coda", 2))))
+        layout(r, out.get("n_layers_eff", 20), out.get("n_layers_prelude", 2), out.get("n_layers_coda", 2))
         if k is not None and k > r:
             raise ValueError(f"n_loops_bwd={k} must be None (full BPTT) or in [1, n_loops={r}]")
         if r > 1 and mode == "hyper" and out.get("hc_lanes", 2) < 2:
@@ -254,8 +253,7 @@ def inference_costs(scale, context=4096, loops=LOOPS, vocab_size=32000, aspect_r
         rows.append(dict(model=name, n_loops=r, layers_exec=eff, n_params=n_once + n_rec,
                          weight_bytes=2 * (n_once + n_rec + 2 * v * d),          # bf16; untied wte + lm_head
                          kv_bytes=2 * eff * context * d * 2,                      # K and V, one slot per executed layer
-                         fwd_flops=forward_flops_per_token(d, r, n_layers_eff=eff, seq_len=context,
-                                                           vocab_size=v)))
+                         fwd_flops=forward_flops_per_token(d, r, n_layers_eff=eff, seq_len=context, vocab_size=v)))
     base = rows[list(loops).index(1)]
     for row in rows:
         for key in ("layers_exec", "weight_bytes", "kv_bytes", "fwd_flops"):
@@ -267,74 +265,71 @@ def inference_costs(scale, context=4096, loops=LOOPS, vocab_size=32000, aspect_r
 # CLI
 
 def main(argv=None):
-    ap = common.Parser(prog="flops.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=common.Parser)
-    num = common.number
+    ap = Parser(prog="flops.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=Parser)
     g = sub.add_parser("grid", help="Table 6 and the 116-run list")
     g.add_argument("--n-layers-eff", type=int, default=20, choices=sorted(DEPTH_VARIANTS))
     # bounded below too: --mfu 1e-300 --peak-flops 1e-300 would underflow to a division by zero
-    g.add_argument("--mfu", type=num(float, "[1e-6, 1]"), default=None, help="plan GPU-hours at this model FLOPs "
+    g.add_argument("--mfu", type=number(float, "[1e-6, 1]"), default=None, help="plan GPU-hours at this model FLOPs "
                    "utilisation, in [1e-6, 1]")
-    g.add_argument("--peak-flops", type=num(float, "[1e6, 1e20]"), default=989e12,
+    g.add_argument("--peak-flops", type=number(float, "[1e6, 1e20]"), default=989e12,
                    help="per-GPU peak FLOP/s (default H100 bf16 dense)")
     k = sub.add_parser("costs", help="inference costs, iso-depth vs iso-parameter")
-    k.add_argument("--scale", type=num(int, "[1, 1e6]"), default=34)
-    k.add_argument("--context", type=num(int, "[1, 1e9]"), default=4096)
+    k.add_argument("--scale", type=number(int, "[1, 1e6]"), default=34)
+    k.add_argument("--context", type=number(int, "[1, 1e9]"), default=4096)
     q = sub.add_parser("params", help="N_once, N_rec, F per token for one config")
-    q.add_argument("--flops-budget", type=num(float, "(0, 1e30]"), default=1e18, help="training FLOPs C")
-    q.add_argument("--scale", type=num(int, "[1, 1e6]"), default=10)
+    q.add_argument("--flops-budget", type=number(float, "(0, 1e30]"), default=1e18, help="training FLOPs C")
+    q.add_argument("--scale", type=number(int, "[1, 1e6]"), default=10)
     q.add_argument("--injection", default="linear", choices=INJECTIONS)
     # the other accounting arguments, one flag each, at the ModelConfig defaults (n_loops 4, the paper's layout)
     for name, default in (("n_loops", 4), ("n_layers_eff", 20), ("n_layers_prelude", 2), ("n_layers_coda", 2),
                           ("hc_lanes", 2), ("n_loops_bwd", None), ("seq_len", SEQ_LEN), ("vocab_size", V_LLAMA)):
-        q.add_argument("--" + name.replace("_", "-"), type=num(int, f"[{ACCOUNTING[name]}, {MAX_COUNT}]"),
+        q.add_argument("--" + name.replace("_", "-"), type=number(int, f"[{ACCOUNTING[name]}, {MAX_COUNT}]"),
                        default=default, help="default: full BPTT" if default is None else None)
-    # (the rules across flags -- r | 16, the BPTT window, hc lanes -- are accounting_args', called below)
     for sp in (g, k, q):
         sp.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    try:
-        if a.cmd == "grid":
-            out = grid_runs(n_layers_eff=a.n_layers_eff)
-            if not a.json:
-                _print_grid(out, a.mfu, a.peak_flops)
-        elif a.cmd == "costs":
-            out = inference_costs(a.scale, a.context)
-            if not a.json:
-                print(f"inference at s={a.scale} (d={ASPECT_RATIO * a.scale}), context {a.context}, bf16, V=32000")
-                for r in out:
-                    print(f"{r['model']:>16} | layers {r['layers_exec']:3d} ({r['layers_exec_x']:.1f}x) | N "
-                          f"{r['n_params'] / 1e6:7.1f}M | weights {r['weight_bytes'] / 1e9:.2f} GB | KV "
-                          f"{r['kv_bytes'] / 1e6:6.0f} MB ({r['kv_bytes_x']:.1f}x) | fwd {r['fwd_flops'] / 1e9:.2f} "
-                          f"GFLOP/token ({r['fwd_flops_x']:.3f}x)")
-        else:
+    if a.cmd == "grid":
+        out = grid_runs(n_layers_eff=a.n_layers_eff)
+    elif a.cmd == "costs":
+        out = inference_costs(a.scale, a.context)
+    else:
+        try:        # the rules across flags (r | 16, the BPTT window, hc lanes) and a budget that buys one step
             acc = accounting_args(vars(a))                   # the flags are named as the ModelConfig fields
             (n_once, n_rec), f, fwd = param_split(**acc), flops_per_token(**acc), forward_flops_per_token(**acc)
             steps, tokens = tokens_for_budget(a.flops_budget, f)
-            out = dict(scale=a.scale, d_model=acc["d_model"], n_loops=a.n_loops, injection=a.injection,
-                       layout=layout(a.n_loops, a.n_layers_eff, a.n_layers_prelude, a.n_layers_coda), n_once=n_once,
-                       n_rec=n_rec, n_params=n_once + n_rec, flops_per_token=f, fwd_flops_per_token=fwd,
-                       flops_budget=a.flops_budget, steps=steps, tokens=tokens)
-            if not a.json:
-                for key, val in out.items():
-                    print(f"{key:>20} {val:,}" if isinstance(val, int) else f"{key:>20} {val}")
-    except ValueError as err:
-        common.fail("flops.py", err)
+        except ValueError as err:
+            fail("flops.py", err)
+        out = dict(scale=a.scale, d_model=acc["d_model"], n_loops=a.n_loops, injection=a.injection,
+                   layout=layout(a.n_loops, a.n_layers_eff, a.n_layers_prelude, a.n_layers_coda), n_once=n_once,
+                   n_rec=n_rec, n_params=n_once + n_rec, flops_per_token=f, fwd_flops_per_token=fwd,
+                   flops_budget=a.flops_budget, steps=steps, tokens=tokens)
     if a.json:
         print(json.dumps(out, indent=1))
+    elif a.cmd == "grid":
+        _print_grid(out, a.mfu, a.peak_flops)
+    elif a.cmd == "costs":
+        print(f"inference at s={a.scale} (d={ASPECT_RATIO * a.scale}), context {a.context}, bf16, V=32000")
+        for r in out:
+            print(f"{r['model']:>16} | layers {r['layers_exec']:3d} ({r['layers_exec_x']:.1f}x) | N "
+                  f"{r['n_params'] / 1e6:7.1f}M | weights {r['weight_bytes'] / 1e9:.2f} GB | KV "
+                  f"{r['kv_bytes'] / 1e6:6.0f} MB ({r['kv_bytes_x']:.1f}x) | fwd {r['fwd_flops'] / 1e9:.2f} "
+                  f"GFLOP/token ({r['fwd_flops_x']:.3f}x)")
+    else:
+        for key, val in out.items():
+            print(f"{key:>20} {val:,}" if isinstance(val, int) else f"{key:>20} {val}")
     return 0
 
 
 def _print_grid(runs, mfu, peak_flops):
     """Table 6: N (M) per (s, r) and r=1 tokens (B) per (s, C); then every run; then the GPU-hour plan."""
-    cell = {(x["flops_budget"], x["n_loops"], x["scale"]): x for x in runs}
-    widths, loops = sorted({x["scale"] for x in runs}), sorted({x["n_loops"] for x in runs})
+    loops = sorted({x["n_loops"] for x in runs})
     print("   s      d " + "".join(f"  N r={r:<3}" for r in loops) + "".join(f"{'D@%.3g' % c:>11}" for c in GRID))
-    for s in widths:
-        row = {x["n_loops"]: x for x in runs if x["scale"] == s}
-        d = [cell.get((c, 1, s)) for c in GRID]
+    for s in sorted({x["scale"] for x in runs}):
+        cell = {(x["flops_budget"], x["n_loops"]): x for x in runs if x["scale"] == s}    # this width's runs
+        row = {r: x for (_, r), x in cell.items()}                                       # d and N do not depend on C
         print(f"{s:4d} {row[loops[0]]['d_model']:6d} " + "".join(f"{row[r]['n_params'] / 1e6:9.1f}" for r in loops)
-              + "".join(f"{x['tokens'] / 1e9:11.2f}" if x else f"{'-':>11}" for x in d))
+              + "".join(f"{cell[c, 1]['tokens'] / 1e9:11.2f}" if (c, 1) in cell else f"{'-':>11}" for c in GRID))
     print(f"\n{len(runs)} runs: flops_budget n_loops scale d_model n_params tokens steps")
     for x in runs:
         print(f"{x['flops_budget']:9.3g} {x['n_loops']:2d} {x['scale']:3d} {x['d_model']:5d} {x['n_params']:12,d} "

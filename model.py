@@ -26,7 +26,6 @@ paper -> code:  r n_loops | s scale (d = 64 s) | l_prelude / l_recur / l_coda n_
 """
 import contextlib
 import importlib
-import itertools
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -39,8 +38,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from flops import accounting_args, layout, pad_vocab
 
 # INJECTIONS, defined once in flops.py (which counts their FLOPs): linear (Eq. 5), additive and passthrough (App. C.2),
-# hyper (App. G.1, Eq. 7), diagonal (App. A, after Parcae).
-STATE_INITS = ("prelude", "random")                           # h(0) = e (App. C.1) | N(0, std^2) (project)
+# hyper (App. G.1, Eq. 7), diagonal (App. A, after Parcae). State inits: prelude, h(0) = e (App. C.1) | random,
+# h(0) ~ N(0, std^2) (project ablation, after Huginn).
 
 # -----------------------------------------------------------------------------
 # Config
@@ -82,20 +81,20 @@ class ModelConfig:
         def need(ok, msg):
             if not ok:
                 raise ValueError(f"ModelConfig: {msg}")
-        need(type(self.head_dim) is int and self.head_dim >= 2 and self.head_dim % 2 == 0,
-             f"head_dim={self.head_dim!r} must be even and >= 2 (RoPE halves)")
-        need(self.d_model % self.head_dim == 0, f"d_model={self.d_model} (= {self.aspect_ratio} x scale {self.scale})"
-             f" is not a multiple of head_dim={self.head_dim}; pick another scale (the paper never rounds d)")
-        need(self.state_init in STATE_INITS, f"state_init={self.state_init!r} not in {STATE_INITS}")
+        need(type(self.head_dim) is int and self.head_dim >= 2 and self.head_dim % 2 == 0,     # RoPE halves it
+             f"head_dim={self.head_dim!r} must be even and >= 2")
+        # d = aspect_ratio x scale is never rounded (the paper never rounds d): another scale is the cure
+        need(self.d_model % self.head_dim == 0, f"d_model={self.d_model} is not a multiple of head_dim={self.head_dim}")
+        need(self.state_init in ("prelude", "random"), f"state_init={self.state_init!r} not in ('prelude', 'random')")
+        # Only linear, additive and diagonal read e every iteration: with passthrough a random h(0) would cut the
+        # prelude off the loop, and hyper's lanes start as copies of e, so the random state would be ignored.
         need(self.state_init == "prelude" or self.injection in ("linear", "additive", "diagonal"),
-             f"state_init='random' needs injection linear, additive or diagonal (with {self.injection!r} the prelude "
-             "output would never reach the recurrent block)")
+             f"state_init='random' needs injection linear, additive or diagonal, not {self.injection!r}")
         # Passthrough (u = h) reads e only through h(0), and Eq. 6 detaches every iteration before the window, so
         # no gradient would ever reach wte, norm_emb or the prelude: they would silently stay at their init (and
         # DDP, finding them unused, fails at step 2). The release has the same zero gradient; refuse.
-        need(self.injection != "passthrough" or self.n_loops_bwd in (None, self.n_loops), "injection='passthrough' "
-             "needs full BPTT: e enters only through h(0), which n_loops_bwd < n_loops detaches (Eq. 6), so wte and "
-             "the prelude would never train; leave n_loops_bwd=None or pick another injection")
+        need(self.injection != "passthrough" or self.n_loops_bwd in (None, self.n_loops),
+             "injection='passthrough' needs full BPTT (n_loops_bwd=None): e enters only through h(0)")
         need(all(0 < v < math.inf for v in (self.state_init_std, self.logit_softcap, self.rope_base, self.norm_eps)),
              "state_init_std, logit_softcap, rope_base and norm_eps must be finite and > 0")   # nan fails too
 
@@ -159,9 +158,8 @@ def attend(q, k, v, backend="auto", sdpa="auto"):
     if backend == "auto":
         backend = next((n for n in ("fa3", "fa2") if half and _attn_unusable(n, q.device, True) is None), "sdpa")
     if backend != "sdpa":
-        if not half:                                              # e.g. eval outside autocast with --attn fa2
-            raise ValueError(f"attention backend {backend} got {q.dtype} on {q.device}; it takes bf16/fp16 CUDA "
-                             "tensors (run under bf16 autocast, or use sdpa)")
+        if not half:                   # e.g. eval outside autocast with --attn fa2: bf16 autocast, or sdpa, is the cure
+            raise ValueError(f"attention backend {backend} takes bf16/fp16 CUDA tensors, got {q.dtype} on {q.device}")
         out = _FLASH[backend](q, k, v, causal=True)               # causal mask is bottom-right aligned: Tq <= Tk ok
         return out[0] if isinstance(out, tuple) else out          # FA-3 may also return the log-sum-exp
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))              # (B, H, T, D), SDPA's layout
@@ -306,7 +304,7 @@ class LoopedGPT(nn.Module):
 
     def blocks(self):
         """Every distinct Block once (prelude, recur, coda): for init and labelling, not the execution order."""
-        return itertools.chain(self.prelude, self.recur, self.coda)
+        return [*self.prelude, *self.recur, *self.coda]
 
     def set_attention(self, backend: str, sdpa: str = "auto"):
         """Use attention backend "fa3" | "fa2" | "sdpa" (from resolve_attention) or "auto" in every layer, and SDPA's
@@ -367,9 +365,8 @@ class LoopedGPT(nn.Module):
         linear = {id(m.weight) for m in self.modules() if isinstance(m, nn.Linear) and m is not self.lm_head}
         named = {id(p) for p in (self.wte.weight, self.lm_head.weight, *self.hc_params(), *gains)}
         rest = [p for p in self.parameters() if id(p) not in named]
-        groups = dict(matrix=[p for p in rest if id(p) in linear], wte=[self.wte.weight],
-                      lm_head=[self.lm_head.weight], norm=gains + [p for p in rest if id(p) not in linear],
-                      hc=self.hc_params())
+        groups = dict(matrix=[p for p in rest if id(p) in linear], wte=[self.wte.weight], lm_head=[self.lm_head.weight],
+                      norm=gains + [p for p in rest if id(p) not in linear], hc=self.hc_params())
         assert sorted(id(p) for g in groups.values() for p in g) == sorted(id(p) for p in self.parameters())
         return groups
 
@@ -386,12 +383,6 @@ class LoopedGPT(nn.Module):
         for j, blk in enumerate(blocks):
             x = blk(x, rope, None if kv_cache is None else (kv_cache, first_slot + j))
         return x
-
-    def check_n_loops(self, n_loops: int) -> None:
-        """ValueError if this model cannot run n_loops iterations (cfg.loop_sweepable): eval.py's preflight."""
-        if n_loops != self.cfg.n_loops and not self.cfg.loop_sweepable:
-            raise ValueError(f"its per-iteration parameters (cfg.loop_sweepable) exist for exactly "
-                             f"{self.cfg.n_loops} iterations; cannot run n_loops={n_loops}")
 
     def forward(self, idx, targets=None, reduction="mean", n_loops=None, generator=None, kv_cache=None,
                 state_noise=None):
@@ -427,7 +418,6 @@ class LoopedGPT(nn.Module):
         elif self.state_init == "random":                       # Huginn-style h(0) ~ N(0, std^2 I), fresh each call
             if state_noise is None:
                 state_noise = torch.randn(e.shape, generator=generator, device=e.device, dtype=e.dtype)
-            assert state_noise.shape == e.shape, "state_noise must be (B, T, d), one draw per position"
             h = state_noise.to(e.dtype) * cfg.state_init_std
         elif mode == "additive":
             h = torch.zeros_like(e)                             # h(0) = 0, so u(0) = e (App. C.2)
@@ -481,8 +471,6 @@ class LoopedGPT(nn.Module):
         """Append max_new_tokens sampled tokens to idx (B, T0) with KV-cached decoding. temperature 0 = greedy.
 
         generator (same device as the model) makes sampling and the random state init reproducible."""
-        if max_new_tokens == 0:
-            return idx
         # One cache for prompt + continuation: prefill writes every slot for T0 positions, each step one more.
         cache = self.new_kv_cache(idx.size(1) + max_new_tokens, n_loops)
         logits = self(idx, generator=generator, kv_cache=cache)[:, -1]      # prefill: (B, V)
@@ -582,9 +570,8 @@ def resolve_attention(requested: str, device, bf16: bool) -> tuple:
             raise ValueError(f"--attn {requested} cannot run here: {why} (use --attn auto or sdpa)")
         return requested, "forced by --attn"
     skipped = []
-    for name in ("fa3", "fa2"):
+    for name in ("fa3", "fa2", "sdpa"):                              # sdpa runs anywhere: the loop always returns
         why = _attn_unusable(name, device, bf16)
         if why is None:
-            return name, "auto: " + "; ".join(skipped + [f"{name} runs here"])
+            return name, "auto: " + "; ".join(skipped + ([] if name == "sdpa" else [f"{name} runs here"]))
         skipped.append(why)
-    return "sdpa", "auto: " + "; ".join(skipped)

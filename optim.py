@@ -297,6 +297,13 @@ class MuonHAdamW(torch.optim.Optimizer):
             g = {**GROUP_DEFAULTS[g["kind"]], "name": f"{g['kind']}{i}", **g, "params": list(g["params"])}
             # MuonH orthogonalises matrices; gains and vectors belong to AdamW (model.param_groups sorts them)
             assert g["kind"] == "adamw" or all(p.ndim == 2 for p in g["params"]), "MuonH takes only 2-D matrices"
+            # R = ||W_0||_F = 0 (a fork's zero-initialised nn.Linear; App. C.1 has none) and MuonH could never move
+            # the matrix: refused here, on every rank alike and before any state exists, not in the first step.
+            for p in g["params"] if g["kind"] == "muonh" else []:
+                r = torch.linalg.vector_norm(p.detach()).item()
+                if not (math.isfinite(r) and r > 0):
+                    raise ValueError(f"group {g['name']!r}: a {p.shape[0]}x{p.shape[1]} matrix has Frobenius norm {r}; "
+                                     "MuonH needs R = ||W_0||_F > 0")
             groups.append(dict(g, initial_lr=g["lr"]))
         super().__init__(groups, defaults={})   # raises if a parameter appears in two groups
         distributed = shard and dist.is_available() and dist.is_initialized()
@@ -305,7 +312,6 @@ class MuonHAdamW(torch.optim.Optimizer):
         self._stacks = [self._plan(g) if g["kind"] == "muonh" else [] for g in self.param_groups]
         self._not_owned = {id(p) for stacks in self._stacks for params, lo, hi, _ in stacks
                            for i, p in enumerate(params) if not lo <= i < hi}
-        self._checked = set()    # stacks whose init norms every rank has checked (first step)
         self._packs = {}         # (state key, param ids) -> (stacked tensor, its slices handed out as the state)
         cuda = any(p.is_cuda for g in self.param_groups if g["kind"] == "muonh" for p in g["params"])
         self._compiled = cuda if compile is None else compile
@@ -348,27 +354,14 @@ class MuonHAdamW(torch.optim.Optimizer):
     def _step_muonh(self, group, params, lo, hi, c):
         """MuonH on the owned matrices params[lo:hi] of one same-shape stack (their gradients are already the mean
         over ranks: DDP), then launch the all-gather of the owned chunk. Returns the pending gathers ([] if W = 1)."""
-        live = [p for p in params if p.grad is not None]           # same on every rank: DDP grads every param
-        if not live:
+        if all(p.grad is None for p in params):                    # same on every rank: DDP grads every param
             return []
         own = params[lo:hi]
         rdt = torch.promote_types(params[0].dtype, torch.float32)             # R in fp32 (fp64 for fp64 params)
-        new = [p for p in own if p.grad is not None and not self.state[p]]
-        # First step of this stack: every rank checks every matrix, so a zero init fails on all ranks at once
-        # instead of leaving the others waiting in the all-gather. Checked before any state is touched.
-        check = new if id(params[0]) in self._checked else live
-        radii = {id(p): torch.linalg.vector_norm(p, dtype=rdt) for p in check + new}
-        for p in check:
-            r = radii[id(p)].item()         # one host sync per matrix, at the first step only
-            if not (math.isfinite(r) and r > 0):
-                idx = next(j for j, q in enumerate(group["params"]) if q is p)
-                raise ValueError(f"group {group['name']!r}: matrix #{idx} ({p.shape[0]}x{p.shape[1]}) has Frobenius "
-                                 f"norm {r}; MuonH's radius R = ||W_0||_F must be > 0 or the matrix can never move "
-                                 f"(initialise it non-zero, App. C.1)")
-        self._checked.add(id(params[0]))
-        for p in new:                       # first step: cache R from the init weights (fp32), zero momentum
-            self.state[p].update(R=radii[id(p)], momentum_buffer=torch.zeros_like(p), step=torch.tensor(0.0))
         act = [p for p in own if p.grad is not None]
+        for p in [q for q in act if not self.state[q]]:     # first step: cache R from the init weights, zero momentum
+            self.state[p].update(R=torch.linalg.vector_norm(p, dtype=rdt), momentum_buffer=torch.zeros_like(p),
+                                 step=torch.tensor(0.0))
         if act:
             W = torch.stack(act)                                               # (k, rows, cols), k <= c owned
             G = torch.stack([p.grad for p in act])                             # (k, rows, cols) mean gradients
@@ -509,15 +502,14 @@ def main(argv=None):
     p.add_argument("--json", action="store_true", help="print the peak LRs as one JSON object")
     a = p.parse_args(argv)
     d = a.aspect_ratio * a.scale
-    try:
-        layout(a.n_loops, a.n_layers_eff, a.n_layers_prelude, a.n_layers_coda)   # the run must exist (r | 16, §3.1)
-        d_model_ref, d_ref = reference(a.n_loops, a.aspect_ratio, a.head_dim, a.n_layers_eff, a.n_layers_prelude,
-                                       a.n_layers_coda)
-        d_ref = a.d_ref or d_ref
-        lrs = hyperp_lrs(d, a.n_loops, a.tokens, a.batch_tokens, a.base_lr, d_ref, d_model_ref)
-        f = hyperp_factors(d, a.n_loops, a.tokens, a.batch_tokens, d_ref, d_model_ref)
+    try:                # the one rule across flags: the run must exist (r | 16, whole recurrent blocks; §3.1)
+        layout(a.n_loops, a.n_layers_eff, a.n_layers_prelude, a.n_layers_coda)
     except ValueError as e:
         p.error(str(e))
+    d_model_ref, d_ref = reference(a.n_loops, a.aspect_ratio, a.head_dim, a.n_layers_eff, a.n_layers_prelude,
+                                   a.n_layers_coda)
+    f = hyperp_factors(d, a.n_loops, a.tokens, a.batch_tokens, a.d_ref or d_ref, d_model_ref)
+    lrs = hyperp_lrs(d, a.n_loops, a.tokens, a.batch_tokens, a.base_lr, f["d_ref"], d_model_ref)
     if a.json:
         print(json.dumps(out := {**lrs, "d_ref": int(f["d_ref"])}))
         return out

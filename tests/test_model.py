@@ -500,16 +500,18 @@ def test_a_new_parameter_needs_no_edit_in_the_optimizer_or_the_split():
 
 
 def test_loop_sweepable_is_the_one_predicate():
-    """Issue 24 §7: whether a model can run a test-time r' != r is ModelConfig.loop_sweepable, and check_n_loops
-    (eval.py's preflight) refuses by it: hyperconnections have alpha/M/beta for exactly r iterations."""
+    """Issue 24 §7: whether a model can run a test-time r' != r is ModelConfig.loop_sweepable (eval.py asks it, and
+    refuses r' != r where it is False: tests/test_variants.py). True means the model runs any r'; False marks the
+    per-iteration parameters: hyperconnections have alpha/M/beta for exactly r iterations (Eq. 7)."""
     for mode in ("linear", "additive", "passthrough", "diagonal"):
-        assert tiny_cfg(n_loops=4, injection=mode).loop_sweepable
+        cfg = tiny_cfg(n_loops=4, injection=mode)
+        assert cfg.loop_sweepable
+        m = LoopedGPT(cfg)
+        with torch.no_grad():
+            assert all(m(tokens(), n_loops=r).isfinite().all() for r in (1, 2, 8))     # r' != r runs
     assert tiny_cfg(n_loops=1, injection="hyper").loop_sweepable                     # r = 1: no injection at all
     m = LoopedGPT(tiny_cfg(n_loops=4, injection="hyper"))
-    assert not m.cfg.loop_sweepable
-    m.check_n_loops(4)
-    with pytest.raises(ValueError, match="exactly 4 iterations"):
-        m.check_n_loops(8)
+    assert not m.cfg.loop_sweepable and m.hc_alpha.shape[0] == m.hc_mix.shape[0] == m.hc_beta.shape[0] == 4
 
 
 # -----------------------------------------------------------------------------

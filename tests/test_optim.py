@@ -528,14 +528,15 @@ def test_state_dict_round_trip_is_bitwise():
 
 def test_errors():
     """What optim.py still refuses (issue 24 §3: its rules trust their arguments, the CLI and ModelConfig check them):
-    a matrix MuonH could never move (R = 0, a fork's zero-initialised nn.Linear), on every rank before any state
-    is touched, and a checkpoint of another group layout (a file: a silent wrong load otherwise)."""
+    a matrix MuonH could never move (R = 0, a fork's zero-initialised nn.Linear), on every rank when the optimizer
+    is built, and a checkpoint of another group layout (a file: a silent wrong load otherwise)."""
     W = torch.nn.Parameter(torch.zeros(4, 6))                                      # R = 0: could never move
+    with pytest.raises(ValueError, match="Frobenius norm"):                        # refused when built, no state
+        build_optimizer({"matrix": [W, torch.nn.Parameter(torch.ones(4, 6))]}, {"muonh_lr": 0.014})
+    W.data.fill_(1.0)
     opt = build_optimizer({"matrix": [W]}, {"muonh_lr": 0.014})
     W.grad = torch.ones(4, 6)
-    with pytest.raises(ValueError, match="Frobenius norm"):
-        opt.step()
-    assert not opt.state[W]                                                        # no half-initialised state
+    opt.step()
     with pytest.raises(ValueError, match="group layout"):                          # checkpoint of another layout
         build_optimizer({"wte": [torch.nn.Parameter(torch.ones(3, 2))]}, {"wte_lr": 0.3}).load_state_dict(
             opt.state_dict())
