@@ -26,18 +26,14 @@ class Parser(argparse.ArgumentParser):
 def first_line(text) -> str:
     return next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "unknown error")
 
-class Refusal(SystemExit):
-    """Exit status 2 carrying its line, so an in-process caller (a test, a notebook) reads it from str(exc)."""
-    def __init__(self, message: str):
-        super().__init__(2)
-        self.message = message
-    def __str__(self):
-        return self.message
-
 def fail(prog: str, err) -> typing.NoReturn:
+    """Print prog's one error line and exit with status 2; str() of the exit is that line, for an in-process
+    caller (a test, a notebook). SystemExit's code attribute is the status; its message is never printed twice."""
     line = f"{prog}: error: {first_line(err)}"
     print(line, file=sys.stderr, flush=True)
-    raise Refusal(line)
+    stop = SystemExit(line)
+    stop.code = 2
+    raise stop
 
 # -----------------------------------------------------------------------------
 # Checked numbers. One notation for a range, "[lo, hi]" with ( ) for open ends and inf, shared by the CLI flags

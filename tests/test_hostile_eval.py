@@ -56,7 +56,7 @@ def cli(argv, capsys):
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        msg = e.code if isinstance(e.code, str) else getattr(e, "message", "")     # common.Refusal carries it
+X
     out, err = capsys.readouterr()
     return code, (msg or err).strip(), out
 
