@@ -27,8 +27,8 @@ def first_line(text) -> str:
     return next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "unknown error")
 
 def fail(prog: str, err) -> typing.NoReturn:
-    """Print prog's one error line and exit with status 2; str() of the exit is that line, for an in-process
-    caller (a test, a notebook). SystemExit's code attribute is the status; its message is never printed twice."""
+    """Print prog's one error line, exit with status 2 (SystemExit's code); str() of the exit is the line, for an
+    in-process caller (a test, a notebook)."""
     line = f"{prog}: error: {first_line(err)}"
     print(line, file=sys.stderr, flush=True)
     stop = SystemExit(line)
@@ -218,9 +218,8 @@ def claim(folder: str, tool: str, request=None, overwrite: bool = False, flag: s
 
 def release(folder: str) -> None:
     """Drop a claim early (the process's exit drops it anyway)."""
-    fd = HELD.pop(os.path.abspath(folder), (None,))[0]
-    if fd is not None:
-        os.close(fd)
+    with contextlib.suppress(KeyError):
+        os.close(HELD.pop(os.path.abspath(folder))[0])
 
 def check_new(path: str, overwrite: bool = False, flag: str = "--out", tool=None, key=None) -> None:
     """A single output file may be written if it is absent, ours (a JSON whose written_by names tool and key),
