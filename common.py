@@ -26,18 +26,14 @@ class Parser(argparse.ArgumentParser):
 def first_line(text) -> str:
     return next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "unknown error")
 
-class Refusal(SystemExit):
-    """Exit status 2 carrying its line, so an in-process caller (a test, a notebook) reads it from str(exc)."""
-    def __init__(self, message: str):
-        super().__init__(2)
-        self.message = message
-    def __str__(self):
-        return self.message
-
 def fail(prog: str, err) -> typing.NoReturn:
+    """Print prog's one error line, exit with status 2 (SystemExit's code); str() of the exit is the line, for an
+    in-process caller (a test, a notebook)."""
     line = f"{prog}: error: {first_line(err)}"
     print(line, file=sys.stderr, flush=True)
-    raise Refusal(line)
+    stop = SystemExit(line)
+    stop.code = 2
+    raise stop
 
 # -----------------------------------------------------------------------------
 # Checked numbers. One notation for a range, "[lo, hi]" with ( ) for open ends and inf, shared by the CLI flags
@@ -222,9 +218,8 @@ def claim(folder: str, tool: str, request=None, overwrite: bool = False, flag: s
 
 def release(folder: str) -> None:
     """Drop a claim early (the process's exit drops it anyway)."""
-    fd = HELD.pop(os.path.abspath(folder), (None,))[0]
-    if fd is not None:
-        os.close(fd)
+    with contextlib.suppress(KeyError):
+        os.close(HELD.pop(os.path.abspath(folder))[0])
 
 def check_new(path: str, overwrite: bool = False, flag: str = "--out", tool=None, key=None) -> None:
     """A single output file may be written if it is absent, ours (a JSON whose written_by names tool and key),
