@@ -164,6 +164,10 @@ def load_records(runs_dir):
     if not os.path.isdir(runs_dir):
         raise ValueError(f"runs directory {runs_dir!r} " + ("is not a folder" if os.path.exists(runs_dir) else
                                                             "does not exist"))
+    # one study, one data set: runs trained on other data or another tokenizer follow another law, and a fit (or a
+    # delta-phi) across them would be silently wrong. A record that predates a field matches any value of it.
+    data = lambda rec: {k: v for k, v in (("data", (rec.get("identity") or {}).get("data")),
+                                          ("tokenizer", rec.get("tokenizer_hash"))) if v is not None}
     recs = []
     for root in [root for root, names in _folders(runs_dir) if "done.json" in names]:
         path = os.path.join(root, "done.json")
@@ -187,19 +191,13 @@ def load_records(runs_dir):
         rec.update(source=path, run_dir=os.path.relpath(root, runs_dir), n_loops_sweep=_read_sweep(
             os.path.join(root, "eval.json")), arch={k: v for k, v in acc.items() if k not in ("d_model", "n_loops")},
             aspect_ratio=mcfg.get("aspect_ratio", flops.ASPECT_RATIO))
+        if recs and (diff := common.identity_diff(data(recs[0]), data(rec), {**data(rec), **data(recs[0])})):
+            raise ValueError(f"{rec['source']} and {recs[0]['source']} were trained on different data ({diff[0]})")
         recs.append(rec)
     if not recs:
         left = unfinished_runs(runs_dir)
         raise ValueError(f"no done.json found under {runs_dir!r}"
                          + (f" ({len(left)} unfinished run folders, e.g. {left[0]})" if left else ""))
-    # one study, one data set: runs trained on other data or another tokenizer follow another law, and a fit (or a
-    # delta-phi) across them would be silently wrong. A record that predates a field matches any value of it.
-    data = lambda rec: {k: v for k, v in (("data", (rec.get("identity") or {}).get("data")),
-                                          ("tokenizer", rec.get("tokenizer_hash"))) if v is not None}
-    for rec in recs[1:]:
-        diff = common.identity_diff(data(recs[0]), data(rec), {**data(rec), **data(recs[0])})
-        if diff:
-            raise ValueError(f"{rec['source']} and {recs[0]['source']} were trained on different data ({diff[0]})")
     return recs
 
 def unfinished_runs(runs_dir):
@@ -626,12 +624,8 @@ def bootstrap_phi(runs, theta_hat, n_boot=N_BOOT, seed=0, boot_restarts=BOOT_RES
     k = 1 + boot_restarts
     x0 = np.concatenate([np.repeat(np.asarray(theta_hat)[None], n_boot, 0),
                          rng.uniform(*_box(6), size=(n_boot * boot_restarts, 6))])   # (k B, 6) warm starts first
-    Wk = np.concatenate([W] + [W] * boot_restarts) if boot_restarts else W   # (k B, n)
     t0 = time.perf_counter()
-    if progress:
-        print(f"bootstrap: {n_boot} resamples of {len(cells)} cells, {k * n_boot} starts screened at once",
-              file=sys.stderr, flush=True)
-    xs, fs, _ = _screen(prob, x0, Wk)
+    xs, fs, _ = _screen(prob, x0, np.concatenate([W] * k))                    # weights (k B, n)
     xs, fs, phis, wins = xs.reshape(k, n_boot, 6), fs.reshape(k, n_boot), np.empty(n_boot), 0
     for i in range(n_boot):
         # tight-tolerance polish: a warm start that stops early barely moves and would make the CI too narrow
@@ -826,13 +820,12 @@ def loop_sweeps(runs):
     [{n_loops (trained r), flops_budget, n_params, val_loss (at r), curve: [{n_loops: r', val_loss}], gain}], where
     gain = L(largest r') - L(r' = r) in nats (negative: more loops at test time help)."""
     out = []
-    for i, curve in [(i, c) for i, c in enumerate(runs.get("sweep") or []) if c]:
+    for i, curve in [(i, c) for i, c in enumerate(runs["sweep"]) if c]:
         r, at = int(runs["n_loops"][i]), {int(p["n_loops"]): float(p["val_loss"]) for p in curve}
-        top = max(at)
         out.append({"n_loops": r, "flops_budget": float(runs["flops_budget"][i]), "source": runs["source"][i],
                     "n_params": float(runs["n_once"][i] + runs["n_rec"][i]), "val_loss": float(runs["val_loss"][i]),
                     "curve": [{"n_loops": k, "val_loss": at[k]} for k in sorted(at)],
-                    "gain": at[top] - at[r] if (r in at and top > r) else None})
+                    "gain": at[max(at)] - at[r] if (r in at and max(at) > r) else None})
     return sorted(out, key=lambda e: (e["flops_budget"], e["n_loops"], e["n_params"]))
 
 def select_runs(runs, case=None, loops=None):
@@ -848,8 +841,7 @@ def select_runs(runs, case=None, loops=None):
         raise ValueError(f"no run has case {case!r}; cases present: {labels}" if case else
                          f"every run carries a case label ({labels}); choose one with --case")
     if case is not None and not np.any(sel & (runs["n_loops"] == 1)):
-        sel = sel | (base & np.isin(runs["flops_budget"], list(set(runs["flops_budget"][sel])))
-                     & (runs["n_loops"] == 1))
+        sel = sel | (base & np.isin(runs["flops_budget"], runs["flops_budget"][sel]) & (runs["n_loops"] == 1))
     if loops is not None:
         sel &= np.isin(runs["n_loops"], list(loops))
     if not sel.any():
@@ -1063,8 +1055,8 @@ def report_text(res):
          f" | {res.get('seconds', 0):.1f} s", ""]
     # rule 6 of issue 12: what limits these numbers comes before the numbers
     if res.get("flags"):
-        L += ["## Warnings: read the numbers below with these in mind", ""]
-        L += [f"- **{f['name']}**: {f['message']}" for f in res["flags"]] + [""]
+        L += ["## Warnings: read the numbers below with these in mind", "",
+              *(f"- **{f['name']}**: {f['message']}" for f in res["flags"]), ""]
     if "chinchilla" in res:
         return "\n".join(L + _table1(_chin_groups(res), "## Chinchilla fits (Eq. 2; layout of Table 1)")) + "\n"
     # Table 1: the per-architecture exponents are not comparable across r (N means different things under sharing,
@@ -1120,9 +1112,7 @@ def report_text(res):
              *(f"{a[k]:.3f}" if k in a else "-" for k in rps), "-" if e["gain"] is None else f"{e['gain']:+.3f}")
             for e, a in zip(sw, at)], "## Test-time loop extrapolation (App. A; eval.py --n-loops-sweep, figure "
                                       "loop_sweep.png)")
-    if "frontier" in res:
-        L += _frontier_text(res)
-    return "\n".join(L) + "\n"
+    return "\n".join(L + _frontier_text(res)) + "\n"
 
 def _frontier_text(res):
     """The frontier sections of report.md: per-arch optima and gaps, exponents, the joint law's s* (App. G.3) and
@@ -1173,16 +1163,14 @@ def _pyplot():
     return plt
 
 def _png(fig):
-    """A matplotlib figure as PNG bytes (closed afterwards): nothing is written here, so a figure that fails leaves
-    no file behind."""
+    """A matplotlib figure as PNG bytes (then closed): nothing is written here, so a figure that fails leaves no file
+    behind."""
     buf = io.BytesIO()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")          # tight_layout's "not compatible" notes on odd axes
-            fig.tight_layout()
-            fig.savefig(buf, format="png", dpi=110)
-    finally:
-        _pyplot().close(fig)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")              # tight_layout's "not compatible" notes on odd axes
+        fig.tight_layout()
+        fig.savefig(buf, format="png", dpi=110)
+    _pyplot().close(fig)
     return buf.getvalue()
 
 def _lim(*arrays):
@@ -1233,17 +1221,16 @@ def make_figures(res, runs):
     _diagonal(axes[1], runs, title=f"joint (Eq. 3), φ = {res['joint']['phi']:.3f}, RMSE {res['joint']['rmse']:.3f}")
     figs["pred_vs_actual.png"] = _png(fig)
     # frontier (Fig. 3): L*_r(C), N*(C), D*(C); looped optima sit wider in d yet lower in N, and train on fewer tokens
-    if "frontier" in res:
-        fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-        for r in rs:
-            rows = [row for row in res["frontier"]["rows"] if row["n_loops"] == r]
-            for ax, key in zip(axes, ("loss", "n_params", "tokens")):
-                ax.plot([row["flops_budget"] for row in rows], [row[key] for row in rows], "o-", color=colors[r],
-                        label=f"r={r}", ms=4)
-        for ax, lab, yscale in zip(axes, ("L*(C) (nats)", "N*(C)", "D*(C) (tokens)"), ("linear", "log", "log")):
-            ax.set(xscale="log", xlabel="compute C (FLOPs)", ylabel=lab, yscale=yscale)
-        axes[0].legend(fontsize=7)
-        figs["frontier.png"] = _png(fig)
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for r in rs:
+        rows = [row for row in res["frontier"]["rows"] if row["n_loops"] == r]
+        for ax, key in zip(axes, ("loss", "n_params", "tokens")):
+            ax.plot([row["flops_budget"] for row in rows], [row[key] for row in rows], "o-", color=colors[r],
+                    label=f"r={r}", ms=4)
+    for ax, lab, yscale in zip(axes, ("L*(C) (nats)", "N*(C)", "D*(C) (tokens)"), ("linear", "log", "log")):
+        ax.set(xscale="log", xlabel="compute C (FLOPs)", ylabel=lab, yscale=yscale)
+    axes[0].legend(fontsize=7)
+    figs["frontier.png"] = _png(fig)
     figs["phi.png"] = _phi_figure(plt, res)
     if res.get("loop_sweep"):
         # App. A: val loss vs test-time r' for each swept model; the trained r is marked
@@ -1282,7 +1269,7 @@ def _iso_flops_figure(plt, res, runs, rs):
             keep = (Nd > N.min() / 1.6) & (Nd < N.max() * 1.6)
             Nk, Dk = Nd[keep], C / np.polyval(poly["flops"], d[keep])
             ax.plot(Nk, b["E"] + b["A"] * Nk ** -b["alpha"] + b["B"] * Dk ** -b["beta"], color=bcol[C], lw=1)
-        for row in [row for row in res.get("frontier", {}).get("rows", []) if row["n_loops"] == r]:
+        for row in [row for row in res["frontier"]["rows"] if row["n_loops"] == r]:
             ax.plot(row["n_params"], row["loss"], "*", color=bcol[row["flops_budget"]], ms=10, mec="k", mew=0.5)
         ax.set(xscale="log", title=f"r = {r}", xlabel="unique parameters N")
         ax.xaxis.set_minor_formatter(plt.NullFormatter())     # a narrow N range would label every minor tick
@@ -1381,9 +1368,9 @@ def case_summary(out_dir):
     return {"rows": rows, "sweeps": sweeps, "request": request,
             "unfitted": [os.path.dirname(p) for n, p in found[1:] if not os.path.lexists(p)]}
 
-def write_case_summary(summary, out_dir):
+def write_case_summary(summary, out_dir, overwrite=False):
     """Append (or regenerate) the case-study section of OUT/report.md and write cases.png (and cases_loops.png), as
-    one set (main claims OUT first). Returns the paths written, report.md first."""
+    one set. Returns the paths written, report.md first."""
     report = os.path.join(out_dir, "report.md")
     f = lambda x, fmt: "-" if x is None else format(x, fmt)
     ci = lambda row, k, fmt: "" if row[f"{k}_lo"] is None else f" [{row[f'{k}_lo']:{fmt}}, {row[f'{k}_hi']:{fmt}}]"
@@ -1402,11 +1389,16 @@ def write_case_summary(summary, out_dir):
                for row in summary["rows"] if row["flags"]]
     L += ["", "Flags, and the fits they concern:", *flagged] if flagged else []
     L += ["", "Figures: cases.png (φ and its CI per case), cases_loops.png (val loss vs test-time r' per case)."]
-    files, head = _case_figures(summary), ""
-    if os.path.isfile(report):                      # the fit's own report, without the section written before
-        head = pathlib.Path(report).read_text("utf-8", "replace").split(CASES_MARK)[0].rstrip("\n") + "\n\n"
-    files["report.md"] = (head + "\n".join(L) + "\n").encode()
-    write_set(out_dir, files)
+    # OUT is the baseline fit's folder: --cases claims it as that fit's own request (OUT/fit.json records it, OUT's
+    # marker names it), so the table needs no --overwrite and a copied study stays usable
+    with claimed(out_dir, "fit", summary["request"] or "cases", overwrite, "--cases"):
+        for name in ("report.md", "cases.png", "cases_loops.png"):
+            common.check_new(os.path.join(out_dir, name), True, "--cases")
+        files, head = _case_figures(summary), ""
+        if os.path.isfile(report):                  # the fit's own report, without the section written before
+            head = pathlib.Path(report).read_text("utf-8", "replace").split(CASES_MARK)[0].rstrip("\n") + "\n\n"
+        files["report.md"] = (head + "\n".join(L) + "\n").encode()
+        write_set(out_dir, files)
     return [os.path.join(out_dir, n) for n in sorted(files, key=lambda n: n != "report.md")]
 
 def _case_figures(summary):
@@ -1606,17 +1598,12 @@ def fit_outputs(args):
     # what this invocation asks for: the same request may rewrite its own outputs without --overwrite
     request = {"input": os.path.abspath(args.csv or args.runs_dir), "csv": bool(args.csv), "law": args.law,
                **{k: getattr(args, k) for k in ("case", "loops", "seed", "restarts", "bootstrap", "boot_restarts")}}
-    try:
-        import matplotlib  # noqa: F401  (the figures need it: fail now, not after the fit)
-    except ImportError:
-        raise ValueError("matplotlib is not installed (pip install -r requirements.txt)") from None
+    _pyplot()                  # the figures need matplotlib: an ImportError now (one line, main), not after the fit
     with claimed(args.out, "fit", request, args.overwrite), warnings.catch_warnings(record=True) as caught:
         for name in OUTPUTS:                             # a link, folder or FIFO at an output's name: never written
             common.check_new(os.path.join(args.out, name), True)
         warnings.simplefilter("always", UserWarning)     # the fitter's own warnings become flags (below)
-        rows = load_csv(args.csv) if args.csv else load_records(args.runs_dir)
-        unfinished = [] if args.csv else unfinished_runs(args.runs_dir)
-        runs = runs_from_rows(rows, args.law)
+        runs = runs_from_rows(load_csv(args.csv) if args.csv else load_records(args.runs_dir), args.law)
         sel = select_runs(runs, args.case, args.loops)     # what the fit (and the figures) use: a case's variant
         if args.law == "chinchilla":
             res = run_chinchilla(sel, args.restarts, args.seed)
@@ -1625,6 +1612,7 @@ def fit_outputs(args):
         else:
             res = run_protocol(sel, args.restarts, args.bootstrap, args.seed, args.boot_restarts)
         # flags that only the CLI can see: run folders without a record, and the fitter's own warnings
+        unfinished = [] if args.csv else unfinished_runs(args.runs_dir)
         if unfinished:
             _add_flag(res["flags"], "unfinished_runs", f"{len(unfinished)} under {args.runs_dir} "
                       f"({', '.join(unfinished[:5])}{', ...' if len(unfinished) > 5 else ''})")
@@ -1676,31 +1664,23 @@ def main(argv=None):
     # three modes; every user error in any of them is one line and exit status 2 (common.fail), before any work
     try:
         if args.synthetic:
-            rows = write_synthetic(args.synthetic, args.phi, args.noise, args.seed, args.overwrite)
-            print(f"wrote {len(rows)} synthetic runs (phi={args.phi}, noise={args.noise}, seed={args.seed}) to "
-                  f"{args.synthetic}")
-            return None
-        if not args.cases:
+            res = None
+            lines = [f"wrote {len(write_synthetic(args.synthetic, args.phi, args.noise, args.seed, args.overwrite))} "
+                     f"synthetic runs (phi={args.phi}, noise={args.noise}, seed={args.seed}) to {args.synthetic}"]
+        elif args.cases:
+            res = case_summary(args.cases)
+            paths = write_case_summary(res, args.cases, args.overwrite)
+            lines = [f"{name}: no fit.json (not fitted yet), not in the table" for name in res["unfitted"]] + [
+                f"{row['name']:>10}: phi {row['phi']:.3f}" + ("" if row["delta_phi"] is None else
+                f" | delta_phi {row['delta_phi']:+.3f} vs baseline phi {row['baseline_phi']:.3f} refitted in the "
+                "case's fit") for row in res["rows"]] + [f"wrote {', '.join(paths)}"]
+        else:
             res = fit_outputs(args)
-            print("\n".join(summary_lines(res, args.out)))
-            return res
-        summary = case_summary(args.cases)
-        # OUT is the baseline fit's folder: --cases claims it as that fit's own request (OUT/fit.json records it,
-        # OUT's marker names it), so the table needs no --overwrite and a copied study stays usable
-        with claimed(args.cases, "fit", summary["request"] or "cases", args.overwrite, "--cases"):
-            for name in ("report.md", "cases.png", "cases_loops.png"):
-                common.check_new(os.path.join(args.cases, name), True, "--cases")
-            paths = write_case_summary(summary, args.cases)
-    except ValueError as err:
+            lines = summary_lines(res, args.out)
+    except (ValueError, ImportError) as err:       # ImportError: no matplotlib (pip install -r requirements.txt)
         common.fail("fit.py", err)
-    for name in summary["unfitted"]:
-        print(f"{name}: no fit.json (not fitted yet), not in the table")
-    for row in summary["rows"]:
-        print(f"{row['name']:>10}: phi {row['phi']:.3f}" + ("" if row["delta_phi"] is None else
-              f" | delta_phi {row['delta_phi']:+.3f} vs baseline phi {row['baseline_phi']:.3f} refitted in the "
-              "case's fit"))
-    print(f"wrote {', '.join(paths)}")
-    return summary
+    print("\n".join(lines))
+    return res
 
 
 if __name__ == "__main__":
