@@ -945,6 +945,7 @@ def assess(res, runs):
     main() adds unfinished_runs (run folders without done.json) and the fitter's own warnings (single_hit,
     duplicate_runs, frontier_edge)."""
     flags, bs, c = [], res.get("bootstrap"), res.get("case")
+    add = lambda name, item: add(name, item)
     # each fit block with the runs it was fitted on (the case baseline's budgets are judged below)
     if "chinchilla" in res:
         blocks = {("fit" if g == "all" else f"group {g}"): (b, np.array([x == g for x in runs["group"]]))
@@ -961,31 +962,30 @@ def assess(res, runs):
         names = [k for j, k in enumerate(PARAM_NAMES[:len(th)])
                  if k in b["on_bounds"] or min(th[j] - lo[j], hi[j] - th[j]) <= NEAR_BOUND * (hi[j] - lo[j])]
         if names:
-            _add_flag(flags, "on_bound", f"{name} fit: {', '.join(names)}")
+            add("on_bound", f"{name} fit: {', '.join(names)}")
         if not b["r2"] >= R2_LOW:                       # NaN (no variance) counts as low
-            _add_flag(flags, "low_r2", f"{name} fit R² = {b['r2']:.3f}")
+            add("low_r2", f"{name} fit R² = {b['r2']:.3f}")
         if b["n"] < RUNS_PER_PARAM * len(th):
-            _add_flag(flags, "few_runs", f"{name} fit: {b['n']} runs for {len(th)} parameters")
+            add("few_runs", f"{name} fit: {b['n']} runs for {len(th)} parameters")
         C, D = (None, None) if m is None or said_budget else (runs["flops_budget"][m], runs["tokens"][m])
         finite = C is not None and np.all(np.isfinite(C))    # chinchilla mode has no budget: one D is the finding
         if C is not None and len(set(C if finite else D)) == 1:
-            _add_flag(flags, "single_budget", f"{name} fit: every run at "
-                      + (f"C = {C[0]:.3g}" if finite else f"D = {D[0]:.3g} tokens"))
+            where = f"C = {C[0]:.3g}" if finite else f"D = {D[0]:.3g} tokens"
+            add("single_budget", f"{name} fit: every run at {where}")
             said_budget = name == "joint" and finite
     if bs:
-        at = int(np.sum(np.abs(np.abs(np.asarray(bs["phi"])) - BOX_HI[5]) <= NEAR_BOUND * (BOX_HI[5] - BOX_LO[5])))
-        if at > 0.025 * bs["n_resamples"]:
-            _add_flag(flags, "on_bound", f"bootstrap: {at} of {bs['n_resamples']} resamples at phi = ±{BOX_HI[5]:g}, "
-                                         f"the CI is cut by the box")
-        if bs["n_resamples"] < MIN_CI_RESAMPLES:
-            _add_flag(flags, "few_resamples", f"{bs['n_resamples']} resamples")
+        phis, n = np.abs(np.asarray(bs["phi"])), bs["n_resamples"]
+        at = int(np.sum(np.abs(phis - BOX_HI[5]) <= NEAR_BOUND * (BOX_HI[5] - BOX_LO[5])))
+        if at > 0.025 * n:
+            add("on_bound", f"bootstrap: {at} of {n} resamples at phi = ±{BOX_HI[5]:g}, the CI is cut by the box")
+        if n < MIN_CI_RESAMPLES:
+            add("few_resamples", f"{n} resamples")
     if c:                   # the refitted baseline's budgets: those of the case it has runs at (run_case)
-        bb = c["baseline_budgets"]
+        bb, lack = c["baseline_budgets"], [f"{x:.3g}" for x in c["budgets"] if x not in c["baseline_budgets"]]
         if len(bb) == 1 and len(c["budgets"]) > 1:
-            _add_flag(flags, "single_budget", f"case baseline fit: every run at C = {bb[0]:.3g}")
-        if len(bb) < len(c["budgets"]):
-            _add_flag(flags, "budget_mismatch", f"no baseline runs at C = "
-                      f"{', '.join(f'{x:.3g}' for x in c['budgets'] if x not in bb)}")
+            add("single_budget", f"case baseline fit: every run at C = {bb[0]:.3g}")
+        if lack:
+            add("budget_mismatch", f"no baseline runs at C = {', '.join(lack)}")
     # one block at a time finds the flags out of order: list them in FLAG_TEXT's order (its first six are assess's)
     return sorted(flags, key=lambda f: list(FLAG_TEXT).index(f["name"]))
 
@@ -1488,16 +1488,15 @@ def claimed(folder, tool, request, overwrite=False, flag="--out"):
     """common.claim(folder) for the body of the with: fit.py's (or design.py's) own folder, one writer at a time. A
     refusal raised inside the body gives the folder back as it was (its marker's old text, no folder we made): a
     refused command changes nothing. A Partial keeps the folder ours, for the rerun."""
-    mark, made, old = os.path.join(folder, f".nanoloop-{tool}"), not os.path.lexists(folder), None
-    if os.path.isfile(mark):        # its text, read before claim rewrites it (a FIFO or device: claim refuses it)
-        with open(mark, "rb") as fh:
-            old = fh.read(200)
+    mark, made = os.path.join(folder, f".nanoloop-{tool}"), not os.path.lexists(folder)
+    # the marker's text, read before claim rewrites it (a FIFO or device is never opened: claim refuses it by name)
+    old = pathlib.Path(mark).read_bytes()[:200] if os.path.isfile(mark) else None
     common.claim(folder, tool, request, overwrite, flag)
     try:
         yield
-    except Partial:
+    except Partial:             # outputs were renamed in: the folder stays ours, so the rerun needs no --overwrite
         raise
-    except BaseException:
+    except BaseException:       # a refusal (or a kill by Ctrl-C) before any rename: the folder as it was
         with contextlib.suppress(OSError):
             if old is not None:                 # rewritten through the fd we hold the lock on
                 fd = common.HELD[os.path.abspath(folder)][0]
