@@ -945,7 +945,7 @@ def assess(res, runs):
     main() adds unfinished_runs (run folders without done.json) and the fitter's own warnings (single_hit,
     duplicate_runs, frontier_edge)."""
     flags, bs, c = [], res.get("bootstrap"), res.get("case")
-    add = lambda name, item: add(name, item)
+    add = lambda name, item: _add_flag(flags, name, item)
     # each fit block with the runs it was fitted on (the case baseline's budgets are judged below)
     if "chinchilla" in res:
         blocks = {("fit" if g == "all" else f"group {g}"): (b, np.array([x == g for x in runs["group"]]))
