@@ -181,7 +181,7 @@ def load_records(runs_dir):
             acc = flops.accounting_args(mcfg)
         except ValueError as err:
             raise ValueError(f"{path}: config {err}") from None
-        rec.setdefault("d_model", acc.get("d_model"))       # the width N_once + N_rec is checked at (_check_accounting)
+        rec.setdefault("d_model", acc.get("d_model"))       # the width N_once + N_rec is checked at (runs_from_rows)
         # the top-level fields the fit reads must agree with the config the run trained: an edited budget or r would
         # otherwise be fitted silently at the wrong place (issue 18 §3). No case key = the main grid ("").
         for key, conf in (("n_loops", mcfg), ("d_model", acc), ("flops_budget", tcfg), ("case", tcfg)):
@@ -297,25 +297,23 @@ def runs_from_rows(rows, law="joint"):
             item = f"{out['source'][i]} repeats {out['source'][seen[k]]} (same {', '.join(named)}); both are kept"
             warnings.warn(FitWarning(f"duplicate run: {item}", "duplicate_runs", item))
         seen.setdefault(k, i)
+    # A run whose (n_loops, architecture) flops.py cannot count (n_loops = 3 does not divide the 16 looped layers; an
+    # unknown injection), or whose N_once + N_rec disagrees with flops.param_split at its width, stops here, before
+    # the fits: the frontier inverts that accounting after every fit, and the fit trusts the recorded split, so a
+    # record from another code version or a mislabelled architecture would make the two silently inconsistent
     for i, row in enumerate([] if chin_cols else rows):
-        _check_accounting(row, int(out["n_loops"][i]), out["aspect"][i], out["n_once"][i] + out["n_rec"][i])
+        r, kw, n = int(out["n_loops"][i]), row["arch"], out["n_once"][i] + out["n_rec"][i]
+        try:
+            flops.flops_per_token(64, r, **kw)         # any width: the layout and mode checks do not depend on d
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"{row['source']}: n_loops={r} is not an architecture flops.py can count ({err})") \
+                from None
+        # the width: d_model, else aspect ratio x scale (both >= 1 when given, so 0 means neither: nothing to check)
+        d = int(_value(row, "d_model", 0)) or out["aspect"][i] * int(_value(row, "scale", 0))
+        if d and n != sum(flops.param_split(d, r, **kw)):
+            raise ValueError(f"{row['source']}: n_once + n_rec = {n:.0f} but flops.param_split(d_model={d}, "
+                             f"n_loops={r}) gives {sum(flops.param_split(d, r, **kw))}: record and accounting disagree")
     return out
-
-def _check_accounting(row, r, aspect, n):
-    """Error on a run whose (n_loops, architecture) flops.py cannot count (n_loops = 3 does not divide the 16 looped
-    layers; an unknown injection), or whose N_once + N_rec = n disagrees with flops.param_split at its width. The
-    frontier inverts that accounting after every fit, and the fit trusts the recorded split: a record from another
-    code version or a mislabelled architecture would make the two silently inconsistent, so it stops here, before
-    the fits and the bootstrap."""
-    try:
-        flops.flops_per_token(64, r, **row["arch"])    # any width: the layout and mode checks do not depend on d
-    except (ValueError, TypeError) as err:
-        raise ValueError(f"{row['source']}: n_loops={r} is not an architecture flops.py can count ({err})") from None
-    # the width: d_model, else aspect ratio x scale (both >= 1 when given, so 0 means neither: nothing to check)
-    d = int(_value(row, "d_model", 0)) or aspect * int(_value(row, "scale", 0))
-    if d and n != sum(flops.param_split(d, r, **row["arch"])):
-        raise ValueError(f"{row['source']}: n_once + n_rec = {n:.0f} but flops.param_split(d_model={d}, n_loops={r}) "
-                         f"gives {sum(flops.param_split(d, r, **row['arch']))}: record and accounting disagree")
 
 def arch_map(runs):
     """({r: flops kwargs}, {r: aspect ratio}) of the selected runs. Every run of one r must share its architecture,
@@ -568,9 +566,12 @@ def fit_law(prob, restarts=RESTARTS, seed=0, engine="batched"):
             "n_converged": int(conv.sum()), "distinct_optima": n_obj, "distinct_theta": n_theta,
             "on_bounds": on_bounds, "seed": seed, "engine": engine, "seconds": time.perf_counter() - t0}
 
-def describe(prob, res, name="joint"):
-    """The report block of a fit: E, A, B, alpha, beta, phi, R^2 on raw nats, RMSE, max|res|, per-r residuals.
-    name says which fit this is (joint, r=2, low half, ...) in its warnings, so a flag points at the right fit."""
+def fit_block(runs, phi=None, restarts=RESTARTS, seed=0, engine="batched", name="joint"):
+    """make_problem (phi as there) + fit_law, and the report block of the fit: E, A, B, alpha, beta, phi, R^2 on raw
+    nats, RMSE, max|res|, per-r residuals and fit_law's diagnostics. name says which fit this is (joint, r=2, low
+    half, ...) in its warnings, so a flag points at the right fit."""
+    prob = make_problem(runs, phi)
+    res = fit_law(prob, restarts, seed, engine)
     th, L = res["theta"], prob["val_loss"]
     resid = L - predict(th, prob)                        # (n,) actual - predicted, in nats (Table 7 sign)
     # R^2 on raw nats (Table 1 caption), not on the log scale the objective uses
@@ -592,11 +593,6 @@ def describe(prob, res, name="joint"):
         warnings.warn(FitWarning(f"{item}: only one of {res['restarts']} restarts reached the best objective; the "
                                  "optimum may not be reproducible", "single_hit", item))
     return block
-
-def fit_block(runs, phi=None, restarts=RESTARTS, seed=0, engine="batched", name="joint"):
-    """make_problem + fit_law + describe in one call; phi as in make_problem, name as in describe."""
-    prob = make_problem(runs, phi)
-    return describe(prob, fit_law(prob, restarts, seed, engine), name)
 
 
 # -----------------------------------------------------------------------------
@@ -1302,36 +1298,17 @@ def _phi_figure(plt, res):
 
 CASES_MARK = "<!-- case studies: written by fit.py --cases; everything below is regenerated -->"
 
-def _top_gap(res, r=8):
-    """L*_r - L*_1 of the frontier at the largest budget (§4.2), or None."""
-    rows = [x for x in (res.get("frontier") or {}).get("rows", []) if x["n_loops"] == r and x["gap"] is not None]
-    return max(rows, key=lambda row: row["flops_budget"])["gap"] if rows else None
-
-def _same_runs(base, base_path, res, path):
-    """A case's delta-phi is taken against the baseline refitted inside that case's fit; the table shows it next to
-    the baseline study's own phi, so the two must rest on the same runs: every run (folder) of the case's baseline
-    refit must be in OUT/fit.json with the same key (runs_record), compared by common.identity_diff."""
-    want, have = (res.get("case") or {}).get("baseline_runs"), base.get("runs")
-    # a fit.json from before issue 18 has no runs record: nothing can be matched, so nothing is claimed
-    for p, rec in ((path, want), (base_path, have)):
-        if not (isinstance(rec, dict) and all(isinstance(rec.get(k), list) for k in ("keys", "dirs"))):
-            raise ValueError(f"{p}: records no runs (an older fit.py wrote it); refit it")
-    mine, theirs = dict(zip(want["dirs"], want["keys"])), dict(zip(have["dirs"], have["keys"]))
-    diff = common.identity_diff(mine, {d: theirs.get(d) for d in mine})
-    if diff:
-        raise ValueError(f"{path}: its baseline was refitted on other runs than {base_path} ({diff[0]})")
-
 def case_summary(out_dir):
     """Collect OUT/fit.json (the baseline study) and OUT/case_*/fit.json (runs/mini.sh --case NAME, or fit.py --case
     with --out OUT/case_NAME): rows of phi [CI], the refitted baseline's phi, delta-phi [paired CI], R^2, the r=8
     frontier gap at the top budget and the mean test-time extrapolation gain per case. A case fitted from other runs
-    than the baseline study is refused (_same_runs). Returns {"rows", "sweeps": {name: loop_sweep}, "request": the
+    than the baseline study is refused (below). Returns {"rows", "sweeps": {name: loop_sweep}, "request": the
     request of the fit that wrote OUT/fit.json, "unfitted": case folders without a fit.json}."""
     found = [("baseline", os.path.join(out_dir, "fit.json"))] + [
         (name[len("case_"):], os.path.join(out_dir, name, "fit.json"))
         for name in (sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []) if name.startswith("case_")]
     rows, sweeps, base, request = [], {}, None, None
-    # the baseline first: every case row is checked against it as it is read (_same_runs). A fit.json that is
+    # the baseline first: every case row is checked against it as it is read (below). A fit.json that is
     # there but no file (a FIFO, a dangling link) is named by read_json, never skipped
     for name, path in [(n, p) for n, p in found if os.path.lexists(p)]:
         res = read_json(path)
@@ -1343,10 +1320,13 @@ def case_summary(out_dir):
             if not all(type(j[k]) in (int, float) for k in ("phi", "r2", "n")):
                 raise ValueError("its joint fit has no numeric phi, r2 and n")
             gains = [e["gain"] for e in sw if e.get("gain") is not None]
+            # the r=8 frontier gap L*_8 - L*_1 at the largest budget (§4.2)
+            fr = [x for x in (res.get("frontier") or {}).get("rows", []) if x["n_loops"] == 8 and x["gap"] is not None]
             rows.append({"name": name, "phi": j["phi"], "phi_lo": bs.get("phi_lo"), "phi_hi": bs.get("phi_hi"),
                          "r2": j["r2"], "n": j["n"], "delta_phi": c.get("delta_phi"),
                          "delta_phi_lo": c.get("delta_phi_lo"), "delta_phi_hi": c.get("delta_phi_hi"),
-                         "baseline_phi": (c.get("baseline") or {}).get("phi"), "gap8": _top_gap(res),
+                         "baseline_phi": (c.get("baseline") or {}).get("phi"),
+                         "gap8": max(fr, key=lambda x: x["flops_budget"])["gap"] if fr else None,
                          "extrapolation_gain": float(np.mean(gains)) if gains else None,
                          # the fit's flags (fit.json "flags") with the fits they concern: single_hit on "fit over 12
                          # runs (low half, App. F.3)" is about an auxiliary fit, not about the phi of the table
@@ -1360,7 +1340,18 @@ def case_summary(out_dir):
         if name == "baseline":
             base = res
         elif base is not None:
-            _same_runs(base, found[0][1], res, path)
+            # A case's delta-phi is taken against the baseline refitted inside that case's fit; the table shows it
+            # next to the baseline study's own phi, so the two must rest on the same runs: every run (folder) of the
+            # case's baseline refit must be in OUT/fit.json with the same key (runs_record). A fit.json from before
+            # issue 18 has no runs record: nothing can be matched, so nothing is claimed
+            want, have = (res.get("case") or {}).get("baseline_runs"), base.get("runs")
+            for p, rec in ((path, want), (found[0][1], have)):
+                if not (isinstance(rec, dict) and all(isinstance(rec.get(k), list) for k in ("keys", "dirs"))):
+                    raise ValueError(f"{p}: records no runs (an older fit.py wrote it); refit it")
+            theirs = dict(zip(have["dirs"], have["keys"]))
+            diff = common.identity_diff(dict(zip(want["dirs"], want["keys"])), {d: theirs.get(d) for d in want["dirs"]})
+            if diff:
+                raise ValueError(f"{path}: its baseline was refitted on other runs than {found[0][1]} ({diff[0]})")
         if sw:
             sweeps[name] = sw
     if not rows:
