@@ -271,6 +271,7 @@ def runs_from_rows(rows, law="joint"):
         missing = [k for k in need if row.get(k) in (None, "")]
         if missing:
             raise ValueError(f"{row['source']}: missing {', '.join(missing)} (need {', '.join(need)})")
+    # every number passes _value: the one check of a CSV cell; a record's types were checked as it was read
     out = {k: np.array([_value(row, k) for row in rows]) for k in need}     # (n,) each
     if chin_cols:
         # Eq. 2 on plain (N, D, L): store N as n_rec with n_once = 0 and r = 1, so N_eff = N for any phi
@@ -1550,6 +1551,7 @@ def parse_args(argv=None):
     p.add_argument("--out", help="output folder for fit.json, report.md and the figures")
     p.add_argument("--overwrite", action="store_true", help="write into an --out / --cases folder that is not "
                    "this same request's, or replace a --synthetic file")
+    # every number is checked as it is parsed (common.number), in the interval notation of LIMITS
     for flag, kind, interval, default, what in (
             ("seed", int, "[0, 9.2e18]", 0, "seed of the restarts and the bootstrap"),
             ("restarts", int, "[1, 100000]", RESTARTS, "uniform starts per fit (App. F: 500)"),
