@@ -41,15 +41,7 @@ import os
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
 
-import argparse
-import contextlib
-import csv
-import io
-import json
-import math
-import sys
-import time
-import warnings
+import argparse, contextlib, csv, io, json, math, pathlib, sys, time, warnings  # noqa: E401,E402 (after the BLAS pin)
 
 import numpy as np
 from scipy.optimize import minimize, minimize_scalar
@@ -78,18 +70,18 @@ POLISH_OPTS = {"maxiter": MAXITER, "maxfun": 4 * MAXITER, "ftol": 1e-15, "gtol":
 
 REQUIRED = ("flops_budget", "n_loops", "n_once", "n_rec", "tokens", "val_loss")   # joint-law inputs per run
 CHIN_REQUIRED = ("n_params", "tokens", "val_loss")                                # --law chinchilla inputs
-# The allowed values of every number a run record or CSV row carries, in common.py's interval notation; done.json
+# The allowed values of every number a run record or CSV row carries, in common.py's interval notation: done.json
 # (through common.read_json), CSV rows and --loops are checked against this one table. The ranges are far beyond any
 # training run (frontier runs are ~1e26 FLOPs, ~3e13 tokens, ~2e12 parameters; a final loss is a few nats), yet they
 # catch a column in the wrong unit or a typo (tokens = 1e300) before it reaches a logarithm. flops_budget and
-# n_loops are train.py's LIMITS (a test checks they agree); INTEGERS must also be whole numbers.
+# n_loops are train.py's LIMITS (a test checks they agree); N_once may be 0 (r = 1, or fully looped models).
 LIMITS = {"flops_budget": ("(0, 1e30]", "FLOPs"), "n_loops": ("[1, 16]", "recurrences r"),
-          **dict.fromkeys(("n_once", "n_rec", "n_params"), ("[1, 1e15]", "parameters: a count, not millions")),
+          "n_once": ("[0, 1e15]", "parameters: a count, not millions"),
+          **dict.fromkeys(("n_rec", "n_params"), ("[1, 1e15]", "parameters: a count, not millions")),
           "tokens": ("[1, 1e16]", "training tokens: a count, not billions"), "val_loss": ("(0, 100]", "nats"),
           **dict.fromkeys(("d_model", "scale", "aspect_ratio"), ("[1, 1e9]", "width")),
           "flops": ("(0, 1e30]", "executed FLOPs")}
-LIMITS["n_once"] = ("[0, 1e15]", LIMITS["n_once"][1])        # N_once may be 0 (r = 1, or fully looped models)
-INTEGERS = ("n_loops", "d_model", "scale", "aspect_ratio")
+INTEGERS = ("n_loops", "d_model", "scale", "aspect_ratio")                 # whole numbers, besides their LIMITS
 DONE_SCHEMA = {**{k: (int if k in INTEGERS else (int, float), iv) for k, (iv, _) in LIMITS.items()},
                "case": (str, None), "config": (dict, None), "identity": (dict, None)}
 # When a fit is flagged (rule 6 of issue 12): the flags go next to phi on stdout, in report.md and in fit.json
@@ -130,14 +122,6 @@ def _is_baseline(case):
     """Records without a case label (or labelled "baseline") are the main grid."""
     return case in (None, "", "baseline")
 
-def _configs(rec):
-    """(ModelConfig fields, TrainConfig fields) of a done.json record: config is nested as train.py writes it
-    ({"model_config": {...}, "train_config": {...}}), or flat, or has some sub-dict holding n_layers_eff."""
-    cfg = rec.get("config") or {}
-    model = next((c for c in (cfg.get("model_config"), cfg, *cfg.values()) if isinstance(c, dict)
-                  and (c is cfg.get("model_config") or "n_layers_eff" in c)), {})
-    return model, cfg["train_config"] if isinstance(cfg.get("train_config"), dict) else cfg
-
 def _folders(runs_dir):
     """[(folder, names in it)] of runs_dir's tree, sorted (the same run order on every filesystem). A linked folder
     is followed (a study may link runs in from elsewhere), a link loop and an unreadable folder are refused by name:
@@ -146,29 +130,23 @@ def _folders(runs_dir):
         raise ValueError(f"{err.filename}: cannot read ({err.strerror})")
     out, seen = [], set()
     for root, dirs, files in os.walk(runs_dir, onerror=refuse, followlinks=True):
-        real = os.path.realpath(root)
-        if real in seen:                             # followed links: a loop would be walked forever
-            raise ValueError(f"{root} leads to {real}, which is read already (a link loop or a duplicate); remove "
-                             "the link")
-        seen.add(real)
+        if os.path.realpath(root) in seen:           # followed links: a loop would be walked forever
+            raise ValueError(f"{root} is read already (a link loop or a duplicate); remove the link")
+        seen.add(os.path.realpath(root))
         out.append((root, set(dirs) | set(files)))
     return sorted(out, key=lambda x: x[0])
 
-def read_json(path, schema=None):
-    """common.read_json of a regular file (a link is followed): a FIFO, a device (/dev/zero) or a folder behind the
-    name is refused by name, never opened -- open() would wait, or read forever."""
-    if os.path.lexists(path) and not os.path.isfile(path):
-        raise ValueError(f"{path}: is a FIFO, device or folder, not a file")
-    return common.read_json(path, schema)
+# common.read_json refuses a FIFO, a device (/dev/zero) or a folder behind the name by name, never opens it (open()
+# would wait, or read forever); a link to a regular file is followed. design.py reads its prior through this name.
+read_json = common.read_json
 
 def _read_sweep(path):
     """The test-time loop sweep eval.py --n-loops-sweep wrote beside a run ([{n_loops, val_loss}, ...]), or None
-    when there is no eval.json or it holds no sweep. One that is there is checked (eval.py's r' limits, LIMITS'
-    val_loss): a torn or hand-edited sweep names its file rather than vanish from the report."""
+    when there is no eval.json or it holds no sweep. One that is there is checked (_sweep_ok): a torn or
+    hand-edited sweep names its file rather than vanish from the report."""
     curve = read_json(path).get("n_loops_sweep") if os.path.lexists(path) else None
     if curve and not _sweep_ok(curve):
-        raise ValueError(f"{path}: n_loops_sweep must be a list of {{n_loops in [1, 1024], val_loss in "
-                         f"{LIMITS['val_loss'][0]}}} entries, as eval.py --n-loops-sweep writes it")
+        raise ValueError(f"{path}: n_loops_sweep must be a list of {{n_loops, val_loss}} as eval.py writes it")
     return curve or None
 
 def _sweep_ok(curve):
@@ -186,44 +164,40 @@ def load_records(runs_dir):
     if not os.path.isdir(runs_dir):
         raise ValueError(f"runs directory {runs_dir!r} " + ("is not a folder" if os.path.exists(runs_dir) else
                                                             "does not exist"))
+    # one study, one data set: runs trained on other data or another tokenizer follow another law, and a fit (or a
+    # delta-phi) across them would be silently wrong. A record that predates a field matches any value of it.
+    data = lambda rec: {k: v for k, v in (("data", (rec.get("identity") or {}).get("data")),
+                                          ("tokenizer", rec.get("tokenizer_hash"))) if v is not None}
     recs = []
     for root in [root for root, names in _folders(runs_dir) if "done.json" in names]:
         path = os.path.join(root, "done.json")
-        rec = read_json(path, DONE_SCHEMA)             # a FIFO, device or folder named done.json: refused by name
-        mcfg, tcfg = _configs(rec)
+        rec = read_json(path, DONE_SCHEMA)
+        # train.py nests the config ({"model_config": {...}, "train_config": {...}}); a hand-made one may be flat
+        cfg = rec.get("config") or {}
+        mcfg, tcfg = (c if isinstance(c := cfg.get(k, cfg), dict) else {} for k in ("model_config", "train_config"))
         try:
             # the architecture the run trained (mini study: small d, vocab ~1k, seq_len 128) -- used for the N check
             # and by the compute-optimal solver, so the frontier never assumes the paper's constants
             acc = flops.accounting_args(mcfg)
         except ValueError as err:
             raise ValueError(f"{path}: config {err}") from None
-        rec.setdefault("d_model", acc.get("d_model"))       # the width N_once + N_rec is checked at (_check_accounting)
+        rec.setdefault("d_model", acc.get("d_model"))       # the width N_once + N_rec is checked at (runs_from_rows)
         # the top-level fields the fit reads must agree with the config the run trained: an edited budget or r would
-        # otherwise be fitted silently at the wrong place (issue 18 §3)
-        for key, cfg in (("n_loops", mcfg), ("d_model", acc), ("flops_budget", tcfg), ("case", tcfg)):
-            mine, theirs = rec.get(key), cfg.get(key, rec.get(key))
-            if key == "case":                                   # no case key in the record = the main grid ("")
-                mine, theirs = mine or "", theirs or ""
+        # otherwise be fitted silently at the wrong place (issue 18 §3). No case key = the main grid ("").
+        for key, conf in (("n_loops", mcfg), ("d_model", acc), ("flops_budget", tcfg), ("case", tcfg)):
+            mine, theirs = rec.get(key) or "", conf.get(key, rec.get(key)) or ""
             if mine != theirs:
-                raise ValueError(f"{path}: key {key!r} is {mine!r:.40} but the record's config says {theirs!r:.40}: "
-                                 "the record was edited or mixed up; restore it or rerun the run")
+                raise ValueError(f"{path}: key {key!r} is {mine!r:.40} but the record's config says {theirs!r:.40}")
         rec.update(source=path, run_dir=os.path.relpath(root, runs_dir), n_loops_sweep=_read_sweep(
             os.path.join(root, "eval.json")), arch={k: v for k, v in acc.items() if k not in ("d_model", "n_loops")},
             aspect_ratio=mcfg.get("aspect_ratio", flops.ASPECT_RATIO))
+        if recs and (diff := common.identity_diff(data(recs[0]), data(rec), {**data(rec), **data(recs[0])})):
+            raise ValueError(f"{rec['source']} and {recs[0]['source']} were trained on different data ({diff[0]})")
         recs.append(rec)
     if not recs:
         left = unfinished_runs(runs_dir)
-        raise ValueError(f"no done.json found under {runs_dir!r}" + (f" ({len(left)} unfinished run folders: "
-                         f"{', '.join(left[:3])}{', ...' if len(left) > 3 else ''})" if left else ""))
-    # one study, one data set: runs trained on other data or another tokenizer follow another law, and a fit (or a
-    # delta-phi) across them would be silently wrong. A record that predates a field matches any value of it.
-    data = lambda rec: {"data": (rec.get("identity") or {}).get("data"), "tokenizer": rec.get("tokenizer_hash")}
-    known = lambda rec: {k: v for k, v in data(rec).items() if v is not None}
-    for rec in recs[1:]:
-        diff = common.identity_diff(known(recs[0]), known(rec), {**known(rec), **known(recs[0])})
-        if diff:
-            raise ValueError(f"{rec['source']} and {recs[0]['source']} were trained on different data ({diff[0]}); "
-                             "fit one study per runs folder")
+        raise ValueError(f"no done.json found under {runs_dir!r}"
+                         + (f" ({len(left)} unfinished run folders, e.g. {left[0]})" if left else ""))
     return recs
 
 def unfinished_runs(runs_dir):
@@ -235,8 +209,8 @@ def unfinished_runs(runs_dir):
 def load_csv(path):
     """Rows of a CSV file as dicts (values still strings) with a "source" key naming file and line. ValueError if
     the file is missing, not text, malformed (a row with more or fewer fields than the header) or empty."""
-    if not os.path.isfile(path):
-        raise ValueError(f"CSV file {path!r} " + ("is not a file" if os.path.exists(path) else "does not exist"))
+    if not os.path.isfile(path):                    # a folder or a FIFO is never opened (open() would wait)
+        raise ValueError(f"CSV file {path!r} {'is not a file' if os.path.exists(path) else 'does not exist'}")
     rows = []
     try:
         # utf-8-sig: a spreadsheet's byte-order mark would otherwise glue itself to the first column's name
@@ -245,8 +219,7 @@ def load_csv(path):
             header = [h.strip() for h in next(reader, None) or []]
             dup = sorted({h for h in header if h and header.count(h) > 1})
             if not any(header) or dup:
-                raise ValueError(f"{path}:1: " + (f"column {dup[0]!r} appears twice in the header" if dup else
-                                                  "no header row"))
+                raise ValueError(f"{path}:1: " + (f"column {dup[0]!r} appears twice" if dup else "no header row"))
             for fields in reader:
                 if not any(f.strip() for f in fields):
                     continue                                # blank lines carry no run
@@ -257,10 +230,9 @@ def load_csv(path):
                 rows.append(dict(zip(header, (f.strip() for f in fields)), source=src, arch={}))
     except csv.Error as err:
         raise ValueError(f"{path}:{reader.line_num}: malformed CSV ({err})") from None
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{path}: not UTF-8 text (byte {err.start})") from None
-    except OSError as err:
-        raise ValueError(f"{path}: cannot read ({err.strerror})") from None
+    except (UnicodeDecodeError, OSError) as err:
+        why = "not UTF-8 text" if isinstance(err, UnicodeError) else "cannot read"
+        raise ValueError(f"{path}: {why} ({err})") from None
     if not rows:
         raise ValueError(f"{path}: no data rows")
     return rows
@@ -294,17 +266,17 @@ def runs_from_rows(rows, law="joint"):
     rows = [dict(row, source=row.get("source", f"row {i}"), arch=row.get("arch") or {}) for i, row in enumerate(rows)]
     # --law chinchilla takes n_params,tokens,val_loss; it falls back to the joint columns only when n_params is absent
     chin_cols = law == "chinchilla" and ("n_params" in rows[0] or any(k not in rows[0] for k in REQUIRED))
-    need = CHIN_REQUIRED if chin_cols else REQUIRED
+    need, n = CHIN_REQUIRED if chin_cols else REQUIRED, len(rows)
     for row in rows:
         missing = [k for k in need if row.get(k) in (None, "")]
         if missing:
-            raise ValueError(f"{row['source']}: missing {', '.join(missing)} (need {', '.join(need)}"
-                             + (f"; or {', '.join(REQUIRED)})" if chin_cols else ")"))
+            raise ValueError(f"{row['source']}: missing {', '.join(missing)} (need {', '.join(need)})")
+    # every number passes _value: the one check of a CSV cell; a record's types were checked as it was read
     out = {k: np.array([_value(row, k) for row in rows]) for k in need}     # (n,) each
     if chin_cols:
         # Eq. 2 on plain (N, D, L): store N as n_rec with n_once = 0 and r = 1, so N_eff = N for any phi
-        out.update(n_once=np.zeros(len(rows)), n_rec=out.pop("n_params"), n_loops=np.ones(len(rows), dtype=int),
-                   flops_budget=np.full(len(rows), np.nan), group=[str(row.get("group") or "all") for row in rows])
+        out.update(n_once=np.zeros(n), n_rec=out.pop("n_params"), n_loops=np.ones(n, dtype=int),
+                   flops_budget=np.full(n, np.nan), group=[str(row.get("group") or "all") for row in rows])
     else:
         # the joint law needs r itself (r^phi), N split into its once-used and looped parts, and the budget for the
         # (budget, r) bootstrap cells and the compute-optimal frontier
@@ -319,40 +291,30 @@ def runs_from_rows(rows, law="joint"):
     # Duplicates (same budget, r, N and D; same N, D and group in chinchilla mode) double-weight one configuration in
     # the sum of Eq. 4: warn, keep both. A case study may repeat the baseline's configurations (same N and D, a
     # different recipe), so the case label is part of the key
-    named = [k for k in need if k != "val_loss"]
-    seen = {}
+    named, seen = [k for k in need if k != "val_loss"], {}
     for i, k in enumerate(zip(*[out["n_rec" if k == "n_params" else k] for k in named], out["group"],
                               map(str, out["case"]))):
         if k in seen:
             item = f"{out['source'][i]} repeats {out['source'][seen[k]]} (same {', '.join(named)}); both are kept"
             warnings.warn(FitWarning(f"duplicate run: {item}", "duplicate_runs", item))
         seen.setdefault(k, i)
-    if not chin_cols:
-        _check_accounting(rows, out)
-    return out
-
-def _check_accounting(rows, runs):
-    """Error on a run whose (n_loops, architecture) flops.py cannot count (n_loops = 3 does not divide the 16 looped
-    layers; an unknown injection), or whose N_once + N_rec disagrees with flops.param_split at its width. The
-    frontier inverts that accounting after every fit, and the fit trusts the recorded split: a record from another
-    code version or a mislabelled architecture would make the two silently inconsistent, so it stops here, before
-    the fits and the bootstrap."""
-    for i, row in enumerate(rows):
-        r, kw = int(runs["n_loops"][i]), row["arch"]
-        # one call per row: each costs microseconds, so no cache is kept
+    # A run whose (n_loops, architecture) flops.py cannot count (n_loops = 3 does not divide the 16 looped layers; an
+    # unknown injection), or whose N_once + N_rec disagrees with flops.param_split at its width, stops here, before
+    # the fits: the frontier inverts that accounting after every fit, and the fit trusts the recorded split, so a
+    # record from another code version or a mislabelled architecture would make the two silently inconsistent
+    for i, row in enumerate([] if chin_cols else rows):
+        r, kw, n = int(out["n_loops"][i]), row["arch"], out["n_once"][i] + out["n_rec"][i]
         try:
             flops.flops_per_token(64, r, **kw)         # any width: the layout and mode checks do not depend on d
-        except (ValueError, TypeError, OverflowError) as err:
-            raise ValueError(f"{row['source']}: n_loops={r}{f' with {kw}' if kw else ''} is not an architecture "
-                             f"flops.py can count ({err})") from None
-        # the width: d_model, else aspect ratio x scale (both >= 1 when given, so 0 means neither)
-        d = int(_value(row, "d_model", 0)) or runs["aspect"][i] * int(_value(row, "scale", 0))
-        if not d:
-            continue                      # nothing to check against (a hand-written CSV without widths)
-        want, got = sum(flops.param_split(d, r, **kw)), runs["n_once"][i] + runs["n_rec"][i]
-        if got != want:
-            raise ValueError(f"{row['source']}: n_once + n_rec = {got:.0f} but flops.param_split(d_model={d}, "
-                             f"n_loops={r}, {kw}) gives {want} -- record and accounting disagree")
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"{row['source']}: n_loops={r} is not an architecture flops.py can count ({err})") \
+                from None
+        # the width: d_model, else aspect ratio x scale (both >= 1 when given, so 0 means neither: nothing to check)
+        d = int(_value(row, "d_model", 0)) or out["aspect"][i] * int(_value(row, "scale", 0))
+        if d and n != sum(flops.param_split(d, r, **kw)):
+            raise ValueError(f"{row['source']}: n_once + n_rec = {n:.0f} but flops.param_split(d_model={d}, "
+                             f"n_loops={r}) gives {sum(flops.param_split(d, r, **kw))}: record and accounting disagree")
+    return out
 
 def arch_map(runs):
     """({r: flops kwargs}, {r: aspect ratio}) of the selected runs. Every run of one r must share its architecture,
@@ -383,17 +345,17 @@ def make_problem(runs, phi=None):
     Logs are taken once here: the objective only ever needs ln D, ln L and ln r. Refuses runs that determine no
     fit (fewer runs than parameters, equal losses)."""
     prob = _pack(runs, phi)
-    n = len(prob["ln_l"])
+    n, p = len(prob["ln_l"]), prob["p"]
     # fewer runs than parameters: the optimum is a manifold, not a point -- refuse instead of reporting one of them.
     # Equal losses (or one configuration repeated): every law with A = B = 0 fits exactly, so no parameter, phi
     # included, is determined -- any number reported would be an artefact of the start points
-    why = (f"{n} runs cannot determine {prob['p']} parameters; need at least {prob['p']} runs" if n < prob["p"] else
-           f"all {n} runs have the same val_loss ({prob['val_loss'][0]:g}); a scaling law cannot be fitted to a "
-           "constant" if np.ptp(prob["ln_l"]) == 0 else
-           f"all {n} runs have the same N, D and n_loops; nothing varies for a law to fit"
-           if max(np.ptp(prob["n_once"] + prob["n_rec"]), np.ptp(prob["ln_d"]), np.ptp(prob["ln_r"])) == 0 else None)
-    if why:
-        raise ValueError(why)
+    if n < p:
+        raise ValueError(f"{n} runs cannot determine {p} parameters; need at least {p} runs")
+    if np.ptp(prob["ln_l"]) == 0:
+        raise ValueError(f"all {n} runs have the same val_loss ({prob['val_loss'][0]:g}); a scaling law cannot be "
+                         "fitted to a constant")
+    if max(np.ptp(prob["n_once"] + prob["n_rec"]), np.ptp(prob["ln_d"]), np.ptp(prob["ln_r"])) == 0:
+        raise ValueError(f"all {n} runs have the same N, D and n_loops; nothing varies for a law to fit")
     return prob
 
 def _pack(runs, phi=None):
@@ -563,13 +525,6 @@ def _polish(prob, x, weights=None):
                    options=POLISH_OPTS)
     return res.x, float(objective(res.x, prob, weights, grad=False))
 
-def _starts(p, restarts, seed):
-    """The App. F uniform starts in the box, from one seeded generator (identical across engines)."""
-    lo, hi = _box(p)
-    # a fresh generator per fit: every fit of a protocol (and both engines) sees the same starts for a given seed,
-    # whatever ran before it
-    return np.random.default_rng(seed).uniform(lo, hi, size=(restarts, p))
-
 def fit_law(prob, restarts=RESTARTS, seed=0, engine="batched"):
     """Best of `restarts` uniform starts on Eq. 4 (App. F). engine "batched": screen + polish; "scipy": one
     L-BFGS-B per start, serially (the unbatched reference). Returns a dict: theta, huber, hits, converged, ...
@@ -577,8 +532,10 @@ def fit_law(prob, restarts=RESTARTS, seed=0, engine="batched"):
     hits counts restarts within HIT_RTOL of the best objective; distinct_optima clusters the converged restarts by
     objective (relative 1e-6) and theta (rounded to 1e-3); on_bounds names the parameters sitting on the box.
     """
-    p = prob["p"]
-    x0 = _starts(p, restarts, seed)                 # (restarts, p), the same for both engines
+    p, (lo, hi) = prob["p"], _box(prob["p"])
+    # the App. F uniform starts in the box (restarts, p), from a fresh generator per fit: every fit of a protocol
+    # (and both engines) sees the same starts for a given seed, whatever ran before it
+    x0 = np.random.default_rng(seed).uniform(lo, hi, size=(restarts, p))
     t0 = time.perf_counter()
     if engine == "batched":
         # engine B: every start at once, capped at SCREEN_ITERS iterations (fitting.md §4.2 pitfall 3: degenerate
@@ -605,15 +562,17 @@ def fit_law(prob, restarts=RESTARTS, seed=0, engine="batched"):
     n_obj = int(1 + np.sum(np.diff(cf) > HIT_RTOL * np.maximum(np.abs(cf[1:]), 1e-15))) if cf.size else 0
     n_theta = len({tuple(np.round(x, 3)) for x in xs[conv]})
     # a parameter on the App. F box (E -> e^-3, alpha -> 0, ...) flags a degenerate or poorly identified fit
-    lo, hi = _box(p)
     on_bounds = [PARAM_NAMES[j] for j in range(p) if min(best_x[j] - lo[j], hi[j] - best_x[j]) <= 1e-6 * (hi - lo)[j]]
     return {"theta": best_x, "huber": float(best_f), "hits": max(hits, 1), "restarts": restarts,
             "n_converged": int(conv.sum()), "distinct_optima": n_obj, "distinct_theta": n_theta,
             "on_bounds": on_bounds, "seed": seed, "engine": engine, "seconds": time.perf_counter() - t0}
 
-def describe(prob, res, name="joint"):
-    """The report block of a fit: E, A, B, alpha, beta, phi, R^2 on raw nats, RMSE, max|res|, per-r residuals.
-    name says which fit this is (joint, r=2, low half, ...) in its warnings, so a flag points at the right fit."""
+def fit_block(runs, phi=None, restarts=RESTARTS, seed=0, engine="batched", name="joint"):
+    """make_problem (phi as there) + fit_law, and the report block of the fit: E, A, B, alpha, beta, phi, R^2 on raw
+    nats, RMSE, max|res|, per-r residuals and fit_law's diagnostics. name says which fit this is (joint, r=2, low
+    half, ...) in its warnings, so a flag points at the right fit."""
+    prob = make_problem(runs, phi)
+    res = fit_law(prob, restarts, seed, engine)
     th, L = res["theta"], prob["val_loss"]
     resid = L - predict(th, prob)                        # (n,) actual - predicted, in nats (Table 7 sign)
     # R^2 on raw nats (Table 1 caption), not on the log scale the objective uses
@@ -635,11 +594,6 @@ def describe(prob, res, name="joint"):
         warnings.warn(FitWarning(f"{item}: only one of {res['restarts']} restarts reached the best objective; the "
                                  "optimum may not be reproducible", "single_hit", item))
     return block
-
-def fit_block(runs, phi=None, restarts=RESTARTS, seed=0, engine="batched", name="joint"):
-    """make_problem + fit_law + describe in one call; phi as in make_problem, name as in describe."""
-    prob = make_problem(runs, phi)
-    return describe(prob, fit_law(prob, restarts, seed, engine), name)
 
 
 # -----------------------------------------------------------------------------
@@ -667,12 +621,8 @@ def bootstrap_phi(runs, theta_hat, n_boot=N_BOOT, seed=0, boot_restarts=BOOT_RES
     k = 1 + boot_restarts
     x0 = np.concatenate([np.repeat(np.asarray(theta_hat)[None], n_boot, 0),
                          rng.uniform(*_box(6), size=(n_boot * boot_restarts, 6))])   # (k B, 6) warm starts first
-    Wk = np.concatenate([W] + [W] * boot_restarts) if boot_restarts else W   # (k B, n)
     t0 = time.perf_counter()
-    if progress:
-        print(f"bootstrap: {n_boot} resamples of {len(cells)} cells, {k * n_boot} starts screened at once",
-              file=sys.stderr, flush=True)
-    xs, fs, _ = _screen(prob, x0, Wk)
+    xs, fs, _ = _screen(prob, x0, np.concatenate([W] * k))                    # weights (k B, n)
     xs, fs, phis, wins = xs.reshape(k, n_boot, 6), fs.reshape(k, n_boot), np.empty(n_boot), 0
     for i in range(n_boot):
         # tight-tolerance polish: a warm start that stops early barely moves and would make the CI too narrow
@@ -818,20 +768,21 @@ def run_protocol(runs, restarts=RESTARTS, n_boot=N_BOOT, seed=0, boot_restarts=B
         frontier    rows (per-arch d*, s*, N*, D*, L*, gap to r=1), exponents,        §4.2, Fig. 3
                     gaps, joint_rows (the joint law at fixed r), equivalence          App. G.3, App. F.4
     """
-    # phi is identified only by comparing architectures: with one r, r^phi N_rec is indistinguishable from A
-    loops = sorted(set(int(r) for r in runs["n_loops"]))
+    # phi is identified only by comparing architectures: with one r, r^phi N_rec is indistinguishable from A. Each
+    # r's Eq. 2 fit has 5 parameters; both are checked here, before any fit runs, as is one architecture per r
+    loops, counts = np.unique(runs["n_loops"], return_counts=True)
+    loops = [int(r) for r in loops]
     if len(loops) < 2:
         raise ValueError(f"the joint law needs at least two architectures (n_loops values); got only r={loops}")
-    for r, n in ((r, int(np.sum(runs["n_loops"] == r))) for r in loops):
+    for r, n in zip(loops, counts):
         if n < 5:
-            raise ValueError(f"r={r} has {n} runs; its Chinchilla fit (Eq. 2) has 5 parameters and needs at least 5 "
-                             "runs")
-    arch_map(runs)                                    # one architecture per r, checked before the fits run
+            raise ValueError(f"r={r} has {n} runs; its Eq. 2 fit has 5 parameters and needs at least 5 runs")
+    arch_map(runs)
     t0 = time.perf_counter()
     out = {"n_runs": int(len(runs["val_loss"])), "loops": loops, "seed": seed, "restarts": restarts,
            "n_convention": "N_once + N_rec as recorded (Table 6 convention: non-embedding, norm gains included)"}
     # Table 1: per-architecture Chinchilla fits (Eq. 2 on N = N_once + N_rec)
-    out["per_arch"] = _eq2_fits(runs, runs["n_loops"], restarts, seed, "r={}", "per-architecture fit ")
+    out["per_arch"] = _eq2_fits(runs, runs["n_loops"], restarts, seed, "r={}")
     # Table 2: joint law with free phi, and the restricted fits phi = 0 (pure sharing) and phi = 1 (non-looped).
     # All three use the same seeded starts; the restricted ones simply drop the phi column (5 parameters)
     for key, phi in (("joint", None), ("phi0", 0.0), ("phi1", 1.0)):
@@ -866,13 +817,12 @@ def loop_sweeps(runs):
     [{n_loops (trained r), flops_budget, n_params, val_loss (at r), curve: [{n_loops: r', val_loss}], gain}], where
     gain = L(largest r') - L(r' = r) in nats (negative: more loops at test time help)."""
     out = []
-    for i, curve in [(i, c) for i, c in enumerate(runs.get("sweep") or []) if c]:
+    for i, curve in [(i, c) for i, c in enumerate(runs["sweep"]) if c]:
         r, at = int(runs["n_loops"][i]), {int(p["n_loops"]): float(p["val_loss"]) for p in curve}
-        top = max(at)
         out.append({"n_loops": r, "flops_budget": float(runs["flops_budget"][i]), "source": runs["source"][i],
                     "n_params": float(runs["n_once"][i] + runs["n_rec"][i]), "val_loss": float(runs["val_loss"][i]),
                     "curve": [{"n_loops": k, "val_loss": at[k]} for k in sorted(at)],
-                    "gain": at[top] - at[r] if (r in at and top > r) else None})
+                    "gain": at[max(at)] - at[r] if (r in at and max(at) > r) else None})
     return sorted(out, key=lambda e: (e["flops_budget"], e["n_loops"], e["n_params"]))
 
 def select_runs(runs, case=None, loops=None):
@@ -882,14 +832,13 @@ def select_runs(runs, case=None, loops=None):
     # a runs folder may hold the main grid and several case studies side by side (runs/*.sh write into one tree);
     # mixing them in one fit would mix architectures, so every analysis picks its runs here
     base = np.array([_is_baseline(c) for c in runs["case"]])
-    labels = sorted({str(c) for c in runs["case"] if not _is_baseline(c)})
     sel = base if case is None else np.array([c == case for c in runs["case"]])
     if not sel.any():
-        raise ValueError(f"every run carries a case label ({', '.join(labels)}); choose one with --case" if case is None
-                         else f"no run has case {case!r}; cases present: {', '.join(labels) or 'none'}")
+        labels = ", ".join(sorted({str(c) for c in runs["case"] if not _is_baseline(c)})) or "none"
+        raise ValueError(f"no run has case {case!r}; cases present: {labels}" if case else
+                         f"every run carries a case label ({labels}); choose one with --case")
     if case is not None and not np.any(sel & (runs["n_loops"] == 1)):
-        sel = sel | (base & np.isin(runs["flops_budget"], list(set(runs["flops_budget"][sel])))
-                     & (runs["n_loops"] == 1))
+        sel = sel | (base & np.isin(runs["flops_budget"], runs["flops_budget"][sel]) & (runs["n_loops"] == 1))
     if loops is not None:
         sel &= np.isin(runs["n_loops"], list(loops))
     if not sel.any():
@@ -902,7 +851,8 @@ def _canonical_order(runs):
     return subset(runs, np.lexsort((runs["tokens"], runs["n_once"] + runs["n_rec"], runs["n_loops"],
                                     runs["flops_budget"])))
 
-def run_case(runs, case, loops=None, **kw):
+def run_case(runs, case, loops=None, restarts=RESTARTS, n_boot=N_BOOT, seed=0, boot_restarts=BOOT_RESTARTS,
+             progress=True):
     """§5 / Table 3: the full protocol on the variant's runs, the baseline refitted on the same budgets (and the same
     n_loops), and delta_phi = phi_variant - phi_baseline."""
     variant = _canonical_order(select_runs(runs, case, loops))
@@ -914,26 +864,24 @@ def run_case(runs, case, loops=None, **kw):
     if len(set(base["n_loops"])) < 2:
         raise ValueError(f"case {case!r}: the baseline (runs without a case label) has fewer than two architectures "
                          f"at budgets {budgets}; cannot refit it for delta-phi")
-    out = run_protocol(variant, **kw)     # per-arch, joint, restricted, halves, the case's own cell bootstrap
-    bblk = fit_block(base, None, kw.get("restarts", RESTARTS), kw.get("seed", 0), name="case baseline")
+    # per-arch, joint, restricted, halves, the case's own cell bootstrap
+    out = run_protocol(variant, restarts, n_boot, seed, boot_restarts, progress)
+    bblk = fit_block(base, None, restarts, seed, name="case baseline")
     # the baseline may lack some of the case's budgets: then it is refitted on fewer, and says so (_budgets_said,
     # the budget_mismatch flag); baseline_runs lets --cases check that the baseline study fitted these same runs
     out["case"] = {"name": case, "budgets": budgets, "baseline_budgets": sorted(set(map(float, base["flops_budget"]))),
                    "baseline": bblk, "variant": out["joint"], "delta_phi": out["joint"]["phi"] - bblk["phi"],
                    "n_variant": out["n_runs"], "n_baseline": bblk["n"], "baseline_runs": runs_record(base)}
-    if kw.get("n_boot", N_BOOT) > 0:
-        out["case"].update(paired_delta_bootstrap(variant, base, out, bblk, kw.get("n_boot", N_BOOT), kw.get("seed", 0),
-                                                  kw.get("boot_restarts", BOOT_RESTARTS), kw.get("progress", True)))
+    if n_boot > 0:
+        out["case"].update(paired_delta_bootstrap(variant, base, out, bblk, n_boot, seed, boot_restarts, progress))
     out["flags"] = assess(out, variant)   # again, now with the refitted baseline that delta-phi depends on
     return out
 
 def _budgets_said(c):
     """What the case's baseline was refitted on, truly: "the same budgets", or the case's budgets it has runs at."""
-    lack = [x for x in c["budgets"] if x not in c.get("baseline_budgets", c["budgets"])]
-    if not lack:
-        return "the same budgets"
+    lack = [x for x in c["budgets"] if x not in c["baseline_budgets"]]
     return (f"{len(c['budgets']) - len(lack)} of the case's {len(c['budgets'])} budgets (no baseline runs at C = "
-            f"{', '.join(f'{x:.3g}' for x in lack)})")
+            f"{', '.join(f'{x:.3g}' for x in lack)})") if lack else "the same budgets"
 
 def paired_delta_bootstrap(variant, base, vres, bblk, n_boot, seed, boot_restarts, progress=True):
     """The CI of delta-phi: one block bootstrap over the (budget, r) cells, the SAME resamples for the variant and
@@ -993,16 +941,16 @@ def assess(res, runs):
         few_resamples   a bootstrap CI from fewer than MIN_CI_RESAMPLES resamples
     main() adds unfinished_runs (run folders without done.json) and the fitter's own warnings (single_hit,
     duplicate_runs, frontier_edge)."""
-    flags, bs = [], res.get("bootstrap")
-    # each fit block with the runs it was fitted on
+    flags, bs, c = [], res.get("bootstrap"), res.get("case")
+    add = lambda name, item: _add_flag(flags, name, item)
+    # each fit block with the runs it was fitted on (the case baseline's budgets are judged below)
     if "chinchilla" in res:
         blocks = {("fit" if g == "all" else f"group {g}"): (b, np.array([x == g for x in runs["group"]]))
                   for g, b in _chin_groups(res).items()}
     else:
-        blocks = {"joint": (res["joint"], np.ones(len(runs["val_loss"]), dtype=bool))}
-        blocks.update({f"r={r}": (b, runs["n_loops"] == int(r)) for r, b in res["per_arch"].items()})
-        if "case" in res:
-            blocks["case baseline"] = (res["case"]["baseline"], None)
+        blocks = {"joint": (res["joint"], np.ones(len(runs["val_loss"]), dtype=bool)),
+                  **{f"r={r}": (b, runs["n_loops"] == int(r)) for r, b in res["per_arch"].items()},
+                  **({"case baseline": (c["baseline"], None)} if c else {})}
     said_budget = False                                 # the joint fit's one budget is every r's: said once
     for name, (b, m) in blocks.items():
         # fit_law's on_bounds is exact (1e-6 of the box); a polish stopped in a flat valley a hair inside the
@@ -1011,32 +959,30 @@ def assess(res, runs):
         names = [k for j, k in enumerate(PARAM_NAMES[:len(th)])
                  if k in b["on_bounds"] or min(th[j] - lo[j], hi[j] - th[j]) <= NEAR_BOUND * (hi[j] - lo[j])]
         if names:
-            _add_flag(flags, "on_bound", f"{name} fit: {', '.join(names)}")
+            add("on_bound", f"{name} fit: {', '.join(names)}")
         if not b["r2"] >= R2_LOW:                       # NaN (no variance) counts as low
-            _add_flag(flags, "low_r2", f"{name} fit R² = {b['r2']:.3f}")
+            add("low_r2", f"{name} fit R² = {b['r2']:.3f}")
         if b["n"] < RUNS_PER_PARAM * len(th):
-            _add_flag(flags, "few_runs", f"{name} fit: {b['n']} runs for {len(th)} parameters")
+            add("few_runs", f"{name} fit: {b['n']} runs for {len(th)} parameters")
         C, D = (None, None) if m is None or said_budget else (runs["flops_budget"][m], runs["tokens"][m])
         finite = C is not None and np.all(np.isfinite(C))    # chinchilla mode has no budget: one D is the finding
         if C is not None and len(set(C if finite else D)) == 1:
-            _add_flag(flags, "single_budget", f"{name} fit: every run at "
-                      + (f"C = {C[0]:.3g}" if finite else f"D = {D[0]:.3g} tokens"))
+            where = f"C = {C[0]:.3g}" if finite else f"D = {D[0]:.3g} tokens"
+            add("single_budget", f"{name} fit: every run at {where}")
             said_budget = name == "joint" and finite
     if bs:
-        at = int(np.sum(np.abs(np.abs(np.asarray(bs["phi"])) - BOX_HI[5]) <= NEAR_BOUND * (BOX_HI[5] - BOX_LO[5])))
-        if at > 0.025 * bs["n_resamples"]:
-            _add_flag(flags, "on_bound", f"bootstrap: {at} of {bs['n_resamples']} resamples at phi = ±{BOX_HI[5]:g}, "
-                                         f"the CI is cut by the box")
-    if "case" in res:       # the refitted baseline's budgets: those of the case it has runs at (run_case)
-        c = res["case"]
-        bb = c.get("baseline_budgets", c["budgets"])
+        phis, n = np.abs(np.asarray(bs["phi"])), bs["n_resamples"]
+        at = int(np.sum(np.abs(phis - BOX_HI[5]) <= NEAR_BOUND * (BOX_HI[5] - BOX_LO[5])))
+        if at > 0.025 * n:
+            add("on_bound", f"bootstrap: {at} of {n} resamples at phi = ±{BOX_HI[5]:g}, the CI is cut by the box")
+        if n < MIN_CI_RESAMPLES:
+            add("few_resamples", f"{n} resamples")
+    if c:                   # the refitted baseline's budgets: those of the case it has runs at (run_case)
+        bb, lack = c["baseline_budgets"], [f"{x:.3g}" for x in c["budgets"] if x not in c["baseline_budgets"]]
         if len(bb) == 1 and len(c["budgets"]) > 1:
-            _add_flag(flags, "single_budget", f"case baseline fit: every run at C = {bb[0]:.3g}")
-        if len(bb) < len(c["budgets"]):
-            _add_flag(flags, "budget_mismatch", f"no baseline runs at C = "
-                      f"{', '.join(f'{x:.3g}' for x in c['budgets'] if x not in bb)}")
-    if bs and bs["n_resamples"] < MIN_CI_RESAMPLES:
-        _add_flag(flags, "few_resamples", f"{bs['n_resamples']} resamples")
+            add("single_budget", f"case baseline fit: every run at C = {bb[0]:.3g}")
+        if lack:
+            add("budget_mismatch", f"no baseline runs at C = {', '.join(lack)}")
     # one block at a time finds the flags out of order: list them in FLAG_TEXT's order (its first six are assess's)
     return sorted(flags, key=lambda f: list(FLAG_TEXT).index(f["name"]))
 
@@ -1106,8 +1052,8 @@ def report_text(res):
          f" | {res.get('seconds', 0):.1f} s", ""]
     # rule 6 of issue 12: what limits these numbers comes before the numbers
     if res.get("flags"):
-        L += ["## Warnings: read the numbers below with these in mind", ""]
-        L += [f"- **{f['name']}**: {f['message']}" for f in res["flags"]] + [""]
+        L += ["## Warnings: read the numbers below with these in mind", "",
+              *(f"- **{f['name']}**: {f['message']}" for f in res["flags"]), ""]
     if "chinchilla" in res:
         return "\n".join(L + _table1(_chin_groups(res), "## Chinchilla fits (Eq. 2; layout of Table 1)")) + "\n"
     # Table 1: the per-architecture exponents are not comparable across r (N means different things under sharing,
@@ -1163,9 +1109,7 @@ def report_text(res):
              *(f"{a[k]:.3f}" if k in a else "-" for k in rps), "-" if e["gain"] is None else f"{e['gain']:+.3f}")
             for e, a in zip(sw, at)], "## Test-time loop extrapolation (App. A; eval.py --n-loops-sweep, figure "
                                       "loop_sweep.png)")
-    if "frontier" in res:
-        L += _frontier_text(res)
-    return "\n".join(L) + "\n"
+    return "\n".join(L + _frontier_text(res)) + "\n"
 
 def _frontier_text(res):
     """The frontier sections of report.md: per-arch optima and gaps, exponents, the joint law's s* (App. G.3) and
@@ -1216,16 +1160,14 @@ def _pyplot():
     return plt
 
 def _png(fig):
-    """A matplotlib figure as PNG bytes (closed afterwards): nothing is written here, so a figure that fails leaves
-    no file behind."""
+    """A matplotlib figure as PNG bytes (then closed): nothing is written here, so a figure that fails leaves no file
+    behind."""
     buf = io.BytesIO()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")          # tight_layout's "not compatible" notes on odd axes
-            fig.tight_layout()
-            fig.savefig(buf, format="png", dpi=110)
-    finally:
-        _pyplot().close(fig)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")              # tight_layout's "not compatible" notes on odd axes
+        fig.tight_layout()
+        fig.savefig(buf, format="png", dpi=110)
+    _pyplot().close(fig)
     return buf.getvalue()
 
 def _lim(*arrays):
@@ -1276,17 +1218,16 @@ def make_figures(res, runs):
     _diagonal(axes[1], runs, title=f"joint (Eq. 3), φ = {res['joint']['phi']:.3f}, RMSE {res['joint']['rmse']:.3f}")
     figs["pred_vs_actual.png"] = _png(fig)
     # frontier (Fig. 3): L*_r(C), N*(C), D*(C); looped optima sit wider in d yet lower in N, and train on fewer tokens
-    if "frontier" in res:
-        fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-        for r in rs:
-            rows = [row for row in res["frontier"]["rows"] if row["n_loops"] == r]
-            for ax, key in zip(axes, ("loss", "n_params", "tokens")):
-                ax.plot([row["flops_budget"] for row in rows], [row[key] for row in rows], "o-", color=colors[r],
-                        label=f"r={r}", ms=4)
-        for ax, lab, yscale in zip(axes, ("L*(C) (nats)", "N*(C)", "D*(C) (tokens)"), ("linear", "log", "log")):
-            ax.set(xscale="log", xlabel="compute C (FLOPs)", ylabel=lab, yscale=yscale)
-        axes[0].legend(fontsize=7)
-        figs["frontier.png"] = _png(fig)
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for r in rs:
+        rows = [row for row in res["frontier"]["rows"] if row["n_loops"] == r]
+        for ax, key in zip(axes, ("loss", "n_params", "tokens")):
+            ax.plot([row["flops_budget"] for row in rows], [row[key] for row in rows], "o-", color=colors[r],
+                    label=f"r={r}", ms=4)
+    for ax, lab, yscale in zip(axes, ("L*(C) (nats)", "N*(C)", "D*(C) (tokens)"), ("linear", "log", "log")):
+        ax.set(xscale="log", xlabel="compute C (FLOPs)", ylabel=lab, yscale=yscale)
+    axes[0].legend(fontsize=7)
+    figs["frontier.png"] = _png(fig)
     figs["phi.png"] = _phi_figure(plt, res)
     if res.get("loop_sweep"):
         # App. A: val loss vs test-time r' for each swept model; the trained r is marked
@@ -1325,7 +1266,7 @@ def _iso_flops_figure(plt, res, runs, rs):
             keep = (Nd > N.min() / 1.6) & (Nd < N.max() * 1.6)
             Nk, Dk = Nd[keep], C / np.polyval(poly["flops"], d[keep])
             ax.plot(Nk, b["E"] + b["A"] * Nk ** -b["alpha"] + b["B"] * Dk ** -b["beta"], color=bcol[C], lw=1)
-        for row in [row for row in res.get("frontier", {}).get("rows", []) if row["n_loops"] == r]:
+        for row in [row for row in res["frontier"]["rows"] if row["n_loops"] == r]:
             ax.plot(row["n_params"], row["loss"], "*", color=bcol[row["flops_budget"]], ms=10, mec="k", mew=0.5)
         ax.set(xscale="log", title=f"r = {r}", xlabel="unique parameters N")
         ax.xaxis.set_minor_formatter(plt.NullFormatter())     # a narrow N range would label every minor tick
@@ -1358,58 +1299,35 @@ def _phi_figure(plt, res):
 
 CASES_MARK = "<!-- case studies: written by fit.py --cases; everything below is regenerated -->"
 
-def _top_gap(res, r=8):
-    """L*_r - L*_1 of the frontier at the largest budget (§4.2), or None."""
-    rows = [x for x in (res.get("frontier") or {}).get("rows", []) if x["n_loops"] == r and x["gap"] is not None]
-    return max(rows, key=lambda row: row["flops_budget"])["gap"] if rows else None
-
-def _same_runs(base, base_path, res, path):
-    """A case's delta-phi is taken against the baseline refitted inside that case's fit; the table shows it next to
-    the baseline study's own phi, so the two must rest on the same runs: every run (folder) of the case's baseline
-    refit must be in OUT/fit.json with the same key (runs_record), compared by common.identity_diff."""
-    want, have = (res.get("case") or {}).get("baseline_runs"), base.get("runs")
-    # a fit.json from before issue 18 has no runs record: nothing can be matched, so nothing is claimed
-    for p, rec in ((path, want), (base_path, have)):
-        if not (isinstance(rec, dict) and all(isinstance(rec.get(k), list) for k in ("keys", "dirs"))):
-            raise ValueError(f"{p}: records no runs (an older fit.py wrote it), so its runs cannot be matched with "
-                             "the others; refit it")
-    mine, theirs = dict(zip(want["dirs"], want["keys"])), dict(zip(have["dirs"], have["keys"]))
-    diff = common.identity_diff(mine, {d: theirs.get(d) for d in mine})
-    if diff:
-        raise ValueError(f"{path}: its baseline was refitted on other runs than {base_path} ({len(diff)} differ, "
-                         f"e.g. {diff[0]}); fit both from the same runs folder, then rerun --cases")
-
 def case_summary(out_dir):
     """Collect OUT/fit.json (the baseline study) and OUT/case_*/fit.json (runs/mini.sh --case NAME, or fit.py --case
     with --out OUT/case_NAME): rows of phi [CI], the refitted baseline's phi, delta-phi [paired CI], R^2, the r=8
     frontier gap at the top budget and the mean test-time extrapolation gain per case. A case fitted from other runs
-    than the baseline study is refused (_same_runs). Returns {"rows", "sweeps": {name: loop_sweep}, "request": the
+    than the baseline study is refused (below). Returns {"rows", "sweeps": {name: loop_sweep}, "request": the
     request of the fit that wrote OUT/fit.json, "unfitted": case folders without a fit.json}."""
     found = [("baseline", os.path.join(out_dir, "fit.json"))] + [
         (name[len("case_"):], os.path.join(out_dir, name, "fit.json"))
         for name in (sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []) if name.startswith("case_")]
     rows, sweeps, base, request = [], {}, None, None
-    # the baseline first: every case row is checked against it as it is read (_same_runs). A fit.json that is
+    # the baseline first: every case row is checked against it as it is read (below). A fit.json that is
     # there but no file (a FIFO, a dangling link) is named by read_json, never skipped
     for name, path in [(n, p) for n, p in found if os.path.lexists(p)]:
         res = read_json(path)
         request = res.get("request") if name == "baseline" else request
         if "joint" not in res:
             continue                                  # a chinchilla fit: no phi to compare
-        j = res["joint"]
-        if not (isinstance(j, dict) and all(isinstance(j.get(k), (int, float)) for k in ("phi", "r2", "n"))):
-            raise ValueError(f"{path}: its joint fit has no numeric phi, r2 and n: not a fit.py result")
-        if name == "baseline":
-            base = res
-        elif base is not None:
-            _same_runs(base, found[0][1], res, path)
         try:        # a hand-edited fit.json: every number the table and figures show is checked, or the file named
-            bs, c, sw = res.get("bootstrap") or {}, res.get("case") or {}, res.get("loop_sweep") or []
+            j, bs, c, sw = res["joint"], res.get("bootstrap") or {}, res.get("case") or {}, res.get("loop_sweep") or []
+            if not all(type(j[k]) in (int, float) for k in ("phi", "r2", "n")):
+                raise ValueError("its joint fit has no numeric phi, r2 and n")
             gains = [e["gain"] for e in sw if e.get("gain") is not None]
+            # the r=8 frontier gap L*_8 - L*_1 at the largest budget (§4.2)
+            fr = [x for x in (res.get("frontier") or {}).get("rows", []) if x["n_loops"] == 8 and x["gap"] is not None]
             rows.append({"name": name, "phi": j["phi"], "phi_lo": bs.get("phi_lo"), "phi_hi": bs.get("phi_hi"),
                          "r2": j["r2"], "n": j["n"], "delta_phi": c.get("delta_phi"),
                          "delta_phi_lo": c.get("delta_phi_lo"), "delta_phi_hi": c.get("delta_phi_hi"),
-                         "baseline_phi": (c.get("baseline") or {}).get("phi"), "gap8": _top_gap(res),
+                         "baseline_phi": (c.get("baseline") or {}).get("phi"),
+                         "gap8": max(fr, key=lambda x: x["flops_budget"])["gap"] if fr else None,
                          "extrapolation_gain": float(np.mean(gains)) if gains else None,
                          # the fit's flags (fit.json "flags") with the fits they concern: single_hit on "fit over 12
                          # runs (low half, App. F.3)" is about an auxiliary fit, not about the phi of the table
@@ -1420,16 +1338,31 @@ def case_summary(out_dir):
                 raise ValueError(f"{', '.join(bad) or 'loop_sweep'} out of range")
         except (KeyError, TypeError, AttributeError, ValueError) as err:
             raise ValueError(f"{path}: not a fit.py result ({err})") from None
-        if res.get("loop_sweep"):
-            sweeps[name] = res["loop_sweep"]
+        if name == "baseline":
+            base = res
+        elif base is not None:
+            # A case's delta-phi is taken against the baseline refitted inside that case's fit; the table shows it
+            # next to the baseline study's own phi, so the two must rest on the same runs: every run (folder) of the
+            # case's baseline refit must be in OUT/fit.json with the same key (runs_record). A fit.json from before
+            # issue 18 has no runs record: nothing can be matched, so nothing is claimed
+            want, have = (res.get("case") or {}).get("baseline_runs"), base.get("runs")
+            for p, rec in ((path, want), (found[0][1], have)):
+                if not (isinstance(rec, dict) and all(isinstance(rec.get(k), list) for k in ("keys", "dirs"))):
+                    raise ValueError(f"{p}: records no runs (an older fit.py wrote it); refit it")
+            theirs = dict(zip(have["dirs"], have["keys"]))
+            diff = common.identity_diff(dict(zip(want["dirs"], want["keys"])), {d: theirs.get(d) for d in want["dirs"]})
+            if diff:
+                raise ValueError(f"{path}: its baseline was refitted on other runs than {found[0][1]} ({diff[0]})")
+        if sw:
+            sweeps[name] = sw
     if not rows:
         raise ValueError(f"no fit.json with a joint fit in {out_dir!r} or its case_*/ folders")
     return {"rows": rows, "sweeps": sweeps, "request": request,
             "unfitted": [os.path.dirname(p) for n, p in found[1:] if not os.path.lexists(p)]}
 
-def write_case_summary(summary, out_dir):
+def write_case_summary(summary, out_dir, overwrite=False):
     """Append (or regenerate) the case-study section of OUT/report.md and write cases.png (and cases_loops.png), as
-    one set (main claims OUT first). Returns the paths written, report.md first."""
+    one set. Returns the paths written, report.md first."""
     report = os.path.join(out_dir, "report.md")
     f = lambda x, fmt: "-" if x is None else format(x, fmt)
     ci = lambda row, k, fmt: "" if row[f"{k}_lo"] is None else f" [{row[f'{k}_lo']:{fmt}}, {row[f'{k}_hi']:{fmt}}]"
@@ -1448,12 +1381,16 @@ def write_case_summary(summary, out_dir):
                for row in summary["rows"] if row["flags"]]
     L += ["", "Flags, and the fits they concern:", *flagged] if flagged else []
     L += ["", "Figures: cases.png (φ and its CI per case), cases_loops.png (val loss vs test-time r' per case)."]
-    files, head = _case_figures(summary), ""
-    if os.path.isfile(report):
-        with open(report, encoding="utf-8", errors="replace") as fh:
-            head = fh.read().split(CASES_MARK)[0].rstrip("\n") + "\n\n"
-    files["report.md"] = (head + "\n".join(L) + "\n").encode()
-    write_set(out_dir, files)
+    # OUT is the baseline fit's folder: --cases claims it as that fit's own request (OUT/fit.json records it, OUT's
+    # marker names it), so the table needs no --overwrite and a copied study stays usable
+    with claimed(out_dir, "fit", summary["request"] or "cases", overwrite, "--cases"):
+        for name in ("report.md", "cases.png", "cases_loops.png"):
+            common.check_new(os.path.join(out_dir, name), True, "--cases")
+        files, head = _case_figures(summary), ""
+        if os.path.isfile(report):                  # the fit's own report, without the section written before
+            head = pathlib.Path(report).read_text("utf-8", "replace").split(CASES_MARK)[0].rstrip("\n") + "\n\n"
+        files["report.md"] = (head + "\n".join(L) + "\n").encode()
+        write_set(out_dir, files)
     return [os.path.join(out_dir, n) for n in sorted(files, key=lambda n: n != "report.md")]
 
 def _case_figures(summary):
@@ -1492,27 +1429,25 @@ def _case_figures(summary):
 
 def run_chinchilla(runs, restarts=RESTARTS, seed=0):
     """Eq. 2 per group (the CSV's group column, or r for looped records); a single fit when there is one group."""
-    out = {"n_runs": int(len(runs["val_loss"])), "seed": seed, "restarts": restarts}
     t0 = time.perf_counter()
-    # groups: the CSV's group column (or r); each is fitted on its own, with the same seeded starts
-    out["chinchilla"] = _eq2_fits(runs, runs["group"], restarts, seed, "group {}")
-    if list(out["chinchilla"]) == ["all"]:
-        out["chinchilla"] = out["chinchilla"]["all"]          # no group column: the block is the one fit
-    out["seconds"] = time.perf_counter() - t0
+    # each group is fitted on its own, with the same seeded starts; no group column: the block is the one fit
+    fits = _eq2_fits(runs, runs["group"], restarts, seed, "group {}")
+    out = {"n_runs": int(len(runs["val_loss"])), "seed": seed, "restarts": restarts,
+           "chinchilla": fits["all"] if list(fits) == ["all"] else fits, "seconds": time.perf_counter() - t0}
     out["flags"] = assess(out, runs)
     return out
 
-def _eq2_fits(runs, labels, restarts, seed, name, what=""):
+def _eq2_fits(runs, labels, restarts, seed, name):
     """Eq. 2 on each group of runs (labels: the (n,) group of every run), in sorted group order: {str(group): fit
-    block}. name.format(group) names the fit in its warnings, what + that name in its errors. Eq. 2 is fitted as
-    Eq. 3 with phi fixed at 0 -- N_eff = N_once + r^0 N_rec = N, one term -- and has no phi: the block says None."""
+    block}. name.format(group) names the fit in its warnings and errors. Eq. 2 is fitted as Eq. 3 with phi fixed at
+    0 -- N_eff = N_once + r^0 N_rec = N, one term -- and has no phi: the block says None."""
     out = {}
     for g in sorted(set(labels)):
         try:
             sub = subset(runs, np.array([x == g for x in labels]))
             out[str(g)] = dict(fit_block(sub, 0.0, restarts, seed, name=name.format(g)), phi=None)
         except ValueError as err:
-            raise ValueError(f"{what}{name.format(g)}: {err}") from None
+            raise ValueError(f"{name.format(g)} fit: {err}") from None
     return out
 
 def _chin_groups(res):
@@ -1544,34 +1479,28 @@ class Partial(ValueError):
 def claimed(folder, tool, request, overwrite=False, flag="--out"):
     """common.claim(folder) for the body of the with: fit.py's (or design.py's) own folder, one writer at a time. A
     refusal raised inside the body gives the folder back as it was (its marker's old text, no folder we made): a
-    refused command changes nothing."""
-    mark = os.path.join(folder, f".nanoloop-{tool}")
-    made, old = not os.path.lexists(folder), None
-    if os.path.lexists(mark) and (os.path.islink(mark) or not os.path.isfile(mark)):   # a FIFO would block claim
-        raise ValueError(f"{flag} {folder}: its marker {mark} is not a plain file; move it away")
-    if os.path.lexists(mark):
-        with open(mark, "rb") as fh:
-            old = fh.read(200)
+    refused command changes nothing. A Partial keeps the folder ours, for the rerun."""
+    mark, made = os.path.join(folder, f".nanoloop-{tool}"), not os.path.lexists(folder)
+    # the marker's text, read before claim rewrites it (a FIFO or device is never opened: claim refuses it by name)
+    old = pathlib.Path(mark).read_bytes()[:200] if os.path.isfile(mark) else None
     common.claim(folder, tool, request, overwrite, flag)
     try:
         yield
-    except BaseException as err:
-        if isinstance(err, Partial):           # outputs were renamed in: the folder stays ours, for the rerun
-            common.release(folder)
-            raise
-        fd = common.HELD.get(os.path.abspath(folder), (None, None))[0]
+    except Partial:             # outputs were renamed in: the folder stays ours, so the rerun needs no --overwrite
+        raise
+    except BaseException:       # a refusal (or a kill by Ctrl-C) before any rename: the folder as it was
         with contextlib.suppress(OSError):
-            if old is None:
-                os.remove(mark)
-            elif fd is not None:                                   # rewritten through the fd we hold the lock on
+            if old is not None:                 # rewritten through the fd we hold the lock on
+                fd = common.HELD[os.path.abspath(folder)][0]
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, old, 0)
-        common.release(folder)
-        if made:
-            with contextlib.suppress(OSError):
-                os.rmdir(folder)
+            else:
+                os.remove(mark)
+                if made:
+                    os.rmdir(folder)
         raise
-    common.release(folder)                     # written: the next command (in this process too) claims it anew
+    finally:
+        common.release(folder)                  # the next command (in this process too) claims it anew
 
 def write_set(folder, files, remove=()):
     """Write {name: bytes} into folder as one set of common.atomic_write calls, nested, so every temporary is written
@@ -1582,8 +1511,7 @@ def write_set(folder, files, remove=()):
 
     def nest(i, tmp=None):
         if tmp is not None:                    # common.atomic_write hands us its fresh temporary; fill it, go deeper
-            with open(tmp, "wb") as fh:
-                fh.write(files[names[i - 1]])
+            pathlib.Path(tmp).write_bytes(files[names[i - 1]])
         if i < len(names):
             return common.atomic_write(os.path.join(folder, names[i]), lambda t: nest(i + 1, t))
         renaming.append(True)                  # every temporary is on disk: clear the way, rename out
@@ -1597,22 +1525,19 @@ def write_set(folder, files, remove=()):
         raise (Partial(why + "the set is incomplete: rerun") if renaming else ValueError(why + "nothing was changed")) \
             from None
 
-
 def write_new(path, data, overwrite=False, flag="--out"):
     """Write one output file (a CSV, a run list) atomically: a new path, one already holding exactly these bytes (the
     same request again: nothing to lose), or overwrite. Of two writers of a new path exactly one succeeds."""
-    same = os.path.isfile(path) and os.path.getsize(path) == len(data) and open(path, "rb").read() == data
+    same = os.path.isfile(path) and os.path.getsize(path) == len(data) and pathlib.Path(path).read_bytes() == data
     common.check_new(path, overwrite or same, flag)       # a link, folder or FIFO in the way: refused even so
     try:
         common.atomic_write(path, data, replace=os.path.lexists(path))
-    except FileExistsError:
-        raise ValueError(f"{flag} {path} was just created by another process; pick another path") from None
-    except OSError as err:
+    except OSError as err:                  # FileExistsError: another process created the path since the check
         raise ValueError(f"{flag} {path}: cannot write ({err.strerror})") from None
 
-def _loops(text):
-    """argparse type for --loops: "1,4,8" -> [1, 4, 8], each a valid n_loops (LIMITS)."""
-    return [common.number(int, *LIMITS["n_loops"])(x) for x in text.split(",")]
+
+# -----------------------------------------------------------------------------
+# The CLI: one parser (every flag checked as it is parsed), three modes (fit, --cases, --synthetic)
 
 def parse_args(argv=None):
     # defaults are the paper's protocol (App. F: 500 restarts, 200 resamples); tests pass smaller numbers
@@ -1621,10 +1546,12 @@ def parse_args(argv=None):
     p.add_argument("--csv", help="CSV of runs instead of a runs folder")
     p.add_argument("--law", choices=("joint", "chinchilla"), default="joint", help="joint law (Eq. 3) or Eq. 2 only")
     p.add_argument("--case", help="fit the runs with this case label (§5) and report delta-phi vs the baseline")
-    p.add_argument("--loops", type=_loops, help="keep only these n_loops, e.g. 1,4,8 (Table 3's refit without r=2)")
+    p.add_argument("--loops", type=lambda text: [common.number(int, *LIMITS["n_loops"])(x) for x in text.split(",")],
+                   help="keep only these n_loops, e.g. 1,4,8 (Table 3's refit without r=2)")
     p.add_argument("--out", help="output folder for fit.json, report.md and the figures")
     p.add_argument("--overwrite", action="store_true", help="write into an --out / --cases folder that is not "
                    "this same request's, or replace a --synthetic file")
+    # every number is checked as it is parsed (common.number), in the interval notation of LIMITS
     for flag, kind, interval, default, what in (
             ("seed", int, "[0, 9.2e18]", 0, "seed of the restarts and the bootstrap"),
             ("restarts", int, "[1, 100000]", RESTARTS, "uniform starts per fit (App. F: 500)"),
@@ -1635,22 +1562,20 @@ def parse_args(argv=None):
         p.add_argument("--" + flag, type=common.number(kind, interval), default=default, help=f"{what}; in {interval}")
     p.add_argument("--cases", metavar="DIR", help="summarise DIR/fit.json and DIR/case_*/fit.json into DIR/report.md")
     p.add_argument("--synthetic", metavar="OUT.csv", help="write the synthetic 116-run grid and exit")
-    args = p.parse_args(argv)
-    # mode rules argparse cannot express: one error line each, exit status 2 (common.Parser)
-    if args.synthetic or args.cases:     # these need no runs input and write no fit folder
-        if args.runs_dir or args.csv or args.out or (args.synthetic and args.cases):
-            p.error("--synthetic and --cases take no RUNS_DIR, --csv, --out or each other")
-        return args
-    for bad, why in ((args.case is not None and _is_baseline(args.case), f"--case {args.case!r} names the main grid "
-                      "(runs without a case label); leave --case out"),
-                     ((args.runs_dir is None) == (args.csv is None), "give exactly one input: RUNS_DIR or --csv FILE"),
-                     (not args.out, "--out DIR is required"),
-                     # the bootstrap screens every start of every resample at once: bound its memory (paper: 200 x 5)
-                     (args.bootstrap * (1 + args.boot_restarts) > 10 ** 6, "--bootstrap x (1 + --boot-restarts) must "
-                      "be at most 1e6 starts")):
-        if bad:
-            p.error(why)
-    return args
+    a = p.parse_args(argv)
+    # mode rules argparse cannot express: one error line each, exit status 2 (common.Parser). --synthetic and
+    # --cases need no runs input and write no fit folder
+    if (a.synthetic or a.cases) and (a.runs_dir or a.csv or a.out or (a.synthetic and a.cases)):
+        p.error("--synthetic and --cases take no RUNS_DIR, --csv, --out or each other")
+    if not (a.synthetic or a.cases):
+        if a.case is not None and _is_baseline(a.case):
+            p.error(f"--case {a.case!r} names the main grid (runs without a case label); leave --case out")
+        if (a.runs_dir is None) == (a.csv is None) or not a.out:
+            p.error("give one input (RUNS_DIR or --csv FILE) and --out DIR")
+        # the bootstrap screens every start of every resample at once: bound its memory (paper: 200 x 5)
+        if a.bootstrap * (1 + a.boot_restarts) > 10 ** 6:
+            p.error("--bootstrap x (1 + --boot-restarts) must be at most 1e6 starts")
+    return a
 
 def _fit_warning_flags(flags, caught):
     """Add the fitter's own warnings (warnings.warn) to flags, one flag per kind, so fit.json keeps them too."""
@@ -1665,26 +1590,21 @@ def fit_outputs(args):
     # what this invocation asks for: the same request may rewrite its own outputs without --overwrite
     request = {"input": os.path.abspath(args.csv or args.runs_dir), "csv": bool(args.csv), "law": args.law,
                **{k: getattr(args, k) for k in ("case", "loops", "seed", "restarts", "bootstrap", "boot_restarts")}}
-    try:
-        import matplotlib  # noqa: F401  (the figures need it: fail now, not after the fit)
-    except ImportError:
-        raise ValueError("matplotlib is not installed (pip install -r requirements.txt)") from None
+    _pyplot()                  # the figures need matplotlib: an ImportError now (one line, main), not after the fit
     with claimed(args.out, "fit", request, args.overwrite), warnings.catch_warnings(record=True) as caught:
         for name in OUTPUTS:                             # a link, folder or FIFO at an output's name: never written
             common.check_new(os.path.join(args.out, name), True)
         warnings.simplefilter("always", UserWarning)     # the fitter's own warnings become flags (below)
-        rows = load_csv(args.csv) if args.csv else load_records(args.runs_dir)
-        unfinished = [] if args.csv else unfinished_runs(args.runs_dir)
-        runs = runs_from_rows(rows, args.law)
+        runs = runs_from_rows(load_csv(args.csv) if args.csv else load_records(args.runs_dir), args.law)
         sel = select_runs(runs, args.case, args.loops)     # what the fit (and the figures) use: a case's variant
         if args.law == "chinchilla":
             res = run_chinchilla(sel, args.restarts, args.seed)
         elif args.case:
-            res = run_case(runs, args.case, args.loops, restarts=args.restarts, n_boot=args.bootstrap,
-                           seed=args.seed, boot_restarts=args.boot_restarts)
+            res = run_case(runs, args.case, args.loops, args.restarts, args.bootstrap, args.seed, args.boot_restarts)
         else:
             res = run_protocol(sel, args.restarts, args.bootstrap, args.seed, args.boot_restarts)
         # flags that only the CLI can see: run folders without a record, and the fitter's own warnings
+        unfinished = [] if args.csv else unfinished_runs(args.runs_dir)
         if unfinished:
             _add_flag(res["flags"], "unfinished_runs", f"{len(unfinished)} under {args.runs_dir} "
                       f"({', '.join(unfinished[:5])}{', ...' if len(unfinished) > 5 else ''})")
@@ -1699,16 +1619,12 @@ def fit_outputs(args):
         # fit.json lists the set it belongs to: a reader can tell a complete folder from a partial one, and the next
         # fit here removes the outputs of this one it does not rewrite (only those: what it knows fit.py wrote)
         res["outputs"] = sorted(files) + ["fit.json"]
+        old = []
+        with contextlib.suppress(ValueError, TypeError):     # no fit.json there, or not ours: nothing to remove
+            old = [n for n in OUTPUTS if n in read_json(os.path.join(args.out, "fit.json")).get("outputs")]
         files = {"fit.json": json.dumps(_jsonable(res), indent=1).encode(), **files}      # fit.json first: renamed last
-        write_set(args.out, files, remove=["fit.json"] + [n for n in _outputs(args.out) if n not in files])
+        write_set(args.out, files, remove=["fit.json"] + [n for n in old if n not in files])
     return res
-
-def _outputs(folder):
-    """The outputs the fit.json in folder says its fit wrote (OUTPUTS names only), or none."""
-    with contextlib.suppress(ValueError, TypeError):
-        listed = read_json(os.path.join(folder, "fit.json")).get("outputs")
-        return [n for n in OUTPUTS if n in listed]
-    return []
 
 def summary_lines(res, out):
     """What the CLI prints after a fit: each Eq. 2 fit, the restricted fits, the case line, every flag, and last
@@ -1739,31 +1655,23 @@ def main(argv=None):
     args = parse_args(argv)
     # three modes; every user error in any of them is one line and exit status 2 (common.fail), before any work
     try:
-        if args.cases:
-            summary = case_summary(args.cases)
-            # OUT is the baseline fit's folder: --cases claims it as that fit's own request (OUT/fit.json records
-            # it, OUT's marker names it), so the table needs no --overwrite and a copied study stays usable
-            with claimed(args.cases, "fit", summary["request"] or "cases", args.overwrite, "--cases"):
-                for name in ("report.md", "cases.png", "cases_loops.png"):
-                    common.check_new(os.path.join(args.cases, name), True, "--cases")
-                paths = write_case_summary(summary, args.cases)
-            for name in summary["unfitted"]:
-                print(f"{name}: no fit.json (not fitted yet), not in the table")
-            for row in summary["rows"]:
-                print(f"{row['name']:>10}: phi {row['phi']:.3f}" + ("" if row["delta_phi"] is None else
-                      f" | delta_phi {row['delta_phi']:+.3f} vs baseline phi {row['baseline_phi']:.3f} refitted in "
-                      "the case's fit"))
-            print(f"wrote {', '.join(paths)}")
-            return summary
         if args.synthetic:
-            rows = write_synthetic(args.synthetic, args.phi, args.noise, args.seed, args.overwrite)
-            print(f"wrote {len(rows)} synthetic runs (phi={args.phi}, noise={args.noise}, seed={args.seed}) to "
-                  f"{args.synthetic}")
-            return None
-        res = fit_outputs(args)
-    except ValueError as err:
+            res = None
+            lines = [f"wrote {len(write_synthetic(args.synthetic, args.phi, args.noise, args.seed, args.overwrite))} "
+                     f"synthetic runs (phi={args.phi}, noise={args.noise}, seed={args.seed}) to {args.synthetic}"]
+        elif args.cases:
+            res = case_summary(args.cases)
+            paths = write_case_summary(res, args.cases, args.overwrite)
+            lines = [f"{name}: no fit.json (not fitted yet), not in the table" for name in res["unfitted"]] + [
+                f"{row['name']:>10}: phi {row['phi']:.3f}" + ("" if row["delta_phi"] is None else
+                f" | delta_phi {row['delta_phi']:+.3f} vs baseline phi {row['baseline_phi']:.3f} refitted in the "
+                "case's fit") for row in res["rows"]] + [f"wrote {', '.join(paths)}"]
+        else:
+            res = fit_outputs(args)
+            lines = summary_lines(res, args.out)
+    except (ValueError, ImportError) as err:       # ImportError: no matplotlib (pip install -r requirements.txt)
         common.fail("fit.py", err)
-    print("\n".join(summary_lines(res, args.out)))
+    print("\n".join(lines))
     return res
 
 

@@ -670,7 +670,7 @@ def test_linked_runs_are_followed_and_a_link_loop_or_fifo_is_named(tmp_path):
         _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")] + LIGHT, "is a FIFO", tmp_path)
         os.remove(runs / "run5" / name)
     os.symlink("/dev/zero", runs / "run6" / "eval.json")          # a device behind a link: refused, never read
-    _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")] + LIGHT, "device or folder, not a file", tmp_path)
+    _refused(fit.main, [str(runs), "--out", str(tmp_path / "o")] + LIGHT, "folder or device, not a file", tmp_path)
 
 
 def test_runs_on_different_data_are_not_fitted_as_one_study(tmp_path):
