@@ -184,9 +184,8 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     loader, val_loader = (PackedLoader(tc.data, split, seq_len=cfg.seq_len, batch_rows=g.batch_rows,
                                        device_batch=device_batch, rank=rank, world=world, device=device,
                                        tokenizer_hash=run.facts.tok_hash) for split in ("train", "val"))
-    # Resume: weights, optimizer (R, momenta, Adam moments), loader position, RNG, step, elapsed wall time; with
-    # deterministic CPU kernels a resumed run is bitwise equal to an uninterrupted one (tests). Rank 0 checked the
-    # checkpoint in preflight: this run's identity, weights that fit the model.
+    # Resume: weights, optimizer (R, momenta, Adam moments), loader position, RNG, step, wall time (preflight checked
+    # identity and weights); with deterministic CPU kernels it is bitwise an uninterrupted run (tests)
     start_step, wall_before, last_val = 0, 0.0, None
     if run.status == "resume":
         ck, run.held = run.held, None
@@ -217,7 +216,6 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
         print0(f"eval step {step:05d} | val_loss {v:.4f} nats | n_loops {r}")
         log({"step": step, "val_loss": v})
         return v
-
     # ---- 4. The loop ---------------------------------------------------------------------------------------------
     # One optimizer step = accum micro-batches per rank: LR multiplier, forward/backward (grads all-reduce only on
     # the last micro-batch), optimizer step; at logging steps one loss read, one log line; eval / checkpoint if due.
@@ -304,12 +302,12 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     return record
 
 # -----------------------------------------------------------------------------
-# preflight: every refusal, before any model is built (README "Guarantees", rule 5)
+# preflight: every refusal, before any model is built (README "Guarantees", rule 5); derive: the derived quantities
 def preflight(model_cfg, tc, rank: int, world: int, device) -> SimpleNamespace:
     """Check what a run can be refused for beyond its values (parse_args checked those): the --init-from
     checkpoint, the data, the backends, the geometry and horizon (derive), the memory, and what out_dir holds
-    (out_dir_state, which then claims it). Returns the resolved run; --plan without a prepared --data checks what
-    needs none."""
+    (checkpoint.out_dir_state, which then claims it). Returns the resolved run; --plan without a prepared --data
+    checks what needs none."""
     cfg, init_state, init_tok, init_id, facts = model_cfg, None, None, None, None
     if tc.init_from:                         # its identity: a hash of the weights' names, dtypes, shapes and bytes
         cfg, init_state, init_tok = init_architecture(model_cfg, tc.init_from)
@@ -506,11 +504,11 @@ def pick_device_batch(model, tc, g, world: int, autocast, static: int) -> tuple:
         rows = int(t.item())
     need(rows, f"one row of {model.cfg.seq_len} tokens does not fit in {have / 2**30:,.1f} GiB ({what}) beside the "
          "weights and optimizer state: shorten --seq-len, truncate BPTT (--n-loops-bwd) or use a smaller model")
-    return rows, f"largest divisor of {g.per_rank} rows per rank whose " + ("trial micro-step fits" if device.type ==
-                  "cuda" else "memory model fits") + f" {have / 2**30:,.2f} GiB ({what})"
+    how = "trial micro-step fits" if device.type == "cuda" else "memory model fits"
+    return rows, f"largest divisor of {g.per_rank} rows per rank whose {how} {have / 2**30:,.2f} GiB ({what})"
 
 # -----------------------------------------------------------------------------
-# What is printed and recorded: every derived quantity with its rule, the record's common part, git provenance
+# What is printed and recorded: every derived quantity with its rule, the MFU peak, git provenance
 def peak_flops(dev_name: str, override: Optional[float] = None) -> tuple:
     """(peak FLOP/s per device or None, rule): --peak-flops, else PEAK_FLOPS by the longest key found as whole words
     in the device name; None (MFU n/a) for a device not in the table, never another device's figure."""
