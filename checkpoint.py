@@ -1,5 +1,6 @@
 """
-checkpoint.py -- reading checkpoints: train.py's ckpt.pt and the authors' release directories, checked before use.
+checkpoint.py -- checkpoints: train.py's ckpt.pt and the authors' release directories, checked before use, and
+train.py's run folder (what it holds, its atomic writes).
 
     read_checkpoint   a torch file -> its dict (weights_only: never unpickles code), the entries eval/train read checked
     load_weights      a state dict into a model, only if names, shapes and finiteness fit exactly
@@ -7,16 +8,19 @@ checkpoint.py -- reading checkpoints: train.py's ckpt.pt and the authors' releas
     load_checkpoint   a run dir, a .pt file or a release dir -> (model in eval mode, checkpoint dict)
     load_release      the authors' model_<step>.pt + meta_<step>.json mapped onto LoopedGPT exactly
     need              the one-line refusal (train.py's too)
-Writing checkpoints is train.py's (atomic, with its resume state). Every failure here is a one-line ValueError naming
-the file; the tools turn it into "prog: error: ..." and exit 2.
-Test:  pytest tests/test_release_ckpt.py tests/test_hostile_eval.py
+    out_dir_state     train.py's run folder: fresh / resume / finished, decided by rank 0, checked, claimed
+    save, trim_log    train.py's atomic writes of ckpt.pt / done.json, and its log cut back to the checkpoint
+What a checkpoint holds is written by train.py's main. Every refusal here is a one-line ValueError naming the file;
+the tools turn it into "prog: error: ..." and exit 2.
+Test:  pytest tests/test_release_ckpt.py tests/test_hostile_eval.py tests/test_hostile_train.py
 """
-import dataclasses, os, pickle, re, warnings
+import dataclasses, json, os, pickle, re, warnings
 
 import torch
+import torch.distributed as dist
 
 import flops
-from common import check_record, first_line, print0, read_json, require
+from common import atomic_write, check_record, claim, first_line, identity_diff, print0, read_json, require
 from model import LoopedGPT, ModelConfig
 
 
@@ -291,3 +295,95 @@ def load_release(root, step=None, device="cpu", release_rope=True):
         model.rope_cos.copy_(angles.cos().bfloat16().float())
         model.rope_sin.copy_(angles.sin().bfloat16().float())
     return model.to(device).eval(), dict(meta, step=step)
+
+
+# -----------------------------------------------------------------------------
+# train.py's run folder: what it holds decides fresh / resume / finished; its files are written atomically
+
+CKPT_NAME, DONE_NAME, LOG_NAME = "ckpt.pt", "done.json", "log.jsonl"   # the run's checkpoint, record and log
+# What a run folder may hold besides them without --overwrite: runs/slurm.sh's tee'd log, eval.py's result, the
+# files of an older train.py (its ledger and lock), nanoloop markers (.nanoloop-*) and temporaries (.*.tmp)
+RUN_NAMES = (CKPT_NAME, DONE_NAME, LOG_NAME, "train.log", "eval.json", ".nanoloop-owned.json", "train.lock")
+# What a resume reads besides the identity (an older checkpoint without it is "a different run", never a crash)
+RESUME_KEYS = ("model", "optimizer", "loader", "rng", "step", "val_loss", "wall_time_s", "tokenizer_hash",
+               "model_config", "train_config")
+
+
+def out_dir_state(tc, cfg, identity: dict, defaults: dict, rank: int, world: int) -> tuple:
+    """("finished", done.json's record), ("resume", ckpt.pt's dict) or ("fresh", None). Rank 0 alone decides: it
+    reads what out_dir holds (a 0-byte or torn file is one line), which must be this run's (rule 1: identity_diff,
+    a field missing = its `defaults` value) and needs --resume, then claims out_dir for writing (not for --plan, nor
+    to hand a finished run back). It broadcasts the status, the record and any refusal, so every rank stops with the
+    same line; the other ranks read the checkpoint it checked from the folder every rank must see (the launcher's
+    job: runs/slurm.sh, a shared filesystem)."""
+    done_path, ckpt_path = (os.path.join(tc.out_dir, n) for n in (DONE_NAME, CKPT_NAME))
+    look = lambda: "finished" if os.path.lexists(done_path) else "resume" if os.path.lexists(ckpt_path) else "fresh"
+    status, held, err = None, None, None
+    if rank == 0:                            # a refusal is caught and broadcast: no rank waits in a collective
+        try:
+            status = look()
+            path = done_path if status == "finished" else ckpt_path
+            need(status == "fresh" or tc.resume or tc.plan, f"{path} exists: pass --resume to continue that run (or "
+                 "to get a finished one's record back), or pick another --out-dir")
+            if status == "finished":
+                try:
+                    held = read_json(path, {"val_loss": (float, "(0, inf)"), "identity": (dict, None)})
+                    require(held, ("val_loss", "steps", "tokens"), path)
+                except ValueError as e:      # a 0-byte, torn or foreign done.json
+                    raise ValueError(f"{e}; not a train.py record: move it away to train again") from None
+            elif status == "resume":         # one-line ValueErrors naming the file
+                held = read_checkpoint(path, RESUME_KEYS)
+            diff = identity_diff(held.get("identity"), identity, defaults) if held else []
+            need(not diff, f"{path} is the record of a different run (recorded vs now: {'; '.join(diff[:4])}"
+                 f"{'; ...' if len(diff) > 4 else ''}); pick another --out-dir, or rerun with its flags")
+            if status == "resume":           # its weights fit the model (names, shapes, finite values): checked on
+                with torch.device("meta"), warnings.catch_warnings():   # a model without memory, before the claim
+                    warnings.simplefilter("ignore")                       # (the loads are no-ops)
+                    load_weights(LoopedGPT(cfg), held["model"], path)
+            if not tc.plan and status != "finished":
+                # out_dir holds train.py's files (or nothing), or --overwrite was given; claim refuses a 2nd writer
+                names = os.listdir(tc.out_dir) if os.path.isdir(tc.out_dir) else []
+                ours = all(n in RUN_NAMES or n.startswith(".nanoloop-") or n.endswith(".tmp") for n in names)
+                log = os.path.join(tc.out_dir, LOG_NAME)         # the log is appended to: a plain file or nothing
+                need(os.path.isfile(log) or not os.path.lexists(log), f"{log} is not a file; move it away")
+                claim(tc.out_dir, "train", None, tc.overwrite or ours, "--out-dir")
+                # a trainer that checkpointed or finished between the look above and the claim: refuse, not clobber
+                need(look() == status, f"another trainer wrote {tc.out_dir} while this one started; rerun")
+        except ValueError as e:
+            err = str(e)
+    if world > 1:                            # one small collective, before any work
+        box = [status, err, held if status == "finished" else None]
+        dist.broadcast_object_list(box, src=0)
+        status, err, held = box[0], box[1], held if rank == 0 else box[2]
+    need(err is None, err)
+    return status, read_checkpoint(ckpt_path, RESUME_KEYS) if rank and status == "resume" else held
+
+
+def save(path: str, data) -> None:
+    """Write one of the run's own files (ckpt.pt, done.json) atomically: a full disk or a kill leaves the previous
+    file (or none) and at most a temporary nobody reads. A failure is one line naming the file and the cause."""
+    try:
+        atomic_write(path, data)
+    except (OSError, RuntimeError) as err:   # torch.save wraps ENOSPC in a RuntimeError: the errno in its chain
+        e = err
+        while e is not None and not (isinstance(e, OSError) and e.errno):
+            e = e.__cause__ or e.__context__
+        raise OSError(f"could not write {path}: {os.strerror(e.errno) if e else first_line(err)}; any previous "
+                      "version is kept. Free space, then rerun with --resume") from None
+
+
+def trim_log(log_path: str, upto: int) -> None:
+    """Keep the lines of log.jsonl whose step is <= upto (the rest is about to be redone), rewritten atomically. A
+    kill mid-append leaves at most a cut-short tail after the last newline: dropped, with a message (rule 3). Any
+    other line that is not a train.py record means the file is not this run's log: an error naming it and the line;
+    the file is untouched."""
+    lines = open(log_path, "rb").read().split(b"\n") if os.path.exists(log_path) else [b""]
+    if lines[-1]:
+        print0(f"{log_path}: dropped a torn last line ({lines[-1][:40]!r}), the trace of a kill mid-write")
+    kept = []
+    for i, ln in enumerate(lines[:-1], 1):
+        try:
+            kept += [ln.decode() + "\n"] if int(json.loads(ln)["step"]) <= upto else []
+        except (ValueError, KeyError, TypeError):   # not JSON (or not UTF-8), not an object, no integer step
+            raise ValueError(f"{log_path} line {i} is not a train.py record ({ln[:60]!r}); move it away") from None
+    atomic_write(log_path, "".join(kept))

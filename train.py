@@ -13,31 +13,27 @@ Run:   single GPU   python train.py --flops-budget 1e18 --n-loops 4 --scale 10 -
                         a prepared --data also the out-dir's status: finished / resume / fresh)
        fine-tune    python train.py --init-from RUN_OR_RELEASE_DIR --tokens 1e9 --data DIR --out-dir out/ft
 Read in this order: TrainConfig -> main (banner sections, in the order they run) -> the helpers it calls.
-Not here: FLOP accounting (flops.py), LR rules and MuonH (optim.py), loader (data.py), val_loss (eval.py), reading
-checkpoints and need() (checkpoint.py), the model (model.py), parser / checked numbers / atomic writes / claim
-(common.py).
+Not here: FLOP accounting (flops.py), LR rules and MuonH (optim.py), loader (data.py), val_loss (eval.py), the
+model (model.py), checkpoints and the run folder (checkpoint.py), parser / atomic writes / claim (common.py).
 
 Decisions (each printed with its rule at start-up):
 - Horizon: exactly one of --flops-budget C (steps = round(C / (F B)), App. E), --tokens D (round(D / B)),
   --tokens-per-param rho (D = int(rho (N_once + r N_rec)), steps = D // B, App. D), --steps N (App. I).
 - Vocabulary: --vocab-size left at its default takes the data's; seq_len must equal the data's (no re-packing).
   BPTT: full unless --n-loops-bwd is given (the release's CLI defaulted to 4; never truncated silently).
-- Run identity (README "Guarantees", rule 1): every config field but IDENTITY_EXCLUDED, with the data's content
-  hash, the --init-from weights' hash and the resolved precision / attention / compile; ckpt.pt and done.json
-  carry it, and --resume continues or hands back only an equal one (a field an older record lacks = its default).
-- Run folder: rank 0 decides fresh / resume / finished, broadcasts it, and claims --out-dir (common.claim: one
-  writer); it holds train.py's files or nothing, unless --overwrite. Files are written atomically: a kill leaves at
-  most a temporary nobody reads. Every rank must see the same folder: the launcher's job (README "Multi-node").
+- Run identity (README "Guarantees", rule 1): every config field but IDENTITY_EXCLUDED, the data's content hash, the
+  --init-from weights' hash, the resolved precision / attention / compile; --resume continues or hands back only an
+  equal one. Run folder (checkpoint.out_dir_state): rank 0 decides fresh / resume / finished and claims --out-dir
+  (one writer); files are written atomically. Every rank must see the same folder (README "Multi-node").
 - Device batch: auto = the largest divisor of the rows per rank that fits (measured); accumulation keeps B.
 - Precision: bf16 (CUDA default) = autocast, bf16 wte and its Adam state, bf16 Polar Express; fp32 (CPU) none.
 - DDP wraps, then torch.compile compiles the wrapped module; eval runs the uncompiled module in the run's precision.
   Speed switches (issue 25; never the run's identity): --compile-mode, --sdpa-backend; inductor's on-disk cache
   in ~/.cache/nanoloop/inductor (TORCHINDUCTOR_CACHE_DIR moves it), so a cell shape compiles once per machine.
-- Host syncs: the loss is read (all-reduce, .item(), NaN guard) only at logging, eval and checkpoint steps.
 - Test hooks: NANOLOOP_FAULT="nan@K" (lm_head NaN before step K) / "kill@K" (SIGKILL after step K);
   NANOLOOP_MEMORY_CAP=BYTES caps the memory the checks assume. Never set them otherwise.
 """
-import argparse, dataclasses, hashlib, json, math, os, re, resource, signal, subprocess, sys, time, warnings
+import argparse, dataclasses, hashlib, json, math, os, re, resource, signal, subprocess, sys, time
 from contextlib import nullcontext
 from dataclasses import asdict
 from types import SimpleNamespace
@@ -51,19 +47,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import common
 import flops
 from common import print0
-from checkpoint import load_checkpoint, load_weights, model_bytes, need, read_checkpoint
+from checkpoint import CKPT_NAME, DONE_NAME, LOG_NAME, load_checkpoint, model_bytes, need, out_dir_state, save, trim_log
 from data import PackedLoader, data_identity, load_tokenizer, read_meta
 from eval import val_loss
 from model import ATTN_BACKENDS, LoopedGPT, ModelConfig, attention_summary, resolve_attention
 from optim import build_optimizer, hyperp_lrs, lr_multiplier, reference, set_lr_multiplier
 
-CKPT_NAME, DONE_NAME, LOG_NAME = "ckpt.pt", "done.json", "log.jsonl"   # the run's checkpoint, record and log
-# What a run folder may hold besides them without --overwrite: runs/slurm.sh's tee'd log, eval.py's result, the
-# files of an older train.py (its ledger and lock), nanoloop markers (.nanoloop-*) and temporaries (.*.tmp)
-RUN_NAMES = (CKPT_NAME, DONE_NAME, LOG_NAME, "train.log", "eval.json", ".nanoloop-owned.json", "train.lock")
-# What a checkpoint holds besides its identity (an older one without it is "a different run", never a crash)
-CKPT_KEYS = ("model", "optimizer", "loader", "rng", "step", "val_loss", "wall_time_s", "tokenizer_hash",
-             "model_config", "train_config")
 # Dense bf16 peak FLOP/s per accelerator for the MFU column (vendor datasheets, "with sparsity" figures halved),
 # matched as whole words of the device name, longest key first ("H100 NVL" before "H100"; "GH200" is no "H200").
 PEAK_FLOPS = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H200 NVL": 835e12, "H200": 989e12,
@@ -71,9 +60,8 @@ PEAK_FLOPS = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H200 NVL
               "B100": 1.75e15, "A100": 312e12, "A800": 312e12, "L40S": 362e12, "L4": 121e12}
 PLAN_MFU = 0.4             # model FLOPs utilisation assumed for the device-hour estimate printed at start-up
 # Fields that cannot change a run's result stay out of its identity: where and how often it writes, how it starts,
-# how B is split into micro-steps (accumulation keeps B), the MFU denominator, a check (--tokenizer must equal the
-# data's, which the data identity holds) and the speed switches (compile mode, SDPA kernel). A test fails for a
-# field in neither the identity nor this list.
+# how B is split into micro-steps, the MFU denominator, a check (--tokenizer: the data identity holds it) and the
+# speed switches (compile mode, SDPA kernel). A test fails for a field in neither the identity nor this list.
 IDENTITY_EXCLUDED = ("out_dir", "resume", "plan", "ckpt_every", "eval_every", "log_every", "device_batch",
                      "peak_flops", "tokenizer", "overwrite", "compile_mode", "sdpa_backend")
 SDPA_BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
@@ -86,7 +74,6 @@ CHOICES = {"precision": (None, "fp32", "bf16"), "attn": ATTN_BACKENDS, "sdpa_bac
 
 # -----------------------------------------------------------------------------
 # Config: everything that is not the architecture (ModelConfig lives in model.py). Defaults = the paper's grid runs.
-
 @dataclasses.dataclass
 class TrainConfig:
     """Flat (style B5): one field per flag, its trailing comment the --help text. Every field is part of the run's
@@ -130,9 +117,7 @@ class TrainConfig:
     peak_flops: Optional[float] = None      # per-device peak FLOP/s for MFU; None = PEAK_FLOPS by device name
     plan: bool = False                      # print every derived quantity (steps, tokens, LRs, cost) and stop
 
-
-# A field an older record lacks reads as its default (common.identity_diff): a new default-off field leaves every
-# existing run's identity unchanged
+# A field an older record lacks reads as its default (common.identity_diff): a new default-off field changes no identity
 IDENTITY_DEFAULTS = {f.name: f.default for cls in (ModelConfig, TrainConfig) for f in dataclasses.fields(cls)}
 
 # Allowed values of every int / float field of ModelConfig and TrainConfig, in common.py's interval notation,
@@ -150,7 +135,6 @@ LIMITS = {k: (v,) for k, v in dict(
 
 # -----------------------------------------------------------------------------
 # main: the recipe, top to bottom, in the order it runs (like nanochat's base_train)
-
 def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     """Train one run; return its record (the content of out_dir/done.json), or with --plan the derived quantities
     and the out-dir's status. Every rank runs this; only rank 0 prints (print0) and writes files."""
@@ -179,7 +163,6 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
         print0(f"status: {run.status}" + (f" at step {run.held['step']}" if run.status == "resume" else ""))
         return {**base, "device_batch": plan_db, "accum": g.per_rank // plan_db, "world": world,
                 "device_hours": hours, "status": run.status, "identity": run.identity}
-
     # ---- 2. Model: same seed on every rank, so every rank holds the same init (DDP's broadcast is a no-op) --------
     torch.manual_seed(tc.seed)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = device.type == "cuda"  # arch. §9
@@ -190,12 +173,10 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     if run.use_bf16:
         raw_model.wte.to(dtype=torch.bfloat16)             # App. C.1: embeddings drawn in fp32, then cast to bf16
     assert raw_model.param_split() == (g.n_once, g.n_rec), "the module must be what flops.py counts (style B7)"
-    # The device batch is measured on the built model (issue 19 §2): the largest that fits; accumulation keeps B,
-    # so the trajectory is the fixed-size one's (fp32: to rounding; tests)
+    # The device batch is measured on the built model (issue 19 §2); accumulation keeps B (fp32: same run to rounding)
     device_batch, db_rule = pick_device_batch(raw_model, tc, g, world, autocast, run.state_bytes)
     accum = g.per_rank // device_batch
     print0(f"  {'device batch':<22} {f'{device_batch} rows x {accum} accum steps':<28} # {db_rule}")
-
     # ---- 3. Optimizer and data -----------------------------------------------------------------------------------
     # MuonH on the block matrices + W_inject, AdamW on the rest (optimizer.md §0); MuonH sharded by whole matrices
     # across ranks, all-gathered after each step (optimizer.md §4); its state_dict does not depend on the world size.
@@ -203,9 +184,8 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     loader, val_loader = (PackedLoader(tc.data, split, seq_len=cfg.seq_len, batch_rows=g.batch_rows,
                                        device_batch=device_batch, rank=rank, world=world, device=device,
                                        tokenizer_hash=run.facts.tok_hash) for split in ("train", "val"))
-    # Resume: weights, optimizer (R, momenta, Adam moments), loader position, RNG, step, elapsed wall time; with
-    # deterministic CPU kernels a resumed run is bitwise equal to an uninterrupted one (tests). Rank 0 checked the
-    # checkpoint in preflight: this run's identity, weights that fit the model.
+    # Resume: weights, optimizer (R, momenta, Adam moments), loader position, RNG, step, wall time (preflight checked
+    # identity and weights); with deterministic CPU kernels it is bitwise an uninterrupted run (tests)
     start_step, wall_before, last_val = 0, 0.0, None
     if run.status == "resume":
         ck, run.held = run.held, None
@@ -217,7 +197,7 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
         start_step, wall_before, last_val = ck["step"], ck["wall_time_s"], ck["val_loss"]
         print0(f"resumed {ckpt_path} at step {start_step}/{total_steps}")
     if master:                               # the log up to the checkpoint (later lines are redone), torn tail dropped
-        common.atomic_write(log_path, "".join(read_log(log_path, start_step)))
+        trim_log(log_path, start_step)
     # Wrap, then compile: compiling the DDP module lets DDPOptimizer split the graph at bucket boundaries, so each
     # all-reduce overlaps the compiled backward; gradient_as_bucket_view: .grad are views into the buckets.
     train_model = DDP(raw_model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False,
@@ -236,7 +216,6 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
         print0(f"eval step {step:05d} | val_loss {v:.4f} nats | n_loops {r}")
         log({"step": step, "val_loss": v})
         return v
-
     # ---- 4. The loop ---------------------------------------------------------------------------------------------
     # One optimizer step = accum micro-batches per rank: LR multiplier, forward/backward (grads all-reduce only on
     # the last micro-batch), optimizer step; at logging steps one loss read, one log line; eval / checkpoint if due.
@@ -270,13 +249,12 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
         if world > 1:                                       # the loop's one host sync: all-reduce, then .item()
             dist.all_reduce(loss_sum)                       # (gloo has no AVG: sum over ranks, divide below)
         loss_val = loss_sum.item() / (accum * world)        # the global-batch mean loss
-        if not math.isfinite(loss_val):                     # the NaN guard: stop before anything of it is saved;
-            kept = f"{ckpt_path} is the last good checkpoint" if os.path.exists(ckpt_path) else "no checkpoint yet"
-            fix = ("the learning rate is not the cause: check --norm-eps, --logit-softcap, --rope-base, "   # step 1
-                   "--state-init-std, --vocab-size and the data" if step == 0 else "after fixing the cause (e.g. a "
-                   "lower --muonh-lr), --resume")
-            raise FloatingPointError(f"non-finite training loss {loss_val} at step {done}/{total_steps}; stopping "
-                                     f"before it is checkpointed. {kept}; {fix}")
+        if not math.isfinite(loss_val):                     # the NaN guard: stop before anything of it is saved
+            fix = ("the learning rate is not the cause: check --norm-eps, --logit-softcap, --rope-base, "
+                   "--state-init-std, --vocab-size and the data" if step == 0 else "fix it, then --resume (a lower "
+                   "--muonh-lr?)")
+            raise FloatingPointError(f"non-finite training loss {loss_val} at step {done}/{total_steps}, not saved; "
+                                     f"{ckpt_path}, if present, is the last good checkpoint: {fix}")
         now = time.time()
         dt, t_log, last_log = (now - t_log) / (done - last_log), now, done   # mean step time since the last read
         mfu = F * B / dt / (world * peak) if peak else None  # model FLOPs utilisation per device
@@ -286,7 +264,6 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
         log({"step": done, "loss": loss_val, "lr_mult": lr_mult, "dt": dt, "tok_per_s": B / dt, "mfu": mfu})
         if due_eval:                                        # eval before the checkpoint: a run killed after both
             last_val = evaluate(done)                       # resumes past this step, never re-evaluating
-
         # ---- 5. Checkpoint: every rank gathers the sharded optimizer state, rank 0 writes, the others wait -------
         if due_ckpt:
             # torch's RNG states (CPU and CUDA) as tensors, so the file loads with weights_only=True; nothing in a
@@ -298,19 +275,16 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
                      "wall_time_s": wall_before + time.time() - t_loop, "tokenizer_hash": run.facts.tok_hash,
                      "model_config": asdict(cfg), "train_config": asdict(tc)}
             if master:
-                save(ckpt_path, lambda tmp: torch.save(state, tmp), "the previous one is kept" if
-                     os.path.exists(ckpt_path) else "no checkpoint was kept")
+                save(ckpt_path, lambda tmp: torch.save(state, tmp))
             if world > 1:
                 dist.barrier()
-
     # ---- 6. The record: done.json, written last by rank 0, atomically, with the run identity --------------------
     # done.json is the run's only machine-readable result: fit.py and runs/*.sh read it and never the log (B9).
     if last_val is None:                                    # resumed from a final checkpoint without a val loss
         last_val = evaluate(total_steps)
     if log_file:
         log_file.close()
-    # Peak memory: CUDA's max allocated, or this process's peak RSS (ru_maxrss is in KiB on Linux; the whole
-    # process, so in-process sweeps report their largest run so far).
+    # Peak memory: CUDA's max allocated, else this process's peak RSS (ru_maxrss: KiB on Linux; a sweep's largest run)
     mem = ({"cuda_max_allocated": torch.cuda.max_memory_allocated(device)} if device.type == "cuda" else
            {"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
     record = {"config": {"model_config": asdict(cfg), "train_config": asdict(tc)}, "identity": run.identity,
@@ -320,7 +294,7 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
               **mem, "attn": run.attn, "precision": "bf16" if run.use_bf16 else "fp32",
               "compile": run.use_compile, **git_info(), **({"case": tc.case} if tc.case else {})}
     if master:
-        save(done_path, json.dumps(record, indent=1) + "\n", "the final checkpoint is kept")
+        save(done_path, json.dumps(record, indent=1) + "\n")
         print0(f"done: val_loss {last_val:.4f} nats after {g.tokens:,} tokens -> {done_path}")
         common.release(tc.out_dir)                          # the process's exit would drop the claim anyway
     if world > 1:
@@ -328,26 +302,23 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     return record
 
 # -----------------------------------------------------------------------------
-# preflight: every refusal, before any model is built (README "Guarantees", rule 5)
-
+# preflight: every refusal, before any model is built (README "Guarantees", rule 5); derive: the derived quantities
 def preflight(model_cfg, tc, rank: int, world: int, device) -> SimpleNamespace:
     """Check what a run can be refused for beyond its values (parse_args checked those): the --init-from
     checkpoint, the data, the backends, the geometry and horizon (derive), the memory, and what out_dir holds
-    (out_dir_state, which then claims it). Returns the resolved run; --plan without a prepared --data checks what
-    needs none."""
+    (checkpoint.out_dir_state, which then claims it). Returns the resolved run; --plan without a prepared --data
+    checks what needs none."""
     cfg, init_state, init_tok, init_id, facts = model_cfg, None, None, None, None
     if tc.init_from:                         # its identity: a hash of the weights' names, dtypes, shapes and bytes
         cfg, init_state, init_tok = init_architecture(model_cfg, tc.init_from)
         h = hashlib.sha256()
-        for name, t in sorted(init_state.items()):
-            t = t.detach().cpu().contiguous()
+        for name, t in sorted(init_state.items()):      # CPU tensors, detached (a state_dict of load_checkpoint's)
             h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
             h.update(t.reshape(-1).view(torch.uint8).numpy())
         init_id = h.hexdigest()[:16]
         print0(f"init-from {tc.init_from}: weights and architecture from the checkpoint; fresh optimizer, step 0")
-    with_data = not tc.plan or os.path.isdir(tc.data)   # --plan needs no data; with it, it reports the out-dir's state
-    if with_data:
-        cfg, facts = check_data(cfg, tc, init_tok)
+    # --plan needs no data; with data, it also reports the out-dir's status
+    cfg, facts = check_data(cfg, tc, init_tok) if not tc.plan or os.path.isdir(tc.data) else (cfg, None)
     # precision, attention and compile, resolved once (a forced backend that cannot run is an error here)
     use_bf16 = (device.type == "cuda") if tc.precision is None else tc.precision == "bf16"
     attn = resolve_attention(tc.attn, device, use_bf16)[0]
@@ -362,60 +333,13 @@ def preflight(model_cfg, tc, rank: int, world: int, device) -> SimpleNamespace:
          f"{state / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB of {what}")
     identity = facts and run_identity(cfg, tc, facts.identity, init_id, "bf16" if use_bf16 else "fp32", attn,
                                       use_compile)
-    status, held = out_dir_state(tc, cfg, identity, rank, world) if with_data else ("unknown (no --data)", None)
+    status, held = (out_dir_state(tc, cfg, identity, IDENTITY_DEFAULTS, rank, world) if facts else
+                    ("unknown (no --data)", None))
     faults = (i.partition("@") for i in os.environ.get("NANOLOOP_FAULT", "").split(",") if i)   # tests only
     return SimpleNamespace(cfg=cfg, tc=tc, g=g, facts=facts, identity=identity, status=status, held=held,
                            init_state=init_state, use_bf16=use_bf16, attn=attn, use_compile=use_compile,
                            faults={k: int(v) for k, _, v in faults}, state_bytes=state, device=device,
                            dev_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
-
-def out_dir_state(tc, cfg, identity: dict, rank: int, world: int) -> tuple:
-    """("finished", done.json's record), ("resume", ckpt.pt's dict) or ("fresh", None). Rank 0 alone decides: it
-    reads what out_dir holds (a 0-byte or torn file is one line), which must be this run's (rule 1) and needs
-    --resume, then claims out_dir for writing (not for --plan, nor to hand a finished run back). It broadcasts the
-    status, the record and any refusal, so every rank stops with the same line; the other ranks read the checkpoint
-    it checked from the folder every rank must see (the launcher's job: runs/slurm.sh, a shared filesystem)."""
-    done_path, ckpt_path = (os.path.join(tc.out_dir, n) for n in (DONE_NAME, CKPT_NAME))
-    look = lambda: "finished" if os.path.lexists(done_path) else "resume" if os.path.lexists(ckpt_path) else "fresh"
-    status, held, err = None, None, None
-    if rank == 0:                            # a refusal is caught and broadcast: no rank waits in a collective
-        try:
-            status = look()
-            path = done_path if status == "finished" else ckpt_path
-            need(status == "fresh" or tc.resume or tc.plan, f"{path} exists: pass --resume to continue that run (or "
-                 "to get a finished one's record back), or pick another --out-dir")
-            if status == "finished":
-                try:
-                    held = common.read_json(path, {"val_loss": (float, "(0, inf)"), "identity": (dict, None)})
-                    common.require(held, ("val_loss", "steps", "tokens"), path)
-                except ValueError as e:      # a 0-byte, torn or foreign done.json
-                    raise ValueError(f"{e}; not a train.py record: move it away to train again") from None
-            elif status == "resume":         # one-line ValueErrors naming the file
-                held = read_checkpoint(path, CKPT_KEYS)
-            diff = common.identity_diff(held.get("identity"), identity, IDENTITY_DEFAULTS) if held else []
-            need(not diff, f"{path} is the record of a different run (recorded vs now: {'; '.join(diff[:4])}"
-                 f"{'; ...' if len(diff) > 4 else ''}); pick another --out-dir, or rerun with its flags")
-            if status == "resume":           # its weights fit the model (names, shapes, finite values): checked on
-                with torch.device("meta"), warnings.catch_warnings():   # a model without memory, before the claim
-                    warnings.simplefilter("ignore")                       # (the loads are no-ops)
-                    load_weights(LoopedGPT(cfg), held["model"], path)
-            if not tc.plan and status != "finished":
-                # out_dir holds train.py's files (or nothing), or --overwrite was given; claim refuses a 2nd writer
-                names = os.listdir(tc.out_dir) if os.path.isdir(tc.out_dir) else []
-                ours = all(n in RUN_NAMES or n.startswith(".nanoloop-") or n.endswith(".tmp") for n in names)
-                log = os.path.join(tc.out_dir, LOG_NAME)         # the log is appended to: a plain file or nothing
-                need(os.path.isfile(log) or not os.path.lexists(log), f"{log} is not a file; move it away")
-                common.claim(tc.out_dir, "train", None, tc.overwrite or ours, "--out-dir")
-                # a trainer that checkpointed or finished between the look above and the claim: refuse, not clobber
-                need(look() == status, f"another trainer wrote {tc.out_dir} while this one started; rerun")
-        except ValueError as e:
-            err = str(e)
-    if world > 1:                            # one small collective, before any work
-        box = [status, err, held if status == "finished" else None]
-        dist.broadcast_object_list(box, src=0)
-        status, err, held = box[0], box[1], held if rank == 0 else box[2]
-    need(err is None, err)
-    return status, read_checkpoint(ckpt_path, CKPT_KEYS) if rank and status == "resume" else held
 
 def check_data(cfg, tc, init_tok_hash) -> tuple:
     """The prepared data against the model: equal seq_len (no silent re-packing), one tokenizer for both splits (and
@@ -437,7 +361,7 @@ def check_data(cfg, tc, init_tok_hash) -> tuple:
     # a larger data vocabulary would index past the embedding
     need(meta["vocab_size"] <= cfg.vocab_size, f"data {tc.data} has vocab_size {meta['vocab_size']} > the model's "
          f"--vocab-size {cfg.vocab_size}")
-    val_rows = val_meta["total_rows"] if isinstance(val_meta.get("total_rows"), int) else 0
+    val_rows = val_meta.get("total_rows") or 0      # an int >= 0 if present (read_meta checked it)
     eval_rows = val_rows if tc.eval_tokens == -1 else tc.eval_tokens // cfg.seq_len   # no silent shrinking
     need(1 <= eval_rows <= val_rows, f"--eval-tokens {tc.eval_tokens:,} needs {eval_rows} val rows of {cfg.seq_len} "
          f"tokens but {tc.data} has {val_rows}; pass --eval-tokens <= {val_rows * cfg.seq_len:,} (or -1: all)")
@@ -475,15 +399,11 @@ def device_memory(device) -> tuple:
     cap = os.environ.get("NANOLOOP_MEMORY_CAP")
     return (min(have, int(float(cap))), f"NANOLOOP_MEMORY_CAP={cap}") if cap else (have, what)
 
-# -----------------------------------------------------------------------------
-# The derived quantities: geometry, accounting, horizon, learning rates (pure: printed with their rules at start-up)
-
 def derive(cfg, tc, world: int) -> SimpleNamespace:
     """Batch geometry (B = rows x T; rows = device_batch x world x accum, style B8), the accounting, the horizon
     (steps, tokens, and the D of the HyperP data factor, unrounded as the release keeps it) and the peak LRs."""
-    # Every optimizer step consumes the next B // T rows of the one global stream (data.md §3), so 1 GPU and 8 GPUs
-    # train on the same tokens; device_batch only trades memory for accumulation steps (auto: chosen later among
-    # the divisors of the rows per rank, so here only the world size must divide them).
+    # Every optimizer step takes the next B // T rows of the one global stream (data.md §3) on any world size; an
+    # auto device_batch is picked later among the divisors of the rows per rank (here: the world size divides them)
     B, T, r, db = tc.batch_tokens, cfg.seq_len, cfg.n_loops, tc.device_batch or 1
     need(B % T == 0, f"--batch-tokens {B} is not a multiple of --seq-len {T}")
     need((B // T) % (db * world) == 0, f"--batch-tokens {B} is not divisible by device_batch x seq_len x world = "
@@ -516,7 +436,17 @@ def derive(cfg, tc, world: int) -> SimpleNamespace:
                            width_ref=width_ref, d_ref=d_ref, lrs=lrs)
 
 # -----------------------------------------------------------------------------
-# The device batch (issue 19 §2): the largest that fits, chosen by measuring
+# The micro-step: its state noise, and its rows (the device batch, issue 19 §2: the largest that fits, measured)
+def state_noise(model, seed: int, first: int, rows: int, device):
+    """(rows, T, d) N(0, 1) for the random state init: one draw per global batch row, seeded by (seed, row), so
+    every row gets its own noise and the run does not depend on the world size. None for the prelude init."""
+    if model.state_init != "random":
+        return None
+    gen, out = torch.Generator(device=device), []
+    for row in range(first, first + rows):
+        gen.manual_seed(int.from_bytes(hashlib.sha256(f"{seed}:{row}".encode()).digest()[:8], "little"))
+        out.append(torch.randn(model.cfg.seq_len, model.cfg.d_model, generator=gen, device=device))   # (T, d)
+    return torch.stack(out)                                                                          # (rows, T, d)
 
 def release_device_batch(scale: int, per_rank: int) -> int:
     """The release's rows per micro-step, 32 / 16 (s >= 18) / 8 (s >= 30), as the largest divisor of the rows per
@@ -574,53 +504,11 @@ def pick_device_batch(model, tc, g, world: int, autocast, static: int) -> tuple:
         rows = int(t.item())
     need(rows, f"one row of {model.cfg.seq_len} tokens does not fit in {have / 2**30:,.1f} GiB ({what}) beside the "
          "weights and optimizer state: shorten --seq-len, truncate BPTT (--n-loops-bwd) or use a smaller model")
-    return rows, f"largest divisor of {g.per_rank} rows per rank whose " + ("trial micro-step fits" if device.type ==
-                  "cuda" else "memory model fits") + f" {have / 2**30:,.2f} GiB ({what})"
+    how = "trial micro-step fits" if device.type == "cuda" else "memory model fits"
+    return rows, f"largest divisor of {g.per_rank} rows per rank whose {how} {have / 2**30:,.2f} GiB ({what})"
 
 # -----------------------------------------------------------------------------
-# The loop's helpers: the one file writer, the one host sync (the NaN guard), the state noise, the log's repair
-
-def save(path: str, data, kept: str) -> None:
-    """Write one of the run's own files (ckpt.pt, done.json) atomically: a full disk or a kill leaves the previous
-    file (or none) and at most a temporary nobody reads. A failure is one line naming the file and the cause."""
-    try:
-        common.atomic_write(path, data)
-    except (OSError, RuntimeError) as err:   # torch.save wraps ENOSPC in a RuntimeError: the errno in its chain
-        e = err
-        while e is not None and not (isinstance(e, OSError) and e.errno):
-            e = e.__cause__ or e.__context__
-        why = os.strerror(e.errno) if e is not None else common.first_line(err)
-        raise OSError(f"could not write {path}: {why}; {kept}. Free space, then rerun with --resume") from None
-
-def state_noise(model, seed: int, first: int, rows: int, device):
-    """(rows, T, d) N(0, 1) for the random state init: one draw per global batch row, seeded by (seed, row), so
-    every row gets its own noise and the run does not depend on the world size. None for the prelude init."""
-    if model.state_init != "random":
-        return None
-    gen, out = torch.Generator(device=device), []
-    for row in range(first, first + rows):
-        gen.manual_seed(int.from_bytes(hashlib.sha256(f"{seed}:{row}".encode()).digest()[:8], "little"))
-        out.append(torch.randn(model.cfg.seq_len, model.cfg.d_model, generator=gen, device=device))   # (T, d)
-    return torch.stack(out)                                                                          # (rows, T, d)
-
-def read_log(log_path: str, upto: int) -> list:
-    """The lines of log.jsonl whose step is <= upto (the rest is about to be redone). A kill mid-append leaves at
-    most a cut-short tail after the last newline: dropped, with a message (rule 3). Any other line that is not a
-    train.py record means the file is not this run's log: an error naming it and the line; the file is untouched."""
-    lines = open(log_path, "rb").read().split(b"\n") if os.path.exists(log_path) else [b""]
-    if lines[-1]:
-        print0(f"{log_path}: dropped a torn last line ({lines[-1][:40]!r}), the trace of a kill mid-write")
-    kept = []
-    for i, ln in enumerate(lines[:-1], 1):
-        try:
-            kept += [ln.decode() + "\n"] if int(json.loads(ln)["step"]) <= upto else []
-        except (ValueError, KeyError, TypeError):   # not JSON (or not UTF-8), not an object, no integer step
-            raise ValueError(f"{log_path} line {i} is not a train.py record ({ln[:60]!r}); move it away") from None
-    return kept
-
-# -----------------------------------------------------------------------------
-# What is printed and recorded: every derived quantity with its rule, the record's common part, git provenance
-
+# What is printed and recorded: every derived quantity with its rule, the MFU peak, git provenance
 def peak_flops(dev_name: str, override: Optional[float] = None) -> tuple:
     """(peak FLOP/s per device or None, rule): --peak-flops, else PEAK_FLOPS by the longest key found as whole words
     in the device name; None (MFU n/a) for a device not in the table, never another device's figure."""
@@ -694,7 +582,6 @@ def git_info() -> dict:
 
 # -----------------------------------------------------------------------------
 # CLI: one flat parser generated from ModelConfig + TrainConfig by common.add_dataclass_flags (style B5)
-
 def parse_args(argv=None) -> tuple:
     """argv (list of str, None = sys.argv[1:]) -> (ModelConfig, TrainConfig). Every value is checked here, once:
     its LIMITS row as the flag is parsed, then the choices, the one horizon and --init-from's architecture. A bad

@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import checkpoint
 import data
 import eval as E
 import train
@@ -304,7 +305,7 @@ def test_corrupt_ckpt_in_train_resume(tiny_data, tmp_path):
             "--eval-tokens", "512", "--steps", "2", "--resume", "--data", tiny_data]
     mcfg, tcfg = train.parse_args(argv)
     mcfg = ModelConfig(**dict(asdict(mcfg), vocab_size=128))                 # what the run would train
-    extra = {k: 0 for k in train.CKPT_KEYS if k not in ("model", "model_config")}
+    extra = {k: 0 for k in checkpoint.RESUME_KEYS if k not in ("model", "model_config")}
     extra.update(train_config=asdict(tcfg), tokenizer_hash="synthetic-test",         # the conftest corpus
                  identity=train.run_identity(mcfg, tcfg, data.data_identity(tiny_data), None, "fp32", "sdpa", False))
     for case, path in _corrupt_ckpts(str(tmp_path), mcfg, extra).items():
