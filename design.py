@@ -45,9 +45,10 @@ Z95 = 1.959964         # two-sided 95% normal quantile: half-width = Z95 * sd
 MFU, PEAK = 0.4, 989e12    # flops.py grid's planning convention: 40% of an H100's dense bf16 peak
 MAX_POOL = 1000            # candidate runs a search weighs (simulate's wider pool: 576); the swaps grow as its square
 
-def refuse(message):
-    """Raise the ValueError that the CLI prints as one error line (common.fail); usable inside an expression."""
-    raise ValueError(message)
+def refuse(message, kind=ValueError):
+    """Raise the ValueError that the CLI prints as one error line (common.fail), or an argparse type's error (kind);
+    usable inside an expression."""
+    raise kind(message)
 
 def gpu_hours(total_flops, mfu=MFU, peak=PEAK):
     """flops.py's GPU-hour convention (python flops.py grid --mfu): executed FLOPs / (MFU x peak) / 3600."""
@@ -103,23 +104,21 @@ def load_prior(path):
         return np.array(PAPER_THETA), PAPER_RMSE
     # any fit.py fit.json: its joint block holds theta in PARAM_NAMES' order and the residual RMSE in nats
     joint = fit.read_json(path).get("joint")
-    th, rmse = (joint.get("theta"), joint.get("rmse")) if isinstance(joint, dict) else (None, None)
+    ok = isinstance(joint, dict) and isinstance(joint.get("theta"), list)
+    vals = [*joint["theta"], joint.get("rmse")] if ok else []
     box = [f"[{lo}, {hi}]" for lo, hi in zip(fit.BOX_LO, fit.BOX_HI)] + ["(0, 1]"]       # theta's, then rmse's
-    vals = [*th, rmse] if isinstance(th, list) and len(th) == 6 else [None]
-    if any(v is None or common.check_number(v, iv) for v, iv in zip(vals, box)):
+    if len(vals) != 7 or any(v is None or common.check_number(v, iv) for v, iv in zip(vals, box)):
         refuse(f"{path}: no joint fit with a theta inside fit.py's App. F box and an rmse in (0, 1] nats")
-    return np.array(th, dtype=float), float(rmse)
+    return np.array(vals[:6], dtype=float), float(vals[6])
 
 def read_list(path):
-    """Run names of a list file (the first word of each line; blank lines and # comments skipped)."""
-    if not os.path.isfile(path):            # a FIFO would block open() forever; a folder is no list
-        refuse(f"{path}: not a readable file (a run list)")
-    try:
-        lines = pathlib.Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        refuse(f"{path}: cannot read a run list ({err})")
-    names = [ln.split()[0] for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
-    return names or refuse(f"{path}: lists no runs")
+    """argparse type of --reference: the run names of a list file (the first word of each line; blank lines and #
+    comments skipped). Bytes that are no UTF-8 read as U+FFFD: such a name is one the pool lacks (plan refuses it)."""
+    if not (os.path.isfile(path) and os.access(path, os.R_OK)):   # a FIFO would block open() forever
+        refuse(f"{path}: not a readable file (a run list)", argparse.ArgumentTypeError)
+    lines = pathlib.Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    return [ln.split()[0] for ln in lines if ln.strip() and not ln.lstrip().startswith("#")] or refuse(
+        f"{path}: lists no runs", argparse.ArgumentTypeError)
 
 def universe(groups):
     """The search's table of runs from groups [(runs, theta, sigma, kind)]; kind "cand" (may be chosen), "fixed"
@@ -131,10 +130,9 @@ def universe(groups):
     parts = []
     for runs, theta, sigma, kind in groups:
         # J by central differences of fit.predict, step 1e-6 (relative error ~1e-9): Eq. 3 stays in one function
-        prob = fit._pack(runs)
-        lnl = lambda th: np.log(fit.predict(th, prob))
+        lnl = lambda th, prob=fit._pack(runs): np.log(fit.predict(th, prob))
         J = np.stack([(lnl(theta + 1e-6 * e) - lnl(theta - 1e-6 * e)) / 2e-6 for e in np.eye(6)], axis=1)
-        parts.append((J, fit.predict(theta, prob), np.full(len(J), float(sigma)), np.full(len(J), kind)))
+        parts.append((J, fit.predict(theta, fit._pack(runs)), np.full(len(J), float(sigma)), np.full(len(J), kind)))
     J, loss, sigma, kind = (np.concatenate(p) for p in zip(*parts))
     runs = {k: (np.concatenate([g[0][k] for g in groups]) if isinstance(v, np.ndarray)
                 else sum((list(g[0][k]) for g in groups), [])) for k, v in groups[0][0].items()}
@@ -158,8 +156,7 @@ def variance(U, masks):
     (plus the ridge's pseudo-observation). For delta-phi the variant fit (its runs and the baseline's r = 1 runs at
     its budgets, as fit.run_case selects) and the baseline refitted on those budgets share their r = 1 runs, whose
     influences subtract: the paired comparison of fit.paired_delta_bootstrap."""
-    masks = np.atleast_2d(masks)
-    fits = [masks]
+    fits = [masks := np.atleast_2d(masks)]
     if U["variant"].any():
         # the baseline refit keeps the budgets the variant uses; the variant fit borrows the baseline's r = 1 runs there
         base = masks & ~U["variant"] & np.stack([np.isin(U["C"], U["C"][row & U["variant"]]) for row in masks])
@@ -181,8 +178,7 @@ def choose(U, budget=math.inf, k=None, target=None, min_per_r=5):
     S, used, rs = U["fixed"].copy(), lambda S: float(U["cost"][S].sum()), np.unique(U["r"][U["cand"]])
     # D-optimal first: until phi is pinned, Var(phi) is ridge-dominated and flat, and its gradient says nothing;
     # ln det of the information grows with every direction of theta a run identifies
-    logdet = lambda M: np.linalg.slogdet((((M & U["own"]) * U["b"]) @ U["JJ"]).reshape(-1, 6, 6) +
-                                         U["lam"] * np.eye(6))[1]
+    lndet = lambda M: np.linalg.slogdet(((M & U["own"]) * U["b"] @ U["JJ"]).reshape(-1, 6, 6) + np.eye(6) * U["lam"])[1]
     short = lambda T, r: max(0, min_per_r - int((T & U["own"] & (U["r"] == r)).sum()))   # runs r still lacks
     # FLOPs of the cheapest runs that would bring every r to min_per_r: kept in reserve while any r lacks runs
     fill = lambda T: sum(np.sort(U["cost"][U["cand"] & ~T & (U["r"] == r)])[:short(T, r)].sum() for r in rs)
@@ -197,23 +193,21 @@ def choose(U, budget=math.inf, k=None, target=None, min_per_r=5):
         if not need and ((k is not None and (S & ~U["fixed"]).sum() >= k) or (target and cur <= target)):
             return S
         trial = S | (np.arange(len(S)) == cand[:, None])          # (candidates, n): S plus one candidate each
-        if cand.size:                      # gain per FLOP: ln det while unpinned, then ln Var(phi)
-            gain = (logdet(trial) - logdet(S[None]) if need or cur > 0.05 ** 2 else
-                    math.log(cur) - np.log(variance(U, trial))) / U["cost"][cand]
-            if gain.max() > 0:
-                S[cand[gain.argmax()]] = True
-                continue
+        # gain per FLOP: ln det while unpinned, then ln Var(phi)
+        gain = (lndet(trial) - lndet(S[None]) if need or cur > 0.05 ** 2 else
+                math.log(cur) - np.log(variance(U, trial))) / U["cost"][cand] if cand.size else [0]
+        if np.max(gain) > 0:
+            S[cand[np.argmax(gain)]] = True
+            continue
         if k is not None or target is not None:
             return S
         # the greedy pass buys the runs with the most information per FLOP; once the budget is spent, 1-for-1 swaps
         # trade a run for a better one (an expensive low-leverage run for a cheap informative one, say)
         # exchange: every (drop i, add j) pair at once; a run of an r at its minimum is swapped within its r only
         ar, inn, out = np.arange(len(S)), np.flatnonzero(S & U["cand"]), np.flatnonzero(U["cand"] & ~S)
-        free = np.array([not U["own"][i] or short(S & (ar != i), U["r"][i]) == 0 for i in inn], bool)
-        I, J = np.repeat(inn, len(out)), np.tile(out, len(inn))              # (pairs,) each, i outer
-        keep = ((U["cost"][J] - U["cost"][I] <= budget - used(S)) & ((U["r"][I] == U["r"][J]) |
-                                                                     np.repeat(free, len(out))))
-        I, J = I[keep], J[keep]
+        free = np.array([not U["own"][i] or short(S & (ar != i), U["r"][i]) == 0 for i in inn], bool)[:, None]
+        ok = (U["cost"][out] - U["cost"][inn, None] <= budget - used(S)) & ((U["r"][inn, None] == U["r"][out]) | free)
+        I, J = inn[np.nonzero(ok)[0]], out[np.nonzero(ok)[1]]                 # (pairs,) each, i outer
         swap = lambda c: (S | (ar == J[c:c + 2048, None])) & (ar != I[c:c + 2048, None])   # (<= 2048, n) masks
         v = np.concatenate([variance(U, swap(c)) for c in range(0, len(I), 2048)] or [[np.inf]])
         if v.min() >= cur * (1 - 1e-9):
@@ -251,11 +245,10 @@ def plan(a):
         cand = fit.subset(cand, np.array([x not in set(key(done) if done else ()) for x in key(cand)]))
         groups = ([(done, theta, "fixed")] if done else []) + [(cand, theta, "cand")]
     U = universe([(runs, th, sigma, kind) for runs, th, kind in groups])
-    names = read_list(a.reference) if a.reference else []
     # a name the pool lacks would silently shrink the reference
-    if missing := sorted(set(names) - set(U["runs"]["name"])):
-        refuse(f"--reference {a.reference} lists runs that are not in the pool: {', '.join(missing[:3])}")
-    ref = np.isin(U["runs"]["name"], names) if a.reference else U["cand"] | U["fixed"]
+    if missing := sorted(set(a.reference or ()) - set(U["runs"]["name"])):
+        refuse(f"--reference lists runs that are not in the pool: {', '.join(missing[:3])}")
+    ref = np.isin(U["runs"]["name"], a.reference) if a.reference else U["cand"] | U["fixed"]
     if a.noise_phi and math.sqrt(variance(U, ref)[0]) < a.noise_phi:
         # run-to-run noise (data order, seeds) a study's residuals understate: raise sigma until the reference
         # design's sd(phi) is noise_phi (Var scales as sigma^2 once sigma / L >> delta, as in every real study)
@@ -349,8 +342,8 @@ def simulate(a):
     for frac in a.fractions:
         cap = frac * res["grid_flops"]
         low = max([c for c in np.unique(Ug["C"]) if Ug["cost"][Ug["C"] <= c].sum() <= cap] or [0])
-        Sw, Sg = choose(Uw, cap), choose(Ug, cap)
-        for name, U, pick in (("designed, wider pool", Uw, lambda rng: [Sw]), ("designed, grid", Ug, lambda rng: [Sg]),
+        for name, U, pick in (("designed, wider pool", Uw, lambda rng, S=choose(Uw, cap): [S]),
+                              ("designed, grid", Ug, lambda rng, S=choose(Ug, cap): [S]),
                               ("random subsets", Ug, lambda rng: [capped(Ug, rng.permutation(len(Ug["C"])), cap)]),
                               ("cheapest first", Ug, lambda rng: [capped(Ug, np.argsort(Ug["cost"]), cap)]),
                               ("lowest budgets only", Ug, lambda rng: [Ug["C"] <= low])):
@@ -371,10 +364,9 @@ def simulate(a):
     # sequential: the 12 cheapest grid runs, then rounds of K; the designed rounds depend only on what is finished,
     # the random ones are drawn per replicate
     # (a team's pilot: the 12 cheapest runs of the grid; both strategies start there and pay for it)
-    steps = [capped(Ug, np.argsort(Ug["cost"])[:12], math.inf)]
-    for _ in range(a.rounds):
-        done = steps[-1]
-        steps.append(choose(dict(Ug, fixed=done, cand=~done, cost=np.where(done, 0, Ug["cost"])), k=a.next))
+    steps = list(itertools.accumulate(range(a.rounds), lambda done, _: choose(dict(
+        Ug, fixed=done, cand=~done, cost=np.where(done, 0, Ug["cost"])), k=a.next), initial=capped(
+        Ug, np.argsort(Ug["cost"])[:12], math.inf)))
     grow = lambda S, rng: S | np.isin(np.arange(len(S)), rng.choice(np.flatnonzero(~S), a.next, replace=False))
     for name, pick in (("sequential, designed", lambda rng: steps), ("sequential, random", lambda rng: list(
             itertools.accumulate(range(a.rounds), lambda S, _: grow(S, rng), initial=steps[0])))):
@@ -404,8 +396,8 @@ def sim_outputs(res, request):
     # the issue's bar (1.2 x the full grid's half-width) dotted
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for name in dict.fromkeys(r["name"] for r in res["phi"][1:]):
-        rows = [(gpu_hours(r["flops"]), r["median_halfwidth"]) for r in res["phi"] if r.get("name") == name]
-        ax.plot(*zip(*rows), "o-", label=name)
+        ax.plot(*zip(*[(gpu_hours(r["flops"]), r["median_halfwidth"]) for r in res["phi"] if r.get("name") == name]),
+                "o-", label=name)
     ax.plot(gpu_hours((full := res["phi"][0])["flops"]), full["median_halfwidth"], "k*", ms=12, label="full grid")
     ax.axhline(1.2 * full["median_halfwidth"], color="grey", ls=":", lw=1, label="1.2 x full grid")
     ax.set(xscale="log", yscale="log", xlabel=f"GPU-hours (MFU {MFU:g} of {PEAK:.3g} FLOP/s)",
@@ -424,10 +416,8 @@ def _list(kind, interval):
     """argparse type: comma-separated distinct numbers, each checked by common.number like every other flag (a repeated
     one would put one run in the pool twice)."""
     def parse(text):
-        vals = [common.number(kind, interval)(t) for t in text.split(",")]
-        if len(set(vals)) < len(vals):
-            raise argparse.ArgumentTypeError(f"lists a value twice: {text}")
-        return vals
+        v = [common.number(kind, interval)(t) for t in text.split(",")]
+        return v if len(set(v)) == len(v) else refuse(f"lists a value twice: {text}", argparse.ArgumentTypeError)
     return parse
 
 _n = common.number
@@ -450,7 +440,7 @@ FLAGS = {"plan": [("--out", str, None, "write the run list here (runs/grid.sh --
     ("--prior", str, None, "a fit.py fit.json (default: the paper's joint fit, Table 2)"),
     ("--noise", _n(float, "(0, 1]"), None, "nats per run (default: the prior's RMSE)"),
     ("--noise-phi", _n(float, "(0, 6]"), None, "raise the noise until the --reference design's sd(phi) is this"),
-    ("--reference", str, None, "a run list: --noise-phi's design; with no target, the total FLOPs to match"),
+    ("--reference", read_list, None, "a run list: --noise-phi's design; with no target, the total FLOPs to match"),
     ("--target-halfwidth", _n(float, "(0, 6]"), None, "the cheapest design with this predicted 95%% half-width"),
     ("--budget-flops", _n(float, C), None, ""), ("--budget-gpu-hours", _n(float, "(0, 1e12]"), None, "at --mfu"),
     ("--next", _n(int, "[1, 100000]"), None, "the next K runs beside --runs"),
@@ -458,13 +448,11 @@ FLAGS = {"plan": [("--out", str, None, "write the run list here (runs/grid.sh --
     ("--mfu", _n(float, "(0, 1]"), MFU, ""), ("--peak-flops", _n(float, "(0, 1e20]"), PEAK, "")],
     "simulate": [("--out", str, "out/design_sim", "folder for sim.json, sim.md, sim.png"),
     ("--seed", _n(int, "[0, 9.2e18]"), 0, ""), ("--reps", _n(int, "[1, 10000]"), 20, "noisy replicates per design"),
-    ("--restarts", _n(int, "[1, 100000]"), fit.RESTARTS, "App. F: 500"),
-    ("--bootstrap", _n(int, "[1, 100000]"), fit.N_BOOT, "App. F.2: 200"),
-    ("--boot-restarts", _n(int, "[0, 1000]"), fit.BOOT_RESTARTS, ""),
+    ("--restarts", _n(int, "[1, 1e5]"), fit.RESTARTS, "App. F"), ("--bootstrap", _n(int, "[1, 1e5]"), fit.N_BOOT, ""),
+    ("--boot-restarts", _n(int, "[0, 1000]"), fit.BOOT_RESTARTS, ""), ("--delta-phi", _n(float, "[-3, 3]"), 0.19, ""),
     ("--fractions", _list(float, "(0, 1]"), [0.05, 0.1, 0.25, 0.5], "design budgets as shares of the grid's FLOPs"),
     ("--scales", _list(int, "[1, 1e9]"), list(range(4, 40, 2)), "wider pool: widths"),
     ("--extra-budgets", _list(float, C), [1e17, 2.15e17], "wider pool: budgets besides Table 6's"),
-    ("--delta-phi", _n(float, "[-3, 3]"), 0.19, "hc's shift, Table 3"),
     ("--case-fractions", _list(float, "(0, 1]"), [0.25, 0.5], ""), ("--next", _n(int, "[1, 104]"), 8, "per round"),
     ("--rounds", _n(int, "[1, 104]"), 5, ""), ("--seq-target", _n(float, "(0, 6]"), 0.06, "")]}
 
@@ -500,7 +488,7 @@ def main(argv=None):
                 common.check_new(os.path.join(a.out, name), True)
             warnings.simplefilter("ignore")     # fit_block's single-hit notes on small sets: the tables say enough
             fit.write_set(a.out, sim_outputs(simulate(a), request))
-    except ValueError as err:
+    except (ValueError, OSError) as err:    # bad input; an unreadable list or prior, a read-only folder
         common.fail("design.py", err)
     print(f"wrote {a.out}/sim.json, sim.md, sim.png")
     return 0
