@@ -18,8 +18,8 @@ Test: pytest tests/test_data.py tests/test_hostile_data.py
 Read in this order: Tokenizer -> iter_source -> best_fit_rows -> prepare_source -> _pack_split -> PackedLoader.
 Not here: the validation loss (eval.py), training (train.py), throughput figures (runs/bench_data.py).
 """
-import argparse, contextlib, functools, glob, gzip, hashlib, importlib.util, io, itertools, json, os, pathlib, re
-import shutil, sys, time, zlib
+import argparse, collections, contextlib, functools, glob, gzip, hashlib, importlib.util, io, itertools, json, os
+import pathlib, re, shutil, sys, time, zlib
 
 import numpy as np
 import pyarrow as pa
@@ -134,9 +134,7 @@ def _is_own_bpe(serialized):
     max_sentence_length 16,384 (field 18); Llama-2 has 200M and 4,192. Each field is stored as two varints (the key
     field << 3, then the value; 7-bit groups, low first), so both byte runs appear verbatim in the model's bytes
     (pieces are UTF-8 and scores negative floats, which never hold them): no protobuf parser is needed."""
-
-    def varint(v):
-        return bytes([v & 0x7F | 0x80]) + varint(v >> 7) if v >= 0x80 else bytes([v])
+    varint = lambda v: bytes([v & 0x7F | 0x80]) + varint(v >> 7) if v >= 0x80 else bytes([v])
     return all(varint(field << 3) + varint(SPM_SETTINGS[key]) in serialized
                for field, key in ((11, "input_sentence_size"), (18, "max_sentence_length")))
 
@@ -378,8 +376,7 @@ def _prepare(out_dir, request, texts, encode, overwrite, log, bos_id, source, to
         raise ValueError(f"--rows-per-file {rows_per_file:,} x {seq_len + 1} tokens is over {MAX_FILE_TOKENS:,} a file")
     # a finished prepare of this request is reused without a pass over the source, and without a claim: it only
     # reads (a modified one is packed again)
-    done = _finished(out_dir, request, verify=True)
-    if done:
+    if done := _finished(out_dir, request, verify=True):
         return done, "done"
     # pass 1: the document count, and the held-out count it allows (default 5 %, at least one)
     n_docs = sum(1 for _ in texts())
@@ -503,9 +500,8 @@ def _pack_split(out_dir, split, info, docs, is_val, log):
         prog["rows"] += 1
         if prog["rows"] % rows_per_file == 0:
             flush(rows_per_file)
-    # packing stopped (the window ran dry mid-row): the rest is only counted (reconciliation)
-    for _ in stream:
-        pass
+    # packing stopped (the window ran dry mid-row): the rest is only counted (reconciliation), read to its end
+    collections.deque(stream, maxlen=0)
     # the last, partial file (unless a resume finds it written already)
     if prog["rows"] > sum(f["rows"] for f in prog["files"].values()):
         flush(prog["rows"] % rows_per_file)
@@ -519,11 +515,10 @@ def _finished(out_dir, request, verify=False):
     with contextlib.suppress(ValueError, OSError):
         metas = {s: read_meta(out_dir, s) for s in ("train", "val")}
         hashes = [(n, f["sha256"]) for m in metas.values() for n, f in m.get("files", {}).items()] if verify else []
-        mine = all(m.get("request") == request for m in metas.values())
-        if mine and not os.path.lexists(os.path.join(out_dir, STATE_NAME)) and \
-                all(_sha256_file(os.path.join(out_dir, n)) == h for n, h in hashes):
+        mine = [m.get("request") for m in metas.values()] == [request] * 2 and not os.path.lexists(
+            os.path.join(out_dir, STATE_NAME))
+        if mine and all(_sha256_file(os.path.join(out_dir, n)) == h for n, h in hashes):
             return metas
-    return None
 
 
 def _read_state(out_dir):
@@ -566,11 +561,10 @@ def data_identity(data_dir) -> str:
     sha256 over each parquet file's sha256 (~2 s per GB) and the fields that give the ids their meaning. Any changed
     row changes it; the same prepare twice, anywhere, gives the same string (the path is no part of it)."""
     parts = {}
-    for split in ("train", "val"):
-        meta = read_meta(data_dir, split)
-        files = {n: _sha256_file(os.path.join(data_dir, n)) for n in _split_files(data_dir, split, meta)}
-        parts[split] = dict(files=files, **{k: meta.get(k) for k in ("seq_len", "vocab_size", "bos_token_id",
-                                                                      "tokenizer_hash")})
+    for s in ("train", "val"):
+        meta = read_meta(data_dir, s)
+        parts[s] = {k: meta.get(k) for k in ("seq_len", "vocab_size", "bos_token_id", "tokenizer_hash")}
+        parts[s]["files"] = {n: _sha256_file(os.path.join(data_dir, n)) for n in _split_files(data_dir, s, meta)}
     return "data-sha256:" + hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
