@@ -37,8 +37,7 @@ import flops
 # Prior law: alpha, beta, E, phi of the paper's joint fit (Table 2: 0.199, 0.369, 1.57, 0.459). Table 2 omits A and B;
 # they are fit.py's synthetic truth (SYNTH_TRUTH, chosen to give Fig. 2's losses). Noise: the joint fit's pooled
 # residual RMSE, 0.010 nats (App. F.1). theta is in fit.PARAM_NAMES' order: ln A, ln B, ln E, alpha, beta, phi.
-PAPER_THETA = (math.log(25.0), math.log(1000.0), math.log(1.57), 0.199, 0.369, 0.459)
-PAPER_RMSE = 0.010
+PAPER_THETA, PAPER_RMSE = (math.log(25.0), math.log(1000.0), math.log(1.57), 0.199, 0.369, 0.459), 0.010
 TPP = (2.25, 190.0)    # tokens per parameter of Table 6's runs (2.28 ... 187): a widened pool stays inside it
 RIDGE = 1e-9           # weak prior on theta, relative to the pool's information: an unidentified set has a huge Var
 Z95 = 1.959964         # two-sided 95% normal quantile: half-width = Z95 * sd
@@ -277,39 +276,39 @@ def plan(a):
 # Simulate: the claim judged by fit.py's protocol on noisy replicates of the prior law
 
 # Each replicate draws fresh noise on the prior's losses and refits exactly as a user's study would be fitted.
-def measure(runs, kw, seed):
+def measure(runs, a, seed):
     """fit.py's protocol on runs: (estimate, lo, hi) of phi (fit_block's restarts, bootstrap_phi), or of delta-phi
     when they hold a case (run_case's selection, paired_delta_bootstrap). (nan, -inf, inf) if the fit refuses them."""
     # The paper's protocol, as python fit.py runs it: fit_block's App. F restarts (batched screen, scipy polish),
     # then bootstrap_phi's resamples of the (budget, r) cells, each warm-started plus boot_restarts random starts
     try:
         if "design" not in runs["case"]:
-            j = fit.fit_block(runs, None, kw["restarts"], seed)
-            b = fit.bootstrap_phi(runs, j["theta"], kw["n_boot"], seed, kw["boot_restarts"], progress=False)
+            j = fit.fit_block(runs, None, a.restarts, seed)
+            b = fit.bootstrap_phi(runs, j["theta"], a.bootstrap, seed, a.boot_restarts, progress=False)
             return j["phi"], b["phi_lo"], b["phi_hi"]
         var, base = fit.select_runs(runs, "design"), fit.select_runs(runs, None)
         base = fit.subset(base, np.isin(base["flops_budget"], var["flops_budget"]))
-        vj, bj = (fit.fit_block(x, None, kw["restarts"], seed) for x in (var, base))
-        d = fit.paired_delta_bootstrap(var, base, {"joint": vj}, bj, kw["n_boot"], seed, kw["boot_restarts"], False)
+        vj, bj = (fit.fit_block(x, None, a.restarts, seed) for x in (var, base))
+        d = fit.paired_delta_bootstrap(var, base, {"joint": vj}, bj, a.bootstrap, seed, a.boot_restarts, False)
         return vj["phi"] - bj["phi"], d["delta_phi_lo"], d["delta_phi_hi"]
     except ValueError:                      # too few runs, or one r: no estimate, no CI (a failed replicate)
         return math.nan, -math.inf, math.inf
 
-def replicate(U, picks, truth, sigma, kw, name):
-    """kw["reps"] noisy replicates of a design: picks(rng) -> masks (one, or a sequential design's rounds), each
-    replicate with its own seed for the N(0, sigma^2) noise on the prior's losses, the random design and the fit.
-    Returns one result row per mask, and the (reps, masks) half-widths and costs."""
+def replicate(U, picks, truth, sigma, a, name):
+    """a.reps noisy replicates of a design (a: simulate's flags): picks(rng) -> masks (one, or a sequential design's
+    rounds), each replicate with its own seed for the N(0, sigma^2) noise on the prior's losses, the random design and
+    the fit. Returns one result row per mask, and the (reps, masks) half-widths and costs."""
     # each replicate redraws the noise of every run of the universe; a design fits its own subset of them
     out, rows = [], []
-    for rep in range(kw["reps"]):
-        rng = np.random.default_rng([kw["seed"], rep])
+    for rep in range(a.reps):
+        rng = np.random.default_rng([a.seed, rep])
         runs = dict(U["runs"], val_loss=U["loss"] + sigma * rng.standard_normal(len(U["loss"])))
-        out.append([(*measure(fit.subset(runs, S), kw, kw["seed"] + rep), U["cost"][S].sum()) for S in picks(rng)])
+        out.append([(*measure(fit.subset(runs, S), a, a.seed + rep), U["cost"][S].sum()) for S in picks(rng)])
     # a refused fit is a failed replicate: it has no interval, so it never counts as covering the truth (an infinite
     # interval would "cover" and flatter a design that cannot be fitted); the table also says how many failed
     est, lo, hi, cost = np.moveaxis(np.array(out), 2, 0)            # each (reps, masks)
     for t, (e, l, h) in enumerate(zip(est.T, lo.T, hi.T)):
-        rows.append({"design": name + (f", round {t}" if est.shape[1] > 1 else ""), "reps": kw["reps"],
+        rows.append({"design": name + (f", round {t}" if est.shape[1] > 1 else ""), "reps": a.reps,
                      "flops": float(np.median(cost[:, t])), "median_halfwidth": float(np.median(h - l) / 2),
                      "coverage": float(np.mean((l <= truth) & (truth <= h) & ~np.isnan(e))),
                      "failed": int(np.isnan(e).sum()), "excludes_0": float(np.mean((l > 0) | (h < 0))),
@@ -331,12 +330,11 @@ def simulate(a):
     """Equal-cost comparisons per share of the grid's FLOPs (designed from a wider pool and from the grid, random
     subsets, cheapest first, the lowest budgets only), a delta-phi case against the paper's case study, and the
     sequential mode against random additions. Returns the result rows by section."""
-    kw = dict(reps=a.reps, restarts=a.restarts, n_boot=a.bootstrap, boot_restarts=a.boot_restarts, seed=a.seed)
     theta, sigma = load_prior(None)
     wide = lambda budgets, case=None: make_pool({c: a.scales for c in budgets}, case=case)
     Ug, Uw = (universe([(p, theta, sigma, "cand")]) for p in (make_pool(), wide(a.extra_budgets + list(flops.GRID))))
     res = {"grid_flops": float(Ug["cost"].sum()), "phi": [], "case": [], "sequential": []}
-    res["phi"] += replicate(Ug, lambda rng: [Ug["cand"]], theta[5], sigma, kw, "full grid (116 runs)")[0]
+    res["phi"] += replicate(Ug, lambda rng: [Ug["cand"]], theta[5], sigma, a, "full grid (116 runs)")[0]
     # equal cost: at each share of the grid's FLOPs every design gets the same cap; random subsets are redrawn per
     # replicate, the lowest budgets take whole Table 6 columns (the paper's case studies: the four lower ones)
     for frac in a.fractions:
@@ -347,7 +345,7 @@ def simulate(a):
                               ("random subsets", Ug, lambda rng: [capped(Ug, rng.permutation(len(Ug["C"])), cap)]),
                               ("cheapest first", Ug, lambda rng: [capped(Ug, np.argsort(Ug["cost"]), cap)]),
                               ("lowest budgets only", Ug, lambda rng: [Ug["C"] <= low])):
-            row = replicate(U, pick, theta[5], sigma, kw, f"{name} @ {frac:g} of the grid")[0][0]
+            row = replicate(U, pick, theta[5], sigma, a, f"{name} @ {frac:g} of the grid")[0][0]
             pred = None if "random" in name else Z95 * math.sqrt(variance(U, pick(None)[0])[0])
             res["phi"].append(dict(row, name=name, predicted=pred))
     # §5 case: the baseline grid is done; the variant's looped runs shift phi by delta_phi (hc: +0.19, Table 3)
@@ -359,7 +357,7 @@ def simulate(a):
     res["case_flops"] = float(Uc["cost"][paper].sum())
     for name, S in [("the paper's case study (60 runs, 4 lower budgets)", paper)] + [
             (f"designed @ {f:g} of its FLOPs", choose(Uc, f * res["case_flops"])) for f in a.case_fractions]:
-        row = replicate(Uc, lambda rng, S=S: [S], a.delta_phi, sigma, kw, name)[0][0]
+        row = replicate(Uc, lambda rng, S=S: [S], a.delta_phi, sigma, a, name)[0][0]
         res["case"].append(dict(row, predicted=Z95 * math.sqrt(variance(Uc, S)[0])))
     # sequential: the 12 cheapest grid runs, then rounds of K; the designed rounds depend only on what is finished,
     # the random ones are drawn per replicate
@@ -370,7 +368,7 @@ def simulate(a):
     grow = lambda S, rng: S | np.isin(np.arange(len(S)), rng.choice(np.flatnonzero(~S), a.next, replace=False))
     for name, pick in (("sequential, designed", lambda rng: steps), ("sequential, random", lambda rng: list(
             itertools.accumulate(range(a.rounds), lambda S, _: grow(S, rng), initial=steps[0])))):
-        rows, hw, cost = replicate(Ug, pick, theta[5], sigma, kw, name)
+        rows, hw, cost = replicate(Ug, pick, theta[5], sigma, a, name)
         hit = [c[h <= a.seq_target][0] if (h <= a.seq_target).any() else math.inf for h, c in zip(hw, cost)]
         rows[-1].update(reached=float(np.mean(np.isfinite(hit))), flops_to_target=float(np.median(hit)))
         res["sequential"] += rows
@@ -384,14 +382,13 @@ def sim_outputs(res, request):
          f"law (Table 2) with independent N(0, {PAPER_RMSE}^2) nats per run.", ""]
     for sec, title in (("phi", "φ at equal cost"), ("case", f"Δφ = {request['delta_phi']:+g}, the grid done"),
                        ("sequential", f"Sequential: 12 cheapest grid runs, then rounds of K = {request['next']}")):
-        L += [f"## {title}", "", "| design | FLOPs (share of grid) | GPU-hours | predicted half-width | median "
-              "half-width | coverage | excludes 0 | median abs error | failed | target reached (median FLOPs) |",
-              "|---" * 10 + "|"]
-        L += [f"| {r['design']} | {r['flops']:.3g} ({r['flops'] / res['grid_flops']:.3f}) | "
-              f"{gpu_hours(r['flops']):.1f} | {f(r.get('predicted'), '.4f')} | {r['median_halfwidth']:.4f} | "
-              f"{r['coverage']:.2f} | {r['excludes_0']:.2f} | {f(r['median_abs_err'], '.4f')} | {r['failed']} | " + (
-                  f"{r['reached']:.2f} ({f(r['flops_to_target'], '.3g')}) |" if "reached" in r else "- |")
-              for r in res[sec]] + [""]
+        L += fit._table(("design", "FLOPs (share of grid)", "GPU-hours", "predicted half-width", "median half-width",
+                         "coverage", "excludes 0", "median abs error", "failed", "target reached (median FLOPs)"), [(
+            r["design"], f"{r['flops']:.3g} ({r['flops'] / res['grid_flops']:.3f})", f"{gpu_hours(r['flops']):.1f}",
+            f(r.get("predicted"), ".4f"), f"{r['median_halfwidth']:.4f}", f"{r['coverage']:.2f}",
+            f"{r['excludes_0']:.2f}", f(r["median_abs_err"], ".4f"), r["failed"],
+            f"{r['reached']:.2f} ({f(r['flops_to_target'], '.3g')})" if "reached" in r else "-") for r in res[sec]],
+            f"## {title}") + [""]
     # the figure: median half-width against GPU-hours (log-log), one line per design, the full grid as a star and
     # the issue's bar (1.2 x the full grid's half-width) dotted
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -431,6 +428,7 @@ C, TRAIN = "(0, 1e30]", {"aspect-ratio": "[1, 1e9]", "n-layers-eff": "[1, 1e9]",
 # (flag, type, default, help) per command. plan: the pool (Table 6 unless --budgets / --scales widen it; the
 # architecture flags make a mini study's pool), the prior and its noise, one target, finished runs, a case.
 # simulate: the replicates and the protocol (the paper's by default), the pools, the case and sequential set-up.
+# Each table's order is the order of sim.json's request (and of --help).
 FLAGS = {"plan": [("--out", str, None, "write the run list here (runs/grid.sh --only FILE)"),
     ("--runs", str, None, "finished runs"), ("--budgets", _list(float, C), None, "pool budgets C (Table 6's)"),
     ("--loops", _list(int, "[1, 16]"), [1, 2, 4, 8], ""), ("--tpp", _list(float, "(0, inf)"), list(TPP), "LO,HI"),
@@ -449,12 +447,13 @@ FLAGS = {"plan": [("--out", str, None, "write the run list here (runs/grid.sh --
     "simulate": [("--out", str, "out/design_sim", "folder for sim.json, sim.md, sim.png"),
     ("--seed", _n(int, "[0, 9.2e18]"), 0, ""), ("--reps", _n(int, "[1, 10000]"), 20, "noisy replicates per design"),
     ("--restarts", _n(int, "[1, 1e5]"), fit.RESTARTS, "App. F"), ("--bootstrap", _n(int, "[1, 1e5]"), fit.N_BOOT, ""),
-    ("--boot-restarts", _n(int, "[0, 1000]"), fit.BOOT_RESTARTS, ""), ("--delta-phi", _n(float, "[-3, 3]"), 0.19, ""),
+    ("--boot-restarts", _n(int, "[0, 1000]"), fit.BOOT_RESTARTS, ""),
     ("--fractions", _list(float, "(0, 1]"), [0.05, 0.1, 0.25, 0.5], "design budgets as shares of the grid's FLOPs"),
     ("--scales", _list(int, "[1, 1e9]"), list(range(4, 40, 2)), "wider pool: widths"),
     ("--extra-budgets", _list(float, C), [1e17, 2.15e17], "wider pool: budgets besides Table 6's"),
-    ("--case-fractions", _list(float, "(0, 1]"), [0.25, 0.5], ""), ("--next", _n(int, "[1, 104]"), 8, "per round"),
-    ("--rounds", _n(int, "[1, 104]"), 5, ""), ("--seq-target", _n(float, "(0, 6]"), 0.06, "")]}
+    ("--delta-phi", _n(float, "[-3, 3]"), 0.19, ""), ("--case-fractions", _list(float, "(0, 1]"), [0.25, 0.5], ""),
+    ("--next", _n(int, "[1, 104]"), 8, "per round"), ("--rounds", _n(int, "[1, 104]"), 5, ""),
+    ("--seq-target", _n(float, "(0, 6]"), 0.06, "")]}
 
 def main(argv=None):
     ap = common.Parser(prog="design.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
