@@ -21,10 +21,7 @@ Not here: the validation loss (eval.py), training (train.py), throughput figures
 import argparse, collections, contextlib, functools, glob, gzip, hashlib, importlib.util, io, itertools, json, os
 import pathlib, re, shutil, sys, time, zlib
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
-import sentencepiece as spm
+import numpy as np, pyarrow as pa, pyarrow.parquet as pq, sentencepiece as spm
 
 from common import (Parser, atomic_write, check_new, check_record, claim, fail, first_line, number, read_json,
                     release, require)
@@ -401,9 +398,7 @@ def _prepare(out_dir, request, texts, encode, overwrite, log, bos_id, source, to
             atomic_write(os.path.join(out_dir, STATE_NAME), json.dumps(info))
         if tok_name := tokenizer and "tokenizer.model":
             atomic_write(os.path.join(out_dir, tok_name), lambda tmp: shutil.copyfile(tokenizer, tmp))
-        for split in ("train", "val"):
-            if split in info["done"]:
-                continue
+        for split in [s for s in ("train", "val") if s not in info["done"]]:      # (a resume skips a finished split)
             prog = _pack_split(out_dir, split, info, (texts, encode, bos_id), is_val, log)
             # an impossible request leaves nothing behind: the folder this run made (all of it is this run's), else
             # the files it wrote (plain names from the state, never a path)
@@ -650,13 +645,12 @@ class PackedLoader:
 
     def next_batch(self):
         """The next micro-batch of this rank: (x, y), each (device_batch, seq_len) int64."""
-        batch = self._rows(self.row + self.rank * (self.batch_rows // self.world) + self.micro * self.device_batch,
-                           self.device_batch)
+        lo = self.row + self.rank * (self.batch_rows // self.world) + self.micro * self.device_batch
         self.micro += 1
         # step done: move to the next global batch
         if self.micro == self.accum:
             self.row, self.micro = self.row + self.batch_rows, 0
-        return batch
+        return self._rows(lo, self.device_batch)
 
     def state_dict(self):
         """The stream position as plain data (it goes into ckpt.pt)."""

@@ -30,9 +30,7 @@ import argparse, itertools, json, math, pathlib, sys, warnings
 import numpy as np
 from scipy.special import erf
 
-import common
-import fit
-import flops
+import common, fit, flops
 
 # Prior law: alpha, beta, E, phi of the paper's joint fit (Table 2: 0.199, 0.369, 1.57, 0.459). Table 2 omits A and B;
 # they are fit.py's synthetic truth (SYNTH_TRUTH, chosen to give Fig. 2's losses). Noise: the joint fit's pooled
