@@ -326,7 +326,7 @@ BATCH_CHARS, MAX_FILE_TOKENS = 4 << 20, 1 << 27
 
 
 def prepare_source(source, tok, out_dir, *, seq_len, val_docs=None, seed=0, max_docs=None, doc_chars=1000,
-                   rows_per_file=ROWS_PER_FILE, buffer_size=BUFFER_SIZE, workers=0, overwrite=False, log=print):
+                   rows_per_file=ROWS_PER_FILE, buffer_size=BUFFER_SIZE, workers=0, overwrite=False):
     """`python data.py prepare`: stream a text source into DIR -> (metas, how): common.claim's answer, or "done"
     (DIR already holds this very request: nothing is written)."""
     desc, fingerprint = describe_source(source, doc_chars)
@@ -336,7 +336,7 @@ def prepare_source(source, tok, out_dir, *, seq_len, val_docs=None, seed=0, max_
 
     # the texts are encoded on `workers` threads (0: all cores)
     return _prepare(out_dir, request, lambda: iter_source(source, doc_chars, max_docs),
-                    lambda batch: tok.encode(batch, workers or None), overwrite, log, bos_id=tok.bos_id, source=desc,
+                    lambda batch: tok.encode(batch, workers or None), overwrite, bos_id=tok.bos_id, source=desc,
                     tokenizer=tok.spec, tokenizer_hash=tok.identity, meta_extra={"tokenizer_pieces": tok.n_pieces})
 
 
@@ -354,12 +354,11 @@ def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, 
     request = dict(version=PREPARE_VERSION, source=source, token_ids=hashlib.sha256(
         b"".join(d.tobytes() + b"|" for d in docs)).hexdigest(), vocab_size=vocab_size, seq_len=seq_len,
         val_docs=val_docs, seed=seed, rows_per_file=rows_per_file, buffer_size=buffer_size)
-    return _prepare(out_dir, request, lambda: docs, lambda batch: batch, False, lambda msg: None, bos_id=bos_id,
+    return _prepare(out_dir, request, lambda: docs, lambda batch: batch, False, bos_id=bos_id,
                     source=source, tokenizer=tokenizer, tokenizer_hash=tokenizer_hash)[0]
 
 
-def _prepare(out_dir, request, texts, encode, overwrite, log, bos_id, source, tokenizer, tokenizer_hash,
-             meta_extra=None):
+def _prepare(out_dir, request, texts, encode, overwrite, bos_id, source, tokenizer, tokenizer_hash, meta_extra=None):
     """The one preflight, claim and write behind both entries -> (metas, how). texts(): the documents, in order, as
     a fresh iterable (texts, or token ids); encode(batch of them) -> their token ids. The rest is for the metas.
     A set finished but modified since is packed again, and an unreadable state starts the request over: both hold
@@ -399,7 +398,7 @@ def _prepare(out_dir, request, texts, encode, overwrite, log, bos_id, source, to
         if tok_name := tokenizer and "tokenizer.model":
             atomic_write(os.path.join(out_dir, tok_name), lambda tmp: shutil.copyfile(tokenizer, tmp))
         for split in [s for s in ("train", "val") if s not in info["done"]]:      # (a resume skips a finished split)
-            prog = _pack_split(out_dir, split, info, (texts, encode, bos_id), is_val, log)
+            prog = _pack_split(out_dir, split, info, (texts, encode, bos_id), is_val)
             # an impossible request leaves nothing behind: the folder this run made (all of it is this run's), else
             # the files it wrote (plain names from the state, never a path)
             if not prog["files"]:
@@ -432,7 +431,7 @@ def _prepare(out_dir, request, texts, encode, overwrite, log, bos_id, source, to
         release(out_dir)
 
 
-def _pack_split(out_dir, split, info, docs, is_val, log):
+def _pack_split(out_dir, split, info, docs, is_val):
     """Best-fit pack one split into {split}-NNNNN.parquet files, saving the state after each file; return its
     progress: consumed documents, files {name: {rows, sha256}}, doc_tokens, cropped_docs, rows. It resumes from the
     state saved with the split's last file, if there is one. docs: _prepare's (texts, encode, bos_id)."""
@@ -450,7 +449,7 @@ def _pack_split(out_dir, split, info, docs, is_val, log):
                 raise ValueError
         except (TypeError, ValueError, KeyError, OverflowError):
             raise ValueError(f"{state}: its saved documents are not a prepare's; delete it to start over") from None
-        log(f"resuming {split} in {out_dir}: {len(prog['files'])} files and {prog['consumed']:,} documents done")
+        print(f"resuming {split}: {len(prog['files'])} files and {prog['consumed']:,} documents done", file=sys.stderr)
     # (rows_per_file, seq_len+1): the file being filled (every file but a split's last is full)
     rows = np.empty((rows_per_file, capacity), dtype=np.uint16 if r["vocab_size"] <= 2 ** 16 else np.uint32)
 
@@ -489,8 +488,7 @@ def _pack_split(out_dir, split, info, docs, is_val, log):
     for row in best_fit_rows(stream, capacity, window, r["buffer_size"]):
         # one packed row: the taken prefix of each of its documents, in the window's order
         rows[prog["rows"] % rows_per_file] = np.concatenate([prefix[:take] for prefix, _, take in row])
-        prog["cropped_docs"] += sum(take < n for _, n, take in row)
-        prog["rows"] += 1
+        prog.update(cropped_docs=prog["cropped_docs"] + sum(take < n for _, n, take in row), rows=prog["rows"] + 1)
         if prog["rows"] % rows_per_file == 0:
             flush(rows_per_file)
     # packing stopped (the window ran dry mid-row): the rest is only counted (reconciliation), read to its end
