@@ -388,7 +388,7 @@ def _prepare(out_dir, request, texts, encode, overwrite, bos_id, source, tokeniz
     made = not os.path.lexists(out_dir)
     how = claim(out_dir, "data", request, overwrite)
     try:                # the claim ends with this call (an in-process caller may claim the folder again)
-        # held-out documents: a seeded draw of val_docs of the n_docs; (n_docs,) one byte per document
+        # held-out documents: a seeded draw of val_docs of the n_docs, without replacement; (n_docs,) bool
         is_val = np.isin(np.arange(n_docs), np.random.default_rng(request["seed"]).choice(n_docs, val_docs, False))
         info = _read_state(out_dir) or {}
         if info.get("request") != request:
