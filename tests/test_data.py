@@ -528,7 +528,7 @@ def test_streaming_prepare_is_bounded_deterministic_and_thread_independent(tmp_p
             seen["prefix"] = max([seen["prefix"]] + [len(p) for p, *_ in window + row])
             yield row
     monkeypatch.setattr(data, "best_fit_rows", rows)
-    kw = dict(seq_len=32, val_docs=40, rows_per_file=16, buffer_size=24, log=lambda *a: None)
+    kw = dict(seq_len=32, val_docs=40, rows_per_file=16, buffer_size=24)
     metas, how = data.prepare_source(str(src), tok, str(tmp_path / "a"), **kw)
     assert how == "fresh" and seen["window"] == 24 and seen["prefix"] <= 33
     monkeypatch.undo()

@@ -5,6 +5,7 @@ well under 30 s on one core.
 
 Run: python -m pytest -q tests/test_design.py
 """
+import argparse
 import json
 import math
 import os
@@ -158,8 +159,8 @@ def test_a_refused_fit_never_counts_as_covering():
     # coverage through its (-inf, inf) "interval"
     U = small_universe()
     theta, sigma = design.load_prior(None)
-    kw = {"reps": 2, "seed": 0, "restarts": 5, "n_boot": 4, "boot_restarts": 1}
-    rows, hw, _ = design.replicate(U, lambda rng: [np.arange(len(U["r"])) < 3], theta[5], sigma, kw, "3 runs")
+    a = argparse.Namespace(reps=2, seed=0, restarts=5, bootstrap=4, boot_restarts=1)    # simulate's flags
+    rows, hw, _ = design.replicate(U, lambda rng: [np.arange(len(U["r"])) < 3], theta[5], sigma, a, "3 runs")
     assert rows[0]["failed"] == 2 and rows[0]["coverage"] == 0.0 and np.isinf(hw).all()
 
 

@@ -255,8 +255,8 @@ def test_cli_prepare_killed_midway_resumes_by_itself(tmp_path, tok, capsys, monk
     (tmp_path / "cut" / ".train-00002.parquet.0badc0de.tmp").write_bytes(b"PAR1 half")    # as a kill -9 leaves it
     capsys.readouterr()
     data.main(args(tmp_path / "cut"))
-    out = capsys.readouterr().out
-    assert "resuming train" in out and "(resumed)" in out
+    cap = capsys.readouterr()
+    assert "resuming train" in cap.err and "(resumed)" in cap.out
     cut = snapshot(tmp_path / "cut")
     assert cut.pop(".train-00002.parquet.0badc0de.tmp") and cut == snapshot(tmp_path / "whole")
     assert "ok:" in (data.main(["check", str(tmp_path / "cut")]) or capsys.readouterr().out)
