@@ -5,8 +5,7 @@ start, at the same starts and tolerances -- and the naive full protocol extrapol
 Run:  python runs/bench_fit.py [--seed 0 --restarts 500 --bootstrap 200]
 Not here: the fits themselves (fit.py); this file only times them.
 """
-import os
-import sys
+import os, sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repository's flat files
 import common  # noqa: E402

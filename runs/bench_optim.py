@@ -7,16 +7,14 @@ all-gathers the rest; the time includes that).
 Run:  python runs/bench_optim.py [--scale 10] [--n-loops 1] [--bench-steps 3]
       torchrun --standalone --nproc_per_node=2 runs/bench_optim.py --scale 4
 """
-import os
-import sys
-import time
+import os, sys, time
 
 import torch
 import torch.distributed as dist
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repo root, after PYTHONPATH
 from common import Parser, number  # noqa: E402
-from flops import layout  # noqa: E402
+from flops import ASPECT_RATIO, layout  # noqa: E402
 from optim import MUONH_LR, MuonHAdamW  # noqa: E402
 
 
@@ -55,12 +53,11 @@ def bench(d_model=640, n_loops=1, steps=3, seed=0):
 def main(argv=None):
     """CLI: parse (one-line errors, exit 2), join the gloo group under torchrun, time, print one line on rank 0."""
     p = Parser(prog="runs/bench_optim.py", description="MuonH step time over an s-scale model's matrices (CPU).")
-    p.add_argument("--scale", type=number(int, "(0, inf)"), default=10, help="width scale s (d = aspect x s)")
-    p.add_argument("--aspect-ratio", type=number(int, "(0, inf)"), default=64, help="d_model per unit of scale")
+    p.add_argument("--scale", type=number(int, "(0, inf)"), default=10, help="width scale s (d_model = 64 s)")
     p.add_argument("--n-loops", type=number(int), choices=(1, 2, 4, 8, 16), default=1, help="r (must divide 16)")
     p.add_argument("--bench-steps", type=number(int, "(0, inf)"), default=3, help="timed steps after one warm-up")
     a = p.parse_args(argv)
-    d = a.aspect_ratio * a.scale                               # d_model, as model.py computes it (§3.1)
+    d = ASPECT_RATIO * a.scale                                 # d_model = 64 s, as model.py computes it (§3.1)
     # torchrun sets WORLD_SIZE: sharded MuonH over gloo CPU ranks, because this is a CPU benchmark (runs/bench.sh §2b)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         dist.init_process_group("gloo")

@@ -27,19 +27,12 @@ MFU = F_train (flops.py: the budget's FLOPs per token) x tok/s / (world x peak).
 figure matched by device name (train.py's PEAK_FLOPS, as a run prints it); any other device (a CPU included) gets
 MFU n/a with the reason, never a guessed figure.
 """
-import contextlib
-import dataclasses
-import os
-import resource
-import sys
-import time
+import contextlib, dataclasses, os, resource, sys, time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the flat top-level modules
 import torch                                                                          # noqa: E402
 
-import common                                                                         # noqa: E402
-import flops                                                                          # noqa: E402
-import train                                                                          # noqa: E402
+import common, flops, train                                                           # noqa: E402
 from model import LoopedGPT, ModelConfig, resolve_attention                           # noqa: E402
 from optim import build_optimizer, hyperp_lrs                                         # noqa: E402
 
@@ -147,8 +140,7 @@ def main(argv=None) -> dict:
     common.add_dataclass_flags(p, ModelConfig, {})             # every architecture field; ModelConfig checks them
     for name, default in (("device-batch", 8), ("steps", 5), ("accum", 1)):
         p.add_argument("--" + name, type=common.number(int, "[1, inf)"), default=default)
-    p.add_argument("--levers", nargs="+", help="cells: base, rowsN, cudnn | flash | efficient | math, "
-                   "reduce-overhead | max-autotune-no-cudagraphs, or a+b; --out is then a folder")
+    p.add_argument("--levers", nargs="+", help="cells: base, rowsN, an SDPA kernel, a compile mode, or a+b (above)")
     p.add_argument("--out", help="also write the figures here as JSON")
     p.add_argument("--overwrite", action="store_true", help="let --out replace a file this tool did not write")
     a = p.parse_args(argv)
@@ -176,15 +168,13 @@ def main(argv=None) -> dict:
                             resolve_attention("auto", device, cuda)[0], mode=c["mode"] if cuda else None,
                             sdpa=KERNELS.get(c["sdpa"]), warmup=2 if a.levers else 1)[0]
             r.update(lever=tag, compile_s=r["first_step_s"] - r["step_s"])
-        except Exception as err:                               # a lever's failure must not cost the next cells
-            if not a.levers:
-                raise
+        # A lever's failure must not cost the next cells; the plain benchmark (no --levers) lets any error through
+        except (Exception if a.levers else ()) as err:
             why = " ".join(f"{type(err).__name__}: {err}".split())          # one line; the reason is often last
             r = dict(scale=a.scale, n_loops=a.n_loops, lever=name, error=why[:300] + " ... " + why[-300:])
         print(line(r), flush=True)
         if a.out:                                              # --levers: one file per cell in the folder
-            path = os.path.join(a.out, f"s{a.scale}_r{a.n_loops}_{name}.json") if tag else a.out
-            common.write_json(path, r, "runs/bench_train.py", key)
+            common.write_json(f"{a.out}/s{a.scale}_r{a.n_loops}_{name}.json" if tag else a.out, r, p.prog, key)
     return r
 
 

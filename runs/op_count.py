@@ -14,8 +14,7 @@ Run:  python runs/op_count.py                           (this checkout's optim.p
       python runs/op_count.py --compile     the CUDA path's structure (bf16, one compiled update per stack) on CPU:
                                             inductor's C++ build takes ~1 min on 2 cores
 """
-import os
-import sys
+import os, sys
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -33,10 +32,8 @@ def count(fn):
     ops = [e for e in prof.events() if e.name.startswith("aten::")]
 
     def nested(e):                          # inside another aten op (cpu_parent climbs the recorded call tree)
-        while (e := e.cpu_parent) is not None:
-            if e.name.startswith("aten::"):
-                return True
-        return False
+        up = e.cpu_parent
+        return up is not None and (up.name.startswith("aten::") or nested(up))
     return len(ops), sum(not nested(e) for e in ops)
 
 
