@@ -14,7 +14,7 @@ Levers (issue 25 item 4: why s = 6 runs at 36 % MFU, s = 10 at 45 %): --levers L
 lever, each applied where the step is built, so no trainer flag is needed, and writes --out DIR/sS_rR_L.json:
     base                        the step as the flags give it (the grid's: --device-batch 32 --accum 4, B = 262,144)
     rowsN                       N rows per micro-batch, accumulation keeping the step's rows (fewer, larger kernels)
-    cudnn | flash | efficient | math    that SDPA kernel forced (torch.nn.attention.sdpa_kernel; cuDNN on Hopper)
+    cudnn | flash | efficient | math    that SDPA kernel forced (model.set_attention's sdpa; cuDNN on Hopper)
     reduce-overhead             torch.compile with CUDA graphs (the per-kernel launch cost gone)
     max-autotune-no-cudagraphs  autotuned GEMM and reduction configs (a compile of minutes)
     a+b+...                     together, e.g. rows64+cudnn+reduce-overhead
@@ -27,7 +27,7 @@ MFU = F_train (flops.py: the budget's FLOPs per token) x tok/s / (world x peak).
 figure matched by device name (train.py's PEAK_FLOPS, as a run prints it); any other device (a CPU included) gets
 MFU n/a with the reason, never a guessed figure.
 """
-import contextlib, dataclasses, os, resource, sys, time
+import dataclasses, os, resource, sys, time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the flat top-level modules
 import torch                                                                          # noqa: E402
@@ -60,13 +60,15 @@ def train_bench(cfg, device, device_batch, steps, accum=1, bf16=False, compile_b
     batch drawn from `seed`, so 1 rank at world x device_batch rows computes the same steps as `world` ranks. Several
     ranks: the process group is up and wrap(model) is the DDP module (compiled after wrapping, as train.py does;
     accum must then be 1: no no_sync here). The device is synchronised around the optimizer step to time it alone.
-    The levers (--levers): mode (torch.compile's: reduce-overhead = CUDA graphs), sdpa (an SDPBackend
-    forced around the steps: cuDNN, flash, ...), `warmup` untimed steps (CUDA graphs record on the second call)."""
+    The levers (--levers): mode (torch.compile's: reduce-overhead = CUDA graphs), sdpa (a kernel name of
+    train.SDPA_BACKENDS, forced in every attention call, which the compile traces), `warmup` untimed steps (CUDA
+    graphs record on the second call). Each call starts from a clean dynamo state: its own compiles."""
     peak_memory(device)                                          # reset: the figures below are this run's
+    torch._dynamo.reset()                                        # and its own compiles
     rows, T = device_batch * world * accum, cfg.seq_len          # global batch rows per optimizer step
     torch.manual_seed(seed)
     model = LoopedGPT(cfg).to(device)
-    model.set_attention(attn)
+    model.set_attention(attn, sdpa or "auto")                    # sdpa: that SDPA kernel forced (model.attend)
     model.wte.to(dtype=torch.bfloat16 if bf16 else torch.float32)
     opt = build_optimizer(model.param_groups(), hyperp_lrs(cfg.d_model, cfg.n_loops, 100 * rows * T, rows * T),
                           polar_bf16=bf16)
@@ -77,8 +79,6 @@ def train_bench(cfg, device, device_batch, steps, accum=1, bf16=False, compile_b
         p.grad = torch.zeros_like(p)
     net = wrap(model) if wrap else model
     net = torch.compile(net, backend=compile_backend, mode=mode) if compile_backend else net
-    # The SDPA kernel is chosen when the graph is traced: forcing it around every step fixes it for the compile too
-    kernel = (lambda: torch.nn.attention.sdpa_kernel(sdpa)) if sdpa is not None else contextlib.nullcontext
     clock = lambda: (device.type != "cuda" or torch.cuda.synchronize(device), time.perf_counter())[1]  # noqa: E731
     # Tokens are drawn on the host from one seeded generator, then moved: every rank (and a 1-rank run of the same
     # global batch) sees the same rows, and throughput does not depend on token values.
@@ -88,7 +88,7 @@ def train_bench(cfg, device, device_batch, steps, accum=1, bf16=False, compile_b
         t0 = clock()
         for micro in range(accum):                               # gradient accumulation over micro-batches
             torch.compiler.cudagraph_mark_step_begin()           # CUDA graphs: a new forward, not a re-entry
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16), kernel():
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                 loss = net(xy[micro, rank, :, :-1].to(device), xy[micro, rank, :, 1:].to(device))   # (,) mean CE
             (loss / accum).backward()                            # optimizer.md §5: divided by the accum steps
             losses.append(loss.detach().float() / accum)
@@ -105,7 +105,7 @@ def train_bench(cfg, device, device_batch, steps, accum=1, bf16=False, compile_b
     peak, key = train.peak_flops(name)
     return dict(device=name, scale=cfg.scale, d_model=cfg.d_model, n_loops=cfg.n_loops, n_loops_bwd=cfg.n_loops_bwd,
                 device_batch=device_batch, accum=accum, world=world, precision="bf16" if bf16 else "fp32", attn=attn,
-                compile=compile_backend or False, mode=mode, sdpa=sdpa and sdpa.name, steps=steps,
+                compile=compile_backend or False, mode=mode, sdpa=sdpa and KERNELS[sdpa].name, steps=steps,
                 first_step_s=times[0][0], step_s=step_s, optim_share=opt_s / step_s, tok_per_s=rows * T / step_s,
                 flops_per_token=F, peak_key=key, mfu=F * rows * T / step_s / (world * peak) if peak else None,
                 losses=(per_step / world).tolist(), **peak_memory(device)), model, opt
@@ -162,11 +162,10 @@ def main(argv=None) -> dict:
         common.fail(p.prog, err)
     for name, c in cells.items():
         rows, tag = c["rows"] or a.device_batch, a.levers and name           # tag: None = the plain benchmark
-        torch._dynamo.reset()                                  # each cell's own compile, from a clean state
         try:
             r = train_bench(cfg, device, rows, a.steps, batch // rows, cuda, "inductor" if cuda else None,
                             resolve_attention("auto", device, cuda)[0], mode=c["mode"] if cuda else None,
-                            sdpa=KERNELS.get(c["sdpa"]), warmup=2 if a.levers else 1)[0]
+                            sdpa=c["sdpa"], warmup=2 if a.levers else 1)[0]
             r.update(lever=tag, compile_s=r["first_step_s"] - r["step_s"])
         # A lever's failure must not cost the next cells; the plain benchmark (no --levers) lets any error through
         except (Exception if a.levers else ()) as err:

@@ -130,7 +130,6 @@ def stage_memory(smoke, device, bf16, compiler, attn) -> dict:
     # The cells most likely not to fit 80 GB: r = 8 at s = 16 and 28 under full BPTT (8 x the recurrent activations),
     # and the widest model, s = 34 at r = 1 (most weights and optimizer state).
     for s, r in ((16, 8), (28, 8), (34, 1)):
-        torch._dynamo.reset()                 # each cell compiles from a clean state (MuonH's update per stack shape)
         cfg, rows, cell = cfg_for(smoke, s, r), release_rows(s, smoke), res.setdefault(f"s{s}_r{r}", {})
         while rows >= 1 and "save" not in cell:
             try:
@@ -156,7 +155,6 @@ def stage_throughput(smoke, device, bf16, compiler, attn) -> dict:
     res = {}
     for cell in CELLS:
         s, r = (int(x[1:]) for x in cell.split("_"))
-        torch._dynamo.reset()                                # each cell compiles from a clean state
         rows = release_rows(s, smoke)                        # 128 rows of 2048 = B; accumulation makes up the rest
         # The optimizer steps once per 128 / rows micro-batches, so its share here is the one a grid run pays
         rec = train_bench(cfg_for(smoke, s, r), device, rows, 3, (4 if smoke else 128) // rows, bf16,
@@ -200,10 +198,9 @@ def ddp_rank(rank, smoke) -> None:
     dist.all_reduce(spread, dist.ReduceOp.MAX)
     if rank == 0:
         # DDPOptimizer splits the compiled graph at bucket boundaries; each piece is one AOT-autograd compile
-        common.atomic_write(os.path.join(SCRATCH, "ddp.json"), json.dumps(dict(
-            rec, backend=backend, fallback=refusals, muonh_shards=opt.world, placement=str(device),
-            ranks_weight_sum_spread=spread.sum().item(), dynamo_graphs=counters["stats"]["unique_graphs"],
-            ddp_subgraphs=counters["aot_autograd"]["total"])))
+        common.atomic_write(os.path.join(SCRATCH, "ddp.json"), json.dumps(dict(rec, backend=backend, fallback=refusals,
+            muonh_shards=opt.world, placement=str(device), ranks_weight_sum_spread=spread.sum().item(),
+            dynamo_graphs=counters["stats"]["unique_graphs"], ddp_subgraphs=counters["aot_autograd"]["total"])))
     dist.destroy_process_group()
 
 
@@ -278,8 +275,8 @@ def run_child(n, argv, timeout) -> dict:
 
 
 def main(argv=None) -> int:
-    """The CLI, and the entry of the stage and rank processes (hidden flags). The parent checks every flag and --out
-    before any stage, prints the plan, then runs the stages in order; exit 1 if one failed or timed out."""
+    """The CLI, and the entry of the stage and rank processes (hidden flags). The parent checks every flag, prints
+    the plan, checks --out, then runs the stages in order; exit 1 if one failed or timed out."""
     global OUT, CELLS, SCRATCH
     p = common.Parser(prog=TOOL, description="staged device check (issue 19 §5)")
     p.add_argument("--cpu-smoke", action="store_true", help="every stage on CPU with tiny sizes (CI)")
@@ -289,9 +286,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="out/gpu_check.json", help="the JSON (default %(default)s)")
     p.add_argument("--overwrite", action="store_true", help="replace an --out this tool did not write")
     p.add_argument("--dry-run", action="store_true", help="print the plan (stages, estimates, drops) and stop")
-    p.add_argument("--stage", type=int, choices=RUN, help=argparse.SUPPRESS)         # internal: one stage's process
-    p.add_argument("--ddp-rank", type=int, choices=(0, 1), help=argparse.SUPPRESS)   # internal: one stage-5 rank
-    p.add_argument("--scratch", help=argparse.SUPPRESS)                              # their scratch folder
+    # Internal, set only by this script: one stage's process, one stage-5 rank, and their scratch folder
+    for flag, kind in (("--stage", int), ("--ddp-rank", int), ("--scratch", str)):
+        p.add_argument(flag, type=kind, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     OUT, CELLS, SCRATCH = os.path.abspath(a.out), ALL_CELLS if a.all_cells else DEFAULT_CELLS, a.scratch
     if a.ddp_rank is not None:
@@ -304,15 +301,7 @@ def main(argv=None) -> int:
         return common.atomic_write(os.path.join(SCRATCH, "entry.json"), json.dumps(out))
     if not (a.cpu_smoke or a.dry_run or torch.cuda.is_available()):
         p.error("no CUDA device visible; `bash runs/gpu_check.sh --cpu-smoke` runs the stages on CPU")
-    # Ownership: the JSON is absent, or this tool's for this same request (its written_by says so), or --overwrite
     request = {"cpu_smoke": a.cpu_smoke, "budget": a.budget, "all_cells": a.all_cells, "stages": a.stages}
-    key = common.request_key("gpu_check", request)
-    try:                                                   # a dry run writes nothing: no --out to check
-        if not a.dry_run:
-            common.check_new(a.out, a.overwrite, "--out", TOOL, key)
-            os.makedirs(os.path.dirname(OUT), exist_ok=True)
-    except (ValueError, OSError) as err:
-        common.fail(TOOL, err)
     # The plan: each stage asked for, in order, whose estimate fits the budget left by the ones planned before it
     est = {n: v[2] if a.cpu_smoke else v[1] or 10 + CELL_S * len(CELLS) for n, v in STAGES.items()}
     keep = []
@@ -323,8 +312,15 @@ def main(argv=None) -> int:
     rec, t0 = {"request": request, "plan": {"estimates_s": est, "dropped": dropped}, "stages": {}}, time.monotonic()
     print(f"gpu-check: {len(STAGES)} stages, ~{sum(est[n] for n in keep)} s estimated, --budget {a.budget:g} s; "
           "dropped: " + (", ".join(f"{n} {STAGES[n][0]} (~{est[n]} s)" for n in dropped) or "none"), flush=True)
-    if a.dry_run:
+    if a.dry_run:                                          # a dry run writes nothing: no --out to check
         return 0
+    # Ownership: the JSON is absent, or this tool's for this same request (its written_by says so), or --overwrite
+    key = common.request_key("gpu_check", request)
+    try:
+        common.check_new(a.out, a.overwrite, "--out", TOOL, key)
+        os.makedirs(os.path.dirname(OUT), exist_ok=True)
+    except (ValueError, OSError) as err:
+        common.fail(TOOL, err)
     if a.cpu_smoke:                                        # tiny models: one thread each is faster on a shared CPU
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     child = ["--out", OUT] + ["--cpu-smoke"] * a.cpu_smoke + ["--all-cells"] * a.all_cells

@@ -63,10 +63,9 @@ def main(argv=None):
         opt.zero_grad(set_to_none=True)
 
     train_step()                                                # warm-up: optimizer state is created here
+    whole_all, whole_top = count(train_step)                    # fwd + bwd + step + zero_grad
     model(x[:, :-1], x[:, 1:]).backward()
     step_all, step_top = count(opt.step)                        # the optimizer step alone
-    opt.zero_grad(set_to_none=True)
-    whole_all, whole_top = count(train_step)                    # fwd + bwd + step + zero_grad
     print(f"op count | {optim.__file__} | s={a.scale} r={a.n_loops} d={cfg.d_model} layout "
           f"{'-'.join(map(str, cfg.partition))}, {len(groups['matrix'])} MuonH matrices, "
           f"{sum(len(v) for k, v in groups.items() if k != 'matrix')} AdamW tensors | CPU "
