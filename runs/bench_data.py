@@ -31,9 +31,9 @@ def generate_corpus(path, mb, seed=0):
     rng = np.random.default_rng(seed)
     syl = np.array(["th", "e", "an", "ing", "or", "st", "re", "ou", "al", "er", "ch", "ea", "in", "to", "ly", "qu"])
     words = ["".join(rng.choice(syl, rng.integers(1, 5))) for _ in range(5000)]
-    # (10,000,) words per sentence; np.split cuts one flat draw of word ids into the sentences
-    n_words = rng.integers(4, 16, size=10_000)
-    sentences = np.split(rng.integers(0, len(words), size=int(n_words.sum())), np.cumsum(n_words)[:-1])
+    # sizes -> one flat draw of sum(sizes) ids below n, cut by np.split into groups of those sizes (drawn in that order)
+    draw = lambda sizes, n: np.split(rng.integers(0, n, size=int(sizes.sum())), np.cumsum(sizes)[:-1])  # noqa: E731
+    sentences = draw(rng.integers(4, 16, size=10_000), len(words))          # 4-15 words per sentence
     pool = [" ".join(words[i] for i in s.tolist()).capitalize() + "." for s in sentences]
 
     def write(tmp):
@@ -41,9 +41,8 @@ def generate_corpus(path, mb, seed=0):
         only: json.dumps escapes anything else, so a character is a byte)."""
         with open(tmp, "wb") as f:
             while f.tell() < int(mb * 1e6):
-                # (64,) sentences per document, then each document's sentence ids
-                n_sent = (rng.lognormal(3.2, 1.0, size=64) + 1).astype(int)
-                docs = np.split(rng.integers(0, len(pool), size=int(n_sent.sum())), np.cumsum(n_sent)[:-1])
+                # 64 documents of log-normal sentence counts, then each document's sentence ids
+                docs = draw((rng.lognormal(3.2, 1.0, size=64) + 1).astype(int), len(pool))
                 f.write("".join(json.dumps({"text": " ".join(pool[j] for j in d)}) + "\n" for d in docs).encode())
     common.atomic_write(path, write)
     return os.path.getsize(path)

@@ -22,8 +22,7 @@ def bench(seed=0, restarts=fit.RESTARTS, n_boot=fit.N_BOOT):
           f"refits, frontier: {t_full:.1f} s")
     # the same fit twice: batched screen + polish, then one scipy L-BFGS-B per start at the same tight tolerances
     # (looser ones are faster but stop early, fitting.md §4.2); same starts, so the best objectives must agree
-    prob = fit.make_problem(runs)
-    fast, naive = fit.fit_law(prob, restarts, seed), fit.fit_law(prob, restarts, seed, engine="scipy")
+    fast, naive = (fit.fit_law(fit.make_problem(runs), restarts, seed, engine=e) for e in ("batched", "scipy"))
     t_fast, t_naive, rel = fast["seconds"], naive["seconds"], abs(fast["huber"] - naive["huber"]) / naive["huber"]
     print(f"one joint fit ({restarts} starts): batched {t_fast:.2f} s, naive scipy {t_naive:.2f} s, speed-up "
           f"{t_naive / t_fast:.1f}x; best objective {fast['huber']:.10e} vs {naive['huber']:.10e} (rel {rel:.1e})")

@@ -48,13 +48,12 @@ import common                                                  # noqa: E402, I10
 from train import git_info, peak_flops, release_device_batch
 from model import LoopedGPT, ModelConfig, attend, attention_summary, resolve_attention
 
-TOOL = "runs/gpu_check.py"
 # stage -> (name, estimated seconds on one H200, on a 2-core CPU with --cpu-smoke). Measured on 2026-12-04 (stage 1:
 # 5 s, 2: 12 s, 3: 72 s for two of its three cells, 4: 369 s for six cells); 5 and 6 are two compiles each, side by
 # side or warm from stage 4. Stage 4 is 10 s + CELL_S per cell.
 STAGES = {1: ("environment", 10, 5), 2: ("attention", 20, 5), 3: ("memory", 100, 6), 4: ("throughput", None, 6),
           5: ("ddp", 100, 15), 6: ("compile", 40, 10)}
-CELL_S, DEFAULT_CELLS, ALL_CELLS = 65, ("s10_r4", "s6_r4"), tuple(f"s{s}_r{r}" for s in (10, 6) for r in (1, 4, 8))
+CELL_S, DEFAULT_CELLS, ALL_CELLS = 65, ((10, 4), (6, 4)), tuple((s, r) for s in (10, 6) for r in (1, 4, 8))   # (s, r)
 # main sets these: stage 4's cells (--all-cells), --out, and in a stage or rank process its scratch folder
 CELLS, OUT, SCRATCH = DEFAULT_CELLS, None, None
 SMOKE = dict(aspect_ratio=16, head_dim=16, n_layers_prelude=0, n_layers_coda=0, vocab_size=256, seq_len=64)
@@ -153,13 +152,12 @@ def stage_throughput(smoke, device, bf16, compiler, attn) -> dict:
     cell of CELLS (s = 10, the App. C.2 reference; s = 6, the grid's smallest width). Compile seconds: first_step_s
     - step_s."""
     res = {}
-    for cell in CELLS:
-        s, r = (int(x[1:]) for x in cell.split("_"))
+    for s, r in CELLS:
         rows = release_rows(s, smoke)                        # 128 rows of 2048 = B; accumulation makes up the rest
         # The optimizer steps once per 128 / rows micro-batches, so its share here is the one a grid run pays
         rec = train_bench(cfg_for(smoke, s, r), device, rows, 3, (4 if smoke else 128) // rows, bf16,
                           None if smoke else compiler, attn)[0]           # smoke: eager (5 and 6 compile)
-        res[cell] = {k: v for k, v in rec.items() if k not in ("losses", "device", "steps")}
+        res[f"s{s}_r{r}"] = {k: v for k, v in rec.items() if k not in ("losses", "device", "steps")}
     return res
 
 
@@ -278,7 +276,7 @@ def main(argv=None) -> int:
     """The CLI, and the entry of the stage and rank processes (hidden flags). The parent checks every flag, prints
     the plan, checks --out, then runs the stages in order; exit 1 if one failed or timed out."""
     global OUT, CELLS, SCRATCH
-    p = common.Parser(prog=TOOL, description="staged device check (issue 19 §5)")
+    p = common.Parser(prog="runs/gpu_check.py", description="staged device check (issue 19 §5)")
     p.add_argument("--cpu-smoke", action="store_true", help="every stage on CPU with tiny sizes (CI)")
     p.add_argument("--budget", type=common.number(float, "(0, 1e6)"), default=480.0, help="seconds for all stages")
     p.add_argument("--all-cells", action="store_true", help="stage 4 measures r = 1, 4, 8 at s = 10 and 6")
@@ -317,10 +315,10 @@ def main(argv=None) -> int:
     # Ownership: the JSON is absent, or this tool's for this same request (its written_by says so), or --overwrite
     key = common.request_key("gpu_check", request)
     try:
-        common.check_new(a.out, a.overwrite, "--out", TOOL, key)
+        common.check_new(a.out, a.overwrite, "--out", p.prog, key)
         os.makedirs(os.path.dirname(OUT), exist_ok=True)
     except (ValueError, OSError) as err:
-        common.fail(TOOL, err)
+        common.fail(p.prog, err)
     if a.cpu_smoke:                                        # tiny models: one thread each is faster on a shared CPU
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     child = ["--out", OUT] + ["--cpu-smoke"] * a.cpu_smoke + ["--all-cells"] * a.all_cells
@@ -333,7 +331,7 @@ def main(argv=None) -> int:
         else:
             # a stage may overrun its estimate (3x + 60 s) but never the budget: the timeout is what is left at most
             entry.update(run_child(n, child, timeout=min(left, 3 * est[n] + 60)))
-        common.write_json(a.out, rec, TOOL, key)           # after every stage: a kill keeps what is done
+        common.write_json(a.out, rec, p.prog, key)           # after every stage: a kill keeps what is done
         print(f"gpu-check [{time.monotonic() - t0:5.0f}s] stage {n} {name}: {entry['status']} "
               f"{json.dumps(entry.get('result', entry.get('reason', entry.get('error'))))[:600]}", flush=True)
     print(f"gpu-check: wrote {a.out}", flush=True)
