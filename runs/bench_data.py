@@ -14,7 +14,7 @@ Usage: python runs/bench_data.py [--mb 16] [--seq-len 2048] [--workers 0] [--out
 request) and writes the figures to DIR/bench_data.json (atomically); without it a temporary folder
 is used and removed.
 """
-import json, os, resource, subprocess, sys, tempfile, time
+import contextlib, json, os, resource, subprocess, sys, tempfile, time
 
 # numpy for the corpus generator's seeded draws (it is data.py's dependency anyway)
 import numpy as np
@@ -116,8 +116,8 @@ def main(argv=None):
         # request, else refused unless --overwrite; everything in it, bench_data.json included, is then ours
         if a.out:
             common.claim(a.out, "bench_data", request, a.overwrite)
-        with tempfile.TemporaryDirectory(prefix="nanoloop-bench-data-") as tmp:      # without --out: removed after
-            work = a.out or tmp
+        # without --out: a temporary folder, removed after
+        with contextlib.nullcontext(a.out) if a.out else tempfile.TemporaryDirectory(prefix="nanoloop-bench-") as work:
             # the pack part's 1,024-piece BPE, trained on the default corpus unless --out already holds it
             texts, path = data.read_source("default")[0], os.path.join(work, "tokenizer.model")
             tok = data.load_tokenizer(path) if os.path.isfile(path) else data.train_tokenizer(texts, 1024, path)

@@ -15,8 +15,7 @@ import os, random, sys, time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repository's flat files
 import torch  # noqa: E402
 
-import common  # noqa: E402
-import eval as E  # noqa: E402
+import common, eval as E  # noqa: E402
 
 
 def bench_scorer(model, examples, *, batch_tokens=8192, n_loops=None, pad_id=0, repeats=2) -> dict:

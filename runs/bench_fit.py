@@ -8,8 +8,7 @@ Not here: the fits themselves (fit.py); this file only times them.
 import os, sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repository's flat files
-import common  # noqa: E402
-import fit  # noqa: E402  (sets one BLAS thread before numpy loads)
+import common, fit  # noqa: E402  (fit sets one BLAS thread before numpy loads)
 
 
 def bench(seed=0, restarts=fit.RESTARTS, n_boot=fit.N_BOOT):

@@ -105,7 +105,7 @@ def train_bench(cfg, device, device_batch, steps, accum=1, bf16=False, compile_b
     peak, key = train.peak_flops(name)
     return dict(device=name, scale=cfg.scale, d_model=cfg.d_model, n_loops=cfg.n_loops, n_loops_bwd=cfg.n_loops_bwd,
                 device_batch=device_batch, accum=accum, world=world, precision="bf16" if bf16 else "fp32", attn=attn,
-                compile=compile_backend or False, mode=mode, sdpa=sdpa and KERNELS[sdpa].name, steps=steps,
+                compile=compile_backend or False, mode=mode, sdpa=sdpa and train.SDPA_BACKENDS[sdpa].name, steps=steps,
                 first_step_s=times[0][0], step_s=step_s, optim_share=opt_s / step_s, tok_per_s=rows * T / step_s,
                 flops_per_token=F, peak_key=key, mfu=F * rows * T / step_s / (world * peak) if peak else None,
                 losses=(per_step / world).tolist(), **peak_memory(device)), model, opt
@@ -115,7 +115,7 @@ def train_bench(cfg, device, device_batch, steps, accum=1, bf16=False, compile_b
 # The small-width levers (issue 25 item 4), applied where the step is built: no trainer flag needed
 
 MODES = ("reduce-overhead", "max-autotune-no-cudagraphs")                 # torch.compile modes; default: None
-KERNELS = train.SDPA_BACKENDS                                 # the SDPA kernels by name, as train.py's --sdpa-backend
+# (the SDPA kernels by name are train.SDPA_BACKENDS, as train.py's --sdpa-backend takes them)
 
 
 def lever(text) -> dict:
@@ -124,10 +124,10 @@ def lever(text) -> dict:
     for part in text.split("+"):
         if part.startswith("rows") and part[4:].isdigit() and int(part[4:]) > 0:
             out["rows"] = int(part[4:])
-        elif part in MODES or part in KERNELS:
+        elif part in MODES or part in train.SDPA_BACKENDS:
             out["mode" if part in MODES else "sdpa"] = part
         elif part != "base":
-            raise ValueError(f"unknown lever {part!r}: base, rowsN, {', '.join(KERNELS)}, {', '.join(MODES)}")
+            raise ValueError(f"unknown lever {part!r}: base, rowsN, {', '.join([*train.SDPA_BACKENDS, *MODES])}")
     return out
 
 
