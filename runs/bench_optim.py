@@ -43,9 +43,8 @@ def bench(d_model=640, n_loops=1, steps=3, seed=0):
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)                    # this rank's CPU time: robust on a shared machine
     # Mean and min wall seconds (min: the least disturbed step on a shared machine), and this rank's CPU seconds
-    return {"n_matrices": len(params), "n_blocks": n_blocks, "seconds_per_step": sum(times) / len(times),
-            "cpu_seconds_per_step": sum(cpu) / len(cpu), "min_seconds": min(times), "threads": torch.get_num_threads(),
-            "world": opt.world, "rank": opt.rank}
+    return dict(n_matrices=len(params), n_blocks=n_blocks, seconds_per_step=sum(times) / steps, min_seconds=min(times),
+                cpu_seconds_per_step=sum(cpu) / steps, threads=torch.get_num_threads(), world=opt.world, rank=opt.rank)
 
 
 def main(argv=None):
