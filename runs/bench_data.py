@@ -14,21 +14,14 @@ Usage: python runs/bench_data.py [--mb 16] [--seq-len 2048] [--workers 0] [--out
 request) and writes the figures to DIR/bench_data.json (atomically); without it a temporary folder
 is used and removed.
 """
-import json
-import os
-import resource
-import subprocess
-import sys
-import tempfile
-import time
+import contextlib, json, os, resource, subprocess, sys, tempfile, time
 
 # numpy for the corpus generator's seeded draws (it is data.py's dependency anyway)
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)                                           # the project is flat top-level files
-import common  # noqa: E402
-import data  # noqa: E402
+import common, data  # noqa: E402
 
 
 def generate_corpus(path, mb, seed=0):
@@ -38,9 +31,9 @@ def generate_corpus(path, mb, seed=0):
     rng = np.random.default_rng(seed)
     syl = np.array(["th", "e", "an", "ing", "or", "st", "re", "ou", "al", "er", "ch", "ea", "in", "to", "ly", "qu"])
     words = ["".join(rng.choice(syl, rng.integers(1, 5))) for _ in range(5000)]
-    # (10,000,) words per sentence; np.split cuts one flat draw of word ids into the sentences
-    n_words = rng.integers(4, 16, size=10_000)
-    sentences = np.split(rng.integers(0, len(words), size=int(n_words.sum())), np.cumsum(n_words)[:-1])
+    # sizes -> one flat draw of sum(sizes) ids below n, cut by np.split into groups of those sizes (drawn in that order)
+    draw = lambda sizes, n: np.split(rng.integers(0, n, size=int(sizes.sum())), np.cumsum(sizes)[:-1])  # noqa: E731
+    sentences = draw(rng.integers(4, 16, size=10_000), len(words))          # 4-15 words per sentence
     pool = [" ".join(words[i] for i in s.tolist()).capitalize() + "." for s in sentences]
 
     def write(tmp):
@@ -48,9 +41,8 @@ def generate_corpus(path, mb, seed=0):
         only: json.dumps escapes anything else, so a character is a byte)."""
         with open(tmp, "wb") as f:
             while f.tell() < int(mb * 1e6):
-                # (64,) sentences per document, then each document's sentence ids
-                n_sent = (rng.lognormal(3.2, 1.0, size=64) + 1).astype(int)
-                docs = np.split(rng.integers(0, len(pool), size=int(n_sent.sum())), np.cumsum(n_sent)[:-1])
+                # 64 documents of log-normal sentence counts, then each document's sentence ids
+                docs = draw((rng.lognormal(3.2, 1.0, size=64) + 1).astype(int), len(pool))
                 f.write("".join(json.dumps({"text": " ".join(pool[j] for j in d)}) + "\n" for d in docs).encode())
     common.atomic_write(path, write)
     return os.path.getsize(path)
@@ -113,25 +105,23 @@ def main(argv=None):
     p = common.Parser(prog="runs/bench_data.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--mb", type=common.number(float, "(0, 1e6)"), default=16.0, help="corpus MB (issue 13: 1000)")
     p.add_argument("--seq-len", type=common.number(int, "[1, 131072]"), default=2048, help="rows of the stream part")
-    p.add_argument("--pack-seq-len", type=common.number(int, "[1, 131072]"), default=128, help="rows of part 1")
     p.add_argument("--workers", type=common.number(int, "[0, 256]"), default=0)
     p.add_argument("--out", help="keep the corpus and tokenizers here and write bench_data.json")
     p.add_argument("--overwrite", action="store_true", help="adopt an --out that holds other files")
     a = p.parse_args(argv)
     # what this invocation asks for: the same request resumes its own --out folder (corpus and tokenizers reused)
-    request = dict(mb=a.mb, seq_len=a.seq_len, pack_seq_len=a.pack_seq_len, workers=a.workers)
+    request = dict(mb=a.mb, seq_len=a.seq_len, pack_seq_len=128, workers=a.workers)   # part 1: 128-token rows
     try:
         # --out is this script's whole (common.claim): adopted if new or empty, resumed if its marker names this
         # request, else refused unless --overwrite; everything in it, bench_data.json included, is then ours
         if a.out:
             common.claim(a.out, "bench_data", request, a.overwrite)
-        with tempfile.TemporaryDirectory(prefix="nanoloop-bench-data-") as tmp:      # without --out: removed after
-            work = a.out or tmp
+        # without --out: a temporary folder, removed after
+        with contextlib.nullcontext(a.out) if a.out else tempfile.TemporaryDirectory(prefix="nanoloop-bench-") as work:
             # the pack part's 1,024-piece BPE, trained on the default corpus unless --out already holds it
-            texts, tok_path = data.read_source("default")[0], os.path.join(work, "tokenizer.model")
-            tok = data.load_tokenizer(tok_path) if os.path.isfile(tok_path) else data.train_tokenizer(texts, 1024,
-                                                                                                      tok_path)
-            figures = dict(request, pack=pack_bench(tok, texts, a.pack_seq_len),
+            texts, path = data.read_source("default")[0], os.path.join(work, "tokenizer.model")
+            tok = data.load_tokenizer(path) if os.path.isfile(path) else data.train_tokenizer(texts, 1024, path)
+            figures = dict(request, pack=pack_bench(tok, texts, request["pack_seq_len"]),
                            stream=stream_bench(work, a.mb, a.seq_len, a.workers))
         if a.out:
             common.atomic_write(os.path.join(a.out, "bench_data.json"), json.dumps(figures, indent=2) + "\n")

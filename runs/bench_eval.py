@@ -10,16 +10,12 @@ and the first --n-examples items of --task).
 Usage: python runs/bench_eval.py [--equal-length 64] [--checkpoint RUN [--task induction_head --task-dir DIR]]
        [--out FILE.json [--overwrite]]      (FILE: replaced only if this request wrote it)
 """
-import os
-import random
-import sys
-import time
+import os, random, sys, time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repository's flat files
 import torch  # noqa: E402
 
-import common  # noqa: E402
-import eval as E  # noqa: E402
+import common, eval as E  # noqa: E402
 
 
 def bench_scorer(model, examples, *, batch_tokens=8192, n_loops=None, pad_id=0, repeats=2) -> dict:
@@ -66,9 +62,8 @@ def _random_model(a):
         "scale", "aspect_ratio", "head_dim", "n_loops", "n_layers_eff", "vocab_size", "seq_len")})
     # parameters from eval.model_bytes (device bytes / 4, the RoPE tables included): too large a model is refused
     # before allocating, not an out-of-memory crash
-    n_params = E.model_bytes(cfg)[1] / 4
-    if n_params > 1e9:
-        raise ValueError(f"a bench model of ~{n_params / 1e9:.1f}B parameters is too large; lower --scale")
+    if E.model_bytes(cfg)[1] > 4e9:
+        raise ValueError(f"a bench model of ~{E.model_bytes(cfg)[1] / 4e9:.1f}B parameters is too large; lower --scale")
     device = common.init_dist()[2]
     model = E.LoopedGPT(cfg).to(device).eval()
     print(f"bench model: d_model {cfg.d_model}, r {cfg.n_loops}, l_eff {cfg.n_layers_eff}, vocab {cfg.vocab_size}, "
@@ -95,23 +90,21 @@ def _trained_model(a):
 def main(argv=None):
     """The figures, printed and returned; with --out also written as json. Bad input: one line, exit 2."""
     p = common.Parser(prog="runs/bench_eval.py", description=__doc__.split("\n\n")[1])
-    add = p.add_argument
     # the random model's shape (defaults: a CPU mini-study model, d = 64, r = 4, l_eff = 10; its prompts are 1/4 .. 1
     # x --seq-len tokens), the examples scored and the batched scorer's width
-    for flag, interval, default in (("--scale", "[1, inf)", 1), ("--aspect-ratio", "[1, inf)", 64),
-                                    ("--head-dim", "[1, inf)", 32), ("--n-loops", "[1, 1024]", 4),
-                                    ("--n-layers-eff", "[1, inf)", 10), ("--vocab-size", "[8, inf)", 2048),
-                                    ("--seq-len", "[8, 65536]", 128), ("--n-examples", "[8, inf)", 256),
-                                    ("--batch-tokens", "[8, inf)", 8192)):
-        add(flag, type=common.number(int, interval), default=default)
-    add("--equal-length", type=common.number(int, "[0, inf)"), default=0, help="every prompt this many tokens "
-        "(batching's best case, the issue-6 target: >= 3x); 0 = mixed lengths 1/4 .. 1 x seq_len")
-    add("--checkpoint", help="a trained run instead of a random model (eval.load_checkpoint)")
-    add("--tokenizer", help="with --checkpoint: tokenizer spec (default: the run's data's)")
-    add("--task", default="induction_head", choices=sorted(E.TASKS), help="with --checkpoint: the task scored")
-    add("--task-dir", help="with --checkpoint: the task files' root")
-    add("--out", help="also write the figures to this json file")
-    add("--overwrite", action="store_true", help="let --out replace a file this script did not write")
+    for flag, interval, default in (
+            ("--scale", "[1, inf)", 1), ("--aspect-ratio", "[1, inf)", 64), ("--head-dim", "[1, inf)", 32),
+            ("--n-loops", "[1, 1024]", 4), ("--n-layers-eff", "[1, inf)", 10), ("--vocab-size", "[8, inf)", 2048),
+            ("--seq-len", "[8, 65536]", 128), ("--n-examples", "[8, inf)", 256), ("--batch-tokens", "[8, inf)", 8192)):
+        p.add_argument(flag, type=common.number(int, interval), default=default)
+    # one length for every prompt: batching's best case, the issue-6 target (>= 3x); 0 = mixed lengths 1/4 .. 1 x T
+    p.add_argument("--equal-length", type=common.number(int, "[0, inf)"), default=0, help="one length (0: mixed)")
+    p.add_argument("--checkpoint", help="a trained run instead of a random model (eval.load_checkpoint)")
+    p.add_argument("--tokenizer", help="with --checkpoint: tokenizer spec (default: the run's data's)")
+    p.add_argument("--task", default="induction_head", choices=sorted(E.TASKS), help="with --checkpoint: the task")
+    p.add_argument("--task-dir", help="with --checkpoint: the task files' root")
+    p.add_argument("--out", help="also write the figures to this json file")
+    p.add_argument("--overwrite", action="store_true", help="let --out replace a file this script did not write")
     a = p.parse_args(argv)
     if a.equal_length > a.seq_len:
         p.error(f"argument --equal-length: must be <= --seq-len ({a.seq_len}), got {a.equal_length}")

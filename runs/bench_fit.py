@@ -5,12 +5,10 @@ start, at the same starts and tolerances -- and the naive full protocol extrapol
 Run:  python runs/bench_fit.py [--seed 0 --restarts 500 --bootstrap 200]
 Not here: the fits themselves (fit.py); this file only times them.
 """
-import os
-import sys
+import os, sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repository's flat files
-import common  # noqa: E402
-import fit  # noqa: E402  (sets one BLAS thread before numpy loads)
+import common, fit  # noqa: E402  (fit sets one BLAS thread before numpy loads)
 
 
 def bench(seed=0, restarts=fit.RESTARTS, n_boot=fit.N_BOOT):
@@ -23,8 +21,7 @@ def bench(seed=0, restarts=fit.RESTARTS, n_boot=fit.N_BOOT):
           f"refits, frontier: {t_full:.1f} s")
     # the same fit twice: batched screen + polish, then one scipy L-BFGS-B per start at the same tight tolerances
     # (looser ones are faster but stop early, fitting.md §4.2); same starts, so the best objectives must agree
-    prob = fit.make_problem(runs)
-    fast, naive = fit.fit_law(prob, restarts, seed), fit.fit_law(prob, restarts, seed, engine="scipy")
+    fast, naive = (fit.fit_law(fit.make_problem(runs), restarts, seed, engine=e) for e in ("batched", "scipy"))
     t_fast, t_naive, rel = fast["seconds"], naive["seconds"], abs(fast["huber"] - naive["huber"]) / naive["huber"]
     print(f"one joint fit ({restarts} starts): batched {t_fast:.2f} s, naive scipy {t_naive:.2f} s, speed-up "
           f"{t_naive / t_fast:.1f}x; best objective {fast['huber']:.10e} vs {naive['huber']:.10e} (rel {rel:.1e})")

@@ -7,24 +7,20 @@ all-gathers the rest; the time includes that).
 Run:  python runs/bench_optim.py [--scale 10] [--n-loops 1] [--bench-steps 3]
       torchrun --standalone --nproc_per_node=2 runs/bench_optim.py --scale 4
 """
-import os
-import sys
-import time
+import os, sys, time
 
 import torch
 import torch.distributed as dist
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repo root, after PYTHONPATH
-from common import Parser, number  # noqa: E402
-from flops import layout  # noqa: E402
-from optim import MUONH_LR, MuonHAdamW  # noqa: E402
+import common, flops, optim  # noqa: E402
 
 
 def bench(d_model=640, n_loops=1, steps=3, seed=0):
     """Seconds per MuonH step (CPU, fp32) for every matrix of one model: 6 shapes per block, plus W_inject if r > 1.
 
     Under an initialised process group (torchrun) every rank draws the same gradients (what DDP leaves behind)."""
-    n_blocks, d = sum(layout(n_loops)), d_model                # 0-20-0, or 2-(16/r)-2 unique blocks (§3.1)
+    n_blocks, d = sum(flops.layout(n_loops)), d_model                # 0-20-0, or 2-(16/r)-2 unique blocks (§3.1)
     # The block's matrices as model.py holds them (out, in): one stack of 4 K per (d, d) shape after grouping (c_q,
     # c_k, c_v, attn.c_proj; then mlp.c_fc, mlp.c_proj). Looped models (r > 1) add the single W_inject (d, 2 d): a
     # stack of K = 1, which sharding cannot split
@@ -35,7 +31,7 @@ def bench(d_model=640, n_loops=1, steps=3, seed=0):
     for p in params:
         p.grad = torch.randn(p.shape, generator=gen)
     # One MuonH group, as build_optimizer makes it; sharded over the ranks when a process group is up
-    opt = MuonHAdamW([dict(kind="muonh", name="matrix", params=params, lr=MUONH_LR)])
+    opt = optim.MuonHAdamW([dict(kind="muonh", name="matrix", params=params, lr=optim.MUONH_LR)])
     opt.step()                                                  # warm-up: caches R, allocates momenta
     # Timed steps: the gradients stay as they are (the step does not consume them), so every step does the same work
     times, cpu = [], []
@@ -47,20 +43,18 @@ def bench(d_model=640, n_loops=1, steps=3, seed=0):
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)                    # this rank's CPU time: robust on a shared machine
     # Mean and min wall seconds (min: the least disturbed step on a shared machine), and this rank's CPU seconds
-    return {"n_matrices": len(params), "n_blocks": n_blocks, "seconds_per_step": sum(times) / len(times),
-            "cpu_seconds_per_step": sum(cpu) / len(cpu), "min_seconds": min(times), "threads": torch.get_num_threads(),
-            "world": opt.world, "rank": opt.rank}
+    return dict(n_matrices=len(params), n_blocks=n_blocks, seconds_per_step=sum(times) / steps, min_seconds=min(times),
+                cpu_seconds_per_step=sum(cpu) / steps, threads=torch.get_num_threads(), world=opt.world, rank=opt.rank)
 
 
 def main(argv=None):
     """CLI: parse (one-line errors, exit 2), join the gloo group under torchrun, time, print one line on rank 0."""
-    p = Parser(prog="runs/bench_optim.py", description="MuonH step time over an s-scale model's matrices (CPU).")
-    p.add_argument("--scale", type=number(int, "(0, inf)"), default=10, help="width scale s (d = aspect x s)")
-    p.add_argument("--aspect-ratio", type=number(int, "(0, inf)"), default=64, help="d_model per unit of scale")
-    p.add_argument("--n-loops", type=number(int), choices=(1, 2, 4, 8, 16), default=1, help="r (must divide 16)")
-    p.add_argument("--bench-steps", type=number(int, "(0, inf)"), default=3, help="timed steps after one warm-up")
+    p = common.Parser(prog="runs/bench_optim.py", description="MuonH step time over an s-scale model's matrices (CPU).")
+    p.add_argument("--scale", type=common.number(int, "(0, inf)"), default=10, help="width scale s (d_model = 64 s)")
+    p.add_argument("--n-loops", type=common.number(int), choices=(1, 2, 4, 8, 16), default=1, help="r (must divide 16)")
+    p.add_argument("--bench-steps", type=common.number(int, "(0, inf)"), default=3, help="timed steps after a warm-up")
     a = p.parse_args(argv)
-    d = a.aspect_ratio * a.scale                               # d_model, as model.py computes it (§3.1)
+    d = flops.ASPECT_RATIO * a.scale                           # d_model = 64 s, as model.py computes it (§3.1)
     # torchrun sets WORLD_SIZE: sharded MuonH over gloo CPU ranks, because this is a CPU benchmark (runs/bench.sh §2b)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         dist.init_process_group("gloo")

@@ -14,7 +14,7 @@ Levers (issue 25 item 4: why s = 6 runs at 36 % MFU, s = 10 at 45 %): --levers L
 lever, each applied where the step is built, so no trainer flag is needed, and writes --out DIR/sS_rR_L.json:
     base                        the step as the flags give it (the grid's: --device-batch 32 --accum 4, B = 262,144)
     rowsN                       N rows per micro-batch, accumulation keeping the step's rows (fewer, larger kernels)
-    cudnn | flash | efficient | math    that SDPA kernel forced (torch.nn.attention.sdpa_kernel; cuDNN on Hopper)
+    cudnn | flash | efficient | math    that SDPA kernel forced (model.set_attention's sdpa; cuDNN on Hopper)
     reduce-overhead             torch.compile with CUDA graphs (the per-kernel launch cost gone)
     max-autotune-no-cudagraphs  autotuned GEMM and reduction configs (a compile of minutes)
     a+b+...                     together, e.g. rows64+cudnn+reduce-overhead
@@ -27,19 +27,12 @@ MFU = F_train (flops.py: the budget's FLOPs per token) x tok/s / (world x peak).
 figure matched by device name (train.py's PEAK_FLOPS, as a run prints it); any other device (a CPU included) gets
 MFU n/a with the reason, never a guessed figure.
 """
-import contextlib
-import dataclasses
-import os
-import resource
-import sys
-import time
+import dataclasses, os, resource, sys, time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the flat top-level modules
 import torch                                                                          # noqa: E402
 
-import common                                                                         # noqa: E402
-import flops                                                                          # noqa: E402
-import train                                                                          # noqa: E402
+import common, flops, train                                                           # noqa: E402
 from model import LoopedGPT, ModelConfig, resolve_attention                           # noqa: E402
 from optim import build_optimizer, hyperp_lrs                                         # noqa: E402
 
@@ -67,13 +60,15 @@ def train_bench(cfg, device, device_batch, steps, accum=1, bf16=False, compile_b
     batch drawn from `seed`, so 1 rank at world x device_batch rows computes the same steps as `world` ranks. Several
     ranks: the process group is up and wrap(model) is the DDP module (compiled after wrapping, as train.py does;
     accum must then be 1: no no_sync here). The device is synchronised around the optimizer step to time it alone.
-    The levers (--levers): mode (torch.compile's: reduce-overhead = CUDA graphs), sdpa (an SDPBackend
-    forced around the steps: cuDNN, flash, ...), `warmup` untimed steps (CUDA graphs record on the second call)."""
+    The levers (--levers): mode (torch.compile's: reduce-overhead = CUDA graphs), sdpa (a kernel name of
+    train.SDPA_BACKENDS, forced in every attention call, which the compile traces), `warmup` untimed steps (CUDA
+    graphs record on the second call). Each call starts from a clean dynamo state: its own compiles."""
     peak_memory(device)                                          # reset: the figures below are this run's
+    torch._dynamo.reset()                                        # and its own compiles
     rows, T = device_batch * world * accum, cfg.seq_len          # global batch rows per optimizer step
     torch.manual_seed(seed)
     model = LoopedGPT(cfg).to(device)
-    model.set_attention(attn)
+    model.set_attention(attn, sdpa or "auto")                    # sdpa: that SDPA kernel forced (model.attend)
     model.wte.to(dtype=torch.bfloat16 if bf16 else torch.float32)
     opt = build_optimizer(model.param_groups(), hyperp_lrs(cfg.d_model, cfg.n_loops, 100 * rows * T, rows * T),
                           polar_bf16=bf16)
@@ -84,8 +79,6 @@ def train_bench(cfg, device, device_batch, steps, accum=1, bf16=False, compile_b
         p.grad = torch.zeros_like(p)
     net = wrap(model) if wrap else model
     net = torch.compile(net, backend=compile_backend, mode=mode) if compile_backend else net
-    # The SDPA kernel is chosen when the graph is traced: forcing it around every step fixes it for the compile too
-    kernel = (lambda: torch.nn.attention.sdpa_kernel(sdpa)) if sdpa is not None else contextlib.nullcontext
     clock = lambda: (device.type != "cuda" or torch.cuda.synchronize(device), time.perf_counter())[1]  # noqa: E731
     # Tokens are drawn on the host from one seeded generator, then moved: every rank (and a 1-rank run of the same
     # global batch) sees the same rows, and throughput does not depend on token values.
@@ -95,7 +88,7 @@ def train_bench(cfg, device, device_batch, steps, accum=1, bf16=False, compile_b
         t0 = clock()
         for micro in range(accum):                               # gradient accumulation over micro-batches
             torch.compiler.cudagraph_mark_step_begin()           # CUDA graphs: a new forward, not a re-entry
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16), kernel():
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                 loss = net(xy[micro, rank, :, :-1].to(device), xy[micro, rank, :, 1:].to(device))   # (,) mean CE
             (loss / accum).backward()                            # optimizer.md §5: divided by the accum steps
             losses.append(loss.detach().float() / accum)
@@ -112,7 +105,7 @@ def train_bench(cfg, device, device_batch, steps, accum=1, bf16=False, compile_b
     peak, key = train.peak_flops(name)
     return dict(device=name, scale=cfg.scale, d_model=cfg.d_model, n_loops=cfg.n_loops, n_loops_bwd=cfg.n_loops_bwd,
                 device_batch=device_batch, accum=accum, world=world, precision="bf16" if bf16 else "fp32", attn=attn,
-                compile=compile_backend or False, mode=mode, sdpa=sdpa and sdpa.name, steps=steps,
+                compile=compile_backend or False, mode=mode, sdpa=sdpa and train.SDPA_BACKENDS[sdpa].name, steps=steps,
                 first_step_s=times[0][0], step_s=step_s, optim_share=opt_s / step_s, tok_per_s=rows * T / step_s,
                 flops_per_token=F, peak_key=key, mfu=F * rows * T / step_s / (world * peak) if peak else None,
                 losses=(per_step / world).tolist(), **peak_memory(device)), model, opt
@@ -122,7 +115,7 @@ def train_bench(cfg, device, device_batch, steps, accum=1, bf16=False, compile_b
 # The small-width levers (issue 25 item 4), applied where the step is built: no trainer flag needed
 
 MODES = ("reduce-overhead", "max-autotune-no-cudagraphs")                 # torch.compile modes; default: None
-KERNELS = train.SDPA_BACKENDS                                 # the SDPA kernels by name, as train.py's --sdpa-backend
+# (the SDPA kernels by name are train.SDPA_BACKENDS, as train.py's --sdpa-backend takes them)
 
 
 def lever(text) -> dict:
@@ -131,10 +124,10 @@ def lever(text) -> dict:
     for part in text.split("+"):
         if part.startswith("rows") and part[4:].isdigit() and int(part[4:]) > 0:
             out["rows"] = int(part[4:])
-        elif part in MODES or part in KERNELS:
+        elif part in MODES or part in train.SDPA_BACKENDS:
             out["mode" if part in MODES else "sdpa"] = part
         elif part != "base":
-            raise ValueError(f"unknown lever {part!r}: base, rowsN, {', '.join(KERNELS)}, {', '.join(MODES)}")
+            raise ValueError(f"unknown lever {part!r}: base, rowsN, {', '.join([*train.SDPA_BACKENDS, *MODES])}")
     return out
 
 
@@ -147,8 +140,7 @@ def main(argv=None) -> dict:
     common.add_dataclass_flags(p, ModelConfig, {})             # every architecture field; ModelConfig checks them
     for name, default in (("device-batch", 8), ("steps", 5), ("accum", 1)):
         p.add_argument("--" + name, type=common.number(int, "[1, inf)"), default=default)
-    p.add_argument("--levers", nargs="+", help="cells: base, rowsN, cudnn | flash | efficient | math, "
-                   "reduce-overhead | max-autotune-no-cudagraphs, or a+b; --out is then a folder")
+    p.add_argument("--levers", nargs="+", help="cells: base, rowsN, an SDPA kernel, a compile mode, or a+b (above)")
     p.add_argument("--out", help="also write the figures here as JSON")
     p.add_argument("--overwrite", action="store_true", help="let --out replace a file this tool did not write")
     a = p.parse_args(argv)
@@ -170,21 +162,18 @@ def main(argv=None) -> dict:
         common.fail(p.prog, err)
     for name, c in cells.items():
         rows, tag = c["rows"] or a.device_batch, a.levers and name           # tag: None = the plain benchmark
-        torch._dynamo.reset()                                  # each cell's own compile, from a clean state
         try:
             r = train_bench(cfg, device, rows, a.steps, batch // rows, cuda, "inductor" if cuda else None,
                             resolve_attention("auto", device, cuda)[0], mode=c["mode"] if cuda else None,
-                            sdpa=KERNELS.get(c["sdpa"]), warmup=2 if a.levers else 1)[0]
+                            sdpa=c["sdpa"], warmup=2 if a.levers else 1)[0]
             r.update(lever=tag, compile_s=r["first_step_s"] - r["step_s"])
-        except Exception as err:                               # a lever's failure must not cost the next cells
-            if not a.levers:
-                raise
+        # A lever's failure must not cost the next cells; the plain benchmark (no --levers) lets any error through
+        except (Exception if a.levers else ()) as err:
             why = " ".join(f"{type(err).__name__}: {err}".split())          # one line; the reason is often last
             r = dict(scale=a.scale, n_loops=a.n_loops, lever=name, error=why[:300] + " ... " + why[-300:])
         print(line(r), flush=True)
         if a.out:                                              # --levers: one file per cell in the folder
-            path = os.path.join(a.out, f"s{a.scale}_r{a.n_loops}_{name}.json") if tag else a.out
-            common.write_json(path, r, "runs/bench_train.py", key)
+            common.write_json(f"{a.out}/s{a.scale}_r{a.n_loops}_{name}.json" if tag else a.out, r, p.prog, key)
     return r
 
 

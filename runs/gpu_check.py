@@ -37,17 +37,7 @@ What the figures answer, and what they do not:
 Each stage process gets a scratch folder beside --out, removed after it: its entry (written atomically; a stage
 that dies writes none), the stage-3 checkpoints, the 2-rank rendezvous and rank 0's figures.
 """
-import argparse
-import contextlib
-import ctypes
-import datetime
-import json
-import os
-import signal
-import subprocess
-import sys
-import tempfile
-import time
+import argparse, contextlib, ctypes, datetime, json, os, signal, subprocess, sys, tempfile, time
 
 import torch
 import torch.distributed as dist
@@ -58,13 +48,12 @@ import common                                                  # noqa: E402, I10
 from train import git_info, peak_flops, release_device_batch
 from model import LoopedGPT, ModelConfig, attend, attention_summary, resolve_attention
 
-TOOL = "runs/gpu_check.py"
 # stage -> (name, estimated seconds on one H200, on a 2-core CPU with --cpu-smoke). Measured on 2026-12-04 (stage 1:
 # 5 s, 2: 12 s, 3: 72 s for two of its three cells, 4: 369 s for six cells); 5 and 6 are two compiles each, side by
 # side or warm from stage 4. Stage 4 is 10 s + CELL_S per cell.
 STAGES = {1: ("environment", 10, 5), 2: ("attention", 20, 5), 3: ("memory", 100, 6), 4: ("throughput", None, 6),
           5: ("ddp", 100, 15), 6: ("compile", 40, 10)}
-CELL_S, DEFAULT_CELLS, ALL_CELLS = 65, ("s10_r4", "s6_r4"), tuple(f"s{s}_r{r}" for s in (10, 6) for r in (1, 4, 8))
+CELL_S, DEFAULT_CELLS, ALL_CELLS = 65, ((10, 4), (6, 4)), tuple((s, r) for s in (10, 6) for r in (1, 4, 8))   # (s, r)
 # main sets these: stage 4's cells (--all-cells), --out, and in a stage or rank process its scratch folder
 CELLS, OUT, SCRATCH = DEFAULT_CELLS, None, None
 SMOKE = dict(aspect_ratio=16, head_dim=16, n_layers_prelude=0, n_layers_coda=0, vocab_size=256, seq_len=64)
@@ -91,9 +80,8 @@ def setup(smoke) -> tuple:
     return device, not smoke, "aot_eager" if smoke else "inductor", resolve_attention("auto", device, not smoke)[0]
 
 
-def stage_environment(smoke) -> dict:
+def stage_environment(smoke, device, cuda, compiler, attn) -> dict:
     """What the figures below depend on, and what a run's start-up line will say about attention and MFU."""
-    device, cuda = setup(smoke)[0], not smoke
     # The attention backend as --attn auto resolves it for a bf16 run; the line is what train.py prints at start-up
     name, (backend, why) = torch.cuda.get_device_name() if cuda else "cpu", resolve_attention("auto", device, True)
     return dict(python=sys.version.split()[0], torch=torch.__version__, cuda=torch.version.cuda, device=name,
@@ -104,19 +92,17 @@ def stage_environment(smoke) -> dict:
                 git=git_info()["git_commit"])
 
 
-def stage_attention(smoke) -> dict:
+def stage_attention(smoke, device, bf16, compiler, backend) -> dict:
     """bf16 FA and SDPA against fp32 SDPA: max |diff| over the output and dq, dk, dv (loss sum(out^2)), beside the
     reference's own size; then one model's logits: full forward vs KV-cached decoding in three chunks (prefill, a
     chunk, one token), per backend, and FA vs SDPA vs fp32 on the full forward."""
-    device, *_, backend = setup(smoke)
     # s = 10 shapes (B = 4 rows of T = 2048, 5 heads of 128); fp32 masters, each backend casts its own copy
     base = [torch.randn((2, 64, 2, 16) if smoke else (4, 2048, 5, 128), device=device) for _ in range(3)]  # B T H D
 
     def fwd_bwd(kind, dtype):
-        qkv = [t.to(dtype).clone().requires_grad_() for t in base]      # fresh leaves: their own .grad
+        qkv = [t.to(dtype).clone().requires_grad_() for t in base]      # fresh leaves of this backend's graph
         out = attend(*qkv, backend=kind)
-        out.float().square().sum().backward()
-        return [out.float()] + [t.grad.float() for t in qkv]
+        return [out.float()] + [g.float() for g in torch.autograd.grad(out.float().square().sum(), qkv)]
     diff = lambda a, b: max((x - y).abs().max().item() for x, y in zip(a, b))   # noqa: E731
     ref, sdpa, fast = fwd_bwd("sdpa", torch.float32), fwd_bwd("sdpa", torch.bfloat16), fwd_bwd(backend, torch.bfloat16)
     res = dict(backend=backend, ref_max_abs=diff(ref, [0 * t for t in ref]), sdpa_bf16_vs_fp32=diff(sdpa, ref),
@@ -125,26 +111,24 @@ def stage_attention(smoke) -> dict:
     # causal alignment, SDPA's explicit mask), then one token; logits must match the full forward's.
     model, n, logits = LoopedGPT(cfg_for(smoke, 10, 4)).to(device), 48 if smoke else 480, []
     idx = torch.randint(0, model.cfg.vocab_size, (2, n), device=device)
-    for kind, bf16 in ((backend, True), ("sdpa", True), ("sdpa", False)):
+    for kind, half in ((backend, True), ("sdpa", True), ("sdpa", False)):
         model.set_attention(kind)
-        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=half):
             full, cache = model(idx), model.new_kv_cache(n)
             chunks = [model(idx[:, a:b], kv_cache=cache) for a, b in ((0, n // 2), (n // 2, n - 1), (n - 1, n))]
-        res[f"kv_chunked_vs_full_{kind}_{'bf16' if bf16 else 'fp32'}"] = diff([torch.cat(chunks, 1)], [full])
-        logits.append(full)
-    return dict(res, logits_fa_vs_sdpa_bf16=diff(logits[:1], logits[1:2]),
-                logits_bf16_vs_fp32=diff(logits[1:2], logits[2:]))
+        res[f"kv_chunked_vs_full_{kind}_{'bf16' if half else 'fp32'}"] = diff([torch.cat(chunks, 1)], [full])
+        logits.append([full])
+    return dict(res, logits_fa_vs_sdpa_bf16=diff(*logits[:2]), logits_bf16_vs_fp32=diff(*logits[1:]))
 
 
-def stage_memory(smoke) -> dict:
+def stage_memory(smoke, device, bf16, compiler, attn) -> dict:
     """Per cell: one warm-up + one timed step (the optimizer state exists from the first), an eval forward of the
-    same rows, then a checkpoint save in the scratch folder (deleted after). An OOM is recorded and the rows halved."""
-    device, bf16, _, attn = setup(smoke)
+    same rows, then a checkpoint save in the scratch folder (each cell's replaces the last; the folder is removed
+    after the stage). An OOM is recorded and the rows halved."""
     res = {"rule": "release: 32 rows, 16 at s >= 18, 8 at s >= 30", "mode": "eager" + ", bf16" * bf16}
     # The cells most likely not to fit 80 GB: r = 8 at s = 16 and 28 under full BPTT (8 x the recurrent activations),
     # and the widest model, s = 34 at r = 1 (most weights and optimizer state).
     for s, r in ((16, 8), (28, 8), (34, 1)):
-        torch._dynamo.reset()                 # each cell compiles from a clean state (MuonH's update per stack shape)
         cfg, rows, cell = cfg_for(smoke, s, r), release_rows(s, smoke), res.setdefault(f"s{s}_r{r}", {})
         while rows >= 1 and "save" not in cell:
             try:
@@ -155,7 +139,6 @@ def stage_memory(smoke) -> dict:
                 cell["eval"], t, path = peak_memory(device), time.time(), os.path.join(SCRATCH, "ckpt.pt")
                 torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path)
                 cell.update(save=peak_memory(device), save_s=time.time() - t, ckpt_bytes=os.path.getsize(path))
-                os.remove(path)
             except torch.cuda.OutOfMemoryError as err:     # record it, then try half the rows
                 # (gradient accumulation keeps the global batch, so the largest rows that fit is what a run needs)
                 cell.setdefault("oom", []).append({"device_batch": rows, "error": str(err).splitlines()[0]})
@@ -164,19 +147,17 @@ def stage_memory(smoke) -> dict:
     return res
 
 
-def stage_throughput(smoke) -> dict:
+def stage_throughput(smoke, device, bf16, compiler, attn) -> dict:
     """The trainer's path (compiled, bf16) at B = 262,144 tokens by accumulation; 3 timed steps after the first, per
     cell of CELLS (s = 10, the App. C.2 reference; s = 6, the grid's smallest width). Compile seconds: first_step_s
     - step_s."""
-    (device, bf16, backend, attn), res = setup(smoke), {}
-    for cell in CELLS:
-        s, r = (int(x[1:]) for x in cell.split("_"))
-        torch._dynamo.reset()                                # each cell compiles from a clean state
+    res = {}
+    for s, r in CELLS:
         rows = release_rows(s, smoke)                        # 128 rows of 2048 = B; accumulation makes up the rest
         # The optimizer steps once per 128 / rows micro-batches, so its share here is the one a grid run pays
         rec = train_bench(cfg_for(smoke, s, r), device, rows, 3, (4 if smoke else 128) // rows, bf16,
-                          None if smoke else backend, attn)[0]           # smoke: eager (5 and 6 compile)
-        res[cell] = {k: v for k, v in rec.items() if k not in ("losses", "device", "steps")}
+                          None if smoke else compiler, attn)[0]           # smoke: eager (5 and 6 compile)
+        res[f"s{s}_r{r}"] = {k: v for k, v in rec.items() if k not in ("losses", "device", "steps")}
     return res
 
 
@@ -215,23 +196,21 @@ def ddp_rank(rank, smoke) -> None:
     dist.all_reduce(spread, dist.ReduceOp.MAX)
     if rank == 0:
         # DDPOptimizer splits the compiled graph at bucket boundaries; each piece is one AOT-autograd compile
-        common.atomic_write(os.path.join(SCRATCH, "ddp.json"), json.dumps(dict(
-            rec, backend=backend, fallback=refusals, muonh_shards=opt.world, placement=str(device),
-            ranks_weight_sum_spread=spread.sum().item(), dynamo_graphs=counters["stats"]["unique_graphs"],
-            ddp_subgraphs=counters["aot_autograd"]["total"])))
+        common.atomic_write(os.path.join(SCRATCH, "ddp.json"), json.dumps(dict(rec, backend=backend, fallback=refusals,
+            muonh_shards=opt.world, placement=str(device), ranks_weight_sum_spread=spread.sum().item(),
+            dynamo_graphs=counters["stats"]["unique_graphs"], ddp_subgraphs=counters["aot_autograd"]["total"])))
     dist.destroy_process_group()
 
 
-def stage_ddp(smoke) -> dict:
+def stage_ddp(smoke, device, bf16, compiler, attn) -> dict:
     """2 ranks (2 processes) vs 1 rank taking the same rows as 2 micro-batches: losses, weights in sync."""
-    device, bf16, backend, attn = setup(smoke)
     # The ranks rendezvous through files in the scratch folder (no port to find). The 1-rank reference runs here
     # meanwhile: the three compiles overlap (tok/s is therefore not a scaling figure).
     ranks = [subprocess.Popen([sys.executable, __file__, "--ddp-rank", str(k), "--scratch", SCRATCH] + ["--cpu-smoke"]
                               * smoke, env=dict(os.environ, NCCL_MULTI_RANK_GPU_ENABLE="1"),
                               preexec_fn=die_with_parent) for k in (0, 1)]
     one = train_bench(cfg_for(smoke, 10, 2 if smoke else 4), device, 2 if smoke else 8, 3, 2, bf16,
-                      None if smoke else backend, attn)[0]        # smoke: eager here, compiled on the 2 ranks
+                      None if smoke else compiler, attn)[0]        # smoke: eager here, compiled on the 2 ranks
     codes = [p.wait() for p in ranks]                    # the stage's own timeout bounds this wait
     if codes != [0, 0]:
         raise RuntimeError(f"the 2-rank run exited {codes} (NCCL {None if smoke else torch.cuda.nccl.version()})")
@@ -242,10 +221,10 @@ def stage_ddp(smoke) -> dict:
                 max_abs_loss_diff=max(abs(x - y) for x, y in zip(one["losses"], two["losses"])))
 
 
-def stage_compile(smoke) -> dict:
+def stage_compile(smoke, device, bf16, compiler, attn) -> dict:
     """Graph breaks of one forward + loss per variant (dynamo only: no codegen), then the trainer's compiled step:
     dynamo graphs after 4 steps (1 = no break, no recompile) and compile seconds (first step - a later one)."""
-    (device, bf16, backend, attn), res = setup(smoke), {}
+    res = {}
     # The grid's baseline, a truncated-BPTT cell (grad mode switches inside the loop), hyperconnections (per-iteration
     # scalars indexed in the loop) and the plain r = 1 stack, each with the run's attention kernel (a FlashAttention
     # build that dynamo cannot trace shows up here as a graph break)
@@ -260,9 +239,9 @@ def stage_compile(smoke) -> dict:
                           why=[str(b.reason)[:200] for b in e.break_reasons[:3]])
         torch._dynamo.reset()
     counters.clear()                                     # count only the training graphs from here
-    rec = train_bench(cfg_for(smoke, 10, 4), device, release_rows(10, smoke), 3, 1, bf16, backend, attn)[0]
+    rec = train_bench(cfg_for(smoke, 10, 4), device, release_rows(10, smoke), 3, 1, bf16, compiler, attn)[0]
     graphs = counters["stats"]["unique_graphs"]
-    return dict(res, train=dict(dynamo_graphs=graphs, recompiles=graphs - res["r4"]["graphs"], backend=backend,
+    return dict(res, train=dict(dynamo_graphs=graphs, recompiles=graphs - res["r4"]["graphs"], backend=compiler,
                                 compile_s=rec["first_step_s"] - rec["step_s"], first_step_s=rec["first_step_s"]))
 
 
@@ -283,54 +262,44 @@ def run_child(n, argv, timeout) -> dict:
     # (a rank killed with its stage may still hold files there: a cleanup error must not stop the next stages)
     with tempfile.TemporaryDirectory(prefix=f".gpu_check_stage{n}_", dir=os.path.dirname(OUT),
                                      ignore_cleanup_errors=True) as scratch:
-        result = os.path.join(scratch, "entry.json")
+        path = os.path.join(scratch, "entry.json")
         try:
             code = subprocess.run([sys.executable, __file__, *argv, "--stage", str(n), "--scratch", scratch],
                                   timeout=timeout, preexec_fn=die_with_parent).returncode
-            out = common.read_json(result) if os.path.exists(result) else \
-                {"status": "failed", "error": f"exit status {code}"}
+            out = common.read_json(path) if os.path.exists(path) else dict(status="failed", error=f"exit status {code}")
         except subprocess.TimeoutExpired:
             out = {"status": "timed out", "error": f"killed after its {timeout:.0f} s timeout"}
     return dict(out, wall_s=round(time.monotonic() - t, 1))
 
 
 def main(argv=None) -> int:
-    """The CLI, and the entry of the stage and rank processes (hidden flags). The parent checks every flag and --out
-    before any stage, prints the plan, then runs the stages in order; exit 1 if one failed or timed out."""
+    """The CLI, and the entry of the stage and rank processes (hidden flags). The parent checks every flag, prints
+    the plan, checks --out, then runs the stages in order; exit 1 if one failed or timed out."""
     global OUT, CELLS, SCRATCH
-    p = common.Parser(prog=TOOL, description="staged device check (issue 19 §5)")
+    p = common.Parser(prog="runs/gpu_check.py", description="staged device check (issue 19 §5)")
     p.add_argument("--cpu-smoke", action="store_true", help="every stage on CPU with tiny sizes (CI)")
-    p.add_argument("--budget", type=common.number(float, "(0, 1e6)"), default=480.0,
-                   help="seconds for all stages (default %(default)s)")
+    p.add_argument("--budget", type=common.number(float, "(0, 1e6)"), default=480.0, help="seconds for all stages")
     p.add_argument("--all-cells", action="store_true", help="stage 4 measures r = 1, 4, 8 at s = 10 and 6")
     p.add_argument("--stages", type=stage_list, default=list(STAGES), help="which stages, e.g. 1,3,5 (default all)")
     p.add_argument("--out", default="out/gpu_check.json", help="the JSON (default %(default)s)")
     p.add_argument("--overwrite", action="store_true", help="replace an --out this tool did not write")
     p.add_argument("--dry-run", action="store_true", help="print the plan (stages, estimates, drops) and stop")
-    p.add_argument("--stage", type=int, choices=RUN, help=argparse.SUPPRESS)         # internal: one stage's process
-    p.add_argument("--ddp-rank", type=int, choices=(0, 1), help=argparse.SUPPRESS)   # internal: one stage-5 rank
-    p.add_argument("--scratch", help=argparse.SUPPRESS)                              # their scratch folder
+    # Internal, set only by this script: one stage's process, one stage-5 rank, and their scratch folder
+    for flag, kind in (("--stage", int), ("--ddp-rank", int), ("--scratch", str)):
+        p.add_argument(flag, type=kind, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     OUT, CELLS, SCRATCH = os.path.abspath(a.out), ALL_CELLS if a.all_cells else DEFAULT_CELLS, a.scratch
     if a.ddp_rank is not None:
         return ddp_rank(a.ddp_rank, a.cpu_smoke)
     if a.stage:                                            # a stage's process: any failure is recorded, not raised
         try:
-            out = {"status": "ok", "result": RUN[a.stage](a.cpu_smoke)}
+            out = {"status": "ok", "result": RUN[a.stage](a.cpu_smoke, *setup(a.cpu_smoke))}
         except Exception as err:                           # one stage's failure must not cost the next stages
             out = {"status": "failed", "error": f"{type(err).__name__}: {err}"[:2000]}
         return common.atomic_write(os.path.join(SCRATCH, "entry.json"), json.dumps(out))
     if not (a.cpu_smoke or a.dry_run or torch.cuda.is_available()):
         p.error("no CUDA device visible; `bash runs/gpu_check.sh --cpu-smoke` runs the stages on CPU")
-    # Ownership: the JSON is absent, or this tool's for this same request (its written_by says so), or --overwrite
     request = {"cpu_smoke": a.cpu_smoke, "budget": a.budget, "all_cells": a.all_cells, "stages": a.stages}
-    key = common.request_key("gpu_check", request)
-    try:                                                   # a dry run writes nothing: no --out to check
-        if not a.dry_run:
-            common.check_new(a.out, a.overwrite, "--out", TOOL, key)
-            os.makedirs(os.path.dirname(OUT), exist_ok=True)
-    except (ValueError, OSError) as err:
-        common.fail(TOOL, err)
     # The plan: each stage asked for, in order, whose estimate fits the budget left by the ones planned before it
     est = {n: v[2] if a.cpu_smoke else v[1] or 10 + CELL_S * len(CELLS) for n, v in STAGES.items()}
     keep = []
@@ -341,8 +310,15 @@ def main(argv=None) -> int:
     rec, t0 = {"request": request, "plan": {"estimates_s": est, "dropped": dropped}, "stages": {}}, time.monotonic()
     print(f"gpu-check: {len(STAGES)} stages, ~{sum(est[n] for n in keep)} s estimated, --budget {a.budget:g} s; "
           "dropped: " + (", ".join(f"{n} {STAGES[n][0]} (~{est[n]} s)" for n in dropped) or "none"), flush=True)
-    if a.dry_run:
+    if a.dry_run:                                          # a dry run writes nothing: no --out to check
         return 0
+    # Ownership: the JSON is absent, or this tool's for this same request (its written_by says so), or --overwrite
+    key = common.request_key("gpu_check", request)
+    try:
+        common.check_new(a.out, a.overwrite, "--out", p.prog, key)
+        os.makedirs(os.path.dirname(OUT), exist_ok=True)
+    except (ValueError, OSError) as err:
+        common.fail(p.prog, err)
     if a.cpu_smoke:                                        # tiny models: one thread each is faster on a shared CPU
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     child = ["--out", OUT] + ["--cpu-smoke"] * a.cpu_smoke + ["--all-cells"] * a.all_cells
@@ -355,7 +331,7 @@ def main(argv=None) -> int:
         else:
             # a stage may overrun its estimate (3x + 60 s) but never the budget: the timeout is what is left at most
             entry.update(run_child(n, child, timeout=min(left, 3 * est[n] + 60)))
-        common.write_json(a.out, rec, TOOL, key)           # after every stage: a kill keeps what is done
+        common.write_json(a.out, rec, p.prog, key)           # after every stage: a kill keeps what is done
         print(f"gpu-check [{time.monotonic() - t0:5.0f}s] stage {n} {name}: {entry['status']} "
               f"{json.dumps(entry.get('result', entry.get('reason', entry.get('error'))))[:600]}", flush=True)
     print(f"gpu-check: wrote {a.out}", flush=True)

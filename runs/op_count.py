@@ -14,16 +14,13 @@ Run:  python runs/op_count.py                           (this checkout's optim.p
       python runs/op_count.py --compile     the CUDA path's structure (bf16, one compiled update per stack) on CPU:
                                             inductor's C++ build takes ~1 min on 2 cores
 """
-import os
-import sys
+import os, sys
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # repo root AFTER PYTHONPATH
-import optim  # noqa: E402
-from common import Parser, number  # noqa: E402
-from model import LoopedGPT, ModelConfig  # noqa: E402
+import common, model, optim  # noqa: E402
 
 
 def count(fn):
@@ -33,27 +30,25 @@ def count(fn):
     ops = [e for e in prof.events() if e.name.startswith("aten::")]
 
     def nested(e):                          # inside another aten op (cpu_parent climbs the recorded call tree)
-        while (e := e.cpu_parent) is not None:
-            if e.name.startswith("aten::"):
-                return True
-        return False
+        up = e.cpu_parent
+        return up is not None and (up.name.startswith("aten::") or nested(up))
     return len(ops), sum(not nested(e) for e in ops)
 
 
 def main(argv=None):
     """The CLI: one warm-up step, then the two profiled counts, printed (the flags are checked when parsed)."""
-    p = Parser(prog="runs/op_count.py", description="aten ops per optimizer step and per train step (CPU).")
+    p = common.Parser(prog="runs/op_count.py", description="aten ops per optimizer step and per train step (CPU).")
     p.add_argument("--compile", action="store_true", help="count the compiled bf16 MuonH path (the CUDA default)")
-    p.add_argument("--scale", type=number(int, "[1, 64]"), default=2, help="width s (the count does not depend on it)")
-    p.add_argument("--n-loops", type=number(int, "[1, 16]"), default=4, help="r (the grid's 1, 2, 4, 8)")
+    p.add_argument("--scale", type=common.number(int, "[1, 64]"), default=2, help="width s (counts do not depend on s)")
+    p.add_argument("--n-loops", type=common.number(int, "[1, 16]"), default=4, help="r (the grid's 1, 2, 4, 8)")
     a = p.parse_args(argv)
     torch.manual_seed(0)
     torch.set_num_threads(1)
     # Measured (issue 25): s = 6 and s = 10 at r = 1 both 4,293 top-level ops per train step (r = 8: 4,610); what
     # the width changes is the work per kernel (GEMMs ~ d^2 per token, norms and adds ~ d), not their number
-    cfg = ModelConfig(scale=a.scale, n_loops=a.n_loops, seq_len=64)
-    model = LoopedGPT(cfg)
-    groups = model.param_groups()          # what the optimizer holds: the "matrix" group is MuonH, the rest AdamW
+    cfg = model.ModelConfig(scale=a.scale, n_loops=a.n_loops, seq_len=64)
+    net = model.LoopedGPT(cfg)
+    groups = net.param_groups()          # what the optimizer holds: the "matrix" group is MuonH, the rest AdamW
     # (compile= only with --compile: another checkout's build_optimizer, for a before figure, may not take it)
     opt = optim.build_optimizer(groups, optim.hyperp_lrs(cfg.d_model, cfg.n_loops, tokens=10 ** 8),
                                 **(dict(polar_bf16=True, compile=True) if a.compile else dict(polar_bf16=False)))
@@ -61,15 +56,14 @@ def main(argv=None):
     x = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len + 1), generator=torch.Generator().manual_seed(1))
 
     def train_step():
-        model(x[:, :-1], x[:, 1:]).backward()
+        net(x[:, :-1], x[:, 1:]).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
     train_step()                                                # warm-up: optimizer state is created here
-    model(x[:, :-1], x[:, 1:]).backward()
-    step_all, step_top = count(opt.step)                        # the optimizer step alone
-    opt.zero_grad(set_to_none=True)
     whole_all, whole_top = count(train_step)                    # fwd + bwd + step + zero_grad
+    net(x[:, :-1], x[:, 1:]).backward()
+    step_all, step_top = count(opt.step)                        # the optimizer step alone
     print(f"op count | {optim.__file__} | s={a.scale} r={a.n_loops} d={cfg.d_model} layout "
           f"{'-'.join(map(str, cfg.partition))}, {len(groups['matrix'])} MuonH matrices, "
           f"{sum(len(v) for k, v in groups.items() if k != 'matrix')} AdamW tensors | CPU "
