@@ -46,7 +46,10 @@ def main(argv=None):
     torch.set_num_threads(1)
     # Measured (issue 25): s = 6 and s = 10 at r = 1 both 4,293 top-level ops per train step (r = 8: 4,610); what
     # the width changes is the work per kernel (GEMMs ~ d^2 per token, norms and adds ~ d), not their number
-    cfg = model.ModelConfig(scale=a.scale, n_loops=a.n_loops, seq_len=64)
+    try:                                 # a width or r the model cannot build (d % head_dim, r | 16): one line
+        cfg = model.ModelConfig(scale=a.scale, n_loops=a.n_loops, seq_len=64)
+    except ValueError as err:
+        common.fail("runs/op_count.py", err)
     net = model.LoopedGPT(cfg)
     groups = net.param_groups()          # what the optimizer holds: the "matrix" group is MuonH, the rest AdamW
     # (compile= only with --compile: another checkout's build_optimizer, for a before figure, may not take it)
