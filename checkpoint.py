@@ -201,13 +201,12 @@ def release_config(meta, meta_path) -> ModelConfig:
         need(not fields, f"{where}: {what} fields {fields} (a newer or older release?)")
     check_record(mc, RELEASE_FIELDS, meta_path, "model_config.")
     c = dict(dict(size=None, bptt_k=None, num_lanes=2, logit_softcap=15.0), **mc)   # the GPTConfig defaults
-    need(c["input_injection"] in RELEASE_INJECTION,
-         f"{where}: input_injection {c['input_injection']!r} not in {sorted(RELEASE_INJECTION)}")
-    injection, r, d, H = RELEASE_INJECTION[c["input_injection"]], c["num_recur"], c["n_embd"], c["n_head"]
+    injection = RELEASE_INJECTION.get(c["input_injection"])
+    need(injection, f"{where}: input_injection {c['input_injection']!r} not in {sorted(RELEASE_INJECTION)}")
+    p, l, co, r, d, H = c["n_prelude"], c["n_recur_block"], c["n_coda"], c["num_recur"], c["n_embd"], c["n_head"]
     # nanoloop's attention has one key/value head per query head; n_head must divide the width exactly
     need(c["n_kv_head"] == H, f"{where}: grouped-query attention (n_kv_head {c['n_kv_head']} != n_head {H})")
     need(d % H == 0, f"{where}: n_embd {d} is not a multiple of n_head {H}")
-    p, l, co = c["n_prelude"], c["n_recur_block"], c["n_coda"]
     # nanoloop's r = 1 baseline is 0-L-0 passthrough: one stack, no injection
     need(r > 1 or not (p or co or injection not in ("passthrough", "additive")), f"{where}: r = 1 with layout "
          f"{p}-{l}-{co} and {c['input_injection']!r} is a layout nanoloop cannot express")
@@ -325,8 +324,8 @@ def out_dir_state(tc, cfg, identity: dict, defaults: dict, rank: int, world: int
         try:
             status = look()
             path = done_path if status == "finished" else ckpt_path
-            need(status == "fresh" or tc.resume or tc.plan, f"{path} exists: pass --resume to continue that run (or "
-                 "to get a finished one's record back), or pick another --out-dir")
+            # --resume continues the run (or hands a finished one's record back)
+            need(status == "fresh" or tc.resume or tc.plan, f"{path} exists: pass --resume, or pick another --out-dir")
             if status == "finished":
                 try:
                     held = read_json(path, {"val_loss": (float, "(0, inf)"), "identity": (dict, None)})

@@ -330,8 +330,7 @@ def preflight(model_cfg, tc, rank: int, world: int, device) -> SimpleNamespace:
          f"{state / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB of {what}")
     identity = facts and run_identity(cfg, tc, facts.identity, init_id, "bf16" if use_bf16 else "fp32", attn,
                                       use_compile)
-    status, held = (out_dir_state(tc, cfg, identity, IDENTITY_DEFAULTS, rank, world) if facts else
-                    ("unknown (no --data)", None))
+    status, held = out_dir_state(tc, cfg, identity, IDENTITY_DEFAULTS, rank, world) if facts else ("no --data", None)
     faults = (i.partition("@") for i in os.environ.get("NANOLOOP_FAULT", "").split(",") if i)   # tests only
     return SimpleNamespace(cfg=cfg, tc=tc, g=g, facts=facts, identity=identity, status=status, held=held,
                            init_state=init_state, use_bf16=use_bf16, attn=attn, use_compile=use_compile,
@@ -375,8 +374,8 @@ def init_architecture(model_cfg, init_from: str, typed=None) -> tuple:
     names = typed if typed is not None else {k for k in theirs if getattr(model_cfg, k) != IDENTITY_DEFAULTS[k]}
     clash = {k: (getattr(model_cfg, k), theirs[k]) for k in sorted(set(names) - {"n_loops_bwd"})
              if getattr(model_cfg, k) != theirs[k]}
-    need(not clash, f"--init-from {init_from}: model flags differ from the checkpoint's architecture (flag, "
-         f"checkpoint) = {clash}; drop them (the architecture comes from the checkpoint)")
+    # the architecture comes from the checkpoint: such a flag is dropped, not obeyed
+    need(not clash, f"--init-from {init_from}: model flags differ from the checkpoint's, (flag, checkpoint) = {clash}")
     return (dataclasses.replace(model.cfg, n_loops_bwd=model_cfg.n_loops_bwd), model.state_dict(),
             ck.get("tokenizer_hash"))
 
