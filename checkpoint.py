@@ -179,6 +179,9 @@ RELEASE_FIELDS = {"sequence_len": (int, "[1, 1e9]"), "vocab_size": (int, "[2, 1e
                   "n_recur_block": (int, "[1, 1e9]"), "n_coda": (int, "[0, 1e9]"), "num_recur": (int, "[1, 16]"),
                   "input_injection": (str, None), "size": (int, None), "bptt_k": (int, None),
                   "num_lanes": (int, "[2, 1e9]"), "logit_softcap": ((int, float), "(0, 10000]")}
+# The weights' release names -> nanoloop's: a block's (after transformer.{prelude,recur,coda}.i.) and top-level ones
+RELEASE_NAMES = {"n1.weight": "norm_attn.weight", "n3.weight": "norm_mlp.weight", "lane_alpha": "hc_alpha",
+                 "transformer.wte.weight": "wte.weight", "lane_mixing": "hc_mix", "lane_beta": "hc_beta"}
 RELEASE_META = {"step": (int, "[0, inf)"), "val_loss": ((int, float), "[0, inf)"), "model_config": (dict, None),
                 "user_config": (dict, None)}              # the meta's own keys, for common.read_json
 
@@ -233,13 +236,10 @@ def release_state(path) -> tuple:
     for k, v in read_checkpoint(path, keys=()).items():          # the safe reader: a flat state dict here
         name = re.sub(r"^_orig_mod\.", "", str(k))
         m = re.fullmatch(r"transformer\.((?:prelude|recur|coda)\.\d+\.)(.+)", name)
-        if m:
-            new = m[1] + {"n1.weight": "norm_attn.weight", "n3.weight": "norm_mlp.weight"}.get(m[2], m[2])
-        elif name.startswith(("wte.", "hc_", "prelude.", "recur.", "coda.")):     # would get its RoPE flipped
-            raise ValueError(f"{path} holds nanoloop names ({name}): not a release state dict; save it as a ckpt.pt")
-        else:
-            new = {"transformer.wte.weight": "wte.weight", "lane_alpha": "hc_alpha", "lane_mixing": "hc_mix",
-                   "lane_beta": "hc_beta"}.get(name, name)
+        # a nanoloop state dict would get its RoPE rows flipped
+        need(m or not name.startswith(("wte.", "hc_", "prelude.", "recur.", "coda.")), f"{path} holds nanoloop names "
+             f"({name}): not a release state dict; save it as a ckpt.pt")
+        new = m[1] + RELEASE_NAMES.get(m[2], m[2]) if m else RELEASE_NAMES.get(name, name)
         need(new not in state, f"{path}: two tensors map to {new} ({names.get(new)}, {k})")
         state[new], names[new] = v, k
     return state, names
@@ -275,9 +275,8 @@ def load_release(root, step=None, device="cpu", release_rope=True):
     need(step in steps, f"{root} has no step {step}; steps: {sorted(steps)}")
     meta_path = os.path.join(root, f"meta_{step:06d}.json")
     meta = read_json(meta_path, RELEASE_META)                     # absent, a FIFO, torn: one line naming it
-    # a meta copied from another step
-    need(meta.get("step") in (None, step), f"{meta_path}: key 'step' is {meta.get('step')}, but it sits beside "
-         f"model_{step:06d}.pt")
+    need(meta.get("step") in (None, step),                       # a meta copied from another step
+         f"{meta_path}: key 'step' is {meta.get('step')}, but it sits beside model_{step:06d}.pt")
     cfg = release_config(meta, meta_path)
     check_memory(cfg, device, meta_path)                          # before the weights are read or the model built
     state, names = release_state(steps[step])

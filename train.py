@@ -35,7 +35,7 @@ Decisions (each printed with its rule at start-up):
 """
 import argparse, dataclasses, hashlib, json, math, os, re, resource, signal, subprocess, sys, time
 from contextlib import nullcontext
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from types import SimpleNamespace
 from typing import Optional
 
@@ -125,13 +125,14 @@ IDENTITY_DEFAULTS = {f.name: f.default for cls in (ModelConfig, TrainConfig) for
 # checked once, when the CLI parses the flag (common.number). Counts stop at flops.py's MAX_COUNT (1e9); seed at
 # numpy's range; eval_tokens -1 = the whole val split (0 is refused by parse_args); device_batch 0 = auto. Rules
 # across fields stay in ModelConfig.__post_init__ and parse_args. A test checks every numeric field has a row.
-LIMITS = {k: (v,) for k, v in dict(scale="[1, 1e9]", aspect_ratio="[1, 1e9]", n_loops="[1, 16]",
-    n_layers_eff="[1, 1e9]", n_layers_prelude="[0, 1e9]", n_layers_coda="[0, 1e9]", head_dim="[2, 1e9]",
-    vocab_size="[2, 1e9]", seq_len="[1, 1e9]", hc_lanes="[2, 1e9]", state_init_std="(0, 1000]", n_loops_bwd="[1, 16]",
-    logit_softcap="(0, 10000]", rope_base="(1, 1e12]", norm_eps="(0, 0.1]", flops_budget="(0, 1e30]", tokens="[1, inf)",
-    tokens_per_param="(0, 1e9]", steps="[1, inf)", batch_tokens="[1, inf)", device_batch="[0, inf)", muonh_lr="(0, 10]",
-    d_ref="(0, inf)", lr_batch_ref="[1, inf)", eval_every="[0, inf)", eval_tokens="[-1, inf)", ckpt_every="[0, inf)",
-    log_every="[1, inf)", seed="[0, 4294967295]", peak_flops="(0, 1e20]").items()}
+LIMITS = {k: (v,) for k, v in dict(
+    scale="[1, 1e9]", aspect_ratio="[1, 1e9]", n_loops="[1, 16]", n_layers_eff="[1, 1e9]", n_layers_prelude="[0, 1e9]",
+    n_layers_coda="[0, 1e9]", head_dim="[2, 1e9]", vocab_size="[2, 1e9]", seq_len="[1, 1e9]", hc_lanes="[2, 1e9]",
+    state_init_std="(0, 1000]", n_loops_bwd="[1, 16]", logit_softcap="(0, 10000]", rope_base="(1, 1e12]",
+    norm_eps="(0, 0.1]", flops_budget="(0, 1e30]", tokens="[1, inf)", tokens_per_param="(0, 1e9]", steps="[1, inf)",
+    batch_tokens="[1, inf)", device_batch="[0, inf)", muonh_lr="(0, 10]", d_ref="(0, inf)", lr_batch_ref="[1, inf)",
+    eval_every="[0, inf)", eval_tokens="[-1, inf)", ckpt_every="[0, inf)", log_every="[1, inf)",
+    seed="[0, 4294967295]", peak_flops="(0, 1e20]").items()}
 
 # -----------------------------------------------------------------------------
 # main: the recipe, top to bottom, in the order it runs (like nanochat's base_train)
@@ -374,10 +375,9 @@ def init_architecture(model_cfg, init_from: str, typed=None) -> tuple:
     names = typed if typed is not None else {k for k in theirs if getattr(model_cfg, k) != IDENTITY_DEFAULTS[k]}
     clash = {k: (getattr(model_cfg, k), theirs[k]) for k in sorted(set(names) - {"n_loops_bwd"})
              if getattr(model_cfg, k) != theirs[k]}
-    # the architecture comes from the checkpoint: such a flag is dropped, not obeyed
-    need(not clash, f"--init-from {init_from}: model flags differ from the checkpoint's, (flag, checkpoint) = {clash}")
-    return (dataclasses.replace(model.cfg, n_loops_bwd=model_cfg.n_loops_bwd), model.state_dict(),
-            ck.get("tokenizer_hash"))
+    # the architecture comes from the checkpoint: such flags are to be dropped
+    need(not clash, f"--init-from {init_from}: model flags differ from the checkpoint's: (flag, checkpoint) = {clash}")
+    return replace(model.cfg, n_loops_bwd=model_cfg.n_loops_bwd), model.state_dict(), ck.get("tokenizer_hash")
 
 def run_identity(model_cfg, train_cfg, data_id, init_id, precision, attn, compile) -> dict:
     """Rule 1, what a record or checkpoint must match to be handed back or continued: every ModelConfig field (as
