@@ -33,7 +33,6 @@ def need(ok, why: str) -> None:
 # -----------------------------------------------------------------------------
 # nanoloop's own checkpoints (train.py's out_dir/ckpt.pt)
 
-CKPT_KEYS = ("model", "model_config")     # what eval needs; train.py's resume asks for more
 # The entries read from a ckpt.pt, each (type, range) as common.check_record takes them: a hand-edited file is one
 # line, never a traceback or a wrong default (eval_tokens: train.py's --eval-tokens limit, -1 = the whole split).
 # model_config is checked by ModelConfig itself (the same check as train.py's flags).
@@ -42,14 +41,14 @@ CKPT_FIELDS = {"model": (dict, None), "model_config": (dict, None), "tokenizer_h
 TRAIN_FIELDS = {"data": (str, None), "tokenizer": (str, None), "eval_tokens": (int, "[-1, inf)")}
 
 
-def read_checkpoint(path, keys=CKPT_KEYS) -> dict:
-    """A torch checkpoint (a run dir's ckpt.pt or any .pt path) -> its dict, with `keys` present and checked.
+def read_checkpoint(path, keys=("model", "model_config")) -> dict:
+    """A torch checkpoint (a run's ckpt.pt or any .pt path) -> its dict, with `keys` present and checked (by
+    default what eval needs; train.py's resume asks for more).
 
     weights_only=True always: a checkpoint is tensors and plain types, and unpickling anything else could run
     arbitrary code, so such a file is refused (never "retry with weights_only=False"). With "model" and
     "model_config" (train.py's layout) the config must build a ModelConfig, and the _orig_mod. / module. prefixes
     of torch.compile / DDP are stripped. Whether the weights fit the config is load_weights' question."""
-    path = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
     # absent, a folder, a FIFO (torch.load on a FIFO would wait for a writer forever)
     need(os.path.isfile(path), f"{path} is not a plain file: no checkpoint there (a FIFO, a folder or a broken link?)")
     need(os.path.getsize(path), f"{path} is empty (0 bytes): an interrupted copy? Use another checkpoint")
@@ -57,9 +56,8 @@ def read_checkpoint(path, keys=CKPT_KEYS) -> dict:
         with warnings.catch_warnings():                           # old pickle protocols warn before failing
             warnings.simplefilter("ignore")
             ck = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:   # torch's own text suggests weights_only=False, which would run the file's code
-        raise ValueError(f"{path} is not a PyTorch checkpoint of tensors and plain types (corrupt, or a pickle of "
-                         "other objects, which is refused: loading it could run arbitrary code)") from None
+    except pickle.UnpicklingError:   # corrupt, or a pickle of other objects: refused, as loading it could run code
+        raise ValueError(f"{path} is not a PyTorch checkpoint of tensors and plain types (refused)") from None
     except Exception as e:                                        # truncated zip, random bytes, an I/O error
         raise ValueError(f"{path} cannot be read as a PyTorch checkpoint: unreadable, truncated or corrupt "
                          f"({type(e).__name__}: {first_line(str(e).split('. ')[0])[:120]})") from None
@@ -74,8 +72,7 @@ def read_checkpoint(path, keys=CKPT_KEYS) -> dict:
         except (TypeError, ValueError) as e:
             raise ValueError(f"{path}: invalid model_config: {first_line(e)}") from None
         # torch.compile wraps a module as _orig_mod, DDP as module: their state-dict keys carry the prefix
-        ck["model"] = {re.sub(r"^(_orig_mod\.)?(module\.)?", "", k) if isinstance(k, str) else k: v
-                       for k, v in ck["model"].items()}
+        ck["model"] = {re.sub(r"^(_orig_mod\.)?(module\.)?", "", str(k)): v for k, v in ck["model"].items()}
     return ck
 
 
@@ -116,12 +113,19 @@ def model_bytes(cfg) -> tuple:
     return 8 * n_params + 32 * rope, 4 * n_params + 8 * rope
 
 
+def device_memory(device) -> tuple:
+    """(bytes, what): CUDA's total memory, else the physical RAM; NANOLOOP_MEMORY_CAP (bytes) caps it (a smaller
+    device, simulated: the tests' hook for the memory refusals and train.py's device-batch pick)."""
+    have, what = (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "physical RAM") if device.type != "cuda" \
+        else (torch.cuda.get_device_properties(device).total_memory, torch.cuda.get_device_name(device))
+    cap = os.environ.get("NANOLOOP_MEMORY_CAP")
+    return (min(have, int(float(cap))), f"NANOLOOP_MEMORY_CAP={cap}") if cap else (have, what)
+
+
 def check_memory(cfg, device, source) -> None:
     """Refuse, naming the size, a model whose weights cannot fit in physical RAM (and, on CUDA, the GPU)."""
     (host, dev), device = model_bytes(cfg), torch.device(device)
-    gpu = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
-    for where, size, have in (("host RAM", host, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
-                              ("GPU memory", dev, gpu or float("inf"))):
+    for size, (have, where) in ((host, device_memory(torch.device("cpu"))), (dev, device_memory(device))):
         need(size <= have, f"{source}: this model (d_model {cfg.d_model}, vocab {cfg.vocab_size:,}, seq_len "
              f"{cfg.seq_len:,}) needs ~{size / 2 ** 30:,.1f} GiB for its weights and RoPE tables, more than the "
              f"{have / 2 ** 30:,.1f} GiB of {where}: a wrong config?")
@@ -135,28 +139,25 @@ def load_checkpoint(path, device="cpu", step=None):
     kind, root, step = checkpoint_kind(path, step)
     if kind == "release":
         model, meta = load_release(root, step, device)
-        c = model.cfg
-        print0(f"release checkpoint {root} step {meta['step']}: d={c.d_model} r={c.n_loops} layout "
-               f"{'-'.join(map(str, c.partition))} {c.injection} | their val_loss {meta.get('val_loss')}")
-        return model, dict(model_config=dataclasses.asdict(c), release=meta,
+        return model, dict(model_config=dataclasses.asdict(model.cfg), release=meta,
                            train_config=dict(eval_tokens=RELEASE_EVAL_TOKENS))
     ck = read_checkpoint(root)
-    source, cfg = os.path.join(root, "ckpt.pt") if os.path.isdir(root) else root, ModelConfig(**ck["model_config"])
-    check_memory(cfg, device, source)
-    return load_weights(LoopedGPT(cfg), ck["model"], source).to(device).eval(), ck
+    cfg = ModelConfig(**ck["model_config"])
+    check_memory(cfg, device, root)
+    return load_weights(LoopedGPT(cfg), ck["model"], root).to(device).eval(), ck
 
 
 def checkpoint_kind(path, step):
-    """("nanoloop" | "release", the path to read, step): which layout `path` holds (see load_checkpoint)."""
-    name = os.path.basename(os.path.normpath(path))
-    m = re.fullmatch(r"model_(\d+)\.pt", name)
-    if os.path.isfile(path) and m:                                # one release file names its own step
-        need(step in (None, int(m.group(1))), f"--step {step} contradicts the file name {name}")
-        return "release", os.path.dirname(os.path.abspath(path)), int(m.group(1))
+    """("nanoloop" | "release", the path to read (a run's ckpt.pt, a release's directory), step): which layout
+    `path` holds (see load_checkpoint)."""
+    m = os.path.isfile(path) and re.fullmatch(r"model_(\d+)\.pt", os.path.basename(path))
+    if m:                                                         # one release file names its own step
+        need(step in (None, int(m[1])), f"--step {step} contradicts the file name {m[0]}")
+        return "release", os.path.dirname(os.path.abspath(path)), int(m[1])
     if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "ckpt.pt")) and release_steps(path):
         return "release", path, step
     need(step is None, f"--step selects a step of a release directory (model_<step>.pt); {path} is a nanoloop run")
-    return "nanoloop", path, None
+    return "nanoloop", os.path.join(path, CKPT_NAME) if os.path.isdir(path) else path, None
 
 
 # -----------------------------------------------------------------------------
@@ -170,7 +171,7 @@ RELEASE_INJECTION = {"inject_init_prelude": "linear", "additive": "additive", "p
 RELEASE_EVAL_TOKENS = 34_560 * 2048       # the release's fixed validation set, 70.8M tokens (data.md §4)
 # The meta's model_config fields: (type, range), the ranges those of the flag each maps to (train.py's LIMITS:
 # sequence_len -> --seq-len, n_prelude -> --n-layers-prelude, ...); sizes are bounded by check_memory too. The first
-# ten are needed (shape or function); the last four have the release GPTConfig's defaults (RELEASE_DEFAULTS):
+# ten are needed (shape or function); the last four have the release GPTConfig's defaults (release_config):
 # bptt_k only affects training, size is only a label (d is n_embd), num_lanes only shapes the hyperconnection
 # tensors (checked), logit_softcap is Table 4's 15.
 RELEASE_FIELDS = {"sequence_len": (int, "[1, 1e9]"), "vocab_size": (int, "[2, 1e9]"), "n_head": (int, "[1, 1e9]"),
@@ -178,7 +179,9 @@ RELEASE_FIELDS = {"sequence_len": (int, "[1, 1e9]"), "vocab_size": (int, "[2, 1e
                   "n_recur_block": (int, "[1, 1e9]"), "n_coda": (int, "[0, 1e9]"), "num_recur": (int, "[1, 16]"),
                   "input_injection": (str, None), "size": (int, None), "bptt_k": (int, None),
                   "num_lanes": (int, "[2, 1e9]"), "logit_softcap": ((int, float), "(0, 10000]")}
-RELEASE_DEFAULTS = dict(size=None, bptt_k=None, num_lanes=2, logit_softcap=15.0)
+# The weights' release names -> nanoloop's: a block's (after transformer.{prelude,recur,coda}.i.) and top-level ones
+RELEASE_NAMES = {"n1.weight": "norm_attn.weight", "n3.weight": "norm_mlp.weight", "lane_alpha": "hc_alpha",
+                 "transformer.wte.weight": "wte.weight", "lane_mixing": "hc_mix", "lane_beta": "hc_beta"}
 RELEASE_META = {"step": (int, "[0, inf)"), "val_loss": ((int, float), "[0, inf)"), "model_config": (dict, None),
                 "user_config": (dict, None)}              # the meta's own keys, for common.read_json
 
@@ -193,21 +196,20 @@ def release_config(meta, meta_path) -> ModelConfig:
     """The meta's model_config -> the ModelConfig it describes (mapping in load_release); where names the file.
 
     Every field is checked against RELEASE_FIELDS (type, range; none unknown, the first ten present) and completed
-    with RELEASE_DEFAULTS: a hand-edited field is one line naming the file and the key."""
+    with the GPTConfig defaults: a hand-edited field is one line naming the file and the key."""
     require(meta, ["model_config"], meta_path)
     mc, where = meta["model_config"], f"{meta_path}: model_config"
     for what, fields in (("unknown", sorted(set(mc) - set(RELEASE_FIELDS))),
                          ("missing", [k for k in tuple(RELEASE_FIELDS)[:10] if k not in mc])):
         need(not fields, f"{where}: {what} fields {fields} (a newer or older release?)")
     check_record(mc, RELEASE_FIELDS, meta_path, "model_config.")
-    c = dict(RELEASE_DEFAULTS, **mc)
-    need(c["input_injection"] in RELEASE_INJECTION,
-         f"{where}: input_injection {c['input_injection']!r} not in {sorted(RELEASE_INJECTION)}")
-    injection, r, d, H = RELEASE_INJECTION[c["input_injection"]], c["num_recur"], c["n_embd"], c["n_head"]
+    c = dict(dict(size=None, bptt_k=None, num_lanes=2, logit_softcap=15.0), **mc)   # the GPTConfig defaults
+    injection = RELEASE_INJECTION.get(c["input_injection"])
+    need(injection, f"{where}: input_injection {c['input_injection']!r} not in {sorted(RELEASE_INJECTION)}")
+    p, l, co, r, d, H = c["n_prelude"], c["n_recur_block"], c["n_coda"], c["num_recur"], c["n_embd"], c["n_head"]
     # nanoloop's attention has one key/value head per query head; n_head must divide the width exactly
     need(c["n_kv_head"] == H, f"{where}: grouped-query attention (n_kv_head {c['n_kv_head']} != n_head {H})")
     need(d % H == 0, f"{where}: n_embd {d} is not a multiple of n_head {H}")
-    p, l, co = c["n_prelude"], c["n_recur_block"], c["n_coda"]
     # nanoloop's r = 1 baseline is 0-L-0 passthrough: one stack, no injection
     need(r > 1 or not (p or co or injection not in ("passthrough", "additive")), f"{where}: r = 1 with layout "
          f"{p}-{l}-{co} and {c['input_injection']!r} is a layout nanoloop cannot express")
@@ -234,14 +236,10 @@ def release_state(path) -> tuple:
     for k, v in read_checkpoint(path, keys=()).items():          # the safe reader: a flat state dict here
         name = re.sub(r"^_orig_mod\.", "", str(k))
         m = re.fullmatch(r"transformer\.((?:prelude|recur|coda)\.\d+\.)(.+)", name)
-        if m:
-            new = m[1] + {"n1.weight": "norm_attn.weight", "n3.weight": "norm_mlp.weight"}.get(m[2], m[2])
-        elif name.startswith(("wte.", "hc_", "prelude.", "recur.", "coda.")):     # would get its RoPE flipped
-            raise ValueError(f"{path} holds nanoloop names ({name}): a nanoloop state dict, not a release one (its "
-                             "RoPE rows must not be flipped); save it as train.py's ckpt.pt instead")
-        else:
-            new = {"transformer.wte.weight": "wte.weight", "lane_alpha": "hc_alpha", "lane_mixing": "hc_mix",
-                   "lane_beta": "hc_beta"}.get(name, name)
+        # a nanoloop state dict would get its RoPE rows flipped
+        need(m or not name.startswith(("wte.", "hc_", "prelude.", "recur.", "coda.")), f"{path} holds nanoloop names "
+             f"({name}): not a release state dict; save it as a ckpt.pt")
+        new = m[1] + RELEASE_NAMES.get(m[2], m[2]) if m else RELEASE_NAMES.get(name, name)
         need(new not in state, f"{path}: two tensors map to {new} ({names.get(new)}, {k})")
         state[new], names[new] = v, k
     return state, names
@@ -294,6 +292,8 @@ def load_release(root, step=None, device="cpu", release_rope=True):
         angles = torch.outer(torch.arange(model.rope_cos.size(0), dtype=torch.float32), inv_freq)  # (n_pos, D/2)
         model.rope_cos.copy_(angles.cos().bfloat16().float())
         model.rope_sin.copy_(angles.sin().bfloat16().float())
+    print0(f"release checkpoint {root} step {step}: d={cfg.d_model} r={cfg.n_loops} layout "
+           f"{'-'.join(map(str, cfg.partition))} {cfg.injection} | their val_loss {meta.get('val_loss')}")
     return model.to(device).eval(), dict(meta, step=step)
 
 
@@ -323,8 +323,8 @@ def out_dir_state(tc, cfg, identity: dict, defaults: dict, rank: int, world: int
         try:
             status = look()
             path = done_path if status == "finished" else ckpt_path
-            need(status == "fresh" or tc.resume or tc.plan, f"{path} exists: pass --resume to continue that run (or "
-                 "to get a finished one's record back), or pick another --out-dir")
+            # --resume continues the run (or hands a finished one's record back)
+            need(status == "fresh" or tc.resume or tc.plan, f"{path} exists: pass --resume, or pick another --out-dir")
             if status == "finished":
                 try:
                     held = read_json(path, {"val_loss": (float, "(0, inf)"), "identity": (dict, None)})

@@ -35,7 +35,7 @@ Decisions (each printed with its rule at start-up):
 """
 import argparse, dataclasses, hashlib, json, math, os, re, resource, signal, subprocess, sys, time
 from contextlib import nullcontext
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from types import SimpleNamespace
 from typing import Optional
 
@@ -47,7 +47,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import common
 import flops
 from common import print0
-from checkpoint import CKPT_NAME, DONE_NAME, LOG_NAME, load_checkpoint, model_bytes, need, out_dir_state, save, trim_log
+from checkpoint import (CKPT_NAME, DONE_NAME, LOG_NAME, device_memory, load_checkpoint, model_bytes, need,
+                        out_dir_state, save, trim_log)
 from data import PackedLoader, data_identity, load_tokenizer, read_meta
 from eval import val_loss
 from model import ATTN_BACKENDS, LoopedGPT, ModelConfig, attention_summary, resolve_attention
@@ -154,11 +155,10 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     sdpa = (lambda: sdpa_kernel(SDPA_BACKENDS[tc.sdpa_backend])) if tc.sdpa_backend != "auto" else nullcontext
     hours, plan_db, peak = startup_print(run, world)
     # the part of the record (and of --plan's result) that the config and the horizon fix
-    base = {"n_loops": r, "scale": cfg.scale, "d_model": cfg.d_model, "layout": list(cfg.partition),
+    base = {"n_loops": r, "scale": cfg.scale, "d_model": cfg.d_model, "layout": list(cfg.partition), "batch_tokens": B,
             "injection": cfg.injection, "n_loops_bwd": cfg.n_loops_bwd, "n_once": g.n_once, "n_rec": g.n_rec,
-            "n_params": g.n_once + g.n_rec, "flops_budget": tc.flops_budget, "flops_per_token": F,
-            "flops": g.tokens * F, "tokens": g.tokens, "steps": total_steps, "lr_tokens": g.lr_tokens, "lrs": g.lrs,
-            "batch_tokens": B}
+            "n_params": g.n_once + g.n_rec, "flops_budget": tc.flops_budget, "flops_per_token": F, "lrs": g.lrs,
+            "flops": g.tokens * F, "tokens": g.tokens, "steps": total_steps, "lr_tokens": g.lr_tokens}
     if tc.plan:                              # --plan: the numbers a launch would use, without building anything
         print0(f"status: {run.status}" + (f" at step {run.held['step']}" if run.status == "resume" else ""))
         return {**base, "device_batch": plan_db, "accum": g.per_rank // plan_db, "world": world,
@@ -250,9 +250,8 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
             dist.all_reduce(loss_sum)                       # (gloo has no AVG: sum over ranks, divide below)
         loss_val = loss_sum.item() / (accum * world)        # the global-batch mean loss
         if not math.isfinite(loss_val):                     # the NaN guard: stop before anything of it is saved
-            fix = ("the learning rate is not the cause: check --norm-eps, --logit-softcap, --rope-base, "
-                   "--state-init-std, --vocab-size and the data" if step == 0 else "fix it, then --resume (a lower "
-                   "--muonh-lr?)")
+            fix = "fix it, then --resume (a lower --muonh-lr?)" if step else ("the learning rate is not the cause: "
+                   "check --norm-eps, --logit-softcap, --rope-base, --state-init-std, --vocab-size and the data")
             raise FloatingPointError(f"non-finite training loss {loss_val} at step {done}/{total_steps}, not saved; "
                                      f"{ckpt_path}, if present, is the last good checkpoint: {fix}")
         now = time.time()
@@ -313,8 +312,7 @@ def preflight(model_cfg, tc, rank: int, world: int, device) -> SimpleNamespace:
         cfg, init_state, init_tok = init_architecture(model_cfg, tc.init_from)
         h = hashlib.sha256()
         for name, t in sorted(init_state.items()):      # CPU tensors, detached (a state_dict of load_checkpoint's)
-            h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-            h.update(t.reshape(-1).view(torch.uint8).numpy())
+            h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode() + t.reshape(-1).view(torch.uint8).numpy().tobytes())
         init_id = h.hexdigest()[:16]
         print0(f"init-from {tc.init_from}: weights and architecture from the checkpoint; fresh optimizer, step 0")
     # --plan needs no data; with data, it also reports the out-dir's status
@@ -333,8 +331,7 @@ def preflight(model_cfg, tc, rank: int, world: int, device) -> SimpleNamespace:
          f"{state / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB of {what}")
     identity = facts and run_identity(cfg, tc, facts.identity, init_id, "bf16" if use_bf16 else "fp32", attn,
                                       use_compile)
-    status, held = (out_dir_state(tc, cfg, identity, IDENTITY_DEFAULTS, rank, world) if facts else
-                    ("unknown (no --data)", None))
+    status, held = out_dir_state(tc, cfg, identity, IDENTITY_DEFAULTS, rank, world) if facts else ("no --data", None)
     faults = (i.partition("@") for i in os.environ.get("NANOLOOP_FAULT", "").split(",") if i)   # tests only
     return SimpleNamespace(cfg=cfg, tc=tc, g=g, facts=facts, identity=identity, status=status, held=held,
                            init_state=init_state, use_bf16=use_bf16, attn=attn, use_compile=use_compile,
@@ -378,10 +375,9 @@ def init_architecture(model_cfg, init_from: str, typed=None) -> tuple:
     names = typed if typed is not None else {k for k in theirs if getattr(model_cfg, k) != IDENTITY_DEFAULTS[k]}
     clash = {k: (getattr(model_cfg, k), theirs[k]) for k in sorted(set(names) - {"n_loops_bwd"})
              if getattr(model_cfg, k) != theirs[k]}
-    need(not clash, f"--init-from {init_from}: model flags differ from the checkpoint's architecture (flag, "
-         f"checkpoint) = {clash}; drop them (the architecture comes from the checkpoint)")
-    return (dataclasses.replace(model.cfg, n_loops_bwd=model_cfg.n_loops_bwd), model.state_dict(),
-            ck.get("tokenizer_hash"))
+    # the architecture comes from the checkpoint: such flags are to be dropped
+    need(not clash, f"--init-from {init_from}: model flags differ from the checkpoint's: (flag, checkpoint) = {clash}")
+    return replace(model.cfg, n_loops_bwd=model_cfg.n_loops_bwd), model.state_dict(), ck.get("tokenizer_hash")
 
 def run_identity(model_cfg, train_cfg, data_id, init_id, precision, attn, compile) -> dict:
     """Rule 1, what a record or checkpoint must match to be handed back or continued: every ModelConfig field (as
@@ -391,22 +387,13 @@ def run_identity(model_cfg, train_cfg, data_id, init_id, precision, attn, compil
     ident = {k: v for k, v in {**asdict(model_cfg), **asdict(train_cfg)}.items() if k not in IDENTITY_EXCLUDED}
     return dict(ident, data=data_id, init_from=init_id, precision=precision, attn=attn, compile=compile)
 
-def device_memory(device) -> tuple:
-    """(bytes, what): CUDA's total memory, else the physical RAM; NANOLOOP_MEMORY_CAP (bytes) caps it (a smaller
-    device, simulated: the tests' hook for the memory refusal and the device-batch pick)."""
-    have, what = (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "physical RAM") if device.type != "cuda" \
-        else (torch.cuda.get_device_properties(device).total_memory, torch.cuda.get_device_name(device))
-    cap = os.environ.get("NANOLOOP_MEMORY_CAP")
-    return (min(have, int(float(cap))), f"NANOLOOP_MEMORY_CAP={cap}") if cap else (have, what)
-
 def derive(cfg, tc, world: int) -> SimpleNamespace:
     """Batch geometry (B = rows x T; rows = device_batch x world x accum, style B8), the accounting, the horizon
     (steps, tokens, and the D of the HyperP data factor, unrounded as the release keeps it) and the peak LRs."""
     # Every optimizer step takes the next B // T rows of the one global stream (data.md §3) on any world size; an
     # auto device_batch is picked later among the divisors of the rows per rank (here: the world size divides them)
     B, T, r, db = tc.batch_tokens, cfg.seq_len, cfg.n_loops, tc.device_batch or 1
-    need(B % T == 0, f"--batch-tokens {B} is not a multiple of --seq-len {T}")
-    need((B // T) % (db * world) == 0, f"--batch-tokens {B} is not divisible by device_batch x seq_len x world = "
+    need(B % (db * T * world) == 0, f"--batch-tokens {B} is not divisible by device_batch x seq_len x world = "
          f"{db} x {T} x {world} = {db * T * world}")
     # Accounting of THIS config from flops.py, the single source (the built model must agree): F depends on width,
     # layout, injection, hc lanes, the BPTT window (Eq. 6), T and the padded vocabulary.
@@ -416,10 +403,8 @@ def derive(cfg, tc, world: int) -> SimpleNamespace:
     # params, the release's effective_params (optimizer §2.3); its steps = D // B, floored as the release does.
     C, D, rho, N = tc.flops_budget, tc.tokens, tc.tokens_per_param, tc.steps
     lr_tokens = int(C / F) if C else N * B if N else D or int(rho * (n_once + r * n_rec))
-    try:
-        steps = flops.tokens_for_budget(C, F, B)[0] if C else N or (round(D / B) if D else lr_tokens // B)
-    except ValueError as err:                        # the budget buys no step
-        raise ValueError(f"horizon: {err}") from None
+    # a budget that buys no step is flops.py's one-line ValueError
+    steps = flops.tokens_for_budget(C, F, B)[0] if C else N or (round(D / B) if D else lr_tokens // B)
     need(steps >= 1, f"horizon: {lr_tokens:,} tokens are less than {'half of ' if D else ''}one optimizer step")
     rule = ("steps = round(C / (F B)); D_lr = int(C / F)" if C else "D = steps x B = D_lr" if N else
             "steps = round(D / B); D_lr = D" if D else "D_lr = int(rho (N_once + r N_rec)); steps = D_lr // B")
@@ -494,9 +479,10 @@ def pick_device_batch(model, tc, g, world: int, autocast, static: int) -> tuple:
     device = next(model.parameters()).device
     (have, what), one, two = device_memory(device), probe(model, 1, autocast), probe(model, 2, autocast)
     mem = lambda k: static + 1.2 * (max(2 * one - two, 0) + k * max(two - one, 1))
-    budget = have - 2 * model_bytes(model.cfg)[1]    # CUDA: the optimizer's two moments are not allocated yet
-    fits = (lambda k: mem(k) <= 2 * have and probe(model, k, autocast, budget)) if device.type == "cuda" else (
-        lambda k: mem(k) <= have)            # CUDA: the model only bounds the trials (2x: it may overestimate)
+    # CUDA: the model only bounds the trials (2x: it may overestimate), each then run beside the optimizer's two
+    # moments (not allocated yet); CPU: the model decides
+    budget = have - 2 * model_bytes(model.cfg)[1] if device.type == "cuda" else None
+    fits = lambda k: mem(k) <= have if budget is None else mem(k) <= 2 * have and probe(model, k, autocast, budget)
     rows = next((k for k in range(g.per_rank, 0, -1) if g.per_rank % k == 0 and fits(k)), 0)
     if world > 1:
         t = torch.tensor([rows], device=device)
@@ -523,9 +509,8 @@ def inductor_cache(sdpa_backend: str) -> str:
     """Inductor's on-disk caches (FX graphs, kernels) in one stable folder per user, unless TORCHINDUCTOR_CACHE_DIR
     is set: the second process compiling the same cell shape loads them (issue 25 §5; measured on an H200 at s = 6:
     the first step 40-46 s cold, 4-5 s warm). One folder per --sdpa-backend: the cache key ignores the SDPA kernel
-    choice, so a graph cached under one backend was reused under another (measured). Returns the rule."""
-    import torch._inductor.config
-    torch._inductor.config.fx_graph_cache = True
+    choice, so a graph cached under one backend was reused under another (measured). Returns the rule. (The FX graph
+    cache itself is on by default: torch._inductor.config.fx_graph_cache.)"""
     default = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "nanoloop",
                            "inductor", f"sdpa-{sdpa_backend}")
     rule = "set by you" if os.environ.get("TORCHINDUCTOR_CACHE_DIR") else "default; TORCHINDUCTOR_CACHE_DIR moves it"

@@ -273,10 +273,10 @@ def no_work(monkeypatch):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--flops-budget", "1e6"], r"horizon: budget 1e\+06 is below one step"),
+    (["--flops-budget", "1e6"], r"budget 1e\+06 is below one step"),
     (["--tokens", "100"], "less than half of one optimizer step"),
     (["--steps", "2", "--device-batch", "3"], r"not divisible by device_batch x seq_len x world = 3 x 32 x 1 = 96"),
-    (["--steps", "2", "--batch-tokens", "250"], "not a multiple of --seq-len 32"),
+    (["--steps", "2", "--batch-tokens", "250"], "250 is not divisible by device_batch x seq_len x world = 4 x 32 x 1"),
     (["--steps", "2", "--seq-len", "64"], "packed with seq_len 32 but the model has --seq-len 64"),
     (["--steps", "2", "--vocab-size", "100"], "vocab_size 128 > the model's --vocab-size 100"),
     (["--steps", "2", "--eval-tokens", "100000"], "--eval-tokens 100,000 needs 3125 val rows"),
