@@ -4,7 +4,7 @@ common.py -- the plumbing every nanoloop tool shares, written once (as nanochat 
 No research logic, and no torch at load time (fit.py and flops.py import this file; torch is imported inside
 init_dist only). Each plumbing rule of the README's "Guarantees" is one light mechanism here:
 
-  one-line errors       Parser, fail(), checked numbers (number, check_number), a CLI generated from a dataclass
+  one-line errors       Parser, fail(), checked numbers (number, check_number)
   one reader            read_json: a JSON object whose keys pass the same limits as the flags that could set them
   one identity test     identity_diff: a field missing from an older record reads as its default
   atomic files          atomic_write: temporary in the same folder, fsync, rename (or link: never two creators)
@@ -12,7 +12,7 @@ init_dist only). Each plumbing rule of the README's "Guarantees" is one light me
                         check_new / write_json for a single file: absent, ours by its written_by header, or --overwrite
   dist setup            init_dist, print0
 """
-import argparse, contextlib, dataclasses, fcntl, hashlib, inspect, json, math, os, pathlib, re, stat, sys, typing
+import argparse, contextlib, fcntl, hashlib, json, math, os, pathlib, stat, sys, typing
 
 # -----------------------------------------------------------------------------
 # One error path: every user error is one line "prog: error: why", exit status 2, before any work is done.
@@ -50,11 +50,6 @@ def check_number(v, interval: str, what: str = "") -> typing.Optional[str]:
     out = v < lo or v > hi or (interval[0] == "(" and v == lo) or (interval[-1] == ")" and v == hi)
     return f"must be in {interval}{about}, got {v:g}" if out else None
 
-def parse_bool(text: str) -> bool:
-    if text.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-        raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
-    return text.lower() in ("1", "true", "yes", "on")
-
 def number(kind, interval: str = "(-inf, inf)", what: str = ""):
     """argparse type: int or float, checked against interval when the flag is parsed (nan and inf refused)."""
     def parse(text):
@@ -71,26 +66,6 @@ def number(kind, interval: str = "(-inf, inf)", what: str = ""):
         return v
     parse.__name__ = kind.__name__                 # argparse names the type in its "invalid value" errors
     return parse
-
-def add_dataclass_flags(parser: argparse.ArgumentParser, cls, limits: dict) -> None:
-    """One --flag per field of the flat dataclass cls (style B5), with its default and its source comment as help.
-    Optional fields take "none"/"auto" for None; a bare boolean flag means true."""
-    hints = typing.get_type_hints(cls)
-    # "    name: type = default   # comment" -> the comment; % doubled because argparse %-formats help texts
-    lines = (re.match(r"\s+(\w+)\s*:[^=#]+=[^#]*#\s*(.+)$", ln) for ln in inspect.getsource(cls).splitlines())
-    notes = {m.group(1): m.group(2).strip().replace("%", "%%") for m in lines if m}
-    group = parser.add_argument_group(cls.__name__)
-    for f in dataclasses.fields(cls):
-        tp, optional = hints[f.name], False
-        if typing.get_origin(tp) is typing.Union:                  # Optional[X] = Union[X, None]
-            tp, optional = next(a for a in typing.get_args(tp) if a is not type(None)), True
-        conv = number(tp, *limits.get(f.name, ())) if tp in (int, float) else {bool: parse_bool, str: str}[tp]
-        if optional:
-            conv = (lambda c: lambda v: None if v.lower() in ("none", "auto") else c(v))(conv)
-            conv.__name__ = tp.__name__
-        bare = dict(nargs="?", const=True, metavar="BOOL") if tp is bool else {}    # --flag alone means true
-        group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=conv, default=f.default,
-                           help=f"{notes.get(f.name, '')} (default: {f.default})", **bare)
 
 # -----------------------------------------------------------------------------
 # One reader, one identity test.

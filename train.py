@@ -33,7 +33,7 @@ Decisions (each printed with its rule at start-up):
 - Test hooks: NANOLOOP_FAULT="nan@K" (lm_head NaN before step K) / "kill@K" (SIGKILL after step K);
   NANOLOOP_MEMORY_CAP=BYTES caps the memory the checks assume. Never set them otherwise.
 """
-import argparse, dataclasses, hashlib, json, math, os, re, resource, signal, subprocess, sys, time
+import argparse, dataclasses, hashlib, inspect, json, math, os, re, resource, signal, subprocess, sys, time, typing
 from contextlib import nullcontext
 from dataclasses import asdict, replace
 from types import SimpleNamespace
@@ -566,14 +566,40 @@ def git_info() -> dict:
         return dict.fromkeys(("git_commit", "git_dirty", "git_diff_sha256"))
 
 # -----------------------------------------------------------------------------
-# CLI: one flat parser generated from ModelConfig + TrainConfig by common.add_dataclass_flags (style B5)
+# CLI: one flat parser generated from ModelConfig + TrainConfig by add_dataclass_flags (style B5)
+def parse_bool(text: str) -> bool:
+    """A boolean flag's value: 1/true/yes/on or 0/false/no/off (argparse's own bool() would take "false" as true)."""
+    if text.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+    return text.lower() in ("1", "true", "yes", "on")
+
+def add_dataclass_flags(parser: argparse.ArgumentParser, cls, limits: dict) -> None:
+    """One --flag per field of the flat dataclass cls (style B5), with its default and its source comment as help.
+    Optional fields take "none"/"auto" for None; a bare boolean flag means true."""
+    hints = typing.get_type_hints(cls)
+    # "    name: type = default   # comment" -> the comment; % doubled because argparse %-formats help texts
+    lines = (re.match(r"\s+(\w+)\s*:[^=#]+=[^#]*#\s*(.+)$", ln) for ln in inspect.getsource(cls).splitlines())
+    notes = {m.group(1): m.group(2).strip().replace("%", "%%") for m in lines if m}
+    group = parser.add_argument_group(cls.__name__)
+    for f in dataclasses.fields(cls):
+        tp, optional = hints[f.name], False
+        if typing.get_origin(tp) is typing.Union:                  # Optional[X] = Union[X, None]
+            tp, optional = next(a for a in typing.get_args(tp) if a is not type(None)), True
+        conv = common.number(tp, *limits.get(f.name, ())) if tp in (int, float) else {bool: parse_bool, str: str}[tp]
+        if optional:
+            conv = (lambda c: lambda v: None if v.lower() in ("none", "auto") else c(v))(conv)
+            conv.__name__ = tp.__name__
+        bare = dict(nargs="?", const=True, metavar="BOOL") if tp is bool else {}    # --flag alone means true
+        group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=conv, default=f.default,
+                           help=f"{notes.get(f.name, '')} (default: {f.default})", **bare)
+
 def parse_args(argv=None) -> tuple:
     """argv (list of str, None = sys.argv[1:]) -> (ModelConfig, TrainConfig). Every value is checked here, once:
     its LIMITS row as the flag is parsed, then the choices, the one horizon and --init-from's architecture. A bad
     one exits 2 with one line."""
     p = common.Parser(prog="train.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for cls in (ModelConfig, TrainConfig):
-        common.add_dataclass_flags(p, cls, LIMITS)
+        add_dataclass_flags(p, cls, LIMITS)
     # argparse fills in a default only for a dest the namespace lacks: a model field still UNSET after parsing was
     # not on the command line (how --init-from tells "--n-loops 1" typed from n_loops left at its default 1)
     unset, names = object(), [f.name for f in dataclasses.fields(ModelConfig)]

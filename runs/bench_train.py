@@ -137,7 +137,7 @@ def main(argv=None) -> dict:
     OUT/sS_rR_LEVER.json as soon as it is measured; a cell that fails (out of memory, a kernel this device lacks)
     is recorded with its error and the next one runs."""
     p = common.Parser(prog="runs/bench_train.py", description="training tok/s, MFU and peak memory, synthetic tokens")
-    common.add_dataclass_flags(p, ModelConfig, {})             # every architecture field; ModelConfig checks them
+    train.add_dataclass_flags(p, ModelConfig, {})           # every architecture field; ModelConfig checks them
     for name, default in (("device-batch", 8), ("steps", 5), ("accum", 1)):
         p.add_argument("--" + name, type=common.number(int, "[1, inf)"), default=default)
     p.add_argument("--levers", nargs="+", help="cells: base, rowsN, an SDPA kernel, a compile mode, or a+b (above)")
