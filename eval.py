@@ -56,12 +56,9 @@ from model import LoopedGPT, ModelConfig  # noqa: F401  (tests and runs/bench_ev
 
 AXES = ("parametric_knowledge", "reading_comprehension", "math_word_problems", "reasoning_primitives",
         "compositional_symbolic")
-SHUFFLE_SEED = 1337      # data order: random.Random(1337).shuffle(items), then the cap (authors' base_eval.py)
-# shots of item idx: random.Random(1234 + idx).sample(other items, k) (authors' core_eval.py)
-FEWSHOT_SEED = 1234
-CAP = 10_000             # Table 8 caption: every task capped at 10,000 scored examples
-VAR_ASSIGN_SEED = 42     # one Random(42) for all four VarAssign files (data.md §7.7)
-INDUCTION_SEED = 1337    # induction-head probe (data.md §7.7)
+# The seeds are the authors': the data order is Random(1337).shuffle(items), then the cap of 10,000 scored examples
+# (Table 8 caption; their base_eval.py); the shots of item idx are Random(1234 + idx).sample(other items, k) (their
+# core_eval.py); one Random(42) makes the four VarAssign files, Random(1337) the induction-head probe (data.md §7.7).
 
 
 # One downstream task:
@@ -200,22 +197,21 @@ def load_task(name, task_dir=None):
         return None, dict(status="missing", looked_in=looked), shots
     items = load_task_file(path)
     if len(items) < shots + 1:                      # k-shot prompts draw k other items of the same file
-        raise ValueError(f"{path}: {len(items)} item(s), but {name} is {shots}-shot (Table 8): it needs at least "
-                         f"{shots + 1}")
+        raise ValueError(f"{path}: {len(items)} item(s), too few for {name}'s {shots}-shot prompts (Table 8)")
     return items, dict(status="ok", source=path), shots
 
 
 # -----------------------------------------------------------------------------
 # Seeded few-shot sampling and prompt rendering (data.md §7.2, §7.4)
 
-def shuffle_and_cap(items, cap=CAP, seed=SHUFFLE_SEED):
+def shuffle_and_cap(items, cap=10_000, seed=1337):
     """The authors' data order: Random(1337).shuffle, then keep the first `cap` (uniform subsample, Table 8)."""
     items = list(items)
     random.Random(seed).shuffle(items)
     return items[:cap]
 
 
-def fewshot_indices(idx, n, k, seed=FEWSHOT_SEED):
+def fewshot_indices(idx, n, k, seed=1234):
     """Indices of the k shots of item idx among n items: Random(1234 + idx).sample(all j != idx, k).
 
     Sampling range(n - 1) and skipping over idx picks exactly what sampling the list [j for j != idx] picks
@@ -311,8 +307,7 @@ def build_examples(items, indices, tokenizer, *, shots, delimiter=" ", seq_len=N
         if start - drop < 1:
             raise ValueError(f"the continuation ({len(tokens) - start} tokens) does not fit in {seq_len} positions "
                              "after BOS; raise seq_len or use --no-crop")
-        out.append(Example(tokens[:1] + tokens[1 + drop:] if drop else tokens, start - drop, 0 if empty else n_bytes,
-                           drop, mismatch))
+        out.append(Example(tokens[:1] + tokens[1 + drop:], start - drop, 0 if empty else n_bytes, drop, mismatch))
     return out
 
 
@@ -331,8 +326,7 @@ def score_examples(model, examples, *, batch_tokens=8192, n_loops=None, pad_id=0
     """
     device = next(model.parameters()).device
     # empty spans are never forwarded
-    order = sorted((i for i, e in enumerate(examples) if e.start < len(e.tokens)),
-                   key=lambda i: -len(examples[i].tokens))
+    order = sorted((i for i, e in enumerate(examples) if e.start < len(e.tokens)), key=lambda i: -len(examples[i][0]))
     nats, ntok, exact = [0.0] * len(examples), [0] * len(examples), [False] * len(examples)
     i = 0
     while i < len(order):
@@ -365,7 +359,7 @@ def score_examples(model, examples, *, batch_tokens=8192, n_loops=None, pad_id=0
     return nats, ntok, exact
 
 
-def evaluate_task(model, tokenizer, items, *, shots, delimiter=" ", cap=CAP, seq_len=None, crop=True,
+def evaluate_task(model, tokenizer, items, *, shots, delimiter=" ", cap=10_000, seq_len=None, crop=True,
                   batch_tokens=8192, n_loops=None, rank=0, world=1):
     """Continuation loss of one task: shuffle + cap, render with shots, score the gold spans.
 
@@ -428,12 +422,12 @@ def evaluate_suite(model, tokenizer, loaded, **kw):
     for axis in AXES:
         members = [n for n in tasks if TASKS[n].axis == axis]
         ok = [n for n in members if tasks[n]["status"] == "ok"]
-        mean = lambda key: sum(tasks[n][key] for n in ok) / len(ok) if ok else None
         missing = [n for n in members if n not in ok]
         if members:
-            axes[axis] = dict(loss=mean("loss"), bpb=mean("bpb"), tasks=ok, missing=missing, complete=not missing)
-            loss, gone = "n/a" if not ok else f"{axes[axis]['loss']:.4f} nats", ", ".join(missing)
-            print0(f"axis {axis:<24s} | loss {loss} | {len(ok)} tasks" + (f" | missing {gone}" if missing else ""))
+            mean = {key: sum(tasks[n][key] for n in ok) / len(ok) if ok else None for key in ("loss", "bpb")}
+            axes[axis] = dict(**mean, tasks=ok, missing=missing, complete=not missing)
+            print0(f"axis {axis:<24s} | loss " + (f"{mean['loss']:.4f} nats" if ok else "n/a") + f" | {len(ok)} tasks"
+                   + (f" | missing {', '.join(missing)}" if missing else ""))
     return dict(tasks=tasks, axes=axes, missing=[n for n in tasks if tasks[n]["status"] == "missing"],
                 failed=[n for n in tasks if tasks[n]["status"] == "error"])
 
@@ -442,7 +436,6 @@ def evaluate_suite(model, tokenizer, loaded, **kw):
 # Reasoning primitives (paper App. H.1; data.md §7.7, generated exactly as the release does)
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"             # sampled as a sequence: list or str, the same draws
-VALUE_RANGE = (1, 25)                            # values drawn with randint(1, 25), inclusive (App. H.1)
 MATH_HEADER = "The following is a set of simple mathematical equations."
 CODE_HEADER = ("The following is a very short Python program. "
                "Use the program to resolve the value of the variable in the question.")
@@ -456,7 +449,7 @@ def var_assign_example(rng, depth):
     # The order of the rng calls below is the release's, so the same seed gives the same 4,000 examples; values are
     # kept as strings because the continuation is the bare decimal ("22"; the " " delimiter supplies the space).
     names = rng.sample(LETTERS, 5 + 5 * depth)
-    lines = [(v, str(rng.randint(*VALUE_RANGE))) for v in names[:5]]     # the bases, valued in sample order
+    lines = [(v, str(rng.randint(1, 25))) for v in names[:5]]     # the bases, valued in sample order (App. H.1)
     if depth:
         # one hop: alias j names the shuffled base j (1-to-1), so answering needs alias -> base -> value; the aliases
         # are listed after the bases, in alias order, so no line refers forward
@@ -487,7 +480,7 @@ def induction_head_record(rng, n_pairs=8):
     return {"context": ctx, "continuation": vals[q], "choices": vals, "gold": q}
 
 
-def primitive_tasks(n=1000, var_seed=VAR_ASSIGN_SEED, induction_seed=INDUCTION_SEED) -> dict:
+def primitive_tasks(n=1000, var_seed=42, induction_seed=1337) -> dict:
     """{task name: list of CORE LM records} for the five reasoning primitives, deterministic by seed.
     One Random(var_seed) serves the four VarAssign files in the order d0-math, d0-code, d1-math, d1-code."""
     rng = random.Random(var_seed)
@@ -526,8 +519,7 @@ def tokenizer_for(ck, data_dir=None, spec=None):
         raise ValueError(f"data dir {data_dir!r} not found: pass --data DIR or --tokenizer SPEC")
     tok = load_tokenizer(spec)                               # its errors name the spec
     if ck.get("tokenizer_hash") not in (None, tok.identity):
-        raise ValueError(f"tokenizer {spec!r} is {tok.identity}, but the checkpoint was trained with "
-                         f"{ck['tokenizer_hash']}")
+        raise ValueError(f"tokenizer {spec!r} is {tok.identity}; the checkpoint's is {ck['tokenizer_hash']}")
     return tok
 
 
@@ -546,8 +538,8 @@ def check_inputs(cfg, ck, tokenizer, data_dir) -> None:
         raise ValueError(f"--data {data_dir} was tokenised with {meta['tokenizer_hash']}, but the "
                          f"{'checkpoint was trained with' if ck.get('tokenizer_hash') else 'tokenizer is'} {want}")
     if meta["vocab_size"] > cfg.vocab_size:
-        raise ValueError(f"--data {data_dir} holds ids up to vocab_size {meta['vocab_size']:,}, beyond the model's "
-                         f"vocabulary of {cfg.vocab_size:,}")
+        raise ValueError(f"--data {data_dir} holds ids up to {meta['vocab_size']:,}, beyond the model's vocabulary of "
+                         f"{cfg.vocab_size:,}")
 
 
 @torch.no_grad()
@@ -627,8 +619,7 @@ def _preflight(a):
         if min(loops) < 1 or max(loops) > 1024 or len(set(loops)) != len(loops):
             raise ValueError(f"--n-loops-sweep wants distinct integers in [1, 1024] like 1,2,4,8,16, got {text!r}")
     if a.n_loops_sweep and (a.n_loops is not None or a.sample is not None or a.val_tokens == 0):
-        raise ValueError("--n-loops-sweep sets r' itself and needs the val loss: drop --n-loops / --sample / "
-                         "--val-tokens 0")
+        raise ValueError("--n-loops-sweep sets r' and needs the val loss: drop --n-loops / --sample / --val-tokens 0")
     # the folder now (a missing one would only fail at the end); whose file it replaces once the request is known
     folder = os.path.dirname(os.path.abspath(a.out or "."))
     if a.out is not None and not (os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK)):
@@ -645,17 +636,15 @@ def _val(a, model, ck, data_dir, result, **ranks):
     if not val_tokens:
         return
     if not (data_dir and os.path.isdir(data_dir)):           # never skipped silently: the user says so
-        raise ValueError(f"the val loss needs the val split, but data dir {data_dir!r} is not there: pass --data DIR "
-                         "or --val-tokens 0")
+        raise ValueError(f"the val loss needs the data dir {data_dir!r}, not there: pass --data DIR or --val-tokens 0")
     loader = PackedLoader(data_dir, "val", seq_len=cfg.seq_len, batch_rows=a.device_batch * ranks["world"],
                           device_batch=a.device_batch, tokenizer_hash=ck.get("tokenizer_hash") or result["tokenizer"],
                           **ranks)
     have = loader.total_rows * cfg.seq_len
     val_tokens = have if val_tokens == -1 else val_tokens    # train.py's convention: -1 = the whole val split
     if not cfg.seq_len <= val_tokens <= have:                # e.g. the release's 70.8M on a smaller val split
-        what = "--val-tokens" if a.val_tokens is not None else "the run's eval_tokens (set --val-tokens)"
-        raise ValueError(f"{what} {val_tokens:,}: the val split of {data_dir} scores whole rows of {cfg.seq_len} "
-                         f"tokens, {have:,} in all; use a value in [{cfg.seq_len}, {have}] or -1")
+        raise ValueError(f"{'--val-tokens' if a.val_tokens is not None else 'eval_tokens'} {val_tokens:,}: the split"
+                         f" has {have:,} in rows of {cfg.seq_len}; pass --val-tokens in [{cfg.seq_len}, {have}] or -1")
     result["val_loss"] = val_loss(model, loader, val_tokens, n_loops=a.n_loops)
     result["val_tokens"] = (val_tokens // cfg.seq_len) * cfg.seq_len
     print0(f"val_loss {result['val_loss']:.4f} nats | n_loops {result['n_loops']} | {result['val_tokens']:,} tokens")
@@ -670,8 +659,15 @@ def _val(a, model, ck, data_dir, result, **ranks):
 
 def _main(argv):
     """main's body: the checks, the run opened and checked, then --sample, or val loss + tasks -> eval.json."""
-    if argv[:1] == ["primitives"]:
-        return _cli_primitives(argv[1:])
+    if argv[:1] == ["primitives"]:           # `eval.py primitives --out DIR [--n N]`: the reasoning-primitive files
+        p = Parser(prog="eval.py primitives", description="write the reasoning-primitive task files")
+        p.add_argument("--out", required=True, help="task dir (created if missing): OUT/reasoning_primitives/*.jsonl")
+        p.add_argument("--n", type=number(int, "[1, 1000000]"), default=1000, help="examples per task (App. H.1)")
+        p.add_argument("--overwrite", action="store_true", help="write into a folder eval.py did not make for this --n")
+        a = p.parse_args(argv[1:])
+        for path in write_primitives(a.out, a.n, overwrite=a.overwrite):
+            print(f"wrote {path}")
+        return None
     a = _parser().parse_args(argv)
     loaded = _preflight(a)
     # the checkpoint (sized and checked by checkpoint.py), its tokenizer and data, checked against each other
@@ -686,9 +682,8 @@ def _main(argv):
     # alpha/M/beta exist for exactly the trained r), so runs/mini.sh needs no list of names, only this exit 2.
     refused = [r for r in a.n_loops_sweep or [r_eval] if r != cfg.n_loops and not cfg.loop_sweepable]
     if refused:
-        raise ValueError(f"{'--n-loops-sweep' if a.n_loops_sweep else '--n-loops'}: injection {cfg.injection!r} "
-                         f"cannot run r'={refused[0]} (trained r={cfg.n_loops}): its per-iteration parameters exist "
-                         f"for exactly {cfg.n_loops} iterations")
+        raise ValueError(f"{'--n-loops-sweep' if a.n_loops_sweep else '--n-loops'}: injection {cfg.injection!r} cannot"
+                         f" run r'={refused[0]} (trained r={cfg.n_loops}): built for exactly {cfg.n_loops} iterations")
     if a.sample is not None:                                 # a quick look at the model, nothing written
         text, _ = sample(model, tokenizer, a.sample, a.max_new_tokens, a.temperature, a.top_k, a.seed, a.n_loops)
         print0(f"sample (r={r_eval}) | {a.sample}{text}")
@@ -729,17 +724,6 @@ def _main(argv):
         errors = "; ".join(f"{n}: {suite['tasks'][n]['error']}" for n in suite["failed"])
         raise ValueError(f"{len(suite['failed'])} task(s) failed, the rest are in {path}: {errors}")
     return result
-
-
-def _cli_primitives(argv):
-    """`eval.py primitives --out DIR [--n N]`: the five reasoning-primitive task files."""
-    p = Parser(prog="eval.py primitives", description="write the reasoning-primitive task files")
-    p.add_argument("--out", required=True, help="task dir (created if missing): OUT/reasoning_primitives/*.jsonl")
-    p.add_argument("--n", type=number(int, "[1, 1000000]"), default=1000, help="examples per task (App. H.1: 1,000)")
-    p.add_argument("--overwrite", action="store_true", help="write into a folder eval.py did not make for this --n")
-    a = p.parse_args(argv)
-    for path in write_primitives(a.out, a.n, overwrite=a.overwrite):
-        print(f"wrote {path}")
 
 
 def main(argv=None):
