@@ -150,13 +150,12 @@ def _schema(rec):
         # an LM continuation must add text to be scored
         if not isinstance(value, str) or (value == "" and kind == "lm" and key == "continuation"):
             raise ValueError(f"{key} must be a {'non-empty ' if isinstance(value, str) else ''}string")
-    if opts:                              # mc and schema: >= 2 string options and a gold index into them
-        options, gold = rec.get(opts), rec.get("gold")
-        if not (isinstance(options, list) and len(options) >= 2 and all(isinstance(o, str) for o in options)):
-            raise ValueError(f"{opts} must be a list of >= 2 strings")
-        # JSON true/false are Python bools, and bool is a subclass of int: "gold": true would mean choice 1
-        if not (type(gold) is int and 0 <= gold < len(options)):
-            raise ValueError(f"gold must be an integer index into {opts}, got {gold!r}")
+    # mc and schema: >= 2 string options and a gold index into them. JSON true/false are Python bools, and bool is a
+    # subclass of int: "gold": true would mean choice 1.
+    options, gold = rec.get(opts), rec.get("gold")
+    if opts and not (isinstance(options, list) and len(options) >= 2 and all(isinstance(o, str) for o in options)
+                     and type(gold) is int and 0 <= gold < len(options)):
+        raise ValueError(f"{opts} must be a list of >= 2 strings and gold an integer index into it, got gold {gold!r}")
     return kind
 
 
@@ -252,9 +251,8 @@ Example = collections.namedtuple("Example", "tokens start n_bytes cropped mismat
 
 def _common_prefix(seqs):
     """Length of the longest prefix shared by every sequence in seqs."""
-    n = min(len(s) for s in seqs)
-    # the first position where some sequence differs from the first one; n when none does
-    return next((i for i in range(n) if any(s[i] != seqs[0][i] for s in seqs[1:])), n)
+    # the first position where the sequences differ; the shortest length when none does
+    return next((i for i, column in enumerate(zip(*seqs)) if len(set(column)) > 1), min(map(len, seqs)))
 
 
 def build_examples(items, indices, tokenizer, *, shots, delimiter=" ", seq_len=None, crop=True):
@@ -470,8 +468,7 @@ def induction_head_record(rng, n_pairs=8):
     (keys not de-duplicated); the gold value is the one at the query index (Olsson et al. 2022 probe)."""
     # 0-shot: the answer is only in the context, so the loss measures in-context copying, not stored knowledge.
     # All keys are drawn before all values (the release's call order); a repeated key (26^4 choices) is rare.
-    keys = ["".join(rng.choices(LETTERS, k=4)) for _ in range(n_pairs)]
-    vals = ["".join(rng.choices(LETTERS, k=3)) for _ in range(n_pairs)]
+    keys, vals = (["".join(rng.choices(LETTERS, k=k)) for _ in range(n_pairs)] for k in (4, 3))
     q = rng.randrange(n_pairs)
     ctx = "\n".join(f"{k} -> {v}" for k, v in zip(keys, vals)) + f"\n{keys[q]} ->"
     return {"context": ctx, "continuation": vals[q], "choices": vals, "gold": q}
