@@ -140,22 +140,22 @@ def val_loss(model, loader, tokens, n_loops=None, bf16=None) -> float:
 # is checked here, once, and everything after trusts it. The tasks no bundle ships in CORE form (data.md §7.8) are
 # the user's files in the same layout; one absent is reported as missing, never silently dropped.
 
-def _schema(rec):
+def _schema(rec, where):
     """Which CORE schema a record uses: 'lm' {context, continuation}, 'mc' {query, choices, gold},
-    'schema' {context_options, continuation, gold}; raises ValueError with the reason otherwise."""
+    'schema' {context_options, continuation, gold}; else a ValueError naming where (FILE:LINE) and the reason."""
     kind, opts, texts = (("schema", "context_options", ("continuation",)) if "context_options" in rec else
                          ("mc", "choices", ("query",)) if "query" in rec else ("lm", None, ("context", "continuation")))
     for key in texts + ("delimiter",):
         value = rec.get(key, "" if key == "delimiter" else None)      # the delimiter is optional (the task's default)
         # an LM continuation must add text to be scored
         if not isinstance(value, str) or (value == "" and kind == "lm" and key == "continuation"):
-            raise ValueError(f"{key} must be a {'non-empty ' if isinstance(value, str) else ''}string")
+            raise ValueError(f"{where}: {key} must be a {'non-empty ' if isinstance(value, str) else ''}string")
     # mc and schema: >= 2 string options and a gold index into them. JSON true/false are Python bools, and bool is a
     # subclass of int: "gold": true would mean choice 1.
     options, gold = rec.get(opts), rec.get("gold")
     if opts and not (isinstance(options, list) and len(options) >= 2 and all(isinstance(o, str) for o in options)
                      and type(gold) is int and 0 <= gold < len(options)):
-        raise ValueError(f"{opts} must be a list of >= 2 strings and gold an integer index into it, got gold {gold!r}")
+        raise ValueError(f"{where}: {opts} must be >= 2 strings and gold an integer index into them, not {gold!r}")
     return kind
 
 
@@ -163,13 +163,8 @@ def load_task_file(path) -> list:
     """Read one CORE task file (*.jsonl, or gzipped *.jsonl.gz) into a list of item dicts, each with a 'kind'
     ('lm' | 'mc' | 'schema'). Anything wrong with the file (a malformed record, bad UTF-8, a corrupt gzip, an
     unreadable path) raises ValueError naming the file and, where there is one, the line."""
-    items = []
     # UTF-8, JSON, gzip faults: named by file and line (data.jsonl_records)
-    for where, rec in jsonl_records(path):
-        try:
-            items.append(dict(rec, kind=_schema(rec)))
-        except ValueError as e:
-            raise ValueError(f"{where}: malformed task line: {e}") from None
+    items = [dict(rec, kind=_schema(rec, where)) for where, rec in jsonl_records(path)]
     # shots are drawn from the same file: one schema only
     kinds = sorted({it["kind"] for it in items})
     if len(kinds) != 1:
