@@ -630,8 +630,9 @@ def _val(a, model, ck, data_dir, result, **ranks):
     have = loader.total_rows * cfg.seq_len
     val_tokens = have if val_tokens == -1 else val_tokens    # train.py's convention: -1 = the whole val split
     if not cfg.seq_len <= val_tokens <= have:                # e.g. the release's 70.8M on a smaller val split
-        raise ValueError(f"{'--val-tokens' if a.val_tokens is not None else 'eval_tokens'} {val_tokens:,}: the split"
-                         f" has {have:,} in rows of {cfg.seq_len}; pass --val-tokens in [{cfg.seq_len}, {have}] or -1")
+        what = "--val-tokens" if a.val_tokens is not None else "the run's eval_tokens (set --val-tokens)"
+        raise ValueError(f"{what} {val_tokens:,}: the val split of {data_dir} scores whole rows of {cfg.seq_len} "
+                         f"tokens, {have:,} in all; use a value in [{cfg.seq_len}, {have}] or -1")
     result["val_loss"] = val_loss(model, loader, val_tokens, n_loops=a.n_loops)
     result["val_tokens"] = (val_tokens // cfg.seq_len) * cfg.seq_len
     print0(f"val_loss {result['val_loss']:.4f} nats | n_loops {result['n_loops']} | {result['val_tokens']:,} tokens")
