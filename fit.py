@@ -94,8 +94,7 @@ MIN_CI_RESAMPLES = 100            # a 95% interval from fewer resamples rests on
 UNFINISHED = ("ckpt.pt", "log.jsonl", "train.log")
 # Every file a fit writes into --out (a new figure is added here): a refit removes those of them the previous fit.json
 # lists and this fit does not write, nothing else
-OUTPUTS = ("fit.json", "report.md", "iso_flops.png", "pred_vs_actual.png", "frontier.png", "phi.png",
-           "loop_sweep.png")
+OUTPUTS = ("fit.json", "report.md", "iso_flops.png", "pred_vs_actual.png", "frontier.png", "phi.png", "loop_sweep.png")
 
 # Synthetic truth (fitting.md §7-8): alpha, beta, E and phi are the paper's joint fit (Table 2); A and B are not
 # printed there, so they are chosen (derived) to put the grid's losses at 2.29-2.98 nats like Fig. 2, with the r=1
@@ -1086,12 +1085,11 @@ def report_text(res):
         # design expected to extrapolate, the prelude-initialised state of the paper is not
         sw = res["loop_sweep"]
         rps = sorted({p["n_loops"] for e in sw for p in e["curve"]})
-        at = [{p["n_loops"]: p["val_loss"] for p in e["curve"]} for e in sw]
         L += [""] + _table(("trained r", "C", "N", *(f"r'={k}" for k in rps), "L(r'max) − L(r)"), [
             (e["n_loops"], f"{e['flops_budget']:.3g}", f"{e['n_params']:.3g}",
              *(f"{a[k]:.3f}" if k in a else "-" for k in rps), _fmt(e["gain"], "+.3f"))
-            for e, a in zip(sw, at)], "## Test-time loop extrapolation (App. A; eval.py --n-loops-sweep, figure "
-                                      "loop_sweep.png)")
+            for e in sw for a in [{p["n_loops"]: p["val_loss"] for p in e["curve"]}]],
+            "## Test-time loop extrapolation (App. A; eval.py --n-loops-sweep, figure loop_sweep.png)")
     # §4.2: the frontier L*_r(C) is comparable across r; gap = L*_r - L*_1 at the same budget; then the exponents,
     # the joint law's s* (App. G.3) and the App. F.4 equivalent sizes
     fr = res["frontier"]
@@ -1342,17 +1340,17 @@ def write_case_summary(summary, out_dir, overwrite=False):
     """Append (or regenerate) the case-study section of OUT/report.md and write cases.png (and cases_loops.png), as
     one set. Returns the paths written, report.md first."""
     report = os.path.join(out_dir, "report.md")
-    f, ci = _fmt, lambda row, k, fmt: "" if row[f"{k}_lo"] is None else \
-        f" [{row[f'{k}_lo']:{fmt}}, {row[f'{k}_hi']:{fmt}}]"
+    ci = lambda x, k, fmt: "" if x[f"{k}_lo"] is None else f" [{x[f'{k}_lo']:{fmt}}, {x[f'{k}_hi']:{fmt}}]"
     L = [CASES_MARK, "", "## Case studies (§5, Table 3; runs/mini.sh --case NAME)", "",
          "Δφ = φ(case) − baseline φ, the baseline refitted on the case's budgets inside the case's fit (from runs of "
          "the baseline study above: checked); its CI is a paired block bootstrap over the (budget, r) cells. Gap: "
          "L*(r=8) − L*(r=1) of the compute-optimal frontier at the top budget (nats). Extrapolation: mean over the "
          "swept models of L(largest r') − L(trained r), nats (negative: more test-time loops help).", ""]
     L += _table(("case", "φ [95% CI]", "baseline φ", "Δφ [95% CI]", "R²", "n", "r=8 gap", "extrapolation", "flags"), [
-        (row["name"], f"{row['phi']:.3f}{ci(row, 'phi', '.2f')}", f(row["baseline_phi"], ".3f"),
-         f"{f(row['delta_phi'], '+.3f')}{ci(row, 'delta_phi', '+.2f')}", f"{row['r2']:.4f}", row["n"],
-         f(row["gap8"], "+.3f"), f(row["extrapolation_gain"], "+.3f"), ", ".join(n for n, _ in row["flags"]) or "-")
+        (row["name"], f"{row['phi']:.3f}{ci(row, 'phi', '.2f')}", _fmt(row["baseline_phi"], ".3f"),
+         f"{_fmt(row['delta_phi'], '+.3f')}{ci(row, 'delta_phi', '+.2f')}", f"{row['r2']:.4f}", row["n"],
+         _fmt(row["gap8"], "+.3f"), _fmt(row["extrapolation_gain"], "+.3f"),
+         ", ".join(n for n, _ in row["flags"]) or "-")
         for row in summary["rows"]])
     # the table names the flags; here, which fits each one concerns
     flagged = [f"- {row['name']}: " + " | ".join(f"{name}: {items}" for name, items in row["flags"])
@@ -1361,9 +1359,8 @@ def write_case_summary(summary, out_dir, overwrite=False):
     L += ["", "Figures: cases.png (φ and its CI per case), cases_loops.png (val loss vs test-time r' per case)."]
     # OUT is the baseline fit's folder: --cases claims it as that fit's own request (OUT/fit.json records it, OUT's
     # marker names it), so the table needs no --overwrite and a copied study stays usable
-    with claimed(out_dir, "fit", summary["request"] or "cases", overwrite, "--cases"):
-        for name in ("report.md", "cases.png", "cases_loops.png"):
-            common.check_new(os.path.join(out_dir, name), True, "--cases")
+    with claimed(out_dir, "fit", summary["request"] or "cases", overwrite, "--cases",
+                 ("report.md", "cases.png", "cases_loops.png")):
         files, head = _case_figures(summary), ""
         if os.path.isfile(report):                  # the fit's own report, without the section written before
             head = pathlib.Path(report).read_text("utf-8", "replace").split(CASES_MARK)[0].rstrip("\n") + "\n\n"
@@ -1446,22 +1443,24 @@ def runs_record(runs):
     # name is kept beside it for people, not in it: a copied runs folder is the same runs
     keys = [common.request_key("run", [ident, case] + [float(runs[k][i]) for k in REQUIRED])
             for i, (ident, case) in enumerate(zip(runs["identity"], runs["case"]))]
-    return {"n": len(keys), "digest": common.request_key("runs", sorted(keys)), "dirs": list(runs["dir"]),
-            "keys": keys}
+    return {"n": len(keys), "digest": common.request_key("runs", sorted(keys)), "dirs": list(runs["dir"]), "keys": keys}
 
 class Partial(ValueError):
     """A write_set that failed after its first rename: a refusal that cannot change nothing (see claimed)."""
 
 @contextlib.contextmanager
-def claimed(folder, tool, request, overwrite=False, flag="--out"):
+def claimed(folder, tool, request, overwrite=False, flag="--out", names=()):
     """common.claim(folder) for the body of the with: fit.py's (or design.py's) own folder, one writer at a time. A
     refusal raised inside the body gives the folder back as it was (its marker's old text, no folder we made): a
-    refused command changes nothing. A Partial keeps the folder ours, for the rerun."""
+    refused command changes nothing. A Partial keeps the folder ours, for the rerun. names: the outputs the body
+    will write, refused first where a link, folder or FIFO stands at one (never written through)."""
     mark, made = os.path.join(folder, f".nanoloop-{tool}"), not os.path.lexists(folder)
     # the marker's text, read before claim rewrites it (a FIFO or device is never opened: claim refuses it by name)
     old = pathlib.Path(mark).read_bytes()[:200] if os.path.isfile(mark) else None
     common.claim(folder, tool, request, overwrite, flag)
     try:
+        for name in names:
+            common.check_new(os.path.join(folder, name), True, flag)
         yield
     except Partial:             # outputs were renamed in: the folder stays ours, so the rerun needs no --overwrite
         raise
@@ -1523,8 +1522,7 @@ def parse_args(argv=None):
     p.add_argument("--loops", type=lambda text: [common.number(int, *LIMITS["n_loops"])(x) for x in text.split(",")],
                    help="keep only these n_loops, e.g. 1,4,8 (Table 3's refit without r=2)")
     p.add_argument("--out", help="output folder for fit.json, report.md and the figures")
-    p.add_argument("--overwrite", action="store_true", help="write into an --out / --cases folder that is not "
-                   "this same request's, or replace a --synthetic file")
+    p.add_argument("--overwrite", action="store_true", help="write into another request's --out / --cases folder")
     # every number is checked as it is parsed (common.number), in the interval notation of LIMITS
     for flag, kind, interval, default, what in (
             ("seed", int, "[0, 9.2e18]", 0, "seed of the restarts and the bootstrap"),
@@ -1558,16 +1556,14 @@ def _fit_warning_flags(flags, caught):
         _add_flag(flags, *getattr(w.message, "flag", ("fit_warning", str(w.message))))
 
 def fit_outputs(args):
-    """The fit a CLI invocation asks for, written into --out; returns its result. Every input or output problem is a
-    ValueError before any fit runs; the outputs are rendered in memory and written as one set at the end, so a
-    failure anywhere leaves --out as it was."""
+    """The fit a CLI invocation asks for, written into --out; returns its result and the lines to print. Every input
+    or output problem is a ValueError before any fit runs; the outputs are rendered in memory and written as one set
+    at the end, so a failure anywhere leaves --out as it was."""
     # what this invocation asks for: the same request may rewrite its own outputs without --overwrite
     request = {"input": os.path.abspath(args.csv or args.runs_dir), "csv": bool(args.csv), "law": args.law,
                **{k: getattr(args, k) for k in ("case", "loops", "seed", "restarts", "bootstrap", "boot_restarts")}}
     _pyplot()                  # the figures need matplotlib: an ImportError now (one line, main), not after the fit
-    with claimed(args.out, "fit", request, args.overwrite), warnings.catch_warnings(record=True) as caught:
-        for name in OUTPUTS:                             # a link, folder or FIFO at an output's name: never written
-            common.check_new(os.path.join(args.out, name), True)
+    with claimed(args.out, "fit", request, args.overwrite, names=OUTPUTS), warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always", UserWarning)     # the fitter's own warnings become flags (below)
         runs = runs_from_rows(load_csv(args.csv) if args.csv else load_records(args.runs_dir), args.law)
         sel = select_runs(runs, args.case, args.loops)     # what the fit (and the figures) use: a case's variant
@@ -1581,7 +1577,7 @@ def fit_outputs(args):
         if unfinished := [] if args.csv else unfinished_runs(args.runs_dir):
             _add_flag(res["flags"], "unfinished_runs", f"{len(unfinished)} under {args.runs_dir} "
                       f"({', '.join(unfinished[:5])}{', ...' if len(unfinished) > 5 else ''})")
-        _fit_warning_flags(res["flags"], [w for w in caught if issubclass(w.category, UserWarning)])
+        _fit_warning_flags(res["flags"], [w for w in seen if issubclass(w.category, UserWarning)])
         res.update(input=args.csv or args.runs_dir, request=request, request_key=common.request_key("fit", request),
                    runs=runs_record(sel))
         try:
@@ -1597,11 +1593,8 @@ def fit_outputs(args):
             old = [n for n in OUTPUTS if n in read_json(os.path.join(args.out, "fit.json")).get("outputs")]
         files = {"fit.json": json.dumps(_jsonable(res), indent=1).encode(), **files}      # fit.json first: renamed last
         write_set(args.out, files, remove=["fit.json"] + [n for n in old if n not in files])
-    return res
-
-def summary_lines(res, out):
-    """What the CLI prints after a fit: each Eq. 2 fit, the restricted fits, the case line, every flag, and last
-    (where a user looks) the phi line with its 95% CI and flag names, and a case study's delta-phi line."""
+    # what the CLI prints: each Eq. 2 fit, the restricted fits, the case line, every flag, and last (where a user
+    # looks) the phi line with its 95% CI and flag names, and a case study's delta-phi line
     # one line per Eq. 2 fit: per architecture, or per chinchilla group
     blocks = _chin_groups(res) if "chinchilla" in res else {f"r={r}": b for r, b in res["per_arch"].items()}
     L = [f"{name}: A={_sig2(b['A'])} alpha={b['alpha']:.3f} B={_sig2(b['B'])} beta={b['beta']:.3f} E={b['E']:.2f} "
@@ -1611,8 +1604,8 @@ def summary_lines(res, out):
     if c := res.get("case"):
         L.append(f"case {c['name']}: phi {c['variant']['phi']:.3f} vs baseline phi {c['baseline']['phi']:.3f} "
                  f"refitted on {_budgets_said(c)}; delta phi = {c['delta_phi']:+.3f}")
-    L += [f"WARNING [{f['name']}]: {f['message']}" for f in res["flags"]] + [f"wrote {out}/fit.json, report.md and "
-                                                                             "figures"]
+    L += [f"WARNING [{f['name']}]: {f['message']}" for f in res["flags"]]
+    L.append(f"wrote {args.out}/fit.json, report.md and figures")
     if "chinchilla" not in res:
         # the one line a user reads: point estimate and 95% block-bootstrap CI (Table 2 style), and its flags
         bs = res.get("bootstrap")
@@ -1621,7 +1614,7 @@ def summary_lines(res, out):
     if c:                                 # the case study's one line (runs/mini.sh --case greps it)
         dci = f" [{c['delta_phi_lo']:+.3f}, {c['delta_phi_hi']:+.3f}]" if "delta_phi_lo" in c else ""
         L.append(f"delta_phi({c['name']}) = {c['delta_phi']:+.3f}{dci}{_flag_names(res)}")
-    return L
+    return res, L
 
 def main(argv=None):
     args = parse_args(argv)
@@ -1642,8 +1635,7 @@ def main(argv=None):
                 f" | delta_phi {row['delta_phi']:+.3f} vs baseline phi {row['baseline_phi']:.3f} refitted in the "
                 "case's fit") for row in res["rows"]] + [f"wrote {', '.join(paths)}"]
         else:
-            res = fit_outputs(args)
-            lines = summary_lines(res, args.out)
+            res, lines = fit_outputs(args)
     except (ValueError, ImportError) as err:       # ImportError: no matplotlib (pip install -r requirements.txt)
         common.fail("fit.py", err)
     print("\n".join(lines))
