@@ -103,7 +103,7 @@ BASELINE = (None, "", "baseline")    # the case labels of the main grid: records
 SYNTH_TRUTH = {"E": 1.57, "A": 25.0, "B": 1000.0, "alpha": 0.199, "beta": 0.369, "phi": 0.46}
 
 class FitWarning(UserWarning):
-    """A fitter warning that is also a flag (assess, _fit_warning_flags): warnings show the message, and the CLI
+    """A fitter warning that is also a flag (assess, fit_outputs): warnings show the message, and the CLI
     files it under flag = (name in FLAG_TEXT, the item naming the fit or run it concerns)."""
 
     def __init__(self, message, name, item):
@@ -1299,9 +1299,8 @@ def case_summary(out_dir):
             gains = [e["gain"] for e in sw if e.get("gain") is not None]
             # the r=8 frontier gap L*_8 - L*_1 at the largest budget (§4.2)
             fr = [x for x in (res.get("frontier") or {}).get("rows", []) if x["n_loops"] == 8 and x["gap"] is not None]
-            rows.append({"name": name, "phi": j.get("phi"), "phi_lo": bs.get("phi_lo"), "phi_hi": bs.get("phi_hi"),
-                         "r2": j.get("r2"), "n": j.get("n"), "delta_phi": c.get("delta_phi"),
-                         "delta_phi_lo": c.get("delta_phi_lo"), "delta_phi_hi": c.get("delta_phi_hi"),
+            rows.append({"name": name, **{k: d.get(k) for d, ks in ((j, ("phi", "r2", "n")), (bs, ("phi_lo", "phi_hi")),
+                         (c, ("delta_phi", "delta_phi_lo", "delta_phi_hi"))) for k in ks},
                          "baseline_phi": (c.get("baseline") or {}).get("phi"),
                          "gap8": max(fr, key=lambda x: x["flops_budget"])["gap"] if fr else None,
                          "extrapolation_gain": float(np.mean(gains)) if gains else None,
@@ -1539,21 +1538,14 @@ def parse_args(argv=None):
     # --cases need no runs input and write no fit folder
     if (a.synthetic or a.cases) and (a.runs_dir or a.csv or a.out or (a.synthetic and a.cases)):
         p.error("--synthetic and --cases take no RUNS_DIR, --csv, --out or each other")
-    if not (a.synthetic or a.cases):
-        if a.case in BASELINE[1:]:
-            p.error(f"--case {a.case!r} names the main grid (runs without a case label); leave --case out")
-        if (a.runs_dir is None) == (a.csv is None) or not a.out:
-            p.error("give one input (RUNS_DIR or --csv FILE) and --out DIR")
-        # the bootstrap screens every start of every resample at once: bound its memory (paper: 200 x 5)
-        if a.bootstrap * (1 + a.boot_restarts) > 10 ** 6:
-            p.error("--bootstrap x (1 + --boot-restarts) must be at most 1e6 starts")
+    if not (a.synthetic or a.cases) and ((a.runs_dir is None) == (a.csv is None) or not a.out):
+        p.error("give one input (RUNS_DIR or --csv FILE) and --out DIR")
+    if a.case in BASELINE[1:]:
+        p.error(f"--case {a.case!r} names the main grid (runs without a case label); leave --case out")
+    # the bootstrap screens every start of every resample at once: bound its memory (paper: 200 x 5)
+    if a.bootstrap * (1 + a.boot_restarts) > 10 ** 6:
+        p.error("--bootstrap x (1 + --boot-restarts) must be at most 1e6 starts")
     return a
-
-def _fit_warning_flags(flags, caught):
-    """Add the fitter's own warnings (warnings.warn) to flags, one flag per kind, so fit.json keeps them too."""
-    for w in caught:
-        # a FitWarning names its flag and item; any other warning (numpy, scipy) is a fit_warning with its text
-        _add_flag(flags, *getattr(w.message, "flag", ("fit_warning", str(w.message))))
 
 def fit_outputs(args):
     """The fit a CLI invocation asks for, written into --out; returns its result and the lines to print. Every input
@@ -1577,7 +1569,9 @@ def fit_outputs(args):
         if unfinished := [] if args.csv else unfinished_runs(args.runs_dir):
             _add_flag(res["flags"], "unfinished_runs", f"{len(unfinished)} under {args.runs_dir} "
                       f"({', '.join(unfinished[:5])}{', ...' if len(unfinished) > 5 else ''})")
-        _fit_warning_flags(res["flags"], [w for w in seen if issubclass(w.category, UserWarning)])
+        for w in [w for w in seen if issubclass(w.category, UserWarning)]:
+            # a FitWarning names its flag and item; any other warning (numpy, scipy) is a fit_warning with its text
+            _add_flag(res["flags"], *getattr(w.message, "flag", ("fit_warning", str(w.message))))
         res.update(input=args.csv or args.runs_dir, request=request, request_key=common.request_key("fit", request),
                    runs=runs_record(sel))
         try:
