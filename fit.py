@@ -1559,12 +1559,9 @@ def fit_outputs(args):
         warnings.simplefilter("always", UserWarning)     # the fitter's own warnings become flags (below)
         runs = runs_from_rows(load_csv(args.csv) if args.csv else load_records(args.runs_dir), args.law)
         sel = select_runs(runs, args.case, args.loops)     # what the fit (and the figures) use: a case's variant
-        if args.law == "chinchilla":
-            res = run_chinchilla(sel, args.restarts, args.seed)
-        elif args.case:
-            res = run_case(runs, args.case, args.loops, args.restarts, args.bootstrap, args.seed, args.boot_restarts)
-        else:
-            res = run_protocol(sel, args.restarts, args.bootstrap, args.seed, args.boot_restarts)
+        proto = (args.restarts, args.bootstrap, args.seed, args.boot_restarts)
+        res = run_chinchilla(sel, args.restarts, args.seed) if args.law == "chinchilla" else \
+            run_case(runs, args.case, args.loops, *proto) if args.case else run_protocol(sel, *proto)
         # flags that only the CLI can see: run folders without a record, and the fitter's own warnings
         if unfinished := [] if args.csv else unfinished_runs(args.runs_dir):
             _add_flag(res["flags"], "unfinished_runs", f"{len(unfinished)} under {args.runs_dir} "
