@@ -94,16 +94,16 @@ MIN_CI_RESAMPLES = 100            # a 95% interval from fewer resamples rests on
 UNFINISHED = ("ckpt.pt", "log.jsonl", "train.log")
 # Every file a fit writes into --out (a new figure is added here): a refit removes those of them the previous fit.json
 # lists and this fit does not write, nothing else
-OUTPUTS = ("fit.json", "report.md", "iso_flops.png", "pred_vs_actual.png", "frontier.png", "phi.png",
-           "loop_sweep.png")
+OUTPUTS = ("fit.json", "report.md", "iso_flops.png", "pred_vs_actual.png", "frontier.png", "phi.png", "loop_sweep.png")
 
 # Synthetic truth (fitting.md §7-8): alpha, beta, E and phi are the paper's joint fit (Table 2); A and B are not
 # printed there, so they are chosen (derived) to put the grid's losses at 2.29-2.98 nats like Fig. 2, with the r=1
 # compute optimum inside the widths trained at each budget (s* = 7.2 at 4.64e17 ... 24.8 at 2.15e19).
+BASELINE = (None, "", "baseline")    # the case labels of the main grid: records without one, or "baseline"
 SYNTH_TRUTH = {"E": 1.57, "A": 25.0, "B": 1000.0, "alpha": 0.199, "beta": 0.369, "phi": 0.46}
 
 class FitWarning(UserWarning):
-    """A fitter warning that is also a flag (assess, _fit_warning_flags): warnings show the message, and the CLI
+    """A fitter warning that is also a flag (assess, fit_outputs): warnings show the message, and the CLI
     files it under flag = (name in FLAG_TEXT, the item naming the fit or run it concerns)."""
 
     def __init__(self, message, name, item):
@@ -118,23 +118,17 @@ def _box(p):
 # -----------------------------------------------------------------------------
 # Inputs: done.json trees or CSV, validated before any fit
 
-def _is_baseline(case):
-    """Records without a case label (or labelled "baseline") are the main grid."""
-    return case in (None, "", "baseline")
-
 def _folders(runs_dir):
     """[(folder, names in it)] of runs_dir's tree, sorted (the same run order on every filesystem). A linked folder
     is followed (a study may link runs in from elsewhere), a link loop and an unreadable folder are refused by name:
     os.walk would skip the latter silently, and a run hidden that way would vanish from the fit."""
     def refuse(err):
         raise ValueError(f"{err.filename}: cannot read ({err.strerror})")
-    out, seen = [], set()
+    out = {}                        # real path -> (folder, names): a followed link loop reaches one folder twice
     for root, dirs, files in os.walk(runs_dir, onerror=refuse, followlinks=True):
-        if os.path.realpath(root) in seen:           # followed links: a loop would be walked forever
+        if out.setdefault(os.path.realpath(root), (root, set(dirs) | set(files)))[0] != root:
             raise ValueError(f"{root} is read already (a link loop or a duplicate); remove the link")
-        seen.add(os.path.realpath(root))
-        out.append((root, set(dirs) | set(files)))
-    return sorted(out, key=lambda x: x[0])
+    return sorted(out.values(), key=lambda x: x[0])
 
 # common.read_json refuses a FIFO, a device (/dev/zero) or a folder behind the name by name, never opens it (open()
 # would wait, or read forever); a link to a regular file is followed. design.py reads its prior through this name.
@@ -162,16 +156,14 @@ def load_records(runs_dir):
     and LIMITS), its config's accounting, its n_loops, d_model, flops_budget and case against its own config, and
     its data and tokenizer against every other record's. ValueError if none is found."""
     if not os.path.isdir(runs_dir):
-        raise ValueError(f"runs directory {runs_dir!r} " + ("is not a folder" if os.path.exists(runs_dir) else
-                                                            "does not exist"))
+        raise ValueError(f"runs directory {runs_dir!r} does not exist as a folder")
     # one study, one data set: runs trained on other data or another tokenizer follow another law, and a fit (or a
     # delta-phi) across them would be silently wrong. A record that predates a field matches any value of it.
     data = lambda rec: {k: v for k, v in (("data", (rec.get("identity") or {}).get("data")),
                                           ("tokenizer", rec.get("tokenizer_hash"))) if v is not None}
     recs = []
     for root in [root for root, names in _folders(runs_dir) if "done.json" in names]:
-        path = os.path.join(root, "done.json")
-        rec = read_json(path, DONE_SCHEMA)
+        rec = read_json(path := os.path.join(root, "done.json"), DONE_SCHEMA)
         # train.py nests the config ({"model_config": {...}, "train_config": {...}}); a hand-made one may be flat
         cfg = rec.get("config") or {}
         mcfg, tcfg = (c if isinstance(c := cfg.get(k, cfg), dict) else {} for k in ("model_config", "train_config"))
@@ -185,14 +177,13 @@ def load_records(runs_dir):
         # the top-level fields the fit reads must agree with the config the run trained: an edited budget or r would
         # otherwise be fitted silently at the wrong place (issue 18 §3). No case key = the main grid ("").
         for key, conf in (("n_loops", mcfg), ("d_model", acc), ("flops_budget", tcfg), ("case", tcfg)):
-            mine, theirs = rec.get(key) or "", conf.get(key, rec.get(key)) or ""
-            if mine != theirs:
+            if (mine := rec.get(key) or "") != (theirs := conf.get(key, rec.get(key)) or ""):
                 raise ValueError(f"{path}: key {key!r} is {mine!r:.40} but the record's config says {theirs!r:.40}")
         rec.update(source=path, run_dir=os.path.relpath(root, runs_dir), n_loops_sweep=_read_sweep(
             os.path.join(root, "eval.json")), arch={k: v for k, v in acc.items() if k not in ("d_model", "n_loops")},
             aspect_ratio=mcfg.get("aspect_ratio", flops.ASPECT_RATIO))
         if recs and (diff := common.identity_diff(data(recs[0]), data(rec), {**data(rec), **data(recs[0])})):
-            raise ValueError(f"{rec['source']} and {recs[0]['source']} were trained on different data ({diff[0]})")
+            raise ValueError(f"{path} and {recs[0]['source']} were trained on different data ({diff[0]})")
         recs.append(rec)
     if not recs:
         left = unfinished_runs(runs_dir)
@@ -207,8 +198,9 @@ def unfinished_runs(runs_dir):
             if "done.json" not in names and names & set(UNFINISHED)]
 
 def load_csv(path):
-    """Rows of a CSV file as dicts (values still strings) with a "source" key naming file and line. ValueError if
-    the file is missing, not text, malformed (a row with more or fewer fields than the header) or empty."""
+    """Rows of a CSV file as dicts with a "source" key naming file and line; each LIMITS column's cell is checked
+    here, where it enters (_value), and a blank one is left out. ValueError if the file is missing, not text,
+    malformed (a row with more or fewer fields than the header) or empty."""
     if not os.path.isfile(path):                    # a folder or a FIFO is never opened (open() would wait)
         raise ValueError(f"CSV file {path!r} {'is not a file' if os.path.exists(path) else 'does not exist'}")
     rows = []
@@ -217,9 +209,9 @@ def load_csv(path):
         with open(path, newline="", encoding="utf-8-sig") as fh:
             reader = csv.reader(fh, strict=True)   # a stray quote is an error, not a silently merged field
             header = [h.strip() for h in next(reader, None) or []]
-            dup = sorted({h for h in header if h and header.count(h) > 1})
-            if not any(header) or dup:
-                raise ValueError(f"{path}:1: " + (f"column {dup[0]!r} appears twice" if dup else "no header row"))
+            if not any(header) or (dup := sorted({h for h in header if h and header.count(h) > 1})):
+                raise ValueError(f"{path}:1: " + (f"column {dup[0]!r} appears twice" if any(header) else
+                                                  "no header row"))
             for fields in reader:
                 if not any(f.strip() for f in fields):
                     continue                                # blank lines carry no run
@@ -227,7 +219,8 @@ def load_csv(path):
                 if len(fields) != len(header):
                     raise ValueError(f"{src}: {len(fields)} fields, but the header has {len(header)}")
                 # columns by name, any order; extras ignored. CSV rows use the paper's architecture (flops defaults)
-                rows.append(dict(zip(header, (f.strip() for f in fields)), source=src, arch={}))
+                rows.append({h: _value(f.strip(), h, src) if h in LIMITS else f.strip() for h, f in zip(header, fields)
+                             if f.strip()} | {"source": src})
     except csv.Error as err:
         raise ValueError(f"{path}:{reader.line_num}: malformed CSV ({err})") from None
     except (UnicodeDecodeError, OSError) as err:
@@ -237,30 +230,27 @@ def load_csv(path):
         raise ValueError(f"{path}: no data rows")
     return rows
 
-def _value(row, key, absent=None):
-    """row[key] as a float, checked against LIMITS[key]: a number (not a blank, text or JSON true), finite, inside
-    the range, whole where INTEGERS says so; else a ValueError naming the file (and line) and the key. An optional
-    key passes absent: returned, unchecked, when the row lacks the key or leaves it blank."""
-    val = row.get(key)
-    if absent is not None and val in (None, ""):
-        return absent
-    try:            # CSV cells are text, done.json values numbers: float() reads both; JSON true is not a count
-        x = float(val)
-        why = "is not a number" if isinstance(val, bool) else common.check_number(x, *LIMITS[key])
-    except (TypeError, ValueError, OverflowError):
-        x, why = None, "is not a number"
-    if why or (key in INTEGERS and x != int(x)):
-        raise ValueError(f"{row['source']}: {key}={val!r:.40} {why or 'must be a whole number'}")
-    return x
+def _value(text, key, src):
+    """A CSV cell as a number checked against LIMITS[key] (finite, inside the range, whole where INTEGERS says so),
+    else a ValueError naming the file and line and the key."""
+    try:
+        x = float(text)
+        why = common.check_number(x, *LIMITS[key]) or (key in INTEGERS and x != int(x) and "must be a whole number")
+    except ValueError:
+        why = "is not a number"
+    if why:
+        raise ValueError(f"{src}: {key}={text!r:.40} {why}")
+    return int(x) if key in INTEGERS else x
 
 def runs_from_rows(rows, law="joint"):
-    """Validate run rows (done.json records or CSV rows) and return the runs dict the fitters use.
+    """The runs dict the fitters use, from run rows (done.json records or CSV rows, their numbers checked as they
+    were read: DONE_SCHEMA, _value). What a row cannot show alone is checked here: missing keys, duplicates, and
+    an n_loops or N_once + N_rec that flops.py's accounting disagrees with.
 
     runs = {"flops_budget", "n_loops", "n_once", "n_rec", "tokens", "val_loss": (n,) arrays, "case": list,
             "group", "source", "dir", "identity", "arch" (flops kwargs), "aspect" (aspect ratio), "sweep": per-run
             lists}. Joint law: every REQUIRED key. --law chinchilla: n_params,tokens,val_loss (+ optional group), or
-    the joint keys (then N = n_once + n_rec and the group is the architecture r). Every number is checked against
-    LIMITS: non-positive N, D or loss have no logarithm (Eq. 4), and objective relies on N, D >= 1.
+    the joint keys (then N = n_once + n_rec and the group is the architecture r).
     """
     # rows built by hand (tests, notebooks) may lack the bookkeeping keys the loaders add
     rows = [dict(row, source=row.get("source", f"row {i}"), arch=row.get("arch") or {}) for i, row in enumerate(rows)]
@@ -268,11 +258,9 @@ def runs_from_rows(rows, law="joint"):
     chin_cols = law == "chinchilla" and ("n_params" in rows[0] or any(k not in rows[0] for k in REQUIRED))
     need, n = CHIN_REQUIRED if chin_cols else REQUIRED, len(rows)
     for row in rows:
-        missing = [k for k in need if row.get(k) in (None, "")]
-        if missing:
+        if missing := [k for k in need if row.get(k) in (None, "")]:
             raise ValueError(f"{row['source']}: missing {', '.join(missing)} (need {', '.join(need)})")
-    # every number passes _value: the one check of a CSV cell; a record's types were checked as it was read
-    out = {k: np.array([_value(row, k) for row in rows]) for k in need}     # (n,) each
+    out = {k: np.array([float(row[k]) for row in rows]) for k in need}     # (n,) each
     if chin_cols:
         # Eq. 2 on plain (N, D, L): store N as n_rec with n_once = 0 and r = 1, so N_eff = N for any phi
         out.update(n_once=np.zeros(n), n_rec=out.pop("n_params"), n_loops=np.ones(n, dtype=int),
@@ -287,33 +275,32 @@ def runs_from_rows(rows, law="joint"):
     out.update(case=[row.get("case") or None for row in rows], source=[row["source"] for row in rows],
                dir=[row.get("run_dir", row["source"]) for row in rows], arch=[row["arch"] for row in rows],
                identity=[row.get("identity") for row in rows], sweep=[row.get("n_loops_sweep") for row in rows],
-               aspect=[int(_value(row, "aspect_ratio", flops.ASPECT_RATIO)) for row in rows])
+               aspect=[int(row.get("aspect_ratio") or flops.ASPECT_RATIO) for row in rows])
     # Duplicates (same budget, r, N and D; same N, D and group in chinchilla mode) double-weight one configuration in
     # the sum of Eq. 4: warn, keep both. A case study may repeat the baseline's configurations (same N and D, a
     # different recipe), so the case label is part of the key
     named, seen = [k for k in need if k != "val_loss"], {}
     for i, k in enumerate(zip(*[out["n_rec" if k == "n_params" else k] for k in named], out["group"],
                               map(str, out["case"]))):
-        if k in seen:
+        if seen.setdefault(k, i) != i:
             item = f"{out['source'][i]} repeats {out['source'][seen[k]]} (same {', '.join(named)}); both are kept"
             warnings.warn(FitWarning(f"duplicate run: {item}", "duplicate_runs", item))
-        seen.setdefault(k, i)
     # A run whose (n_loops, architecture) flops.py cannot count (n_loops = 3 does not divide the 16 looped layers; an
     # unknown injection), or whose N_once + N_rec disagrees with flops.param_split at its width, stops here, before
     # the fits: the frontier inverts that accounting after every fit, and the fit trusts the recorded split, so a
     # record from another code version or a mislabelled architecture would make the two silently inconsistent
     for i, row in enumerate([] if chin_cols else rows):
-        r, kw, n = int(out["n_loops"][i]), row["arch"], out["n_once"][i] + out["n_rec"][i]
+        r, kw = int(out["n_loops"][i]), row["arch"]
         try:
             flops.flops_per_token(64, r, **kw)         # any width: the layout and mode checks do not depend on d
         except (ValueError, TypeError) as err:
             raise ValueError(f"{row['source']}: n_loops={r} is not an architecture flops.py can count ({err})") \
                 from None
         # the width: d_model, else aspect ratio x scale (both >= 1 when given, so 0 means neither: nothing to check)
-        d = int(_value(row, "d_model", 0)) or out["aspect"][i] * int(_value(row, "scale", 0))
-        if d and n != sum(flops.param_split(d, r, **kw)):
+        d = int(row.get("d_model") or 0) or out["aspect"][i] * int(row.get("scale") or 0)
+        if d and (n := out["n_once"][i] + out["n_rec"][i]) != (want := sum(flops.param_split(d, r, **kw))):
             raise ValueError(f"{row['source']}: n_once + n_rec = {n:.0f} but flops.param_split(d_model={d}, "
-                             f"n_loops={r}) gives {sum(flops.param_split(d, r, **kw))}: record and accounting disagree")
+                             f"n_loops={r}) gives {want}: record and accounting disagree")
     return out
 
 def arch_map(runs):
@@ -322,8 +309,7 @@ def arch_map(runs):
     arch, aspect = {}, {}
     # None values are flops.py defaults (full BPTT): dropped, so a record that spells them out matches one that doesn't
     for a, asp, r, src in zip(runs["arch"], runs["aspect"], runs["n_loops"], runs["source"]):
-        a, r = {k: v for k, v in a.items() if v is not None}, int(r)
-        if arch.setdefault(r, a) != a:
+        if arch.setdefault(r := int(r), a := {k: v for k, v in a.items() if v is not None}) != a:
             raise ValueError(f"{src}: architecture {a} differs from another r={r} run ({arch[r]}); fit one "
                              f"architecture per n_loops (label variants with a case and select one with --case)")
         aspect[r] = int(asp)
@@ -831,10 +817,10 @@ def select_runs(runs, case=None, loops=None):
     these n_loops (Table 3's "without r=2" refit)."""
     # a runs folder may hold the main grid and several case studies side by side (runs/*.sh write into one tree);
     # mixing them in one fit would mix architectures, so every analysis picks its runs here
-    base = np.array([_is_baseline(c) for c in runs["case"]])
+    base = np.array([c in BASELINE for c in runs["case"]])
     sel = base if case is None else np.array([c == case for c in runs["case"]])
     if not sel.any():
-        labels = ", ".join(sorted({str(c) for c in runs["case"] if not _is_baseline(c)})) or "none"
+        labels = ", ".join(sorted({str(c) for c in runs["case"] if c not in BASELINE})) or "none"
         raise ValueError(f"no run has case {case!r}; cases present: {labels}" if case else
                          f"every run carries a case label ({labels}); choose one with --case")
     if case is not None and not np.any(sel & (runs["n_loops"] == 1)):
@@ -1011,14 +997,6 @@ def synthetic_runs(phi=0.46, noise=0.01, seed=0, truth=None):
     """synthetic_rows, validated into the runs dict the fitters take."""
     return runs_from_rows(synthetic_rows(phi, noise, seed, truth))
 
-def write_synthetic(path, phi, noise, seed, overwrite=False):
-    """python fit.py --synthetic OUT.csv: write the grid as a CSV that --csv reads back."""
-    rows, buf = synthetic_rows(phi, noise, seed), io.StringIO(newline="")
-    csv.writer(buf).writerows([SYNTH_COLUMNS] + [[repr(row[k]) if isinstance(row[k], float) else row[k]
-                                                   for k in SYNTH_COLUMNS] for row in rows])
-    write_new(path, buf.getvalue().encode(), overwrite, "--synthetic")
-    return rows
-
 
 # -----------------------------------------------------------------------------
 # Report (tables laid out like the paper's Tables 1, 2, 3 and 7) and fit.json
@@ -1039,6 +1017,10 @@ def _table1(blocks, title):
                   [(key, _sig2(b["A"]), f"{b['alpha']:.3f}", _sig2(b["B"]), f"{b['beta']:.3f}", f"{b['E']:.2f}",
                     f"{b['huber'] / 1e-5:.2f}", f"{b['r2']:.4f}", b["n"], b["hits"], ", ".join(b["on_bounds"]) or "-")
                    for key, b in blocks.items()], title)
+
+def _fmt(x, fmt):
+    """x formatted, or "-" where there is no value (a table cell)."""
+    return "-" if x is None else format(x, fmt)
 
 def _flag_names(res):
     """The flag names as the phi line and the tables show them, e.g. " -- WARNING: low_r2, on_bound"."""
@@ -1103,22 +1085,17 @@ def report_text(res):
         # design expected to extrapolate, the prelude-initialised state of the paper is not
         sw = res["loop_sweep"]
         rps = sorted({p["n_loops"] for e in sw for p in e["curve"]})
-        at = [{p["n_loops"]: p["val_loss"] for p in e["curve"]} for e in sw]
         L += [""] + _table(("trained r", "C", "N", *(f"r'={k}" for k in rps), "L(r'max) − L(r)"), [
             (e["n_loops"], f"{e['flops_budget']:.3g}", f"{e['n_params']:.3g}",
-             *(f"{a[k]:.3f}" if k in a else "-" for k in rps), "-" if e["gain"] is None else f"{e['gain']:+.3f}")
-            for e, a in zip(sw, at)], "## Test-time loop extrapolation (App. A; eval.py --n-loops-sweep, figure "
-                                      "loop_sweep.png)")
-    return "\n".join(L + _frontier_text(res)) + "\n"
-
-def _frontier_text(res):
-    """The frontier sections of report.md: per-arch optima and gaps, exponents, the joint law's s* (App. G.3) and
-    the App. F.4 equivalent sizes."""
-    # §4.2: the frontier L*_r(C) is comparable across r; gap = L*_r - L*_1 at the same budget
-    fr, f = res["frontier"], lambda x, fmt: "-" if x is None else format(x, fmt)
-    L = [""] + _table(("C", "r", "s*", "N*", "D*", "L*", "gap to r=1"), [
+             *(f"{a[k]:.3f}" if k in a else "-" for k in rps), _fmt(e["gain"], "+.3f"))
+            for e in sw for a in [{p["n_loops"]: p["val_loss"] for p in e["curve"]}]],
+            "## Test-time loop extrapolation (App. A; eval.py --n-loops-sweep, figure loop_sweep.png)")
+    # §4.2: the frontier L*_r(C) is comparable across r; gap = L*_r - L*_1 at the same budget; then the exponents,
+    # the joint law's s* (App. G.3) and the App. F.4 equivalent sizes
+    fr = res["frontier"]
+    L += [""] + _table(("C", "r", "s*", "N*", "D*", "L*", "gap to r=1"), [
         (f"{row['flops_budget']:.3g}", row["n_loops"], f"{row['scale']:.1f}", f"{row['n_params']:.3g}",
-         f"{row['tokens']:.3g}", f"{row['loss']:.3f}", f(row["gap"], "+.3f")) for row in fr["rows"]],
+         f"{row['tokens']:.3g}", f"{row['loss']:.3f}", _fmt(row["gap"], "+.3f")) for row in fr["rows"]],
         "## Compute-optimal frontier (per-architecture laws; §4.2, Fig. 3)")
     L += [""] + _table(("r", "N* ∝ C^a", "D* ∝ C^b", "gap range (nats)"), [
         (r, f"{ex['n_star']:.2f}", f"{ex['d_star']:.2f}", "-" if r not in fr["gaps"] else
@@ -1130,12 +1107,13 @@ def _frontier_text(res):
         ("C", *(f"r={r}" for r in rs)), [(f"{C:.3g}", *(f"{row['scale']:.1f}" for row in fr["joint_rows"]
                                                       if row["flops_budget"] == C))
                                          for C in sorted({row["flops_budget"] for row in fr["joint_rows"]})])
-    return L + [""] + _table(("r", "N (r=1)", "N unique", "N_eff", "unique ratio", "N_eff ratio", "r^φ", "FLOPs ratio"),
-                             [(r, f"{e['n_nonlooped']:.3g}", f"{e['n_unique']:.3g}", f"{e['n_eff']:.3g}",
-                               f"{e['unique_ratio']:.3f}", f"{e['eff_ratio']:.3f}", f"{e['amplification']:.2f}",
-                               f"{e['flops_ratio']:.3f}") for r, e in fr["equivalence"].items()],
-                             f"## Equivalent sizes (App. F.4, φ = {res['joint']['phi']:.3f}, N_rec includes the "
-                             "injection layer)")
+    L += [""] + _table(("r", "N (r=1)", "N unique", "N_eff", "unique ratio", "N_eff ratio", "r^φ", "FLOPs ratio"),
+                       [(r, f"{e['n_nonlooped']:.3g}", f"{e['n_unique']:.3g}", f"{e['n_eff']:.3g}",
+                         f"{e['unique_ratio']:.3f}", f"{e['eff_ratio']:.3f}", f"{e['amplification']:.2f}",
+                         f"{e['flops_ratio']:.3f}") for r, e in fr["equivalence"].items()],
+                       f"## Equivalent sizes (App. F.4, φ = {res['joint']['phi']:.3f}, N_rec includes the injection "
+                       "layer)")
+    return "\n".join(L) + "\n"
 
 def _jsonable(x):
     """numpy scalars/arrays -> plain JSON types (NaN and inf -> null, which strict JSON readers accept)."""
@@ -1318,24 +1296,21 @@ def case_summary(out_dir):
             continue                                  # a chinchilla fit: no phi to compare
         try:        # a hand-edited fit.json: every number the table and figures show is checked, or the file named
             j, bs, c, sw = res["joint"], res.get("bootstrap") or {}, res.get("case") or {}, res.get("loop_sweep") or []
-            if not all(type(j[k]) in (int, float) for k in ("phi", "r2", "n")):
-                raise ValueError("its joint fit has no numeric phi, r2 and n")
             gains = [e["gain"] for e in sw if e.get("gain") is not None]
             # the r=8 frontier gap L*_8 - L*_1 at the largest budget (§4.2)
             fr = [x for x in (res.get("frontier") or {}).get("rows", []) if x["n_loops"] == 8 and x["gap"] is not None]
-            rows.append({"name": name, "phi": j["phi"], "phi_lo": bs.get("phi_lo"), "phi_hi": bs.get("phi_hi"),
-                         "r2": j["r2"], "n": j["n"], "delta_phi": c.get("delta_phi"),
-                         "delta_phi_lo": c.get("delta_phi_lo"), "delta_phi_hi": c.get("delta_phi_hi"),
+            rows.append({"name": name, **{k: d.get(k) for d, ks in ((j, ("phi", "r2", "n")), (bs, ("phi_lo", "phi_hi")),
+                         (c, ("delta_phi", "delta_phi_lo", "delta_phi_hi"))) for k in ks},
                          "baseline_phi": (c.get("baseline") or {}).get("phi"),
                          "gap8": max(fr, key=lambda x: x["flops_budget"])["gap"] if fr else None,
                          "extrapolation_gain": float(np.mean(gains)) if gains else None,
                          # the fit's flags (fit.json "flags") with the fits they concern: single_hit on "fit over 12
                          # runs (low half, App. F.3)" is about an auxiliary fit, not about the phi of the table
                          "flags": [(fl["name"], "; ".join(fl.get("items") or [])) for fl in res.get("flags") or []]})
-            bad = [k for k, v in rows[-1].items() if k not in ("name", "flags")
-                   and common.check_number(v, "[-1e6, 1e6]")]
+            bad = [k for k, v in rows[-1].items() if k not in ("name", "flags") and (common.check_number(
+                v, "[-1e6, 1e6]") or (v is None and k in ("phi", "r2", "n")))]
             if bad or not all(type(e["n_loops"]) is int and _sweep_ok(e["curve"]) for e in sw):
-                raise ValueError(f"{', '.join(bad) or 'loop_sweep'} out of range")
+                raise ValueError(f"no numeric phi, r2 and n in range, or a bad {', '.join(bad) or 'loop_sweep'}")
         except (KeyError, TypeError, AttributeError, ValueError) as err:
             raise ValueError(f"{path}: not a fit.py result ({err})") from None
         if name == "baseline":
@@ -1350,8 +1325,8 @@ def case_summary(out_dir):
                 if not (isinstance(rec, dict) and all(isinstance(rec.get(k), list) for k in ("keys", "dirs"))):
                     raise ValueError(f"{p}: records no runs (an older fit.py wrote it); refit it")
             theirs = dict(zip(have["dirs"], have["keys"]))
-            diff = common.identity_diff(dict(zip(want["dirs"], want["keys"])), {d: theirs.get(d) for d in want["dirs"]})
-            if diff:
+            if diff := common.identity_diff(dict(zip(want["dirs"], want["keys"])),
+                                            {d: theirs.get(d) for d in want["dirs"]}):
                 raise ValueError(f"{path}: its baseline was refitted on other runs than {found[0][1]} ({diff[0]})")
         if sw:
             sweeps[name] = sw
@@ -1364,17 +1339,17 @@ def write_case_summary(summary, out_dir, overwrite=False):
     """Append (or regenerate) the case-study section of OUT/report.md and write cases.png (and cases_loops.png), as
     one set. Returns the paths written, report.md first."""
     report = os.path.join(out_dir, "report.md")
-    f = lambda x, fmt: "-" if x is None else format(x, fmt)
-    ci = lambda row, k, fmt: "" if row[f"{k}_lo"] is None else f" [{row[f'{k}_lo']:{fmt}}, {row[f'{k}_hi']:{fmt}}]"
+    ci = lambda x, k, fmt: "" if x[f"{k}_lo"] is None else f" [{x[f'{k}_lo']:{fmt}}, {x[f'{k}_hi']:{fmt}}]"
     L = [CASES_MARK, "", "## Case studies (§5, Table 3; runs/mini.sh --case NAME)", "",
          "Δφ = φ(case) − baseline φ, the baseline refitted on the case's budgets inside the case's fit (from runs of "
          "the baseline study above: checked); its CI is a paired block bootstrap over the (budget, r) cells. Gap: "
          "L*(r=8) − L*(r=1) of the compute-optimal frontier at the top budget (nats). Extrapolation: mean over the "
          "swept models of L(largest r') − L(trained r), nats (negative: more test-time loops help).", ""]
     L += _table(("case", "φ [95% CI]", "baseline φ", "Δφ [95% CI]", "R²", "n", "r=8 gap", "extrapolation", "flags"), [
-        (row["name"], f"{row['phi']:.3f}{ci(row, 'phi', '.2f')}", f(row["baseline_phi"], ".3f"),
-         f"{f(row['delta_phi'], '+.3f')}{ci(row, 'delta_phi', '+.2f')}", f"{row['r2']:.4f}", row["n"],
-         f(row["gap8"], "+.3f"), f(row["extrapolation_gain"], "+.3f"), ", ".join(n for n, _ in row["flags"]) or "-")
+        (row["name"], f"{row['phi']:.3f}{ci(row, 'phi', '.2f')}", _fmt(row["baseline_phi"], ".3f"),
+         f"{_fmt(row['delta_phi'], '+.3f')}{ci(row, 'delta_phi', '+.2f')}", f"{row['r2']:.4f}", row["n"],
+         _fmt(row["gap8"], "+.3f"), _fmt(row["extrapolation_gain"], "+.3f"),
+         ", ".join(n for n, _ in row["flags"]) or "-")
         for row in summary["rows"]])
     # the table names the flags; here, which fits each one concerns
     flagged = [f"- {row['name']}: " + " | ".join(f"{name}: {items}" for name, items in row["flags"])
@@ -1383,9 +1358,8 @@ def write_case_summary(summary, out_dir, overwrite=False):
     L += ["", "Figures: cases.png (φ and its CI per case), cases_loops.png (val loss vs test-time r' per case)."]
     # OUT is the baseline fit's folder: --cases claims it as that fit's own request (OUT/fit.json records it, OUT's
     # marker names it), so the table needs no --overwrite and a copied study stays usable
-    with claimed(out_dir, "fit", summary["request"] or "cases", overwrite, "--cases"):
-        for name in ("report.md", "cases.png", "cases_loops.png"):
-            common.check_new(os.path.join(out_dir, name), True, "--cases")
+    with claimed(out_dir, "fit", summary["request"] or "cases", overwrite, "--cases",
+                 ("report.md", "cases.png", "cases_loops.png")):
         files, head = _case_figures(summary), ""
         if os.path.isfile(report):                  # the fit's own report, without the section written before
             head = pathlib.Path(report).read_text("utf-8", "replace").split(CASES_MARK)[0].rstrip("\n") + "\n\n"
@@ -1466,34 +1440,33 @@ def runs_record(runs):
     whatever folder they were read from; a retrained run or an edited val_loss changes its key."""
     # the key covers what makes a run this run (train.py's identity) and what the fit takes from it; the folder
     # name is kept beside it for people, not in it: a copied runs folder is the same runs
-    n, ident = len(runs["val_loss"]), runs.get("identity") or [None] * len(runs["val_loss"])
-    keys = [common.request_key("run", [ident[i], runs["case"][i]] + [float(runs[k][i]) for k in REQUIRED])
-            for i in range(n)]
-    return {"n": n, "digest": common.request_key("runs", sorted(keys)), "dirs": list(runs.get("dir") or []),
-            "keys": keys}
+    keys = [common.request_key("run", [ident, case] + [float(runs[k][i]) for k in REQUIRED])
+            for i, (ident, case) in enumerate(zip(runs["identity"], runs["case"]))]
+    return {"n": len(keys), "digest": common.request_key("runs", sorted(keys)), "dirs": list(runs["dir"]), "keys": keys}
 
 class Partial(ValueError):
     """A write_set that failed after its first rename: a refusal that cannot change nothing (see claimed)."""
 
 @contextlib.contextmanager
-def claimed(folder, tool, request, overwrite=False, flag="--out"):
+def claimed(folder, tool, request, overwrite=False, flag="--out", names=()):
     """common.claim(folder) for the body of the with: fit.py's (or design.py's) own folder, one writer at a time. A
     refusal raised inside the body gives the folder back as it was (its marker's old text, no folder we made): a
-    refused command changes nothing. A Partial keeps the folder ours, for the rerun."""
+    refused command changes nothing. A Partial keeps the folder ours, for the rerun. names: the outputs the body
+    will write, refused first where a link, folder or FIFO stands at one (never written through)."""
     mark, made = os.path.join(folder, f".nanoloop-{tool}"), not os.path.lexists(folder)
     # the marker's text, read before claim rewrites it (a FIFO or device is never opened: claim refuses it by name)
     old = pathlib.Path(mark).read_bytes()[:200] if os.path.isfile(mark) else None
     common.claim(folder, tool, request, overwrite, flag)
     try:
+        for name in names:
+            common.check_new(os.path.join(folder, name), True, flag)
         yield
     except Partial:             # outputs were renamed in: the folder stays ours, so the rerun needs no --overwrite
         raise
     except BaseException:       # a refusal (or a kill by Ctrl-C) before any rename: the folder as it was
         with contextlib.suppress(OSError):
-            if old is not None:                 # rewritten through the fd we hold the lock on
-                fd = common.HELD[os.path.abspath(folder)][0]
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, old, 0)
+            if old is not None:
+                pathlib.Path(mark).write_bytes(old)     # the file we hold the lock on: rewritten in place
             else:
                 os.remove(mark)
                 if made:
@@ -1516,8 +1489,7 @@ def write_set(folder, files, remove=()):
             return common.atomic_write(os.path.join(folder, names[i]), lambda t: nest(i + 1, t))
         renaming.append(True)                  # every temporary is on disk: clear the way, rename out
         for name in remove:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(folder, name))
+            pathlib.Path(folder, name).unlink(missing_ok=True)
     try:
         nest(0)
     except OSError as err:
@@ -1528,7 +1500,7 @@ def write_set(folder, files, remove=()):
 def write_new(path, data, overwrite=False, flag="--out"):
     """Write one output file (a CSV, a run list) atomically: a new path, one already holding exactly these bytes (the
     same request again: nothing to lose), or overwrite. Of two writers of a new path exactly one succeeds."""
-    same = os.path.isfile(path) and os.path.getsize(path) == len(data) and pathlib.Path(path).read_bytes() == data
+    same = os.path.isfile(path) and pathlib.Path(path).read_bytes() == data
     common.check_new(path, overwrite or same, flag)       # a link, folder or FIFO in the way: refused even so
     try:
         common.atomic_write(path, data, replace=os.path.lexists(path))
@@ -1549,8 +1521,7 @@ def parse_args(argv=None):
     p.add_argument("--loops", type=lambda text: [common.number(int, *LIMITS["n_loops"])(x) for x in text.split(",")],
                    help="keep only these n_loops, e.g. 1,4,8 (Table 3's refit without r=2)")
     p.add_argument("--out", help="output folder for fit.json, report.md and the figures")
-    p.add_argument("--overwrite", action="store_true", help="write into an --out / --cases folder that is not "
-                   "this same request's, or replace a --synthetic file")
+    p.add_argument("--overwrite", action="store_true", help="write into another request's --out / --cases folder")
     # every number is checked as it is parsed (common.number), in the interval notation of LIMITS
     for flag, kind, interval, default, what in (
             ("seed", int, "[0, 9.2e18]", 0, "seed of the restarts and the bootstrap"),
@@ -1567,48 +1538,37 @@ def parse_args(argv=None):
     # --cases need no runs input and write no fit folder
     if (a.synthetic or a.cases) and (a.runs_dir or a.csv or a.out or (a.synthetic and a.cases)):
         p.error("--synthetic and --cases take no RUNS_DIR, --csv, --out or each other")
-    if not (a.synthetic or a.cases):
-        if a.case is not None and _is_baseline(a.case):
-            p.error(f"--case {a.case!r} names the main grid (runs without a case label); leave --case out")
-        if (a.runs_dir is None) == (a.csv is None) or not a.out:
-            p.error("give one input (RUNS_DIR or --csv FILE) and --out DIR")
-        # the bootstrap screens every start of every resample at once: bound its memory (paper: 200 x 5)
-        if a.bootstrap * (1 + a.boot_restarts) > 10 ** 6:
-            p.error("--bootstrap x (1 + --boot-restarts) must be at most 1e6 starts")
+    if not (a.synthetic or a.cases) and ((a.runs_dir is None) == (a.csv is None) or not a.out):
+        p.error("give one input (RUNS_DIR or --csv FILE) and --out DIR")
+    if a.case in BASELINE[1:]:
+        p.error(f"--case {a.case!r} names the main grid (runs without a case label); leave --case out")
+    # the bootstrap screens every start of every resample at once: bound its memory (paper: 200 x 5)
+    if a.bootstrap * (1 + a.boot_restarts) > 10 ** 6:
+        p.error("--bootstrap x (1 + --boot-restarts) must be at most 1e6 starts")
     return a
 
-def _fit_warning_flags(flags, caught):
-    """Add the fitter's own warnings (warnings.warn) to flags, one flag per kind, so fit.json keeps them too."""
-    for w in caught:
-        # a FitWarning names its flag and item; any other warning (numpy, scipy) is a fit_warning with its text
-        _add_flag(flags, *getattr(w.message, "flag", ("fit_warning", str(w.message))))
-
 def fit_outputs(args):
-    """The fit a CLI invocation asks for, written into --out; returns its result. Every input or output problem is a
-    ValueError before any fit runs; the outputs are rendered in memory and written as one set at the end, so a
-    failure anywhere leaves --out as it was."""
+    """The fit a CLI invocation asks for, written into --out; returns its result and the lines to print. Every input
+    or output problem is a ValueError before any fit runs; the outputs are rendered in memory and written as one set
+    at the end, so a failure anywhere leaves --out as it was."""
     # what this invocation asks for: the same request may rewrite its own outputs without --overwrite
     request = {"input": os.path.abspath(args.csv or args.runs_dir), "csv": bool(args.csv), "law": args.law,
                **{k: getattr(args, k) for k in ("case", "loops", "seed", "restarts", "bootstrap", "boot_restarts")}}
     _pyplot()                  # the figures need matplotlib: an ImportError now (one line, main), not after the fit
-    with claimed(args.out, "fit", request, args.overwrite), warnings.catch_warnings(record=True) as caught:
-        for name in OUTPUTS:                             # a link, folder or FIFO at an output's name: never written
-            common.check_new(os.path.join(args.out, name), True)
+    with claimed(args.out, "fit", request, args.overwrite, names=OUTPUTS), warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always", UserWarning)     # the fitter's own warnings become flags (below)
         runs = runs_from_rows(load_csv(args.csv) if args.csv else load_records(args.runs_dir), args.law)
         sel = select_runs(runs, args.case, args.loops)     # what the fit (and the figures) use: a case's variant
-        if args.law == "chinchilla":
-            res = run_chinchilla(sel, args.restarts, args.seed)
-        elif args.case:
-            res = run_case(runs, args.case, args.loops, args.restarts, args.bootstrap, args.seed, args.boot_restarts)
-        else:
-            res = run_protocol(sel, args.restarts, args.bootstrap, args.seed, args.boot_restarts)
+        proto = (args.restarts, args.bootstrap, args.seed, args.boot_restarts)
+        res = run_chinchilla(sel, args.restarts, args.seed) if args.law == "chinchilla" else \
+            run_case(runs, args.case, args.loops, *proto) if args.case else run_protocol(sel, *proto)
         # flags that only the CLI can see: run folders without a record, and the fitter's own warnings
-        unfinished = [] if args.csv else unfinished_runs(args.runs_dir)
-        if unfinished:
+        if unfinished := [] if args.csv else unfinished_runs(args.runs_dir):
             _add_flag(res["flags"], "unfinished_runs", f"{len(unfinished)} under {args.runs_dir} "
                       f"({', '.join(unfinished[:5])}{', ...' if len(unfinished) > 5 else ''})")
-        _fit_warning_flags(res["flags"], [w for w in caught if issubclass(w.category, UserWarning)])
+        for w in [w for w in seen if issubclass(w.category, UserWarning)]:
+            # a FitWarning names its flag and item; any other warning (numpy, scipy) is a fit_warning with its text
+            _add_flag(res["flags"], *getattr(w.message, "flag", ("fit_warning", str(w.message))))
         res.update(input=args.csv or args.runs_dir, request=request, request_key=common.request_key("fit", request),
                    runs=runs_record(sel))
         try:
@@ -1624,23 +1584,19 @@ def fit_outputs(args):
             old = [n for n in OUTPUTS if n in read_json(os.path.join(args.out, "fit.json")).get("outputs")]
         files = {"fit.json": json.dumps(_jsonable(res), indent=1).encode(), **files}      # fit.json first: renamed last
         write_set(args.out, files, remove=["fit.json"] + [n for n in old if n not in files])
-    return res
-
-def summary_lines(res, out):
-    """What the CLI prints after a fit: each Eq. 2 fit, the restricted fits, the case line, every flag, and last
-    (where a user looks) the phi line with its 95% CI and flag names, and a case study's delta-phi line."""
+    # what the CLI prints: each Eq. 2 fit, the restricted fits, the case line, every flag, and last (where a user
+    # looks) the phi line with its 95% CI and flag names, and a case study's delta-phi line
     # one line per Eq. 2 fit: per architecture, or per chinchilla group
     blocks = _chin_groups(res) if "chinchilla" in res else {f"r={r}": b for r, b in res["per_arch"].items()}
     L = [f"{name}: A={_sig2(b['A'])} alpha={b['alpha']:.3f} B={_sig2(b['B'])} beta={b['beta']:.3f} E={b['E']:.2f} "
          f"R2={b['r2']:.4f}" for name, b in blocks.items()]
     L += [] if "chinchilla" in res else [f"{k}: R2={res[k]['r2']:.4f} (free phi: {res['joint']['r2']:.4f})"
                                          for k in ("phi0", "phi1")]
-    c = res.get("case")
-    if c:
+    if c := res.get("case"):
         L.append(f"case {c['name']}: phi {c['variant']['phi']:.3f} vs baseline phi {c['baseline']['phi']:.3f} "
                  f"refitted on {_budgets_said(c)}; delta phi = {c['delta_phi']:+.3f}")
-    L += [f"WARNING [{f['name']}]: {f['message']}" for f in res["flags"]] + [f"wrote {out}/fit.json, report.md and "
-                                                                             "figures"]
+    L += [f"WARNING [{f['name']}]: {f['message']}" for f in res["flags"]]
+    L.append(f"wrote {args.out}/fit.json, report.md and figures")
     if "chinchilla" not in res:
         # the one line a user reads: point estimate and 95% block-bootstrap CI (Table 2 style), and its flags
         bs = res.get("bootstrap")
@@ -1649,16 +1605,19 @@ def summary_lines(res, out):
     if c:                                 # the case study's one line (runs/mini.sh --case greps it)
         dci = f" [{c['delta_phi_lo']:+.3f}, {c['delta_phi_hi']:+.3f}]" if "delta_phi_lo" in c else ""
         L.append(f"delta_phi({c['name']}) = {c['delta_phi']:+.3f}{dci}{_flag_names(res)}")
-    return L
+    return res, L
 
 def main(argv=None):
     args = parse_args(argv)
     # three modes; every user error in any of them is one line and exit status 2 (common.fail), before any work
     try:
-        if args.synthetic:
-            res = None
-            lines = [f"wrote {len(write_synthetic(args.synthetic, args.phi, args.noise, args.seed, args.overwrite))} "
-                     f"synthetic runs (phi={args.phi}, noise={args.noise}, seed={args.seed}) to {args.synthetic}"]
+        if args.synthetic:              # the grid as a CSV that --csv reads back
+            res, rows, buf = None, synthetic_rows(args.phi, args.noise, args.seed), io.StringIO(newline="")
+            csv.writer(buf).writerows([SYNTH_COLUMNS] + [[repr(row[k]) if isinstance(row[k], float) else row[k]
+                                                           for k in SYNTH_COLUMNS] for row in rows])
+            write_new(args.synthetic, buf.getvalue().encode(), args.overwrite, "--synthetic")
+            lines = [f"wrote {len(rows)} synthetic runs (phi={args.phi}, noise={args.noise}, seed={args.seed}) to "
+                     f"{args.synthetic}"]
         elif args.cases:
             res = case_summary(args.cases)
             paths = write_case_summary(res, args.cases, args.overwrite)
@@ -1667,8 +1626,7 @@ def main(argv=None):
                 f" | delta_phi {row['delta_phi']:+.3f} vs baseline phi {row['baseline_phi']:.3f} refitted in the "
                 "case's fit") for row in res["rows"]] + [f"wrote {', '.join(paths)}"]
         else:
-            res = fit_outputs(args)
-            lines = summary_lines(res, args.out)
+            res, lines = fit_outputs(args)
     except (ValueError, ImportError) as err:       # ImportError: no matplotlib (pip install -r requirements.txt)
         common.fail("fit.py", err)
     print("\n".join(lines))

@@ -365,19 +365,23 @@ def test_bad_input_missing_columns_and_keys(tmp_path, capsys):
         fit.runs_from_rows([dict(tokens=1e9, val_loss=2.0, source="x", arch={})], "chinchilla")
 
 
-@pytest.mark.parametrize("key,value,msg", [("n_rec", 0, r"n_rec=0 must be in \[1, 1e15\]"),
-                                           ("tokens", -5, r"tokens=-5 must be in \[1, 1e16\]"),
-                                           ("val_loss", 0.0, r"val_loss=0.0 must be in \(0, 100\]"),
-                                           ("n_once", -1, r"n_once=-1 must be in \[0, 1e15\]"),
+@pytest.mark.parametrize("key,value,msg", [("n_rec", 0, r"n_rec='0' must be in \[1, 1e15\]"),
+                                           ("tokens", -5, r"tokens='-5' must be in \[1, 1e16\]"),
+                                           ("val_loss", 0.0, r"val_loss='0.0' must be in \(0, 100\]"),
+                                           ("n_once", -1, r"n_once='-1' must be in \[0, 1e15\]"),
                                            ("val_loss", float("nan"), "must be a finite number"),
                                            ("tokens", "abc", "not a number"),
                                            ("n_loops", 1.5, "must be a whole number"),
                                            ("tokens", 0.5, "a count, not billions"),
-                                           ("flops_budget", 0, r"flops_budget=0 must be in \(0, 1e30\]")])
-def test_bad_input_values(key, value, msg):
-    # each bad value in the first row alone must stop the fit, naming the row and the column
-    with pytest.raises(ValueError, match=msg):
-        fit.runs_from_rows(_rows(**{key: value}))
+                                           ("flops_budget", 0, r"flops_budget='0' must be in \(0, 1e30\]")])
+def test_bad_input_values(tmp_path, key, value, msg):
+    # each bad value in the first row alone must stop the fit where it enters (the CSV reader), naming the row
+    # and the column
+    cols = ("flops_budget", "n_loops", "n_once", "n_rec", "tokens", "val_loss")
+    path = tmp_path / "bad.csv"
+    path.write_text("\n".join([",".join(cols)] + [",".join(str(row[k]) for k in cols) for row in _rows(**{key: value})]))
+    with pytest.raises(ValueError, match=f"bad.csv:2: .*{msg}"):
+        fit.load_csv(str(path))
 
 
 def test_bad_input_too_few_runs_and_one_architecture(grid):
@@ -401,7 +405,8 @@ def test_single_hit_warning_names_its_fit(grid):
     flags = []
     with pytest.warns(UserWarning) as caught:
         fit.fit_block(grid, 0.0, restarts=1, name="phi=0")
-    fit._fit_warning_flags(flags, caught)
+    for w in caught:                                   # how the CLI files them (fit_outputs)
+        fit._add_flag(flags, *w.message.flag)
     assert flags[0]["name"] == "single_hit" and flags[0]["items"] == ["fit over 116 runs (phi=0)"]
 
 
