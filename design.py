@@ -257,10 +257,10 @@ def plan(a):
         budget = float(U["runs"]["cost"][ref].sum() - U["runs"]["cost"][U["fixed"]].sum())
     # the search; with a target, choose stops at the first set that reaches it (greedy per FLOP, no swaps)
     S = choose(U, budget, a.next, target, a.min_per_r)
+    new, runs, hw = np.flatnonzero(S & ~U["fixed"]), U["runs"], Z95 * math.sqrt(variance(U, S)[0])
     if target and variance(U, S)[0] > target:
         # (widen the pool with --budgets and --scales, or relax --target-halfwidth)
-        refuse(f"the whole pool predicts a half-width of {Z95 * math.sqrt(variance(U, S)[0]):.4f}")
-    new, runs, hw = np.flatnonzero(S & ~U["fixed"]), U["runs"], Z95 * math.sqrt(variance(U, S)[0])
+        refuse(f"the whole pool predicts a half-width of {hw:.4f}")
     cost = float(U["cost"][new].sum())
     return [f"# design.py plan: {len(new)} runs to train (+{int(U['fixed'].sum())} finished), {cost:.4g} FLOPs = "
             f"{gpu_hours(cost, a.mfu, a.peak_flops):.1f} GPU-hours at MFU {a.mfu:g} x {a.peak_flops:.3g} FLOP/s; "
