@@ -219,12 +219,11 @@ def release_config(meta, meta_path) -> ModelConfig:
     user, size = meta.get("user_config") or {}, c["size"] if c["size"] and c["size"] > 0 else None
     candidates = (user.get("aspect_ratio"), d // size if size and d % size == 0 else None, 64, d // H)
     aspect = next(a for a in candidates if type(a) is int and a > 0 and d % a == 0)
-    bptt = c["bptt_k"]
     try:
         return ModelConfig(scale=d // aspect, aspect_ratio=aspect, n_loops=r, n_layers_eff=p + r * l + co,
                            n_layers_prelude=p, n_layers_coda=co, head_dim=d // H, vocab_size=c["vocab_size"],
                            seq_len=c["sequence_len"], injection=injection, hc_lanes=c["num_lanes"] if injection ==
-                           "hyper" else 2, n_loops_bwd=bptt if bptt is not None and 1 <= bptt < r else None,
+                           "hyper" else 2, n_loops_bwd=c["bptt_k"] if 1 <= (c["bptt_k"] or 0) < r else None,
                            logit_softcap=float(c["logit_softcap"]))
     except ValueError as e:
         raise ValueError(f"{where}: a layout nanoloop cannot express ({e})") from None
