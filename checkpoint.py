@@ -142,8 +142,7 @@ def load_checkpoint(path, device="cpu", step=None):
         return model, dict(model_config=dataclasses.asdict(model.cfg), release=meta,
                            train_config=dict(eval_tokens=RELEASE_EVAL_TOKENS))
     ck = read_checkpoint(root)
-    cfg = ModelConfig(**ck["model_config"])
-    check_memory(cfg, device, root)
+    check_memory(cfg := ModelConfig(**ck["model_config"]), device, root)
     return load_weights(LoopedGPT(cfg), ck["model"], root).to(device).eval(), ck
 
 
