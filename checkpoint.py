@@ -124,8 +124,7 @@ def device_memory(device) -> tuple:
 
 def check_memory(cfg, device, source) -> None:
     """Refuse, naming the size, a model whose weights cannot fit in physical RAM (and, on CUDA, the GPU)."""
-    (host, dev), device = model_bytes(cfg), torch.device(device)
-    for size, (have, where) in ((host, device_memory(torch.device("cpu"))), (dev, device_memory(device))):
+    for size, (have, where) in zip(model_bytes(cfg), map(device_memory, map(torch.device, ("cpu", device)))):
         need(size <= have, f"{source}: this model (d_model {cfg.d_model}, vocab {cfg.vocab_size:,}, seq_len "
              f"{cfg.seq_len:,}) needs ~{size / 2 ** 30:,.1f} GiB for its weights and RoPE tables, more than the "
              f"{have / 2 ** 30:,.1f} GiB of {where}: a wrong config?")
