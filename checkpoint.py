@@ -124,8 +124,7 @@ def device_memory(device) -> tuple:
 
 def check_memory(cfg, device, source) -> None:
     """Refuse, naming the size, a model whose weights cannot fit in physical RAM (and, on CUDA, the GPU)."""
-    (host, dev), device = model_bytes(cfg), torch.device(device)
-    for size, (have, where) in ((host, device_memory(torch.device("cpu"))), (dev, device_memory(device))):
+    for size, (have, where) in zip(model_bytes(cfg), map(device_memory, map(torch.device, ("cpu", device)))):
         need(size <= have, f"{source}: this model (d_model {cfg.d_model}, vocab {cfg.vocab_size:,}, seq_len "
              f"{cfg.seq_len:,}) needs ~{size / 2 ** 30:,.1f} GiB for its weights and RoPE tables, more than the "
              f"{have / 2 ** 30:,.1f} GiB of {where}: a wrong config?")
@@ -142,8 +141,7 @@ def load_checkpoint(path, device="cpu", step=None):
         return model, dict(model_config=dataclasses.asdict(model.cfg), release=meta,
                            train_config=dict(eval_tokens=RELEASE_EVAL_TOKENS))
     ck = read_checkpoint(root)
-    cfg = ModelConfig(**ck["model_config"])
-    check_memory(cfg, device, root)
+    check_memory(cfg := ModelConfig(**ck["model_config"]), device, root)
     return load_weights(LoopedGPT(cfg), ck["model"], root).to(device).eval(), ck
 
 
@@ -219,12 +217,11 @@ def release_config(meta, meta_path) -> ModelConfig:
     user, size = meta.get("user_config") or {}, c["size"] if c["size"] and c["size"] > 0 else None
     candidates = (user.get("aspect_ratio"), d // size if size and d % size == 0 else None, 64, d // H)
     aspect = next(a for a in candidates if type(a) is int and a > 0 and d % a == 0)
-    bptt = c["bptt_k"]
     try:
         return ModelConfig(scale=d // aspect, aspect_ratio=aspect, n_loops=r, n_layers_eff=p + r * l + co,
                            n_layers_prelude=p, n_layers_coda=co, head_dim=d // H, vocab_size=c["vocab_size"],
                            seq_len=c["sequence_len"], injection=injection, hc_lanes=c["num_lanes"] if injection ==
-                           "hyper" else 2, n_loops_bwd=bptt if bptt is not None and 1 <= bptt < r else None,
+                           "hyper" else 2, n_loops_bwd=c["bptt_k"] if 1 <= (c["bptt_k"] or 0) < r else None,
                            logit_softcap=float(c["logit_softcap"]))
     except ValueError as e:
         raise ValueError(f"{where}: a layout nanoloop cannot express ({e})") from None

@@ -564,10 +564,9 @@ def resolve_attention(requested: str, device, bf16: bool) -> tuple:
 
     A forced backend that cannot run here is a ValueError naming the reason (never a silent fallback)."""
     device = torch.device(device)
+    if requested != "auto" and (why := _attn_unusable(requested, device, bf16)):
+        raise ValueError(f"--attn {requested} cannot run here: {why} (use --attn auto or sdpa)")
     if requested != "auto":
-        why = _attn_unusable(requested, device, bf16)
-        if why:
-            raise ValueError(f"--attn {requested} cannot run here: {why} (use --attn auto or sdpa)")
         return requested, "forced by --attn"
     skipped = []
     for name in ("fa3", "fa2", "sdpa"):                              # sdpa runs anywhere: the loop always returns
