@@ -1066,9 +1066,8 @@ def report_text(res):
         f"- {name}: skipped ({b['skipped']})" if "skipped" in b else f"- {name} (C ∈ [{min(b['budgets']):.3g}, "
         f"{max(b['budgets']):.3g}], n = {b['n']}): φ = {b['phi']:.3f}, R² = {b['r2']:.4f}"
         for name, b in res["halves"].items()]
-    if "case" in res:
+    if c := res.get("case"):
         # Table 3: baseline refitted on the case's budgets, then the variant; delta-phi is the paper's summary number
-        c = res["case"]
         L += [""] + _table(("Variant", "α", "β", "E", "φ", "R²", "n"), [
             (name, f"{b['alpha']:.3f}", f"{b['beta']:.3f}", f"{b['E']:.2f}", f"{b['phi']:.3f}", f"{b['r2']:.4f}",
              b["n"]) for name, b in ((f"Baseline (refitted on {_budgets_said(c)})", c["baseline"]),
@@ -1078,10 +1077,9 @@ def report_text(res):
               f"{len(c['delta_phi_boot'])} resamples of {c['paired_cells']} cells; {c['n_delta_le0']} at Δφ ≤ 0)"
               if "delta_phi_lo" in c else "")
         L += ["", f"Δφ = {c['delta_phi']:+.3f}{ci}"]
-    if res.get("loop_sweep"):
+    if sw := res.get("loop_sweep"):
         # App. A: a looped model run for r' != r iterations at test time; Huginn-style random state init is the
         # design expected to extrapolate, the prelude-initialised state of the paper is not
-        sw = res["loop_sweep"]
         rps = sorted({p["n_loops"] for e in sw for p in e["curve"]})
         L += [""] + _table(("trained r", "C", "N", *(f"r'={k}" for k in rps), "L(r'max) − L(r)"), [
             (e["n_loops"], f"{e['flops_budget']:.3g}", f"{e['n_params']:.3g}",
