@@ -57,10 +57,11 @@ def gpu_hours(total_flops, mfu=MFU, peak=PEAK):
 
 def make_pool(cells=None, loops=flops.LOOPS, arch=None, aspect=flops.ASPECT_RATIO, batch=flops.BATCH_TOKENS,
               tpp=TPP, case=None):
-    """Candidate runs {C: widths} x loops (default: Table 6, the 116-run grid) as a fit.py runs dict (every record
-    check applies) plus "name" (the sweep scripts' run folder, e.g. C4.64e17_r2_s8) and "cost" (executed FLOPs as
-    train.py runs it: steps = round(C / (F B))). Runs outside tokens-per-parameter tpp are left out (the law is not
-    trusted far along an iso-FLOP curve), and so are widths that cannot take one step at C."""
+    """Candidate runs {C: widths} x loops (default: Table 6, the 116-run grid) as a fit.py runs dict (built in code:
+    fit.py's missing-key, duplicate and accounting checks apply, its range checks do not) plus "name" (the sweep
+    scripts' run folder, e.g. C4.64e17_r2_s8) and "cost" (executed FLOPs as train.py runs
+    it: steps = round(C / (F B))). Runs outside tokens-per-parameter tpp are left out (the law is not trusted far along
+    an iso-FLOP curve), and so are widths that cannot take one step at C."""
     # every (C, r, s) cell costed as train.py will run it; its name is the folder the sweep scripts give the run, so
     # a list of names is a list runs/grid.sh --only can train
     arch, rows = arch or {}, []

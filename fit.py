@@ -910,8 +910,7 @@ FLAG_TEXT = {
 
 def _add_flag(flags, name, item):
     """One flag per condition; a second finding of the same kind adds an item to its message."""
-    flag = next((f for f in flags if f["name"] == name), None)
-    if flag is None:
+    if (flag := next((f for f in flags if f["name"] == name), None)) is None:
         flags.append(flag := {"name": name, "items": []})
     if item not in flag["items"]:
         flag["items"].append(item)
@@ -944,12 +943,12 @@ def assess(res, runs):
         (lo, hi), th = _box(len(b["theta"])), b["theta"]
         names = [k for j, k in enumerate(PARAM_NAMES[:len(th)])
                  if k in b["on_bounds"] or min(th[j] - lo[j], hi[j] - th[j]) <= NEAR_BOUND * (hi[j] - lo[j])]
-        if names:
-            add("on_bound", f"{name} fit: {', '.join(names)}")
-        if not b["r2"] >= R2_LOW:                       # NaN (no variance) counts as low
-            add("low_r2", f"{name} fit R² = {b['r2']:.3f}")
-        if b["n"] < RUNS_PER_PARAM * len(th):
-            add("few_runs", f"{name} fit: {b['n']} runs for {len(th)} parameters")
+        for flag, bad, item in (("on_bound", names, f"{name} fit: {', '.join(names)}"),     # NaN R^2 counts as low
+                                ("low_r2", not b["r2"] >= R2_LOW, f"{name} fit R² = {b['r2']:.3f}"),
+                                ("few_runs", b["n"] < RUNS_PER_PARAM * len(th),
+                                 f"{name} fit: {b['n']} runs for {len(th)} parameters")):
+            if bad:
+                add(flag, item)
         C, D = (None, None) if m is None or said_budget else (runs["flops_budget"][m], runs["tokens"][m])
         finite = C is not None and np.all(np.isfinite(C))    # chinchilla mode has no budget: one D is the finding
         if C is not None and len(set(C if finite else D)) == 1:
@@ -1055,8 +1054,7 @@ def report_text(res):
     if bs:
         L += ["", f"Block bootstrap ({bs['n_resamples']} resamples of {bs['n_cells']} (budget, r) cells): median φ "
               f"{bs['phi_median']:.3f}, 95% CI [{bs['phi_lo']:.3f}, {bs['phi_hi']:.3f}], {bs['n_le0']} resamples at "
-              f"φ ≤ 0 and {bs['n_ge1']} at φ ≥ 1; a random start beat the warm start in "
-              f"{bs['random_start_wins']}."]
+              f"φ ≤ 0 and {bs['n_ge1']} at φ ≥ 1; a random start beat the warm start in {bs['random_start_wins']}."]
     # Table 7: a shared phi should leave no architecture with a disproportionate share of the residual mass
     j = res["joint"]
     L += [""] + _table(("Architecture", "n", "mean resid", "max \\|resid\\|", "RMSE"), [
@@ -1068,9 +1066,8 @@ def report_text(res):
         f"- {name}: skipped ({b['skipped']})" if "skipped" in b else f"- {name} (C ∈ [{min(b['budgets']):.3g}, "
         f"{max(b['budgets']):.3g}], n = {b['n']}): φ = {b['phi']:.3f}, R² = {b['r2']:.4f}"
         for name, b in res["halves"].items()]
-    if "case" in res:
+    if c := res.get("case"):
         # Table 3: baseline refitted on the case's budgets, then the variant; delta-phi is the paper's summary number
-        c = res["case"]
         L += [""] + _table(("Variant", "α", "β", "E", "φ", "R²", "n"), [
             (name, f"{b['alpha']:.3f}", f"{b['beta']:.3f}", f"{b['E']:.2f}", f"{b['phi']:.3f}", f"{b['r2']:.4f}",
              b["n"]) for name, b in ((f"Baseline (refitted on {_budgets_said(c)})", c["baseline"]),
@@ -1080,10 +1077,9 @@ def report_text(res):
               f"{len(c['delta_phi_boot'])} resamples of {c['paired_cells']} cells; {c['n_delta_le0']} at Δφ ≤ 0)"
               if "delta_phi_lo" in c else "")
         L += ["", f"Δφ = {c['delta_phi']:+.3f}{ci}"]
-    if res.get("loop_sweep"):
+    if sw := res.get("loop_sweep"):
         # App. A: a looped model run for r' != r iterations at test time; Huginn-style random state init is the
         # design expected to extrapolate, the prelude-initialised state of the paper is not
-        sw = res["loop_sweep"]
         rps = sorted({p["n_loops"] for e in sw for p in e["curve"]})
         L += [""] + _table(("trained r", "C", "N", *(f"r'={k}" for k in rps), "L(r'max) − L(r)"), [
             (e["n_loops"], f"{e['flops_budget']:.3g}", f"{e['n_params']:.3g}",
@@ -1102,11 +1098,11 @@ def report_text(res):
          f"[{fr['gaps'][r][0]:.3f}, {fr['gaps'][r][1]:.3f}]") for r, ex in fr["exponents"].items()])
     # App. G.3: the joint law read at fixed r gives one more set of optimal widths; a case study's phi shift
     # moves these (truncated BPTT widens, hyperconnections narrow)
-    rs = sorted({row["n_loops"] for row in fr["joint_rows"]})
+    jr = fr["joint_rows"]
     L += ["", "Compute-optimal scale s* from the joint law at fixed r (App. G.3):", ""] + _table(
-        ("C", *(f"r={r}" for r in rs)), [(f"{C:.3g}", *(f"{row['scale']:.1f}" for row in fr["joint_rows"]
-                                                      if row["flops_budget"] == C))
-                                         for C in sorted({row["flops_budget"] for row in fr["joint_rows"]})])
+        ("C", *(f"r={r}" for r in sorted({x["n_loops"] for x in jr}))),
+        [(f"{C:.3g}", *(f"{x['scale']:.1f}" for x in jr if x["flops_budget"] == C))
+         for C in sorted({x["flops_budget"] for x in jr})])
     L += [""] + _table(("r", "N (r=1)", "N unique", "N_eff", "unique ratio", "N_eff ratio", "r^φ", "FLOPs ratio"),
                        [(r, f"{e['n_nonlooped']:.3g}", f"{e['n_unique']:.3g}", f"{e['n_eff']:.3g}",
                          f"{e['unique_ratio']:.3f}", f"{e['eff_ratio']:.3f}", f"{e['amplification']:.2f}",
@@ -1260,10 +1256,8 @@ def _phi_figure(plt, res):
     r2 = [v if v is not None and math.isfinite(v) else 0.0 for v in (res[k]["r2"] for k in ("joint", "phi0", "phi1"))]
     axes[0].bar([f"φ free ({res['joint']['phi']:.2f})", "φ = 0", "φ = 1"], r2, color=["C0", "C1", "C2"])
     axes[0].set_ylim(min(r2) - 0.2 * (max(r2) - min(r2) + 1e-4), 1.0)    # R^2 near 1: zoom on the differences
-    axes[0].set(ylabel="R² (raw nats)", title="joint law: free vs restricted φ" + (" (flagged)" if res.get("flags")
-                                                                                   else ""))
-    if "bootstrap" in res:
-        bs = res["bootstrap"]
+    axes[0].set(ylabel="R² (raw nats)", title="joint law: free vs restricted φ" + " (flagged)" * bool(res.get("flags")))
+    if bs := res.get("bootstrap"):
         phis = np.asarray(bs["phi"], dtype=float)
         axes[1].hist(phis[np.isfinite(phis)], bins=30, range=tuple(_lim(phis)), color="C0", alpha=0.8)
         for v, ls in ((bs["phi_lo"], "--"), (bs["phi_hi"], "--"), (res["joint"]["phi"], "-")):
@@ -1369,8 +1363,7 @@ def write_case_summary(summary, out_dir, overwrite=False):
 
 def _case_figures(summary):
     """{"cases.png": phi and its CI per case, "cases_loops.png": val loss vs test-time r' per case (if swept)}."""
-    plt = _pyplot()
-    rows, figs = summary["rows"], {}
+    plt, rows, figs = _pyplot(), summary["rows"], {}
     color = {row["name"]: "k" if row["name"] == "baseline" else f"C{i}" for i, row in enumerate(rows)}  # both figures
     fig, ax = plt.subplots(figsize=(1.2 * len(rows) + 2.5, 3.6))
     for i, row in enumerate(rows):
@@ -1584,9 +1577,8 @@ def fit_outputs(args):
             old = [n for n in OUTPUTS if n in read_json(os.path.join(args.out, "fit.json")).get("outputs")]
         files = {"fit.json": json.dumps(_jsonable(res), indent=1).encode(), **files}      # fit.json first: renamed last
         write_set(args.out, files, remove=["fit.json"] + [n for n in old if n not in files])
-    # what the CLI prints: each Eq. 2 fit, the restricted fits, the case line, every flag, and last (where a user
-    # looks) the phi line with its 95% CI and flag names, and a case study's delta-phi line
-    # one line per Eq. 2 fit: per architecture, or per chinchilla group
+    # what the CLI prints: each Eq. 2 fit (per architecture or chinchilla group), the restricted fits, the case line,
+    # every flag, and last (where a user looks) the phi line with its 95% CI and flags, and the delta-phi line
     blocks = _chin_groups(res) if "chinchilla" in res else {f"r={r}": b for r, b in res["per_arch"].items()}
     L = [f"{name}: A={_sig2(b['A'])} alpha={b['alpha']:.3f} B={_sig2(b['B'])} beta={b['beta']:.3f} E={b['E']:.2f} "
          f"R2={b['r2']:.4f}" for name, b in blocks.items()]
