@@ -391,7 +391,8 @@ def _prepare(out_dir, request, texts, encode, overwrite, bos_id, source, tokeniz
             # first: the folder holds this request's state (a kill from here on resumes)
             info = dict(request=request, split="train", done={}, progress=None)
             atomic_write(os.path.join(out_dir, STATE_NAME), json.dumps(info))
-        if tok_name := tokenizer and "tokenizer.model":
+        tok_name = tokenizer and "tokenizer.model"          # the meta names the copy (None: no tokenizer file)
+        if tok_name:
             atomic_write(os.path.join(out_dir, tok_name), lambda tmp: shutil.copyfile(tokenizer, tmp))
         for split in [s for s in ("train", "val") if s not in info["done"]]:      # (a resume skips a finished split)
             prog = _pack_split(out_dir, split, info, (texts, encode, bos_id), is_val)

@@ -154,7 +154,8 @@ def variance(U, masks):
     (plus the ridge's pseudo-observation). For delta-phi the variant fit (its runs and the baseline's r = 1 runs at
     its budgets, as fit.run_case selects) and the baseline refitted on those budgets share their r = 1 runs, whose
     influences subtract: the paired comparison of fit.paired_delta_bootstrap."""
-    fits = [masks := np.atleast_2d(masks)]
+    masks = np.atleast_2d(masks)
+    fits = [masks]
     if U["variant"].any():
         # the baseline refit keeps the budgets the variant uses; the variant fit borrows the baseline's r = 1 runs there
         base = masks & ~U["variant"] & np.stack([np.isin(U["C"], U["C"][row & U["variant"]]) for row in masks])

@@ -309,7 +309,8 @@ def arch_map(runs):
     arch, aspect = {}, {}
     # None values are flops.py defaults (full BPTT): dropped, so a record that spells them out matches one that doesn't
     for a, asp, r, src in zip(runs["arch"], runs["aspect"], runs["n_loops"], runs["source"]):
-        if arch.setdefault(r := int(r), a := {k: v for k, v in a.items() if v is not None}) != a:
+        r, a = int(r), {k: v for k, v in a.items() if v is not None}
+        if arch.setdefault(r, a) != a:
             raise ValueError(f"{src}: architecture {a} differs from another r={r} run ({arch[r]}); fit one "
                              f"architecture per n_loops (label variants with a case and select one with --case)")
         aspect[r] = int(asp)
