@@ -135,33 +135,23 @@ def _folders(runs_dir):
 read_json = common.read_json
 
 def _read_sweep(path):
-    """The test-time loop sweep eval.py --n-loops-sweep wrote beside a run ([{n_loops, val_loss}, ...]), or None
-    when there is no eval.json or it holds no sweep. One that is there is checked (_sweep_ok): a torn or
-    hand-edited sweep names its file rather than vanish from the report."""
+    """The test-time loop sweep eval.py --n-loops-sweep wrote beside a run ([{n_loops: an int r' in [1, 1024],
+    val_loss: in LIMITS}, ...]), or None when there is no eval.json or it holds no sweep. One that is there is
+    checked: a torn or hand-edited sweep names its file rather than vanish from the report."""
     curve = read_json(path).get("n_loops_sweep") if os.path.lexists(path) else None
-    if curve and not _sweep_ok(curve):
+    if curve and not (isinstance(curve, list) and all(
+            isinstance(p, dict) and type(p.get("n_loops")) is int and 1 <= p["n_loops"] <= 1024 and "val_loss" in p
+            and common.check_number(p["val_loss"], LIMITS["val_loss"][0]) is None for p in curve)):
         raise ValueError(f"{path}: n_loops_sweep must be a list of {{n_loops, val_loss}} as eval.py writes it")
     return curve or None
-
-def _sweep_ok(curve):
-    """A loop-sweep curve as eval.py writes it: [{n_loops: an int r' in [1, 1024], val_loss: in LIMITS}, ...]."""
-    return isinstance(curve, list) and all(
-        isinstance(p, dict) and type(p.get("n_loops")) is int and 1 <= p["n_loops"] <= 1024 and "val_loss" in p
-        and common.check_number(p["val_loss"], LIMITS["val_loss"][0]) is None for p in curve)
 
 def load_records(runs_dir):
     """Every done.json under runs_dir (recursively), as dicts with "source" (the file, named in every error about
     the run), "run_dir" (its folder relative to runs_dir), "arch" (its flops.py accounting arguments beyond d_model
     and n_loops), "aspect_ratio" and "n_loops_sweep". Each record is checked as it is read: DONE_SCHEMA (the types
     and LIMITS), its config's accounting, its n_loops, d_model, flops_budget and case against its own config, and
-    its data and tokenizer against every other record's. ValueError if none is found."""
-    if not os.path.isdir(runs_dir):
-        raise ValueError(f"runs directory {runs_dir!r} does not exist as a folder")
-    # one study, one data set: runs trained on other data or another tokenizer follow another law, and a fit (or a
-    # delta-phi) across them would be silently wrong. A record that predates a field matches any value of it.
-    data = lambda rec: {k: v for k, v in (("data", (rec.get("identity") or {}).get("data")),
-                                          ("tokenizer", rec.get("tokenizer_hash"))) if v is not None}
-    recs = []
+    its data and tokenizer against every other record's. ValueError if none is found (or runs_dir is no folder)."""
+    recs, seen = [], {}              # seen: "data" / "tokenizer" -> (its value, the first record that names it)
     for root in [root for root, names in _folders(runs_dir) if "done.json" in names]:
         rec = read_json(path := os.path.join(root, "done.json"), DONE_SCHEMA)
         # train.py nests the config ({"model_config": {...}, "train_config": {...}}); a hand-made one may be flat
@@ -182,8 +172,11 @@ def load_records(runs_dir):
         rec.update(source=path, run_dir=os.path.relpath(root, runs_dir), n_loops_sweep=_read_sweep(
             os.path.join(root, "eval.json")), arch={k: v for k, v in acc.items() if k not in ("d_model", "n_loops")},
             aspect_ratio=mcfg.get("aspect_ratio", flops.ASPECT_RATIO))
-        if recs and (diff := common.identity_diff(data(recs[0]), data(rec), {**data(rec), **data(recs[0])})):
-            raise ValueError(f"{path} and {recs[0]['source']} were trained on different data ({diff[0]})")
+        # one study, one data set: runs trained on other data or another tokenizer follow another law, and a fit (or
+        # a delta-phi) across them would be silently wrong. A record that predates a field matches any value of it
+        for k, v in (("data", (rec.get("identity") or {}).get("data")), ("tokenizer", rec.get("tokenizer_hash"))):
+            if v is not None and (first := seen.setdefault(k, (v, path)))[0] != v:
+                raise ValueError(f"{path} and {first[1]} were trained on different data ({k}: {first[0]!r} vs {v!r})")
         recs.append(rec)
     if not recs:
         left = unfinished_runs(runs_dir)
@@ -220,7 +213,7 @@ def load_csv(path):
                     raise ValueError(f"{src}: {len(fields)} fields, but the header has {len(header)}")
                 # columns by name, any order; extras ignored. CSV rows use the paper's architecture (flops defaults)
                 rows.append({h: _value(f.strip(), h, src) if h in LIMITS else f.strip() for h, f in zip(header, fields)
-                             if f.strip()} | {"source": src})
+                             if f.strip()} | {"source": src, "arch": {}})
     except csv.Error as err:
         raise ValueError(f"{path}:{reader.line_num}: malformed CSV ({err})") from None
     except (UnicodeDecodeError, OSError) as err:
@@ -243,22 +236,20 @@ def _value(text, key, src):
     return int(x) if key in INTEGERS else x
 
 def runs_from_rows(rows, law="joint"):
-    """The runs dict the fitters use, from run rows (done.json records or CSV rows, their numbers checked as they
-    were read: DONE_SCHEMA, _value). What a row cannot show alone is checked here: missing keys, duplicates, and
-    an n_loops or N_once + N_rec that flops.py's accounting disagrees with.
+    """The runs dict the fitters use, from run rows (done.json records or CSV rows, each with its "source" and
+    "arch", their numbers checked as they were read: DONE_SCHEMA, _value). What a row cannot show alone is checked
+    here: missing keys, duplicates, and an n_loops or N_once + N_rec that flops.py's accounting disagrees with.
 
     runs = {"flops_budget", "n_loops", "n_once", "n_rec", "tokens", "val_loss": (n,) arrays, "case": list,
             "group", "source", "dir", "identity", "arch" (flops kwargs), "aspect" (aspect ratio), "sweep": per-run
             lists}. Joint law: every REQUIRED key. --law chinchilla: n_params,tokens,val_loss (+ optional group), or
     the joint keys (then N = n_once + n_rec and the group is the architecture r).
     """
-    # rows built by hand (tests, notebooks) may lack the bookkeeping keys the loaders add
-    rows = [dict(row, source=row.get("source", f"row {i}"), arch=row.get("arch") or {}) for i, row in enumerate(rows)]
     # --law chinchilla takes n_params,tokens,val_loss; it falls back to the joint columns only when n_params is absent
     chin_cols = law == "chinchilla" and ("n_params" in rows[0] or any(k not in rows[0] for k in REQUIRED))
     need, n = CHIN_REQUIRED if chin_cols else REQUIRED, len(rows)
     for row in rows:
-        if missing := [k for k in need if row.get(k) in (None, "")]:
+        if missing := [k for k in need if row.get(k) is None]:
             raise ValueError(f"{row['source']}: missing {', '.join(missing)} (need {', '.join(need)})")
     out = {k: np.array([float(row[k]) for row in rows]) for k in need}     # (n,) each
     if chin_cols:
@@ -266,39 +257,34 @@ def runs_from_rows(rows, law="joint"):
         out.update(n_once=np.zeros(n), n_rec=out.pop("n_params"), n_loops=np.ones(n, dtype=int),
                    flops_budget=np.full(n, np.nan), group=[str(row.get("group") or "all") for row in rows])
     else:
-        # the joint law needs r itself (r^phi), N split into its once-used and looped parts, and the budget for the
-        # (budget, r) bootstrap cells and the compute-optimal frontier
         out.update(n_loops=out["n_loops"].astype(int), group=[f"r={int(x)}" for x in out["n_loops"]])
-    # which run each row is (issue 18 §1): its folder under the runs folder (the CSV line for CSV rows) and the
-    # identity train.py recorded, if any (runs_record); per-run architecture (flops kwargs) and aspect ratio: the
-    # frontier inverts the accounting of the runs' own model family (CSV rows: the paper's, flops.py defaults)
+    # which run each row is (issue 18 §1: its folder, else the CSV line, and train.py's identity, for runs_record);
+    # the architecture and aspect ratio the frontier inverts (CSV rows: the paper's, flops.py defaults)
     out.update(case=[row.get("case") or None for row in rows], source=[row["source"] for row in rows],
                dir=[row.get("run_dir", row["source"]) for row in rows], arch=[row["arch"] for row in rows],
                identity=[row.get("identity") for row in rows], sweep=[row.get("n_loops_sweep") for row in rows],
-               aspect=[int(row.get("aspect_ratio") or flops.ASPECT_RATIO) for row in rows])
-    # Duplicates (same budget, r, N and D; same N, D and group in chinchilla mode) double-weight one configuration in
-    # the sum of Eq. 4: warn, keep both. A case study may repeat the baseline's configurations (same N and D, a
-    # different recipe), so the case label is part of the key
+               aspect=[row.get("aspect_ratio") or flops.ASPECT_RATIO for row in rows])
+    # Duplicates double-weight one configuration in the sum of Eq. 4: warn, keep both. A case study may repeat the
+    # baseline's configurations (same N and D, a different recipe), so the case label is part of the key
     named, seen = [k for k in need if k != "val_loss"], {}
     for i, k in enumerate(zip(*[out["n_rec" if k == "n_params" else k] for k in named], out["group"],
                               map(str, out["case"]))):
         if seen.setdefault(k, i) != i:
             item = f"{out['source'][i]} repeats {out['source'][seen[k]]} (same {', '.join(named)}); both are kept"
             warnings.warn(FitWarning(f"duplicate run: {item}", "duplicate_runs", item))
-    # A run whose (n_loops, architecture) flops.py cannot count (n_loops = 3 does not divide the 16 looped layers; an
-    # unknown injection), or whose N_once + N_rec disagrees with flops.param_split at its width, stops here, before
-    # the fits: the frontier inverts that accounting after every fit, and the fit trusts the recorded split, so a
-    # record from another code version or a mislabelled architecture would make the two silently inconsistent
+    # An (n_loops, architecture) flops.py cannot count (r = 3 does not divide the 16 looped layers), or an
+    # N_once + N_rec other than flops.param_split's at the run's width, stops here: the fit trusts the recorded split
+    # and the frontier inverts the accounting, so a record of another code version would make them disagree silently
     for i, row in enumerate([] if chin_cols else rows):
         r, kw = int(out["n_loops"][i]), row["arch"]
+        # the width: d_model, else aspect ratio x scale (both >= 1 when given, so 0 means neither: the layout alone)
+        d = int(row.get("d_model") or 0) or out["aspect"][i] * int(row.get("scale") or 0)
         try:
-            flops.flops_per_token(64, r, **kw)         # any width: the layout and mode checks do not depend on d
+            want = sum(flops.param_split(d or 64, r, **kw))      # the layout checks do not depend on the width
         except (ValueError, TypeError) as err:
             raise ValueError(f"{row['source']}: n_loops={r} is not an architecture flops.py can count ({err})") \
                 from None
-        # the width: d_model, else aspect ratio x scale (both >= 1 when given, so 0 means neither: nothing to check)
-        d = int(row.get("d_model") or 0) or out["aspect"][i] * int(row.get("scale") or 0)
-        if d and (n := out["n_once"][i] + out["n_rec"][i]) != (want := sum(flops.param_split(d, r, **kw))):
+        if d and (n := out["n_once"][i] + out["n_rec"][i]) != want:
             raise ValueError(f"{row['source']}: n_once + n_rec = {n:.0f} but flops.param_split(d_model={d}, "
                              f"n_loops={r}) gives {want}: record and accounting disagree")
     return out
@@ -468,12 +454,12 @@ def _screen(prob, x0, weights=None, maxiter=SCREEN_ITERS, gtol=1e-9, ftol=1e-13)
             slope = (ga[pend] * (xt - xa[pend])).sum(1)             # g'(step actually taken) < 0
             ok = ft <= fa[pend] + 1e-4 * slope
             x_new[pend[ok]], ok_all[pend[ok]] = xt[ok], True
-            pend, slope, ft, tp = pend[~ok], slope[~ok], ft[~ok], t[pend[~ok]]
+            pend, slope, ft = pend[~ok], slope[~ok], ft[~ok]
             if pend.size == 0:
                 break
             curv = ft - fa[pend] - slope                            # f(t) - f - slope, > 0 on a failed trial
             shrink = np.where(curv > 0, -slope / (2 * np.maximum(curv, 1e-300)), 0.1)
-            t[pend] = tp * np.clip(shrink, 0.1, 0.5)
+            t[pend] = t[pend] * np.clip(shrink, 0.1, 0.5)
         # a failed line search means no further progress is possible at screen precision
         done[act[~ok_all]] = True
         move = np.flatnonzero(ok_all)
@@ -492,8 +478,7 @@ def _screen(prob, x0, weights=None, maxiter=SCREEN_ITERS, gtol=1e-9, ftol=1e-13)
         yHy = (yu * Hy).sum(1)
         Hm[upd] = (Hu - rho[:, None, None] * (su[:, :, None] * Hy[:, None, :] + Hy[:, :, None] * su[:, None, :])
                    + ((rho * rho * yHy + rho)[:, None, None]) * su[:, :, None] * su[:, None, :])
-        Ha[move], x[am], f[am], g[am] = Hm, x_new[move], fn, gn
-        H[act] = Ha
+        H[am], x[am], f[am], g[am] = Hm, x_new[move], fn, gn          # rows that did not move are done
         # stop: projected gradient small, or the relative decrease negligible
         pg = np.abs(np.clip(x[am] - g[am], lo, hi) - x[am]).max(1)
         stop = (pg <= gtol) | ((fa[move] - fn) <= ftol * np.maximum(np.abs(fn), 1e-300))
@@ -503,11 +488,7 @@ def _screen(prob, x0, weights=None, maxiter=SCREEN_ITERS, gtol=1e-9, ftol=1e-13)
 def _polish(prob, x, weights=None):
     """scipy L-BFGS-B from x on Obj/delta inside the box at tight tolerances (fitting.md §4.2). Returns (x, Obj)."""
     lo, hi = _box(prob["p"])
-
-    def fun(th):
-        # scaled by 1/delta like the screen; the reported objective below is unscaled
-        f, g = objective(th, prob, weights)
-        return f / DELTA, g / DELTA
+    fun = lambda th: tuple(v / DELTA for v in objective(th, prob, weights))    # scaled like the screen's; Obj unscaled
     res = minimize(fun, np.clip(x, lo, hi), jac=True, method="L-BFGS-B", bounds=list(zip(lo, hi)),
                    options=POLISH_OPTS)
     return res.x, float(objective(res.x, prob, weights, grad=False))
@@ -646,8 +627,7 @@ def arch_polys(r, arch=None):
     ds = np.array([256.0, 512.0, 768.0, 1024.0])
     vals = np.array([[*flops.param_split(int(d), r, **arch), flops.flops_per_token(int(d), r, **arch)] for d in ds])
     coef = np.linalg.solve(np.vander(ds[:3], 3), vals[:3])                     # (3, 3): columns once, rec, flops
-    if not np.allclose((np.vander(ds[3:], 3) @ coef)[0], vals[3], rtol=1e-9, atol=0.5):
-        raise ValueError(f"flops.py accounting for r={r} {arch} is not quadratic in d_model; cannot invert it")
+    assert np.allclose((np.vander(ds[3:], 3) @ coef)[0], vals[3], rtol=1e-9, atol=0.5), f"r={r} {arch}: not quadratic"
     return {"once": coef[:, 0], "rec": coef[:, 1], "flops": coef[:, 2]}
 
 def optimal_width(E, A, B, alpha, beta, n_of_d, f_of_d, C):
@@ -665,8 +645,7 @@ def optimal_width(E, A, B, alpha, beta, n_of_d, f_of_d, C):
     if j in (0, len(grid) - 1):
         # alpha or beta at 0 (a degenerate fit): L is monotone in d and has no interior optimum
         item = f"C={C:.3g} (alpha={alpha:.3g}, beta={beta:.3g})"
-        warnings.warn(FitWarning(f"compute optimum at C={C:.3g} sits on the edge of d in [1, 1e7]; the law has no "
-                                 f"interior optimum (alpha={alpha:.3g}, beta={beta:.3g})", "frontier_edge", item))
+        warnings.warn(FitWarning(f"compute optimum at {item} sits on the edge of d in [1, 1e7]", "frontier_edge", item))
     lo, hi = grid[max(j - 1, 0)], grid[min(j + 1, len(grid) - 1)]
     u = minimize_scalar(loss, bounds=(lo, hi), method="bounded", options={"xatol": 1e-10}).x
     return math.exp(u), float(n_of_d(math.exp(u))), float(C / f_of_d(math.exp(u))), float(loss(u))
@@ -758,7 +737,6 @@ def run_protocol(runs, restarts=RESTARTS, n_boot=N_BOOT, seed=0, boot_restarts=B
     # phi is identified only by comparing architectures: with one r, r^phi N_rec is indistinguishable from A. Each
     # r's Eq. 2 fit has 5 parameters; both are checked here, before any fit runs, as is one architecture per r
     loops, counts = np.unique(runs["n_loops"], return_counts=True)
-    loops = [int(r) for r in loops]
     if len(loops) < 2:
         raise ValueError(f"the joint law needs at least two architectures (n_loops values); got only r={loops}")
     for r, n in zip(loops, counts):
@@ -766,7 +744,7 @@ def run_protocol(runs, restarts=RESTARTS, n_boot=N_BOOT, seed=0, boot_restarts=B
             raise ValueError(f"r={r} has {n} runs; its Eq. 2 fit has 5 parameters and needs at least 5 runs")
     arch_map(runs)
     t0 = time.perf_counter()
-    out = {"n_runs": int(len(runs["val_loss"])), "loops": loops, "seed": seed, "restarts": restarts,
+    out = {"n_runs": int(len(runs["val_loss"])), "loops": loops.tolist(), "seed": seed, "restarts": restarts,
            "n_convention": "N_once + N_rec as recorded (Table 6 convention: non-embedding, norm gains included)"}
     # Table 1: per-architecture Chinchilla fits (Eq. 2 on N = N_once + N_rec)
     out["per_arch"] = _eq2_fits(runs, runs["n_loops"], restarts, seed, "r={}")
@@ -925,20 +903,28 @@ def assess(res, runs):
         single_budget   one compute budget (one D in chinchilla mode): the N and D terms are not separately identified
         few_runs        fewer than RUNS_PER_PARAM runs per fitted parameter
         few_resamples   a bootstrap CI from fewer than MIN_CI_RESAMPLES resamples
+        budget_mismatch the case baseline was refitted on fewer budgets than the case has
     main() adds unfinished_runs (run folders without done.json) and the fitter's own warnings (single_hit,
     duplicate_runs, frontier_edge)."""
     flags, bs, c = [], res.get("bootstrap"), res.get("case")
     add = lambda name, item: _add_flag(flags, name, item)
-    # each fit block with the runs it was fitted on (the case baseline's budgets are judged below)
+
+    def one_budget(m):      # "C = x" when every run of mask m is at budget x (chinchilla mode: D), else None
+        C, D = runs["flops_budget"][m], runs["tokens"][m]
+        x, fmt = (C, "C = {:.3g}") if np.all(np.isfinite(C)) else (D, "D = {:.3g} tokens")
+        return fmt.format(x[0]) if len(set(x)) == 1 else None
+    # each fit block with its one budget if it has only one; the joint fit's one budget is every r's (said once)
     if "chinchilla" in res:
-        blocks = {("fit" if g == "all" else f"group {g}"): (b, np.array([x == g for x in runs["group"]]))
+        blocks = {("fit" if g == "all" else f"group {g}"): (b, one_budget(np.array([x == g for x in runs["group"]])))
                   for g, b in _chin_groups(res).items()}
     else:
-        blocks = {"joint": (res["joint"], np.ones(len(runs["val_loss"]), dtype=bool)),
-                  **{f"r={r}": (b, runs["n_loops"] == int(r)) for r, b in res["per_arch"].items()},
-                  **({"case baseline": (c["baseline"], None)} if c else {})}
-    said_budget = False                                 # the joint fit's one budget is every r's: said once
-    for name, (b, m) in blocks.items():
+        blocks = {"joint": (res["joint"], one := one_budget(np.ones(len(runs["val_loss"]), dtype=bool)))}
+        blocks.update({f"r={r}": (b, None if one else one_budget(runs["n_loops"] == int(r)))
+                       for r, b in res["per_arch"].items()})
+        if c:       # the case baseline's budgets: those of the case it has runs at (run_case)
+            bb = c["baseline_budgets"]
+            blocks["case baseline"] = (c["baseline"], None if one or len(bb) > 1 else f"C = {bb[0]:.3g}")
+    for name, (b, at) in blocks.items():
         # fit_law's on_bounds is exact (1e-6 of the box); a polish stopped in a flat valley a hair inside the
         # bound (phi = 2.9997) is the same finding, so 1e-3 of the box counts here
         (lo, hi), th = _box(len(b["theta"])), b["theta"]
@@ -947,15 +933,10 @@ def assess(res, runs):
         for flag, bad, item in (("on_bound", names, f"{name} fit: {', '.join(names)}"),     # NaN R^2 counts as low
                                 ("low_r2", not b["r2"] >= R2_LOW, f"{name} fit R² = {b['r2']:.3f}"),
                                 ("few_runs", b["n"] < RUNS_PER_PARAM * len(th),
-                                 f"{name} fit: {b['n']} runs for {len(th)} parameters")):
+                                 f"{name} fit: {b['n']} runs for {len(th)} parameters"),
+                                ("single_budget", at, f"{name} fit: every run at {at}")):
             if bad:
                 add(flag, item)
-        C, D = (None, None) if m is None or said_budget else (runs["flops_budget"][m], runs["tokens"][m])
-        finite = C is not None and np.all(np.isfinite(C))    # chinchilla mode has no budget: one D is the finding
-        if C is not None and len(set(C if finite else D)) == 1:
-            where = f"C = {C[0]:.3g}" if finite else f"D = {D[0]:.3g} tokens"
-            add("single_budget", f"{name} fit: every run at {where}")
-            said_budget = name == "joint" and finite
     if bs:
         phis, n = np.abs(np.asarray(bs["phi"])), bs["n_resamples"]
         at = int(np.sum(np.abs(phis - BOX_HI[5]) <= NEAR_BOUND * (BOX_HI[5] - BOX_LO[5])))
@@ -963,12 +944,8 @@ def assess(res, runs):
             add("on_bound", f"bootstrap: {at} of {n} resamples at phi = ±{BOX_HI[5]:g}, the CI is cut by the box")
         if n < MIN_CI_RESAMPLES:
             add("few_resamples", f"{n} resamples")
-    if c:                   # the refitted baseline's budgets: those of the case it has runs at (run_case)
-        bb, lack = c["baseline_budgets"], [f"{x:.3g}" for x in c["budgets"] if x not in c["baseline_budgets"]]
-        if len(bb) == 1 and len(c["budgets"]) > 1:
-            add("single_budget", f"case baseline fit: every run at C = {bb[0]:.3g}")
-        if lack:
-            add("budget_mismatch", f"no baseline runs at C = {', '.join(lack)}")
+    if c and (lack := [f"{x:.3g}" for x in c["budgets"] if x not in c["baseline_budgets"]]):
+        add("budget_mismatch", f"no baseline runs at C = {', '.join(lack)}")
     # one block at a time finds the flags out of order: list them in FLAG_TEXT's order (its first six are assess's)
     return sorted(flags, key=lambda f: list(FLAG_TEXT).index(f["name"]))
 
