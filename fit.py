@@ -135,15 +135,19 @@ def _folders(runs_dir):
 read_json = common.read_json
 
 def _read_sweep(path):
-    """The test-time loop sweep eval.py --n-loops-sweep wrote beside a run ([{n_loops: an int r' in [1, 1024],
-    val_loss: in LIMITS}, ...]), or None when there is no eval.json or it holds no sweep. One that is there is
-    checked: a torn or hand-edited sweep names its file rather than vanish from the report."""
+    """The test-time loop sweep eval.py --n-loops-sweep wrote beside a run ([{n_loops, val_loss}, ...]), or None
+    when there is no eval.json or it holds no sweep. One that is there is checked (_sweep_ok): a torn or
+    hand-edited sweep names its file rather than vanish from the report."""
     curve = read_json(path).get("n_loops_sweep") if os.path.lexists(path) else None
-    if curve and not (isinstance(curve, list) and all(
-            isinstance(p, dict) and type(p.get("n_loops")) is int and 1 <= p["n_loops"] <= 1024 and "val_loss" in p
-            and common.check_number(p["val_loss"], LIMITS["val_loss"][0]) is None for p in curve)):
+    if curve and not _sweep_ok(curve):
         raise ValueError(f"{path}: n_loops_sweep must be a list of {{n_loops, val_loss}} as eval.py writes it")
     return curve or None
+
+def _sweep_ok(curve):
+    """A loop-sweep curve as eval.py writes it: [{n_loops: an int r' in [1, 1024], val_loss: in LIMITS}, ...]."""
+    return isinstance(curve, list) and all(
+        isinstance(p, dict) and type(p.get("n_loops")) is int and 1 <= p["n_loops"] <= 1024 and "val_loss" in p
+        and common.check_number(p["val_loss"], LIMITS["val_loss"][0]) is None for p in curve)
 
 def load_records(runs_dir):
     """Every done.json under runs_dir (recursively), as dicts with "source" (the file, named in every error about
