@@ -19,8 +19,7 @@ Run:
     python fit.py --synthetic synth.csv --phi 0.46 --noise 0.01 --seed 0   # the 116-run grid drawn from Eq. 3
     add --overwrite to write into a folder that holds anything but this same request's fit (a rerun needs none)
 Test: python -m pytest -q tests/test_fit.py tests/test_hostile_fit.py
-Read in this order: objective -> _screen -> fit_law -> bootstrap_phi -> optimal_width -> run_protocol -> assess
--> main.
+Read in this order: objective -> _screen -> fit_law -> bootstrap_phi -> optimal_width -> run_protocol -> assess -> main.
 Not here: parameter / FLOP / token accounting (flops.py), training (train.py).
 
 What it promises (README "Guarantees"): bad input (a value out of LIMITS, a malformed CSV or done.json, an n_loops
@@ -64,17 +63,16 @@ SCREEN_ITERS = 500                # project: iteration cap of the batched screen
 N_POLISH = 8                      # project: distinct screened optima polished with scipy
 CHUNK_ELEMS = 6_000               # project: largest (K x n) block per objective evaluation (see objective)
 HIT_RTOL = 1e-6                   # fitting.md §3: a restart "hits" the optimum within 1e-6 relative
-# Tight scipy tolerances on Obj/delta (fitting.md §4.2): the default ftol is an *absolute* decrease of 2.2e-9 on a
-# ~1e-2 objective, which stops restarts in flat valleys and makes warm-started bootstrap CIs too narrow.
+# Tight scipy tolerances on Obj/delta (fitting.md §4.2): the default ftol (an absolute 2.2e-9 on a ~1e-2 objective)
+# stops restarts in flat valleys and makes warm-started bootstrap CIs too narrow.
 POLISH_OPTS = {"maxiter": MAXITER, "maxfun": 4 * MAXITER, "ftol": 1e-15, "gtol": 1e-10}
 
 REQUIRED = ("flops_budget", "n_loops", "n_once", "n_rec", "tokens", "val_loss")   # joint-law inputs per run
 CHIN_REQUIRED = ("n_params", "tokens", "val_loss")                                # --law chinchilla inputs
-# The allowed values of every number a run record or CSV row carries, in common.py's interval notation: done.json
-# (through common.read_json), CSV rows and --loops are checked against this one table. The ranges are far beyond any
-# training run (frontier runs are ~1e26 FLOPs, ~3e13 tokens, ~2e12 parameters; a final loss is a few nats), yet they
-# catch a column in the wrong unit or a typo (tokens = 1e300) before it reaches a logarithm. flops_budget and
-# n_loops are train.py's LIMITS (a test checks they agree); N_once may be 0 (r = 1, or fully looped models).
+# The allowed values of every number a run record or CSV row carries (common.py's interval notation), for done.json
+# (common.read_json), CSV cells and --loops alike. Far beyond any training run (frontier runs: ~1e26 FLOPs, ~3e13
+# tokens, ~2e12 parameters, a few nats), yet they catch a wrong unit or a typo (tokens = 1e300) before a logarithm.
+# flops_budget and n_loops are train.py's LIMITS (a test checks); N_once may be 0 (r = 1, or fully looped models).
 LIMITS = {"flops_budget": ("(0, 1e30]", "FLOPs"), "n_loops": ("[1, 16]", "recurrences r"),
           "n_once": ("[0, 1e15]", "parameters: a count, not millions"),
           **dict.fromkeys(("n_rec", "n_params"), ("[1, 1e15]", "parameters: a count, not millions")),
@@ -89,23 +87,22 @@ R2_LOW = 0.9                      # R^2 (raw nats) below this: the law explains 
 NEAR_BOUND = 1e-3                 # a parameter within this fraction of its box width of a bound counts as on it
 RUNS_PER_PARAM = 2                # fewer runs than 2 per fitted parameter: the optimum is barely determined
 MIN_CI_RESAMPLES = 100            # a 95% interval from fewer resamples rests on its 2-3 most extreme draws
-# A run folder holding one of these but no done.json never finished: train.py's checkpoint and log, and the
-# train.log a sweep (runs/launch.bash) leaves when a cell fails at start-up
+# A run folder with one of these but no done.json never finished: train.py's checkpoint and log, and the train.log
+# a sweep (runs/launch.bash) leaves when a cell fails at start-up
 UNFINISHED = ("ckpt.pt", "log.jsonl", "train.log")
 # Every file a fit writes into --out (a new figure is added here): a refit removes those of them the previous fit.json
 # lists and this fit does not write, nothing else
 OUTPUTS = ("fit.json", "report.md", "iso_flops.png", "pred_vs_actual.png", "frontier.png", "phi.png", "loop_sweep.png")
 
+BASELINE = (None, "", "baseline")    # the case labels of the main grid: records without one, or "baseline"
 # Synthetic truth (fitting.md §7-8): alpha, beta, E and phi are the paper's joint fit (Table 2); A and B are not
 # printed there, so they are chosen (derived) to put the grid's losses at 2.29-2.98 nats like Fig. 2, with the r=1
 # compute optimum inside the widths trained at each budget (s* = 7.2 at 4.64e17 ... 24.8 at 2.15e19).
-BASELINE = (None, "", "baseline")    # the case labels of the main grid: records without one, or "baseline"
 SYNTH_TRUTH = {"E": 1.57, "A": 25.0, "B": 1000.0, "alpha": 0.199, "beta": 0.369, "phi": 0.46}
 
 class FitWarning(UserWarning):
     """A fitter warning that is also a flag (assess, fit_outputs): warnings show the message, and the CLI
     files it under flag = (name in FLAG_TEXT, the item naming the fit or run it concerns)."""
-
     def __init__(self, message, name, item):
         super().__init__(message)
         self.flag = (name, item)
@@ -130,8 +127,7 @@ def _folders(runs_dir):
             raise ValueError(f"{root} is read already (a link loop or a duplicate); remove the link")
     return sorted(out.values(), key=lambda x: x[0])
 
-# common.read_json refuses a FIFO, a device (/dev/zero) or a folder behind the name by name, never opens it (open()
-# would wait, or read forever); a link to a regular file is followed. design.py reads its prior through this name.
+# refuses a FIFO, a device or a folder by name, never opens it (it would wait, or read forever); design.py uses it
 read_json = common.read_json
 
 def _read_sweep(path):
@@ -161,15 +157,13 @@ def load_records(runs_dir):
         # train.py nests the config ({"model_config": {...}, "train_config": {...}}); a hand-made one may be flat
         cfg = rec.get("config") or {}
         mcfg, tcfg = (c if isinstance(c := cfg.get(k, cfg), dict) else {} for k in ("model_config", "train_config"))
-        try:
-            # the architecture the run trained (mini study: small d, vocab ~1k, seq_len 128) -- used for the N check
-            # and by the compute-optimal solver, so the frontier never assumes the paper's constants
+        try:         # the architecture the run trained (the N check and the frontier never assume the paper's)
             acc = flops.accounting_args(mcfg)
         except ValueError as err:
             raise ValueError(f"{path}: config {err}") from None
         rec.setdefault("d_model", acc.get("d_model"))       # the width N_once + N_rec is checked at (runs_from_rows)
-        # the top-level fields the fit reads must agree with the config the run trained: an edited budget or r would
-        # otherwise be fitted silently at the wrong place (issue 18 §3). No case key = the main grid ("").
+        # the fields the fit reads agree with the config the run trained, or an edited budget or r would be fitted
+        # silently at the wrong place (issue 18 §3). No case key = the main grid ("").
         for key, conf in (("n_loops", mcfg), ("d_model", acc), ("flops_budget", tcfg), ("case", tcfg)):
             if (mine := rec.get(key) or "") != (theirs := conf.get(key, rec.get(key)) or ""):
                 raise ValueError(f"{path}: key {key!r} is {mine!r:.40} but the record's config says {theirs!r:.40}")
@@ -195,9 +189,9 @@ def unfinished_runs(runs_dir):
             if "done.json" not in names and names & set(UNFINISHED)]
 
 def load_csv(path):
-    """Rows of a CSV file as dicts with a "source" key naming file and line; each LIMITS column's cell is checked
-    here, where it enters (_value), and a blank one is left out. ValueError if the file is missing, not text,
-    malformed (a row with more or fewer fields than the header) or empty."""
+    """Rows of a CSV file as dicts with a "source" key naming file and line and the paper's architecture (arch {}:
+    flops.py defaults); each LIMITS cell is checked here (_value), a blank one is left out. ValueError if the file
+    is missing, not text, malformed (a row with more or fewer fields than the header) or empty."""
     if not os.path.isfile(path):                    # a folder or a FIFO is never opened (open() would wait)
         raise ValueError(f"CSV file {path!r} {'is not a file' if os.path.exists(path) else 'does not exist'}")
     rows = []
@@ -215,7 +209,7 @@ def load_csv(path):
                 src = f"{path}:{reader.line_num}"           # the physical line (quoted fields may span lines)
                 if len(fields) != len(header):
                     raise ValueError(f"{src}: {len(fields)} fields, but the header has {len(header)}")
-                # columns by name, any order; extras ignored. CSV rows use the paper's architecture (flops defaults)
+                # columns by name, any order; extras ignored
                 rows.append({h: _value(f.strip(), h, src) if h in LIMITS else f.strip() for h, f in zip(header, fields)
                              if f.strip()} | {"source": src, "arch": {}})
     except csv.Error as err:
@@ -228,8 +222,7 @@ def load_csv(path):
     return rows
 
 def _value(text, key, src):
-    """A CSV cell as a number checked against LIMITS[key] (finite, inside the range, whole where INTEGERS says so),
-    else a ValueError naming the file and line and the key."""
+    """A CSV cell as a number in LIMITS[key] (finite, whole where INTEGERS says so), else a ValueError naming it."""
     try:
         x = float(text)
         why = common.check_number(x, *LIMITS[key]) or (key in INTEGERS and x != int(x) and "must be a whole number")
@@ -243,12 +236,10 @@ def runs_from_rows(rows, law="joint"):
     """The runs dict the fitters use, from run rows (done.json records or CSV rows, each with its "source" and
     "arch", their numbers checked as they were read: DONE_SCHEMA, _value). What a row cannot show alone is checked
     here: missing keys, duplicates, and an n_loops or N_once + N_rec that flops.py's accounting disagrees with.
-
     runs = {"flops_budget", "n_loops", "n_once", "n_rec", "tokens", "val_loss": (n,) arrays, "case": list,
             "group", "source", "dir", "identity", "arch" (flops kwargs), "aspect" (aspect ratio), "sweep": per-run
             lists}. Joint law: every REQUIRED key. --law chinchilla: n_params,tokens,val_loss (+ optional group), or
-    the joint keys (then N = n_once + n_rec and the group is the architecture r).
-    """
+    the joint keys (then N = n_once + n_rec and the group is the architecture r)."""
     # --law chinchilla takes n_params,tokens,val_loss; it falls back to the joint columns only when n_params is absent
     chin_cols = law == "chinchilla" and ("n_params" in rows[0] or any(k not in rows[0] for k in REQUIRED))
     need, n = CHIN_REQUIRED if chin_cols else REQUIRED, len(rows)
@@ -278,13 +269,13 @@ def runs_from_rows(rows, law="joint"):
             warnings.warn(FitWarning(f"duplicate run: {item}", "duplicate_runs", item))
     # An (n_loops, architecture) flops.py cannot count (r = 3 does not divide the 16 looped layers), or an
     # N_once + N_rec other than flops.param_split's at the run's width, stops here: the fit trusts the recorded split
-    # and the frontier inverts the accounting, so a record of another code version would make them disagree silently
+    # and the frontier inverts the accounting, so a record of another code version would make them disagree silently.
+    # The width: d_model, else aspect ratio x scale (0: neither, so the layout alone, which no width changes)
     for i, row in enumerate([] if chin_cols else rows):
         r, kw = int(out["n_loops"][i]), row["arch"]
-        # the width: d_model, else aspect ratio x scale (both >= 1 when given, so 0 means neither: the layout alone)
         d = int(row.get("d_model") or 0) or out["aspect"][i] * int(row.get("scale") or 0)
         try:
-            want = sum(flops.param_split(d or 64, r, **kw))      # the layout checks do not depend on the width
+            want = sum(flops.param_split(d or 64, r, **kw))
         except (ValueError, TypeError) as err:
             raise ValueError(f"{row['source']}: n_loops={r} is not an architecture flops.py can count ({err})") \
                 from None
@@ -317,10 +308,9 @@ def subset(runs, mask):
 # The objective (Eq. 4) and its analytic gradient, vectorised over K parameter vectors
 
 def make_problem(runs, phi=None):
-    """Pack runs for the objective. phi=None: free phi (p = 6, Eq. 3); a float: phi fixed (p = 5; phi = 0 makes
-    N_eff = N_once + N_rec = N, i.e. plain Eq. 2). Each row of theta is (a, b, e, alpha, beta[, phi]).
-    Logs are taken once here: the objective only ever needs ln D, ln L and ln r. Refuses runs that determine no
-    fit (fewer runs than parameters, equal losses)."""
+    """Pack runs for the objective (logs taken once: it needs only ln D, ln L and ln r). phi=None: free phi (p = 6,
+    Eq. 3); a float: phi fixed (p = 5; phi = 0 makes N_eff = N_once + N_rec = N, i.e. plain Eq. 2). Each row of theta
+    is (a, b, e, alpha, beta[, phi]). Refuses runs that determine no fit (fewer runs than parameters, equal losses)."""
     prob = _pack(runs, phi)
     n, p = len(prob["ln_l"]), prob["p"]
     # fewer runs than parameters: the optimum is a manifold, not a point -- refuse instead of reporting one of them.
@@ -349,17 +339,14 @@ def _pack(runs, phi=None):
 
 def objective(theta, prob, weights=None, grad=True):
     """Eq. 4: Obj(theta) = sum_i w_i Huber_delta(rho_i), rho_i = LSE(t1, t2, t3) - ln L_i, and dObj/dtheta.
-
     theta: (p,) or (K, p); weights: None (w = 1), (n,), or (K, n) (one bootstrap resample per row).
-    Returns f (K,) and g (K, p) (or f, g for a single theta). fitting.md §1 derives the gradient.
-    """
+    Returns f (K,) and g (K, p) (or f, g for a single theta). fitting.md §1 derives the gradient."""
     th = np.atleast_2d(np.asarray(theta, dtype=float))           # (K, p)
     rows = max(1, CHUNK_ELEMS // len(prob["ln_l"]))             # rows per chunk of (K, n) temporaries
     if len(th) > rows:
-        # evaluate in row chunks of <= CHUNK_ELEMS elements (48 KB per temporary): larger (K, n) temporaries are
-        # mmapped or trimmed back to the OS when freed, and every call then page-faults fresh memory; measured on
-        # 500 x 116 this spent as much time in the kernel as in the arithmetic. Small blocks stay on the heap (and
-        # in cache).
+        # row chunks of <= CHUNK_ELEMS elements (48 KB per temporary): larger ones are mmapped or trimmed back to the
+        # OS when freed, and every call page-faults fresh memory (on 500 x 116: as much time in the kernel as in the
+        # arithmetic). Small blocks stay on the heap, and in cache.
         parts = [objective(th[i:i + rows], prob, None if np.ndim(weights) < 2 else weights[i:i + rows], grad)
                  for i in range(0, len(th), rows)]
         return tuple(map(np.concatenate, zip(*parts))) if grad else np.concatenate(parts)
@@ -410,12 +397,10 @@ def predict(theta, prob):
 # Optimisers: a batched projected BFGS screen (all starts at once) and scipy L-BFGS-B (reference and polish)
 
 def _screen(prob, x0, weights=None, maxiter=SCREEN_ITERS, gtol=1e-9, ftol=1e-13):
-    """Projected BFGS on Obj/delta for K problems at once (fitting.md §4.3, engine B).
-
-    x0: (K, p) starts; weights: None, (n,) or (K, n). Each iteration: direction -H g with H the inverse-Hessian
-    estimate, zeroed on bound-active coordinates; Armijo backtracking along the projected path; BFGS update skipped
-    when s'y <= 0; converged problems leave the active set. Returns x (K, p), f (K,) unscaled, converged (K,) bool.
-    """
+    """Projected BFGS on Obj/delta for K problems at once (fitting.md §4.3, engine B). x0: (K, p) starts; weights:
+    None, (n,) or (K, n). Each iteration: direction -H g with H the inverse-Hessian estimate, zeroed on bound-active
+    coordinates; Armijo backtracking along the projected path; BFGS update skipped when s'y <= 0; converged problems
+    leave the active set. Returns x (K, p), f (K,) unscaled, converged (K,) bool."""
     K, p = x0.shape
     lo, hi = _box(p)
     w2 = None if weights is None else np.broadcast_to(weights, (K, len(prob["ln_l"])))
@@ -500,10 +485,7 @@ def _polish(prob, x, weights=None):
 def fit_law(prob, restarts=RESTARTS, seed=0, engine="batched"):
     """Best of `restarts` uniform starts on Eq. 4 (App. F). engine "batched": screen + polish; "scipy": one
     L-BFGS-B per start, serially (the unbatched reference). Returns a dict: theta, huber, hits, converged, ...
-
-    hits counts restarts within HIT_RTOL of the best objective; distinct_optima clusters the converged restarts by
-    objective (relative 1e-6) and theta (rounded to 1e-3); on_bounds names the parameters sitting on the box.
-    """
+    (hits: restarts within HIT_RTOL of the best objective; distinct_optima: clusters of converged restarts)."""
     p, (lo, hi) = prob["p"], _box(prob["p"])
     # the App. F uniform starts in the box (restarts, p), from a fresh generator per fit: every fit of a protocol
     # (and both engines) sees the same starts for a given seed, whatever ran before it
@@ -527,7 +509,7 @@ def fit_law(prob, restarts=RESTARTS, seed=0, engine="batched"):
         xs, fs = (np.array(v) for v in zip(*[_polish(prob, x) for x in x0]))
         conv = np.ones(restarts, dtype=bool)
         best_x, best_f = xs[np.argmin(fs)], float(fs.min())
-    # hits: restarts (as screened) within HIT_RTOL of the best; the polished best counts as one when none is
+    # restarts (as screened) within HIT_RTOL of the best; the polished best counts as one when none is
     hits = int(np.sum(fs <= best_f + (HIT_RTOL * abs(best_f) + 1e-15)))
     # distinct optima among converged restarts: clusters of the objective (relative 1e-6) and of theta (to 1e-3)
     cf = np.sort(fs[conv])
@@ -555,8 +537,7 @@ def fit_block(runs, phi=None, restarts=RESTARTS, seed=0, engine="batched", name=
              for r, m in ((r, prob["n_loops"] == r) for r in np.unique(prob["n_loops"]))}
     block = {"E": math.exp(th[2]), "A": math.exp(th[0]), "B": math.exp(th[1]), "alpha": float(th[3]),
              "beta": float(th[4]), "phi": float(th[5]) if prob["phi_fixed"] is None else prob["phi_fixed"],
-             "theta": [float(v) for v in th],
-             "r2": 1.0 - float(np.sum(resid ** 2)) / ss_tot if ss_tot > 0 else float("nan"),
+             "theta": [float(v) for v in th], "r2": 1.0 - float(np.sum(resid ** 2)) / ss_tot if ss_tot > 0 else np.nan,
              "rmse": float(np.sqrt(np.mean(resid ** 2))), "max_abs_resid": float(np.abs(resid).max()),
              "n": int(len(L)), "per_r": per_r}
     block.update({k: v for k, v in res.items() if k != "theta"})    # huber, hits, on_bounds, seed, timing
@@ -572,14 +553,12 @@ def fit_block(runs, phi=None, restarts=RESTARTS, seed=0, engine="batched", name=
 # Block bootstrap over (budget, r) cells (App. F.2)
 
 def bootstrap_phi(runs, theta_hat, n_boot=N_BOOT, seed=0, boot_restarts=BOOT_RESTARTS, progress=True, cells=None):
-    """Refit free phi on n_boot resamples of the (budget, r) cells drawn with replacement.
-
-    A run's weight is the number of times its cell was drawn (the objective is a sum, so this equals duplicating
-    rows). Each resample starts from the full-data optimum theta_hat plus boot_restarts uniform starts, all screened
-    in one batch; the best is polished with scipy at tight tolerances. Returns phi_lo/phi_hi (2.5/97.5 pct), median,
-    n_le0, n_ge1 and the list of phi values. cells: the (budget, r) keys to resample (default: the runs' own). Two
-    calls with the same seed and the same cells draw identical resamples: that pairs a case study with its baseline.
-    """
+    """Refit free phi on n_boot resamples of the (budget, r) cells drawn with replacement. A run's weight is the
+    number of times its cell was drawn (the objective is a sum: as duplicating rows). Each resample starts from the
+    full-data optimum theta_hat plus boot_restarts uniform starts, screened in one batch; the best is polished with
+    scipy at tight tolerances. Returns phi_lo/phi_hi (2.5/97.5 pct), median, n_le0, n_ge1 and the phi values.
+    cells: the (budget, r) keys to resample (default: the runs' own). Two calls with the same seed and cells draw
+    identical resamples: that pairs a case study with its baseline."""
     prob = make_problem(runs)
     rng = np.random.default_rng([seed, 1])      # its own stream: the point fits' starts stay unchanged
     # a cell groups every width trained at one (budget, r): resampling cells respects the experiment's block
