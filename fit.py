@@ -101,10 +101,10 @@ BASELINE = (None, "", "baseline")    # the case labels of the main grid: records
 SYNTH_TRUTH = {"E": 1.57, "A": 25.0, "B": 1000.0, "alpha": 0.199, "beta": 0.369, "phi": 0.46}
 
 class FitWarning(UserWarning):
-    """A fitter warning that is also a flag (assess, fit_outputs): warnings show the message, and the CLI
-    files it under flag = (name in FLAG_TEXT, the item naming the fit or run it concerns)."""
-    def __init__(self, message, name, item):
-        super().__init__(message)
+    """A fitter warning that is also a flag (fit_outputs files it under flag = (name in FLAG_TEXT, the item naming
+    the fit or run it concerns)); its message is the flag's: the item, then what the flag means."""
+    def __init__(self, name, item):
+        super().__init__(f"{item}: {FLAG_TEXT[name]}")
         self.flag = (name, item)
 
 def _box(p):
@@ -266,7 +266,7 @@ def runs_from_rows(rows, law="joint"):
                               map(str, out["case"]))):
         if seen.setdefault(k, i) != i:
             item = f"{out['source'][i]} repeats {out['source'][seen[k]]} (same {', '.join(named)}); both are kept"
-            warnings.warn(FitWarning(f"duplicate run: {item}", "duplicate_runs", item))
+            warnings.warn(FitWarning("duplicate_runs", item))
     # An (n_loops, architecture) flops.py cannot count (r = 3 does not divide the 16 looped layers), or an
     # N_once + N_rec other than flops.param_split's at the run's width, stops here: the fit trusts the recorded split
     # and the frontier inverts the accounting, so a record of another code version would make them disagree silently.
@@ -537,15 +537,13 @@ def fit_block(runs, phi=None, restarts=RESTARTS, seed=0, engine="batched", name=
              for r, m in ((r, prob["n_loops"] == r) for r in np.unique(prob["n_loops"]))}
     block = {"E": math.exp(th[2]), "A": math.exp(th[0]), "B": math.exp(th[1]), "alpha": float(th[3]),
              "beta": float(th[4]), "phi": float(th[5]) if prob["phi_fixed"] is None else prob["phi_fixed"],
-             "theta": [float(v) for v in th], "r2": 1.0 - float(np.sum(resid ** 2)) / ss_tot if ss_tot > 0 else np.nan,
+             "theta": th.tolist(), "r2": 1.0 - float(np.sum(resid ** 2)) / ss_tot if ss_tot > 0 else np.nan,
              "rmse": float(np.sqrt(np.mean(resid ** 2))), "max_abs_resid": float(np.abs(resid).max()),
              "n": int(len(L)), "per_r": per_r}
     block.update({k: v for k, v in res.items() if k != "theta"})    # huber, hits, on_bounds, seed, timing
     # fitting.md §3: one hit out of hundreds means the optimum was found once and may not be found again
     if block["hits"] == 1:
-        item = f"fit over {block['n']} runs ({name})"
-        warnings.warn(FitWarning(f"{item}: only one of {res['restarts']} restarts reached the best objective; the "
-                                 "optimum may not be reproducible", "single_hit", item))
+        warnings.warn(FitWarning("single_hit", f"fit over {block['n']} runs ({name})"))
     return block
 
 
@@ -591,21 +589,18 @@ def bootstrap_phi(runs, theta_hat, n_boot=N_BOOT, seed=0, boot_restarts=BOOT_RES
     return {"phi_lo": float(np.percentile(phis, 2.5)), "phi_hi": float(np.percentile(phis, 97.5)),
             "phi_median": float(np.median(phis)), "n_le0": int(np.sum(phis <= 0)), "n_ge1": int(np.sum(phis >= 1)),
             "n_resamples": n_boot, "n_cells": len(cells), "boot_restarts": boot_restarts,
-            "random_start_wins": wins, "phi": [float(v) for v in phis]}
+            "random_start_wins": wins, "phi": phis.tolist()}
 
 
 # -----------------------------------------------------------------------------
 # Compute-optimal allocation and the frontier (§4.2, App. G.3, App. F.4)
 
 def arch_polys(r, arch=None):
-    """Exact coefficients of N_once(d), N_rec(d) and F(d) as quadratics in the width d (flops.py accounting).
-
-    Every count in flops.py is c2 d^2 + c1 d + c0 (blocks, gains, embeddings, attention at fixed T), so three
-    integer widths determine it; a fourth checks that the accounting really is quadratic.
-    Returns {"once", "rec", "flops": (3,) np.polyval coefficients}.
-    """
-    # flops.py only takes integer widths, but the compute optimum d* is continuous (s* = d*/64 is not a grid
-    # width): recover the polynomials once and evaluate them anywhere. The widths need not be trainable.
+    """Exact coefficients of N_once(d), N_rec(d) and F(d) as quadratics in the width d (flops.py accounting):
+    {"once", "rec", "flops": (3,) np.polyval coefficients}. Every count in flops.py is c2 d^2 + c1 d + c0 (blocks,
+    gains, embeddings, attention at fixed T), so three integer widths determine it and a fourth checks it."""
+    # flops.py takes integer widths, but the compute optimum d* is continuous (s* = d*/64 is not a grid width):
+    # recover the polynomials once and evaluate them anywhere. The widths need not be trainable.
     arch = arch or {}                                            # flops.accounting_args beyond d_model, n_loops
     ds = np.array([256.0, 512.0, 768.0, 1024.0])
     vals = np.array([[*flops.param_split(int(d), r, **arch), flops.flops_per_token(int(d), r, **arch)] for d in ds])
@@ -615,10 +610,8 @@ def arch_polys(r, arch=None):
 
 def optimal_width(E, A, B, alpha, beta, n_of_d, f_of_d, C):
     """d* = argmin_d E + A N(d)^-alpha + B (F(d)/C)^beta, i.e. minimise L(N, D = C/F(N)) (§4.2, fitting.md §6).
-
     n_of_d, f_of_d: vectorised callables of the width. dL/dlnd has one root (a falling and a rising term), so a log
-    grid locates the basin and a bounded Brent search refines it. Returns (d*, N*, D*, L*).
-    """
+    grid locates the basin and a bounded Brent search refines it. Returns (d*, N*, D*, L*)."""
     def loss(u):
         # L_C(d) = E + A N(d)^-alpha + B D(d)^-beta with D(d) = C / F(d): the FLOPs the width costs come out of tokens
         d = np.exp(u)
@@ -627,8 +620,7 @@ def optimal_width(E, A, B, alpha, beta, n_of_d, f_of_d, C):
     j = int(np.argmin(loss(grid)))
     if j in (0, len(grid) - 1):
         # alpha or beta at 0 (a degenerate fit): L is monotone in d and has no interior optimum
-        item = f"C={C:.3g} (alpha={alpha:.3g}, beta={beta:.3g})"
-        warnings.warn(FitWarning(f"compute optimum at {item} sits on the edge of d in [1, 1e7]", "frontier_edge", item))
+        warnings.warn(FitWarning("frontier_edge", f"C={C:.3g} (alpha={alpha:.3g}, beta={beta:.3g})"))
     lo, hi = grid[max(j - 1, 0)], grid[min(j + 1, len(grid) - 1)]
     u = minimize_scalar(loss, bounds=(lo, hi), method="bounded", options={"xatol": 1e-10}).x
     return math.exp(u), float(n_of_d(math.exp(u))), float(C / f_of_d(math.exp(u))), float(loss(u))
@@ -679,10 +671,8 @@ def frontier(per_arch, joint, runs):
 def equivalence(phi, arch, n_ref=1e9):
     """App. F.4: at the width where the non-looped model has N = n_ref, the looped model's unique N, its
     N_eff = N_once + r^phi N_rec (the non-looped size it matches at equal D) and its training-FLOPs ratio.
-
     N_rec includes the injection layer n_i as §3.2 defines it; the paper's "410M ~ 580M" drops n_i (0.578 vs 0.594
-    at phi = 0.46, architecture.md §8.7).
-    """
+    at phi = 0.46, architecture.md §8.7)."""
     out = {}
     for r in [r for r in sorted(arch) if r != 1]:
         # the comparison is at equal width and l_eff (F.4), so both models share d: solve N_1(d) = n_ref once
@@ -704,19 +694,16 @@ def equivalence(phi, arch, n_ref=1e9):
 
 def run_protocol(runs, restarts=RESTARTS, n_boot=N_BOOT, seed=0, boot_restarts=BOOT_RESTARTS, progress=True):
     """Every fit of the paper on one set of runs; returns the fit.json dict. Bad input raises ValueError before any
-    fit starts.
-
-    Every fit block holds E, A, B, alpha, beta, phi, theta (a, b, e, alpha, beta[, phi]), r2 (raw nats), rmse,
-    max_abs_resid, huber (Eq. 4 at the optimum, unscaled sum), n, per_r {r: n, mean, max_abs, rmse}, and the restart
-    diagnostics hits, n_converged, distinct_optima, distinct_theta, on_bounds, restarts, seed, seconds.
+    fit starts. Every fit block holds E, A, B, alpha, beta, phi, theta (a, b, e, alpha, beta[, phi]), r2 (raw
+    nats), rmse, max_abs_resid, huber (Eq. 4 at the optimum, unscaled sum), n, per_r {r: n, mean, max_abs, rmse},
+    and the restart diagnostics hits, n_converged, distinct_optima, distinct_theta, on_bounds, restarts, seed, seconds.
         per_arch    {r: Eq. 2 fit on N = N_once + N_rec}                              Table 1
         joint       free-phi Eq. 3 fit on every run                                   Table 2, Table 7 (its per_r)
         phi0, phi1  the restricted fits, phi fixed at 0 and 1                         Table 2
         halves      {low, high}: free-phi refits on each half of the budgets         App. F.3
         bootstrap   phi_lo, phi_hi (2.5 / 97.5 %), phi_median, n_le0, n_ge1, phi     App. F.2
         frontier    rows (per-arch d*, s*, N*, D*, L*, gap to r=1), exponents,        §4.2, Fig. 3
-                    gaps, joint_rows (the joint law at fixed r), equivalence          App. G.3, App. F.4
-    """
+                    gaps, joint_rows (the joint law at fixed r), equivalence          App. G.3, App. F.4"""
     # phi is identified only by comparing architectures: with one r, r^phi N_rec is indistinguishable from A. Each
     # r's Eq. 2 fit has 5 parameters; both are checked here, before any fit runs, as is one architecture per r
     loops, counts = np.unique(runs["n_loops"], return_counts=True)
@@ -735,9 +722,8 @@ def run_protocol(runs, restarts=RESTARTS, n_boot=N_BOOT, seed=0, boot_restarts=B
     # All three use the same seeded starts; the restricted ones simply drop the phi column (5 parameters)
     for key, phi in (("joint", None), ("phi0", 0.0), ("phi1", 1.0)):
         out[key] = fit_block(runs, phi, restarts, seed, name="joint" if phi is None else f"phi={phi:g}")
-    # App. F.3: lower and upper half of the budgets (paper: C <= 2.15e18, n=56 / C >= 4.64e18, n=60). Splitting
-    # the sorted budgets in two reproduces the paper's thresholds on its grid and carries over to any other grid
-    # (the mini study's budgets, a case study's four budgets); a half that cannot identify phi is skipped, not fitted
+    # App. F.3: lower and upper half of the sorted budgets (the paper's C <= 2.15e18, n=56 / C >= 4.64e18, n=60 on
+    # its grid, and any other grid's); a half that cannot identify phi is skipped, not fitted
     budgets = sorted(set(runs["flops_budget"]))
     out["halves"] = {}
     for name, sel in (("low", budgets[:len(budgets) // 2]), ("high", budgets[len(budgets) // 2:])):
@@ -777,8 +763,8 @@ def select_runs(runs, case=None, loops=None):
     """The runs one analysis uses. No case: the main grid (runs without a case label). A case (§5): the variant's
     runs plus the unchanged baseline r=1 runs at its budgets when it has no r=1 runs of its own. loops: keep only
     these n_loops (Table 3's "without r=2" refit)."""
-    # a runs folder may hold the main grid and several case studies side by side (runs/*.sh write into one tree);
-    # mixing them in one fit would mix architectures, so every analysis picks its runs here
+    # a runs folder may hold the main grid and case studies side by side (runs/*.sh write into one tree): one fit
+    # over them would mix architectures
     base = np.array([c in BASELINE for c in runs["case"]])
     sel = base if case is None else np.array([c == case for c in runs["case"]])
     if not sel.any():
@@ -815,8 +801,8 @@ def run_case(runs, case, loops=None, restarts=RESTARTS, n_boot=N_BOOT, seed=0, b
     # per-arch, joint, restricted, halves, the case's own cell bootstrap
     out = run_protocol(variant, restarts, n_boot, seed, boot_restarts, progress)
     bblk = fit_block(base, None, restarts, seed, name="case baseline")
-    # the baseline may lack some of the case's budgets: then it is refitted on fewer, and says so (_budgets_said,
-    # the budget_mismatch flag); baseline_runs lets --cases check that the baseline study fitted these same runs
+    # a baseline lacking some of the case's budgets is refitted on fewer and says so (_budgets_said, budget_mismatch);
+    # baseline_runs lets --cases check that the baseline study fitted these same runs
     out["case"] = {"name": case, "budgets": budgets, "baseline_budgets": sorted(set(map(float, base["flops_budget"]))),
                    "baseline": bblk, "variant": out["joint"], "delta_phi": out["joint"]["phi"] - bblk["phi"],
                    "n_variant": out["n_runs"], "n_baseline": bblk["n"], "baseline_runs": runs_record(base)}
@@ -846,7 +832,7 @@ def paired_delta_bootstrap(variant, base, vres, bblk, n_boot, seed, boot_restart
     return {"delta_phi_lo": float(np.percentile(delta, 2.5)), "delta_phi_hi": float(np.percentile(delta, 97.5)),
             "delta_phi_median": float(np.median(delta)), "n_delta_le0": int(np.sum(delta <= 0)),
             "paired_cells": len(cells), "baseline_phi_lo": bboot["phi_lo"], "baseline_phi_hi": bboot["phi_hi"],
-            "delta_phi_boot": [float(v) for v in delta]}
+            "delta_phi_boot": delta.tolist()}
 
 
 # -----------------------------------------------------------------------------
@@ -889,8 +875,7 @@ def assess(res, runs):
         budget_mismatch the case baseline was refitted on fewer budgets than the case has
     main() adds unfinished_runs (run folders without done.json) and the fitter's own warnings (single_hit,
     duplicate_runs, frontier_edge)."""
-    flags, bs, c = [], res.get("bootstrap"), res.get("case")
-    add = lambda name, item: _add_flag(flags, name, item)
+    found, flags, bs, c = [], [], res.get("bootstrap"), res.get("case")    # found: (flag, condition, item)
 
     def one_budget(m):      # "C = x" when every run of mask m is at budget x (chinchilla mode: D), else None
         C, D = runs["flops_budget"][m], runs["tokens"][m]
@@ -913,23 +898,23 @@ def assess(res, runs):
         (lo, hi), th = _box(len(b["theta"])), b["theta"]
         names = [k for j, k in enumerate(PARAM_NAMES[:len(th)])
                  if k in b["on_bounds"] or min(th[j] - lo[j], hi[j] - th[j]) <= NEAR_BOUND * (hi[j] - lo[j])]
-        for flag, bad, item in (("on_bound", names, f"{name} fit: {', '.join(names)}"),     # NaN R^2 counts as low
-                                ("low_r2", not b["r2"] >= R2_LOW, f"{name} fit R² = {b['r2']:.3f}"),
-                                ("few_runs", b["n"] < RUNS_PER_PARAM * len(th),
-                                 f"{name} fit: {b['n']} runs for {len(th)} parameters"),
-                                ("single_budget", at, f"{name} fit: every run at {at}")):
-            if bad:
-                add(flag, item)
+        found += [("on_bound", names, f"{name} fit: {', '.join(names)}"),          # NaN R^2 counts as low
+                  ("low_r2", not b["r2"] >= R2_LOW, f"{name} fit R² = {b['r2']:.3f}"),
+                  ("few_runs", b["n"] < RUNS_PER_PARAM * len(th), f"{name} fit: {b['n']} runs for {len(th)} "
+                   "parameters"),
+                  ("single_budget", at, f"{name} fit: every run at {at}")]
     if bs:
         phis, n = np.abs(np.asarray(bs["phi"])), bs["n_resamples"]
         at = int(np.sum(np.abs(phis - BOX_HI[5]) <= NEAR_BOUND * (BOX_HI[5] - BOX_LO[5])))
-        if at > 0.025 * n:
-            add("on_bound", f"bootstrap: {at} of {n} resamples at phi = ±{BOX_HI[5]:g}, the CI is cut by the box")
-        if n < MIN_CI_RESAMPLES:
-            add("few_resamples", f"{n} resamples")
-    if c and (lack := [f"{x:.3g}" for x in c["budgets"] if x not in c["baseline_budgets"]]):
-        add("budget_mismatch", f"no baseline runs at C = {', '.join(lack)}")
-    # one block at a time finds the flags out of order: list them in FLAG_TEXT's order (its first six are assess's)
+        found += [("on_bound", at > 0.025 * n, f"bootstrap: {at} of {n} resamples at phi = ±{BOX_HI[5]:g}, the CI "
+                   "is cut by the box"), ("few_resamples", n < MIN_CI_RESAMPLES, f"{n} resamples")]
+    if c:
+        lack = [f"{x:.3g}" for x in c["budgets"] if x not in c["baseline_budgets"]]
+        found.append(("budget_mismatch", lack, f"no baseline runs at C = {', '.join(lack)}"))
+    for flag, bad, item in found:
+        if bad:
+            _add_flag(flags, flag, item)
+    # the blocks find the flags out of order: list them in FLAG_TEXT's order (its first six are assess's)
     return sorted(flags, key=lambda f: list(FLAG_TEXT).index(f["name"]))
 
 
