@@ -22,16 +22,13 @@ Test: python -m pytest -q tests/test_fit.py tests/test_hostile_fit.py
 Read in this order: objective -> _screen -> fit_law -> bootstrap_phi -> optimal_width -> run_protocol -> assess -> main.
 Not here: parameter / FLOP / token accounting (flops.py), training (train.py).
 
-What it promises (README "Guarantees"): bad input (a value out of LIMITS, a malformed CSV or done.json, an n_loops
-flops.py cannot count, runs on different data) is one error line naming file and key, before any fit. A fit the data
-cannot support is flagged (on_bound, low_r2, single_budget, few_runs, ...) on the phi line, at the top of report.md and
-in fit.json["flags"]; where no fit is meaningful (equal losses, one r for the joint law) it is refused. fit.json
-records the runs it fitted, so --cases refuses a delta-phi taken against other runs. --out is fit.py's own folder
-(common.claim: new, this same request's, or --overwrite; one writer at a time), written as one set.
+What it promises (README "Guarantees"): bad input (out of LIMITS, malformed, an n_loops flops.py cannot count, runs on
+different data) is one error line naming file and key, before any fit. A fit the data cannot support is flagged
+(assess) on the phi line, in report.md and fit.json; where no fit is meaningful it is refused. fit.json records the
+runs it fitted (--cases refuses a delta-phi against other runs). --out is fit.py's own folder, written as one set.
 
 Speed: all 500 starts of a fit run at once in a vectorised projected BFGS (the "screen"), then scipy L-BFGS-B polishes
-the best few screened optima at tight tolerances; bootstrap refits are warm-started from the full-data optimum plus a
-few random starts. Engine "scipy" (one L-BFGS-B per start, serially) is the unbatched reference the tests compare with.
+the best few; bootstrap refits are warm-started. Engine "scipy" (one L-BFGS-B per start) is the tests' reference.
 """
 import os
 
@@ -267,18 +264,16 @@ def runs_from_rows(rows, law="joint"):
         if seen.setdefault(k, i) != i:
             item = f"{out['source'][i]} repeats {out['source'][seen[k]]} (same {', '.join(named)}); both are kept"
             warnings.warn(FitWarning("duplicate_runs", item))
-    # An (n_loops, architecture) flops.py cannot count (r = 3 does not divide the 16 looped layers), or an
-    # N_once + N_rec other than flops.param_split's at the run's width, stops here: the fit trusts the recorded split
-    # and the frontier inverts the accounting, so a record of another code version would make them disagree silently.
-    # The width: d_model, else aspect ratio x scale (0: neither, so the layout alone, which no width changes)
+    # An (n_loops, architecture) flops.py cannot count (r = 3 does not divide 16), or an N_once + N_rec other than
+    # flops.param_split's at the run's width (d_model, else aspect x scale; 0: neither, so the layout alone), stops
+    # here: the fit trusts the recorded split and the frontier inverts the accounting, so they must agree
     for i, row in enumerate([] if chin_cols else rows):
         r, kw = int(out["n_loops"][i]), row["arch"]
         d = int(row.get("d_model") or 0) or out["aspect"][i] * int(row.get("scale") or 0)
         try:
             want = sum(flops.param_split(d or 64, r, **kw))
         except (ValueError, TypeError) as err:
-            raise ValueError(f"{row['source']}: n_loops={r} is not an architecture flops.py can count ({err})") \
-                from None
+            raise ValueError(f"{row['source']}: n_loops={r} is not an architecture flops.py can count ({err})") from err
         if d and (n := out["n_once"][i] + out["n_rec"][i]) != want:
             raise ValueError(f"{row['source']}: n_once + n_rec = {n:.0f} but flops.param_split(d_model={d}, "
                              f"n_loops={r}) gives {want}: record and accounting disagree")
@@ -292,8 +287,7 @@ def arch_map(runs):
     for a, asp, r, src in zip(runs["arch"], runs["aspect"], runs["n_loops"], runs["source"]):
         r, a = int(r), {k: v for k, v in a.items() if v is not None}
         if arch.setdefault(r, a) != a:
-            raise ValueError(f"{src}: architecture {a} differs from another r={r} run ({arch[r]}); fit one "
-                             f"architecture per n_loops (label variants with a case and select one with --case)")
+            raise ValueError(f"{src}: architecture {a} differs from another r={r} run ({arch[r]}); use --case")
         aspect[r] = int(asp)
     return arch, aspect
 
@@ -313,14 +307,12 @@ def make_problem(runs, phi=None):
     is (a, b, e, alpha, beta[, phi]). Refuses runs that determine no fit (fewer runs than parameters, equal losses)."""
     prob = _pack(runs, phi)
     n, p = len(prob["ln_l"]), prob["p"]
-    # fewer runs than parameters: the optimum is a manifold, not a point -- refuse instead of reporting one of them.
-    # Equal losses (or one configuration repeated): every law with A = B = 0 fits exactly, so no parameter, phi
-    # included, is determined -- any number reported would be an artefact of the start points
+    # fewer runs than parameters: the optimum is a manifold, not a point. Equal losses: every law with A = B = 0 fits
+    # exactly, so no parameter is determined. Any number reported would be an artefact of the start points
     if n < p:
         raise ValueError(f"{n} runs cannot determine {p} parameters; need at least {p} runs")
     if np.ptp(prob["ln_l"]) == 0:
-        raise ValueError(f"all {n} runs have the same val_loss ({prob['val_loss'][0]:g}); a scaling law cannot be "
-                         "fitted to a constant")
+        raise ValueError(f"all {n} runs have the same val_loss ({prob['val_loss'][0]:g}); no law fits a constant")
     if max(np.ptp(prob["n_once"] + prob["n_rec"]), np.ptp(prob["ln_d"]), np.ptp(prob["ln_r"])) == 0:
         raise ValueError(f"all {n} runs have the same N, D and n_loops; nothing varies for a law to fit")
     return prob
@@ -410,8 +402,7 @@ def _screen(prob, x0, weights=None, maxiter=SCREEN_ITERS, gtol=1e-9, ftol=1e-13)
         out = objective(x, prob, None if w2 is None else w2[idx], grad=grad)
         return (out[0] / DELTA, out[1] / DELTA) if grad else out / DELTA
 
-    # state per problem: x (K, p), f (K,), g (K, p), inverse-Hessian estimate H (K, p, p); the loop works on the
-    # still-active rows only, so converged problems cost nothing
+    # state per problem: x (K, p), f (K,), g (K, p), inverse Hessian H (K, p, p); the loop works on active rows only
     x = np.clip(x0, lo, hi)
     f, g = fg(np.arange(K), x)
     # first step: identity scaled so the largest coordinate moves by at most 1 (then Shanno-Phua rescaling)
@@ -495,8 +486,8 @@ def fit_law(prob, restarts=RESTARTS, seed=0, engine="batched"):
         # engine B: every start at once, capped at SCREEN_ITERS iterations (fitting.md §4.2 pitfall 3: degenerate
         # starts wander for thousands of iterations; the cap only matters for them)
         xs, fs, conv = _screen(prob, x0)
-        # polish the best few *distinct* screened optima with scipy at maxiter 10,000: a start in the global basin
-        # that the cap stopped short still gets its chance, and the answer carries scipy's convergence guarantees
+        # polish the best few *distinct* screened optima with scipy (maxiter 10,000): a start the cap stopped short in
+        # the global basin still gets its chance, and the answer carries scipy's convergence guarantees
         order = np.argsort(fs)
         first = {}                                   # rounded theta -> its best screened start, best first
         for i in order:
@@ -704,8 +695,7 @@ def run_protocol(runs, restarts=RESTARTS, n_boot=N_BOOT, seed=0, boot_restarts=B
         bootstrap   phi_lo, phi_hi (2.5 / 97.5 %), phi_median, n_le0, n_ge1, phi     App. F.2
         frontier    rows (per-arch d*, s*, N*, D*, L*, gap to r=1), exponents,        §4.2, Fig. 3
                     gaps, joint_rows (the joint law at fixed r), equivalence          App. G.3, App. F.4"""
-    # phi is identified only by comparing architectures: with one r, r^phi N_rec is indistinguishable from A. Each
-    # r's Eq. 2 fit has 5 parameters; both are checked here, before any fit runs, as is one architecture per r
+    # checked before any fit: phi needs two r (with one, r^phi N_rec is A), each r's Eq. 2 fit 5 runs, each r one arch
     loops, counts = np.unique(runs["n_loops"], return_counts=True)
     if len(loops) < 2:
         raise ValueError(f"the joint law needs at least two architectures (n_loops values); got only r={loops}")
@@ -796,8 +786,7 @@ def run_case(runs, case, loops=None, restarts=RESTARTS, n_boot=N_BOOT, seed=0, b
     base = select_runs(runs, None, loops)
     base = _canonical_order(subset(base, np.isin(base["flops_budget"], budgets)))
     if len(set(base["n_loops"])) < 2:
-        raise ValueError(f"case {case!r}: the baseline (runs without a case label) has fewer than two architectures "
-                         f"at budgets {budgets}; cannot refit it for delta-phi")
+        raise ValueError(f"case {case!r}: the baseline has fewer than two architectures at budgets {budgets}")
     # per-arch, joint, restricted, halves, the case's own cell bootstrap
     out = run_protocol(variant, restarts, n_boot, seed, boot_restarts, progress)
     bblk = fit_block(base, None, restarts, seed, name="case baseline")
