@@ -143,11 +143,10 @@ def _sweep_ok(curve):
         and common.check_number(p["val_loss"], LIMITS["val_loss"][0]) is None for p in curve)
 
 def load_records(runs_dir):
-    """Every done.json under runs_dir (recursively), as dicts with "source" (the file, named in every error about
-    the run), "run_dir" (its folder relative to runs_dir), "arch" (its flops.py accounting arguments beyond d_model
-    and n_loops), "aspect_ratio" and "n_loops_sweep". Each record is checked as it is read: DONE_SCHEMA (the types
-    and LIMITS), its config's accounting, its n_loops, d_model, flops_budget and case against its own config, and
-    its data and tokenizer against every other record's. ValueError if none is found (or runs_dir is no folder)."""
+    """Every done.json under runs_dir (recursively), with "source" (the file, named in every error about the run),
+    "run_dir" (its folder under runs_dir), "arch" (flops.py accounting arguments beyond d_model and n_loops),
+    "aspect_ratio" and "n_loops_sweep". Each is checked as it is read (DONE_SCHEMA, its config, its data against
+    the others'). ValueError if none is found (or runs_dir is no folder)."""
     recs, seen = [], {}              # seen: "data" / "tokenizer" -> (its value, the first record that names it)
     for root in [root for root, names in _folders(runs_dir) if "done.json" in names]:
         rec = read_json(path := os.path.join(root, "done.json"), DONE_SCHEMA)
@@ -380,8 +379,7 @@ def objective(theta, prob, weights=None, grad=True):
 def predict(theta, prob):
     """L_hat in nats for every run of prob, at one theta."""
     th = np.asarray(theta, dtype=float)
-    ln_n = np.log(prob["n_once"] + np.exp(th[5] * prob["ln_r"]) * prob["n_rec"]) if prob["phi_fixed"] is None \
-        else prob["ln_n"]
+    ln_n = prob["ln_n"] if "ln_n" in prob else np.log(prob["n_once"] + np.exp(th[5] * prob["ln_r"]) * prob["n_rec"])
     return np.exp(th[0] - th[3] * ln_n) + np.exp(th[1] - th[4] * prob["ln_d"]) + np.exp(th[2])
 
 
@@ -396,7 +394,6 @@ def _screen(prob, x0, weights=None, maxiter=SCREEN_ITERS, gtol=1e-9, ftol=1e-13)
     K, p = x0.shape
     lo, hi = _box(p)
     w2 = None if weights is None else np.broadcast_to(weights, (K, len(prob["ln_l"])))
-
     def fg(idx, x, grad=True):
         # objective scaled by 1/delta: the argmin is unchanged, the stopping tests see O(1) numbers
         out = objective(x, prob, None if w2 is None else w2[idx], grad=grad)
@@ -854,18 +851,10 @@ def _add_flag(flags, name, item):
     flag["message"] = f"{FLAG_TEXT[name]}: {'; '.join(flag['items'])}"
 
 def assess(res, runs):
-    """The flags of a result: [{"name", "message"}], empty when nothing is amiss. fit.json stores them, report.md
-    lists them first, and the CLI prints their names on the phi line. Conditions (one flag each):
-        on_bound        a fitted parameter (or >2.5% of the bootstrap's phi) sits on the App. F box
-        low_r2          R^2 on raw nats below R2_LOW (or undefined): the law does not describe these losses
-        single_budget   one compute budget (one D in chinchilla mode): the N and D terms are not separately identified
-        few_runs        fewer than RUNS_PER_PARAM runs per fitted parameter
-        few_resamples   a bootstrap CI from fewer than MIN_CI_RESAMPLES resamples
-        budget_mismatch the case baseline was refitted on fewer budgets than the case has
-    main() adds unfinished_runs (run folders without done.json) and the fitter's own warnings (single_hit,
-    duplicate_runs, frontier_edge)."""
+    """The flags of a result: [{"name", "message"}], empty when nothing is amiss (fit.json stores them, report.md
+    lists them first, the CLI names them on the phi line): FLAG_TEXT's first six, one flag each (>2.5% of the
+    bootstrap's phi on the box is on_bound too). The CLI adds unfinished_runs and the fitter's own warnings."""
     found, flags, bs, c = [], [], res.get("bootstrap"), res.get("case")    # found: (flag, condition, item)
-
     def one_budget(m):      # "C = x" when every run of mask m is at budget x (chinchilla mode: D), else None
         C, D = runs["flops_budget"][m], runs["tokens"][m]
         x, fmt = (C, "C = {:.3g}") if np.all(np.isfinite(C)) else (D, "D = {:.3g} tokens")
