@@ -1,7 +1,6 @@
 """
 fit.py -- the paper's instrument: Huber-on-log scaling-law fits, phi with a block-bootstrap CI, the compute-optimal
 frontier, case-study delta-phi, report tables and figures. numpy + scipy + matplotlib (Agg) + flops.py; never torch.
-
 Implements (arXiv:2604.21106 v3):
     Eq. 2   L = E + A N^-alpha + B D^-beta                              per-architecture Chinchilla law (§4.2)
     Eq. 3   L = E + A (N_once + r^phi N_rec)^-alpha + B D^-beta         joint law, phi = recurrence exponent (§3.3)
@@ -21,12 +20,10 @@ Run:
 Test: python -m pytest -q tests/test_fit.py tests/test_hostile_fit.py
 Read in this order: objective -> _screen -> fit_law -> bootstrap_phi -> optimal_width -> run_protocol -> assess -> main.
 Not here: parameter / FLOP / token accounting (flops.py), training (train.py).
-
 What it promises (README "Guarantees"): bad input (out of LIMITS, malformed, an n_loops flops.py cannot count, runs on
 different data) is one error line naming file and key, before any fit. A fit the data cannot support is flagged
 (assess) on the phi line, in report.md and fit.json; where no fit is meaningful it is refused. fit.json records the
 runs it fitted (--cases refuses a delta-phi against other runs). --out is fit.py's own folder, written as one set.
-
 Speed: all 500 starts of a fit run at once in a vectorised projected BFGS (the "screen"), then scipy L-BFGS-B polishes
 the best few; bootstrap refits are warm-started. Engine "scipy" (one L-BFGS-B per start) is the tests' reference.
 """
@@ -696,9 +693,8 @@ def run_protocol(runs, restarts=RESTARTS, n_boot=N_BOOT, seed=0, boot_restarts=B
     loops, counts = np.unique(runs["n_loops"], return_counts=True)
     if len(loops) < 2:
         raise ValueError(f"the joint law needs at least two architectures (n_loops values); got only r={loops}")
-    for r, n in zip(loops, counts):
-        if n < 5:
-            raise ValueError(f"r={r} has {n} runs; its Eq. 2 fit has 5 parameters and needs at least 5 runs")
+    if counts.min() < 5:
+        raise ValueError(f"r={loops[counts.argmin()]} has {counts.min()} runs; its Eq. 2 fit needs at least 5")
     arch_map(runs)
     t0 = time.perf_counter()
     out = {"n_runs": int(len(runs["val_loss"])), "loops": loops.tolist(), "seed": seed, "restarts": restarts,
@@ -1343,8 +1339,7 @@ def _eq2_fits(runs, labels, restarts, seed, name):
 
 def _chin_groups(res):
     """The chinchilla block as {group: fit}, whether it was grouped or a single fit."""
-    blk = res["chinchilla"]
-    return {"all": blk} if "huber" in blk else blk
+    return {"all": res["chinchilla"]} if "huber" in res["chinchilla"] else res["chinchilla"]
 
 
 # -----------------------------------------------------------------------------
