@@ -215,15 +215,12 @@ def load_csv(path):
     return rows
 
 def _value(text, key, src):
-    """A CSV cell as a number in LIMITS[key] (finite, whole where INTEGERS says so), else a ValueError naming it."""
+    """A CSV cell as a number in LIMITS[key] (an int where INTEGERS says so), parsed and checked as a flag is
+    (common.number), else a ValueError naming file, line and key."""
     try:
-        x = float(text)
-        why = common.check_number(x, *LIMITS[key]) or (key in INTEGERS and x != int(x) and "must be a whole number")
-    except ValueError:
-        why = "is not a number"
-    if why:
-        raise ValueError(f"{src}: {key}={text!r:.40} {why}")
-    return int(x) if key in INTEGERS else x
+        return common.number(int if key in INTEGERS else float, *LIMITS[key])(text)
+    except argparse.ArgumentTypeError as err:
+        raise ValueError(f"{src}: {key}={text!r:.40} {err}") from None
 
 def runs_from_rows(rows, law="joint"):
     """The runs dict the fitters use, from run rows (done.json records or CSV rows, each with its "source" and

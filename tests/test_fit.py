@@ -370,8 +370,8 @@ def test_bad_input_missing_columns_and_keys(tmp_path, capsys):
                                            ("val_loss", 0.0, r"val_loss='0.0' must be in \(0, 100\]"),
                                            ("n_once", -1, r"n_once='-1' must be in \[0, 1e15\]"),
                                            ("val_loss", float("nan"), "must be a finite number"),
-                                           ("tokens", "abc", "not a number"),
-                                           ("n_loops", 1.5, "must be a whole number"),
+                                           ("tokens", "abc", "expected a number"),
+                                           ("n_loops", 1.5, "expected an integer"),
                                            ("tokens", 0.5, "a count, not billions"),
                                            ("flops_budget", 0, r"flops_budget='0' must be in \(0, 1e30\]")])
 def test_bad_input_values(tmp_path, key, value, msg):

@@ -110,10 +110,10 @@ def good_csv(tmp_path):
     ("tokens", "0.5", "tokens='0.5' must be in [1, 1e16]"),
     ("val_loss", "nan", "val_loss='nan' must be a finite number in (0, 100]"),
     ("val_loss", "1e308", "val_loss='1e308' must be in (0, 100] (nats)"),
-    ("val_loss", "x", "val_loss='x' is not a number"),
+    ("val_loss", "x", "val_loss='x' expected a number"),
     ("flops_budget", "inf", "flops_budget='inf' must be a finite number"),
     ("n_loops", "3", "n_loops=3 is not an architecture flops.py can count"),
-    ("n_loops", "2.5", "n_loops='2.5' must be a whole number"),
+    ("n_loops", "2.5", "n_loops='2.5' expected an integer"),
     ("n_loops", "1e300", "n_loops='1e300' must be in [1, 16]"),
 ])
 def test_bad_value_named_by_file_and_line(tmp_path, col, value, culprit):
