@@ -208,8 +208,7 @@ def load_csv(path):
     except csv.Error as err:
         raise ValueError(f"{path}:{reader.line_num}: malformed CSV ({err})") from None
     except (UnicodeDecodeError, OSError) as err:
-        why = "not UTF-8 text" if isinstance(err, UnicodeError) else "cannot read"
-        raise ValueError(f"{path}: {why} ({err})") from None
+        raise ValueError(f"{path}: {'cannot read' if isinstance(err, OSError) else 'not UTF-8 text'} ({err})") from None
     if not rows:
         raise ValueError(f"{path}: no data rows")
     return rows
@@ -486,7 +485,6 @@ def fit_law(prob, restarts=RESTARTS, seed=0, engine="batched"):
         polished = [_polish(prob, xs[i]) for i in list(first.values())[:N_POLISH]]
         best_x, best_f = min([(xs[order[0]], fs[order[0]])] + polished, key=lambda xf: xf[1])   # first of equals
     else:
-        # engine A ("scipy"): the protocol as written, one L-BFGS-B per start, serially (the reference of the tests)
         assert engine == "scipy", engine
         xs, fs = (np.array(v) for v in zip(*[_polish(prob, x) for x in x0]))
         conv = np.ones(restarts, dtype=bool)
@@ -657,9 +655,8 @@ def equivalence(phi, arch, n_ref=1e9):
     at phi = 0.46, architecture.md §8.7)."""
     out = {}
     for r in [r for r in sorted(arch) if r != 1]:
-        # the comparison is at equal width and l_eff (F.4), so both models share d: solve N_1(d) = n_ref once
-        base = {k: v for k, v in arch[r].items() if k != "n_loops_bwd"}      # the same-width r = 1 model
-        p1, pr = arch_polys(1, base), arch_polys(r, arch[r])
+        # compared at equal width and l_eff (F.4): both share d, so solve N_1(d) = n_ref (p1: the r = 1 model's)
+        p1, pr = arch_polys(1, {k: v for k, v in arch[r].items() if k != "n_loops_bwd"}), arch_polys(r, arch[r])
         c = p1["once"] + p1["rec"]
         d = max(np.roots(c - np.array([0.0, 0.0, n_ref])).real)             # N_1(d) = n_ref, the positive root
         n1, nr_once, nr_rec = (float(np.polyval(q, d)) for q in (c, pr["once"], pr["rec"]))
@@ -740,11 +737,10 @@ def loop_sweeps(runs):
     return sorted(out, key=lambda e: (e["flops_budget"], e["n_loops"], e["n_params"]))
 
 def select_runs(runs, case=None, loops=None):
-    """The runs one analysis uses. No case: the main grid (runs without a case label). A case (§5): the variant's
-    runs plus the unchanged baseline r=1 runs at its budgets when it has no r=1 runs of its own. loops: keep only
-    these n_loops (Table 3's "without r=2" refit)."""
-    # a runs folder may hold the main grid and case studies side by side (runs/*.sh write into one tree): one fit
-    # over them would mix architectures
+    """The runs one analysis uses (a runs folder may hold the main grid and case studies side by side: one fit over
+    them would mix architectures). No case: the main grid (runs without a case label). A case (§5): the variant's
+    runs plus the unchanged baseline r=1 runs at its budgets when it has none. loops: keep only these n_loops
+    (Table 3's "without r=2" refit)."""
     base = np.array([c in BASELINE for c in runs["case"]])
     sel = base if case is None else np.array([c == case for c in runs["case"]])
     if not sel.any():
@@ -777,7 +773,6 @@ def run_case(runs, case, loops=None, restarts=RESTARTS, n_boot=N_BOOT, seed=0, b
     base = _canonical_order(subset(base, np.isin(base["flops_budget"], budgets)))
     if len(set(base["n_loops"])) < 2:
         raise ValueError(f"case {case!r}: the baseline has fewer than two architectures at budgets {budgets}")
-    # per-arch, joint, restricted, halves, the case's own cell bootstrap
     out = run_protocol(variant, restarts, n_boot, seed, boot_restarts, progress)
     bblk = fit_block(base, None, restarts, seed, name="case baseline")
     # a baseline lacking some of the case's budgets is refitted on fewer and says so (_budgets_said, budget_mismatch);
