@@ -331,7 +331,7 @@ def objective(theta, prob, weights=None, grad=True):
         # row chunks of <= CHUNK_ELEMS elements (48 KB per temporary): larger ones are mmapped or trimmed back to the
         # OS when freed, and every call page-faults fresh memory (on 500 x 116: as much time in the kernel as in the
         # arithmetic). Small blocks stay on the heap, and in cache.
-        parts = [objective(th[i:i + rows], prob, None if np.ndim(weights) < 2 else weights[i:i + rows], grad)
+        parts = [objective(th[i:i + rows], prob, weights if np.ndim(weights) < 2 else weights[i:i + rows], grad)
                  for i in range(0, len(th), rows)]
         return tuple(map(np.concatenate, zip(*parts))) if grad else np.concatenate(parts)
     a, b, e, alpha, beta = (th[:, j:j + 1] for j in range(5))    # each (K, 1)
@@ -381,15 +381,14 @@ def predict(theta, prob):
 
 def _screen(prob, x0, weights=None, maxiter=SCREEN_ITERS, gtol=1e-9, ftol=1e-13):
     """Projected BFGS on Obj/delta for K problems at once (fitting.md §4.3, engine B). x0: (K, p) starts; weights:
-    None, (n,) or (K, n). Each iteration: direction -H g with H the inverse-Hessian estimate, zeroed on bound-active
+    None or (K, n). Each iteration: direction -H g with H the inverse-Hessian estimate, zeroed on bound-active
     coordinates; Armijo backtracking along the projected path; BFGS update skipped when s'y <= 0; converged problems
     leave the active set. Returns x (K, p), f (K,) unscaled, converged (K,) bool."""
     K, p = x0.shape
     lo, hi = _box(p)
-    w2 = None if weights is None else np.broadcast_to(weights, (K, len(prob["ln_l"])))
     def fg(idx, x, grad=True):
         # objective scaled by 1/delta: the argmin is unchanged, the stopping tests see O(1) numbers
-        out = objective(x, prob, None if w2 is None else w2[idx], grad=grad)
+        out = objective(x, prob, None if weights is None else weights[idx], grad=grad)
         return (out[0] / DELTA, out[1] / DELTA) if grad else out / DELTA
 
     # state per problem: x (K, p), f (K,), g (K, p), inverse Hessian H (K, p, p); the loop works on active rows only

@@ -102,6 +102,9 @@ def test_bootstrap_weights_equal_duplicated_rows(grid):
     f_w, g_w = fit.objective(th, prob, w.astype(float))
     f_d, g_d = fit.objective(th, dup)
     assert abs(f_w - f_d) <= 1e-12 * f_d and np.allclose(g_w, g_d, rtol=1e-10)
+    # the same (n,) weights on many thetas at once, evaluated in row chunks, weigh every chunk
+    many = np.repeat(th[None], 2 * fit.CHUNK_ELEMS // len(w) + 1, 0)
+    assert np.all(fit.objective(many, prob, w.astype(float), grad=False) == f_w)
 
 
 # -----------------------------------------------------------------------------
