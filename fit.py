@@ -143,7 +143,9 @@ def load_records(runs_dir):
     """Every done.json under runs_dir (recursively), with "source" (the file, named in every error about the run),
     "run_dir" (its folder under runs_dir), "arch" (flops.py accounting arguments beyond d_model and n_loops),
     "aspect_ratio" and "n_loops_sweep". Each is checked as it is read (DONE_SCHEMA, its config, its data against
-    the others'). ValueError if none is found (or runs_dir is no folder)."""
+    the others'). ValueError if none is found."""
+    if not os.path.isdir(runs_dir):
+        raise ValueError(f"runs directory {runs_dir!r} does not exist as a folder")
     recs, seen = [], {}              # seen: "data" / "tokenizer" -> (its value, the first record that names it)
     for root in [root for root, names in _folders(runs_dir) if "done.json" in names]:
         rec = read_json(path := os.path.join(root, "done.json"), DONE_SCHEMA)
@@ -429,8 +431,7 @@ def _screen(prob, x0, weights=None, maxiter=SCREEN_ITERS, gtol=1e-9, ftol=1e-13)
             curv = ft - fa[pend] - slope                            # f(t) - f - slope, > 0 on a failed trial
             shrink = np.where(curv > 0, -slope / (2 * np.maximum(curv, 1e-300)), 0.1)
             t[pend] = t[pend] * np.clip(shrink, 0.1, 0.5)
-        # a failed line search means no further progress is possible at screen precision
-        done[act[~ok_all]] = True
+        done[act[~ok_all]] = True                    # a failed line search: no progress left at screen precision
         move = np.flatnonzero(ok_all)
         am = act[move]                                                              # global rows that stepped
         fn, gn = fg(am, x_new[move])
