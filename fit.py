@@ -1001,66 +1001,72 @@ def synthetic_runs(phi=0.46, noise=0.01, seed=0, truth=None):
 # -----------------------------------------------------------------------------
 # Report (tables laid out like the paper's Tables 1, 2, 3 and 7) and fit.json
 
-def _sig2(x):
-    """A and B to 2 significant figures, as Table 1 prints them."""
-    return f"{float(f'{x:.2g}'):g}"
-
 def _table(head, rows, title=None):
     """Markdown lines: the title and a blank line (if given), the header, the separator, one line per row (a list
     of already formatted cells)."""
     return ([title, ""] if title else []) + [f"| {' | '.join(head)} |", "|---" * len(head) + "|"] + \
         [f"| {' | '.join(map(str, row))} |" for row in rows]
 
-def _table1(blocks, title):
-    """Table 1's layout (one row per architecture or group), plus n, hits and bound flags as diagnostics."""
-    return _table(("Arch.", "A", "α", "B", "β", "E", "Huber (×10⁻⁵)", "R²", "n", "hits", "on bounds"),
-                  [(key, _sig2(b["A"]), f"{b['alpha']:.3f}", _sig2(b["B"]), f"{b['beta']:.3f}", f"{b['E']:.2f}",
-                    f"{b['huber'] / 1e-5:.2f}", f"{b['r2']:.4f}", b["n"], b["hits"], ", ".join(b["on_bounds"]) or "-")
-                   for key, b in blocks.items()], title)
-
 def _fmt(x, fmt):
-    """x formatted, or "-" where there is no value (a table cell)."""
-    return "-" if x is None else format(x, fmt)
+    """A table cell: format(x, fmt), "sig2" (2 significant figures, as Table 1 prints A and B) or "e5" (in units of
+    1e-5, the Huber column); "-" where there is no value."""
+    if x is None:
+        return "-"
+    return f"{float(f'{x:.2g}'):g}" if fmt == "sig2" else f"{x / 1e-5:.2f}" if fmt == "e5" else format(x, fmt)
+
+def _cells(d, spec):
+    """The values of d (a fit block, a frontier row, ...) as table cells, by spec "key:fmt key:fmt ..." (_fmt)."""
+    return [_fmt(d[k], f) for k, f in (s.split(":") for s in spec.split())]
+
+EQ2 = "A:sig2 alpha:.3f B:sig2 beta:.3f E:.2f"          # the cells of an Eq. 2 fit, as in Table 1
+
+def _eq2_blocks(res):
+    """The Eq. 2 fits by name: per architecture ("r=4"), or per chinchilla group."""
+    return _chin_groups(res) if "chinchilla" in res else {f"r={r}": b for r, b in res["per_arch"].items()}
 
 def _flag_names(res):
     """The flag names as the phi line and the tables show them, e.g. " -- WARNING: low_r2, on_bound"."""
     names = [f["name"] for f in res.get("flags", [])]
     return f" -- WARNING: {', '.join(names)}" if names else ""
 
+def _ci(x, key, fmt):
+    """" [lo, hi]" of x's key_lo and key_hi (a 95% CI), or "" where there is none."""
+    return "" if x.get(f"{key}_lo") is None else f" [{x[f'{key}_lo']:{fmt}}, {x[f'{key}_hi']:{fmt}}]"
+
 def report_text(res):
     """report.md: the flags first, then Table 1 (per-arch), Table 2 (joint + restricted), Table 7 (per-r
-    residuals), halves, Table 3 (case study), frontier and F.4 equivalence; or the chinchilla table."""
+    residuals), halves, Table 3 (case study), loop sweeps, frontier and F.4 equivalence; or the chinchilla table."""
     L = ["# fit.py report", "", f"runs: {res.get('n_runs')} | seed {res.get('seed')} | restarts {res.get('restarts')}"
          f" | {res.get('seconds', 0):.1f} s", ""]
     # rule 6 of issue 12: what limits these numbers comes before the numbers
     if res.get("flags"):
         L += ["## Warnings: read the numbers below with these in mind", "",
               *(f"- **{f['name']}**: {f['message']}" for f in res["flags"]), ""]
-    if "chinchilla" in res:
-        return "\n".join(L + _table1(_chin_groups(res), "## Chinchilla fits (Eq. 2; layout of Table 1)")) + "\n"
     # Table 1: the per-architecture exponents are not comparable across r (N means different things under sharing,
     # §4.2); the frontier below is the comparable quantity
-    L += _table1({f"r={k}": v for k, v in res["per_arch"].items()}, "## Table 1: per-architecture Chinchilla fits "
-                 "(Eq. 2)")
+    chin = "chinchilla" in res
+    L += _table(("Arch.", "A", "α", "B", "β", "E", "Huber (×10⁻⁵)", "R²", "n", "hits", "on bounds"), [
+        [k, *_cells(b, EQ2 + " huber:e5 r2:.4f n: hits:"), ", ".join(b["on_bounds"]) or "-"]
+        for k, b in _eq2_blocks(res).items()], "## Chinchilla fits (Eq. 2; layout of Table 1)" if chin else
+        "## Table 1: per-architecture Chinchilla fits (Eq. 2)")
+    if chin:
+        return "\n".join(L) + "\n"
     # Table 2: the free-phi row carries the bootstrap CI next to the point estimate; A and B are omitted as in the
     # paper (loosely identified under iso-compute designs), the Huber value and hits are diagnostics
-    bs = res.get("bootstrap")
-    ci = f" [{bs['phi_lo']:.2f}, {bs['phi_hi']:.2f}]" if bs else ""
+    j, bs = res["joint"], res.get("bootstrap") or {}
     L += [""] + _table(("Form", "α", "β", "E", "φ", "R²", "Huber (×10⁻⁵)", "hits"), [
-        (name, f"{b['alpha']:.3f}", f"{b['beta']:.3f}", f"{b['E']:.2f}", phi_txt, f"{b['r2']:.4f}",
-         f"{b['huber'] / 1e-5:.2f}", b["hits"]) for name, b, phi_txt in (
-            ("Joint, φ free", res["joint"], f"{res['joint']['phi']:.3f}{ci}{_flag_names(res)}"),
+        [name, *_cells(b, "alpha:.3f beta:.3f E:.2f"), phi, *_cells(b, "r2:.4f huber:e5 hits:")] for name, b, phi in (
+            ("Joint, φ free", j, f"{j['phi']:.3f}{_ci(bs, 'phi', '.2f')}{_flag_names(res)}"),
             ("Restricted (φ = 0, pure sharing cost)", res["phi0"], "0.00"),
             ("Restricted (φ = 1, non-looped equivalence)", res["phi1"], "1.00"))], "## Table 2: joint law (Eq. 3)")
     if bs:
         L += ["", f"Block bootstrap ({bs['n_resamples']} resamples of {bs['n_cells']} (budget, r) cells): median φ "
-              f"{bs['phi_median']:.3f}, 95% CI [{bs['phi_lo']:.3f}, {bs['phi_hi']:.3f}], {bs['n_le0']} resamples at "
-              f"φ ≤ 0 and {bs['n_ge1']} at φ ≥ 1; a random start beat the warm start in {bs['random_start_wins']}."]
+              f"{bs['phi_median']:.3f}, 95% CI{_ci(bs, 'phi', '.3f')}, {bs['n_le0']} resamples at φ ≤ 0 and "
+              f"{bs['n_ge1']} at φ ≥ 1; a random start beat the warm start in {bs['random_start_wins']}."]
     # Table 7: a shared phi should leave no architecture with a disproportionate share of the residual mass
-    j = res["joint"]
     L += [""] + _table(("Architecture", "n", "mean resid", "max \\|resid\\|", "RMSE"), [
-        (f"r={r}", st["n"], f"{st['mean']:+.3f}", f"{st['max_abs']:.3f}", f"{st['rmse']:.3f}")
-        for r, st in j["per_r"].items()], "## Table 7: joint-law residuals by architecture (actual − predicted, nats)")
+        [f"r={r}", *_cells(st, "n: mean:+.3f max_abs:.3f rmse:.3f")] for r, st in j["per_r"].items()],
+        "## Table 7: joint-law residuals by architecture (actual − predicted, nats)")
     L.append(f"| pooled | {j['n']} | | {j['max_abs_resid']:.3f} | {j['rmse']:.3f} |")
     # App. F.3: phi should not drift with scale inside the compute window
     L += ["", "## Budget halves (App. F.3)", ""] + [
@@ -1070,46 +1076,39 @@ def report_text(res):
     if c := res.get("case"):
         # Table 3: baseline refitted on the case's budgets, then the variant; delta-phi is the paper's summary number
         L += [""] + _table(("Variant", "α", "β", "E", "φ", "R²", "n"), [
-            (name, f"{b['alpha']:.3f}", f"{b['beta']:.3f}", f"{b['E']:.2f}", f"{b['phi']:.3f}", f"{b['r2']:.4f}",
-             b["n"]) for name, b in ((f"Baseline (refitted on {_budgets_said(c)})", c["baseline"]),
-                                     (c["name"], c["variant"]))],
+            [name, *_cells(b, "alpha:.3f beta:.3f E:.2f phi:.3f r2:.4f n:")] for name, b in (
+                (f"Baseline (refitted on {_budgets_said(c)})", c["baseline"]), (c["name"], c["variant"]))],
             f"## Table 3: case study `{c['name']}` (budgets {', '.join(f'{x:.3g}' for x in c['budgets'])})")
-        ci = (f" [{c['delta_phi_lo']:+.3f}, {c['delta_phi_hi']:+.3f}] (paired block bootstrap, "
-              f"{len(c['delta_phi_boot'])} resamples of {c['paired_cells']} cells; {c['n_delta_le0']} at Δφ ≤ 0)"
-              if "delta_phi_lo" in c else "")
-        L += ["", f"Δφ = {c['delta_phi']:+.3f}{ci}"]
+        L += ["", f"Δφ = {c['delta_phi']:+.3f}{_ci(c, 'delta_phi', '+.3f')}" + (
+            f" (paired block bootstrap, {len(c['delta_phi_boot'])} resamples of {c['paired_cells']} cells; "
+            f"{c['n_delta_le0']} at Δφ ≤ 0)" if "delta_phi_lo" in c else "")]
     if sw := res.get("loop_sweep"):
         # App. A: a looped model run for r' != r iterations at test time; Huginn-style random state init is the
         # design expected to extrapolate, the prelude-initialised state of the paper is not
         rps = sorted({p["n_loops"] for e in sw for p in e["curve"]})
         L += [""] + _table(("trained r", "C", "N", *(f"r'={k}" for k in rps), "L(r'max) − L(r)"), [
-            (e["n_loops"], f"{e['flops_budget']:.3g}", f"{e['n_params']:.3g}",
-             *(f"{a[k]:.3f}" if k in a else "-" for k in rps), _fmt(e["gain"], "+.3f"))
-            for e in sw for a in [{p["n_loops"]: p["val_loss"] for p in e["curve"]}]],
+            [e["n_loops"], *_cells(e, "flops_budget:.3g n_params:.3g"), *(_fmt(a.get(k), ".3f") for k in rps),
+             _fmt(e["gain"], "+.3f")] for e in sw for a in [{p["n_loops"]: p["val_loss"] for p in e["curve"]}]],
             "## Test-time loop extrapolation (App. A; eval.py --n-loops-sweep, figure loop_sweep.png)")
     # §4.2: the frontier L*_r(C) is comparable across r; gap = L*_r - L*_1 at the same budget; then the exponents,
     # the joint law's s* (App. G.3) and the App. F.4 equivalent sizes
-    fr = res["frontier"]
+    fr, jr = res["frontier"], res["frontier"]["joint_rows"]
     L += [""] + _table(("C", "r", "s*", "N*", "D*", "L*", "gap to r=1"), [
-        (f"{row['flops_budget']:.3g}", row["n_loops"], f"{row['scale']:.1f}", f"{row['n_params']:.3g}",
-         f"{row['tokens']:.3g}", f"{row['loss']:.3f}", _fmt(row["gap"], "+.3f")) for row in fr["rows"]],
-        "## Compute-optimal frontier (per-architecture laws; §4.2, Fig. 3)")
+        _cells(row, "flops_budget:.3g n_loops: scale:.1f n_params:.3g tokens:.3g loss:.3f gap:+.3f")
+        for row in fr["rows"]], "## Compute-optimal frontier (per-architecture laws; §4.2, Fig. 3)")
     L += [""] + _table(("r", "N* ∝ C^a", "D* ∝ C^b", "gap range (nats)"), [
-        (r, f"{ex['n_star']:.2f}", f"{ex['d_star']:.2f}", "-" if r not in fr["gaps"] else
-         f"[{fr['gaps'][r][0]:.3f}, {fr['gaps'][r][1]:.3f}]") for r, ex in fr["exponents"].items()])
+        [r, *_cells(ex, "n_star:.2f d_star:.2f"), "-" if r not in fr["gaps"] else
+         f"[{fr['gaps'][r][0]:.3f}, {fr['gaps'][r][1]:.3f}]"] for r, ex in fr["exponents"].items()])
     # App. G.3: the joint law read at fixed r gives one more set of optimal widths; a case study's phi shift
     # moves these (truncated BPTT widens, hyperconnections narrow)
-    jr = fr["joint_rows"]
     L += ["", "Compute-optimal scale s* from the joint law at fixed r (App. G.3):", ""] + _table(
         ("C", *(f"r={r}" for r in sorted({x["n_loops"] for x in jr}))),
         [(f"{C:.3g}", *(f"{x['scale']:.1f}" for x in jr if x["flops_budget"] == C))
          for C in sorted({x["flops_budget"] for x in jr})])
-    L += [""] + _table(("r", "N (r=1)", "N unique", "N_eff", "unique ratio", "N_eff ratio", "r^φ", "FLOPs ratio"),
-                       [(r, f"{e['n_nonlooped']:.3g}", f"{e['n_unique']:.3g}", f"{e['n_eff']:.3g}",
-                         f"{e['unique_ratio']:.3f}", f"{e['eff_ratio']:.3f}", f"{e['amplification']:.2f}",
-                         f"{e['flops_ratio']:.3f}") for r, e in fr["equivalence"].items()],
-                       f"## Equivalent sizes (App. F.4, φ = {res['joint']['phi']:.3f}, N_rec includes the injection "
-                       "layer)")
+    L += [""] + _table(("r", "N (r=1)", "N unique", "N_eff", "unique ratio", "N_eff ratio", "r^φ", "FLOPs ratio"), [
+        [r, *_cells(e, "n_nonlooped:.3g n_unique:.3g n_eff:.3g unique_ratio:.3f eff_ratio:.3f amplification:.2f "
+                    "flops_ratio:.3f")] for r, e in fr["equivalence"].items()],
+        f"## Equivalent sizes (App. F.4, φ = {j['phi']:.3f}, N_rec includes the injection layer)")
     return "\n".join(L) + "\n"
 
 def _jsonable(x):
@@ -1156,42 +1155,50 @@ def _lim(*arrays):
     pad = 0.05 * (hi - lo) if hi > lo else 0.05 * max(abs(lo), 1.0)
     return [lo - pad, hi + pad]
 
-def _diagonal(ax, runs, legend=False, **labels):
-    """The y = x line of a predicted-vs-actual panel, framed by the actual losses (a wild prediction is clipped)."""
+def _pred_vs_actual(ax, runs, parts, **labels):
+    """A predicted-vs-actual panel: parts = [(mask, predicted losses, colour, label)], and the y = x line framed by
+    the actual losses (a wild prediction is clipped)."""
+    for m, pred, color, label in parts:
+        ax.scatter(runs["val_loss"][m], pred, s=14, color=color, label=label)
     lim = _lim(runs["val_loss"])
     ax.plot(lim, lim, "k--", lw=0.8)
     ax.set(xlabel="actual loss (nats)", xlim=lim, ylim=lim, **labels)
-    if legend:
-        ax.legend(fontsize=7)
+
+def _sweep_panel(ax, lines, title, star=False):
+    """Validation loss vs test-time loops r' (App. A): one line per (loop_sweep entry, colour, label); star: mark
+    the trained r."""
+    for e, color, label in lines:
+        x, y = [p["n_loops"] for p in e["curve"]], [p["val_loss"] for p in e["curve"]]
+        ax.plot(x, y, "o-", ms=3, color=color, label=label)
+        if star and e["n_loops"] in x:
+            ax.plot(e["n_loops"], y[x.index(e["n_loops"])], "*", ms=12, color=color, mec="k", mew=0.5)
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="test-time loops r'", title=title)
 
 def make_figures(res, runs):
     """iso_flops.png (Fig. 2 style, one panel per r), pred_vs_actual.png (Fig. 8 / 10), frontier.png (Fig. 3:
     L*, N*, D* vs C), phi.png (restricted fits + bootstrap histogram), loop_sweep.png (App. A, when swept); in
     chinchilla mode pred_vs_actual.png only. Returns {file name: PNG bytes} (main writes the whole set at once)."""
-    plt = _pyplot()
+    plt, chin = _pyplot(), "chinchilla" in res
     rs = sorted(set(int(r) for r in runs["n_loops"]))
-    colors = {r: plt.cm.tab10(i) for i, r in enumerate(rs)}
-    if "chinchilla" in res:
-        # Chinchilla mode has no FLOPs model and no phi: only the predicted-vs-actual scatter applies
-        fig, ax = plt.subplots(figsize=(5, 5))
-        for grp, b in _chin_groups(res).items():
-            m = np.array([g == grp for g in runs["group"]])
-            ax.scatter(runs["val_loss"][m], predict(b["theta"], _pack(subset(runs, m), 0.0)), s=14, label=grp)
-        _diagonal(ax, runs, True, ylabel="predicted loss (nats)", title="Chinchilla fits (Eq. 2)")
+    colors = {r: f"C{i}" for i, r in enumerate(rs)}           # tab10: an architecture's colour in every figure
+    # predicted vs actual (Fig. 8 and Fig. 10 style): the Eq. 2 fits (per architecture, 20 parameters in all; or per
+    # chinchilla group) next to the joint law (6 parameters); points on the diagonal = a good fit
+    fig, axes = plt.subplots(1, 1 + (not chin), figsize=(5, 5) if chin else (9, 4.4), sharey=True, squeeze=False)
+    keys = runs["group"] if chin else [f"r={r}" for r in runs["n_loops"]]
+    _pred_vs_actual(axes[0][0], runs, [(m, predict(b["theta"], _pack(subset(runs, m), 0.0)), f"C{i}", k)
+                                       for i, (k, b) in enumerate(_eq2_blocks(res).items())
+                                       for m in [np.array([x == k for x in keys])]],
+                    ylabel="predicted loss (nats)", title="Chinchilla fits (Eq. 2)" if chin else
+                    "per-architecture (Eq. 2)")
+    axes[0][0].legend(fontsize=7)
+    if chin:             # chinchilla mode has no FLOPs model and no phi: only the predicted-vs-actual scatter applies
         return {"pred_vs_actual.png": _png(fig)}
-    figs = {"iso_flops.png": _iso_flops_figure(plt, res, runs, rs)}
-    # predicted vs actual (Fig. 8 and Fig. 10 style): per-arch laws (20 parameters in all) next to the joint law
-    # (6 parameters); points on the diagonal = a good fit, colour = architecture
-    fig, axes = plt.subplots(1, 2, figsize=(9, 4.4), sharey=True)
     pj = predict(res["joint"]["theta"], _pack(runs))
-    for r in rs:
-        m = runs["n_loops"] == r
-        pa = predict(res["per_arch"][str(r)]["theta"], _pack(subset(runs, m), 0.0))
-        axes[0].scatter(runs["val_loss"][m], pa, s=14, color=colors[r], label=f"r={r}")
-        axes[1].scatter(runs["val_loss"][m], pj[m], s=14, color=colors[r], label=f"r={r}")
-    _diagonal(axes[0], runs, True, title="per-architecture (Eq. 2)", ylabel="predicted loss (nats)")
-    _diagonal(axes[1], runs, title=f"joint (Eq. 3), φ = {res['joint']['phi']:.3f}, RMSE {res['joint']['rmse']:.3f}")
-    figs["pred_vs_actual.png"] = _png(fig)
+    _pred_vs_actual(axes[0][1], runs, [(runs["n_loops"] == r, pj[runs["n_loops"] == r], colors[r], f"r={r}")
+                                       for r in rs],
+                    title=f"joint (Eq. 3), φ = {res['joint']['phi']:.3f}, RMSE {res['joint']['rmse']:.3f}")
+    figs = {"iso_flops.png": _iso_flops_figure(plt, res, runs, rs), "pred_vs_actual.png": _png(fig)}
     # frontier (Fig. 3): L*_r(C), N*(C), D*(C); looped optima sit wider in d yet lower in N, and train on fewer tokens
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     for r in rs:
@@ -1207,14 +1214,9 @@ def make_figures(res, runs):
     if res.get("loop_sweep"):
         # App. A: val loss vs test-time r' for each swept model; the trained r is marked
         fig, ax = plt.subplots(figsize=(5.2, 3.8))
-        for e in res["loop_sweep"]:
-            x, y = [p["n_loops"] for p in e["curve"]], [p["val_loss"] for p in e["curve"]]
-            c = colors.get(e["n_loops"], "k")
-            ax.plot(x, y, "o-", ms=3, color=c, label=f"trained r={e['n_loops']} (C={e['flops_budget']:.3g})")
-            if e["n_loops"] in x:
-                ax.plot(e["n_loops"], y[x.index(e["n_loops"])], "*", ms=12, color=c, mec="k", mew=0.5)
-        ax.set_xscale("log", base=2)
-        ax.set(xlabel="test-time loops r'", ylabel="validation loss (nats)", title="test-time loop extrapolation")
+        _sweep_panel(ax, [(e, colors.get(e["n_loops"], "k"), f"trained r={e['n_loops']} (C={e['flops_budget']:.3g})")
+                          for e in res["loop_sweep"]], "test-time loop extrapolation", star=True)
+        ax.set_ylabel("validation loss (nats)")
         ax.legend(fontsize=7)
         figs["loop_sweep.png"] = _png(fig)
     assert set(figs) <= set(OUTPUTS), "add a new figure to OUTPUTS so --overwrite can manage it"
@@ -1315,13 +1317,11 @@ def case_summary(out_dir):
             # next to the baseline study's own phi, so the two must rest on the same runs: every run (folder) of the
             # case's baseline refit must be in OUT/fit.json with the same key (runs_record). A fit.json from before
             # issue 18 has no runs record: nothing can be matched, so nothing is claimed
-            want, have = (res.get("case") or {}).get("baseline_runs"), base.get("runs")
-            for p, rec in ((path, want), (found[0][1], have)):
-                if not (isinstance(rec, dict) and all(isinstance(rec.get(k), list) for k in ("keys", "dirs"))):
-                    raise ValueError(f"{p}: records no runs (an older fit.py wrote it); refit it")
-            theirs = dict(zip(have["dirs"], have["keys"]))
-            if diff := common.identity_diff(dict(zip(want["dirs"], want["keys"])),
-                                            {d: theirs.get(d) for d in want["dirs"]}):
+            try:
+                want, have = (dict(zip(rec["dirs"], rec["keys"])) for rec in (c["baseline_runs"], base["runs"]))
+            except (KeyError, TypeError):
+                raise ValueError(f"{path} or {found[0][1]} records no runs (an older fit.py wrote it); refit") from None
+            if diff := [d for d in want if have.get(d) != want[d]]:
                 raise ValueError(f"{path}: its baseline was refitted on other runs than {found[0][1]} ({diff[0]})")
         if sw:
             sweeps[name] = sw
@@ -1334,17 +1334,15 @@ def write_case_summary(summary, out_dir, overwrite=False):
     """Append (or regenerate) the case-study section of OUT/report.md and write cases.png (and cases_loops.png), as
     one set. Returns the paths written, report.md first."""
     report = os.path.join(out_dir, "report.md")
-    ci = lambda x, k, fmt: "" if x[f"{k}_lo"] is None else f" [{x[f'{k}_lo']:{fmt}}, {x[f'{k}_hi']:{fmt}}]"
     L = [CASES_MARK, "", "## Case studies (§5, Table 3; runs/mini.sh --case NAME)", "",
          "Δφ = φ(case) − baseline φ, the baseline refitted on the case's budgets inside the case's fit (from runs of "
          "the baseline study above: checked); its CI is a paired block bootstrap over the (budget, r) cells. Gap: "
          "L*(r=8) − L*(r=1) of the compute-optimal frontier at the top budget (nats). Extrapolation: mean over the "
          "swept models of L(largest r') − L(trained r), nats (negative: more test-time loops help).", ""]
     L += _table(("case", "φ [95% CI]", "baseline φ", "Δφ [95% CI]", "R²", "n", "r=8 gap", "extrapolation", "flags"), [
-        (row["name"], f"{row['phi']:.3f}{ci(row, 'phi', '.2f')}", _fmt(row["baseline_phi"], ".3f"),
-         f"{_fmt(row['delta_phi'], '+.3f')}{ci(row, 'delta_phi', '+.2f')}", f"{row['r2']:.4f}", row["n"],
-         _fmt(row["gap8"], "+.3f"), _fmt(row["extrapolation_gain"], "+.3f"),
-         ", ".join(n for n, _ in row["flags"]) or "-")
+        [row["name"], f"{row['phi']:.3f}{_ci(row, 'phi', '.2f')}", *_cells(row, "baseline_phi:.3f"),
+         f"{_fmt(row['delta_phi'], '+.3f')}{_ci(row, 'delta_phi', '+.2f')}",
+         *_cells(row, "r2:.4f n: gap8:+.3f extrapolation_gain:+.3f"), ", ".join(n for n, _ in row["flags"]) or "-"]
         for row in summary["rows"]])
     # the table names the flags; here, which fits each one concerns
     flagged = [f"- {row['name']}: " + " | ".join(f"{name}: {items}" for name, items in row["flags"])
@@ -1379,13 +1377,9 @@ def _case_figures(summary):
         rs = sorted({e["n_loops"] for sw in summary["sweeps"].values() for e in sw})
         fig, axes = plt.subplots(1, len(rs), figsize=(4 * len(rs), 3.6), squeeze=False)
         for ax, r in zip(axes[0], rs):
-            for name, sw in summary["sweeps"].items():
-                for e in (e for e in sw if e["n_loops"] == r):
-                    ax.plot([p["n_loops"] for p in e["curve"]], [p["val_loss"] for p in e["curve"]], "o-", ms=3,
-                            color=color.get(name, "grey"), label=name)
+            _sweep_panel(ax, [(e, color.get(name, "grey"), name) for name, sw in summary["sweeps"].items() for e in sw
+                              if e["n_loops"] == r], f"trained r = {r}")
             ax.axvline(r, color="grey", ls=":", lw=0.8)
-            ax.set_xscale("log", base=2)
-            ax.set(title=f"trained r = {r}", xlabel="test-time loops r'")
         axes[0][0].set_ylabel("validation loss (nats)")
         axes[0][0].legend(fontsize=7)
         figs["cases_loops.png"] = _png(fig)
@@ -1430,10 +1424,9 @@ def _chin_groups(res):
 def runs_record(runs):
     """Which runs a fit used (issue 18 §1), for fit.json: n, each run's folder (relative to the runs folder; the CSV
     line for CSV rows) and key -- a digest of the identity train.py recorded (when the record has one), the case
-    label and the numbers the fit reads -- and the digest of the sorted keys. Equal digests mean the same runs,
-    whatever folder they were read from; a retrained run or an edited val_loss changes its key."""
-    # the key covers what makes a run this run (train.py's identity) and what the fit takes from it; the folder
-    # name is kept beside it for people, not in it: a copied runs folder is the same runs
+    label and the numbers the fit reads -- and the digest of the sorted keys. The folder is beside the key, not in
+    it: equal digests mean the same runs, whatever folder they were read from (a copied runs folder is the same
+    runs); a retrained run or an edited val_loss changes its key."""
     keys = [common.request_key("run", [ident, case] + [float(runs[k][i]) for k in REQUIRED])
             for i, (ident, case) in enumerate(zip(runs["identity"], runs["case"]))]
     return {"n": len(keys), "digest": common.request_key("runs", sorted(keys)), "dirs": list(runs["dir"]), "keys": keys}
@@ -1455,16 +1448,15 @@ def claimed(folder, tool, request, overwrite=False, flag="--out", names=()):
         for name in names:
             common.check_new(os.path.join(folder, name), True, flag)
         yield
-    except Partial:             # outputs were renamed in: the folder stays ours, so the rerun needs no --overwrite
-        raise
-    except BaseException:       # a refusal (or a kill by Ctrl-C) before any rename: the folder as it was
-        with contextlib.suppress(OSError):
-            if old is not None:
-                pathlib.Path(mark).write_bytes(old)     # the file we hold the lock on: rewritten in place
-            else:
-                os.remove(mark)
-                if made:
-                    os.rmdir(folder)
+    except BaseException as err:    # a refusal (or Ctrl-C) before any rename: the folder as it was. After a rename
+        if not isinstance(err, Partial):        # (Partial) it stays ours, so the rerun needs no --overwrite
+            with contextlib.suppress(OSError):
+                if old is not None:
+                    pathlib.Path(mark).write_bytes(old)     # the file we hold the lock on: rewritten in place
+                else:
+                    os.remove(mark)
+                    if made:
+                        os.rmdir(folder)
         raise
     finally:
         common.release(folder)                  # the next command (in this process too) claims it anew
@@ -1580,24 +1572,20 @@ def fit_outputs(args):
         write_set(args.out, files, remove=["fit.json"] + [n for n in old if n not in files])
     # what the CLI prints: each Eq. 2 fit (per architecture or chinchilla group), the restricted fits, the case line,
     # every flag, and last (where a user looks) the phi line with its 95% CI and flags, and the delta-phi line
-    blocks = _chin_groups(res) if "chinchilla" in res else {f"r={r}": b for r, b in res["per_arch"].items()}
-    L = [f"{name}: A={_sig2(b['A'])} alpha={b['alpha']:.3f} B={_sig2(b['B'])} beta={b['beta']:.3f} E={b['E']:.2f} "
-         f"R2={b['r2']:.4f}" for name, b in blocks.items()]
-    L += [] if "chinchilla" in res else [f"{k}: R2={res[k]['r2']:.4f} (free phi: {res['joint']['r2']:.4f})"
-                                         for k in ("phi0", "phi1")]
-    if c := res.get("case"):
-        L.append(f"case {c['name']}: phi {c['variant']['phi']:.3f} vs baseline phi {c['baseline']['phi']:.3f} "
-                 f"refitted on {_budgets_said(c)}; delta phi = {c['delta_phi']:+.3f}")
-    L += [f"WARNING [{f['name']}]: {f['message']}" for f in res["flags"]]
-    L.append(f"wrote {args.out}/fit.json, report.md and figures")
-    if "chinchilla" not in res:
+    chin, c = "chinchilla" in res, res.get("case")
+    L = [f"{name}: " + " ".join(f"{k}={v}" for k, v in zip(("A", "alpha", "B", "beta", "E", "R2"), _cells(
+        b, EQ2 + " r2:.4f"))) for name, b in _eq2_blocks(res).items()]
+    L += [f"{k}: R2={res[k]['r2']:.4f} (free phi: {res['joint']['r2']:.4f})" for k in ("phi0", "phi1") if not chin]
+    L += [f"case {c['name']}: phi {c['variant']['phi']:.3f} vs baseline phi {c['baseline']['phi']:.3f} refitted on "
+          f"{_budgets_said(c)}; delta phi = {c['delta_phi']:+.3f}"] if c else []
+    L += [f"WARNING [{f['name']}]: {f['message']}" for f in res["flags"]] + [
+        f"wrote {args.out}/fit.json, report.md and figures"]
+    if not chin:
         # the one line a user reads: point estimate and 95% block-bootstrap CI (Table 2 style), and its flags
-        bs = res.get("bootstrap")
-        ci = f" [{bs['phi_lo']:.2f}, {bs['phi_hi']:.2f}]" if bs else " (no bootstrap CI)"
+        ci = _ci(res.get("bootstrap") or {}, "phi", ".2f") or " (no bootstrap CI)"
         L.append(f"phi = {res['joint']['phi']:.2f}{ci}{_flag_names(res)}")
-    if c:                                 # the case study's one line (runs/mini.sh --case greps it)
-        dci = f" [{c['delta_phi_lo']:+.3f}, {c['delta_phi_hi']:+.3f}]" if "delta_phi_lo" in c else ""
-        L.append(f"delta_phi({c['name']}) = {c['delta_phi']:+.3f}{dci}{_flag_names(res)}")
+    # the case study's one line (runs/mini.sh --case greps it)
+    L += [f"delta_phi({c['name']}) = {c['delta_phi']:+.3f}{_ci(c, 'delta_phi', '+.3f')}{_flag_names(res)}"] if c else []
     return res, L
 
 def main(argv=None):
