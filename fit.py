@@ -1010,9 +1010,8 @@ def _table(head, rows, title=None):
 def _fmt(x, fmt):
     """A table cell: format(x, fmt), "sig2" (2 significant figures, as Table 1 prints A and B) or "e5" (in units of
     1e-5, the Huber column); "-" where there is no value."""
-    if x is None:
-        return "-"
-    return f"{float(f'{x:.2g}'):g}" if fmt == "sig2" else f"{x / 1e-5:.2f}" if fmt == "e5" else format(x, fmt)
+    return "-" if x is None else f"{float(f'{x:.2g}'):g}" if fmt == "sig2" else f"{x / 1e-5:.2f}" if fmt == "e5" \
+        else format(x, fmt)
 
 def _cells(d, spec):
     """The values of d (a fit block, a frontier row, ...) as table cells, by spec "key:fmt key:fmt ..." (_fmt)."""
@@ -1113,13 +1112,7 @@ def report_text(res):
 
 def _jsonable(x):
     """numpy scalars/arrays -> plain JSON types (NaN and inf -> null, which strict JSON readers accept)."""
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple, np.ndarray)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, (float, np.floating)):
-        return float(x) if math.isfinite(x) else None
-    return x.item() if isinstance(x, np.generic) else x
+    return json.loads(json.dumps(x, default=lambda v: v.tolist()), parse_constant=lambda name: None)
 
 
 # -----------------------------------------------------------------------------
@@ -1155,15 +1148,6 @@ def _lim(*arrays):
     pad = 0.05 * (hi - lo) if hi > lo else 0.05 * max(abs(lo), 1.0)
     return [lo - pad, hi + pad]
 
-def _pred_vs_actual(ax, runs, parts, **labels):
-    """A predicted-vs-actual panel: parts = [(mask, predicted losses, colour, label)], and the y = x line framed by
-    the actual losses (a wild prediction is clipped)."""
-    for m, pred, color, label in parts:
-        ax.scatter(runs["val_loss"][m], pred, s=14, color=color, label=label)
-    lim = _lim(runs["val_loss"])
-    ax.plot(lim, lim, "k--", lw=0.8)
-    ax.set(xlabel="actual loss (nats)", xlim=lim, ylim=lim, **labels)
-
 def _sweep_panel(ax, lines, title, star=False):
     """Validation loss vs test-time loops r' (App. A): one line per (loop_sweep entry, colour, label); star: mark
     the trained r."""
@@ -1185,29 +1169,31 @@ def make_figures(res, runs):
     # predicted vs actual (Fig. 8 and Fig. 10 style): the Eq. 2 fits (per architecture, 20 parameters in all; or per
     # chinchilla group) next to the joint law (6 parameters); points on the diagonal = a good fit
     fig, axes = plt.subplots(1, 1 + (not chin), figsize=(5, 5) if chin else (9, 4.4), sharey=True, squeeze=False)
-    keys = runs["group"] if chin else [f"r={r}" for r in runs["n_loops"]]
-    _pred_vs_actual(axes[0][0], runs, [(m, predict(b["theta"], _pack(subset(runs, m), 0.0)), f"C{i}", k)
-                                       for i, (k, b) in enumerate(_eq2_blocks(res).items())
-                                       for m in [np.array([x == k for x in keys])]],
-                    ylabel="predicted loss (nats)", title="Chinchilla fits (Eq. 2)" if chin else
-                    "per-architecture (Eq. 2)")
+    keys, lim = runs["group"] if chin else [f"r={r}" for r in runs["n_loops"]], _lim(runs["val_loss"])
+    pj = None if chin else predict(res["joint"]["theta"], _pack(runs))
+    titles = ["Chinchilla fits (Eq. 2)"] if chin else ["per-architecture (Eq. 2)", f"joint (Eq. 3), φ = "
+                                                       f"{res['joint']['phi']:.3f}, RMSE {res['joint']['rmse']:.3f}"]
+    for j, (ax, title) in enumerate(zip(axes[0], titles)):
+        for i, (k, b) in enumerate(_eq2_blocks(res).items()):
+            m = np.array([x == k for x in keys])
+            pred = pj[m] if j else predict(b["theta"], _pack(subset(runs, m), 0.0))
+            ax.scatter(runs["val_loss"][m], pred, s=14, color=f"C{i}", label=k)
+        ax.plot(lim, lim, "k--", lw=0.8)    # y = x, framed by the actual losses (a wild prediction is clipped)
+        ax.set(xlabel="actual loss (nats)", xlim=lim, ylim=lim, title=title)
+    axes[0][0].set_ylabel("predicted loss (nats)")
     axes[0][0].legend(fontsize=7)
+    figs = {"pred_vs_actual.png": _png(fig)}
     if chin:             # chinchilla mode has no FLOPs model and no phi: only the predicted-vs-actual scatter applies
-        return {"pred_vs_actual.png": _png(fig)}
-    pj = predict(res["joint"]["theta"], _pack(runs))
-    _pred_vs_actual(axes[0][1], runs, [(runs["n_loops"] == r, pj[runs["n_loops"] == r], colors[r], f"r={r}")
-                                       for r in rs],
-                    title=f"joint (Eq. 3), φ = {res['joint']['phi']:.3f}, RMSE {res['joint']['rmse']:.3f}")
-    figs = {"iso_flops.png": _iso_flops_figure(plt, res, runs, rs), "pred_vs_actual.png": _png(fig)}
+        return figs
+    figs["iso_flops.png"] = _iso_flops_figure(plt, res, runs, rs)
     # frontier (Fig. 3): L*_r(C), N*(C), D*(C); looped optima sit wider in d yet lower in N, and train on fewer tokens
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-    for r in rs:
-        rows = [row for row in res["frontier"]["rows"] if row["n_loops"] == r]
-        for ax, key in zip(axes, ("loss", "n_params", "tokens")):
+    for ax, key, lab in zip(axes, ("loss", "n_params", "tokens"), ("L*(C) (nats)", "N*(C)", "D*(C) (tokens)")):
+        for r in rs:
+            rows = [row for row in res["frontier"]["rows"] if row["n_loops"] == r]
             ax.plot([row["flops_budget"] for row in rows], [row[key] for row in rows], "o-", color=colors[r],
                     label=f"r={r}", ms=4)
-    for ax, lab, yscale in zip(axes, ("L*(C) (nats)", "N*(C)", "D*(C) (tokens)"), ("linear", "log", "log")):
-        ax.set(xscale="log", xlabel="compute C (FLOPs)", ylabel=lab, yscale=yscale)
+        ax.set(xscale="log", xlabel="compute C (FLOPs)", ylabel=lab, yscale="linear" if key == "loss" else "log")
     axes[0].legend(fontsize=7)
     figs["frontier.png"] = _png(fig)
     figs["phi.png"] = _phi_figure(plt, res)
@@ -1231,10 +1217,8 @@ def _iso_flops_figure(plt, res, runs, rs):
     fig, axes = plt.subplots(1, len(rs), figsize=(4 * len(rs), 3.6), sharey=True, squeeze=False)
     for ax, r in zip(axes[0], rs):
         b, poly = res["per_arch"][str(r)], arch_polys(r, arch[r])
-        for C in budgets:
+        for C in sorted(set(runs["flops_budget"][runs["n_loops"] == r])):
             m = (runs["n_loops"] == r) & (runs["flops_budget"] == C)
-            if not m.any():
-                continue
             N = runs["n_once"][m] + runs["n_rec"][m]
             ax.scatter(N, runs["val_loss"][m], s=16, color=bcol[C], label=f"{C:.3g}")
             # the fitted curve along the width, just past the trained range: N(d) and D = C / F(d) both move with d
