@@ -1185,32 +1185,8 @@ def make_figures(res, runs):
     figs = {"pred_vs_actual.png": _png(fig)}
     if chin:             # chinchilla mode has no FLOPs model and no phi: only the predicted-vs-actual scatter applies
         return figs
-    figs["iso_flops.png"] = _iso_flops_figure(plt, res, runs, rs)
-    # frontier (Fig. 3): L*_r(C), N*(C), D*(C); looped optima sit wider in d yet lower in N, and train on fewer tokens
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-    for ax, key, lab in zip(axes, ("loss", "n_params", "tokens"), ("L*(C) (nats)", "N*(C)", "D*(C) (tokens)")):
-        for r in rs:
-            rows = [row for row in res["frontier"]["rows"] if row["n_loops"] == r]
-            ax.plot([row["flops_budget"] for row in rows], [row[key] for row in rows], "o-", color=colors[r],
-                    label=f"r={r}", ms=4)
-        ax.set(xscale="log", xlabel="compute C (FLOPs)", ylabel=lab, yscale="linear" if key == "loss" else "log")
-    axes[0].legend(fontsize=7)
-    figs["frontier.png"] = _png(fig)
-    figs["phi.png"] = _phi_figure(plt, res)
-    if res.get("loop_sweep"):
-        # App. A: val loss vs test-time r' for each swept model; the trained r is marked
-        fig, ax = plt.subplots(figsize=(5.2, 3.8))
-        _sweep_panel(ax, [(e, colors.get(e["n_loops"], "k"), f"trained r={e['n_loops']} (C={e['flops_budget']:.3g})")
-                          for e in res["loop_sweep"]], "test-time loop extrapolation", star=True)
-        ax.set_ylabel("validation loss (nats)")
-        ax.legend(fontsize=7)
-        figs["loop_sweep.png"] = _png(fig)
-    assert set(figs) <= set(OUTPUTS), "add a new figure to OUTPUTS so --overwrite can manage it"
-    return figs
-
-def _iso_flops_figure(plt, res, runs, rs):
-    """iso-FLOP profiles (Fig. 2): loss vs N per budget, the per-arch law along the width (D = C / F(d)) and, as
-    stars, the compute optima (N*, L*)."""
+    # iso-FLOP profiles (Fig. 2): loss vs N per budget, the per-arch law along the width (D = C / F(d)) and, as
+    # stars, the compute optima (N*, L*)
     budgets = sorted(set(float(c) for c in runs["flops_budget"]))
     bcol = {c: plt.cm.viridis(i / max(len(budgets) - 1, 1)) for i, c in enumerate(budgets)}
     arch, _ = arch_map(runs)
@@ -1233,11 +1209,19 @@ def _iso_flops_figure(plt, res, runs, rs):
         ax.xaxis.set_minor_formatter(plt.NullFormatter())     # a narrow N range would label every minor tick
     axes[0][0].set_ylabel("validation loss (nats)")
     axes[0][0].legend(title="C (FLOPs)", fontsize=7)
-    return _png(fig)
-
-def _phi_figure(plt, res):
-    """phi: the restricted-fit comparison (Fig. 1 right: R^2 drops at phi = 0 and phi = 1) and the bootstrap
-    histogram with its 95% interval (dashed) and the point estimate (solid)."""
+    figs["iso_flops.png"] = _png(fig)
+    # frontier (Fig. 3): L*_r(C), N*(C), D*(C); looped optima sit wider in d yet lower in N, and train on fewer tokens
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for ax, key, lab in zip(axes, ("loss", "n_params", "tokens"), ("L*(C) (nats)", "N*(C)", "D*(C) (tokens)")):
+        for r in rs:
+            rows = [row for row in res["frontier"]["rows"] if row["n_loops"] == r]
+            ax.plot([row["flops_budget"] for row in rows], [row[key] for row in rows], "o-", color=colors[r],
+                    label=f"r={r}", ms=4)
+        ax.set(xscale="log", xlabel="compute C (FLOPs)", ylabel=lab, yscale="linear" if key == "loss" else "log")
+    axes[0].legend(fontsize=7)
+    figs["frontier.png"] = _png(fig)
+    # phi: the restricted-fit comparison (Fig. 1 right: R^2 drops at phi = 0 and phi = 1) and the bootstrap
+    # histogram with its 95% interval (dashed) and the point estimate (solid)
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
     # undefined R^2 draws as an empty bar
     r2 = [v if v is not None and math.isfinite(v) else 0.0 for v in (res[k]["r2"] for k in ("joint", "phi0", "phi1"))]
@@ -1250,7 +1234,18 @@ def _phi_figure(plt, res):
         for v, ls in ((bs["phi_lo"], "--"), (bs["phi_hi"], "--"), (res["joint"]["phi"], "-")):
             axes[1].axvline(v, color="k", ls=ls, lw=1)
         axes[1].set(xlabel="φ", ylabel="resamples", title=f"block bootstrap: [{bs['phi_lo']:.2f}, {bs['phi_hi']:.2f}]")
-    return _png(fig)
+    figs["phi.png"] = _png(fig)
+    if res.get("loop_sweep"):
+        # App. A: val loss vs test-time r' for each swept model; the trained r is marked
+        fig, ax = plt.subplots(figsize=(5.2, 3.8))
+        _sweep_panel(ax, [(e, colors.get(e["n_loops"], "k"), f"trained r={e['n_loops']} (C={e['flops_budget']:.3g})")
+                          for e in res["loop_sweep"]], "test-time loop extrapolation", star=True)
+        ax.set_ylabel("validation loss (nats)")
+        ax.legend(fontsize=7)
+        figs["loop_sweep.png"] = _png(fig)
+    assert set(figs) <= set(OUTPUTS), "add a new figure to OUTPUTS so --overwrite can manage it"
+    return figs
+
 
 
 # -----------------------------------------------------------------------------
@@ -1307,16 +1302,36 @@ def case_summary(out_dir):
                 raise ValueError(f"{path} or {found[0][1]} records no runs (an older fit.py wrote it); refit") from None
             if diff := [d for d in want if have.get(d) != want[d]]:
                 raise ValueError(f"{path}: its baseline was refitted on other runs than {found[0][1]} ({diff[0]})")
-        if sw:
-            sweeps[name] = sw
+        sweeps[name] = sw
     if not rows:
         raise ValueError(f"no fit.json with a joint fit in {out_dir!r} or its case_*/ folders")
     return {"rows": rows, "sweeps": sweeps, "request": request,
             "unfitted": [os.path.dirname(p) for n, p in found[1:] if not os.path.lexists(p)]}
 
 def write_case_summary(summary, out_dir, overwrite=False):
-    """Append (or regenerate) the case-study section of OUT/report.md and write cases.png (and cases_loops.png), as
-    one set. Returns the paths written, report.md first."""
+    """Append (or regenerate) the case-study section of OUT/report.md and write cases.png (phi and its CI per case)
+    and cases_loops.png (val loss vs test-time r' per case, if swept), as one set. Returns the paths written,
+    report.md first."""
+    plt, rows, files = _pyplot(), summary["rows"], {}
+    color = {row["name"]: "k" if row["name"] == "baseline" else f"C{i}" for i, row in enumerate(rows)}  # both figures
+    fig, ax = plt.subplots(figsize=(1.2 * len(rows) + 2.5, 3.6))
+    for i, row in enumerate(rows):
+        lo, hi = (row["phi"] - row["phi_lo"], row["phi_hi"] - row["phi"]) if row["phi_lo"] is not None else (0, 0)
+        ax.errorbar(i, row["phi"], yerr=[[max(lo, 0)], [max(hi, 0)]], fmt="o", capsize=4, color=color[row["name"]])
+    for v in (0, 1):                                 # the paper's two reference values of phi
+        ax.axhline(v, color="grey", ls=":", lw=0.8)
+    ax.set_xticks(range(len(rows)), [r["name"] for r in rows])
+    ax.set(ylabel="φ (95% block-bootstrap CI)", title="recurrence exponent per case (§5)")
+    files["cases.png"] = _png(fig)
+    if rs := sorted({e["n_loops"] for sw in summary["sweeps"].values() for e in sw}):
+        fig, axes = plt.subplots(1, len(rs), figsize=(4 * len(rs), 3.6), squeeze=False)
+        for ax, r in zip(axes[0], rs):
+            _sweep_panel(ax, [(e, color.get(name, "grey"), name) for name, sw in summary["sweeps"].items() for e in sw
+                              if e["n_loops"] == r], f"trained r = {r}")
+            ax.axvline(r, color="grey", ls=":", lw=0.8)
+        axes[0][0].set_ylabel("validation loss (nats)")
+        axes[0][0].legend(fontsize=7)
+        files["cases_loops.png"] = _png(fig)
     report = os.path.join(out_dir, "report.md")
     L = [CASES_MARK, "", "## Case studies (§5, Table 3; runs/mini.sh --case NAME)", "",
          "Δφ = φ(case) − baseline φ, the baseline refitted on the case's budgets inside the case's fit (from runs of "
@@ -1327,47 +1342,22 @@ def write_case_summary(summary, out_dir, overwrite=False):
         [row["name"], f"{row['phi']:.3f}{_ci(row, 'phi', '.2f')}", *_cells(row, "baseline_phi:.3f"),
          f"{_fmt(row['delta_phi'], '+.3f')}{_ci(row, 'delta_phi', '+.2f')}",
          *_cells(row, "r2:.4f n: gap8:+.3f extrapolation_gain:+.3f"), ", ".join(n for n, _ in row["flags"]) or "-"]
-        for row in summary["rows"]])
+        for row in rows])
     # the table names the flags; here, which fits each one concerns
     flagged = [f"- {row['name']}: " + " | ".join(f"{name}: {items}" for name, items in row["flags"])
-               for row in summary["rows"] if row["flags"]]
+               for row in rows if row["flags"]]
     L += ["", "Flags, and the fits they concern:", *flagged] if flagged else []
     L += ["", "Figures: cases.png (φ and its CI per case), cases_loops.png (val loss vs test-time r' per case)."]
     # OUT is the baseline fit's folder: --cases claims it as that fit's own request (OUT/fit.json records it, OUT's
     # marker names it), so the table needs no --overwrite and a copied study stays usable
     with claimed(out_dir, "fit", summary["request"] or "cases", overwrite, "--cases",
                  ("report.md", "cases.png", "cases_loops.png")):
-        files, head = _case_figures(summary), ""
-        if os.path.isfile(report):                  # the fit's own report, without the section written before
-            head = pathlib.Path(report).read_text("utf-8", "replace").split(CASES_MARK)[0].rstrip("\n") + "\n\n"
+        # the fit's own report, without the section written before
+        head = pathlib.Path(report).read_text("utf-8", "replace").split(CASES_MARK)[0].rstrip("\n") + "\n\n" \
+            if os.path.isfile(report) else ""
         files["report.md"] = (head + "\n".join(L) + "\n").encode()
         write_set(out_dir, files)
     return [os.path.join(out_dir, n) for n in sorted(files, key=lambda n: n != "report.md")]
-
-def _case_figures(summary):
-    """{"cases.png": phi and its CI per case, "cases_loops.png": val loss vs test-time r' per case (if swept)}."""
-    plt, rows, figs = _pyplot(), summary["rows"], {}
-    color = {row["name"]: "k" if row["name"] == "baseline" else f"C{i}" for i, row in enumerate(rows)}  # both figures
-    fig, ax = plt.subplots(figsize=(1.2 * len(rows) + 2.5, 3.6))
-    for i, row in enumerate(rows):
-        lo, hi = (row["phi"] - row["phi_lo"], row["phi_hi"] - row["phi"]) if row["phi_lo"] is not None else (0, 0)
-        ax.errorbar(i, row["phi"], yerr=[[max(lo, 0)], [max(hi, 0)]], fmt="o", capsize=4, color=color[row["name"]])
-    for v in (0, 1):                                 # the paper's two reference values of phi
-        ax.axhline(v, color="grey", ls=":", lw=0.8)
-    ax.set_xticks(range(len(rows)), [r["name"] for r in rows])
-    ax.set(ylabel="φ (95% block-bootstrap CI)", title="recurrence exponent per case (§5)")
-    figs["cases.png"] = _png(fig)
-    if summary["sweeps"]:
-        rs = sorted({e["n_loops"] for sw in summary["sweeps"].values() for e in sw})
-        fig, axes = plt.subplots(1, len(rs), figsize=(4 * len(rs), 3.6), squeeze=False)
-        for ax, r in zip(axes[0], rs):
-            _sweep_panel(ax, [(e, color.get(name, "grey"), name) for name, sw in summary["sweeps"].items() for e in sw
-                              if e["n_loops"] == r], f"trained r = {r}")
-            ax.axvline(r, color="grey", ls=":", lw=0.8)
-        axes[0][0].set_ylabel("validation loss (nats)")
-        axes[0][0].legend(fontsize=7)
-        figs["cases_loops.png"] = _png(fig)
-    return figs
 
 
 # -----------------------------------------------------------------------------
