@@ -1025,8 +1025,7 @@ def _eq2_blocks(res):
 
 def _flag_names(res):
     """The flag names as the phi line and the tables show them, e.g. " -- WARNING: low_r2, on_bound"."""
-    names = [f["name"] for f in res.get("flags", [])]
-    return f" -- WARNING: {', '.join(names)}" if names else ""
+    return f" -- WARNING: {', '.join(f['name'] for f in res['flags'])}" if res.get("flags") else ""
 
 def _ci(x, key, fmt):
     """" [lo, hi]" of x's key_lo and key_hi (a 95% CI), or "" where there is none."""
@@ -1148,16 +1147,21 @@ def _lim(*arrays):
     pad = 0.05 * (hi - lo) if hi > lo else 0.05 * max(abs(lo), 1.0)
     return [lo - pad, hi + pad]
 
-def _sweep_panel(ax, lines, title, star=False):
-    """Validation loss vs test-time loops r' (App. A): one line per (loop_sweep entry, colour, label); star: mark
-    the trained r."""
-    for e, color, label in lines:
-        x, y = [p["n_loops"] for p in e["curve"]], [p["val_loss"] for p in e["curve"]]
-        ax.plot(x, y, "o-", ms=3, color=color, label=label)
-        if star and e["n_loops"] in x:
-            ax.plot(e["n_loops"], y[x.index(e["n_loops"])], "*", ms=12, color=color, mec="k", mew=0.5)
-    ax.set_xscale("log", base=2)
-    ax.set(xlabel="test-time loops r'", title=title)
+def _sweep_figure(plt, lines):
+    """Validation loss vs test-time loops r' (App. A; loop_sweep.png, cases_loops.png): one panel per trained r
+    (dotted), one line per (loop_sweep entry, colour, label), each panel with its legend."""
+    rs = sorted({e["n_loops"] for e, _, _ in lines})
+    fig, axes = plt.subplots(1, len(rs), figsize=(4 * len(rs), 3.6), squeeze=False)
+    for ax, r in zip(axes[0], rs):
+        for e, color, label in [line for line in lines if line[0]["n_loops"] == r]:
+            ax.plot([p["n_loops"] for p in e["curve"]], [p["val_loss"] for p in e["curve"]], "o-", ms=3, color=color,
+                    label=label)
+        ax.axvline(r, color="grey", ls=":", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set(title=f"trained r = {r}", xlabel="test-time loops r'")
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("validation loss (nats)")
+    return _png(fig)
 
 def make_figures(res, runs):
     """iso_flops.png (Fig. 2 style, one panel per r), pred_vs_actual.png (Fig. 8 / 10), frontier.png (Fig. 3:
@@ -1179,8 +1183,7 @@ def make_figures(res, runs):
             pred = pj[m] if j else predict(b["theta"], _pack(subset(runs, m), 0.0))
             ax.scatter(runs["val_loss"][m], pred, s=14, color=f"C{i}", label=k)
         ax.plot(lim, lim, "k--", lw=0.8)    # y = x, framed by the actual losses (a wild prediction is clipped)
-        ax.set(xlabel="actual loss (nats)", xlim=lim, ylim=lim, title=title)
-    axes[0][0].set_ylabel("predicted loss (nats)")
+        ax.set(xlabel="actual loss (nats)", ylabel=("predicted loss (nats)", "")[j], xlim=lim, ylim=lim, title=title)
     axes[0][0].legend(fontsize=7)
     figs = {"pred_vs_actual.png": _png(fig)}
     if chin:             # chinchilla mode has no FLOPs model and no phi: only the predicted-vs-actual scatter applies
@@ -1235,14 +1238,9 @@ def make_figures(res, runs):
             axes[1].axvline(v, color="k", ls=ls, lw=1)
         axes[1].set(xlabel="φ", ylabel="resamples", title=f"block bootstrap: [{bs['phi_lo']:.2f}, {bs['phi_hi']:.2f}]")
     figs["phi.png"] = _png(fig)
-    if res.get("loop_sweep"):
-        # App. A: val loss vs test-time r' for each swept model; the trained r is marked
-        fig, ax = plt.subplots(figsize=(5.2, 3.8))
-        _sweep_panel(ax, [(e, colors.get(e["n_loops"], "k"), f"trained r={e['n_loops']} (C={e['flops_budget']:.3g})")
-                          for e in res["loop_sweep"]], "test-time loop extrapolation", star=True)
-        ax.set_ylabel("validation loss (nats)")
-        ax.legend(fontsize=7)
-        figs["loop_sweep.png"] = _png(fig)
+    if res.get("loop_sweep"):          # App. A: each swept model, in the panel of its trained r
+        figs["loop_sweep.png"] = _sweep_figure(plt, [(e, None, f"C={e['flops_budget']:.3g}, N={e['n_params']:.3g}")
+                                                     for e in res["loop_sweep"]])
     assert set(figs) <= set(OUTPUTS), "add a new figure to OUTPUTS so --overwrite can manage it"
     return figs
 
@@ -1257,12 +1255,12 @@ def case_summary(out_dir):
     """Collect OUT/fit.json (the baseline study) and OUT/case_*/fit.json (runs/mini.sh --case NAME, or fit.py --case
     with --out OUT/case_NAME): rows of phi [CI], the refitted baseline's phi, delta-phi [paired CI], R^2, the r=8
     frontier gap at the top budget and the mean test-time extrapolation gain per case. A case fitted from other runs
-    than the baseline study is refused (below). Returns {"rows", "sweeps": {name: loop_sweep}, "request": the
+    than the baseline study is refused (below). Returns {"rows" (with its "sweep" each), "request": the
     request of the fit that wrote OUT/fit.json, "unfitted": case folders without a fit.json}."""
     found = [("baseline", os.path.join(out_dir, "fit.json"))] + [
         (name[len("case_"):], os.path.join(out_dir, name, "fit.json"))
         for name in (sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []) if name.startswith("case_")]
-    rows, sweeps, base, request = [], {}, None, None
+    rows, base, request = [], None, None
     # the baseline first: every case row is checked against it as it is read (below). A fit.json that is
     # there but no file (a FIFO, a dangling link) is named by read_json, never skipped
     for name, path in [(n, p) for n, p in found if os.path.lexists(p)]:
@@ -1282,8 +1280,9 @@ def case_summary(out_dir):
                          "extrapolation_gain": float(np.mean(gains)) if gains else None,
                          # the fit's flags (fit.json "flags") with the fits they concern: single_hit on "fit over 12
                          # runs (low half, App. F.3)" is about an auxiliary fit, not about the phi of the table
-                         "flags": [(fl["name"], "; ".join(fl.get("items") or [])) for fl in res.get("flags") or []]})
-            bad = [k for k, v in rows[-1].items() if k not in ("name", "flags") and (common.check_number(
+                         "flags": [(fl["name"], "; ".join(fl.get("items") or [])) for fl in res.get("flags") or []],
+                         "sweep": sw})
+            bad = [k for k, v in rows[-1].items() if k not in ("name", "flags", "sweep") and (common.check_number(
                 v, "[-1e6, 1e6]") or (v is None and k in ("phi", "r2", "n")))]
             if bad or not all(type(e["n_loops"]) is int and _sweep_ok(e["curve"]) for e in sw):
                 raise ValueError(f"no numeric phi, r2 and n in range, or a bad {', '.join(bad) or 'loop_sweep'}")
@@ -1302,10 +1301,9 @@ def case_summary(out_dir):
                 raise ValueError(f"{path} or {found[0][1]} records no runs (an older fit.py wrote it); refit") from None
             if diff := [d for d in want if have.get(d) != want[d]]:
                 raise ValueError(f"{path}: its baseline was refitted on other runs than {found[0][1]} ({diff[0]})")
-        sweeps[name] = sw
     if not rows:
         raise ValueError(f"no fit.json with a joint fit in {out_dir!r} or its case_*/ folders")
-    return {"rows": rows, "sweeps": sweeps, "request": request,
+    return {"rows": rows, "request": request,
             "unfitted": [os.path.dirname(p) for n, p in found[1:] if not os.path.lexists(p)]}
 
 def write_case_summary(summary, out_dir, overwrite=False):
@@ -1323,15 +1321,8 @@ def write_case_summary(summary, out_dir, overwrite=False):
     ax.set_xticks(range(len(rows)), [r["name"] for r in rows])
     ax.set(ylabel="φ (95% block-bootstrap CI)", title="recurrence exponent per case (§5)")
     files["cases.png"] = _png(fig)
-    if rs := sorted({e["n_loops"] for sw in summary["sweeps"].values() for e in sw}):
-        fig, axes = plt.subplots(1, len(rs), figsize=(4 * len(rs), 3.6), squeeze=False)
-        for ax, r in zip(axes[0], rs):
-            _sweep_panel(ax, [(e, color.get(name, "grey"), name) for name, sw in summary["sweeps"].items() for e in sw
-                              if e["n_loops"] == r], f"trained r = {r}")
-            ax.axvline(r, color="grey", ls=":", lw=0.8)
-        axes[0][0].set_ylabel("validation loss (nats)")
-        axes[0][0].legend(fontsize=7)
-        files["cases_loops.png"] = _png(fig)
+    if lines := [(e, color[row["name"]], row["name"]) for row in rows for e in row["sweep"]]:
+        files["cases_loops.png"] = _sweep_figure(plt, lines)
     report = os.path.join(out_dir, "report.md")
     L = [CASES_MARK, "", "## Case studies (§5, Table 3; runs/mini.sh --case NAME)", "",
          "Δφ = φ(case) − baseline φ, the baseline refitted on the case's budgets inside the case's fit (from runs of "
