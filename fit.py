@@ -1257,9 +1257,8 @@ def case_summary(out_dir):
     frontier gap at the top budget and the mean test-time extrapolation gain per case. A case fitted from other runs
     than the baseline study is refused (below). Returns {"rows" (with its "sweep" each), "request": the
     request of the fit that wrote OUT/fit.json, "unfitted": case folders without a fit.json}."""
-    found = [("baseline", os.path.join(out_dir, "fit.json"))] + [
-        (name[len("case_"):], os.path.join(out_dir, name, "fit.json"))
-        for name in (sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []) if name.startswith("case_")]
+    names = sorted(n for n in (os.listdir(out_dir) if os.path.isdir(out_dir) else []) if n.startswith("case_"))
+    found = [(n[len("case_"):] or "baseline", os.path.join(out_dir, n, "fit.json")) for n in ["", *names]]
     rows, base, request = [], None, None
     # the baseline first: every case row is checked against it as it is read (below). A fit.json that is
     # there but no file (a FIFO, a dangling link) is named by read_json, never skipped
@@ -1323,7 +1322,6 @@ def write_case_summary(summary, out_dir, overwrite=False):
     files["cases.png"] = _png(fig)
     if lines := [(e, color[row["name"]], row["name"]) for row in rows for e in row["sweep"]]:
         files["cases_loops.png"] = _sweep_figure(plt, lines)
-    report = os.path.join(out_dir, "report.md")
     L = [CASES_MARK, "", "## Case studies (§5, Table 3; runs/mini.sh --case NAME)", "",
          "Δφ = φ(case) − baseline φ, the baseline refitted on the case's budgets inside the case's fit (from runs of "
          "the baseline study above: checked); its CI is a paired block bootstrap over the (budget, r) cells. Gap: "
@@ -1343,9 +1341,9 @@ def write_case_summary(summary, out_dir, overwrite=False):
     # marker names it), so the table needs no --overwrite and a copied study stays usable
     with claimed(out_dir, "fit", summary["request"] or "cases", overwrite, "--cases",
                  ("report.md", "cases.png", "cases_loops.png")):
-        # the fit's own report, without the section written before
-        head = pathlib.Path(report).read_text("utf-8", "replace").split(CASES_MARK)[0].rstrip("\n") + "\n\n" \
-            if os.path.isfile(report) else ""
+        report = pathlib.Path(out_dir, "report.md")     # the fit's own report, without the section written before
+        head = report.read_text("utf-8", "replace").split(CASES_MARK)[0].rstrip("\n") + "\n\n" if report.is_file() \
+            else ""
         files["report.md"] = (head + "\n".join(L) + "\n").encode()
         write_set(out_dir, files)
     return [os.path.join(out_dir, n) for n in sorted(files, key=lambda n: n != "report.md")]
