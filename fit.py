@@ -1002,14 +1002,12 @@ def synthetic_runs(phi=0.46, noise=0.01, seed=0, truth=None):
 # Report (tables laid out like the paper's Tables 1, 2, 3 and 7) and fit.json
 
 def _table(head, rows, title=None):
-    """Markdown lines: the title and a blank line (if given), the header, the separator, one line per row (a list
-    of already formatted cells)."""
+    """Markdown lines: the title and a blank line (if given), the header, the separator, a line per row of cells."""
     return ([title, ""] if title else []) + [f"| {' | '.join(head)} |", "|---" * len(head) + "|"] + \
         [f"| {' | '.join(map(str, row))} |" for row in rows]
 
 def _fmt(x, fmt):
-    """A table cell: format(x, fmt), "sig2" (2 significant figures, as Table 1 prints A and B) or "e5" (in units of
-    1e-5, the Huber column); "-" where there is no value."""
+    """A table cell: format(x, fmt), "sig2" (2 significant figures: Table 1's A, B), "e5" (Huber, ×1e5); None: -"""
     return "-" if x is None else f"{float(f'{x:.2g}'):g}" if fmt == "sig2" else f"{x / 1e-5:.2f}" if fmt == "e5" \
         else format(x, fmt)
 
@@ -1118,16 +1116,14 @@ def _jsonable(x):
 # Figures (matplotlib, Agg: renders without a display), rendered in memory and written as one set with the report
 
 def _pyplot():
-    """matplotlib.pyplot on the Agg backend (renders with no display: clusters, CI). Imported on first use, not at
-    the top: the fits need no plotting, and pyplot costs ~1 s to import."""
+    """pyplot on Agg (no display needed), imported on first use: the fits need no plotting, and it costs ~1 s."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
 
 def _png(fig):
-    """A matplotlib figure as PNG bytes (then closed): nothing is written here, so a figure that fails leaves no file
-    behind."""
+    """A figure as PNG bytes (then closed): nothing is written here, so a failing figure leaves no file behind."""
     buf = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")              # tight_layout's "not compatible" notes on odd axes
@@ -1148,8 +1144,7 @@ def _lim(*arrays):
     return [lo - pad, hi + pad]
 
 def _sweep_figure(plt, lines):
-    """Validation loss vs test-time loops r' (App. A; loop_sweep.png, cases_loops.png): one panel per trained r
-    (dotted), one line per (loop_sweep entry, colour, label), each panel with its legend."""
+    """Val loss vs test-time r' (App. A): a panel per trained r (dotted), a line per (sweep entry, colour, label)."""
     rs = sorted({e["n_loops"] for e, _, _ in lines})
     fig, axes = plt.subplots(1, len(rs), figsize=(4 * len(rs), 3.6), squeeze=False)
     for ax, r in zip(axes[0], rs):
@@ -1164,12 +1159,10 @@ def _sweep_figure(plt, lines):
     return _png(fig)
 
 def make_figures(res, runs):
-    """iso_flops.png (Fig. 2 style, one panel per r), pred_vs_actual.png (Fig. 8 / 10), frontier.png (Fig. 3:
-    L*, N*, D* vs C), phi.png (restricted fits + bootstrap histogram), loop_sweep.png (App. A, when swept); in
-    chinchilla mode pred_vs_actual.png only. Returns {file name: PNG bytes} (main writes the whole set at once)."""
+    """{file name: PNG bytes} (written as one set by fit_outputs): pred_vs_actual.png, iso_flops.png, frontier.png,
+    phi.png and loop_sweep.png (when swept); in chinchilla mode pred_vs_actual.png only."""
     plt, chin = _pyplot(), "chinchilla" in res
     rs = sorted(set(int(r) for r in runs["n_loops"]))
-    colors = {r: f"C{i}" for i, r in enumerate(rs)}           # tab10: an architecture's colour in every figure
     # predicted vs actual (Fig. 8 and Fig. 10 style): the Eq. 2 fits (per architecture, 20 parameters in all; or per
     # chinchilla group) next to the joint law (6 parameters); points on the diagonal = a good fit
     fig, axes = plt.subplots(1, 1 + (not chin), figsize=(5, 5) if chin else (9, 4.4), sharey=True, squeeze=False)
@@ -1188,8 +1181,7 @@ def make_figures(res, runs):
     figs = {"pred_vs_actual.png": _png(fig)}
     if chin:             # chinchilla mode has no FLOPs model and no phi: only the predicted-vs-actual scatter applies
         return figs
-    # iso-FLOP profiles (Fig. 2): loss vs N per budget, the per-arch law along the width (D = C / F(d)) and, as
-    # stars, the compute optima (N*, L*)
+    # iso-FLOP profiles (Fig. 2): loss vs N per budget, the per-arch law along the width, the optima (N*, L*) as stars
     budgets = sorted(set(float(c) for c in runs["flops_budget"]))
     bcol = {c: plt.cm.viridis(i / max(len(budgets) - 1, 1)) for i, c in enumerate(budgets)}
     arch, _ = arch_map(runs)
@@ -1216,15 +1208,14 @@ def make_figures(res, runs):
     # frontier (Fig. 3): L*_r(C), N*(C), D*(C); looped optima sit wider in d yet lower in N, and train on fewer tokens
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     for ax, key, lab in zip(axes, ("loss", "n_params", "tokens"), ("L*(C) (nats)", "N*(C)", "D*(C) (tokens)")):
-        for r in rs:
+        for i, r in enumerate(rs):                  # tab10: an architecture's colour in every figure
             rows = [row for row in res["frontier"]["rows"] if row["n_loops"] == r]
-            ax.plot([row["flops_budget"] for row in rows], [row[key] for row in rows], "o-", color=colors[r],
+            ax.plot([row["flops_budget"] for row in rows], [row[key] for row in rows], "o-", color=f"C{i}",
                     label=f"r={r}", ms=4)
         ax.set(xscale="log", xlabel="compute C (FLOPs)", ylabel=lab, yscale="linear" if key == "loss" else "log")
     axes[0].legend(fontsize=7)
     figs["frontier.png"] = _png(fig)
-    # phi: the restricted-fit comparison (Fig. 1 right: R^2 drops at phi = 0 and phi = 1) and the bootstrap
-    # histogram with its 95% interval (dashed) and the point estimate (solid)
+    # phi: restricted fits (Fig. 1 right: R^2 drops at phi = 0 and 1); bootstrap histogram, 95% CI dashed, phi solid
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
     # undefined R^2 draws as an empty bar
     r2 = [v if v is not None and math.isfinite(v) else 0.0 for v in (res[k]["r2"] for k in ("joint", "phi0", "phi1"))]
@@ -1252,16 +1243,13 @@ def make_figures(res, runs):
 CASES_MARK = "<!-- case studies: written by fit.py --cases; everything below is regenerated -->"
 
 def case_summary(out_dir):
-    """Collect OUT/fit.json (the baseline study) and OUT/case_*/fit.json (runs/mini.sh --case NAME, or fit.py --case
-    with --out OUT/case_NAME): rows of phi [CI], the refitted baseline's phi, delta-phi [paired CI], R^2, the r=8
-    frontier gap at the top budget and the mean test-time extrapolation gain per case. A case fitted from other runs
-    than the baseline study is refused (below). Returns {"rows" (with its "sweep" each), "request": the
-    request of the fit that wrote OUT/fit.json, "unfitted": case folders without a fit.json}."""
+    """OUT/fit.json (the baseline study) and OUT/case_*/fit.json (runs/mini.sh --case NAME) as {"rows": phi [CI],
+    refitted baseline phi, delta-phi [CI], R^2, r=8 frontier gap, extrapolation gain, flags and sweep per fit,
+    "request": of OUT/fit.json, "unfitted": case folders without a fit.json}. A case on other runs is refused."""
     names = sorted(n for n in (os.listdir(out_dir) if os.path.isdir(out_dir) else []) if n.startswith("case_"))
     found = [(n[len("case_"):] or "baseline", os.path.join(out_dir, n, "fit.json")) for n in ["", *names]]
     rows, base, request = [], None, None
-    # the baseline first: every case row is checked against it as it is read (below). A fit.json that is
-    # there but no file (a FIFO, a dangling link) is named by read_json, never skipped
+    # the baseline first (each case is checked against it); a fit.json that is no file is named by read_json
     for name, path in [(n, p) for n, p in found if os.path.lexists(p)]:
         res = read_json(path)
         request = res.get("request") if name == "baseline" else request
@@ -1277,8 +1265,7 @@ def case_summary(out_dir):
                          "baseline_phi": (c.get("baseline") or {}).get("phi"),
                          "gap8": max(fr, key=lambda x: x["flops_budget"])["gap"] if fr else None,
                          "extrapolation_gain": float(np.mean(gains)) if gains else None,
-                         # the fit's flags (fit.json "flags") with the fits they concern: single_hit on "fit over 12
-                         # runs (low half, App. F.3)" is about an auxiliary fit, not about the phi of the table
+                         # with the fits they concern: single_hit on a budget half is not about the table's phi
                          "flags": [(fl["name"], "; ".join(fl.get("items") or [])) for fl in res.get("flags") or []],
                          "sweep": sw})
             bad = [k for k, v in rows[-1].items() if k not in ("name", "flags", "sweep") and (common.check_number(
@@ -1291,9 +1278,8 @@ def case_summary(out_dir):
             base = res
         elif base is not None:
             # A case's delta-phi is taken against the baseline refitted inside that case's fit; the table shows it
-            # next to the baseline study's own phi, so the two must rest on the same runs: every run (folder) of the
-            # case's baseline refit must be in OUT/fit.json with the same key (runs_record). A fit.json from before
-            # issue 18 has no runs record: nothing can be matched, so nothing is claimed
+            # next to the baseline study's own phi, so every run of that refit must be in OUT/fit.json with the same
+            # key (runs_record). A fit.json from before issue 18 has no runs record: nothing is claimed
             try:
                 want, have = (dict(zip(rec["dirs"], rec["keys"])) for rec in (c["baseline_runs"], base["runs"]))
             except (KeyError, TypeError):
@@ -1306,9 +1292,8 @@ def case_summary(out_dir):
             "unfitted": [os.path.dirname(p) for n, p in found[1:] if not os.path.lexists(p)]}
 
 def write_case_summary(summary, out_dir, overwrite=False):
-    """Append (or regenerate) the case-study section of OUT/report.md and write cases.png (phi and its CI per case)
-    and cases_loops.png (val loss vs test-time r' per case, if swept), as one set. Returns the paths written,
-    report.md first."""
+    """(Re)write the case-study section of OUT/report.md, cases.png (phi and CI per case) and cases_loops.png (the
+    sweeps, if any) as one set. Returns the paths written, report.md first."""
     plt, rows, files = _pyplot(), summary["rows"], {}
     color = {row["name"]: "k" if row["name"] == "baseline" else f"C{i}" for i, row in enumerate(rows)}  # both figures
     fig, ax = plt.subplots(figsize=(1.2 * len(rows) + 2.5, 3.6))
@@ -1385,11 +1370,9 @@ def _chin_groups(res):
 # Output files: checked before the fit, written as one set after it (issues 12 and 18, through common.py)
 
 def runs_record(runs):
-    """Which runs a fit used (issue 18 §1), for fit.json: n, each run's folder (relative to the runs folder; the CSV
-    line for CSV rows) and key -- a digest of the identity train.py recorded (when the record has one), the case
-    label and the numbers the fit reads -- and the digest of the sorted keys. The folder is beside the key, not in
-    it: equal digests mean the same runs, whatever folder they were read from (a copied runs folder is the same
-    runs); a retrained run or an edited val_loss changes its key."""
+    """Which runs a fit used (issue 18 §1): n, each run's folder (or CSV line) and key -- a digest of train.py's
+    identity, the case label and the numbers the fit reads, not the folder (a copied runs folder is the same runs)
+    -- and the digest of the sorted keys. A retrained run or an edited val_loss changes its key."""
     keys = [common.request_key("run", [ident, case] + [float(runs[k][i]) for k in REQUIRED])
             for i, (ident, case) in enumerate(zip(runs["identity"], runs["case"]))]
     return {"n": len(keys), "digest": common.request_key("runs", sorted(keys)), "dirs": list(runs["dir"]), "keys": keys}
@@ -1430,7 +1413,6 @@ def write_set(folder, files, remove=()):
     old fit.json, outputs of an earlier fit this one does not write) and the files are renamed in, the first name of
     files last (fit.json: a folder with a fit.json holds that fit's complete set)."""
     names, renaming = list(files), []          # renaming: from then on an error leaves a partial set, and says so
-
     def nest(i, tmp=None):
         if tmp is not None:                    # common.atomic_write hands us its fresh temporary; fill it, go deeper
             pathlib.Path(tmp).write_bytes(files[names[i - 1]])
@@ -1483,8 +1465,7 @@ def parse_args(argv=None):
     p.add_argument("--cases", metavar="DIR", help="summarise DIR/fit.json and DIR/case_*/fit.json into DIR/report.md")
     p.add_argument("--synthetic", metavar="OUT.csv", help="write the synthetic 116-run grid and exit")
     a = p.parse_args(argv)
-    # mode rules argparse cannot express: one error line each, exit status 2 (common.Parser). --synthetic and
-    # --cases need no runs input and write no fit folder
+    # mode rules argparse cannot express: one error line each, exit status 2 (common.Parser)
     if (a.synthetic or a.cases) and (a.runs_dir or a.csv or a.out or (a.synthetic and a.cases)):
         p.error("--synthetic and --cases take no RUNS_DIR, --csv, --out or each other")
     if not (a.synthetic or a.cases) and ((a.runs_dir is None) == (a.csv is None) or not a.out):
@@ -1497,9 +1478,8 @@ def parse_args(argv=None):
     return a
 
 def fit_outputs(args):
-    """The fit a CLI invocation asks for, written into --out; returns its result and the lines to print. Every input
-    or output problem is a ValueError before any fit runs; the outputs are rendered in memory and written as one set
-    at the end, so a failure anywhere leaves --out as it was."""
+    """The fit the CLI asks for, written into --out as one set at the end; returns the result and the lines to print.
+    Every input or output problem is a ValueError before any fit runs, and leaves --out as it was."""
     # what this invocation asks for: the same request may rewrite its own outputs without --overwrite
     request = {"input": os.path.abspath(args.csv or args.runs_dir), "csv": bool(args.csv), "law": args.law,
                **{k: getattr(args, k) for k in ("case", "loops", "seed", "restarts", "bootstrap", "boot_restarts")}}
@@ -1533,8 +1513,7 @@ def fit_outputs(args):
             old = [n for n in OUTPUTS if n in read_json(os.path.join(args.out, "fit.json")).get("outputs")]
         files = {"fit.json": json.dumps(_jsonable(res), indent=1).encode(), **files}      # fit.json first: renamed last
         write_set(args.out, files, remove=["fit.json"] + [n for n in old if n not in files])
-    # what the CLI prints: each Eq. 2 fit (per architecture or chinchilla group), the restricted fits, the case line,
-    # every flag, and last (where a user looks) the phi line with its 95% CI and flags, and the delta-phi line
+    # printed: the Eq. 2 fits, restricted fits, case, flags, and last (where a user looks) the phi and delta-phi lines
     chin, c = "chinchilla" in res, res.get("case")
     L = [f"{name}: " + " ".join(f"{k}={v}" for k, v in zip(("A", "alpha", "B", "beta", "E", "R2"), _cells(
         b, EQ2 + " r2:.4f"))) for name, b in _eq2_blocks(res).items()]
