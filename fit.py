@@ -1015,8 +1015,6 @@ def _cells(d, spec):
     """The values of d (a fit block, a frontier row, ...) as table cells, by spec "key:fmt key:fmt ..." (_fmt)."""
     return [_fmt(d[k], f) for k, f in (s.split(":") for s in spec.split())]
 
-EQ2 = "A:sig2 alpha:.3f B:sig2 beta:.3f E:.2f"          # the cells of an Eq. 2 fit, as in Table 1
-
 def _eq2_blocks(res):
     """The Eq. 2 fits by name: per architecture ("r=4"), or per chinchilla group."""
     return _chin_groups(res) if "chinchilla" in res else {f"r={r}": b for r, b in res["per_arch"].items()}
@@ -1038,17 +1036,15 @@ def report_text(res):
     if res.get("flags"):
         L += ["## Warnings: read the numbers below with these in mind", "",
               *(f"- **{f['name']}**: {f['message']}" for f in res["flags"]), ""]
-    # Table 1: the per-architecture exponents are not comparable across r (N means different things under sharing,
-    # §4.2); the frontier below is the comparable quantity
+    # Table 1: per-architecture exponents are not comparable across r (N differs under sharing, §4.2); the frontier is
     chin = "chinchilla" in res
     L += _table(("Arch.", "A", "α", "B", "β", "E", "Huber (×10⁻⁵)", "R²", "n", "hits", "on bounds"), [
-        [k, *_cells(b, EQ2 + " huber:e5 r2:.4f n: hits:"), ", ".join(b["on_bounds"]) or "-"]
-        for k, b in _eq2_blocks(res).items()], "## Chinchilla fits (Eq. 2; layout of Table 1)" if chin else
+        [k, *_cells(b, "A:sig2 alpha:.3f B:sig2 beta:.3f E:.2f huber:e5 r2:.4f n: hits:"), ", ".join(b["on_bounds"])
+         or "-"] for k, b in _eq2_blocks(res).items()], "## Chinchilla fits (Eq. 2; layout of Table 1)" if chin else
         "## Table 1: per-architecture Chinchilla fits (Eq. 2)")
     if chin:
         return "\n".join(L) + "\n"
-    # Table 2: the free-phi row carries the bootstrap CI next to the point estimate; A and B are omitted as in the
-    # paper (loosely identified under iso-compute designs), the Huber value and hits are diagnostics
+    # Table 2: free phi with its bootstrap CI; A and B omitted as in the paper (loose under iso-compute designs)
     j, bs = res["joint"], res.get("bootstrap") or {}
     L += [""] + _table(("Form", "α", "β", "E", "φ", "R²", "Huber (×10⁻⁵)", "hits"), [
         [name, *_cells(b, "alpha:.3f beta:.3f E:.2f"), phi, *_cells(b, "r2:.4f huber:e5 hits:")] for name, b, phi in (
@@ -1079,15 +1075,13 @@ def report_text(res):
             f" (paired block bootstrap, {len(c['delta_phi_boot'])} resamples of {c['paired_cells']} cells; "
             f"{c['n_delta_le0']} at Δφ ≤ 0)" if "delta_phi_lo" in c else "")]
     if sw := res.get("loop_sweep"):
-        # App. A: a looped model run for r' != r iterations at test time; Huginn-style random state init is the
-        # design expected to extrapolate, the prelude-initialised state of the paper is not
+        # App. A: r' != r loops at test time; Huginn-style random state init should extrapolate, the paper's does not
         rps = sorted({p["n_loops"] for e in sw for p in e["curve"]})
         L += [""] + _table(("trained r", "C", "N", *(f"r'={k}" for k in rps), "L(r'max) − L(r)"), [
             [e["n_loops"], *_cells(e, "flops_budget:.3g n_params:.3g"), *(_fmt(a.get(k), ".3f") for k in rps),
              _fmt(e["gain"], "+.3f")] for e in sw for a in [{p["n_loops"]: p["val_loss"] for p in e["curve"]}]],
             "## Test-time loop extrapolation (App. A; eval.py --n-loops-sweep, figure loop_sweep.png)")
-    # §4.2: the frontier L*_r(C) is comparable across r; gap = L*_r - L*_1 at the same budget; then the exponents,
-    # the joint law's s* (App. G.3) and the App. F.4 equivalent sizes
+    # §4.2: the frontier L*_r(C) is comparable across r (gap = L*_r - L*_1 at one budget); its exponents; F.4 sizes
     fr, jr = res["frontier"], res["frontier"]["joint_rows"]
     L += [""] + _table(("C", "r", "s*", "N*", "D*", "L*", "gap to r=1"), [
         _cells(row, "flops_budget:.3g n_loops: scale:.1f n_params:.3g tokens:.3g loss:.3f gap:+.3f")
@@ -1095,8 +1089,7 @@ def report_text(res):
     L += [""] + _table(("r", "N* ∝ C^a", "D* ∝ C^b", "gap range (nats)"), [
         [r, *_cells(ex, "n_star:.2f d_star:.2f"), "-" if r not in fr["gaps"] else
          f"[{fr['gaps'][r][0]:.3f}, {fr['gaps'][r][1]:.3f}]"] for r, ex in fr["exponents"].items()])
-    # App. G.3: the joint law read at fixed r gives one more set of optimal widths; a case study's phi shift
-    # moves these (truncated BPTT widens, hyperconnections narrow)
+    # App. G.3: the joint law at fixed r; a case's phi shift moves it (truncated BPTT widens, hyperconnections narrow)
     L += ["", "Compute-optimal scale s* from the joint law at fixed r (App. G.3):", ""] + _table(
         ("C", *(f"r={r}" for r in sorted({x["n_loops"] for x in jr}))),
         [(f"{C:.3g}", *(f"{x['scale']:.1f}" for x in jr if x["flops_budget"] == C))
@@ -1159,22 +1152,18 @@ def _sweep_figure(plt, lines):
     return _png(fig)
 
 def make_figures(res, runs):
-    """{file name: PNG bytes} (written as one set by fit_outputs): pred_vs_actual.png, iso_flops.png, frontier.png,
-    phi.png and loop_sweep.png (when swept); in chinchilla mode pred_vs_actual.png only."""
-    plt, chin = _pyplot(), "chinchilla" in res
-    rs = sorted(set(int(r) for r in runs["n_loops"]))
-    # predicted vs actual (Fig. 8 and Fig. 10 style): the Eq. 2 fits (per architecture, 20 parameters in all; or per
-    # chinchilla group) next to the joint law (6 parameters); points on the diagonal = a good fit
+    """{name: PNG bytes}: pred_vs_actual, iso_flops, frontier, phi, loop_sweep (if swept); chinchilla: the first."""
+    plt, chin, rs = _pyplot(), "chinchilla" in res, sorted(set(int(r) for r in runs["n_loops"]))
+    # predicted vs actual (Fig. 8, 10): Eq. 2 per architecture (20 parameters; or per group) next to the joint law (6)
     fig, axes = plt.subplots(1, 1 + (not chin), figsize=(5, 5) if chin else (9, 4.4), sharey=True, squeeze=False)
     keys, lim = runs["group"] if chin else [f"r={r}" for r in runs["n_loops"]], _lim(runs["val_loss"])
-    pj = None if chin else predict(res["joint"]["theta"], _pack(runs))
     titles = ["Chinchilla fits (Eq. 2)"] if chin else ["per-architecture (Eq. 2)", f"joint (Eq. 3), φ = "
                                                        f"{res['joint']['phi']:.3f}, RMSE {res['joint']['rmse']:.3f}"]
     for j, (ax, title) in enumerate(zip(axes[0], titles)):
         for i, (k, b) in enumerate(_eq2_blocks(res).items()):
             m = np.array([x == k for x in keys])
-            pred = pj[m] if j else predict(b["theta"], _pack(subset(runs, m), 0.0))
-            ax.scatter(runs["val_loss"][m], pred, s=14, color=f"C{i}", label=k)
+            th, phi = (res["joint"]["theta"], None) if j else (b["theta"], 0.0)     # the joint law, or this Eq. 2 fit
+            ax.scatter(runs["val_loss"][m], predict(th, _pack(subset(runs, m), phi)), s=14, color=f"C{i}", label=k)
         ax.plot(lim, lim, "k--", lw=0.8)    # y = x, framed by the actual losses (a wild prediction is clipped)
         ax.set(xlabel="actual loss (nats)", ylabel=("predicted loss (nats)", "")[j], xlim=lim, ylim=lim, title=title)
     axes[0][0].legend(fontsize=7)
@@ -1243,9 +1232,8 @@ def make_figures(res, runs):
 CASES_MARK = "<!-- case studies: written by fit.py --cases; everything below is regenerated -->"
 
 def case_summary(out_dir):
-    """OUT/fit.json (the baseline study) and OUT/case_*/fit.json (runs/mini.sh --case NAME) as {"rows": phi [CI],
-    refitted baseline phi, delta-phi [CI], R^2, r=8 frontier gap, extrapolation gain, flags and sweep per fit,
-    "request": of OUT/fit.json, "unfitted": case folders without a fit.json}. A case on other runs is refused."""
+    """OUT/fit.json (the baseline) and OUT/case_*/fit.json as {"rows": the numbers, flags and sweep of each, "request":
+    OUT/fit.json's, "unfitted": case folders without a fit.json}. A case fitted on other runs is refused."""
     names = sorted(n for n in (os.listdir(out_dir) if os.path.isdir(out_dir) else []) if n.startswith("case_"))
     found = [(n[len("case_"):] or "baseline", os.path.join(out_dir, n, "fit.json")) for n in ["", *names]]
     rows, base, request = [], None, None
@@ -1255,6 +1243,7 @@ def case_summary(out_dir):
         request = res.get("request") if name == "baseline" else request
         if "joint" not in res:
             continue                                  # a chinchilla fit: no phi to compare
+        base = res if name == "baseline" else base
         try:        # a hand-edited fit.json: every number the table and figures show is checked, or the file named
             j, bs, c, sw = res["joint"], res.get("bootstrap") or {}, res.get("case") or {}, res.get("loop_sweep") or []
             gains = [e["gain"] for e in sw if e.get("gain") is not None]
@@ -1274,12 +1263,9 @@ def case_summary(out_dir):
                 raise ValueError(f"no numeric phi, r2 and n in range, or a bad {', '.join(bad) or 'loop_sweep'}")
         except (KeyError, TypeError, AttributeError, ValueError) as err:
             raise ValueError(f"{path}: not a fit.py result ({err})") from None
-        if name == "baseline":
-            base = res
-        elif base is not None:
-            # A case's delta-phi is taken against the baseline refitted inside that case's fit; the table shows it
-            # next to the baseline study's own phi, so every run of that refit must be in OUT/fit.json with the same
-            # key (runs_record). A fit.json from before issue 18 has no runs record: nothing is claimed
+        if base is not None and base is not res:
+            # delta-phi is taken against the baseline refitted in the case's fit, shown next to OUT's phi: every run of
+            # that refit must be in OUT/fit.json with the same key (runs_record; none before issue 18: refused)
             try:
                 want, have = (dict(zip(rec["dirs"], rec["keys"])) for rec in (c["baseline_runs"], base["runs"]))
             except (KeyError, TypeError):
@@ -1292,8 +1278,7 @@ def case_summary(out_dir):
             "unfitted": [os.path.dirname(p) for n, p in found[1:] if not os.path.lexists(p)]}
 
 def write_case_summary(summary, out_dir, overwrite=False):
-    """(Re)write the case-study section of OUT/report.md, cases.png (phi and CI per case) and cases_loops.png (the
-    sweeps, if any) as one set. Returns the paths written, report.md first."""
+    """(Re)write OUT/report.md's case section, cases.png and cases_loops.png as one set; the paths, report.md first."""
     plt, rows, files = _pyplot(), summary["rows"], {}
     color = {row["name"]: "k" if row["name"] == "baseline" else f"C{i}" for i, row in enumerate(rows)}  # both figures
     fig, ax = plt.subplots(figsize=(1.2 * len(rows) + 2.5, 3.6))
@@ -1370,9 +1355,8 @@ def _chin_groups(res):
 # Output files: checked before the fit, written as one set after it (issues 12 and 18, through common.py)
 
 def runs_record(runs):
-    """Which runs a fit used (issue 18 §1): n, each run's folder (or CSV line) and key -- a digest of train.py's
-    identity, the case label and the numbers the fit reads, not the folder (a copied runs folder is the same runs)
-    -- and the digest of the sorted keys. A retrained run or an edited val_loss changes its key."""
+    """Which runs a fit used (issue 18 §1): n, folders (or CSV lines), keys (a digest of train.py's identity, the case
+    and the numbers fitted; not the folder: a copy is the same runs) and the digest of the sorted keys."""
     keys = [common.request_key("run", [ident, case] + [float(runs[k][i]) for k in REQUIRED])
             for i, (ident, case) in enumerate(zip(runs["identity"], runs["case"]))]
     return {"n": len(keys), "digest": common.request_key("runs", sorted(keys)), "dirs": list(runs["dir"]), "keys": keys}
@@ -1382,10 +1366,9 @@ class Partial(ValueError):
 
 @contextlib.contextmanager
 def claimed(folder, tool, request, overwrite=False, flag="--out", names=()):
-    """common.claim(folder) for the body of the with: fit.py's (or design.py's) own folder, one writer at a time. A
-    refusal raised inside the body gives the folder back as it was (its marker's old text, no folder we made): a
-    refused command changes nothing. A Partial keeps the folder ours, for the rerun. names: the outputs the body
-    will write, refused first where a link, folder or FIFO stands at one (never written through)."""
+    """common.claim(folder) for the body of the with (fit.py's or design.py's folder, one writer at a time). A refusal
+    in the body gives the folder back as it was (marker text, no folder we made); a Partial keeps it ours. names: the
+    outputs the body writes, refused first where a link, folder or FIFO stands at one (never written through)."""
     mark, made = os.path.join(folder, f".nanoloop-{tool}"), not os.path.lexists(folder)
     # the marker's text, read before claim rewrites it (a FIFO or device is never opened: claim refuses it by name)
     old = pathlib.Path(mark).read_bytes()[:200] if os.path.isfile(mark) else None
@@ -1408,10 +1391,9 @@ def claimed(folder, tool, request, overwrite=False, flag="--out", names=()):
         common.release(folder)                  # the next command (in this process too) claims it anew
 
 def write_set(folder, files, remove=()):
-    """Write {name: bytes} into folder as one set of common.atomic_write calls, nested, so every temporary is written
-    and fsync'd before the first rename: a full disk or an error changes nothing. Then the names in remove go (the
-    old fit.json, outputs of an earlier fit this one does not write) and the files are renamed in, the first name of
-    files last (fit.json: a folder with a fit.json holds that fit's complete set)."""
+    """Write {name: bytes} into folder as nested common.atomic_write calls: every temporary is fsync'd before the first
+    rename, so a full disk changes nothing. Then the names in remove go (an earlier fit's) and the files are renamed
+    in, the first name last (fit.json: a folder with a fit.json holds that fit's complete set)."""
     names, renaming = list(files), []          # renaming: from then on an error leaves a partial set, and says so
     def nest(i, tmp=None):
         if tmp is not None:                    # common.atomic_write hands us its fresh temporary; fill it, go deeper
@@ -1478,8 +1460,7 @@ def parse_args(argv=None):
     return a
 
 def fit_outputs(args):
-    """The fit the CLI asks for, written into --out as one set at the end; returns the result and the lines to print.
-    Every input or output problem is a ValueError before any fit runs, and leaves --out as it was."""
+    """The fit the CLI asks for, written into --out as one set at the end (a problem before: --out unchanged)."""
     # what this invocation asks for: the same request may rewrite its own outputs without --overwrite
     request = {"input": os.path.abspath(args.csv or args.runs_dir), "csv": bool(args.csv), "law": args.law,
                **{k: getattr(args, k) for k in ("case", "loops", "seed", "restarts", "bootstrap", "boot_restarts")}}
@@ -1505,8 +1486,7 @@ def fit_outputs(args):
         except Exception as err:         # a plotting bug must not cost the fit a traceback or a half-written folder
             raise ValueError(f"drawing the figures failed ({type(err).__name__}: {err}); nothing was written") from None
         files["report.md"] = report_text(res).encode()
-        # fit.json lists the set it belongs to: a reader can tell a complete folder from a partial one, and the next
-        # fit here removes the outputs of this one it does not rewrite (only those: what it knows fit.py wrote)
+        # fit.json lists its set: a partial folder shows, and the next fit removes only those it does not rewrite
         res["outputs"] = sorted(files) + ["fit.json"]
         old = []
         with contextlib.suppress(ValueError, TypeError):     # no fit.json there, or not ours: nothing to remove
@@ -1516,7 +1496,7 @@ def fit_outputs(args):
     # printed: the Eq. 2 fits, restricted fits, case, flags, and last (where a user looks) the phi and delta-phi lines
     chin, c = "chinchilla" in res, res.get("case")
     L = [f"{name}: " + " ".join(f"{k}={v}" for k, v in zip(("A", "alpha", "B", "beta", "E", "R2"), _cells(
-        b, EQ2 + " r2:.4f"))) for name, b in _eq2_blocks(res).items()]
+        b, "A:sig2 alpha:.3f B:sig2 beta:.3f E:.2f r2:.4f"))) for name, b in _eq2_blocks(res).items()]
     L += [f"{k}: R2={res[k]['r2']:.4f} (free phi: {res['joint']['r2']:.4f})" for k in ("phi0", "phi1") if not chin]
     L += [f"case {c['name']}: phi {c['variant']['phi']:.3f} vs baseline phi {c['baseline']['phi']:.3f} refitted on "
           f"{_budgets_said(c)}; delta phi = {c['delta_phi']:+.3f}"] if c else []
