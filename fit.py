@@ -1036,7 +1036,7 @@ def report_text(res):
     if res.get("flags"):
         L += ["## Warnings: read the numbers below with these in mind", "",
               *(f"- **{f['name']}**: {f['message']}" for f in res["flags"]), ""]
-    # Table 1: per-architecture exponents are not comparable across r (N differs under sharing, §4.2); the frontier is
+    # Table 1: these exponents are not comparable across r (N differs under sharing, §4.2): compare the frontier
     chin = "chinchilla" in res
     L += _table(("Arch.", "A", "α", "B", "β", "E", "Huber (×10⁻⁵)", "R²", "n", "hits", "on bounds"), [
         [k, *_cells(b, "A:sig2 alpha:.3f B:sig2 beta:.3f E:.2f huber:e5 r2:.4f n: hits:"), ", ".join(b["on_bounds"])
