@@ -1125,16 +1125,15 @@ def _png(fig):
     _pyplot().close(fig)
     return buf.getvalue()
 
-def _lim(*arrays):
+def _lim(values):
     """[lo, hi] of the finite values (a diagonal or an axis range); padded when they are all equal, [0, 1] when none
     is finite -- degenerate data must still draw (issue 12, rule 6)."""
-    v = np.concatenate([np.ravel(np.asarray(a, dtype=float)) for a in arrays])
+    v = np.asarray(values, dtype=float)
     v = v[np.isfinite(v)]
     if v.size == 0:
         return [0.0, 1.0]
-    lo, hi = float(v.min()), float(v.max())
-    pad = 0.05 * (hi - lo) if hi > lo else 0.05 * max(abs(lo), 1.0)
-    return [lo - pad, hi + pad]
+    pad = 0.05 * (float(np.ptp(v)) or max(abs(float(v[0])), 1.0))
+    return [float(v.min()) - pad, float(v.max()) + pad]
 
 def _sweep_figure(plt, lines):
     """Val loss vs test-time r' (App. A): a panel per trained r (dotted), a line per (sweep entry, colour, label)."""
