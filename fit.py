@@ -912,66 +912,64 @@ def synthetic_runs(phi=0.46, noise=0.01, seed=0, truth=None):
 # -----------------------------------------------------------------------------
 # Report (tables laid out like the paper's Tables 1, 2, 3 and 7) and fit.json
 
-def _sig2(x):
-    """A and B to 2 significant figures, as Table 1 prints them."""
-    return f"{float(f'{x:.2g}'):g}"
-
 def _table(head, rows, title=None):
-    """Markdown lines: the title and a blank line (if given), the header, the separator, one line per row (a list
-    of already formatted cells)."""
+    """Markdown lines: the title and a blank line (if given), the header, the separator, a line per row of cells."""
     return ([title, ""] if title else []) + [f"| {' | '.join(head)} |", "|---" * len(head) + "|"] + \
         [f"| {' | '.join(map(str, row))} |" for row in rows]
 
-def _table1(blocks, title):
-    """Table 1's layout (one row per architecture or group), plus n, hits and bound flags as diagnostics."""
-    return _table(("Arch.", "A", "α", "B", "β", "E", "Huber (×10⁻⁵)", "R²", "n", "hits", "on bounds"),
-                  [(key, _sig2(b["A"]), f"{b['alpha']:.3f}", _sig2(b["B"]), f"{b['beta']:.3f}", f"{b['E']:.2f}",
-                    f"{b['huber'] / 1e-5:.2f}", f"{b['r2']:.4f}", b["n"], b["hits"], ", ".join(b["on_bounds"]) or "-")
-                   for key, b in blocks.items()], title)
-
 def _fmt(x, fmt):
-    """x formatted, or "-" where there is no value (a table cell)."""
-    return "-" if x is None else format(x, fmt)
+    """A table cell: format(x, fmt), "sig2" (2 significant figures: Table 1's A, B), "e5" (Huber, ×1e5); None: -"""
+    return "-" if x is None else f"{float(f'{x:.2g}'):g}" if fmt == "sig2" else f"{x / 1e-5:.2f}" if fmt == "e5" \
+        else format(x, fmt)
+
+def _cells(d, spec):
+    """The values of d (a fit block, a frontier row, ...) as table cells, by spec "key:fmt key:fmt ..." (_fmt)."""
+    return [_fmt(d[k], f) for k, f in (s.split(":") for s in spec.split())]
+
+def _eq2_blocks(res):
+    """The Eq. 2 fits by name: per architecture ("r=4"), or per chinchilla group."""
+    return _chin_groups(res) if "chinchilla" in res else {f"r={r}": b for r, b in res["per_arch"].items()}
 
 def _flag_names(res):
     """The flag names as the phi line and the tables show them, e.g. " -- WARNING: low_r2, on_bound"."""
-    names = [f["name"] for f in res.get("flags", [])]
-    return f" -- WARNING: {', '.join(names)}" if names else ""
+    return f" -- WARNING: {', '.join(f['name'] for f in res['flags'])}" if res.get("flags") else ""
+
+def _ci(x, key, fmt):
+    """" [lo, hi]" of x's key_lo and key_hi (a 95% CI), or "" where there is none."""
+    return "" if x.get(f"{key}_lo") is None else f" [{x[f'{key}_lo']:{fmt}}, {x[f'{key}_hi']:{fmt}}]"
 
 def report_text(res):
     """report.md: the flags first, then Table 1 (per-arch), Table 2 (joint + restricted), Table 7 (per-r
-    residuals), halves, Table 3 (case study), frontier and F.4 equivalence; or the chinchilla table."""
+    residuals), halves, Table 3 (case study), loop sweeps, frontier and F.4 equivalence; or the chinchilla table."""
     L = ["# fit.py report", "", f"runs: {res.get('n_runs')} | seed {res.get('seed')} | restarts {res.get('restarts')}"
          f" | {res.get('seconds', 0):.1f} s", ""]
     # rule 6 of issue 12: what limits these numbers comes before the numbers
     if res.get("flags"):
         L += ["## Warnings: read the numbers below with these in mind", "",
               *(f"- **{f['name']}**: {f['message']}" for f in res["flags"]), ""]
-    if "chinchilla" in res:
-        return "\n".join(L + _table1(_chin_groups(res), "## Chinchilla fits (Eq. 2; layout of Table 1)")) + "\n"
-    # Table 1: the per-architecture exponents are not comparable across r (N means different things under sharing,
-    # §4.2); the frontier below is the comparable quantity
-    L += _table1({f"r={k}": v for k, v in res["per_arch"].items()}, "## Table 1: per-architecture Chinchilla fits "
-                 "(Eq. 2)")
-    # Table 2: the free-phi row carries the bootstrap CI next to the point estimate; A and B are omitted as in the
-    # paper (loosely identified under iso-compute designs), the Huber value and hits are diagnostics
-    bs = res.get("bootstrap")
-    ci = f" [{bs['phi_lo']:.2f}, {bs['phi_hi']:.2f}]" if bs else ""
+    # Table 1: these exponents are not comparable across r (N differs under sharing, §4.2): compare the frontier
+    chin = "chinchilla" in res
+    L += _table(("Arch.", "A", "α", "B", "β", "E", "Huber (×10⁻⁵)", "R²", "n", "hits", "on bounds"), [
+        [k, *_cells(b, "A:sig2 alpha:.3f B:sig2 beta:.3f E:.2f huber:e5 r2:.4f n: hits:"), ", ".join(b["on_bounds"])
+         or "-"] for k, b in _eq2_blocks(res).items()], "## Chinchilla fits (Eq. 2; layout of Table 1)" if chin else
+        "## Table 1: per-architecture Chinchilla fits (Eq. 2)")
+    if chin:
+        return "\n".join(L) + "\n"
+    # Table 2: free phi with its bootstrap CI; A and B omitted as in the paper (loose under iso-compute designs)
+    j, bs = res["joint"], res.get("bootstrap") or {}
     L += [""] + _table(("Form", "α", "β", "E", "φ", "R²", "Huber (×10⁻⁵)", "hits"), [
-        (name, f"{b['alpha']:.3f}", f"{b['beta']:.3f}", f"{b['E']:.2f}", phi_txt, f"{b['r2']:.4f}",
-         f"{b['huber'] / 1e-5:.2f}", b["hits"]) for name, b, phi_txt in (
-            ("Joint, φ free", res["joint"], f"{res['joint']['phi']:.3f}{ci}{_flag_names(res)}"),
+        [name, *_cells(b, "alpha:.3f beta:.3f E:.2f"), phi, *_cells(b, "r2:.4f huber:e5 hits:")] for name, b, phi in (
+            ("Joint, φ free", j, f"{j['phi']:.3f}{_ci(bs, 'phi', '.2f')}{_flag_names(res)}"),
             ("Restricted (φ = 0, pure sharing cost)", res["phi0"], "0.00"),
             ("Restricted (φ = 1, non-looped equivalence)", res["phi1"], "1.00"))], "## Table 2: joint law (Eq. 3)")
     if bs:
         L += ["", f"Block bootstrap ({bs['n_resamples']} resamples of {bs['n_cells']} (budget, r) cells): median φ "
-              f"{bs['phi_median']:.3f}, 95% CI [{bs['phi_lo']:.3f}, {bs['phi_hi']:.3f}], {bs['n_le0']} resamples at "
-              f"φ ≤ 0 and {bs['n_ge1']} at φ ≥ 1; a random start beat the warm start in {bs['random_start_wins']}."]
+              f"{bs['phi_median']:.3f}, 95% CI{_ci(bs, 'phi', '.3f')}, {bs['n_le0']} resamples at φ ≤ 0 and "
+              f"{bs['n_ge1']} at φ ≥ 1; a random start beat the warm start in {bs['random_start_wins']}."]
     # Table 7: a shared phi should leave no architecture with a disproportionate share of the residual mass
-    j = res["joint"]
     L += [""] + _table(("Architecture", "n", "mean resid", "max \\|resid\\|", "RMSE"), [
-        (f"r={r}", st["n"], f"{st['mean']:+.3f}", f"{st['max_abs']:.3f}", f"{st['rmse']:.3f}")
-        for r, st in j["per_r"].items()], "## Table 7: joint-law residuals by architecture (actual − predicted, nats)")
+        [f"r={r}", *_cells(st, "n: mean:+.3f max_abs:.3f rmse:.3f")] for r, st in j["per_r"].items()],
+        "## Table 7: joint-law residuals by architecture (actual − predicted, nats)")
     L.append(f"| pooled | {j['n']} | | {j['max_abs_resid']:.3f} | {j['rmse']:.3f} |")
     # App. F.3: phi should not drift with scale inside the compute window
     L += ["", "## Budget halves (App. F.3)", ""] + [
@@ -981,73 +979,55 @@ def report_text(res):
     if c := res.get("case"):
         # Table 3: baseline refitted on the case's budgets, then the variant; delta-phi is the paper's summary number
         L += [""] + _table(("Variant", "α", "β", "E", "φ", "R²", "n"), [
-            (name, f"{b['alpha']:.3f}", f"{b['beta']:.3f}", f"{b['E']:.2f}", f"{b['phi']:.3f}", f"{b['r2']:.4f}",
-             b["n"]) for name, b in ((f"Baseline (refitted on {_budgets_said(c)})", c["baseline"]),
-                                     (c["name"], c["variant"]))],
+            [name, *_cells(b, "alpha:.3f beta:.3f E:.2f phi:.3f r2:.4f n:")] for name, b in (
+                (f"Baseline (refitted on {_budgets_said(c)})", c["baseline"]), (c["name"], c["variant"]))],
             f"## Table 3: case study `{c['name']}` (budgets {', '.join(f'{x:.3g}' for x in c['budgets'])})")
-        ci = (f" [{c['delta_phi_lo']:+.3f}, {c['delta_phi_hi']:+.3f}] (paired block bootstrap, "
-              f"{len(c['delta_phi_boot'])} resamples of {c['paired_cells']} cells; {c['n_delta_le0']} at Δφ ≤ 0)"
-              if "delta_phi_lo" in c else "")
-        L += ["", f"Δφ = {c['delta_phi']:+.3f}{ci}"]
+        L += ["", f"Δφ = {c['delta_phi']:+.3f}{_ci(c, 'delta_phi', '+.3f')}" + (
+            f" (paired block bootstrap, {len(c['delta_phi_boot'])} resamples of {c['paired_cells']} cells; "
+            f"{c['n_delta_le0']} at Δφ ≤ 0)" if "delta_phi_lo" in c else "")]
     if sw := res.get("loop_sweep"):
-        # App. A: a looped model run for r' != r iterations at test time; Huginn-style random state init is the
-        # design expected to extrapolate, the prelude-initialised state of the paper is not
+        # App. A: r' != r loops at test time; Huginn-style random state init should extrapolate, the paper's does not
         rps = sorted({p["n_loops"] for e in sw for p in e["curve"]})
         L += [""] + _table(("trained r", "C", "N", *(f"r'={k}" for k in rps), "L(r'max) − L(r)"), [
-            (e["n_loops"], f"{e['flops_budget']:.3g}", f"{e['n_params']:.3g}",
-             *(f"{a[k]:.3f}" if k in a else "-" for k in rps), _fmt(e["gain"], "+.3f"))
-            for e in sw for a in [{p["n_loops"]: p["val_loss"] for p in e["curve"]}]],
+            [e["n_loops"], *_cells(e, "flops_budget:.3g n_params:.3g"), *(_fmt(a.get(k), ".3f") for k in rps),
+             _fmt(e["gain"], "+.3f")] for e in sw for a in [{p["n_loops"]: p["val_loss"] for p in e["curve"]}]],
             "## Test-time loop extrapolation (App. A; eval.py --n-loops-sweep, figure loop_sweep.png)")
-    # §4.2: the frontier L*_r(C) is comparable across r; gap = L*_r - L*_1 at the same budget; then the exponents,
-    # the joint law's s* (App. G.3) and the App. F.4 equivalent sizes
-    fr = res["frontier"]
+    # §4.2: the frontier L*_r(C) is comparable across r (gap = L*_r - L*_1 at one budget); its exponents; F.4 sizes
+    fr, jr = res["frontier"], res["frontier"]["joint_rows"]
     L += [""] + _table(("C", "r", "s*", "N*", "D*", "L*", "gap to r=1"), [
-        (f"{row['flops_budget']:.3g}", row["n_loops"], f"{row['scale']:.1f}", f"{row['n_params']:.3g}",
-         f"{row['tokens']:.3g}", f"{row['loss']:.3f}", _fmt(row["gap"], "+.3f")) for row in fr["rows"]],
-        "## Compute-optimal frontier (per-architecture laws; §4.2, Fig. 3)")
+        _cells(row, "flops_budget:.3g n_loops: scale:.1f n_params:.3g tokens:.3g loss:.3f gap:+.3f")
+        for row in fr["rows"]], "## Compute-optimal frontier (per-architecture laws; §4.2, Fig. 3)")
     L += [""] + _table(("r", "N* ∝ C^a", "D* ∝ C^b", "gap range (nats)"), [
-        (r, f"{ex['n_star']:.2f}", f"{ex['d_star']:.2f}", "-" if r not in fr["gaps"] else
-         f"[{fr['gaps'][r][0]:.3f}, {fr['gaps'][r][1]:.3f}]") for r, ex in fr["exponents"].items()])
-    # App. G.3: the joint law read at fixed r gives one more set of optimal widths; a case study's phi shift
-    # moves these (truncated BPTT widens, hyperconnections narrow)
-    jr = fr["joint_rows"]
+        [r, *_cells(ex, "n_star:.2f d_star:.2f"), "-" if r not in fr["gaps"] else
+         f"[{fr['gaps'][r][0]:.3f}, {fr['gaps'][r][1]:.3f}]"] for r, ex in fr["exponents"].items()])
+    # App. G.3: the joint law at fixed r; a case's phi shift moves it (truncated BPTT widens, hyperconnections narrow)
     L += ["", "Compute-optimal scale s* from the joint law at fixed r (App. G.3):", ""] + _table(
         ("C", *(f"r={r}" for r in sorted({x["n_loops"] for x in jr}))),
         [(f"{C:.3g}", *(f"{x['scale']:.1f}" for x in jr if x["flops_budget"] == C))
          for C in sorted({x["flops_budget"] for x in jr})])
-    L += [""] + _table(("r", "N (r=1)", "N unique", "N_eff", "unique ratio", "N_eff ratio", "r^φ", "FLOPs ratio"),
-                       [(r, f"{e['n_nonlooped']:.3g}", f"{e['n_unique']:.3g}", f"{e['n_eff']:.3g}",
-                         f"{e['unique_ratio']:.3f}", f"{e['eff_ratio']:.3f}", f"{e['amplification']:.2f}",
-                         f"{e['flops_ratio']:.3f}") for r, e in fr["equivalence"].items()],
-                       f"## Equivalent sizes (App. F.4, φ = {res['joint']['phi']:.3f}, N_rec includes the injection "
-                       "layer)")
+    L += [""] + _table(("r", "N (r=1)", "N unique", "N_eff", "unique ratio", "N_eff ratio", "r^φ", "FLOPs ratio"), [
+        [r, *_cells(e, "n_nonlooped:.3g n_unique:.3g n_eff:.3g unique_ratio:.3f eff_ratio:.3f amplification:.2f "
+                    "flops_ratio:.3f")] for r, e in fr["equivalence"].items()],
+        f"## Equivalent sizes (App. F.4, φ = {j['phi']:.3f}, N_rec includes the injection layer)")
     return "\n".join(L) + "\n"
 
 def _jsonable(x):
     """numpy scalars/arrays -> plain JSON types (NaN and inf -> null, which strict JSON readers accept)."""
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple, np.ndarray)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, (float, np.floating)):
-        return float(x) if math.isfinite(x) else None
-    return x.item() if isinstance(x, np.generic) else x
+    return json.loads(json.dumps(x, default=lambda v: v.tolist()), parse_constant=lambda name: None)
 
 
 # -----------------------------------------------------------------------------
 # Figures (matplotlib, Agg: renders without a display), rendered in memory and written as one set with the report
 
 def _pyplot():
-    """matplotlib.pyplot on the Agg backend (renders with no display: clusters, CI). Imported on first use, not at
-    the top: the fits need no plotting, and pyplot costs ~1 s to import."""
+    """pyplot on Agg (no display needed), imported on first use: the fits need no plotting, and it costs ~1 s."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
 
 def _png(fig):
-    """A matplotlib figure as PNG bytes (then closed): nothing is written here, so a figure that fails leaves no file
-    behind."""
+    """A figure as PNG bytes (then closed): nothing is written here, so a failing figure leaves no file behind."""
     buf = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")              # tight_layout's "not compatible" notes on odd axes
@@ -1056,94 +1036,59 @@ def _png(fig):
     _pyplot().close(fig)
     return buf.getvalue()
 
-def _lim(*arrays):
+def _lim(values):
     """[lo, hi] of the finite values (a diagonal or an axis range); padded when they are all equal, [0, 1] when none
     is finite -- degenerate data must still draw (issue 12, rule 6)."""
-    v = np.concatenate([np.ravel(np.asarray(a, dtype=float)) for a in arrays])
+    v = np.asarray(values, dtype=float)
     v = v[np.isfinite(v)]
     if v.size == 0:
         return [0.0, 1.0]
-    lo, hi = float(v.min()), float(v.max())
-    pad = 0.05 * (hi - lo) if hi > lo else 0.05 * max(abs(lo), 1.0)
-    return [lo - pad, hi + pad]
+    pad = 0.05 * (float(np.ptp(v)) or max(abs(float(v[0])), 1.0))
+    return [float(v.min()) - pad, float(v.max()) + pad]
 
-def _diagonal(ax, runs, legend=False, **labels):
-    """The y = x line of a predicted-vs-actual panel, framed by the actual losses (a wild prediction is clipped)."""
-    lim = _lim(runs["val_loss"])
-    ax.plot(lim, lim, "k--", lw=0.8)
-    ax.set(xlabel="actual loss (nats)", xlim=lim, ylim=lim, **labels)
-    if legend:
+def _sweep_figure(plt, lines):
+    """Val loss vs test-time r' (App. A): a panel per trained r (dotted), a line per (sweep entry, colour, label)."""
+    rs = sorted({e["n_loops"] for e, _, _ in lines})
+    fig, axes = plt.subplots(1, len(rs), figsize=(4 * len(rs), 3.6), squeeze=False)
+    for ax, r in zip(axes[0], rs):
+        for e, color, label in [line for line in lines if line[0]["n_loops"] == r]:
+            ax.plot([p["n_loops"] for p in e["curve"]], [p["val_loss"] for p in e["curve"]], "o-", ms=3, color=color,
+                    label=label)
+        ax.axvline(r, color="grey", ls=":", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set(title=f"trained r = {r}", xlabel="test-time loops r'")
         ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("validation loss (nats)")
+    return _png(fig)
 
 def make_figures(res, runs):
-    """iso_flops.png (Fig. 2 style, one panel per r), pred_vs_actual.png (Fig. 8 / 10), frontier.png (Fig. 3:
-    L*, N*, D* vs C), phi.png (restricted fits + bootstrap histogram), loop_sweep.png (App. A, when swept); in
-    chinchilla mode pred_vs_actual.png only. Returns {file name: PNG bytes} (main writes the whole set at once)."""
-    plt = _pyplot()
-    rs = sorted(set(int(r) for r in runs["n_loops"]))
-    colors = {r: plt.cm.tab10(i) for i, r in enumerate(rs)}
-    if "chinchilla" in res:
-        # Chinchilla mode has no FLOPs model and no phi: only the predicted-vs-actual scatter applies
-        fig, ax = plt.subplots(figsize=(5, 5))
-        for grp, b in _chin_groups(res).items():
-            m = np.array([g == grp for g in runs["group"]])
-            ax.scatter(runs["val_loss"][m], predict(b["theta"], _pack(subset(runs, m), 0.0)), s=14, label=grp)
-        _diagonal(ax, runs, True, ylabel="predicted loss (nats)", title="Chinchilla fits (Eq. 2)")
-        return {"pred_vs_actual.png": _png(fig)}
-    figs = {"iso_flops.png": _iso_flops_figure(plt, res, runs, rs)}
-    # predicted vs actual (Fig. 8 and Fig. 10 style): per-arch laws (20 parameters in all) next to the joint law
-    # (6 parameters); points on the diagonal = a good fit, colour = architecture
-    fig, axes = plt.subplots(1, 2, figsize=(9, 4.4), sharey=True)
-    pj = predict(res["joint"]["theta"], _pack(runs))
-    for r in rs:
-        m = runs["n_loops"] == r
-        pa = predict(res["per_arch"][str(r)]["theta"], _pack(subset(runs, m), 0.0))
-        axes[0].scatter(runs["val_loss"][m], pa, s=14, color=colors[r], label=f"r={r}")
-        axes[1].scatter(runs["val_loss"][m], pj[m], s=14, color=colors[r], label=f"r={r}")
-    _diagonal(axes[0], runs, True, title="per-architecture (Eq. 2)", ylabel="predicted loss (nats)")
-    _diagonal(axes[1], runs, title=f"joint (Eq. 3), φ = {res['joint']['phi']:.3f}, RMSE {res['joint']['rmse']:.3f}")
-    figs["pred_vs_actual.png"] = _png(fig)
-    # frontier (Fig. 3): L*_r(C), N*(C), D*(C); looped optima sit wider in d yet lower in N, and train on fewer tokens
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-    for r in rs:
-        rows = [row for row in res["frontier"]["rows"] if row["n_loops"] == r]
-        for ax, key in zip(axes, ("loss", "n_params", "tokens")):
-            ax.plot([row["flops_budget"] for row in rows], [row[key] for row in rows], "o-", color=colors[r],
-                    label=f"r={r}", ms=4)
-    for ax, lab, yscale in zip(axes, ("L*(C) (nats)", "N*(C)", "D*(C) (tokens)"), ("linear", "log", "log")):
-        ax.set(xscale="log", xlabel="compute C (FLOPs)", ylabel=lab, yscale=yscale)
-    axes[0].legend(fontsize=7)
-    figs["frontier.png"] = _png(fig)
-    figs["phi.png"] = _phi_figure(plt, res)
-    if res.get("loop_sweep"):
-        # App. A: val loss vs test-time r' for each swept model; the trained r is marked
-        fig, ax = plt.subplots(figsize=(5.2, 3.8))
-        for e in res["loop_sweep"]:
-            x, y = [p["n_loops"] for p in e["curve"]], [p["val_loss"] for p in e["curve"]]
-            c = colors.get(e["n_loops"], "k")
-            ax.plot(x, y, "o-", ms=3, color=c, label=f"trained r={e['n_loops']} (C={e['flops_budget']:.3g})")
-            if e["n_loops"] in x:
-                ax.plot(e["n_loops"], y[x.index(e["n_loops"])], "*", ms=12, color=c, mec="k", mew=0.5)
-        ax.set_xscale("log", base=2)
-        ax.set(xlabel="test-time loops r'", ylabel="validation loss (nats)", title="test-time loop extrapolation")
-        ax.legend(fontsize=7)
-        figs["loop_sweep.png"] = _png(fig)
-    assert set(figs) <= set(OUTPUTS), "add a new figure to OUTPUTS so --overwrite can manage it"
-    return figs
-
-def _iso_flops_figure(plt, res, runs, rs):
-    """iso-FLOP profiles (Fig. 2): loss vs N per budget, the per-arch law along the width (D = C / F(d)) and, as
-    stars, the compute optima (N*, L*)."""
+    """{name: PNG bytes}: pred_vs_actual, iso_flops, frontier, phi, loop_sweep (if swept); chinchilla: the first."""
+    plt, chin, rs = _pyplot(), "chinchilla" in res, sorted(set(int(r) for r in runs["n_loops"]))
+    # predicted vs actual (Fig. 8, 10): Eq. 2 per architecture (20 parameters; or per group) next to the joint law (6)
+    fig, axes = plt.subplots(1, 1 + (not chin), figsize=(5, 5) if chin else (9, 4.4), sharey=True, squeeze=False)
+    keys, lim = runs["group"] if chin else [f"r={r}" for r in runs["n_loops"]], _lim(runs["val_loss"])
+    titles = ["Chinchilla fits (Eq. 2)"] if chin else ["per-architecture (Eq. 2)", f"joint (Eq. 3), φ = "
+                                                       f"{res['joint']['phi']:.3f}, RMSE {res['joint']['rmse']:.3f}"]
+    for j, (ax, title) in enumerate(zip(axes[0], titles)):
+        for i, (k, b) in enumerate(_eq2_blocks(res).items()):
+            m = np.array([x == k for x in keys])
+            th, phi = (res["joint"]["theta"], None) if j else (b["theta"], 0.0)     # the joint law, or this Eq. 2 fit
+            ax.scatter(runs["val_loss"][m], predict(th, _pack(subset(runs, m), phi)), s=14, color=f"C{i}", label=k)
+        ax.plot(lim, lim, "k--", lw=0.8)    # y = x, framed by the actual losses (a wild prediction is clipped)
+        ax.set(xlabel="actual loss (nats)", ylabel=("predicted loss (nats)", "")[j], xlim=lim, ylim=lim, title=title)
+    axes[0][0].legend(fontsize=7)
+    figs = {"pred_vs_actual.png": _png(fig)}
+    if chin:             # chinchilla mode has no FLOPs model and no phi: only the predicted-vs-actual scatter applies
+        return figs
+    # iso-FLOP profiles (Fig. 2): loss vs N per budget, the per-arch law along the width, the optima (N*, L*) as stars
     budgets = sorted(set(float(c) for c in runs["flops_budget"]))
     bcol = {c: plt.cm.viridis(i / max(len(budgets) - 1, 1)) for i, c in enumerate(budgets)}
     arch, _ = arch_map(runs)
     fig, axes = plt.subplots(1, len(rs), figsize=(4 * len(rs), 3.6), sharey=True, squeeze=False)
     for ax, r in zip(axes[0], rs):
         b, poly = res["per_arch"][str(r)], arch_polys(r, arch[r])
-        for C in budgets:
+        for C in sorted(set(runs["flops_budget"][runs["n_loops"] == r])):
             m = (runs["n_loops"] == r) & (runs["flops_budget"] == C)
-            if not m.any():
-                continue
             N = runs["n_once"][m] + runs["n_rec"][m]
             ax.scatter(N, runs["val_loss"][m], s=16, color=bcol[C], label=f"{C:.3g}")
             # the fitted curve along the width, just past the trained range: N(d) and D = C / F(d) both move with d
@@ -1158,11 +1103,18 @@ def _iso_flops_figure(plt, res, runs, rs):
         ax.xaxis.set_minor_formatter(plt.NullFormatter())     # a narrow N range would label every minor tick
     axes[0][0].set_ylabel("validation loss (nats)")
     axes[0][0].legend(title="C (FLOPs)", fontsize=7)
-    return _png(fig)
-
-def _phi_figure(plt, res):
-    """phi: the restricted-fit comparison (Fig. 1 right: R^2 drops at phi = 0 and phi = 1) and the bootstrap
-    histogram with its 95% interval (dashed) and the point estimate (solid)."""
+    figs["iso_flops.png"] = _png(fig)
+    # frontier (Fig. 3): L*_r(C), N*(C), D*(C); looped optima sit wider in d yet lower in N, and train on fewer tokens
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for ax, key, lab in zip(axes, ("loss", "n_params", "tokens"), ("L*(C) (nats)", "N*(C)", "D*(C) (tokens)")):
+        for i, r in enumerate(rs):                  # tab10: an architecture's colour in every figure
+            rows = [row for row in res["frontier"]["rows"] if row["n_loops"] == r]
+            ax.plot([row["flops_budget"] for row in rows], [row[key] for row in rows], "o-", color=f"C{i}",
+                    label=f"r={r}", ms=4)
+        ax.set(xscale="log", xlabel="compute C (FLOPs)", ylabel=lab, yscale="linear" if key == "loss" else "log")
+    axes[0].legend(fontsize=7)
+    figs["frontier.png"] = _png(fig)
+    # phi: restricted fits (Fig. 1 right: R^2 drops at phi = 0 and 1); bootstrap histogram, 95% CI dashed, phi solid
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
     # undefined R^2 draws as an empty bar
     r2 = [v if v is not None and math.isfinite(v) else 0.0 for v in (res[k]["r2"] for k in ("joint", "phi0", "phi1"))]
@@ -1175,7 +1127,13 @@ def _phi_figure(plt, res):
         for v, ls in ((bs["phi_lo"], "--"), (bs["phi_hi"], "--"), (res["joint"]["phi"], "-")):
             axes[1].axvline(v, color="k", ls=ls, lw=1)
         axes[1].set(xlabel="φ", ylabel="resamples", title=f"block bootstrap: [{bs['phi_lo']:.2f}, {bs['phi_hi']:.2f}]")
-    return _png(fig)
+    figs["phi.png"] = _png(fig)
+    if res.get("loop_sweep"):          # App. A: each swept model, in the panel of its trained r
+        figs["loop_sweep.png"] = _sweep_figure(plt, [(e, None, f"C={e['flops_budget']:.3g}, N={e['n_params']:.3g}")
+                                                     for e in res["loop_sweep"]])
+    assert set(figs) <= set(OUTPUTS), "add a new figure to OUTPUTS so --overwrite can manage it"
+    return figs
+
 
 
 # -----------------------------------------------------------------------------
@@ -1184,22 +1142,18 @@ def _phi_figure(plt, res):
 CASES_MARK = "<!-- case studies: written by fit.py --cases; everything below is regenerated -->"
 
 def case_summary(out_dir):
-    """Collect OUT/fit.json (the baseline study) and OUT/case_*/fit.json (runs/mini.sh --case NAME, or fit.py --case
-    with --out OUT/case_NAME): rows of phi [CI], the refitted baseline's phi, delta-phi [paired CI], R^2, the r=8
-    frontier gap at the top budget and the mean test-time extrapolation gain per case. A case fitted from other runs
-    than the baseline study is refused (below). Returns {"rows", "sweeps": {name: loop_sweep}, "request": the
-    request of the fit that wrote OUT/fit.json, "unfitted": case folders without a fit.json}."""
-    found = [("baseline", os.path.join(out_dir, "fit.json"))] + [
-        (name[len("case_"):], os.path.join(out_dir, name, "fit.json"))
-        for name in (sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []) if name.startswith("case_")]
-    rows, sweeps, base, request = [], {}, None, None
-    # the baseline first: every case row is checked against it as it is read (below). A fit.json that is
-    # there but no file (a FIFO, a dangling link) is named by read_json, never skipped
+    """OUT/fit.json (the baseline) and OUT/case_*/fit.json as {"rows": the numbers, flags and sweep of each, "request":
+    OUT/fit.json's, "unfitted": case folders without a fit.json}. A case fitted on other runs is refused."""
+    names = sorted(n for n in (os.listdir(out_dir) if os.path.isdir(out_dir) else []) if n.startswith("case_"))
+    found = [(n[len("case_"):] or "baseline", os.path.join(out_dir, n, "fit.json")) for n in ["", *names]]
+    rows, base, request = [], None, None
+    # the baseline first (each case is checked against it); a fit.json that is no file is named by read_json
     for name, path in [(n, p) for n, p in found if os.path.lexists(p)]:
         res = read_json(path)
         request = res.get("request") if name == "baseline" else request
         if "joint" not in res:
             continue                                  # a chinchilla fit: no phi to compare
+        base = res if name == "baseline" else base
         try:        # a hand-edited fit.json: every number the table and figures show is checked, or the file named
             j, bs, c, sw = res["joint"], res.get("bootstrap") or {}, res.get("case") or {}, res.get("loop_sweep") or []
             gains = [e["gain"] for e in sw if e.get("gain") is not None]
@@ -1210,72 +1164,32 @@ def case_summary(out_dir):
                          "baseline_phi": (c.get("baseline") or {}).get("phi"),
                          "gap8": max(fr, key=lambda x: x["flops_budget"])["gap"] if fr else None,
                          "extrapolation_gain": float(np.mean(gains)) if gains else None,
-                         # the fit's flags (fit.json "flags") with the fits they concern: single_hit on "fit over 12
-                         # runs (low half, App. F.3)" is about an auxiliary fit, not about the phi of the table
-                         "flags": [(fl["name"], "; ".join(fl.get("items") or [])) for fl in res.get("flags") or []]})
-            bad = [k for k, v in rows[-1].items() if k not in ("name", "flags") and (common.check_number(
+                         # with the fits they concern: single_hit on a budget half is not about the table's phi
+                         "flags": [(fl["name"], "; ".join(fl.get("items") or [])) for fl in res.get("flags") or []],
+                         "sweep": sw})
+            bad = [k for k, v in rows[-1].items() if k not in ("name", "flags", "sweep") and (common.check_number(
                 v, "[-1e6, 1e6]") or (v is None and k in ("phi", "r2", "n")))]
             if bad or not all(type(e["n_loops"]) is int and _sweep_ok(e["curve"]) for e in sw):
                 raise ValueError(f"no numeric phi, r2 and n in range, or a bad {', '.join(bad) or 'loop_sweep'}")
         except (KeyError, TypeError, AttributeError, ValueError) as err:
             raise ValueError(f"{path}: not a fit.py result ({err})") from None
-        if name == "baseline":
-            base = res
-        elif base is not None:
-            # A case's delta-phi is taken against the baseline refitted inside that case's fit; the table shows it
-            # next to the baseline study's own phi, so the two must rest on the same runs: every run (folder) of the
-            # case's baseline refit must be in OUT/fit.json with the same key (runs_record). A fit.json from before
-            # issue 18 has no runs record: nothing can be matched, so nothing is claimed
-            want, have = (res.get("case") or {}).get("baseline_runs"), base.get("runs")
-            for p, rec in ((path, want), (found[0][1], have)):
-                if not (isinstance(rec, dict) and all(isinstance(rec.get(k), list) for k in ("keys", "dirs"))):
-                    raise ValueError(f"{p}: records no runs (an older fit.py wrote it); refit it")
-            theirs = dict(zip(have["dirs"], have["keys"]))
-            if diff := common.identity_diff(dict(zip(want["dirs"], want["keys"])),
-                                            {d: theirs.get(d) for d in want["dirs"]}):
+        if base is not None and base is not res:
+            # delta-phi is taken against the baseline refitted in the case's fit, shown next to OUT's phi: every run of
+            # that refit must be in OUT/fit.json with the same key (runs_record; none before issue 18: refused)
+            try:
+                want, have = (dict(zip(rec["dirs"], rec["keys"])) for rec in (c["baseline_runs"], base["runs"]))
+            except (KeyError, TypeError):
+                raise ValueError(f"{path} or {found[0][1]} records no runs (an older fit.py wrote it); refit") from None
+            if diff := [d for d in want if have.get(d) != want[d]]:
                 raise ValueError(f"{path}: its baseline was refitted on other runs than {found[0][1]} ({diff[0]})")
-        if sw:
-            sweeps[name] = sw
     if not rows:
         raise ValueError(f"no fit.json with a joint fit in {out_dir!r} or its case_*/ folders")
-    return {"rows": rows, "sweeps": sweeps, "request": request,
+    return {"rows": rows, "request": request,
             "unfitted": [os.path.dirname(p) for n, p in found[1:] if not os.path.lexists(p)]}
 
 def write_case_summary(summary, out_dir, overwrite=False):
-    """Append (or regenerate) the case-study section of OUT/report.md and write cases.png (and cases_loops.png), as
-    one set. Returns the paths written, report.md first."""
-    report = os.path.join(out_dir, "report.md")
-    ci = lambda x, k, fmt: "" if x[f"{k}_lo"] is None else f" [{x[f'{k}_lo']:{fmt}}, {x[f'{k}_hi']:{fmt}}]"
-    L = [CASES_MARK, "", "## Case studies (§5, Table 3; runs/mini.sh --case NAME)", "",
-         "Δφ = φ(case) − baseline φ, the baseline refitted on the case's budgets inside the case's fit (from runs of "
-         "the baseline study above: checked); its CI is a paired block bootstrap over the (budget, r) cells. Gap: "
-         "L*(r=8) − L*(r=1) of the compute-optimal frontier at the top budget (nats). Extrapolation: mean over the "
-         "swept models of L(largest r') − L(trained r), nats (negative: more test-time loops help).", ""]
-    L += _table(("case", "φ [95% CI]", "baseline φ", "Δφ [95% CI]", "R²", "n", "r=8 gap", "extrapolation", "flags"), [
-        (row["name"], f"{row['phi']:.3f}{ci(row, 'phi', '.2f')}", _fmt(row["baseline_phi"], ".3f"),
-         f"{_fmt(row['delta_phi'], '+.3f')}{ci(row, 'delta_phi', '+.2f')}", f"{row['r2']:.4f}", row["n"],
-         _fmt(row["gap8"], "+.3f"), _fmt(row["extrapolation_gain"], "+.3f"),
-         ", ".join(n for n, _ in row["flags"]) or "-")
-        for row in summary["rows"]])
-    # the table names the flags; here, which fits each one concerns
-    flagged = [f"- {row['name']}: " + " | ".join(f"{name}: {items}" for name, items in row["flags"])
-               for row in summary["rows"] if row["flags"]]
-    L += ["", "Flags, and the fits they concern:", *flagged] if flagged else []
-    L += ["", "Figures: cases.png (φ and its CI per case), cases_loops.png (val loss vs test-time r' per case)."]
-    # OUT is the baseline fit's folder: --cases claims it as that fit's own request (OUT/fit.json records it, OUT's
-    # marker names it), so the table needs no --overwrite and a copied study stays usable
-    with claimed(out_dir, "fit", summary["request"] or "cases", overwrite, "--cases",
-                 ("report.md", "cases.png", "cases_loops.png")):
-        files, head = _case_figures(summary), ""
-        if os.path.isfile(report):                  # the fit's own report, without the section written before
-            head = pathlib.Path(report).read_text("utf-8", "replace").split(CASES_MARK)[0].rstrip("\n") + "\n\n"
-        files["report.md"] = (head + "\n".join(L) + "\n").encode()
-        write_set(out_dir, files)
-    return [os.path.join(out_dir, n) for n in sorted(files, key=lambda n: n != "report.md")]
-
-def _case_figures(summary):
-    """{"cases.png": phi and its CI per case, "cases_loops.png": val loss vs test-time r' per case (if swept)}."""
-    plt, rows, figs = _pyplot(), summary["rows"], {}
+    """(Re)write OUT/report.md's case section, cases.png and cases_loops.png as one set; the paths, report.md first."""
+    plt, rows, files = _pyplot(), summary["rows"], {}
     color = {row["name"]: "k" if row["name"] == "baseline" else f"C{i}" for i, row in enumerate(rows)}  # both figures
     fig, ax = plt.subplots(figsize=(1.2 * len(rows) + 2.5, 3.6))
     for i, row in enumerate(rows):
@@ -1285,22 +1199,34 @@ def _case_figures(summary):
         ax.axhline(v, color="grey", ls=":", lw=0.8)
     ax.set_xticks(range(len(rows)), [r["name"] for r in rows])
     ax.set(ylabel="φ (95% block-bootstrap CI)", title="recurrence exponent per case (§5)")
-    figs["cases.png"] = _png(fig)
-    if summary["sweeps"]:
-        rs = sorted({e["n_loops"] for sw in summary["sweeps"].values() for e in sw})
-        fig, axes = plt.subplots(1, len(rs), figsize=(4 * len(rs), 3.6), squeeze=False)
-        for ax, r in zip(axes[0], rs):
-            for name, sw in summary["sweeps"].items():
-                for e in (e for e in sw if e["n_loops"] == r):
-                    ax.plot([p["n_loops"] for p in e["curve"]], [p["val_loss"] for p in e["curve"]], "o-", ms=3,
-                            color=color.get(name, "grey"), label=name)
-            ax.axvline(r, color="grey", ls=":", lw=0.8)
-            ax.set_xscale("log", base=2)
-            ax.set(title=f"trained r = {r}", xlabel="test-time loops r'")
-        axes[0][0].set_ylabel("validation loss (nats)")
-        axes[0][0].legend(fontsize=7)
-        figs["cases_loops.png"] = _png(fig)
-    return figs
+    files["cases.png"] = _png(fig)
+    if lines := [(e, color[row["name"]], row["name"]) for row in rows for e in row["sweep"]]:
+        files["cases_loops.png"] = _sweep_figure(plt, lines)
+    L = [CASES_MARK, "", "## Case studies (§5, Table 3; runs/mini.sh --case NAME)", "",
+         "Δφ = φ(case) − baseline φ, the baseline refitted on the case's budgets inside the case's fit (from runs of "
+         "the baseline study above: checked); its CI is a paired block bootstrap over the (budget, r) cells. Gap: "
+         "L*(r=8) − L*(r=1) of the compute-optimal frontier at the top budget (nats). Extrapolation: mean over the "
+         "swept models of L(largest r') − L(trained r), nats (negative: more test-time loops help).", ""]
+    L += _table(("case", "φ [95% CI]", "baseline φ", "Δφ [95% CI]", "R²", "n", "r=8 gap", "extrapolation", "flags"), [
+        [row["name"], f"{row['phi']:.3f}{_ci(row, 'phi', '.2f')}", *_cells(row, "baseline_phi:.3f"),
+         f"{_fmt(row['delta_phi'], '+.3f')}{_ci(row, 'delta_phi', '+.2f')}",
+         *_cells(row, "r2:.4f n: gap8:+.3f extrapolation_gain:+.3f"), ", ".join(n for n, _ in row["flags"]) or "-"]
+        for row in rows])
+    # the table names the flags; here, which fits each one concerns
+    flagged = [f"- {row['name']}: " + " | ".join(f"{name}: {items}" for name, items in row["flags"])
+               for row in rows if row["flags"]]
+    L += ["", "Flags, and the fits they concern:", *flagged] if flagged else []
+    L += ["", "Figures: cases.png (φ and its CI per case), cases_loops.png (val loss vs test-time r' per case)."]
+    # OUT is the baseline fit's folder: --cases claims it as that fit's own request (OUT/fit.json records it, OUT's
+    # marker names it), so the table needs no --overwrite and a copied study stays usable
+    with claimed(out_dir, "fit", summary["request"] or "cases", overwrite, "--cases",
+                 ("report.md", "cases.png", "cases_loops.png")):
+        report = pathlib.Path(out_dir, "report.md")     # the fit's own report, without the section written before
+        head = report.read_text("utf-8", "replace").split(CASES_MARK)[0].rstrip("\n") + "\n\n" if report.is_file() \
+            else ""
+        files["report.md"] = (head + "\n".join(L) + "\n").encode()
+        write_set(out_dir, files)
+    return [os.path.join(out_dir, n) for n in sorted(files, key=lambda n: n != "report.md")]
 
 
 # -----------------------------------------------------------------------------
@@ -1338,12 +1264,8 @@ def _chin_groups(res):
 # Output files: checked before the fit, written as one set after it (issues 12 and 18, through common.py)
 
 def runs_record(runs):
-    """Which runs a fit used (issue 18 §1), for fit.json: n, each run's folder (relative to the runs folder; the CSV
-    line for CSV rows) and key -- a digest of the identity train.py recorded (when the record has one), the case
-    label and the numbers the fit reads -- and the digest of the sorted keys. Equal digests mean the same runs,
-    whatever folder they were read from; a retrained run or an edited val_loss changes its key."""
-    # the key covers what makes a run this run (train.py's identity) and what the fit takes from it; the folder
-    # name is kept beside it for people, not in it: a copied runs folder is the same runs
+    """Which runs a fit used (issue 18 §1): n, folders (or CSV lines), keys (a digest of train.py's identity, the case
+    and the numbers fitted; not the folder: a copy is the same runs) and the digest of the sorted keys."""
     keys = [common.request_key("run", [ident, case] + [float(runs[k][i]) for k in REQUIRED])
             for i, (ident, case) in enumerate(zip(runs["identity"], runs["case"]))]
     return {"n": len(keys), "digest": common.request_key("runs", sorted(keys)), "dirs": list(runs["dir"]), "keys": keys}
@@ -1353,10 +1275,9 @@ class Partial(ValueError):
 
 @contextlib.contextmanager
 def claimed(folder, tool, request, overwrite=False, flag="--out", names=()):
-    """common.claim(folder) for the body of the with: fit.py's (or design.py's) own folder, one writer at a time. A
-    refusal raised inside the body gives the folder back as it was (its marker's old text, no folder we made): a
-    refused command changes nothing. A Partial keeps the folder ours, for the rerun. names: the outputs the body
-    will write, refused first where a link, folder or FIFO stands at one (never written through)."""
+    """common.claim(folder) for the body of the with (fit.py's or design.py's folder, one writer at a time). A refusal
+    in the body gives the folder back as it was (marker text, no folder we made); a Partial keeps it ours. names: the
+    outputs the body writes, refused first where a link, folder or FIFO stands at one (never written through)."""
     mark, made = os.path.join(folder, f".nanoloop-{tool}"), not os.path.lexists(folder)
     # the marker's text, read before claim rewrites it (a FIFO or device is never opened: claim refuses it by name)
     old = pathlib.Path(mark).read_bytes()[:200] if os.path.isfile(mark) else None
@@ -1365,27 +1286,24 @@ def claimed(folder, tool, request, overwrite=False, flag="--out", names=()):
         for name in names:
             common.check_new(os.path.join(folder, name), True, flag)
         yield
-    except Partial:             # outputs were renamed in: the folder stays ours, so the rerun needs no --overwrite
-        raise
-    except BaseException:       # a refusal (or a kill by Ctrl-C) before any rename: the folder as it was
-        with contextlib.suppress(OSError):
-            if old is not None:
-                pathlib.Path(mark).write_bytes(old)     # the file we hold the lock on: rewritten in place
-            else:
-                os.remove(mark)
-                if made:
-                    os.rmdir(folder)
+    except BaseException as err:    # a refusal (or Ctrl-C) before any rename: the folder as it was. After a rename
+        if not isinstance(err, Partial):        # (Partial) it stays ours, so the rerun needs no --overwrite
+            with contextlib.suppress(OSError):
+                if old is not None:
+                    pathlib.Path(mark).write_bytes(old)     # the file we hold the lock on: rewritten in place
+                else:
+                    os.remove(mark)
+                    if made:
+                        os.rmdir(folder)
         raise
     finally:
         common.release(folder)                  # the next command (in this process too) claims it anew
 
 def write_set(folder, files, remove=()):
-    """Write {name: bytes} into folder as one set of common.atomic_write calls, nested, so every temporary is written
-    and fsync'd before the first rename: a full disk or an error changes nothing. Then the names in remove go (the
-    old fit.json, outputs of an earlier fit this one does not write) and the files are renamed in, the first name of
-    files last (fit.json: a folder with a fit.json holds that fit's complete set)."""
+    """Write {name: bytes} into folder as nested common.atomic_write calls: every temporary is fsync'd before the first
+    rename, so a full disk changes nothing. Then the names in remove go (an earlier fit's) and the files are renamed
+    in, the first name last (fit.json: a folder with a fit.json holds that fit's complete set)."""
     names, renaming = list(files), []          # renaming: from then on an error leaves a partial set, and says so
-
     def nest(i, tmp=None):
         if tmp is not None:                    # common.atomic_write hands us its fresh temporary; fill it, go deeper
             pathlib.Path(tmp).write_bytes(files[names[i - 1]])
@@ -1438,8 +1356,7 @@ def parse_args(argv=None):
     p.add_argument("--cases", metavar="DIR", help="summarise DIR/fit.json and DIR/case_*/fit.json into DIR/report.md")
     p.add_argument("--synthetic", metavar="OUT.csv", help="write the synthetic 116-run grid and exit")
     a = p.parse_args(argv)
-    # mode rules argparse cannot express: one error line each, exit status 2 (common.Parser). --synthetic and
-    # --cases need no runs input and write no fit folder
+    # mode rules argparse cannot express: one error line each, exit status 2 (common.Parser)
     if (a.synthetic or a.cases) and (a.runs_dir or a.csv or a.out or (a.synthetic and a.cases)):
         p.error("--synthetic and --cases take no RUNS_DIR, --csv, --out or each other")
     if not (a.synthetic or a.cases) and ((a.runs_dir is None) == (a.csv is None) or not a.out):
@@ -1452,9 +1369,7 @@ def parse_args(argv=None):
     return a
 
 def fit_outputs(args):
-    """The fit a CLI invocation asks for, written into --out; returns its result and the lines to print. Every input
-    or output problem is a ValueError before any fit runs; the outputs are rendered in memory and written as one set
-    at the end, so a failure anywhere leaves --out as it was."""
+    """The fit the CLI asks for, written into --out as one set at the end (a problem before: --out unchanged)."""
     # what this invocation asks for: the same request may rewrite its own outputs without --overwrite
     request = {"input": os.path.abspath(args.csv or args.runs_dir), "csv": bool(args.csv), "law": args.law,
                **{k: getattr(args, k) for k in ("case", "loops", "seed", "restarts", "bootstrap", "boot_restarts")}}
@@ -1480,34 +1395,28 @@ def fit_outputs(args):
         except Exception as err:         # a plotting bug must not cost the fit a traceback or a half-written folder
             raise ValueError(f"drawing the figures failed ({type(err).__name__}: {err}); nothing was written") from None
         files["report.md"] = report_text(res).encode()
-        # fit.json lists the set it belongs to: a reader can tell a complete folder from a partial one, and the next
-        # fit here removes the outputs of this one it does not rewrite (only those: what it knows fit.py wrote)
+        # fit.json lists its set: a partial folder shows, and the next fit removes only those it does not rewrite
         res["outputs"] = sorted(files) + ["fit.json"]
         old = []
         with contextlib.suppress(ValueError, TypeError):     # no fit.json there, or not ours: nothing to remove
             old = [n for n in OUTPUTS if n in read_json(os.path.join(args.out, "fit.json")).get("outputs")]
         files = {"fit.json": json.dumps(_jsonable(res), indent=1).encode(), **files}      # fit.json first: renamed last
         write_set(args.out, files, remove=["fit.json"] + [n for n in old if n not in files])
-    # what the CLI prints: each Eq. 2 fit (per architecture or chinchilla group), the restricted fits, the case line,
-    # every flag, and last (where a user looks) the phi line with its 95% CI and flags, and the delta-phi line
-    blocks = _chin_groups(res) if "chinchilla" in res else {f"r={r}": b for r, b in res["per_arch"].items()}
-    L = [f"{name}: A={_sig2(b['A'])} alpha={b['alpha']:.3f} B={_sig2(b['B'])} beta={b['beta']:.3f} E={b['E']:.2f} "
-         f"R2={b['r2']:.4f}" for name, b in blocks.items()]
-    L += [] if "chinchilla" in res else [f"{k}: R2={res[k]['r2']:.4f} (free phi: {res['joint']['r2']:.4f})"
-                                         for k in ("phi0", "phi1")]
-    if c := res.get("case"):
-        L.append(f"case {c['name']}: phi {c['variant']['phi']:.3f} vs baseline phi {c['baseline']['phi']:.3f} "
-                 f"refitted on {_budgets_said(c)}; delta phi = {c['delta_phi']:+.3f}")
-    L += [f"WARNING [{f['name']}]: {f['message']}" for f in res["flags"]]
-    L.append(f"wrote {args.out}/fit.json, report.md and figures")
-    if "chinchilla" not in res:
+    # printed: the Eq. 2 fits, restricted fits, case, flags, and last (where a user looks) the phi and delta-phi lines
+    chin, c = "chinchilla" in res, res.get("case")
+    L = [f"{name}: " + " ".join(f"{k}={v}" for k, v in zip(("A", "alpha", "B", "beta", "E", "R2"), _cells(
+        b, "A:sig2 alpha:.3f B:sig2 beta:.3f E:.2f r2:.4f"))) for name, b in _eq2_blocks(res).items()]
+    L += [f"{k}: R2={res[k]['r2']:.4f} (free phi: {res['joint']['r2']:.4f})" for k in ("phi0", "phi1") if not chin]
+    L += [f"case {c['name']}: phi {c['variant']['phi']:.3f} vs baseline phi {c['baseline']['phi']:.3f} refitted on "
+          f"{_budgets_said(c)}; delta phi = {c['delta_phi']:+.3f}"] if c else []
+    L += [f"WARNING [{f['name']}]: {f['message']}" for f in res["flags"]] + [
+        f"wrote {args.out}/fit.json, report.md and figures"]
+    if not chin:
         # the one line a user reads: point estimate and 95% block-bootstrap CI (Table 2 style), and its flags
-        bs = res.get("bootstrap")
-        ci = f" [{bs['phi_lo']:.2f}, {bs['phi_hi']:.2f}]" if bs else " (no bootstrap CI)"
+        ci = _ci(res.get("bootstrap") or {}, "phi", ".2f") or " (no bootstrap CI)"
         L.append(f"phi = {res['joint']['phi']:.2f}{ci}{_flag_names(res)}")
-    if c:                                 # the case study's one line (runs/mini.sh --case greps it)
-        dci = f" [{c['delta_phi_lo']:+.3f}, {c['delta_phi_hi']:+.3f}]" if "delta_phi_lo" in c else ""
-        L.append(f"delta_phi({c['name']}) = {c['delta_phi']:+.3f}{dci}{_flag_names(res)}")
+    # the case study's one line (runs/mini.sh --case greps it)
+    L += [f"delta_phi({c['name']}) = {c['delta_phi']:+.3f}{_ci(c, 'delta_phi', '+.3f')}{_flag_names(res)}"] if c else []
     return res, L
 
 def main(argv=None):
