@@ -248,10 +248,10 @@ def plan(a):
     if missing := sorted(set(a.reference or ()) - set(U["runs"]["name"])):
         refuse(f"--reference lists runs that are not in the pool: {', '.join(missing[:3])}")
     ref = np.isin(U["runs"]["name"], a.reference) if a.reference else U["cand"] | U["fixed"]
-    if a.noise_phi and math.sqrt(variance(U, ref)[0]) < a.noise_phi:
+    if a.noise_phi and (sd := math.sqrt(variance(U, ref)[0])) < a.noise_phi:
         # run-to-run noise (data order, seeds) a study's residuals understate: raise sigma until the reference
         # design's sd(phi) is noise_phi (Var scales as sigma^2 once sigma / L >> delta, as in every real study)
-        sigma *= a.noise_phi / math.sqrt(variance(U, ref)[0])
+        sigma *= a.noise_phi / sd
         U = universe([(runs, th, sigma, kind) for runs, th, kind in groups])
     # a budget in GPU-hours becomes executed FLOPs by flops.py's convention (hours x 3600 x MFU x peak)
     budget = a.budget_flops or (a.budget_gpu_hours or 0) * 3600 * a.mfu * a.peak_flops or math.inf
@@ -482,10 +482,10 @@ def main(argv=None):
             refuse("--bootstrap x (1 + --boot-restarts) must be at most 1e6 starts")
         request["protocol"] = {k: request[k] for k in ("reps", "restarts", "bootstrap", "boot_restarts", "seed")}
         # --out is design.py's own folder (common.claim): new, this same request's, or --overwrite; one writer
-        with fit.claimed(a.out, "design", request, a.overwrite), warnings.catch_warnings():
-            for name in ("sim.json", "sim.md", "sim.png"):
-                common.check_new(os.path.join(a.out, name), True)
-            warnings.simplefilter("ignore")     # fit_block's single-hit notes on small sets: the tables say enough
+        # (a link, folder or FIFO at an output's name is refused before the simulation); fit_block's single-hit
+        # notes on small sets are silenced: the tables say enough
+        names = ("sim.json", "sim.md", "sim.png")
+        with fit.claimed(a.out, "design", request, a.overwrite, names=names), warnings.catch_warnings(action="ignore"):
             fit.write_set(a.out, sim_outputs(simulate(a), request))
     except (ValueError, OSError) as err:    # bad input; an unreadable list or prior, a read-only folder
         common.fail("design.py", err)
