@@ -495,11 +495,11 @@ def _finished(out_dir, request, verify=False):
     state is left; with verify, every file they list also hashes as recorded (else it is packed again)."""
     with contextlib.suppress(ValueError, OSError, KeyError):
         metas = {s: read_meta(out_dir, s) for s in ("train", "val")}
-        # the files on disk are the ones listed (and regular files: _split_files)
-        hashes = [(n, m["files"][n]["sha256"]) for s, m in metas.items() if verify for n in _split_files(out_dir, s, m)]
-        mine = [m.get("request") for m in metas.values()] == [request] * 2 and not os.path.lexists(
+        mine = all(m.get("request") == request for m in metas.values()) and not os.path.lexists(
             os.path.join(out_dir, STATE_NAME))
-        if mine and all(_sha256_file(os.path.join(out_dir, n)) == h for n, h in hashes):
+        # the files on disk are the ones listed (and regular files: _split_files), each hashing as recorded
+        if mine and all(_sha256_file(os.path.join(out_dir, n)) == m["files"][n]["sha256"]
+                        for s, m in metas.items() if verify for n in _split_files(out_dir, s, m)):
             return metas
 
 

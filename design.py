@@ -102,8 +102,7 @@ def load_prior(path):
         return np.array(PAPER_THETA), PAPER_RMSE
     # any fit.py fit.json: its joint block holds theta in PARAM_NAMES' order and the residual RMSE in nats
     joint = fit.read_json(path).get("joint")
-    ok = isinstance(joint, dict) and isinstance(joint.get("theta"), list)
-    vals = [*joint["theta"], joint.get("rmse")] if ok else []
+    vals = [*joint["theta"], joint.get("rmse")] if isinstance(joint, dict) and type(joint.get("theta")) is list else []
     box = [f"[{lo}, {hi}]" for lo, hi in zip(fit.BOX_LO, fit.BOX_HI)] + ["(0, 1]"]       # theta's, then rmse's
     if len(vals) != 7 or any(v is None or common.check_number(v, iv) for v, iv in zip(vals, box)):
         refuse(f"{path}: no joint fit with a theta inside fit.py's App. F box and an rmse in (0, 1] nats")
