@@ -64,8 +64,16 @@ class Tokenizer:
         if self.bos_id < 0:
             raise ValueError(f"sentencepiece model {spec} has no BOS piece; every document needs one")
         proto = self._sp.serialized_model_proto()
+        # Our own BPE (train_tokenizer) is told apart by its trainer fields: sentencepiece records those that differ
+        # from its defaults, and ours alone set input_sentence_size 2,000,000 (protobuf field 11) and
+        # max_sentence_length 16,384 (field 18); Llama-2 has 200M and 4,192. Each is stored as two varints (the key
+        # field << 3, then the value; 7-bit groups, low first), so both byte runs appear verbatim in the model's bytes
+        # (pieces are UTF-8 and scores negative floats, which never hold them): no protobuf parser is needed.
+        varint = lambda v: bytes([v & 0x7F | 0x80]) + varint(v >> 7) if v >= 0x80 else bytes([v])
+        own = all(varint(field << 3) + varint(SPM_SETTINGS[key]) in proto
+                  for field, key in ((11, "input_sentence_size"), (18, "max_sentence_length")))
         # specials: special token id -> text, ids after the pieces (the release's rule for an external, Llama-2 model)
-        self.specials = {} if _is_own_bpe(proto) else {self.n_pieces + k: t for k, t in enumerate(RELEASE_SPECIALS)}
+        self.specials = {} if own else {self.n_pieces + k: t for k, t in enumerate(RELEASE_SPECIALS)}
         self.identity = "sentencepiece:" + hashlib.sha256(proto).hexdigest()
         self.vocab_size = self.n_pieces + len(self.specials)
 
@@ -123,17 +131,6 @@ def _split_long(text, limit):
         pieces.append(text[i:end])
         i = end
     return pieces + [text[i:]]
-
-
-def _is_own_bpe(serialized):
-    """True when a sentencepiece model was trained by train_tokenizer. Sentencepiece records the trainer fields that
-    differ from its defaults, and ours alone set input_sentence_size 2,000,000 (protobuf field 11) and
-    max_sentence_length 16,384 (field 18); Llama-2 has 200M and 4,192. Each field is stored as two varints (the key
-    field << 3, then the value; 7-bit groups, low first), so both byte runs appear verbatim in the model's bytes
-    (pieces are UTF-8 and scores negative floats, which never hold them): no protobuf parser is needed."""
-    varint = lambda v: bytes([v & 0x7F | 0x80]) + varint(v >> 7) if v >= 0x80 else bytes([v])
-    return all(varint(field << 3) + varint(SPM_SETTINGS[key]) in serialized
-               for field, key in ((11, "input_sentence_size"), (18, "max_sentence_length")))
 
 # -----------------------------------------------------------------------------
 # Sources: the embedded offline default, or text / jsonl / parquet files by glob, read as a stream of documents.
@@ -359,8 +356,6 @@ def _prepare(out_dir, request, texts, encode, overwrite, bos_id, source, tokeniz
     a fresh iterable (texts, or token ids); encode(batch of them) -> their token ids. The rest is for the metas.
     A set finished but modified since is packed again, and an unreadable state starts the request over: both hold
     only this request's own files."""
-    # tuples -> lists: the request compares equal to its copy read back from a meta or the state
-    request = json.loads(json.dumps(request))
     seq_len, rows_per_file, vocab_size = request["seq_len"], request["rows_per_file"], request["vocab_size"]
     # Preflight: every input error surfaces here, before the folder is touched, so a refusal changes nothing.
     # One file of rows is held in memory while it fills, and parquet list offsets are int32: both cap a file.
@@ -377,19 +372,19 @@ def _prepare(out_dir, request, texts, encode, overwrite, bos_id, source, tokeniz
         raise ValueError(f"--val-docs {val_docs} must be in [1, {n_docs - 1}] for {n_docs} documents" if n_docs else
                          "empty corpus: the source holds no non-empty document")
     # --overwrite deletes nothing, and the loader reads every {split}-*.parquet: another set's shards are refused
-    stray = sorted(p for split in ("train", "val") for p in glob.glob(os.path.join(out_dir, f"{split}-*.parquet")))
-    if overwrite and stray and not _finished(out_dir, request) and \
-            (_read_state(out_dir) or {}).get("request") != request:
-        raise ValueError(f"--out {out_dir} holds {os.path.basename(stray[0])}, a shard of another prepare; move it")
+    # (without --overwrite the folder is new, empty or this request's: every shard in it is ours)
+    shards = lambda: sorted(p for s in ("train", "val") for p in glob.glob(os.path.join(out_dir, f"{s}-*.parquet")))
+    if overwrite and shards() and not _finished(out_dir, request) and _read_state(out_dir).get("request") != request:
+        raise ValueError(f"--out {out_dir} holds {os.path.basename(shards()[0])}, a shard of another prepare; move it")
     made = not os.path.lexists(out_dir)
     how = claim(out_dir, "data", request, overwrite)
     try:                # the claim ends with this call (an in-process caller may claim the folder again)
         # held-out documents: a seeded draw of val_docs of the n_docs, without replacement; (n_docs,) bool
         is_val = np.isin(np.arange(n_docs), np.random.default_rng(request["seed"]).choice(n_docs, val_docs, False))
-        info = _read_state(out_dir) or {}
+        info = _read_state(out_dir)
         if info.get("request") != request:
             # first: the folder holds this request's state (a kill from here on resumes)
-            info = dict(request=request, split="train", done={}, progress=None)
+            info = dict(request=request, done={}, progress=None)
             atomic_write(os.path.join(out_dir, STATE_NAME), json.dumps(info))
         tok_name = tokenizer and "tokenizer.model"          # the meta names the copy (None: no tokenizer file)
         if tok_name:
@@ -397,27 +392,25 @@ def _prepare(out_dir, request, texts, encode, overwrite, bos_id, source, tokeniz
         for split in [s for s in ("train", "val") if s not in info["done"]]:      # (a resume skips a finished split)
             prog = _pack_split(out_dir, split, info, (texts, encode, bos_id), is_val)
             # an impossible request leaves nothing behind: the folder this run made (all of it is this run's), else
-            # the files it wrote (plain names from the state, never a path)
+            # the files it wrote (every shard is ours, as above)
             if not prog["files"]:
-                ours = [n for m in (*info["done"].values(), prog) for n in m["files"]] + [STATE_NAME, tok_name]
-                for name in [] if made else [n for n in ours if n and os.path.basename(n) == n]:
-                    os.remove(os.path.join(out_dir, name))
+                for path in [] if made else shards() + [os.path.join(out_dir, n) for n in (STATE_NAME, tok_name) if n]:
+                    os.remove(path)
                 if made:
                     shutil.rmtree(out_dir)
                 # (more text, a smaller --seq-len, or for val a larger --val-docs would)
                 raise ValueError(f"{split}: {prog['consumed']} documents do not fill one row of {seq_len + 1} tokens")
             # the release's keys, so the loader treats both kinds of folder alike; then provenance, reconciliation
             # (dropped: cropped tails + docs left when the window ran dry) and integrity
-            info["done"][split] = {
-                "vocab_size": vocab_size, "bos_token_id": bos_id, "seq_len": seq_len, "row_capacity": seq_len + 1,
-                "total_rows": prog["rows"], "total_tokens": prog["rows"] * (seq_len + 1),
-                "total_docs": prog["consumed"], "num_shards": len(prog["files"]), "buffer_size": request["buffer_size"],
-                "split": split, "source": source, "tokenizer": tok_name, "tokenizer_hash": tokenizer_hash,
-                **(meta_extra or {}), "seed": request["seed"], "dtype": "uint16" if vocab_size <= 2 ** 16 else "uint32",
-                "doc_tokens": prog["doc_tokens"], "dropped_tokens": prog["doc_tokens"] - prog["rows"] * (seq_len + 1),
-                "cropped_docs": prog["cropped_docs"], "rows_per_file": rows_per_file, "request": request,
-                "files": prog["files"]}
-            info["split"], info["progress"] = ("val" if split == "train" else "meta"), None
+            info["done"][split] = dict(
+                vocab_size=vocab_size, bos_token_id=bos_id, seq_len=seq_len, row_capacity=seq_len + 1,
+                total_rows=prog["rows"], total_tokens=prog["rows"] * (seq_len + 1), total_docs=prog["consumed"],
+                num_shards=len(prog["files"]), buffer_size=request["buffer_size"], split=split, source=source,
+                tokenizer=tok_name, tokenizer_hash=tokenizer_hash, **(meta_extra or {}), seed=request["seed"],
+                dtype="uint16" if vocab_size <= 2 ** 16 else "uint32", doc_tokens=prog["doc_tokens"],
+                dropped_tokens=prog["doc_tokens"] - prog["rows"] * (seq_len + 1), cropped_docs=prog["cropped_docs"],
+                rows_per_file=rows_per_file, request=request, files=prog["files"])
+            info["progress"] = None
             atomic_write(os.path.join(out_dir, STATE_NAME), json.dumps(info))
         for split, meta in info["done"].items():
             atomic_write(os.path.join(out_dir, f"meta_{split}.json"), json.dumps(meta, indent=2) + "\n")
@@ -435,7 +428,7 @@ def _pack_split(out_dir, split, info, docs, is_val):
     r, state = info["request"], os.path.join(out_dir, STATE_NAME)
     capacity, rows_per_file, si = r["seq_len"] + 1, r["rows_per_file"], ("train", "val").index(split)
     prog, window = dict(consumed=0, files={}, doc_tokens=0, cropped_docs=0, rows=0), []
-    if info["split"] == split and info["progress"]:
+    if info["progress"]:        # (a finished split's progress is None: this one is the split in progress)
         # the state is a file: its counts and saved documents pass the limits of what a prepare could have written
         prog = info["progress"]
         check_record(prog, dict.fromkeys(("consumed", "doc_tokens", "cropped_docs", "rows"), COUNT), state)
@@ -479,7 +472,7 @@ def _pack_split(out_dir, split, info, docs, is_val):
         atomic_write(path, lambda tmp: pq.write_table(pa.table({"tokens": column}), tmp))
         prog["files"][os.path.basename(path)] = {"rows": n, "sha256": _sha256_file(path)}
         prog["window"] = [[prefix.tolist(), length] for prefix, length in window]
-        info["split"], info["progress"] = split, prog
+        info["progress"] = prog
         atomic_write(state, json.dumps(info))
     stream = counted()
     for row in best_fit_rows(stream, capacity, window, r["buffer_size"]):
@@ -502,18 +495,19 @@ def _finished(out_dir, request, verify=False):
     state is left; with verify, every file they list also hashes as recorded (else it is packed again)."""
     with contextlib.suppress(ValueError, OSError, KeyError):
         metas = {s: read_meta(out_dir, s) for s in ("train", "val")}
-        # the files on disk are the ones listed (and regular files: _split_files)
-        hashes = [(n, m["files"][n]["sha256"]) for s, m in metas.items() if verify for n in _split_files(out_dir, s, m)]
-        mine = [m.get("request") for m in metas.values()] == [request] * 2 and not os.path.lexists(
+        mine = all(m.get("request") == request for m in metas.values()) and not os.path.lexists(
             os.path.join(out_dir, STATE_NAME))
-        if mine and all(_sha256_file(os.path.join(out_dir, n)) == h for n, h in hashes):
+        # the files on disk are the ones listed (and regular files: _split_files), each hashing as recorded
+        if mine and all(_sha256_file(os.path.join(out_dir, n)) == m["files"][n]["sha256"]
+                        for s, m in metas.items() if verify for n in _split_files(out_dir, s, m)):
             return metas
 
 
 def _read_state(out_dir):
-    """DIR/.prepare-state.json, or None when absent or unreadable (common.read_json refuses a FIFO by name)."""
+    """DIR/.prepare-state.json, or {} when absent or unreadable (common.read_json refuses a FIFO by name)."""
     with contextlib.suppress(ValueError):
         return read_json(os.path.join(out_dir, STATE_NAME))
+    return {}
 
 
 HASH_CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "nanoloop", "sha256")

@@ -102,8 +102,7 @@ def load_prior(path):
         return np.array(PAPER_THETA), PAPER_RMSE
     # any fit.py fit.json: its joint block holds theta in PARAM_NAMES' order and the residual RMSE in nats
     joint = fit.read_json(path).get("joint")
-    ok = isinstance(joint, dict) and isinstance(joint.get("theta"), list)
-    vals = [*joint["theta"], joint.get("rmse")] if ok else []
+    vals = [*joint["theta"], joint.get("rmse")] if isinstance(joint, dict) and type(joint.get("theta")) is list else []
     box = [f"[{lo}, {hi}]" for lo, hi in zip(fit.BOX_LO, fit.BOX_HI)] + ["(0, 1]"]       # theta's, then rmse's
     if len(vals) != 7 or any(v is None or common.check_number(v, iv) for v, iv in zip(vals, box)):
         refuse(f"{path}: no joint fit with a theta inside fit.py's App. F box and an rmse in (0, 1] nats")
@@ -248,10 +247,10 @@ def plan(a):
     if missing := sorted(set(a.reference or ()) - set(U["runs"]["name"])):
         refuse(f"--reference lists runs that are not in the pool: {', '.join(missing[:3])}")
     ref = np.isin(U["runs"]["name"], a.reference) if a.reference else U["cand"] | U["fixed"]
-    if a.noise_phi and math.sqrt(variance(U, ref)[0]) < a.noise_phi:
+    if a.noise_phi and (sd := math.sqrt(variance(U, ref)[0])) < a.noise_phi:
         # run-to-run noise (data order, seeds) a study's residuals understate: raise sigma until the reference
         # design's sd(phi) is noise_phi (Var scales as sigma^2 once sigma / L >> delta, as in every real study)
-        sigma *= a.noise_phi / math.sqrt(variance(U, ref)[0])
+        sigma *= a.noise_phi / sd
         U = universe([(runs, th, sigma, kind) for runs, th, kind in groups])
     # a budget in GPU-hours becomes executed FLOPs by flops.py's convention (hours x 3600 x MFU x peak)
     budget = a.budget_flops or (a.budget_gpu_hours or 0) * 3600 * a.mfu * a.peak_flops or math.inf
@@ -482,10 +481,10 @@ def main(argv=None):
             refuse("--bootstrap x (1 + --boot-restarts) must be at most 1e6 starts")
         request["protocol"] = {k: request[k] for k in ("reps", "restarts", "bootstrap", "boot_restarts", "seed")}
         # --out is design.py's own folder (common.claim): new, this same request's, or --overwrite; one writer
-        with fit.claimed(a.out, "design", request, a.overwrite), warnings.catch_warnings():
-            for name in ("sim.json", "sim.md", "sim.png"):
-                common.check_new(os.path.join(a.out, name), True)
-            warnings.simplefilter("ignore")     # fit_block's single-hit notes on small sets: the tables say enough
+        # (a link, folder or FIFO at an output's name is refused before the simulation); fit_block's single-hit
+        # notes on small sets are silenced: the tables say enough
+        names = ("sim.json", "sim.md", "sim.png")
+        with fit.claimed(a.out, "design", request, a.overwrite, names=names), warnings.catch_warnings(action="ignore"):
             fit.write_set(a.out, sim_outputs(simulate(a), request))
     except (ValueError, OSError) as err:    # bad input; an unreadable list or prior, a read-only folder
         common.fail("design.py", err)
