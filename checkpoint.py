@@ -5,8 +5,8 @@ train.py's run folder (what it holds, its atomic writes).
     read_checkpoint   a torch file -> its dict (weights_only: never unpickles code), the entries eval/train read checked
     load_weights      a state dict into a model, only if names, shapes and finiteness fit exactly
     model_bytes       what building a ModelConfig allocates, from the config alone (check_memory refuses too large)
-    load_checkpoint   a run dir, a .pt file or a release dir -> (model in eval mode, checkpoint dict)
-    load_release      the authors' model_<step>.pt + meta_<step>.json mapped onto LoopedGPT exactly
+    load_checkpoint   a run dir, a .pt file or a release dir -> (model in eval mode, checkpoint dict); the authors'
+                      model_<step>.pt + meta_<step>.json mapped onto LoopedGPT exactly
     need              the one-line refusal (train.py's too)
     out_dir_state     train.py's run folder: fresh / resume / finished, decided by rank 0, checked, claimed
     save, trim_log    train.py's atomic writes of ckpt.pt / done.json, and its log cut back to the checkpoint
@@ -130,34 +130,6 @@ def check_memory(cfg, device, source) -> None:
              f"{have / 2 ** 30:,.1f} GiB of {where}: a wrong config?")
 
 
-def load_checkpoint(path, device="cpu", step=None):
-    """(model in eval mode, checkpoint dict) from a nanoloop run (out_dir or a .pt path) or an authors' release
-    directory (or one of its model_<step>.pt files). A release's dict is shaped like train.py's (model_config, a
-    train_config with the release's 70.8M val tokens) plus "release": its meta. step: the release step (default the
-    latest), an error for a nanoloop run. The model is sized (check_memory) before it is built."""
-    kind, root, step = checkpoint_kind(path, step)
-    if kind == "release":
-        model, meta = load_release(root, step, device)
-        return model, dict(model_config=dataclasses.asdict(model.cfg), release=meta,
-                           train_config=dict(eval_tokens=RELEASE_EVAL_TOKENS))
-    ck = read_checkpoint(root)
-    check_memory(cfg := ModelConfig(**ck["model_config"]), device, root)
-    return load_weights(LoopedGPT(cfg), ck["model"], root).to(device).eval(), ck
-
-
-def checkpoint_kind(path, step):
-    """("nanoloop" | "release", the path to read (a run's ckpt.pt, a release's directory), step): which layout
-    `path` holds (see load_checkpoint)."""
-    m = os.path.isfile(path) and re.fullmatch(r"model_(\d+)\.pt", os.path.basename(path))
-    if m:                                                         # one release file names its own step
-        need(step in (None, int(m[1])), f"--step {step} contradicts the file name {m[0]}")
-        return "release", os.path.dirname(os.path.abspath(path)), int(m[1])
-    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "ckpt.pt")) and release_steps(path):
-        return "release", path, step
-    need(step is None, f"--step selects a step of a release directory (model_<step>.pt); {path} is a nanoloop run")
-    return "nanoloop", os.path.join(path, CKPT_NAME) if os.path.isdir(path) else path, None
-
-
 # -----------------------------------------------------------------------------
 # The authors' release checkpoints (kschwethelm/looped-lm-scaling, nanochat/checkpoint_manager.py at v0.1.0)
 # DIR/model_<step:06d>.pt: the GPT's state_dict; DIR/meta_<step:06d>.json: {"step", "val_loss", "model_config":
@@ -184,14 +156,8 @@ RELEASE_META = {"step": (int, "[0, inf)"), "val_loss": ((int, float), "[0, inf)"
                 "user_config": (dict, None)}              # the meta's own keys, for common.read_json
 
 
-def release_steps(root) -> dict:
-    """{step: model path} of root/model_<digits>.pt (aliases such as model_pre_warmdown.pt are not steps)."""
-    found = (re.fullmatch(r"model_(\d+)\.pt", name) for name in os.listdir(root))
-    return {int(m.group(1)): os.path.join(root, m.group(0)) for m in found if m}
-
-
 def release_config(meta, meta_path) -> ModelConfig:
-    """The meta's model_config -> the ModelConfig it describes (mapping in load_release); where names the file.
+    """The meta's model_config -> the ModelConfig it describes (mapping in load_checkpoint); where names the file.
 
     Every field is checked against RELEASE_FIELDS (type, range; none unknown, the first ten present) and completed
     with the GPTConfig defaults: a hand-edited field is one line naming the file and the key."""
@@ -242,11 +208,15 @@ def release_state(path) -> tuple:
     return state, names
 
 
-def load_release(root, step=None, device="cpu", release_rope=True):
-    """An authors' release directory -> (LoopedGPT in eval mode, meta dict with "step" set). ValueError if not.
+def load_checkpoint(path, device="cpu", step=None):
+    """(model in eval mode, checkpoint dict) from a nanoloop run (out_dir or a .pt path) or an authors' release
+    directory (or one of its model_<step>.pt files), one path for both: the config checked, the model sized
+    (check_memory) before it is built, the weights checked as they are loaded (load_weights). A release's dict is
+    shaped like train.py's (model_config, a train_config with the release's 70.8M val tokens) plus "release": its
+    meta with "step" set. step: the release step (default the latest), an error for a nanoloop run.
 
-    root: the directory of model_<step:06d>.pt + meta_<step:06d>.json; step: which (default the latest).
-    The mapping (release -> nanoloop; every fact from the release's gpt.py / base_train.py at v0.1.0):
+    A release directory holds model_<step:06d>.pt + meta_<step:06d>.json and no ckpt.pt. The mapping (release ->
+    nanoloop; every fact from the release's gpt.py / base_train.py at v0.1.0):
       config   n_embd -> d_model = aspect_ratio x scale; head_dim = n_embd / n_head; num_recur -> n_loops;
                n_prelude / n_recur_block / n_coda -> the layout, n_layers_eff = p + r l + c; input_injection ->
                injection (inject_init_prelude = linear, hyperconnect = hyper); num_lanes -> hc_lanes; bptt_k < r ->
@@ -262,36 +232,51 @@ def load_release(root, step=None, device="cpu", release_rope=True):
                (torch.compile) is dropped. Strict: an unknown, missing, misshapen or non-finite tensor is an error.
       RoPE     the release rotates each pair (x_j, x_{j+D/2}) by -theta, nanoloop by +theta. Negating the second-half
                output rows of every head of c_q and c_k gives q', k' = the release's q, k with their second halves
-               negated; QK-norm and every q.k are unchanged by that, so attention is the release's exactly.
-               release_rope: also install the release's bf16-rounded tables (eval; train.py --init-from keeps
-               nanoloop's own, so its resumes stay bitwise).
+               negated; QK-norm and every q.k are unchanged by that, so attention is the release's exactly. The
+               release's bf16-rounded tables are installed too (RoPE buffers are not in a state dict, so train.py
+               --init-from keeps nanoloop's own and its resumes stay bitwise).
     """
-    steps = release_steps(root)
-    need(steps, f"{root} holds no model_<step>.pt (and no ckpt.pt): not a checkpoint directory")
-    step = max(steps) if step is None else step
-    need(step in steps, f"{root} has no step {step}; steps: {sorted(steps)}")
-    meta_path = os.path.join(root, f"meta_{step:06d}.json")
-    meta = read_json(meta_path, RELEASE_META)                     # absent, a FIFO, torn: one line naming it
-    need(meta.get("step") in (None, step),                       # a meta copied from another step
-         f"{meta_path}: key 'step' is {meta.get('step')}, but it sits beside model_{step:06d}.pt")
-    cfg = release_config(meta, meta_path)
-    check_memory(cfg, device, meta_path)                          # before the weights are read or the model built
-    state, names = release_state(steps[step])
-    model = load_weights(LoopedGPT(cfg), state, steps[step], names)   # bf16 wte (CUDA runs) -> fp32: exact
-    H, D = cfg.n_head, cfg.head_dim
-    with torch.no_grad():                                         # the RoPE direction (docstring)
-        for lin in [m for blk in model.blocks() for m in (blk.attn.c_q, blk.attn.c_k)]:
-            lin.weight.view(H, D, cfg.d_model)[:, D // 2:] *= -1  # (H, D, d): second-half output rows of each head
-    if release_rope:             # the release's tables: angles in fp32, rounded to bf16 and kept there (gpt.py
-        # _precompute_rotary_embeddings); nanoloop's own are fp64-computed fp32, so with the release's a loaded
-        # model computes the release's function to fp32 rounding
+    m = os.path.isfile(path) and re.fullmatch(r"model_(\d+)\.pt", os.path.basename(path))
+    root = os.path.dirname(os.path.abspath(path)) if m else path
+    # a release: one of its files, or a folder of model_<digits>.pt (an alias such as model_pre_warmdown.pt is no
+    # step) without a ckpt.pt
+    found = os.listdir(root) if m or os.path.isdir(path) and not os.path.isfile(os.path.join(path, CKPT_NAME)) else []
+    steps = {int(f[1]): os.path.join(root, f[0]) for f in map(re.compile(r"model_(\d+)\.pt").fullmatch, found) if f}
+    if not steps:                                                 # a nanoloop run: its out_dir or a .pt file
+        need(step is None, f"--step selects a step of a release directory (model_<step>.pt); {path} is a nanoloop run")
+        path, names = os.path.join(path, CKPT_NAME) if os.path.isdir(path) else path, None
+        ck = read_checkpoint(path)
+        check_memory(cfg := ModelConfig(**ck["model_config"]), device, path)
+        state = ck["model"]
+    else:
+        need(not m or step in (None, int(m[1])), f"--step {step} contradicts the file name {m and m[0]}")
+        step = int(m[1]) if m else max(steps) if step is None else step
+        need(step in steps, f"{root} has no step {step}; steps: {sorted(steps)}")
+        meta_path, path = os.path.join(root, f"meta_{step:06d}.json"), steps[step]
+        meta = read_json(meta_path, RELEASE_META)                 # absent, a FIFO, torn: one line naming it
+        need(meta.get("step") in (None, step),                   # a meta copied from another step
+             f"{meta_path}: key 'step' is {meta.get('step')}, but it sits beside model_{step:06d}.pt")
+        cfg = release_config(meta, meta_path)
+        check_memory(cfg, device, meta_path)                      # before the weights are read or the model built
+        state, names = release_state(path)
+        ck = dict(model_config=dataclasses.asdict(cfg), release=dict(meta, step=step),
+                  train_config=dict(eval_tokens=RELEASE_EVAL_TOKENS))
+    model = load_weights(LoopedGPT(cfg), state, path, names)     # a release's bf16 wte (CUDA runs) -> fp32: exact
+    if "release" in ck:
+        H, D = cfg.n_head, cfg.head_dim
+        with torch.no_grad():                                     # the RoPE direction (docstring)
+            for lin in [m for blk in model.blocks() for m in (blk.attn.c_q, blk.attn.c_k)]:
+                lin.weight.view(H, D, cfg.d_model)[:, D // 2:] *= -1   # (H, D, d): second-half output rows of a head
+        # the release's tables: angles in fp32, rounded to bf16 and kept there (gpt.py _precompute_rotary_embeddings);
+        # nanoloop's own are fp64-computed fp32, so with the release's a loaded model computes the release's function
+        # to fp32 rounding
         inv_freq = 1.0 / (cfg.rope_base ** (torch.arange(0, D, 2, dtype=torch.float32) / D))         # (D/2,)
         angles = torch.outer(torch.arange(model.rope_cos.size(0), dtype=torch.float32), inv_freq)  # (n_pos, D/2)
         model.rope_cos.copy_(angles.cos().bfloat16().float())
         model.rope_sin.copy_(angles.sin().bfloat16().float())
-    print0(f"release checkpoint {root} step {step}: d={cfg.d_model} r={cfg.n_loops} layout "
-           f"{'-'.join(map(str, cfg.partition))} {cfg.injection} | their val_loss {meta.get('val_loss')}")
-    return model.to(device).eval(), dict(meta, step=step)
+        print0(f"release checkpoint {root} step {step}: d={cfg.d_model} r={cfg.n_loops} layout "
+               f"{'-'.join(map(str, cfg.partition))} {cfg.injection} | their val_loss {meta.get('val_loss')}")
+    return model.to(device).eval(), ck
 
 
 # -----------------------------------------------------------------------------

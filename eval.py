@@ -38,6 +38,7 @@ import json
 import math
 import os
 import random
+import re
 import sys
 import time
 
@@ -46,7 +47,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 # checkpoint reading lives in checkpoint.py; these names stay importable from here (runs/bench_eval.py, tests)
-from checkpoint import checkpoint_kind, load_checkpoint, load_release, model_bytes  # noqa: F401
+from checkpoint import load_checkpoint, model_bytes  # noqa: F401
 from common import (Parser, atomic_write, check_new, claim, fail, init_dist, number, print0, release, request_key,
                     write_json)
 from data import PackedLoader, jsonl_records, load_tokenizer, read_meta
@@ -722,8 +723,8 @@ def _main(argv):
     out_dir = os.path.dirname(os.path.abspath(a.checkpoint)) if os.path.isfile(a.checkpoint) else a.checkpoint
     stem = ("eval" if step is None else f"eval_{step:06d}") + ("" if r_eval == cfg.n_loops else f"_r{r_eval}")
     path = a.out or os.path.join(out_dir, f"{stem}.json")
-    # a release: its dir (+ step); a train.py run: out/run (= out/run/ckpt.pt)
-    real = os.path.realpath(checkpoint_kind(a.checkpoint, a.step)[1]).removesuffix(os.sep + "ckpt.pt")
+    # the run: a release's dir (the step is in the key), out/run (= out/run/ckpt.pt), or any other .pt file itself
+    real = re.sub(r"/(ckpt|model_\d+)\.pt$", "", os.path.realpath(a.checkpoint))
     where = os.path.relpath(real, os.path.realpath(os.path.dirname(os.path.abspath(path))))
     key = request_key("eval", dict(checkpoint=where, n_loops=r_eval, step=step))
     check_new(path, a.overwrite, "--out", "eval", key)

@@ -446,7 +446,7 @@ def test_release_meta_sizes_and_types_refused_up_front(tmp_path, capsys, field, 
     meta = root / "meta_000100.json"
     meta.write_text(json.dumps(dict(step=100, val_loss=3.5, model_config=dict(RELEASE_MC, **{field: value}))))
     with pytest.raises(ValueError, match=re.escape(culprit)) as exc:
-        E.load_release(str(root))
+        E.load_checkpoint(str(root))
     assert str(meta) in str(exc.value) and "\n" not in str(exc.value)
     refused([str(root), "--tasks", "none"], capsys, 2, str(meta), culprit, roots=[str(tmp_path)])
 
