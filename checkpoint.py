@@ -193,21 +193,6 @@ def release_config(meta, meta_path) -> ModelConfig:
         raise ValueError(f"{where}: a layout nanoloop cannot express ({e})") from None
 
 
-def release_state(path) -> tuple:
-    """(state under nanoloop's names, {nanoloop name: release name}) of one model_<step>.pt."""
-    state, names = {}, {}
-    for k, v in read_checkpoint(path, keys=()).items():          # the safe reader: a flat state dict here
-        name = re.sub(r"^_orig_mod\.", "", str(k))
-        m = re.fullmatch(r"transformer\.((?:prelude|recur|coda)\.\d+\.)(.+)", name)
-        # a nanoloop state dict would get its RoPE rows flipped
-        need(m or not name.startswith(("wte.", "hc_", "prelude.", "recur.", "coda.")), f"{path} holds nanoloop names "
-             f"({name}): not a release state dict; save it as a ckpt.pt")
-        new = m[1] + RELEASE_NAMES.get(m[2], m[2]) if m else RELEASE_NAMES.get(name, name)
-        need(new not in state, f"{path}: two tensors map to {new} ({names.get(new)}, {k})")
-        state[new], names[new] = v, k
-    return state, names
-
-
 def load_checkpoint(path, device="cpu", step=None):
     """(model in eval mode, checkpoint dict) from a nanoloop run (out_dir or a .pt path) or an authors' release
     directory (or one of its model_<step>.pt files), one path for both: the config checked, the model sized
@@ -258,7 +243,16 @@ def load_checkpoint(path, device="cpu", step=None):
              f"{meta_path}: key 'step' is {meta.get('step')}, but it sits beside model_{step:06d}.pt")
         cfg = release_config(meta, meta_path)
         check_memory(cfg, device, meta_path)                      # before the weights are read or the model built
-        state, names = release_state(path)
+        state, names = {}, {}                                     # under nanoloop's names; theirs, for messages
+        for k, v in read_checkpoint(path, keys=()).items():      # the safe reader: a flat state dict here
+            name = re.sub(r"^_orig_mod\.", "", str(k))
+            blk = re.fullmatch(r"transformer\.((?:prelude|recur|coda)\.\d+\.)(.+)", name)
+            # a nanoloop state dict would get its RoPE rows flipped
+            need(blk or not name.startswith(("wte.", "hc_", "prelude.", "recur.", "coda.")), f"{path} holds nanoloop "
+                 f"names ({name}): not a release state dict; save it as a ckpt.pt")
+            new = blk[1] + RELEASE_NAMES.get(blk[2], blk[2]) if blk else RELEASE_NAMES.get(name, name)
+            need(new not in state, f"{path}: two tensors map to {new} ({names.get(new)}, {k})")
+            state[new], names[new] = v, k
         ck = dict(model_config=dataclasses.asdict(cfg), release=dict(meta, step=step),
                   train_config=dict(eval_tokens=RELEASE_EVAL_TOKENS))
     model = load_weights(LoopedGPT(cfg), state, path, names)     # a release's bf16 wte (CUDA runs) -> fp32: exact
