@@ -14,7 +14,7 @@ What a checkpoint holds is written by train.py's main. Every refusal here is a o
 the tools turn it into "prog: error: ..." and exit 2.
 Test:  pytest tests/test_release_ckpt.py tests/test_hostile_eval.py tests/test_hostile_train.py
 """
-import dataclasses, json, os, pickle, re, warnings
+import dataclasses, json, os, re, warnings
 
 import torch
 import torch.distributed as dist
@@ -56,11 +56,11 @@ def read_checkpoint(path, keys=("model", "model_config")) -> dict:
         with warnings.catch_warnings():                           # old pickle protocols warn before failing
             warnings.simplefilter("ignore")
             ck = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:   # corrupt, or a pickle of other objects: refused, as loading it could run code
-        raise ValueError(f"{path} is not a PyTorch checkpoint of tensors and plain types (refused)") from None
-    except Exception as e:                                        # truncated zip, random bytes, an I/O error
-        raise ValueError(f"{path} cannot be read as a PyTorch checkpoint: unreadable, truncated or corrupt "
-                         f"({type(e).__name__}: {first_line(str(e).split('. ')[0])[:120]})") from None
+    # truncated zip, random bytes, an I/O error, or a pickle of other objects (UnpicklingError: refused, as loading
+    # it could run code); torch's own text after its first sentence is advice to unpickle anyway: cut
+    except Exception as e:
+        raise ValueError(f"{path} is not a PyTorch checkpoint of tensors and plain types, or is truncated or corrupt "
+                         f"(refused; {type(e).__name__}: {first_line(str(e).split('. ')[0])[:120]})") from None
     need(isinstance(ck, dict), f"{path} holds a {type(ck).__name__}, not a checkpoint dict")
     missing = [k for k in keys if k not in ck]
     need(not missing, f"{path} has no {missing} entry (keys: {sorted(ck)}): not a complete train.py checkpoint")

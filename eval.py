@@ -185,8 +185,8 @@ def load_task_file(path) -> list:
             # Only the gold request of each doc is kept: a second one would count its doc twice.
             idx, doc, gold = rec.get("idx", 0), rec.get("doc_id", where), rec.get("label")
             gold = gold if type(gold) is int else 0
-            need(type(idx) is int and type(doc) in (int, str) and not (idx == gold and doc in docs), f"{where}: idx "
-                 f"{idx!r}, doc_id {doc!r}: want an integer idx and one gold request per doc_id (an integer or a string)")
+            need(type(idx) is int and type(doc) in (int, str) and not (idx == gold and doc in docs),
+                 f"{where}: idx {idx!r}, doc_id {doc!r}: want an integer idx and one gold request per doc_id")
             if idx != gold:
                 continue
             docs.add(doc)
@@ -381,9 +381,8 @@ def score_examples(model, examples, *, batch_tokens=8192, n_loops=None, pad_id=0
         row = mask.nonzero()[:, 0]                            # (S,) batch row of each span token
         per_nats = torch.zeros(len(rows), dtype=torch.float64, device=device).index_add_(0, row, nll)
         per_miss = torch.zeros(len(rows), device=device).index_add_(0, row, (sel.argmax(-1) != tgt).float())
-        per_nats, per_tok, per_miss = per_nats.tolist(), mask.sum(1).tolist(), per_miss.tolist()   # one sync
-        for b, k in enumerate(rows):
-            nats[k], ntok[k], exact[k] = per_nats[b], per_tok[b], per_miss[b] == 0
+        for k, n, t, miss in zip(rows, per_nats.tolist(), mask.sum(1).tolist(), per_miss.tolist()):
+            nats[k], ntok[k], exact[k] = n, t, miss == 0
     return nats, ntok, exact
 
 
@@ -436,13 +435,12 @@ def evaluate_suite(model, tokenizer, loaded, **kw):
             continue
         try:
             rec.update(evaluate_task(model, tokenizer, items, shots=shots, delimiter=task.delimiter, **kw))
+            empty = f" | empty gold {rec['n_empty_gold']}" if rec["n_empty_gold"] else ""
+            print0(f"task {name:<24s} | loss {rec['loss']:.4f} nats | bpb {rec['bpb']:.4f} | n {rec['n']:,} | "
+                   f"cropped {rec['n_cropped']}{empty} | {time.time() - t0:.1f}s")
         except ValueError as e:                              # raised on every rank alike (evaluate_task all-reduces)
             rec.update(status="error", error=str(e))
             print0(f"task {name:<24s} | FAILED: {e}")
-            continue
-        print0(f"task {name:<24s} | loss {rec['loss']:.4f} nats | bpb {rec['bpb']:.4f} | n {rec['n']:,} | cropped "
-               f"{rec['n_cropped']}" + (f" | empty gold {rec['n_empty_gold']}" if rec["n_empty_gold"] else "")
-               + f" | {time.time() - t0:.1f}s")
     # Axis score = unweighted mean over its tasks (data.md §7.3), as in Table 10 / Fig. 11. An axis with a missing
     # task is still averaged over the tasks present, but says so (complete = False): compare such axes with care.
     axes = {}
@@ -658,8 +656,9 @@ def _val(a, model, ck, data_dir, result, **ranks):
         return
     need(data_dir and os.path.isdir(data_dir),               # never skipped silently: the user says so
          f"the val loss needs the data dir {data_dir!r}, not there: pass --data DIR or --val-tokens 0")
-    loader = PackedLoader(data_dir, "val", seq_len=cfg.seq_len, batch_rows=a.device_batch * ranks["world"], **ranks,
-                          device_batch=a.device_batch, tokenizer_hash=ck.get("tokenizer_hash") or result["tokenizer"])
+    # (the data's tokenizer was checked against the run's once, in check_inputs)
+    loader = PackedLoader(data_dir, "val", seq_len=cfg.seq_len, batch_rows=a.device_batch * ranks["world"],
+                          device_batch=a.device_batch, **ranks)
     have = loader.total_rows * cfg.seq_len
     val_tokens = have if val_tokens == -1 else val_tokens    # train.py's convention: -1 = the whole val split
     # e.g. the release's 70.8M on a smaller val split
@@ -711,11 +710,10 @@ def _main(argv):
     # The output: beside the checkpoint (a release: eval_<step>.json), eval_r{r'}.json at a test-time r' != r. Its
     # request names the checkpoint relative to the output's folder, so a run folder copied or moved as a whole
     # (eval.json inside it) still holds this request's own file.
-    out_dir = os.path.dirname(os.path.abspath(a.checkpoint)) if os.path.isfile(a.checkpoint) else a.checkpoint
-    stem = ("eval" if step is None else f"eval_{step:06d}") + ("" if r_eval == cfg.n_loops else f"_r{r_eval}")
-    path = a.out or os.path.join(out_dir, f"{stem}.json")
     # the run: a release's dir (the step is in the key), out/run (= out/run/ckpt.pt), or any other .pt file itself
     real = re.sub(r"/(ckpt|model_\d+)\.pt$", "", os.path.realpath(a.checkpoint))
+    stem = ("eval" if step is None else f"eval_{step:06d}") + ("" if r_eval == cfg.n_loops else f"_r{r_eval}")
+    path = a.out or os.path.join(os.path.dirname(real) if os.path.isfile(real) else real, f"{stem}.json")
     where = os.path.relpath(real, os.path.realpath(os.path.dirname(os.path.abspath(path))))
     key = request_key("eval", dict(checkpoint=where, n_loops=r_eval, step=step))
     check_new(path, a.overwrite, "--out", "eval", key)
@@ -740,9 +738,8 @@ def _main(argv):
             print(json.dumps(result, indent=2))
             raise ValueError(f"could not write {path} ({e}); the result is printed above") from None
         print0(f"wrote {path}")
-    if suite["failed"]:
-        errors = "; ".join(f"{n}: {suite['tasks'][n]['error']}" for n in suite["failed"])
-        raise ValueError(f"{len(suite['failed'])} task(s) failed, the rest are in {path}: {errors}")
+    need(not suite["failed"], f"{len(suite['failed'])} task(s) failed, the rest are in {path}: "
+         + "; ".join(f"{n}: {suite['tasks'][n]['error']}" for n in suite["failed"]))
     return result
 
 
