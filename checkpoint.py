@@ -46,9 +46,9 @@ def read_checkpoint(path, keys=("model", "model_config")) -> dict:
     default what eval needs; train.py's resume asks for more).
 
     weights_only=True always: a checkpoint is tensors and plain types, and unpickling anything else could run
-    arbitrary code, so such a file is refused (never "retry with weights_only=False"). With "model" and
-    "model_config" (train.py's layout) the config must build a ModelConfig, and the _orig_mod. / module. prefixes
-    of torch.compile / DDP are stripped. Whether the weights fit the config is load_weights' question."""
+    arbitrary code, so such a file is refused (never "retry with weights_only=False"). The _orig_mod. / module.
+    prefixes of torch.compile / DDP are stripped from "model". Whether model_config builds a ModelConfig is asked
+    where one is built (load_checkpoint), whether the weights fit it load_weights' question."""
     # absent, a folder, a FIFO (torch.load on a FIFO would wait for a writer forever)
     need(os.path.isfile(path), f"{path} is not a plain file: no checkpoint there (a FIFO, a folder or a broken link?)")
     need(os.path.getsize(path), f"{path} is empty (0 bytes): an interrupted copy? Use another checkpoint")
@@ -66,12 +66,7 @@ def read_checkpoint(path, keys=("model", "model_config")) -> dict:
     need(not missing, f"{path} has no {missing} entry (keys: {sorted(ck)}): not a complete train.py checkpoint")
     check_record(ck, CKPT_FIELDS, path)
     check_record(ck.get("train_config") or {}, TRAIN_FIELDS, path, "train_config.")
-    if "model" in ck and "model_config" in ck:
-        try:                                 # an unknown field is a TypeError naming it; a bad value a ValueError
-            ModelConfig(**ck["model_config"])
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{path}: invalid model_config: {first_line(e)}") from None
-        # torch.compile wraps a module as _orig_mod, DDP as module: their state-dict keys carry the prefix
+    if "model" in ck:        # torch.compile wraps a module as _orig_mod, DDP as module: their keys carry the prefix
         ck["model"] = {re.sub(r"^(_orig_mod\.)?(module\.)?", "", str(k)): v for k, v in ck["model"].items()}
     return ck
 
@@ -174,9 +169,8 @@ def release_config(meta, meta_path) -> ModelConfig:
     # nanoloop's attention has one key/value head per query head; n_head must divide the width exactly
     need(c["n_kv_head"] == H, f"{where}: grouped-query attention (n_kv_head {c['n_kv_head']} != n_head {H})")
     need(d % H == 0, f"{where}: n_embd {d} is not a multiple of n_head {H}")
-    # nanoloop's r = 1 baseline is 0-L-0 passthrough: one stack, no injection
-    need(r > 1 or not (p or co or injection not in ("passthrough", "additive")), f"{where}: r = 1 with layout "
-         f"{p}-{l}-{co} and {c['input_injection']!r} is a layout nanoloop cannot express")
+    # nanoloop's r = 1 baseline is 0-L-0 with no injection: a release's r = 1 with a prelude, coda, inject layer or
+    # lanes has tensors that model lacks, refused by load_weights
     # The width label: d = aspect x scale exactly. The run's own aspect ratio when the meta records it and it
     # divides d (odd s rounds d up: s=15 -> 1024 = 16 x 64), else 64 (the paper's), else one head per unit
     # (d // H always divides d).
@@ -231,7 +225,11 @@ def load_checkpoint(path, device="cpu", step=None):
         need(step is None, f"--step selects a step of a release directory (model_<step>.pt); {path} is a nanoloop run")
         path, names = os.path.join(path, CKPT_NAME) if os.path.isdir(path) else path, None
         ck = read_checkpoint(path)
-        check_memory(cfg := ModelConfig(**ck["model_config"]), device, path)
+        try:                                 # an unknown field is a TypeError naming it; a bad value a ValueError
+            cfg = ModelConfig(**ck["model_config"])
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path}: invalid model_config: {first_line(e)}") from None
+        check_memory(cfg, device, path)
         state = ck["model"]
     else:
         need(not m or step in (None, int(m[1])), f"--step {step} contradicts the file name {m and m[0]}")

@@ -219,7 +219,8 @@ def _release(tmp_path, mutate_config=None, mutate_state=None, cfg=None, **meta):
     (dict(mutate_state=lambda s: s.pop("lm_head.weight")), r"1 missing: lm_head\.weight"),
     (dict(mutate_config=lambda c: c.update(n_kv_head=2)), r"grouped-query attention \(n_kv_head 2 != n_head 4\)"),
     (dict(mutate_config=lambda c: c.update(num_recur=3, n_prelude=0, n_coda=0)), "cannot express.*divide 16"),
-    (dict(mutate_config=lambda c: c.update(num_recur=1)), "r = 1 with layout 1-1-1.*cannot express"),
+    # r = 1 is nanoloop's one stack (0-3-0 here): a release's prelude / coda tensors have no place in it
+    (dict(mutate_config=lambda c: c.update(num_recur=1)), r"weights do not match.*unknown: transformer\.prelude\.0\."),
     (dict(mutate_config=lambda c: c.update(sandwich_norm=True)), r"unknown fields \['sandwich_norm'\]"),
     (dict(mutate_config=lambda c: c.pop("num_recur")), r"missing fields \['num_recur'\]"),
     (dict(mutate_config=lambda c: c.update(input_injection="gated")), "input_injection 'gated' not in"),
@@ -299,6 +300,11 @@ def test_corrupt_ckpt_in_eval(tmp_path):
             assert msg.startswith("eval.py: ") and re.search(EXPECT[case], msg) and path in msg, (case, msg)
     with pytest.raises(SystemExit, match="--step selects a step of a release directory"):
         E.main([os.path.dirname(path), "--step", "3"])
+    # a hand-edited model_config is refused where a model is built from it (a resume builds from the flags)
+    ck = dict(model=random_model(cfg_of()).state_dict(), model_config=dict(asdict(cfg_of()), n_loops=3))
+    torch.save(ck, tmp_path / "bad_config.pt")
+    with pytest.raises(SystemExit, match="bad_config.pt: invalid model_config: .*n_loops"):
+        E.main([str(tmp_path / "bad_config.pt"), "--tasks", "none"])
 
 
 def test_corrupt_ckpt_in_train_resume(tiny_data, tmp_path):
