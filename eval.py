@@ -466,8 +466,9 @@ CODE_HEADER = ("The following is a very short Python program. "
                "Use the program to resolve the value of the variable in the question.")
 
 
-def var_assign_example(rng, depth):
-    """(assignments [(name, value-or-base-name)], query, answer) after Saunshi et al. 2024.
+def var_assign_record(rng, depth, form):
+    """One VarAssign example after Saunshi et al. 2024 as a CORE LM record, in the math ('n=22') or code ('n = 22')
+    surface form; the ' ' delimiter precedes the answer.
 
     depth 0: 5 letters, one value each in sample order, query one of them.
     depth 1: 10 letters, 5 bases (valued) + 5 aliases; alias j -> shuffled base j (1-to-1); query an alias."""
@@ -482,15 +483,10 @@ def var_assign_example(rng, depth):
         rng.shuffle(targets)
         lines += zip(names[5:], targets)
     env, query = dict(lines), rng.choice(names[5:] or names[:5])      # depth 1 queries an alias
-    return lines, query, env[env[query]] if depth else env[query]
-
-
-def var_assign_record(assignments, query, answer, form):
-    """CORE LM record in the math ('n=22') or code ('n = 22') surface form; the ' ' delimiter precedes the answer."""
-    body = "\n".join(f"{v}{'=' if form == 'math' else ' = '}{x}" for v, x in assignments)
+    body = "\n".join(f"{v}{'=' if form == 'math' else ' = '}{x}" for v, x in lines)
     ctx = (f"{MATH_HEADER}\n\n{body}\nWhat is the numerical value of {query}?\nAnswer:" if form == "math" else
            f"{CODE_HEADER}\nProgram:\n{body}\n\nQuestion:\nWhat is the value of {query}?\nAnswer:")
-    return {"context": ctx, "continuation": answer}
+    return {"context": ctx, "continuation": env[env[query]] if depth else env[query]}
 
 
 def induction_head_record(rng, n_pairs=8):
@@ -508,7 +504,7 @@ def primitive_tasks(n=1000, var_seed=42, induction_seed=1337) -> dict:
     """{task name: list of CORE LM records} for the five reasoning primitives, deterministic by seed.
     One Random(var_seed) serves the four VarAssign files in the order d0-math, d0-code, d1-math, d1-code."""
     rng = random.Random(var_seed)
-    out = {f"var_assign_d{depth}_{form}": [dict(var_assign_record(*var_assign_example(rng, depth), form), kind="lm")
+    out = {f"var_assign_d{depth}_{form}": [dict(var_assign_record(rng, depth, form), kind="lm")
                                            for _ in range(n)] for depth in (0, 1) for form in ("math", "code")}
     rng = random.Random(induction_seed)                      # its own generator (the release's owned bundle)
     out["induction_head"] = [dict(induction_head_record(rng), kind="lm") for _ in range(n)]

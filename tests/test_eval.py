@@ -47,7 +47,7 @@ def corpus_texts(n=300, seed=7):
     rng = random.Random(seed)
     texts = []
     for i in range(n):
-        texts.append(E.var_assign_record(*E.var_assign_example(rng, i % 2), ("math", "code")[(i // 2) % 2])
+        texts.append(E.var_assign_record(rng, i % 2, ("math", "code")[(i // 2) % 2])
                      ["context"] + " 7")
         texts.append(E.induction_head_record(rng)["context"] + " abc")
         texts.append(f"Question: what is {i} plus one?\nAnswer: {i + 1}. The cat sat on the mat with the dog.")
