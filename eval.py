@@ -584,8 +584,8 @@ def sample(model, tokenizer, prompt, max_new_tokens=64, temperature=0.8, top_k=5
 
 # -----------------------------------------------------------------------------
 # CLI. Every user error is one line before any work (README rule 5): numbers are checked when parsed; names,
-# folders and every task file in _preflight; the checkpoint and the inputs' identity, r' and the output path in
-# _main, the val sizes in _val, all before the first forward. eval.json is written last, atomically, with its
+# folders and every task file in _preflight; the checkpoint and the inputs' identity, r', the output path and the
+# val sizes in _main, all before the first forward. eval.json is written last, atomically, with its
 # written_by header (common.write_json): it replaces only a file eval.py wrote for this same request (checkpoint, r,
 # step), or any file with --overwrite, so it can live in train.py's run folder.
 
@@ -643,36 +643,6 @@ def _preflight(a):
     return {} if a.sample is not None else {name: load_task(name, a.task_dir) for name in names}
 
 
-def _val(a, model, ck, data_dir, result, **ranks):
-    """The validation loss on the held-out rows (the same function train.py uses), every size check before the
-    first row; then the test-time loop sweep (App. A; Huginn) on the same rows."""
-    cfg = model.cfg
-    val_tokens = a.val_tokens if a.val_tokens is not None else (ck.get("train_config") or {}).get("eval_tokens", -1)
-    if not val_tokens:
-        return
-    need(data_dir and os.path.isdir(data_dir),               # never skipped silently: the user says so
-         f"the val loss needs the data dir {data_dir!r}, not there: pass --data DIR or --val-tokens 0")
-    # (the data's tokenizer was checked against the run's once, in check_inputs)
-    loader = PackedLoader(data_dir, "val", seq_len=cfg.seq_len, batch_rows=a.device_batch * ranks["world"],
-                          device_batch=a.device_batch, **ranks)
-    have = loader.total_rows * cfg.seq_len
-    val_tokens = have if val_tokens == -1 else val_tokens    # train.py's convention: -1 = the whole val split
-    # e.g. the release's 70.8M on a smaller val split
-    what = "--val-tokens" if a.val_tokens is not None else "the run's eval_tokens (set --val-tokens)"
-    need(cfg.seq_len <= val_tokens <= have, f"{what} {val_tokens:,}: the val split of {data_dir} scores whole rows "
-         f"of {cfg.seq_len} tokens, {have:,} in all; use a value in [{cfg.seq_len}, {have}] or -1")
-    result["val_loss"] = val_loss(model, loader, val_tokens, n_loops=a.n_loops)
-    result["val_tokens"] = (val_tokens // cfg.seq_len) * cfg.seq_len
-    print0(f"val_loss {result['val_loss']:.4f} nats | n_loops {result['n_loops']} | {result['val_tokens']:,} tokens")
-    if a.n_loops_sweep:
-        result["n_loops_sweep"] = curve = []
-        for r in a.n_loops_sweep:
-            # reseeded before each r', so a random state init draws the same noise at every r' and on every rerun
-            torch.manual_seed(a.seed)
-            curve.append({"n_loops": r, "val_loss": val_loss(model, loader, val_tokens, n_loops=r)})
-            print0(f"n_loops_sweep r'={r:<3d} | val_loss {curve[-1]['val_loss']:.4f} nats")
-
-
 def _main(argv):
     """main's body: the checks, the run opened and checked, then --sample, or val loss + tasks -> eval.json."""
     if argv[:1] == ["primitives"]:           # `eval.py primitives --out DIR [--n N]`: the reasoning-primitive files
@@ -721,7 +691,31 @@ def _main(argv):
         result["release"] = {k: ck["release"].get(k) for k in ("step", "val_loss", "model_config")}
     if r_eval != cfg.n_loops:                                # App. A: not expected to help; we measure it
         result["note"] = "test-time n_loops differs from training: extrapolation, reported as measured"
-    _val(a, model, ck, data_dir, result, rank=rank, world=world, device=device)
+    # The validation loss on the held-out rows (the same function train.py uses), every size check before the first
+    # row; then the test-time loop sweep (App. A; Huginn) on the same rows.
+    val_tokens = a.val_tokens if a.val_tokens is not None else (ck.get("train_config") or {}).get("eval_tokens", -1)
+    if val_tokens:
+        need(data_dir and os.path.isdir(data_dir),           # never skipped silently: the user says so
+             f"the val loss needs the data dir {data_dir!r}, not there: pass --data DIR or --val-tokens 0")
+        # (the data's tokenizer was checked against the run's once, in check_inputs)
+        loader = PackedLoader(data_dir, "val", seq_len=cfg.seq_len, batch_rows=a.device_batch * world, rank=rank,
+                              world=world, device=device, device_batch=a.device_batch)
+        have = loader.total_rows * cfg.seq_len
+        val_tokens = have if val_tokens == -1 else val_tokens    # train.py's convention: -1 = the whole val split
+        # e.g. the release's 70.8M on a smaller val split
+        what = "--val-tokens" if a.val_tokens is not None else "the run's eval_tokens (set --val-tokens)"
+        need(cfg.seq_len <= val_tokens <= have, f"{what} {val_tokens:,}: the val split of {data_dir} scores whole "
+             f"rows of {cfg.seq_len} tokens, {have:,} in all; use a value in [{cfg.seq_len}, {have}] or -1")
+        result["val_loss"] = val_loss(model, loader, val_tokens, n_loops=a.n_loops)
+        result["val_tokens"] = (val_tokens // cfg.seq_len) * cfg.seq_len
+        print0(f"val_loss {result['val_loss']:.4f} nats | n_loops {r_eval} | {result['val_tokens']:,} tokens")
+        if a.n_loops_sweep:
+            result["n_loops_sweep"] = curve = []
+            for r in a.n_loops_sweep:
+                # reseeded before each r', so a random state init draws the same noise at every r' and on every rerun
+                torch.manual_seed(a.seed)
+                curve.append({"n_loops": r, "val_loss": val_loss(model, loader, val_tokens, n_loops=r)})
+                print0(f"n_loops_sweep r'={r:<3d} | val_loss {curve[-1]['val_loss']:.4f} nats")
     # downstream continuation loss (App. H)
     suite = evaluate_suite(model, tokenizer, loaded, seq_len=cfg.seq_len, crop=not a.no_crop,
                            batch_tokens=a.batch_tokens, n_loops=a.n_loops, rank=rank, world=world)
