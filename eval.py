@@ -30,21 +30,9 @@ Read in this order: TASKS -> val_loss -> load_task_file -> render_prompts -> bui
     evaluate_task -> primitives -> main. Not here: reading checkpoints (checkpoint.py), the model (model.py), the
 loader and tokenizers (data.py), the scorer benchmark (runs/bench_eval.py), the parser and writers (common.py).
 """
-import argparse
-import collections
-import contextlib
-import importlib.util
-import json
-import math
-import os
-import random
-import re
-import sys
-import time
+import argparse, collections, contextlib, importlib.util, json, math, os, random, re, sys, time
 
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
+import torch, torch.distributed as dist, torch.nn.functional as F
 
 # checkpoint reading lives in checkpoint.py; these names stay importable from here (runs/bench_eval.py, tests)
 from checkpoint import load_checkpoint, model_bytes, need  # noqa: F401
@@ -444,15 +432,14 @@ def evaluate_suite(model, tokenizer, loaded, **kw):
     # Axis score = unweighted mean over its tasks (data.md §7.3), as in Table 10 / Fig. 11. An axis with a missing
     # task is still averaged over the tasks present, but says so (complete = False): compare such axes with care.
     axes = {}
-    for axis in AXES:
+    for axis in [x for x in AXES if any(TASKS[n].axis == x for n in tasks)]:      # the axes asked for, in order
         members = [n for n in tasks if TASKS[n].axis == axis]
         ok = [n for n in members if tasks[n]["status"] == "ok"]
         missing = [n for n in members if n not in ok]
-        if members:
-            mean = {key: sum(tasks[n][key] for n in ok) / len(ok) if ok else None for key in ("loss", "bpb")}
-            axes[axis] = dict(**mean, tasks=ok, missing=missing, complete=not missing)
-            print0(f"axis {axis:<24s} | loss " + (f"{mean['loss']:.4f} nats" if ok else "n/a") + f" | {len(ok)} tasks"
-                   + (f" | missing {', '.join(missing)}" if missing else ""))
+        mean = {key: sum(tasks[n][key] for n in ok) / len(ok) if ok else None for key in ("loss", "bpb")}
+        axes[axis] = dict(**mean, tasks=ok, missing=missing, complete=not missing)
+        print0(f"axis {axis:<24s} | loss " + (f"{mean['loss']:.4f} nats" if ok else "n/a") + f" | {len(ok)} tasks"
+               + (f" | missing {', '.join(missing)}" if missing else ""))
     return dict(tasks=tasks, axes=axes, missing=[n for n in tasks if tasks[n]["status"] == "missing"],
                 failed=[n for n in tasks if tasks[n]["status"] == "error"])
 
@@ -665,10 +652,9 @@ def _main(argv):
     r_eval = cfg.n_loops if a.n_loops is None else a.n_loops
     # The one place eval asks whether this model can run r' != r: the model says (cfg.loop_sweepable; hyper: its
     # alpha/M/beta exist for exactly the trained r), so runs/mini.sh needs no list of names, only this exit 2.
-    refused = [r for r in a.n_loops_sweep or [r_eval] if r != cfg.n_loops and not cfg.loop_sweepable]
-    if refused:
-        raise ValueError(f"{'--n-loops-sweep' if a.n_loops_sweep else '--n-loops'}: injection {cfg.injection!r} cannot"
-                         f" run r'={refused[0]} (trained r={cfg.n_loops}): built for exactly {cfg.n_loops} iterations")
+    bad = next((r for r in a.n_loops_sweep or [r_eval] if r != cfg.n_loops and not cfg.loop_sweepable), None)
+    need(bad is None, f"{'--n-loops-sweep' if a.n_loops_sweep else '--n-loops'}: injection {cfg.injection!r} cannot "
+         f"run r'={bad} (trained r={cfg.n_loops}): built for exactly {cfg.n_loops} iterations")
     if a.sample is not None:                                 # a quick look at the model, nothing written
         text, _ = sample(model, tokenizer, a.sample, a.max_new_tokens, a.temperature, a.top_k, a.seed, a.n_loops)
         print0(f"sample (r={r_eval}) | {a.sample}{text}")
