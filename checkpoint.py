@@ -5,8 +5,8 @@ train.py's run folder (what it holds, its atomic writes).
     read_checkpoint   a torch file -> its dict (weights_only: never unpickles code), the entries eval/train read checked
     load_weights      a state dict into a model, only if names, shapes and finiteness fit exactly
     model_bytes       what building a ModelConfig allocates, from the config alone (check_memory refuses too large)
-    load_checkpoint   a run dir, a .pt file or a release dir -> (model in eval mode, checkpoint dict)
-    load_release      the authors' model_<step>.pt + meta_<step>.json mapped onto LoopedGPT exactly
+    load_checkpoint   a run dir, a .pt file or a release dir -> (model in eval mode, checkpoint dict); the authors'
+                      model_<step>.pt + meta_<step>.json mapped onto LoopedGPT exactly
     need              the one-line refusal (train.py's too)
     out_dir_state     train.py's run folder: fresh / resume / finished, decided by rank 0, checked, claimed
     save, trim_log    train.py's atomic writes of ckpt.pt / done.json, and its log cut back to the checkpoint
@@ -14,7 +14,7 @@ What a checkpoint holds is written by train.py's main. Every refusal here is a o
 the tools turn it into "prog: error: ..." and exit 2.
 Test:  pytest tests/test_release_ckpt.py tests/test_hostile_eval.py tests/test_hostile_train.py
 """
-import dataclasses, json, os, pickle, re, warnings
+import dataclasses, json, os, re, warnings
 
 import torch
 import torch.distributed as dist
@@ -46,9 +46,9 @@ def read_checkpoint(path, keys=("model", "model_config")) -> dict:
     default what eval needs; train.py's resume asks for more).
 
     weights_only=True always: a checkpoint is tensors and plain types, and unpickling anything else could run
-    arbitrary code, so such a file is refused (never "retry with weights_only=False"). With "model" and
-    "model_config" (train.py's layout) the config must build a ModelConfig, and the _orig_mod. / module. prefixes
-    of torch.compile / DDP are stripped. Whether the weights fit the config is load_weights' question."""
+    arbitrary code, so such a file is refused (never "retry with weights_only=False"). The _orig_mod. / module.
+    prefixes of torch.compile / DDP are stripped from "model". Whether model_config builds a ModelConfig is asked
+    where one is built (load_checkpoint), whether the weights fit it load_weights' question."""
     # absent, a folder, a FIFO (torch.load on a FIFO would wait for a writer forever)
     need(os.path.isfile(path), f"{path} is not a plain file: no checkpoint there (a FIFO, a folder or a broken link?)")
     need(os.path.getsize(path), f"{path} is empty (0 bytes): an interrupted copy? Use another checkpoint")
@@ -56,22 +56,17 @@ def read_checkpoint(path, keys=("model", "model_config")) -> dict:
         with warnings.catch_warnings():                           # old pickle protocols warn before failing
             warnings.simplefilter("ignore")
             ck = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:   # corrupt, or a pickle of other objects: refused, as loading it could run code
-        raise ValueError(f"{path} is not a PyTorch checkpoint of tensors and plain types (refused)") from None
-    except Exception as e:                                        # truncated zip, random bytes, an I/O error
-        raise ValueError(f"{path} cannot be read as a PyTorch checkpoint: unreadable, truncated or corrupt "
-                         f"({type(e).__name__}: {first_line(str(e).split('. ')[0])[:120]})") from None
+    # truncated zip, random bytes, an I/O error, or a pickle of other objects (UnpicklingError: refused, as loading
+    # it could run code); torch's own text after its first sentence is advice to unpickle anyway: cut
+    except Exception as e:
+        raise ValueError(f"{path} is not a PyTorch checkpoint of tensors and plain types, or is truncated or corrupt "
+                         f"(refused; {type(e).__name__}: {first_line(str(e).split('. ')[0])[:120]})") from None
     need(isinstance(ck, dict), f"{path} holds a {type(ck).__name__}, not a checkpoint dict")
     missing = [k for k in keys if k not in ck]
     need(not missing, f"{path} has no {missing} entry (keys: {sorted(ck)}): not a complete train.py checkpoint")
     check_record(ck, CKPT_FIELDS, path)
     check_record(ck.get("train_config") or {}, TRAIN_FIELDS, path, "train_config.")
-    if "model" in ck and "model_config" in ck:
-        try:                                 # an unknown field is a TypeError naming it; a bad value a ValueError
-            ModelConfig(**ck["model_config"])
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{path}: invalid model_config: {first_line(e)}") from None
-        # torch.compile wraps a module as _orig_mod, DDP as module: their state-dict keys carry the prefix
+    if "model" in ck:        # torch.compile wraps a module as _orig_mod, DDP as module: their keys carry the prefix
         ck["model"] = {re.sub(r"^(_orig_mod\.)?(module\.)?", "", str(k)): v for k, v in ck["model"].items()}
     return ck
 
@@ -130,34 +125,6 @@ def check_memory(cfg, device, source) -> None:
              f"{have / 2 ** 30:,.1f} GiB of {where}: a wrong config?")
 
 
-def load_checkpoint(path, device="cpu", step=None):
-    """(model in eval mode, checkpoint dict) from a nanoloop run (out_dir or a .pt path) or an authors' release
-    directory (or one of its model_<step>.pt files). A release's dict is shaped like train.py's (model_config, a
-    train_config with the release's 70.8M val tokens) plus "release": its meta. step: the release step (default the
-    latest), an error for a nanoloop run. The model is sized (check_memory) before it is built."""
-    kind, root, step = checkpoint_kind(path, step)
-    if kind == "release":
-        model, meta = load_release(root, step, device)
-        return model, dict(model_config=dataclasses.asdict(model.cfg), release=meta,
-                           train_config=dict(eval_tokens=RELEASE_EVAL_TOKENS))
-    ck = read_checkpoint(root)
-    check_memory(cfg := ModelConfig(**ck["model_config"]), device, root)
-    return load_weights(LoopedGPT(cfg), ck["model"], root).to(device).eval(), ck
-
-
-def checkpoint_kind(path, step):
-    """("nanoloop" | "release", the path to read (a run's ckpt.pt, a release's directory), step): which layout
-    `path` holds (see load_checkpoint)."""
-    m = os.path.isfile(path) and re.fullmatch(r"model_(\d+)\.pt", os.path.basename(path))
-    if m:                                                         # one release file names its own step
-        need(step in (None, int(m[1])), f"--step {step} contradicts the file name {m[0]}")
-        return "release", os.path.dirname(os.path.abspath(path)), int(m[1])
-    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "ckpt.pt")) and release_steps(path):
-        return "release", path, step
-    need(step is None, f"--step selects a step of a release directory (model_<step>.pt); {path} is a nanoloop run")
-    return "nanoloop", os.path.join(path, CKPT_NAME) if os.path.isdir(path) else path, None
-
-
 # -----------------------------------------------------------------------------
 # The authors' release checkpoints (kschwethelm/looped-lm-scaling, nanochat/checkpoint_manager.py at v0.1.0)
 # DIR/model_<step:06d>.pt: the GPT's state_dict; DIR/meta_<step:06d>.json: {"step", "val_loss", "model_config":
@@ -184,14 +151,8 @@ RELEASE_META = {"step": (int, "[0, inf)"), "val_loss": ((int, float), "[0, inf)"
                 "user_config": (dict, None)}              # the meta's own keys, for common.read_json
 
 
-def release_steps(root) -> dict:
-    """{step: model path} of root/model_<digits>.pt (aliases such as model_pre_warmdown.pt are not steps)."""
-    found = (re.fullmatch(r"model_(\d+)\.pt", name) for name in os.listdir(root))
-    return {int(m.group(1)): os.path.join(root, m.group(0)) for m in found if m}
-
-
 def release_config(meta, meta_path) -> ModelConfig:
-    """The meta's model_config -> the ModelConfig it describes (mapping in load_release); where names the file.
+    """The meta's model_config -> the ModelConfig it describes (mapping in load_checkpoint); where names the file.
 
     Every field is checked against RELEASE_FIELDS (type, range; none unknown, the first ten present) and completed
     with the GPTConfig defaults: a hand-edited field is one line naming the file and the key."""
@@ -208,9 +169,8 @@ def release_config(meta, meta_path) -> ModelConfig:
     # nanoloop's attention has one key/value head per query head; n_head must divide the width exactly
     need(c["n_kv_head"] == H, f"{where}: grouped-query attention (n_kv_head {c['n_kv_head']} != n_head {H})")
     need(d % H == 0, f"{where}: n_embd {d} is not a multiple of n_head {H}")
-    # nanoloop's r = 1 baseline is 0-L-0 passthrough: one stack, no injection
-    need(r > 1 or not (p or co or injection not in ("passthrough", "additive")), f"{where}: r = 1 with layout "
-         f"{p}-{l}-{co} and {c['input_injection']!r} is a layout nanoloop cannot express")
+    # nanoloop's r = 1 baseline is 0-L-0 with no injection: a release's r = 1 with a prelude, coda, inject layer or
+    # lanes has tensors that model lacks, refused by load_weights
     # The width label: d = aspect x scale exactly. The run's own aspect ratio when the meta records it and it
     # divides d (odd s rounds d up: s=15 -> 1024 = 16 x 64), else 64 (the paper's), else one head per unit
     # (d // H always divides d).
@@ -227,26 +187,15 @@ def release_config(meta, meta_path) -> ModelConfig:
         raise ValueError(f"{where}: a layout nanoloop cannot express ({e})") from None
 
 
-def release_state(path) -> tuple:
-    """(state under nanoloop's names, {nanoloop name: release name}) of one model_<step>.pt."""
-    state, names = {}, {}
-    for k, v in read_checkpoint(path, keys=()).items():          # the safe reader: a flat state dict here
-        name = re.sub(r"^_orig_mod\.", "", str(k))
-        m = re.fullmatch(r"transformer\.((?:prelude|recur|coda)\.\d+\.)(.+)", name)
-        # a nanoloop state dict would get its RoPE rows flipped
-        need(m or not name.startswith(("wte.", "hc_", "prelude.", "recur.", "coda.")), f"{path} holds nanoloop names "
-             f"({name}): not a release state dict; save it as a ckpt.pt")
-        new = m[1] + RELEASE_NAMES.get(m[2], m[2]) if m else RELEASE_NAMES.get(name, name)
-        need(new not in state, f"{path}: two tensors map to {new} ({names.get(new)}, {k})")
-        state[new], names[new] = v, k
-    return state, names
+def load_checkpoint(path, device="cpu", step=None):
+    """(model in eval mode, checkpoint dict) from a nanoloop run (out_dir or a .pt path) or an authors' release
+    directory (or one of its model_<step>.pt files), one path for both: the config checked, the model sized
+    (check_memory) before it is built, the weights checked as they are loaded (load_weights). A release's dict is
+    shaped like train.py's (model_config, a train_config with the release's 70.8M val tokens) plus "release": its
+    meta with "step" set. step: the release step (default the latest), an error for a nanoloop run.
 
-
-def load_release(root, step=None, device="cpu", release_rope=True):
-    """An authors' release directory -> (LoopedGPT in eval mode, meta dict with "step" set). ValueError if not.
-
-    root: the directory of model_<step:06d>.pt + meta_<step:06d>.json; step: which (default the latest).
-    The mapping (release -> nanoloop; every fact from the release's gpt.py / base_train.py at v0.1.0):
+    A release directory holds model_<step:06d>.pt + meta_<step:06d>.json and no ckpt.pt. The mapping (release ->
+    nanoloop; every fact from the release's gpt.py / base_train.py at v0.1.0):
       config   n_embd -> d_model = aspect_ratio x scale; head_dim = n_embd / n_head; num_recur -> n_loops;
                n_prelude / n_recur_block / n_coda -> the layout, n_layers_eff = p + r l + c; input_injection ->
                injection (inject_init_prelude = linear, hyperconnect = hyper); num_lanes -> hc_lanes; bptt_k < r ->
@@ -262,36 +211,64 @@ def load_release(root, step=None, device="cpu", release_rope=True):
                (torch.compile) is dropped. Strict: an unknown, missing, misshapen or non-finite tensor is an error.
       RoPE     the release rotates each pair (x_j, x_{j+D/2}) by -theta, nanoloop by +theta. Negating the second-half
                output rows of every head of c_q and c_k gives q', k' = the release's q, k with their second halves
-               negated; QK-norm and every q.k are unchanged by that, so attention is the release's exactly.
-               release_rope: also install the release's bf16-rounded tables (eval; train.py --init-from keeps
-               nanoloop's own, so its resumes stay bitwise).
+               negated; QK-norm and every q.k are unchanged by that, so attention is the release's exactly. The
+               release's bf16-rounded tables are installed too (RoPE buffers are not in a state dict, so train.py
+               --init-from keeps nanoloop's own and its resumes stay bitwise).
     """
-    steps = release_steps(root)
-    need(steps, f"{root} holds no model_<step>.pt (and no ckpt.pt): not a checkpoint directory")
-    step = max(steps) if step is None else step
-    need(step in steps, f"{root} has no step {step}; steps: {sorted(steps)}")
-    meta_path = os.path.join(root, f"meta_{step:06d}.json")
-    meta = read_json(meta_path, RELEASE_META)                     # absent, a FIFO, torn: one line naming it
-    need(meta.get("step") in (None, step),                       # a meta copied from another step
-         f"{meta_path}: key 'step' is {meta.get('step')}, but it sits beside model_{step:06d}.pt")
-    cfg = release_config(meta, meta_path)
-    check_memory(cfg, device, meta_path)                          # before the weights are read or the model built
-    state, names = release_state(steps[step])
-    model = load_weights(LoopedGPT(cfg), state, steps[step], names)   # bf16 wte (CUDA runs) -> fp32: exact
-    H, D = cfg.n_head, cfg.head_dim
-    with torch.no_grad():                                         # the RoPE direction (docstring)
-        for lin in [m for blk in model.blocks() for m in (blk.attn.c_q, blk.attn.c_k)]:
-            lin.weight.view(H, D, cfg.d_model)[:, D // 2:] *= -1  # (H, D, d): second-half output rows of each head
-    if release_rope:             # the release's tables: angles in fp32, rounded to bf16 and kept there (gpt.py
-        # _precompute_rotary_embeddings); nanoloop's own are fp64-computed fp32, so with the release's a loaded
-        # model computes the release's function to fp32 rounding
+    m = os.path.isfile(path) and re.fullmatch(r"model_(\d+)\.pt", os.path.basename(path))
+    root = os.path.dirname(os.path.abspath(path)) if m else path
+    # a release: one of its files, or a folder of model_<digits>.pt (an alias such as model_pre_warmdown.pt is no
+    # step) without a ckpt.pt
+    found = os.listdir(root) if m or os.path.isdir(path) and not os.path.isfile(os.path.join(path, CKPT_NAME)) else []
+    steps = {int(f[1]): os.path.join(root, f[0]) for f in map(re.compile(r"model_(\d+)\.pt").fullmatch, found) if f}
+    if not steps:                                                 # a nanoloop run: its out_dir or a .pt file
+        need(step is None, f"--step selects a step of a release directory (model_<step>.pt); {path} is a nanoloop run")
+        path, names = os.path.join(path, CKPT_NAME) if os.path.isdir(path) else path, None
+        ck = read_checkpoint(path)
+        try:                                 # an unknown field is a TypeError naming it; a bad value a ValueError
+            cfg = ModelConfig(**ck["model_config"])
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path}: invalid model_config: {first_line(e)}") from None
+        check_memory(cfg, device, path)
+        state = ck["model"]
+    else:
+        need(not m or step in (None, int(m[1])), f"--step {step} contradicts the file name {m and m[0]}")
+        step = int(m[1]) if m else max(steps) if step is None else step
+        need(step in steps, f"{root} has no step {step}; steps: {sorted(steps)}")
+        meta_path, path = os.path.join(root, f"meta_{step:06d}.json"), steps[step]
+        meta = read_json(meta_path, RELEASE_META)                 # absent, a FIFO, torn: one line naming it
+        need(meta.get("step") in (None, step),                   # a meta copied from another step
+             f"{meta_path}: key 'step' is {meta.get('step')}, but it sits beside model_{step:06d}.pt")
+        cfg = release_config(meta, meta_path)
+        check_memory(cfg, device, meta_path)                      # before the weights are read or the model built
+        state, names = {}, {}                                     # under nanoloop's names; theirs, for messages
+        for k, v in read_checkpoint(path, keys=()).items():      # the safe reader: a flat state dict here
+            name = re.sub(r"^_orig_mod\.", "", str(k))
+            blk = re.fullmatch(r"transformer\.((?:prelude|recur|coda)\.\d+\.)(.+)", name)
+            # a nanoloop state dict would get its RoPE rows flipped
+            need(blk or not name.startswith(("wte.", "hc_", "prelude.", "recur.", "coda.")), f"{path} holds nanoloop "
+                 f"names ({name}): not a release state dict; save it as a ckpt.pt")
+            new = blk[1] + RELEASE_NAMES.get(blk[2], blk[2]) if blk else RELEASE_NAMES.get(name, name)
+            need(new not in state, f"{path}: two tensors map to {new} ({names.get(new)}, {k})")
+            state[new], names[new] = v, k
+        ck = dict(model_config=dataclasses.asdict(cfg), release=dict(meta, step=step),
+                  train_config=dict(eval_tokens=RELEASE_EVAL_TOKENS))
+    model = load_weights(LoopedGPT(cfg), state, path, names)     # a release's bf16 wte (CUDA runs) -> fp32: exact
+    if "release" in ck:
+        H, D = cfg.n_head, cfg.head_dim
+        with torch.no_grad():                                     # the RoPE direction (docstring)
+            for lin in [m for blk in model.blocks() for m in (blk.attn.c_q, blk.attn.c_k)]:
+                lin.weight.view(H, D, cfg.d_model)[:, D // 2:] *= -1   # (H, D, d): second-half output rows of a head
+        # the release's tables: angles in fp32, rounded to bf16 and kept there (gpt.py _precompute_rotary_embeddings);
+        # nanoloop's own are fp64-computed fp32, so with the release's a loaded model computes the release's function
+        # to fp32 rounding
         inv_freq = 1.0 / (cfg.rope_base ** (torch.arange(0, D, 2, dtype=torch.float32) / D))         # (D/2,)
         angles = torch.outer(torch.arange(model.rope_cos.size(0), dtype=torch.float32), inv_freq)  # (n_pos, D/2)
         model.rope_cos.copy_(angles.cos().bfloat16().float())
         model.rope_sin.copy_(angles.sin().bfloat16().float())
-    print0(f"release checkpoint {root} step {step}: d={cfg.d_model} r={cfg.n_loops} layout "
-           f"{'-'.join(map(str, cfg.partition))} {cfg.injection} | their val_loss {meta.get('val_loss')}")
-    return model.to(device).eval(), dict(meta, step=step)
+        print0(f"release checkpoint {root} step {step}: d={cfg.d_model} r={cfg.n_loops} layout "
+               f"{'-'.join(map(str, cfg.partition))} {cfg.injection} | their val_loss {meta.get('val_loss')}")
+    return model.to(device).eval(), ck
 
 
 # -----------------------------------------------------------------------------

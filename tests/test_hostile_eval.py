@@ -244,6 +244,16 @@ def test_gzipped_task_file_bad_record_and_truncation(tmp_path):
         E.load_task_file(path)
 
 
+def test_olmo_requests_bad_doc_id_and_a_doc_counted_twice(tmp_path):
+    req = {"doc_id": [1], "idx": 0, "label": ["w"], "request": {"context": "Q:", "continuation": " w"}}
+    path = str(tmp_path / "requests.jsonl.gz")
+    for recs, line in (([req], 1), ([dict(req, doc_id=3), dict(req, doc_id=4), dict(req, doc_id=3)], 3)):
+        with gzip.open(path, "wt") as f:
+            f.write("\n".join(json.dumps(r) for r in recs) + "\n")
+        with pytest.raises(ValueError, match=f"{path}:{line}: .*one gold request per doc_id"):
+            E.load_task_file(path)
+
+
 # -----------------------------------------------------------------------------
 # 4. paths, sizes and --max-new-tokens: refused before the work, with the value that would fit
 
@@ -436,7 +446,7 @@ def test_release_meta_sizes_and_types_refused_up_front(tmp_path, capsys, field, 
     meta = root / "meta_000100.json"
     meta.write_text(json.dumps(dict(step=100, val_loss=3.5, model_config=dict(RELEASE_MC, **{field: value}))))
     with pytest.raises(ValueError, match=re.escape(culprit)) as exc:
-        E.load_release(str(root))
+        E.load_checkpoint(str(root))
     assert str(meta) in str(exc.value) and "\n" not in str(exc.value)
     refused([str(root), "--tasks", "none"], capsys, 2, str(meta), culprit, roots=[str(tmp_path)])
 
