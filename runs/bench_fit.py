@@ -16,9 +16,8 @@ def bench(seed=0, restarts=fit.RESTARTS, n_boot=fit.N_BOOT):
     times are fit.py's own "seconds" (perf_counter around the fits: the protocol's, and each fit_law's)."""
     runs = fit.synthetic_runs(0.46, 0.01, seed)          # the acceptance's workload: 116 runs, paper-like noise
     res = fit.run_protocol(runs, restarts, n_boot, seed, progress=True)
-    t_full = res["seconds"]
     print(f"full protocol: 4 per-arch + joint + phi=0 + phi=1 + 2 halves at {restarts} restarts, {n_boot} bootstrap "
-          f"refits, frontier: {t_full:.1f} s")
+          f"refits, frontier: {res['seconds']:.1f} s")
     # the same fit twice: batched screen + polish, then one scipy L-BFGS-B per start at the same tight tolerances
     # (looser ones are faster but stop early, fitting.md §4.2); same starts, so the best objectives must agree
     fast, naive = (fit.fit_law(fit.make_problem(runs), restarts, seed, engine=e) for e in ("batched", "scipy"))
@@ -27,10 +26,10 @@ def bench(seed=0, restarts=fit.RESTARTS, n_boot=fit.N_BOOT):
           f"{t_naive / t_fast:.1f}x; best objective {fast['huber']:.10e} vs {naive['huber']:.10e} (rel {rel:.1e})")
     # the naive protocol repeats that fit 9 times and, without warm starts, 200 more times in the bootstrap
     print(f"naive full protocol (9 + {n_boot} fits x {restarts} starts) ~ {t_naive * (9 + n_boot) / 60:.0f} min; "
-          f"speed-up ~{t_naive * (9 + n_boot) / t_full:.0f}x")
+          f"speed-up ~{t_naive * (9 + n_boot) / res['seconds']:.0f}x")
     bs = res.get("bootstrap")
     print(f"phi = {res['joint']['phi']:.2f}" + (f" [{bs['phi_lo']:.2f}, {bs['phi_hi']:.2f}]" if bs else ""))
-    return {"full_s": t_full, "one_fit_batched_s": t_fast, "one_fit_naive_s": t_naive, "rel_diff": rel}
+    return {"full_s": res["seconds"], "one_fit_batched_s": t_fast, "one_fit_naive_s": t_naive, "rel_diff": rel}
 
 
 if __name__ == "__main__":

@@ -54,8 +54,8 @@ from model import LoopedGPT, ModelConfig, attend, attention_summary, resolve_att
 STAGES = {1: ("environment", 10, 5), 2: ("attention", 20, 5), 3: ("memory", 100, 6), 4: ("throughput", None, 6),
           5: ("ddp", 100, 15), 6: ("compile", 40, 10)}
 CELL_S, DEFAULT_CELLS, ALL_CELLS = 65, ((10, 4), (6, 4)), tuple((s, r) for s in (10, 6) for r in (1, 4, 8))   # (s, r)
-# main sets these: stage 4's cells (--all-cells), --out, and in a stage or rank process its scratch folder
-CELLS, OUT, SCRATCH = DEFAULT_CELLS, None, None
+# main sets these: stage 4's cells (--all-cells), and in a stage or rank process its scratch folder
+CELLS, SCRATCH = DEFAULT_CELLS, None
 SMOKE = dict(aspect_ratio=16, head_dim=16, n_layers_prelude=0, n_layers_coda=0, vocab_size=256, seq_len=64)
 
 
@@ -251,17 +251,13 @@ def die_with_parent() -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)           # PR_SET_PDEATHSIG = 1
 
 
-RUN = {1: stage_environment, 2: stage_attention, 3: stage_memory, 4: stage_throughput, 5: stage_ddp, 6: stage_compile}
-
-
-def run_child(n, argv, timeout) -> dict:
+def run_child(n, argv, folder, timeout) -> dict:
     """Stage n in its own process (this script --stage n), killed after `timeout` s -> its status, result, wall_s."""
     # The stage writes its entry into its scratch folder (atomically): a stage that dies writes none, and its exit
     # status says why; a kill of this process leaves the JSON as it was after the previous stage.
     t = time.monotonic()
     # (a rank killed with its stage may still hold files there: a cleanup error must not stop the next stages)
-    with tempfile.TemporaryDirectory(prefix=f".gpu_check_stage{n}_", dir=os.path.dirname(OUT),
-                                     ignore_cleanup_errors=True) as scratch:
+    with tempfile.TemporaryDirectory(prefix=f".gpu_check_stage{n}_", dir=folder, ignore_cleanup_errors=True) as scratch:
         path = os.path.join(scratch, "entry.json")
         try:
             code = subprocess.run([sys.executable, __file__, *argv, "--stage", str(n), "--scratch", scratch],
@@ -275,7 +271,7 @@ def run_child(n, argv, timeout) -> dict:
 def main(argv=None) -> int:
     """The CLI, and the entry of the stage and rank processes (hidden flags). The parent checks every flag, prints
     the plan, checks --out, then runs the stages in order; exit 1 if one failed or timed out."""
-    global OUT, CELLS, SCRATCH
+    global CELLS, SCRATCH
     p = common.Parser(prog="runs/gpu_check.py", description="staged device check (issue 19 §5)")
     p.add_argument("--cpu-smoke", action="store_true", help="every stage on CPU with tiny sizes (CI)")
     p.add_argument("--budget", type=common.number(float, "(0, 1e6)"), default=480.0, help="seconds for all stages")
@@ -288,12 +284,13 @@ def main(argv=None) -> int:
     for flag, kind in (("--stage", int), ("--ddp-rank", int), ("--scratch", str)):
         p.add_argument(flag, type=kind, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    OUT, CELLS, SCRATCH = os.path.abspath(a.out), ALL_CELLS if a.all_cells else DEFAULT_CELLS, a.scratch
+    CELLS, SCRATCH = ALL_CELLS if a.all_cells else DEFAULT_CELLS, a.scratch
     if a.ddp_rank is not None:
         return ddp_rank(a.ddp_rank, a.cpu_smoke)
     if a.stage:                                            # a stage's process: any failure is recorded, not raised
         try:
-            out = {"status": "ok", "result": RUN[a.stage](a.cpu_smoke, *setup(a.cpu_smoke))}
+            stage = globals()["stage_" + STAGES[a.stage][0]]          # stage n is the function stage_<its name>
+            out = {"status": "ok", "result": stage(a.cpu_smoke, *setup(a.cpu_smoke))}
         except Exception as err:                           # one stage's failure must not cost the next stages
             out = {"status": "failed", "error": f"{type(err).__name__}: {err}"[:2000]}
         return common.atomic_write(os.path.join(SCRATCH, "entry.json"), json.dumps(out))
@@ -313,15 +310,15 @@ def main(argv=None) -> int:
     if a.dry_run:                                          # a dry run writes nothing: no --out to check
         return 0
     # Ownership: the JSON is absent, or this tool's for this same request (its written_by says so), or --overwrite
-    key = common.request_key("gpu_check", request)
+    key, folder = common.request_key("gpu_check", request), os.path.dirname(os.path.abspath(a.out))
     try:
         common.check_new(a.out, a.overwrite, "--out", p.prog, key)
-        os.makedirs(os.path.dirname(OUT), exist_ok=True)
+        os.makedirs(folder, exist_ok=True)
     except (ValueError, OSError) as err:
         common.fail(p.prog, err)
     if a.cpu_smoke:                                        # tiny models: one thread each is faster on a shared CPU
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-    child = ["--out", OUT] + ["--cpu-smoke"] * a.cpu_smoke + ["--all-cells"] * a.all_cells
+    child = ["--cpu-smoke"] * a.cpu_smoke + ["--all-cells"] * a.all_cells     # what a stage process needs
     for n, (name, *_) in STAGES.items():
         left = a.budget - (time.monotonic() - t0)
         entry = rec["stages"][str(n)] = {"name": name, "estimate_s": est[n]}
@@ -330,7 +327,7 @@ def main(argv=None) -> int:
             entry.update(status="dropped", reason=f"{why}, ~{est[n]} s needed")
         else:
             # a stage may overrun its estimate (3x + 60 s) but never the budget: the timeout is what is left at most
-            entry.update(run_child(n, child, timeout=min(left, 3 * est[n] + 60)))
+            entry.update(run_child(n, child, folder, timeout=min(left, 3 * est[n] + 60)))
         common.write_json(a.out, rec, p.prog, key)           # after every stage: a kill keeps what is done
         print(f"gpu-check [{time.monotonic() - t0:5.0f}s] stage {n} {name}: {entry['status']} "
               f"{json.dumps(entry.get('result', entry.get('reason', entry.get('error'))))[:600]}", flush=True)
