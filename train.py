@@ -181,13 +181,13 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
              run.use_bf16) + ("; forced by --attn" if tc.attn != "auto" else "")),
             ("compile", run.use_compile and tc.compile_mode, "default: on for CUDA; --compile-mode: torch's mode"),
             *((("inductor cache", "on", inductor_cache(tc.sdpa_backend)),) if run.use_compile else ()),
-            ("loss read / log", f"every {tc.log_every} step(s)", "the only host syncs, + every eval / checkpoint"),
             ("mfu peak", f"{peak:.4g} FLOP/s per device" if peak else "n/a", peak_rule),
             ("est. device-hours", f"{hours:,.4g}", f"tokens x F / ({PLAN_MFU:.0%} MFU x peak); eval excluded")]
     print0(f"nanoloop {'plan' if tc.plan else 'train'} | world {world} | device {run.dev_name} | out_dir {tc.out_dir}")
     for name, value, rule in rows:
         print0(f"  {name:<22} {str(value):<28} # {rule}")
-    # the part of the record (and of --plan's result) that the config and the horizon fix
+    # the part of the record (and of --plan's result) that the config and the horizon fix; the configs as given
+    config = {"model_config": asdict(cfg), "train_config": asdict(tc)}
     base = {"n_loops": r, "scale": cfg.scale, "d_model": cfg.d_model, "layout": list(cfg.partition), "batch_tokens": B,
             "injection": cfg.injection, "n_loops_bwd": cfg.n_loops_bwd, "n_once": g.n_once, "n_rec": g.n_rec,
             "n_params": g.n_once + g.n_rec, "flops_budget": tc.flops_budget, "flops_per_token": F, "lrs": g.lrs,
@@ -301,8 +301,7 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
                      "loader": loader.state_dict(), "step": done, "val_loss": last_val, "identity": run.identity,
                      "rng": {"torch": torch.get_rng_state(),
                              "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None},
-                     "wall_time_s": wall_before + time.time() - t_loop, "tokenizer_hash": run.facts.tok_hash,
-                     "model_config": asdict(cfg), "train_config": asdict(tc)}
+                     "wall_time_s": wall_before + time.time() - t_loop, "tokenizer_hash": run.facts.tok_hash, **config}
             if master:
                 save(ckpt_path, lambda tmp: torch.save(state, tmp))
             if world > 1:
@@ -314,7 +313,7 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     # Peak memory: CUDA's max allocated, else this process's peak RSS (ru_maxrss: KiB on Linux; a sweep's largest run)
     mem = ({"cuda_max_allocated": torch.cuda.max_memory_allocated(device)} if device.type == "cuda" else
            {"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
-    record = {"config": {"model_config": asdict(cfg), "train_config": asdict(tc)}, "identity": run.identity,
+    record = {"config": config, "identity": run.identity,
               **base, "world": world, "device_batch": device_batch, "val_loss": last_val,
               "eval_tokens": run.facts.eval_rows * cfg.seq_len, "wall_time_s": wall_before + time.time() - t_loop,
               "total_time_s": time.time() - t_start, "tokenizer_hash": run.facts.tok_hash, "data": tc.data,
@@ -477,10 +476,8 @@ def probe(model, rows: int, autocast, budget=None):
     noise = torch.zeros(rows, cfg.seq_len, cfg.d_model, device=device) if model.state_init == "random" else None
     if budget is None:
         params, seen = {p.untyped_storage().data_ptr() for p in model.parameters()}, {}
-
-        def pack(t):                         # called for every tensor the graph saves for the backward
-            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-            return t
+        # pack: called for every tensor the graph saves for the backward; it records the storage, keeps the tensor
+        pack = lambda t: seen.update({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()}) or t
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast():
             model(x, x, state_noise=noise)   # the graph (and what it saved) is freed on return
         return sum(v for k, v in seen.items() if k not in params)
