@@ -123,7 +123,7 @@ IDENTITY_DEFAULTS = {f.name: f.default for cls in (ModelConfig, TrainConfig) for
 
 # Allowed values of every int / float field of ModelConfig and TrainConfig, in common.py's interval notation,
 # checked once, when the CLI parses the flag (common.number). Counts stop at flops.py's MAX_COUNT (1e9); seed at
-# numpy's range; eval_tokens -1 = the whole val split (0 is refused by parse_args); device_batch 0 = auto. Rules
+# numpy's range; eval_tokens -1 = the whole val split (0 is refused by check_data); device_batch 0 = auto. Rules
 # across fields stay in ModelConfig.__post_init__ and parse_args. A test checks every numeric field has a row.
 LIMITS = {k: (v,) for k, v in dict(
     scale="[1, 1e9]", aspect_ratio="[1, 1e9]", n_loops="[1, 16]", n_layers_eff="[1, 1e9]", n_layers_prelude="[0, 1e9]",
@@ -386,9 +386,10 @@ def check_data(cfg, tc, init_tok_hash) -> tuple:
     need(meta["vocab_size"] <= cfg.vocab_size, f"data {tc.data} has vocab_size {meta['vocab_size']} > the model's "
          f"--vocab-size {cfg.vocab_size}")
     val_rows = val_meta.get("total_rows") or 0      # an int >= 0 if present (read_meta checked it)
-    eval_rows = val_rows if tc.eval_tokens == -1 else tc.eval_tokens // cfg.seq_len   # no silent shrinking
+    # no silent shrinking; 0 (or less than one row) is refused here too, the one check of --eval-tokens beyond LIMITS
+    eval_rows = val_rows if tc.eval_tokens == -1 else tc.eval_tokens // cfg.seq_len
     need(1 <= eval_rows <= val_rows, f"--eval-tokens {tc.eval_tokens:,} needs {eval_rows} val rows of {cfg.seq_len} "
-         f"tokens but {tc.data} has {val_rows}; pass --eval-tokens <= {val_rows * cfg.seq_len:,} (or -1: all)")
+         f"tokens but {tc.data} has {val_rows}; pass {cfg.seq_len} to {val_rows * cfg.seq_len:,} (or -1: all)")
     return cfg, SimpleNamespace(tok_hash=tok, eval_rows=eval_rows, vocab_rule=vocab_rule,
                                 identity=data_identity(tc.data))
 
@@ -536,10 +537,9 @@ def inductor_cache(sdpa_backend: str) -> str:
     the first step 40-46 s cold, 4-5 s warm). One folder per --sdpa-backend: the cache key ignores the SDPA kernel
     choice, so a graph cached under one backend was reused under another (measured). Returns the rule. (The FX graph
     cache itself is on by default: torch._inductor.config.fx_graph_cache.)"""
-    default = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "nanoloop",
-                           "inductor", f"sdpa-{sdpa_backend}")
+    path = f"{os.environ.get('XDG_CACHE_HOME') or os.path.expanduser('~/.cache')}/nanoloop/inductor/sdpa-{sdpa_backend}"
     rule = "set by you" if os.environ.get("TORCHINDUCTOR_CACHE_DIR") else "default; TORCHINDUCTOR_CACHE_DIR moves it"
-    return f"{os.environ.setdefault('TORCHINDUCTOR_CACHE_DIR', default)} ({rule})"
+    return f"{os.environ.setdefault('TORCHINDUCTOR_CACHE_DIR', path)} ({rule})"
 
 def git_info() -> dict:
     """Commit, dirty flag and a hash of the uncommitted diff (style B9), or None where git is unavailable."""
@@ -596,7 +596,6 @@ def parse_args(argv=None) -> tuple:
                  f"{', '.join(str(a or 'auto') for a in allowed)}, got {getattr(ns, name)!r}")
         need([ns.flops_budget, ns.tokens, ns.tokens_per_param, ns.steps].count(None) == 3, "give exactly one horizon: "
              "--flops-budget, --tokens, --tokens-per-param or --steps")
-        need(ns.eval_tokens != 0, "--eval-tokens must be > 0 or -1 (the whole val split), got 0")
         model_cfg = ModelConfig(**{k: getattr(ns, k) for k in typed})   # a model field not typed: its default
         train_cfg = TrainConfig(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(TrainConfig)})
         if train_cfg.init_from:              # every model flag typed must be the checkpoint's, default-valued ones too
