@@ -12,7 +12,7 @@ init_dist only). Each plumbing rule of the README's "Guarantees" is one light me
                         check_new / write_json for a single file: absent, ours by its written_by header, or --overwrite
   dist setup            init_dist, print0
 """
-import argparse, contextlib, fcntl, hashlib, json, math, os, pathlib, stat, sys, typing
+import argparse, contextlib, fcntl, hashlib, json, os, pathlib, stat, sys, typing
 
 # -----------------------------------------------------------------------------
 # One error path: every user error is one line "prog: error: why", exit status 2, before any work is done.
@@ -41,11 +41,12 @@ def fail(prog: str, err) -> typing.NoReturn:
 def check_number(v, interval: str, what: str = "") -> typing.Optional[str]:
     """None if v is a finite number inside interval (None passes: Optional fields use it), else why not."""
     about = f" ({what})" if what else ""
-    # bool is an int in Python (a JSON true is no 1), and nan fails every comparison below
+    # bool is an int in Python (a JSON true is no 1); nan fails every comparison, and an int past float's range
+    # (a 400-digit --steps) is no finite number either
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        return f"must be a finite number in {interval}{about}, got {v!r}"
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not abs(v) <= sys.float_info.max:
+        return f"must be a finite number in {interval}{about}, got {v!r:.40}"
     lo, hi = (float(b) for b in interval[1:-1].split(","))        # float() reads "inf" and "-inf"
     out = v < lo or v > hi or (interval[0] == "(" and v == lo) or (interval[-1] == ")" and v == hi)
     return f"must be in {interval}{about}, got {v:g}" if out else None
@@ -58,13 +59,11 @@ def number(kind, interval: str = "(-inf, inf)", what: str = ""):
             v = kind(text)
         with contextlib.suppress(ValueError):      # an int may also be written as an exact float, --tokens 47e9
             v = int(float(text)) if v is None and kind is int and float(text).is_integer() else v
-        if v is None:
-            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
-        why = check_number(v, interval, what)
-        if why:
+        why = check_number(v, interval, what) if v is not None else \
+            f"expected {'an integer' if kind is int else 'a number'}, got {text!r}"
+        if why:                                    # argparse prints "argument --flag: " + why
             raise argparse.ArgumentTypeError(why)
         return v
-    parse.__name__ = kind.__name__                 # argparse names the type in its "invalid value" errors
     return parse
 
 # -----------------------------------------------------------------------------
@@ -90,12 +89,10 @@ def check_record(obj: dict, schema: dict, where: str, prefix: str = "") -> None:
     """schema maps key -> (types, interval or None): a present key has one of the types (bool is never a number)
     and a number lies in the interval. Absent keys pass; callers require() what they need."""
     for key, (types, interval) in schema.items():
-        v = obj.get(key)
-        types = types if isinstance(types, tuple) else (types,)
-        if v is not None and (not isinstance(v, types) or (isinstance(v, bool) and bool not in types)):
-            raise ValueError(f"{where}: key {prefix + key!r} must be {'/'.join(t.__name__ for t in types)}, got "
-                             f"{type(v).__name__} {v!r:.40}")
-        why = check_number(v, interval) if interval and isinstance(v, (int, float)) else None
+        v, types = obj.get(key), types if isinstance(types, tuple) else (types,)
+        wrong = v is not None and (not isinstance(v, types) or (isinstance(v, bool) and bool not in types))
+        why = f"must be {'/'.join(t.__name__ for t in types)}, got {type(v).__name__} {v!r:.40}" if wrong else \
+            check_number(v, interval) if interval and isinstance(v, (int, float)) else None
         if why:
             raise ValueError(f"{where}: key {prefix + key!r} {why}")
 
@@ -127,11 +124,10 @@ def atomic_write(path: str, data, replace: bool = True) -> None:
     tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.{os.urandom(4).hex()}.tmp")
     # O_EXCL | O_NOFOLLOW: a name planted in the folder is never clobbered or written through
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666))
+    raw = data.encode() if isinstance(data, str) else data
+    write = data if callable(data) else lambda p: pathlib.Path(p).write_bytes(raw)
     try:
-        if callable(data):
-            data(tmp)
-        else:
-            pathlib.Path(tmp).write_bytes(data.encode() if isinstance(data, str) else data)
+        write(tmp)
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())                   # the bytes on disk before the name points at them
         (os.replace if replace else os.link)(tmp, path)   # replace: readers see old or new; link: fails if path exists
@@ -157,19 +153,16 @@ def claim(folder: str, tool: str, request=None, overwrite: bool = False, flag: s
     if os.path.islink(mark) or (os.path.lexists(mark) and not os.path.isfile(mark)):
         raise ValueError(f"{flag} {folder}: {mark} is not a plain file; move it away")
     # decide before creating anything, so a refusal leaves the folder (even its mtime) as it was
-    try:
-        names = sorted(n for n in os.listdir(folder) if n != os.path.basename(mark)) if os.path.isdir(folder) else []
-        held = pathlib.Path(mark).read_text(errors="replace").strip() if os.path.exists(mark) else ""
-    except OSError as err:
-        raise ValueError(f"{flag} {folder}: cannot use this folder ({err.strerror})") from None
-    mine = held == key or (request is None and held.split(" ")[0] == tool)
-    state = "resume" if names and mine else "fresh" if not names else "overwrite" if overwrite else None
-    if state is None:
-        what = f"another request of {tool}" if held.startswith(tool + " ") else "files this tool did not make"
-        raise ValueError(f"{flag} {folder} holds {what} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}); "
-                         "pick a new folder or pass --overwrite")
     made = not os.path.isdir(folder)
     try:
+        names = [] if made else sorted(n for n in os.listdir(folder) if n != os.path.basename(mark))
+        held = pathlib.Path(mark).read_text(errors="replace").strip() if os.path.exists(mark) else ""
+        mine = held == key or (request is None and held.split(" ")[0] == tool)
+        state = "resume" if names and mine else "fresh" if not names else "overwrite" if overwrite else None
+        if state is None:
+            what = f"another request of {tool}" if held.startswith(tool + " ") else "files this tool did not make"
+            raise ValueError(f"{flag} {folder} holds {what} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}"
+                             "); pick a new folder or pass --overwrite")
         os.makedirs(folder, exist_ok=True)
         # O_NOFOLLOW, O_NONBLOCK: a link or FIFO planted at the marker's name meanwhile is an error, never a wait
         fd = os.open(mark, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)

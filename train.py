@@ -123,7 +123,7 @@ IDENTITY_DEFAULTS = {f.name: f.default for cls in (ModelConfig, TrainConfig) for
 
 # Allowed values of every int / float field of ModelConfig and TrainConfig, in common.py's interval notation,
 # checked once, when the CLI parses the flag (common.number). Counts stop at flops.py's MAX_COUNT (1e9); seed at
-# numpy's range; eval_tokens -1 = the whole val split (0 is refused by parse_args); device_batch 0 = auto. Rules
+# numpy's range; eval_tokens -1 = the whole val split (0 is refused by check_data); device_batch 0 = auto. Rules
 # across fields stay in ModelConfig.__post_init__ and parse_args. A test checks every numeric field has a row.
 LIMITS = {k: (v,) for k, v in dict(
     scale="[1, 1e9]", aspect_ratio="[1, 1e9]", n_loops="[1, 16]", n_layers_eff="[1, 1e9]", n_layers_prelude="[0, 1e9]",
@@ -153,15 +153,48 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     B, F, total_steps, r = g.B, g.F, g.steps, cfg.n_loops
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if run.use_bf16 else nullcontext
     sdpa = (lambda: sdpa_kernel(SDPA_BACKENDS[tc.sdpa_backend])) if tc.sdpa_backend != "auto" else nullcontext
-    hours, plan_db, peak = startup_print(run, world)
-    # the part of the record (and of --plan's result) that the config and the horizon fix
+    # Every derived quantity, printed once with its rule (the device batch, unless given or --plan, once measured)
+    (p, rec, c), f = cfg.partition, run.facts
+    peak, peak_rule = peak_flops(run.dev_name, tc.peak_flops)
+    db = tc.device_batch or (release_device_batch(cfg.scale, g.per_rank) if tc.plan else None)   # else: measured
+    hours = g.tokens * F / (PLAN_MFU * (peak or PEAK_FLOPS["H100"])) / 3600       # the H100's peak if none known
+    lr = dict(muonh_lr=f"{tc.muonh_lr} b (D/D_ref)^-0.32", wte_lr="0.3 b w", lm_head_lr="0.004 b w", norm_lr="0.005 w",
+              hc_lr="0.01 w")
+    rows = [("vocab_size", cfg.vocab_size, f.vocab_rule if f else "--vocab-size"),
+            ("d_model, n_head", f"{cfg.d_model}, {cfg.n_head}", f"{cfg.aspect_ratio} x s (§3.1), / head_dim"),
+            ("layout p-recur-c", f"{p}-{rec}-{c}", f"l_eff = {p} + {r} x {rec} + {c} = {cfg.n_layers_eff} (§3.1)"),
+            ("injection", cfg.injection if r > 1 else "none (r = 1)", "Eq. 5 linear default; App. C.2 / G.1"),
+            ("bptt window", f"{cfg.n_loops_bwd or r} of {r} loops", "Eq. 6; truncated only by --n-loops-bwd"),
+            ("n_once + n_rec", f"{g.n_once:,} + {g.n_rec:,}", "N, non-embedding, norm gains included (Table 6)"),
+            ("flops_per_token", f"{F:,}", "F_train: 6 N_exec + attention 12 d T per layer + 6 d V_pad (§3.2)"),
+            ("batch", f"{B:,} tok = {g.batch_rows} rows", f"{g.per_rank} rows per rank x {world} ranks"),
+            ("device batch", db or "auto", "--device-batch" if tc.device_batch else "release rule" if db else "below"),
+            ("steps, tokens", f"{total_steps:,}, {g.tokens:,}", f"{g.horizon_rule}; tokens = steps x B"),
+            ("flops", f"{g.tokens * F:.4g}", f"tokens x F (budget {tc.flops_budget})"),
+            ("lr data tokens D", f"{g.lr_tokens:,}", f"(D / D_ref)^-0.32 on MuonH (App. D.2), D_ref {g.d_ref:,.0f}"),
+            *((k, f"{v:.6g}", f"{lr[k]}; b = (B/{tc.lr_batch_ref})^0.558, w = (d/{g.width_ref})^-0.5; decay to 10% "
+               "(§4.1)") for k, v in g.lrs.items()),
+            ("eval", f"{f.eval_rows * cfg.seq_len if f else tc.eval_tokens:,} val tokens", "data.md §4; every "
+             f"{tc.eval_every} steps (0: none) + the final one"),
+            ("precision", "bf16 (autocast, wte, Polar Express)" if run.use_bf16 else "fp32", "default: bf16 on CUDA"),
+            ("attention", f"{run.attn}, sdpa kernel {tc.sdpa_backend}", attention_summary(run.attn, device,
+             run.use_bf16) + ("; forced by --attn" if tc.attn != "auto" else "")),
+            ("compile", run.use_compile and tc.compile_mode, "default: on for CUDA; --compile-mode: torch's mode"),
+            *((("inductor cache", "on", inductor_cache(tc.sdpa_backend)),) if run.use_compile else ()),
+            ("mfu peak", f"{peak:.4g} FLOP/s per device" if peak else "n/a", peak_rule),
+            ("est. device-hours", f"{hours:,.4g}", f"tokens x F / ({PLAN_MFU:.0%} MFU x peak); eval excluded")]
+    print0(f"nanoloop {'plan' if tc.plan else 'train'} | world {world} | device {run.dev_name} | out_dir {tc.out_dir}")
+    for name, value, rule in rows:
+        print0(f"  {name:<22} {str(value):<28} # {rule}")
+    # the part of the record (and of --plan's result) that the config and the horizon fix; the configs as given
+    config = {"model_config": asdict(cfg), "train_config": asdict(tc)}
     base = {"n_loops": r, "scale": cfg.scale, "d_model": cfg.d_model, "layout": list(cfg.partition), "batch_tokens": B,
             "injection": cfg.injection, "n_loops_bwd": cfg.n_loops_bwd, "n_once": g.n_once, "n_rec": g.n_rec,
             "n_params": g.n_once + g.n_rec, "flops_budget": tc.flops_budget, "flops_per_token": F, "lrs": g.lrs,
             "flops": g.tokens * F, "tokens": g.tokens, "steps": total_steps, "lr_tokens": g.lr_tokens}
     if tc.plan:                              # --plan: the numbers a launch would use, without building anything
         print0(f"status: {run.status}" + (f" at step {run.held['step']}" if run.status == "resume" else ""))
-        return {**base, "device_batch": plan_db, "accum": g.per_rank // plan_db, "world": world,
+        return {**base, "device_batch": db, "accum": g.per_rank // db, "world": world,
                 "device_hours": hours, "status": run.status, "identity": run.identity}
     # ---- 2. Model: same seed on every rank, so every rank holds the same init (DDP's broadcast is a no-op) --------
     torch.manual_seed(tc.seed)
@@ -208,14 +241,6 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     # surfaces at the next append or checkpoint as one line, and loses nothing: the last checkpoint is intact
     log_file = open(log_path, "a", buffering=1) if master else None
     log = lambda rec: log_file and log_file.write(json.dumps(rec) + "\n")
-
-    def evaluate(step):
-        """Val loss in nats over the first eval_rows val rows (eval.val_loss: exact, fp64 sums, all-reduced), of
-        the uncompiled module (no recompile of the training graph), in the run's precision."""
-        v = val_loss(raw_model, val_loader, run.facts.eval_rows * cfg.seq_len, bf16=run.use_bf16)
-        print0(f"eval step {step:05d} | val_loss {v:.4f} nats | n_loops {r}")
-        log({"step": step, "val_loss": v})
-        return v
     # ---- 4. The loop ---------------------------------------------------------------------------------------------
     # One optimizer step = accum micro-batches per rank: LR multiplier, forward/backward (grads all-reduce only on
     # the last micro-batch), optimizer step; at logging steps one loss read, one log line; eval / checkpoint if due.
@@ -261,8 +286,13 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
                f"{dt * 1e3:.0f}ms | tok/s {B / dt:,.0f} | mfu {f'{100 * mfu:.1f}%' if peak else 'n/a'} | flops "
                f"{done * B * F:.3g}/{total_steps * B * F:.3g} | eta {(total_steps - done) * dt / 60:.1f}min")
         log({"step": done, "loss": loss_val, "lr_mult": lr_mult, "dt": dt, "tok_per_s": B / dt, "mfu": mfu})
-        if due_eval:                                        # eval before the checkpoint: a run killed after both
-            last_val = evaluate(done)                       # resumes past this step, never re-evaluating
+        # Eval before the checkpoint (a run killed after both resumes past this step, and the final checkpoint
+        # always holds the val loss): eval.val_loss over the first eval_rows val rows (exact, fp64 sums,
+        # all-reduced), of the uncompiled module (no recompile of the training graph), in the run's precision.
+        if due_eval:
+            last_val = val_loss(raw_model, val_loader, run.facts.eval_rows * cfg.seq_len, bf16=run.use_bf16)
+            print0(f"eval step {done:05d} | val_loss {last_val:.4f} nats | n_loops {r}")
+            log({"step": done, "val_loss": last_val})
         # ---- 5. Checkpoint: every rank gathers the sharded optimizer state, rank 0 writes, the others wait -------
         if due_ckpt:
             # torch's RNG states (CPU and CUDA) as tensors, so the file loads with weights_only=True; nothing in a
@@ -271,22 +301,19 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
                      "loader": loader.state_dict(), "step": done, "val_loss": last_val, "identity": run.identity,
                      "rng": {"torch": torch.get_rng_state(),
                              "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None},
-                     "wall_time_s": wall_before + time.time() - t_loop, "tokenizer_hash": run.facts.tok_hash,
-                     "model_config": asdict(cfg), "train_config": asdict(tc)}
+                     "wall_time_s": wall_before + time.time() - t_loop, "tokenizer_hash": run.facts.tok_hash, **config}
             if master:
                 save(ckpt_path, lambda tmp: torch.save(state, tmp))
             if world > 1:
                 dist.barrier()
     # ---- 6. The record: done.json, written last by rank 0, atomically, with the run identity --------------------
     # done.json is the run's only machine-readable result: fit.py and runs/*.sh read it and never the log (B9).
-    if last_val is None:                                    # resumed from a final checkpoint without a val loss
-        last_val = evaluate(total_steps)
     if log_file:
         log_file.close()
     # Peak memory: CUDA's max allocated, else this process's peak RSS (ru_maxrss: KiB on Linux; a sweep's largest run)
     mem = ({"cuda_max_allocated": torch.cuda.max_memory_allocated(device)} if device.type == "cuda" else
            {"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
-    record = {"config": {"model_config": asdict(cfg), "train_config": asdict(tc)}, "identity": run.identity,
+    record = {"config": config, "identity": run.identity,
               **base, "world": world, "device_batch": device_batch, "val_loss": last_val,
               "eval_tokens": run.facts.eval_rows * cfg.seq_len, "wall_time_s": wall_before + time.time() - t_loop,
               "total_time_s": time.time() - t_start, "tokenizer_hash": run.facts.tok_hash, "data": tc.data,
@@ -359,9 +386,10 @@ def check_data(cfg, tc, init_tok_hash) -> tuple:
     need(meta["vocab_size"] <= cfg.vocab_size, f"data {tc.data} has vocab_size {meta['vocab_size']} > the model's "
          f"--vocab-size {cfg.vocab_size}")
     val_rows = val_meta.get("total_rows") or 0      # an int >= 0 if present (read_meta checked it)
-    eval_rows = val_rows if tc.eval_tokens == -1 else tc.eval_tokens // cfg.seq_len   # no silent shrinking
+    # no silent shrinking; 0 (or less than one row) is refused here too, the one check of --eval-tokens beyond LIMITS
+    eval_rows = val_rows if tc.eval_tokens == -1 else tc.eval_tokens // cfg.seq_len
     need(1 <= eval_rows <= val_rows, f"--eval-tokens {tc.eval_tokens:,} needs {eval_rows} val rows of {cfg.seq_len} "
-         f"tokens but {tc.data} has {val_rows}; pass --eval-tokens <= {val_rows * cfg.seq_len:,} (or -1: all)")
+         f"tokens but {tc.data} has {val_rows}; pass {cfg.seq_len} to {val_rows * cfg.seq_len:,} (or -1: all)")
     return cfg, SimpleNamespace(tok_hash=tok, eval_rows=eval_rows, vocab_rule=vocab_rule,
                                 identity=data_identity(tc.data))
 
@@ -449,10 +477,8 @@ def probe(model, rows: int, autocast, budget=None):
     noise = torch.zeros(rows, cfg.seq_len, cfg.d_model, device=device) if model.state_init == "random" else None
     if budget is None:
         params, seen = {p.untyped_storage().data_ptr() for p in model.parameters()}, {}
-
-        def pack(t):                         # called for every tensor the graph saves for the backward
-            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-            return t
+        # pack: called for every tensor the graph saves for the backward; it records the storage, keeps the tensor
+        pack = lambda t: seen.update({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()}) or t
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast():
             model(x, x, state_noise=noise)   # the graph (and what it saved) is freed on return
         return sum(v for k, v in seen.items() if k not in params)
@@ -490,8 +516,8 @@ def pick_device_batch(model, tc, g, world: int, autocast, static: int) -> tuple:
         rows = int(t.item())
     need(rows, f"one row of {model.cfg.seq_len} tokens does not fit in {have / 2**30:,.1f} GiB ({what}) beside the "
          "weights and optimizer state: shorten --seq-len, truncate BPTT (--n-loops-bwd) or use a smaller model")
-    how = "trial micro-step fits" if device.type == "cuda" else "memory model fits"
-    return rows, f"largest divisor of {g.per_rank} rows per rank whose {how} {have / 2**30:,.2f} GiB ({what})"
+    how = "memory model" if budget is None else "trial micro-step"
+    return rows, f"largest divisor of {g.per_rank} rows per rank whose {how} fits {have / 2**30:,.2f} GiB ({what})"
 
 # -----------------------------------------------------------------------------
 # What is printed and recorded: every derived quantity with its rule, the MFU peak, git provenance
@@ -511,57 +537,18 @@ def inductor_cache(sdpa_backend: str) -> str:
     the first step 40-46 s cold, 4-5 s warm). One folder per --sdpa-backend: the cache key ignores the SDPA kernel
     choice, so a graph cached under one backend was reused under another (measured). Returns the rule. (The FX graph
     cache itself is on by default: torch._inductor.config.fx_graph_cache.)"""
-    default = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "nanoloop",
-                           "inductor", f"sdpa-{sdpa_backend}")
+    path = f"{os.environ.get('XDG_CACHE_HOME') or os.path.expanduser('~/.cache')}/nanoloop/inductor/sdpa-{sdpa_backend}"
     rule = "set by you" if os.environ.get("TORCHINDUCTOR_CACHE_DIR") else "default; TORCHINDUCTOR_CACHE_DIR moves it"
-    return f"{os.environ.setdefault('TORCHINDUCTOR_CACHE_DIR', default)} ({rule})"
-
-def startup_print(run, world: int) -> tuple:
-    """Print every derived quantity once, with its rule; return (estimated device-hours, --plan's device batch, the
-    peak FLOP/s per device for the MFU column or None)."""
-    cfg, tc, g, r, (p, rec, c), f = run.cfg, run.tc, run.g, run.cfg.n_loops, run.cfg.partition, run.facts
-    peak, peak_rule = peak_flops(run.dev_name, tc.peak_flops)
-    db = tc.device_batch or (release_device_batch(cfg.scale, g.per_rank) if tc.plan else None)   # else: main measures
-    hours = g.tokens * g.F / (PLAN_MFU * (peak or PEAK_FLOPS["H100"])) / 3600       # the H100's peak if none known
-    lr = dict(muonh_lr=f"{tc.muonh_lr} b (D/D_ref)^-0.32", wte_lr="0.3 b w", lm_head_lr="0.004 b w", norm_lr="0.005 w",
-              hc_lr="0.01 w")
-    rows = [("vocab_size", cfg.vocab_size, f.vocab_rule if f else "--vocab-size"),
-            ("d_model, n_head", f"{cfg.d_model}, {cfg.n_head}", f"{cfg.aspect_ratio} x s (§3.1), / head_dim"),
-            ("layout p-recur-c", f"{p}-{rec}-{c}", f"l_eff = {p} + {r} x {rec} + {c} = {cfg.n_layers_eff} (§3.1)"),
-            ("injection", cfg.injection if r > 1 else "none (r = 1)", "Eq. 5 linear default; App. C.2 / G.1"),
-            ("bptt window", f"{cfg.n_loops_bwd or r} of {r} loops", "Eq. 6; truncated only by --n-loops-bwd"),
-            ("n_once + n_rec", f"{g.n_once:,} + {g.n_rec:,}", "N, non-embedding, norm gains included (Table 6)"),
-            ("flops_per_token", f"{g.F:,}", "F_train: 6 N_exec + attention 12 d T per layer + 6 d V_pad (§3.2)"),
-            ("batch", f"{g.B:,} tok = {g.batch_rows} rows", f"{g.per_rank} rows per rank x {world} ranks"),
-            ("device batch", db or "auto", "--device-batch" if tc.device_batch else "release rule" if db else "below"),
-            ("steps, tokens", f"{g.steps:,}, {g.tokens:,}", f"{g.horizon_rule}; tokens = steps x B"),
-            ("flops", f"{g.tokens * g.F:.4g}", f"tokens x F (budget {tc.flops_budget})"),
-            ("lr data tokens D", f"{g.lr_tokens:,}", f"(D / D_ref)^-0.32 on MuonH (App. D.2), D_ref {g.d_ref:,.0f}"),
-            *((k, f"{v:.6g}", f"{lr[k]}; b = (B/{tc.lr_batch_ref})^0.558, w = (d/{g.width_ref})^-0.5; decay to 10% "
-               "(§4.1)") for k, v in g.lrs.items()),
-            ("eval", f"{f.eval_rows * cfg.seq_len if f else tc.eval_tokens:,} val tokens", "data.md §4; every "
-             f"{tc.eval_every} steps (0: none) + the final one"),
-            ("precision", "bf16 (autocast, wte, Polar Express)" if run.use_bf16 else "fp32", "default: bf16 on CUDA"),
-            ("attention", f"{run.attn}, sdpa kernel {tc.sdpa_backend}", attention_summary(run.attn, run.device,
-             run.use_bf16) + ("; forced by --attn" if tc.attn != "auto" else "")),
-            ("compile", run.use_compile and tc.compile_mode, "default: on for CUDA; --compile-mode: torch's mode"),
-            *((("inductor cache", "on", inductor_cache(tc.sdpa_backend)),) if run.use_compile else ()),
-            ("loss read / log", f"every {tc.log_every} step(s)", "the only host syncs, + every eval / checkpoint"),
-            ("mfu peak", f"{peak:.4g} FLOP/s per device" if peak else "n/a", peak_rule),
-            ("est. device-hours", f"{hours:,.4g}", f"tokens x F / ({PLAN_MFU:.0%} MFU x peak); eval excluded")]
-    print0(f"nanoloop {'plan' if tc.plan else 'train'} | world {world} | device {run.dev_name} | out_dir {tc.out_dir}")
-    for name, value, rule in rows:
-        print0(f"  {name:<22} {str(value):<28} # {rule}")
-    return hours, db, peak
+    return f"{os.environ.setdefault('TORCHINDUCTOR_CACHE_DIR', path)} ({rule})"
 
 def git_info() -> dict:
     """Commit, dirty flag and a hash of the uncommitted diff (style B9), or None where git is unavailable."""
     git = lambda *a: subprocess.run(["git", "-C", os.path.dirname(os.path.abspath(__file__)), *a], check=True,
                                     capture_output=True, text=True, timeout=30).stdout      # this checkout's git
-    try:
-        dirty = bool(git("status", "--porcelain", "--untracked-files=no").strip())
-        diff = hashlib.sha256(git("diff", "HEAD").encode()).hexdigest()[:16] if dirty else None
-        return {"git_commit": git("rev-parse", "HEAD").strip(), "git_dirty": dirty, "git_diff_sha256": diff}
+    try:                                                        # dirty: a tracked file differs from HEAD
+        diff = git("diff", "HEAD")
+        return {"git_commit": git("rev-parse", "HEAD").strip(), "git_dirty": bool(diff),
+                "git_diff_sha256": hashlib.sha256(diff.encode()).hexdigest()[:16] if diff else None}
     except (OSError, subprocess.SubprocessError):               # not a checkout, or no git: provenance unknown
         return dict.fromkeys(("git_commit", "git_dirty", "git_diff_sha256"))
 
@@ -582,13 +569,11 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls, limits: dict) -> N
     notes = {m.group(1): m.group(2).strip().replace("%", "%%") for m in lines if m}
     group = parser.add_argument_group(cls.__name__)
     for f in dataclasses.fields(cls):
-        tp, optional = hints[f.name], False
-        if typing.get_origin(tp) is typing.Union:                  # Optional[X] = Union[X, None]
-            tp, optional = next(a for a in typing.get_args(tp) if a is not type(None)), True
+        # an Optional[X] (= Union[X, None]) field is one whose default is None (a test checks both dataclasses)
+        tp = typing.get_args(hints[f.name])[0] if f.default is None else hints[f.name]
         conv = common.number(tp, *limits.get(f.name, ())) if tp in (int, float) else {bool: parse_bool, str: str}[tp]
-        if optional:
+        if f.default is None:
             conv = (lambda c: lambda v: None if v.lower() in ("none", "auto") else c(v))(conv)
-            conv.__name__ = tp.__name__
         bare = dict(nargs="?", const=True, metavar="BOOL") if tp is bool else {}    # --flag alone means true
         group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=conv, default=f.default,
                            help=f"{notes.get(f.name, '')} (default: {f.default})", **bare)
@@ -605,14 +590,12 @@ def parse_args(argv=None) -> tuple:
     unset, names = object(), [f.name for f in dataclasses.fields(ModelConfig)]
     ns = p.parse_args(argv, argparse.Namespace(**dict.fromkeys(names, unset)))
     typed = {k for k in names if getattr(ns, k) is not unset}
-    horizons = [k for k in ("flops_budget", "tokens", "tokens_per_param", "steps") if getattr(ns, k) is not None]
     try:
         for name, allowed in CHOICES.items():
             need(getattr(ns, name) in allowed, f"--{name.replace('_', '-')} must be one of "
                  f"{', '.join(str(a or 'auto') for a in allowed)}, got {getattr(ns, name)!r}")
-        need(len(horizons) == 1, "give exactly one horizon: --flops-budget, --tokens, --tokens-per-param or --steps "
-             f"(got {horizons or 'none'})")
-        need(ns.eval_tokens != 0, "--eval-tokens must be > 0 or -1 (the whole val split), got 0")
+        need([ns.flops_budget, ns.tokens, ns.tokens_per_param, ns.steps].count(None) == 3, "give exactly one horizon: "
+             "--flops-budget, --tokens, --tokens-per-param or --steps")
         model_cfg = ModelConfig(**{k: getattr(ns, k) for k in typed})   # a model field not typed: its default
         train_cfg = TrainConfig(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(TrainConfig)})
         if train_cfg.init_from:              # every model flag typed must be the checkpoint's, default-valued ones too

@@ -122,6 +122,7 @@ def copy_run(finished, tmp_path):
     ("--state-init-std", "inf"), ("--scale", "0"), ("--head-dim", "-2"), ("--muonh-lr", "-0.01"),
     ("--flops-budget", "nan"), ("--seed", "-1"), ("--eval-every", "-5"), ("--peak-flops", "inf"),
     ("--vocab-size", "1e10"), ("--seq-len", "1e10"), ("--log-every", "0"), ("--device-batch", "-1"),
+    ("--steps", "1" + "0" * 400),                                # an int past float's range: no OverflowError
 ])
 def test_bad_value_is_one_line_at_parse_time(flag, value, tmp_path, capsys, monkeypatch, tiny_data):
     before = snapshot(tmp_path)

@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import typing
 
 import pytest
 import torch
@@ -100,6 +101,12 @@ def test_parse_args_generated_cli():
                                                                                               0.014)
     names = [f for cls in (train.ModelConfig, train.TrainConfig) for f in cls.__dataclass_fields__]
     assert len(names) == len(set(names)), "a field name is shared by ModelConfig and TrainConfig"
+    for cls in (train.ModelConfig, train.TrainConfig):              # the CLI reads Optional[X] off a None default
+        hints = typing.get_type_hints(cls)
+        for f in train.dataclasses.fields(cls):
+            optional = typing.get_origin(hints[f.name]) is typing.Union
+            assert optional == (f.default is None), f"{f.name}: Optional exactly when the default is None"
+            assert not optional or typing.get_args(hints[f.name])[1] is type(None), f.name
 
 
 # -----------------------------------------------------------------------------
