@@ -90,9 +90,10 @@ def check_record(obj: dict, schema: dict, where: str, prefix: str = "") -> None:
     and a number lies in the interval. Absent keys pass; callers require() what they need."""
     for key, (types, interval) in schema.items():
         v, types = obj.get(key), types if isinstance(types, tuple) else (types,)
-        wrong = v is not None and (not isinstance(v, types) or (isinstance(v, bool) and bool not in types))
-        why = f"must be {'/'.join(t.__name__ for t in types)}, got {type(v).__name__} {v!r:.40}" if wrong else \
-            check_number(v, interval) if interval and isinstance(v, (int, float)) else None
+        if v is not None and (not isinstance(v, types) or (isinstance(v, bool) and bool not in types)):
+            why = f"must be {'/'.join(t.__name__ for t in types)}, got {type(v).__name__} {v!r:.40}"
+        else:
+            why = check_number(v, interval) if interval and isinstance(v, (int, float)) else None
         if why:
             raise ValueError(f"{where}: key {prefix + key!r} {why}")
 

@@ -9,7 +9,7 @@ Implements paper §4.1 and App. D (recipe, LR sweep and transfer), following Hyp
     AdamW (betas 0.8/0.95, eps 1e-10, no weight decay) on wte, lm_head, RMSNorm gains, hyperconnection scalars.
     HyperP peak LRs:  eta_MuonH = 0.014 b (D/D_ref)^-0.32;  wte 0.3 b w;  lm_head 0.004 b w;  norm 0.005 w;  hc 0.01 w
         with w = (d/640)^-1/2 and b = (B/262,144)^0.558.  Schedule: lr_mult = 0.1 + 0.9 (N - step)/N.
-Run:   python optim.py --scale 10 --tokens 983315200 [--n-loops 1] [--batch-tokens 262144] [--json]
+Run:   python train.py --plan --scale 10 --tokens 983315200 [--n-loops 4]   prints every peak LR with its rule
        (the MuonH step benchmark is runs/bench_optim.py, the per-step op count runs/op_count.py)
 Test:  pytest tests/test_optim.py
 Read in this order: reference -> hyperp_lrs -> lr_multiplier -> polar_express -> muonh_update -> MuonHAdamW ->
@@ -21,14 +21,11 @@ every same-shape stack), keeps momentum and R only for those, and all-gathers th
 tensors stay replicated. state_dict() gathers a full, world-size-independent state; load_state_dict() keeps the
 owned part. World size 1 owns everything and gathers nothing: the replicated optimizer, bit for bit.
 """
-import json
 import math
 
 import torch
 import torch.distributed as dist
 
-from common import Parser, number
-from flops import layout
 
 # -----------------------------------------------------------------------------
 # Constants (paper §4.1 unless stated; "release" = kschwethelm/looped-lm-scaling at ad7d8f3)
@@ -130,39 +127,29 @@ def reference_tokens(n_loops, d_model=D_MODEL_REF, n_layers_eff=20, n_layers_pre
     return int(round(ratio * effective))
 
 
-def hyperp_factors(d_model, n_loops, tokens, batch_tokens=BATCH_REF, d_ref=None, d_model_ref=D_MODEL_REF,
-                   batch_ref=BATCH_REF):
-    """The three HyperP correction factors and the D_ref used; hyperp_lrs multiplies the base LRs by them.
+def hyperp_lrs(d_model, n_loops, tokens, batch_tokens=BATCH_REF, base_lr=MUONH_LR, d_ref=None,
+               d_model_ref=D_MODEL_REF, batch_ref=BATCH_REF):
+    """Peak LR of every group for a run of width d_model, r = n_loops, D = tokens, B = batch_tokens.
 
     (d_model_ref, d_ref) come from reference(); left out, they are the paper's (reference(n_loops)). A d_ref alone
     overrides D_ref; a non-paper d_model_ref needs its d_ref too, so no second rule for D_ref exists here.
     batch_ref is the batch at which the base LRs were tuned (App. D.1: 2^18 tokens). A scaled-down study whose
     batch is far below it (the CPU mini study runs ~2K-token steps) re-anchors here instead of extrapolating the
-    (B/B_ref)^0.558 rule two orders of magnitude outside the range it was fitted on."""
-    if d_ref is None:
-        assert d_model_ref == D_MODEL_REF, "a non-paper d_model_ref needs the d_ref optim.reference() gives with it"
-        d_ref = reference(n_loops)[1]
-    # width: the muP rule, applied to AdamW only (release setup_optimizer)
-    return {"width": (d_model / d_model_ref) ** -0.5, "batch": (batch_tokens / batch_ref) ** BATCH_EXP,
-            "data": (tokens / d_ref) ** -DATA_EXP, "d_ref": d_ref}
-
-
-def hyperp_lrs(d_model, n_loops, tokens, batch_tokens=BATCH_REF, base_lr=MUONH_LR, d_ref=None,
-               d_model_ref=D_MODEL_REF, batch_ref=BATCH_REF):
-    """Peak LR of every group for a run of width d_model, r = n_loops, D = tokens, B = batch_tokens.
-
-    d_model_ref, d_ref: the run's reference, from reference() (default: the paper's, 640 and the family's D_ref).
+    (B/B_ref)^0.558 rule two orders of magnitude outside the range it was fitted on.
 
     D is the run's token horizon: int(C / F_train) for grid runs (release base_train.py, target-FLOPs path).
     MuonH gets no width factor: the sphere radius R ∝ sqrt(d_out) already transfers across width (HyperP Thm 2).
     Only MuonH gets the data factor and only MuonH, wte and lm_head the batch factor (release base_train.py).
     There is no depth factor: l_eff = 20 for every r.
     """
-    f = hyperp_factors(d_model, n_loops, tokens, batch_tokens, d_ref, d_model_ref, batch_ref)
-    w, b = f["width"], f["batch"]
+    if d_ref is None:
+        assert d_model_ref == D_MODEL_REF, "a non-paper d_model_ref needs the d_ref optim.reference() gives with it"
+        d_ref = reference(n_loops)[1]
+    # width w: the muP rule, applied to AdamW only (release setup_optimizer); batch b
+    w, b = (d_model / d_model_ref) ** -0.5, (batch_tokens / batch_ref) ** BATCH_EXP
     # eta = 0.014 b (D/D_ref)^-0.32 (App. D.2); norm and hc are hard-coded without b in the release
-    return {"muonh_lr": base_lr * b * f["data"], "wte_lr": WTE_LR * b * w, "lm_head_lr": LM_HEAD_LR * b * w,
-            "norm_lr": NORM_LR * w, "hc_lr": HC_LR * w}
+    return {"muonh_lr": base_lr * b * (tokens / d_ref) ** -DATA_EXP, "wte_lr": WTE_LR * b * w,
+            "lm_head_lr": LM_HEAD_LR * b * w, "norm_lr": NORM_LR * w, "hc_lr": HC_LR * w}
 
 
 # -----------------------------------------------------------------------------
@@ -480,51 +467,3 @@ def build_optimizer(groups, lrs, shard=True, polar_bf16=None, compile=None):
     param_groups = [dict(name=name, kind=kind, params=list(groups[name]), lr=lrs[lr_key])   # fixed order, so
                     for name, (kind, lr_key) in GROUPS.items() if groups.get(name)]         # checkpoints line up
     return MuonHAdamW(param_groups, shard=shard, polar_bf16=polar_bf16, compile=compile)
-
-
-# -----------------------------------------------------------------------------
-# CLI: the peak-LR table of a run (the reference as train.py computes it, through reference())
-
-def main(argv=None):
-    p = Parser(prog="optim.py", description="HyperP peak learning rates of a run (paper §4.1, App. D).")
-    pos_int, pos = number(int, "(0, inf)"), number(float, "(0, inf)")
-    p.add_argument("--scale", type=pos_int, required=True, help="width scale s; d_model = aspect_ratio * s")
-    p.add_argument("--aspect-ratio", type=pos_int, default=64, help="d_model per unit of scale (paper: 64)")
-    p.add_argument("--head-dim", type=pos_int, default=128, help="the reference's width is rounded up to it")
-    p.add_argument("--n-layers-eff", type=pos_int, default=20, help="l_eff of the run (and its reference)")
-    p.add_argument("--n-layers-prelude", type=number(int, "[0, inf)"), default=2, help="prelude layers (r > 1)")
-    p.add_argument("--n-layers-coda", type=number(int, "[0, inf)"), default=2, help="coda layers (r > 1)")
-    p.add_argument("--tokens", type=pos_int, required=True, help="training tokens D (grid runs: int(C / F_train))")
-    p.add_argument("--n-loops", type=pos_int, default=1, help="r; selects the D_ref family and the r it is counted at")
-    p.add_argument("--batch-tokens", type=pos_int, default=BATCH_REF, help="tokens per optimizer step B")
-    p.add_argument("--base-lr", type=pos, default=MUONH_LR, help="MuonH base LR fed to HyperP")
-    p.add_argument("--d-ref", type=pos, default=None, help="override D_ref (default: the family constant)")
-    p.add_argument("--json", action="store_true", help="print the peak LRs as one JSON object")
-    a = p.parse_args(argv)
-    d = a.aspect_ratio * a.scale
-    try:                # the one rule across flags: the run must exist (r | 16, whole recurrent blocks; §3.1)
-        layout(a.n_loops, a.n_layers_eff, a.n_layers_prelude, a.n_layers_coda)
-    except ValueError as e:
-        p.error(str(e))
-    d_model_ref, d_ref = reference(a.n_loops, a.aspect_ratio, a.head_dim, a.n_layers_eff, a.n_layers_prelude,
-                                   a.n_layers_coda)
-    f = hyperp_factors(d, a.n_loops, a.tokens, a.batch_tokens, a.d_ref or d_ref, d_model_ref)
-    lrs = hyperp_lrs(d, a.n_loops, a.tokens, a.batch_tokens, a.base_lr, f["d_ref"], d_model_ref)
-    if a.json:
-        print(json.dumps(out := {**lrs, "d_ref": int(f["d_ref"])}))
-        return out
-    family = "r=1 family: 0-20-0 ref" if a.n_loops == 1 else f"looped family: 2-4-2 ref counted at r={a.n_loops}"
-    print(f"HyperP peak LRs | d_model {d} (s={a.scale}) | r={a.n_loops} | D {a.tokens:,} | B {a.batch_tokens:,}")
-    print(f"  w = (d/{d_model_ref})^-0.5 = {f['width']:.6f} | b = (B/{BATCH_REF})^{BATCH_EXP} = {f['batch']:.6f} | "
-          f"(D/D_ref)^-{DATA_EXP} = {f['data']:.6f}, D_ref {int(f['d_ref']):,} "
-          f"({'override' if a.d_ref else family})")
-    rules = dict(matrix=f"{a.base_lr} * b * (D/D_ref)^-0.32", wte=f"{WTE_LR} * b * w", lm_head=f"{LM_HEAD_LR} * b * w",
-                 norm=f"{NORM_LR} * w", hc=f"{HC_LR} * w")
-    print(f"  {'group':8s} {'optim':6s} {'rule':30s} peak LR")
-    for group, (kind, key) in GROUPS.items():                  # the table's rows in build_optimizer's group order
-        print(f"  {group:8s} {'MuonH' if kind == 'muonh' else 'AdamW':6s} {rules[group]:30s} {lrs[key]:.6f}")
-    return lrs
-
-
-if __name__ == "__main__":
-    main()

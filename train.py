@@ -477,8 +477,9 @@ def probe(model, rows: int, autocast, budget=None):
     noise = torch.zeros(rows, cfg.seq_len, cfg.d_model, device=device) if model.state_init == "random" else None
     if budget is None:
         params, seen = {p.untyped_storage().data_ptr() for p in model.parameters()}, {}
-        # pack: called for every tensor the graph saves for the backward; it records the storage, keeps the tensor
-        pack = lambda t: seen.update({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()}) or t
+        def pack(t):                         # called for every tensor the graph saves for the backward
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast():
             model(x, x, state_noise=noise)   # the graph (and what it saved) is freed on return
         return sum(v for k, v in seen.items() if k not in params)

@@ -3,12 +3,12 @@ runs/bench_eval.py -- eval.py's scorer benchmark (runs/bench.sh section 5), kept
 
 Tokens/s of the batched continuation scorer (eval.score_examples) vs one example at a time, on the same examples in
 the same process (best of 2 timings each, alternating, so a noisy shared CPU hurts both alike), and the largest
-difference of their per-example losses (only float summation order differs). The model is a random tiny one by
-default (a CPU mini-study shape: d = 64, r = 4, l_eff = 10), or a trained run's (--checkpoint RUN, on its tokenizer
-and the first --n-examples items of --task).
+difference of their per-example losses (only float summation order differs). The model is a random tiny one (a CPU
+mini-study shape by default: d = 64, r = 4, l_eff = 10): the scorer's speed depends on the prompt lengths and the
+batch width, not on the weights or which tokens they are, so no trained run or task file is needed.
 
-Usage: python runs/bench_eval.py [--equal-length 64] [--checkpoint RUN [--task induction_head --task-dir DIR]]
-       [--out FILE.json [--overwrite]]      (FILE: replaced only if this request wrote it)
+Usage: python runs/bench_eval.py [--equal-length 64] [--out FILE.json [--overwrite]]
+       (FILE: replaced only if this request wrote it)
 """
 import os, random, sys, time
 
@@ -18,12 +18,11 @@ import torch  # noqa: E402
 import common, eval as E  # noqa: E402
 
 
-def bench_scorer(model, examples, *, batch_tokens=8192, n_loops=None, pad_id=0, repeats=2) -> dict:
+def bench_scorer(model, examples, *, batch_tokens=8192, repeats=2) -> dict:
     """Batched vs one-at-a-time tokens/s and the largest per-example |difference| in nats, printed and returned.
-    batch_tokens = 0 is eval.score_examples's one-example-per-forward mode; pad_id fills the batched rows (the
-    tokenizer's BOS for a trained run); n_loops is the test-time r' (None: the model's own r)."""
+    batch_tokens = 0 is eval.score_examples's one-example-per-forward mode."""
     n_in = sum(len(e.tokens) - 1 for e in examples)              # model input positions processed per pass
-    score = lambda ex, bt: E.score_examples(model, ex, batch_tokens=bt, n_loops=n_loops, pad_id=pad_id)[0]  # noqa
+    score = lambda ex, bt: E.score_examples(model, ex, batch_tokens=bt)[0]  # noqa: E731
     # warm-up: the first forward pays for allocator and kernel set-up, which neither timing should include
     score(examples[:4], batch_tokens)
     best, nats = {0: float("inf"), batch_tokens: float("inf")}, {}
@@ -51,11 +50,8 @@ def synthetic_examples(n, vocab, lengths=(32, 48, 64, 80, 96, 112, 128), span=3,
             for L in (g.choice(lengths) + 1 for _ in range(n))]
 
 
-# -----------------------------------------------------------------------------
-# The two models to time: a random tiny one (no checkpoint needed), or a trained run's on one of its tasks
-
-def _random_model(a):
-    """The checkpoint-free model, sized before it is built (ModelConfig's own checks raise ValueError)."""
+def random_model(a):
+    """The bench model and its examples, sized before it is built (ModelConfig's own checks raise ValueError)."""
     torch.manual_seed(0)
     cfg = E.ModelConfig(n_layers_prelude=1, n_layers_coda=1, **{k: getattr(a, k) for k in (
         "scale", "aspect_ratio", "head_dim", "n_loops", "n_layers_eff", "vocab_size", "seq_len")})
@@ -69,21 +65,7 @@ def _random_model(a):
           f"{device.type}, {torch.get_num_threads()} threads")
     # mixed lengths 1/4 .. 1 x seq_len in 8 steps, like cropped few-shot prompts; or one length (the best case)
     lengths = (a.equal_length,) if a.equal_length else range(a.seq_len // 4, a.seq_len + 1, a.seq_len // 8)
-    return model, synthetic_examples(a.n_examples, a.vocab_size, tuple(lengths)), 0
-
-
-def _trained_model(a):
-    """A run's model and tokenizer (eval.py's own loaders and identity checks) on one task's first items."""
-    # the same loaders and checks as `python eval.py RUN`: size, finite weights, tokenizer identity
-    model, ck = E.load_checkpoint(a.checkpoint, common.init_dist()[2])
-    tok = E.tokenizer_for(ck, (ck.get("train_config") or {}).get("data"), a.tokenizer)
-    E.check_inputs(model.cfg, ck, tok, None)
-    items, src, shots = E.load_task(a.task, a.task_dir)
-    if items is None:
-        raise ValueError(f"--task {a.task}: no task file (looked in {', '.join(src['looked_in']) or 'no task dir'})")
-    items = E.shuffle_and_cap(items, a.n_examples)      # the task's own seeded order, capped at --n-examples
-    return model, E.build_examples(items, range(len(items)), tok, shots=shots, delimiter=E.TASKS[a.task].delimiter,
-                                   seq_len=model.cfg.seq_len), tok.bos_id
+    return model, synthetic_examples(a.n_examples, a.vocab_size, tuple(lengths))
 
 
 def main(argv=None):
@@ -98,10 +80,6 @@ def main(argv=None):
         p.add_argument(flag, type=common.number(int, interval), default=default)
     # one length for every prompt: batching's best case, the issue-6 target (>= 3x); 0 = mixed lengths 1/4 .. 1 x T
     p.add_argument("--equal-length", type=common.number(int, "[0, inf)"), default=0, help="one length (0: mixed)")
-    p.add_argument("--checkpoint", help="a trained run instead of a random model (eval.load_checkpoint)")
-    p.add_argument("--tokenizer", help="with --checkpoint: tokenizer spec (default: the run's data's)")
-    p.add_argument("--task", default="induction_head", choices=sorted(E.TASKS), help="with --checkpoint: the task")
-    p.add_argument("--task-dir", help="with --checkpoint: the task files' root")
     p.add_argument("--out", help="also write the figures to this json file")
     p.add_argument("--overwrite", action="store_true", help="let --out replace a file this script did not write")
     a = p.parse_args(argv)
@@ -114,8 +92,8 @@ def main(argv=None):
         # checked before any work: a file this script did not write for this request is kept unless --overwrite
         if a.out:
             common.check_new(a.out, a.overwrite, "--out", "runs/bench_eval.py", key)
-        model, examples, pad = (_trained_model if a.checkpoint else _random_model)(a)
-        out = dict(request, **bench_scorer(model, examples, batch_tokens=a.batch_tokens, pad_id=pad))
+        model, examples = random_model(a)
+        out = dict(request, **bench_scorer(model, examples, batch_tokens=a.batch_tokens))
         if a.out:
             common.write_json(a.out, out, "runs/bench_eval.py", key)
     except (ValueError, OSError) as err:

@@ -5,7 +5,6 @@ Run: python -m pytest -q -s tests/test_optim.py
 """
 import importlib.util
 import io
-import json
 import math
 import os
 import sys
@@ -274,10 +273,6 @@ def test_reference_has_one_owner():
     # the reference model the release would build, 240 rounded up to 256
     width, d_ref = reference(4, aspect_ratio=24, head_dim=64)
     assert width == 240 and d_ref == reference_tokens(4, d_model=256) != reference_tokens(4, d_model=240)
-    got = optim.main(["--scale", "4", "--aspect-ratio", "24", "--head-dim", "64", "--n-loops", "4", "--tokens", "1e8",
-                      "--json"])
-    assert got["d_ref"] == d_ref and got == {**hyperp_lrs(96, 4, 10 ** 8, d_ref=d_ref, d_model_ref=240),
-                                             "d_ref": d_ref}
     # the run's depth: the mini study's l_eff 10, 1-?-1 at aspect 16 / head_dim 16 (160 is a multiple: no rounding)
     assert reference(8, 16, 16, 10, 1, 1) == (160, reference_tokens(8, 160, 10, 1, 1))
     # no second rule for D_ref: a non-paper width needs its D_ref from reference() (an invariant: assert)
@@ -310,24 +305,17 @@ def test_hyperp_data_rule_for_4x_tokens():
     assert mini["muonh_lr"] == pytest.approx(0.014, rel=1e-12) and mini["wte_lr"] == pytest.approx(0.3, rel=1e-12)
 
 
-def test_cli_lr_table(capsys):
-    got = optim.main(["--scale", "10", "--tokens", "983315200", "--json"])
-    printed = json.loads(capsys.readouterr().out)
-    assert printed == got and set(printed) == {"muonh_lr", "wte_lr", "lm_head_lr", "norm_lr", "hc_lr", "d_ref"}
-    assert printed["muonh_lr"] == pytest.approx(0.014, rel=1e-12) and printed["d_ref"] == 983_315_200
+def test_peak_lrs_of_the_grid_and_their_plan_lines(capsys):
+    # D = D_ref at s = 10, r = 1: the data factor is exactly 1
+    assert hyperp_lrs(640, 1, 983_315_200)["muonh_lr"] == pytest.approx(0.014, rel=1e-12)
     # issue 11 acceptance: s20 r2 C=1e19 -> eta 0.008345 with D_ref 606,380,800; r=8 -> D_ref 1,835,488,000
-    got = optim.main(["--scale", "20", "--n-loops", "2", "--tokens", "3054067451", "--json"])
-    capsys.readouterr()
-    assert round(got["muonh_lr"], 6) == 0.008345 and got["d_ref"] == 606_380_800
-    optim.main(["--scale", "20", "--n-loops", "8", "--tokens", "3054067451"])
-    assert "D_ref 1,835,488,000" in capsys.readouterr().out
-    optim.main(["--scale", "20", "--n-loops", "2", "--tokens", "3054067451"])
+    assert round(hyperp_lrs(1280, 2, 3054067451)["muonh_lr"], 6) == 0.008345 and reference(2)[1] == 606_380_800
+    assert reference(8)[1] == 1_835_488_000
+    # the one place a user reads them: train.py --plan prints every peak LR and D_ref with its rule
+    import train
+    train.main(*train.parse_args(["--plan", "--scale", "20", "--n-loops", "2", "--tokens", "3054067451"]))
     table = capsys.readouterr().out
-    assert "0.008345" in table and "0.212132" in table and "D_ref 606,380,800" in table
-    with pytest.raises(SystemExit):
-        optim.main(["--scale", "10"])                          # no --tokens
-    with pytest.raises(SystemExit):
-        optim.main(["--scale", "10", "--tokens", "-5"])
+    assert "0.00834537" in table and "0.212132" in table and "D_ref 606,380,800" in table
 
 
 def _runs_module(name):
@@ -541,31 +529,6 @@ def test_errors():
         build_optimizer({"wte": [torch.nn.Parameter(torch.ones(3, 2))]}, {"wte_lr": 0.3}).load_state_dict(
             opt.state_dict())
     assert math.isfinite(lr_multiplier(1, 1))
-
-
-@pytest.mark.parametrize("argv, flag", [
-    (["--scale", "10", "--tokens", "inf"], "--tokens"),            # int(inf) used to be an OverflowError traceback
-    (["--scale", "10", "--tokens", "nan"], "--tokens"),
-    (["--scale", "10", "--tokens", "1e9", "--head-dim", "0"], "--head-dim"),
-    (["--scale", "10", "--tokens", "1e9", "--d-ref", "nan"], "--d-ref"),
-    (["--scale", "0", "--tokens", "1e9"], "--scale"),
-])
-def test_cli_rejects_bad_numbers_in_one_line(argv, flag, capsys):
-    # issue 12 rule 5 on the LR CLI too: one line naming the flag, exit 2, no traceback, before any work
-    with pytest.raises(SystemExit) as exc:
-        optim.main(argv)
-    err = capsys.readouterr().err.strip()
-    print(f"\n{argv} -> {err}")
-    assert exc.value.code == 2 and len(err.splitlines()) == 1 and f"argument {flag}:" in err
-    assert "Traceback" not in err
-
-
-def test_cli_refuses_a_run_that_cannot_exist(capsys):
-    """r = 3 does not divide the paper's 16 recurrent layers: no LR plan for a model train.py would refuse."""
-    with pytest.raises(SystemExit) as exc:
-        optim.main(["--scale", "20", "--n-loops", "3", "--tokens", "1e9"])
-    err = capsys.readouterr().err.strip()
-    assert exc.value.code == 2 and len(err.splitlines()) == 1 and "n_loops=3 must divide 16" in err
 
 
 # -----------------------------------------------------------------------------
