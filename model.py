@@ -81,15 +81,14 @@ class ModelConfig:
         def need(ok, msg):
             if not ok:
                 raise ValueError(f"ModelConfig: {msg}")
-        need(type(self.head_dim) is int and self.head_dim >= 2 and self.head_dim % 2 == 0,     # RoPE halves it
-             f"head_dim={self.head_dim!r} must be even and >= 2")
-        # d = aspect_ratio x scale is never rounded (the paper never rounds d): another scale is the cure
-        need(self.d_model % self.head_dim == 0, f"d_model={self.d_model} is not a multiple of head_dim={self.head_dim}")
-        need(self.state_init in ("prelude", "random"), f"state_init={self.state_init!r} not in ('prelude', 'random')")
+        # RoPE halves head_dim; d = aspect_ratio x scale is never rounded (the paper never rounds d): another
+        # scale is the cure when head_dim does not divide it
+        need(type(self.head_dim) is int and self.head_dim >= 2 and self.head_dim % 2 == 0
+             and self.d_model % self.head_dim == 0, f"head_dim={self.head_dim!r} must be even and divide d_model")
         # Only linear, additive and diagonal read e every iteration: with passthrough a random h(0) would cut the
         # prelude off the loop, and hyper's lanes start as copies of e, so the random state would be ignored.
-        need(self.state_init == "prelude" or self.injection in ("linear", "additive", "diagonal"),
-             f"state_init='random' needs injection linear, additive or diagonal, not {self.injection!r}")
+        need({"prelude": True, "random": self.injection in ("linear", "additive", "diagonal")}.get(self.state_init),
+             f"state_init={self.state_init!r} must be 'prelude', or 'random' with injection linear, additive, diagonal")
         # Passthrough (u = h) reads e only through h(0), and Eq. 6 detaches every iteration before the window, so
         # no gradient would ever reach wte, norm_emb or the prelude: they would silently stay at their init (and
         # DDP, finding them unused, fails at step 2). The release has the same zero gradient; refuse.
@@ -235,9 +234,11 @@ class DiagonalInjection(nn.Module):
 
     def __init__(self, d: int):
         super().__init__()
-        self.B = nn.Linear(d, d, bias=False)            # B (d, d): a matrix, so MuonH (param_groups)
-        self.A_log = nn.Parameter(torch.empty(d))       # (d,) vectors: AdamW
-        self.dt_bias = nn.Parameter(torch.empty(d))     # (d,)
+        self.B = nn.Linear(d, d, bias=False)            # B (d, d): a matrix, so MuonH (param_groups); I_d at init
+        # (d,) vectors (AdamW), made with their init: A_log = 0 (A = 1), and Delta = -ln(DIAG_DECAY) makes
+        # exp(-Delta A) = DIAG_DECAY at A = 1; dt_bias is its inverse softplus, ln(e^Delta - 1)
+        self.A_log = nn.Parameter(torch.zeros(d))
+        self.dt_bias = nn.Parameter(torch.full((d,), math.log(math.expm1(-math.log(DIAG_DECAY)))))
 
     def forward(self, e, h):
         """e (prelude output), h (state), both (B, T, d) -> u (B, T, d), the recurrent block's input."""
@@ -291,9 +292,10 @@ class LoopedGPT(nn.Module):
         self.hc_alpha = self.hc_mix = self.hc_beta = None
         if self.injection == "hyper":                                      # Eq. 7: per-iteration scalars, fp32
             r, K = cfg.n_loops, cfg.hc_lanes
-            self.hc_alpha = nn.Parameter(torch.empty(r, K))               # read:  u = sum_k alpha_ik l_k
-            self.hc_mix = nn.Parameter(torch.empty(r, K, K))              # mix:   l <- M_i l ...
-            self.hc_beta = nn.Parameter(torch.empty(r, K))                # write: ... + beta_i (x) s
+            # made with their init (Zhu et al. cyclic): alpha_i one-hot at i mod K, M_i = I_K, beta_i = 1
+            self.hc_alpha = nn.Parameter(F.one_hot(torch.arange(r) % K, K).float())   # read:  u = sum_k alpha_ik l_k
+            self.hc_mix = nn.Parameter(torch.eye(K).repeat(r, 1, 1))                  # mix:   l <- M_i l ...
+            self.hc_beta = nn.Parameter(torch.ones(r, K))                             # write: ... + beta_i (x) s
         self.norm_recur = RMSNorm(d, cfg.norm_eps)                         # model norm 2: ends every iteration
         self.norm_final = RMSNorm(d, cfg.norm_eps)                         # model norm 3: before lm_head
         self.lm_head = nn.Linear(d, cfg.vocab_padded, bias=False)
@@ -319,6 +321,9 @@ class LoopedGPT(nn.Module):
     @torch.no_grad()
     def init_weights(self):
         """App. C.1 initialisation. Nothing is zero-initialised: MuonH keeps each matrix on a sphere of its init norm.
+        Runs once, from __init__. Parameters whose init is a constant vector (gains, hc scalars, diagonal's A_log and
+        dt_bias) are made with that value; the random draws (in this order: same seed, same weights) and the identity
+        maps are here.
 
         | tensor                                        | init                                              |
         |-----------------------------------------------|---------------------------------------------------|
@@ -327,7 +332,7 @@ class LoopedGPT(nn.Module):
         | c_q, c_k, c_v, attn.c_proj, mlp.c_fc          | U(-a, a), a = sqrt(3)/sqrt(d): std 1/sqrt(d)      |
         | mlp.c_proj (d, 4d)                            | U(-a', a'), a' = sqrt(3)/sqrt(4d): fan-in 4d      |
         | inject (d, 2d), input [e ; h]                 | [I_d | 0], so u(t) = e at init for every t        |
-        | every RMSNorm gain                            | 1                                                 |
+        | every RMSNorm gain                            | 1 (nn.RMSNorm's own init)                         |
         | hc alpha_i (K), M_i (K, K), beta_i (K)        | one-hot at i mod K, I_K, 1 (Zhu et al. cyclic)    |
         | diagonal B (d, d), A_log (d), dt_bias (d)     | I_d, 0 (A = 1), softplus^-1(-ln DIAG_DECAY) (Parcae)|
         """
@@ -339,20 +344,10 @@ class LoopedGPT(nn.Module):
             for lin in (blk.attn.c_q, blk.attn.c_k, blk.attn.c_v, blk.attn.c_proj, blk.mlp.c_fc):
                 nn.init.uniform_(lin.weight, -a, a)
             nn.init.uniform_(blk.mlp.c_proj.weight, -a / 2, a / 2)        # sqrt(3)/sqrt(4d) = a / 2
-        for gain in [m.weight for m in self.modules() if isinstance(m, RMSNorm)]:
-            gain.fill_(1.0)
         if self.inject is not None:
             self.inject.weight.copy_(torch.cat([torch.eye(d), torch.zeros(d, d)], dim=1))   # [I_d | 0]: u = e
-        if self.hc_alpha is not None:
-            r, K = self.hc_alpha.shape
-            self.hc_alpha.copy_(F.one_hot(torch.arange(r) % K, K).float())
-            self.hc_mix.copy_(torch.eye(K).expand(r, K, K))
-            self.hc_beta.fill_(1.0)
-        if self.diag is not None:                                         # Delta = -ln(decay) makes exp(-Delta A) =
-            dt = -math.log(DIAG_DECAY)                                    # DIAG_DECAY at A = 1; dt_bias is its
-            self.diag.B.weight.copy_(torch.eye(d))                        # inverse softplus, ln(e^dt - 1)
-            self.diag.A_log.zero_()
-            self.diag.dt_bias.fill_(math.log(math.expm1(dt)))
+        if self.diag is not None:
+            self.diag.B.weight.copy_(torch.eye(d))                        # B = I_d: u = decay h + Delta e at init
 
     def param_groups(self) -> dict:
         """Optimizer labels (optimizer.md), by what a tensor is, never by a list of names: every nn.Linear weight
@@ -363,10 +358,10 @@ class LoopedGPT(nn.Module):
         The order within each group is the checkpoints' (optimizer state is saved by position)."""
         gains = [m.weight for m in self.modules() if isinstance(m, RMSNorm)]
         linear = {id(m.weight) for m in self.modules() if isinstance(m, nn.Linear) and m is not self.lm_head}
-        named = {id(p) for p in (self.wte.weight, self.lm_head.weight, *self.hc_params(), *gains)}
-        rest = [p for p in self.parameters() if id(p) not in named]
-        groups = dict(matrix=[p for p in rest if id(p) in linear], wte=[self.wte.weight], lm_head=[self.lm_head.weight],
-                      norm=gains + [p for p in rest if id(p) not in linear], hc=self.hc_params())
+        named = linear | {id(p) for p in (self.wte.weight, self.lm_head.weight, *self.hc_params(), *gains)}
+        groups = dict(matrix=[p for p in self.parameters() if id(p) in linear], wte=[self.wte.weight],
+                      lm_head=[self.lm_head.weight], norm=gains + [p for p in self.parameters() if id(p) not in named],
+                      hc=self.hc_params())
         assert sorted(id(p) for g in groups.values() for p in g) == sorted(id(p) for p in self.parameters())
         return groups
 
@@ -474,7 +469,6 @@ class LoopedGPT(nn.Module):
         # One cache for prompt + continuation: prefill writes every slot for T0 positions, each step one more.
         cache = self.new_kv_cache(idx.size(1) + max_new_tokens, n_loops)
         logits = self(idx, generator=generator, kv_cache=cache)[:, -1]      # prefill: (B, V)
-        out = [idx]
         for t in range(max_new_tokens):
             if temperature == 0:
                 nxt = logits.argmax(dim=-1, keepdim=True)                   # (B, 1)
@@ -484,10 +478,10 @@ class LoopedGPT(nn.Module):
                     kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]   # (B, 1)
                     logits = logits.masked_fill(logits < kth, float("-inf"))
                 nxt = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
-            out.append(nxt)
+            idx = torch.cat([idx, nxt], dim=1)                             # (B, T0 + t + 1)
             if t + 1 < max_new_tokens:
                 logits = self(nxt, generator=generator, kv_cache=cache)[:, -1]
-        return torch.cat(out, dim=1)
+        return idx
 
 
 # -----------------------------------------------------------------------------
@@ -563,14 +557,10 @@ def resolve_attention(requested: str, device, bf16: bool) -> tuple:
     """--attn value -> (backend, reason). auto: FA-3 on 9.x, else FA-2 on >= 8.0, else SDPA (first that can run).
 
     A forced backend that cannot run here is a ValueError naming the reason (never a silent fallback)."""
-    device = torch.device(device)
-    if requested != "auto" and (why := _attn_unusable(requested, device, bf16)):
-        raise ValueError(f"--attn {requested} cannot run here: {why} (use --attn auto or sdpa)")
+    why = {name: _attn_unusable(name, torch.device(device), bf16) for name in ("fa3", "fa2", "sdpa")}
+    if requested != "auto" and why[requested]:
+        raise ValueError(f"--attn {requested} cannot run here: {why[requested]} (use --attn auto or sdpa)")
     if requested != "auto":
         return requested, "forced by --attn"
-    skipped = []
-    for name in ("fa3", "fa2", "sdpa"):                              # sdpa runs anywhere: the loop always returns
-        why = _attn_unusable(name, device, bf16)
-        if why is None:
-            return name, "auto: " + "; ".join(skipped + ([] if name == "sdpa" else [f"{name} runs here"]))
-        skipped.append(why)
+    name = next(n for n, w in why.items() if w is None)                # sdpa runs anywhere: there is always one
+    return name, "auto: " + "; ".join(list(why.values())[:list(why).index(name)] + [f"{name} runs here"])

@@ -457,15 +457,15 @@ def test_forced_attention_errors_name_the_reason(monkeypatch):
 
 @pytest.mark.parametrize("kw,msg", [
     (dict(n_loops=3), "must divide 16"),
-    (dict(scale=3, aspect_ratio=10, head_dim=16), "not a multiple of head_dim"),
+    (dict(scale=3, aspect_ratio=10, head_dim=16), "must be even and divide d_model"),
     (dict(injection="gated"), "injection must be one of"),
-    (dict(state_init="zeros"), "state_init='zeros' not in"),
+    (dict(state_init="zeros"), "state_init='zeros' must be"),
     (dict(n_loops=4, n_layers_prelude=3), "positive multiple of n_loops=4"),
     (dict(n_loops=4, n_loops_bwd=0), "n_loops_bwd must be an integer in"),
     (dict(n_loops=4, n_loops_bwd=5), "n_loops_bwd=5"),
     (dict(n_loops=4, injection="hyper", n_loops_bwd=2), "full BPTT"),
     (dict(injection="hyper", hc_lanes=1), "hc_lanes must be >= 2"),
-    (dict(injection="passthrough", state_init="random"), "state_init='random' needs"),
+    (dict(injection="passthrough", state_init="random"), "state_init='random' must be"),
     (dict(n_loops=4, injection="passthrough", n_loops_bwd=2), "passthrough' needs full BPTT"),   # issue 19 §1
     (dict(head_dim=15, aspect_ratio=15), "must be even"),
     (dict(scale=2.0), "scale must be an int"),

@@ -180,7 +180,7 @@ def test_diagonal_greedy_decoding_at_a_test_time_r():
 
 
 def test_diagonal_config_validation():
-    with pytest.raises(ValueError, match="state_init='random' needs"):
+    with pytest.raises(ValueError, match="state_init='random' must be"):
         tiny_cfg(n_loops=4, injection="passthrough", state_init="random")
     tiny_cfg(n_loops=4, injection="diagonal", state_init="random")        # allowed: exp(-Delta A) reads the state
 
