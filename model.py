@@ -563,4 +563,5 @@ def resolve_attention(requested: str, device, bf16: bool) -> tuple:
     if requested != "auto":
         return requested, "forced by --attn"
     name = next(n for n, w in why.items() if w is None)                # sdpa runs anywhere: there is always one
+    # the reason: why each backend tried before it cannot run, then the one that runs
     return name, "auto: " + "; ".join(list(why.values())[:list(why).index(name)] + [f"{name} runs here"])
