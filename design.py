@@ -59,14 +59,14 @@ def make_pool(cells=None, loops=flops.LOOPS, arch=None, aspect=flops.ASPECT_RATI
               tpp=TPP, case=None):
     """Candidate runs {C: widths} x loops (default: Table 6, the 116-run grid) as a fit.py runs dict (built in code:
     fit.py's missing-key, duplicate and accounting checks apply, its range checks do not) plus "name" (the sweep
-    scripts' run folder, e.g. C4.64e17_r2_s8) and "cost" (executed FLOPs as train.py runs
-    it: steps = round(C / (F B))). Runs outside tokens-per-parameter tpp are left out (the law is not trusted far along
-    an iso-FLOP curve), and so are widths that cannot take one step at C."""
+    scripts' run folder, e.g. C4.64e17_r2_s8) and "cost" (executed FLOPs as train.py runs it: steps = round(C / (F B))).
+    A case's pool (a variant's candidates) holds its looped runs only. Runs outside tokens-per-parameter tpp are left
+    out (the law is not trusted far along an iso-FLOP curve), and so are widths that cannot take one step at C."""
     # every (C, r, s) cell costed as train.py will run it; its name is the folder the sweep scripts give the run, so
     # a list of names is a list runs/grid.sh --only can train
     arch, rows = arch or {}, []
     for budget, widths in (flops.GRID if cells is None else cells).items():
-        for r, s in itertools.product(loops, widths):
+        for r, s in itertools.product([r for r in loops if r > 1 or case is None], widths):
             (n_once, n_rec), f = flops.param_split(aspect * s, r, **arch), flops.flops_per_token(aspect * s, r, **arch)
             try:
                 tokens = flops.tokens_for_budget(budget, f, batch)[1]
@@ -153,8 +153,7 @@ def variance(U, masks):
     (plus the ridge's pseudo-observation). For delta-phi the variant fit (its runs and the baseline's r = 1 runs at
     its budgets, as fit.run_case selects) and the baseline refitted on those budgets share their r = 1 runs, whose
     influences subtract: the paired comparison of fit.paired_delta_bootstrap."""
-    masks = np.atleast_2d(masks)
-    fits = [masks]
+    fits = [masks := np.atleast_2d(masks)]
     if U["variant"].any():
         # the baseline refit keeps the budgets the variant uses; the variant fit borrows the baseline's r = 1 runs there
         base = masks & ~U["variant"] & np.stack([np.isin(U["C"], U["C"][row & U["variant"]]) for row in masks])
@@ -234,9 +233,8 @@ def plan(a):
         refuse(f"--delta-phi {a.delta_phi:g} puts the variant's phi {theta[5] + a.delta_phi:.3f} outside the fit's box")
     sigma, target = a.noise or rmse, (a.target_halfwidth / Z95) ** 2 if a.target_halfwidth else None
     if a.delta_phi is not None:       # §5: the variant's looped runs beside the baseline grid (Table 6), done already
-        var = pool(cells, a.tpp, "design")
         groups = [(pool(None, (0, math.inf)), theta, "fixed"),
-                  (fit.subset(var, var["n_loops"] > 1), theta + np.eye(6)[5] * a.delta_phi, "variant")]
+                  (pool(cells, a.tpp, "design"), theta + np.eye(6)[5] * a.delta_phi, "variant")]
     else:                             # finished runs (--runs) are in for free; the pool loses their configurations
         key = lambda x: list(zip(x["flops_budget"], x["n_loops"], x["n_once"] + x["n_rec"], x["tokens"]))
         done, cand = finished_runs(a.runs) if a.runs else None, pool(cells, a.tpp)
@@ -345,13 +343,12 @@ def simulate(a):
                               ("cheapest first", Ug, lambda rng: [capped(Ug, np.argsort(Ug["cost"]), cap)]),
                               ("lowest budgets only", Ug, lambda rng: [Ug["C"] <= low])):
             row = replicate(U, pick, theta[5], sigma, a, f"{name} @ {frac:g} of the grid")[0][0]
-            pred = None if "random" in name else Z95 * math.sqrt(variance(U, pick(None)[0])[0])
-            res["phi"].append(dict(row, name=name, predicted=pred))
+            res["phi"].append(dict(row, name=name, predicted=None if "random" in name else Z95 * math.sqrt(
+                variance(U, pick(None)[0])[0])))
     # §5 case: the baseline grid is done; the variant's looped runs shift phi by delta_phi (hc: +0.19, Table 3)
-    var = wide(flops.GRID, "design")
     # its candidates: the looped runs of the wider widths at Table 6's budgets, so the baseline exists at each of them
     Uc = universe([(make_pool(), theta, sigma, "fixed"),
-                   (fit.subset(var, var["n_loops"] > 1), theta + np.eye(6)[5] * a.delta_phi, sigma, "variant")])
+                   (wide(flops.GRID, "design"), theta + np.eye(6)[5] * a.delta_phi, sigma, "variant")])
     paper = Uc["fixed"] | (Uc["variant"] & (Uc["C"] < 5e18) & np.isin(Uc["runs"]["name"], make_pool()["name"]))
     res["case_flops"] = float(Uc["cost"][paper].sum())
     for name, S in [("the paper's case study (60 runs, 4 lower budgets)", paper)] + [
