@@ -172,24 +172,24 @@ def choose(U, budget=math.inf, k=None, target=None, min_per_r=5):
     or phi is not yet pinned (sd > 0.05), the gain in ln det of the information (D-optimal: every parameter at
     once); then the drop in ln Var(phi). It stops at k new runs or Var <= target; in budget mode, when no addition
     helps, the best single swap within the budget follows, and more additions, until neither helps."""
-    S, used, rs = U["fixed"].copy(), lambda S: float(U["cost"][S].sum()), np.unique(U["r"][U["cand"]])
+    # fixed runs cost nothing (universe): the budget is the new runs'
+    S, ar, rs = U["fixed"].copy(), np.arange(len(U["fixed"])), np.unique(U["r"][U["cand"]])
     # D-optimal first: until phi is pinned, Var(phi) is ridge-dominated and flat, and its gradient says nothing;
     # ln det of the information grows with every direction of theta a run identifies
     lndet = lambda M: np.linalg.slogdet(((M & U["own"]) * U["b"] @ U["JJ"]).reshape(-1, 6, 6) + np.eye(6) * U["lam"])[1]
     short = lambda T, r: max(0, min_per_r - int((T & U["own"] & (U["r"] == r)).sum()))   # runs r still lacks
     # FLOPs of the cheapest runs that would bring every r to min_per_r: kept in reserve while any r lacks runs
     fill = lambda T: sum(np.sort(U["cost"][U["cand"] & ~T & (U["r"] == r)])[:short(T, r)].sum() for r in rs)
-    if used(S) + fill(S) > budget * (1 + 1e-9):
+    if fill(S) > budget * (1 + 1e-9):
         refuse(f"{budget:.3g} FLOPs cannot pay for {min_per_r} runs of every r ({fill(S):.3g} at the cheapest)")
     while True:
-        cur, cand = variance(U, S)[0], np.flatnonzero(U["cand"] & ~S & (U["cost"] <= budget - used(S)))
+        cur, left, need = variance(U, S)[0], budget - float(U["cost"][S].sum()), [r for r in rs if short(S, r)]
         # while an r lacks runs: only runs of such an r, and only those that leave the reserve (fill) for the rest
-        need = [r for r in rs if short(S, r)]
-        cand = np.array([j for j in cand if not need or (U["r"][j] in need and
-                         U["cost"][j] + fill(S | (np.arange(len(S)) == j)) <= (budget - used(S)) * (1 + 1e-9))], int)
+        cand = np.array([j for j in np.flatnonzero(U["cand"] & ~S & (U["cost"] <= left)) if not need or (
+            U["r"][j] in need and U["cost"][j] + fill(S | (ar == j)) <= left * (1 + 1e-9))], int)
         if not need and ((k is not None and (S & ~U["fixed"]).sum() >= k) or (target and cur <= target)):
             return S
-        trial = S | (np.arange(len(S)) == cand[:, None])          # (candidates, n): S plus one candidate each
+        trial = S | (ar == cand[:, None])          # (candidates, n): S plus one candidate each
         # gain per FLOP: ln det while unpinned, then ln Var(phi)
         gain = (lndet(trial) - lndet(S[None]) if need or cur > 0.05 ** 2 else
                 math.log(cur) - np.log(variance(U, trial))) / U["cost"][cand] if cand.size else [0]
@@ -201,9 +201,9 @@ def choose(U, budget=math.inf, k=None, target=None, min_per_r=5):
         # the greedy pass buys the runs with the most information per FLOP; once the budget is spent, 1-for-1 swaps
         # trade a run for a better one (an expensive low-leverage run for a cheap informative one, say)
         # exchange: every (drop i, add j) pair at once; a run of an r at its minimum is swapped within its r only
-        ar, inn, out = np.arange(len(S)), np.flatnonzero(S & U["cand"]), np.flatnonzero(U["cand"] & ~S)
+        inn, out = np.flatnonzero(S & U["cand"]), np.flatnonzero(U["cand"] & ~S)
         free = np.array([not U["own"][i] or short(S & (ar != i), U["r"][i]) == 0 for i in inn], bool)[:, None]
-        ok = (U["cost"][out] - U["cost"][inn, None] <= budget - used(S)) & ((U["r"][inn, None] == U["r"][out]) | free)
+        ok = (U["cost"][out] - U["cost"][inn, None] <= left) & ((U["r"][inn, None] == U["r"][out]) | free)
         I, J = inn[np.nonzero(ok)[0]], out[np.nonzero(ok)[1]]                 # (pairs,) each, i outer
         swap = lambda c: (S | (ar == J[c:c + 2048, None])) & (ar != I[c:c + 2048, None])   # (<= 2048, n) masks
         v = np.concatenate([variance(U, swap(c)) for c in range(0, len(I), 2048)] or [[np.inf]])
