@@ -96,10 +96,8 @@ def finished_runs(runs_dir):
                 cost=np.array([float(flop[src] or c) for src, c in zip(runs["source"], runs["flops_budget"])]))
 
 def load_prior(path):
-    """(theta, rmse): the joint fit of a fit.py fit.json, or the paper's law when path is None. Its numbers pass the
-    limits of what could have written them: theta inside fit.py's App. F box, the rmse those of --noise."""
-    if path is None:
-        return np.array(PAPER_THETA), PAPER_RMSE
+    """(theta, rmse): the joint fit of a fit.py fit.json (--prior). Its numbers pass the limits of what could have
+    written them: theta inside fit.py's App. F box, the rmse those of --noise."""
     # any fit.py fit.json: its joint block holds theta in PARAM_NAMES' order and the residual RMSE in nats
     joint = fit.read_json(path).get("joint")
     vals = [*joint["theta"], joint.get("rmse")] if isinstance(joint, dict) and type(joint.get("theta")) is list else []
@@ -117,20 +115,21 @@ def read_list(path):
     return [ln.split()[0] for ln in lines if ln.strip() and not ln.lstrip().startswith("#")] or refuse(
         f"{path}: lists no runs", argparse.ArgumentTypeError)
 
-def universe(groups):
-    """The search's table of runs from groups [(runs, theta, sigma, kind)]; kind "cand" (may be chosen), "fixed"
-    (finished runs, or a case study's baseline grid: always in, free) or "variant" (a case study's candidates).
+def universe(groups, sigma):
+    """The search's table of runs from groups [(runs, theta, kind)] with noise sigma nats per run; kind "cand" (may be
+    chosen), "fixed" (finished runs, or a case study's baseline grid: always in, free) or "variant" (a case study's
+    candidates).
 
     Per run: J = d ln L_hat / d theta (n, 6) by central differences of fit.predict (Eq. 3 lives there), the prior's
     loss, and the Huber weights of the log residual u ~ N(0, tau^2), tau = sigma / L (Eq. 4, delta = fit.DELTA):
     psi = clip(u, -delta, delta), so b = E[psi'] = P(|u| < delta) and m = E[psi^2] = E[min(u^2, delta^2)]."""
     parts = []
-    for runs, theta, sigma, kind in groups:
+    for runs, theta, kind in groups:
         # J by central differences of fit.predict, step 1e-6 (relative error ~1e-9): Eq. 3 stays in one function
         lnl = lambda th, prob=fit._pack(runs): np.log(fit.predict(th, prob))
         J = np.stack([(lnl(theta + 1e-6 * e) - lnl(theta - 1e-6 * e)) / 2e-6 for e in np.eye(6)], axis=1)
-        parts.append((J, fit.predict(theta, fit._pack(runs)), np.full(len(J), float(sigma)), np.full(len(J), kind)))
-    J, loss, sigma, kind = (np.concatenate(p) for p in zip(*parts))
+        parts.append((J, fit.predict(theta, fit._pack(runs)), np.full(len(J), kind)))
+    J, loss, kind = (np.concatenate(p) for p in zip(*parts))
     runs = {k: (np.concatenate([g[0][k] for g in groups]) if isinstance(v, np.ndarray)
                 else sum((list(g[0][k]) for g in groups), [])) for k, v in groups[0][0].items()}
     # Huber weights. With tau >> delta (any real study: 0.01 nats / 2.5 nats = 4e-3 > 1e-3) the fit is close to a
@@ -228,7 +227,7 @@ def plan(a):
     arch = {k: getattr(a, k) for k in ("n_layers_eff", "n_layers_prelude", "n_layers_coda", "seq_len", "vocab_size")}
     cells = {c: (a.scales or flops.GRID[c]) for c in a.budgets or flops.GRID}
     pool = lambda cells, tpp, case=None: make_pool(cells, a.loops, arch, a.aspect_ratio, a.batch_tokens, tpp, case)
-    theta, rmse = load_prior(a.prior)
+    theta, rmse = load_prior(a.prior) if a.prior else (np.array(PAPER_THETA), PAPER_RMSE)
     if a.delta_phi is not None and not fit.BOX_LO[5] <= theta[5] + a.delta_phi <= fit.BOX_HI[5]:
         refuse(f"--delta-phi {a.delta_phi:g} puts the variant's phi {theta[5] + a.delta_phi:.3f} outside the fit's box")
     sigma, target = a.noise or rmse, (a.target_halfwidth / Z95) ** 2 if a.target_halfwidth else None
@@ -240,7 +239,7 @@ def plan(a):
         done, cand = finished_runs(a.runs) if a.runs else None, pool(cells, a.tpp)
         cand = fit.subset(cand, np.array([x not in set(key(done) if done else ()) for x in key(cand)]))
         groups = ([(done, theta, "fixed")] if done else []) + [(cand, theta, "cand")]
-    U = universe([(runs, th, sigma, kind) for runs, th, kind in groups])
+    U = universe(groups, sigma)
     # a name the pool lacks would silently shrink the reference
     if missing := sorted(set(a.reference or ()) - set(U["runs"]["name"])):
         refuse(f"--reference lists runs that are not in the pool: {', '.join(missing[:3])}")
@@ -249,7 +248,7 @@ def plan(a):
         # run-to-run noise (data order, seeds) a study's residuals understate: raise sigma until the reference
         # design's sd(phi) is noise_phi (Var scales as sigma^2 once sigma / L >> delta, as in every real study)
         sigma *= a.noise_phi / sd
-        U = universe([(runs, th, sigma, kind) for runs, th, kind in groups])
+        U = universe(groups, sigma)
     # a budget in GPU-hours becomes executed FLOPs by flops.py's convention (hours x 3600 x MFU x peak)
     budget = a.budget_flops or (a.budget_gpu_hours or 0) * 3600 * a.mfu * a.peak_flops or math.inf
     if a.reference and not (targets or a.next):          # the reference's total FLOPs, finished runs included
@@ -327,9 +326,9 @@ def simulate(a):
     """Equal-cost comparisons per share of the grid's FLOPs (designed from a wider pool and from the grid, random
     subsets, cheapest first, the lowest budgets only), a delta-phi case against the paper's case study, and the
     sequential mode against random additions. Returns the result rows by section."""
-    theta, sigma = load_prior(None)
+    theta, sigma = np.array(PAPER_THETA), PAPER_RMSE
     wide = lambda budgets, case=None: make_pool({c: a.scales for c in budgets}, case=case)
-    Ug, Uw = (universe([(p, theta, sigma, "cand")]) for p in (make_pool(), wide(a.extra_budgets + list(flops.GRID))))
+    Ug, Uw = (universe([(p, theta, "cand")], sigma) for p in (make_pool(), wide(a.extra_budgets + list(flops.GRID))))
     res = {"grid_flops": float(Ug["cost"].sum()), "phi": [], "case": [], "sequential": []}
     res["phi"] += replicate(Ug, lambda rng: [Ug["cand"]], theta[5], sigma, a, "full grid (116 runs)")[0]
     # equal cost: at each share of the grid's FLOPs every design gets the same cap; random subsets are redrawn per
@@ -347,8 +346,8 @@ def simulate(a):
                 variance(U, pick(None)[0])[0])))
     # §5 case: the baseline grid is done; the variant's looped runs shift phi by delta_phi (hc: +0.19, Table 3)
     # its candidates: the looped runs of the wider widths at Table 6's budgets, so the baseline exists at each of them
-    Uc = universe([(make_pool(), theta, sigma, "fixed"),
-                   (wide(flops.GRID, "design"), theta + np.eye(6)[5] * a.delta_phi, sigma, "variant")])
+    Uc = universe([(make_pool(), theta, "fixed"),
+                   (wide(flops.GRID, "design"), theta + np.eye(6)[5] * a.delta_phi, "variant")], sigma)
     paper = Uc["fixed"] | (Uc["variant"] & (Uc["C"] < 5e18) & np.isin(Uc["runs"]["name"], make_pool()["name"]))
     res["case_flops"] = float(Uc["cost"][paper].sum())
     for name, S in [("the paper's case study (60 runs, 4 lower budgets)", paper)] + [
