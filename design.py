@@ -249,10 +249,10 @@ def plan(a):
         # design's sd(phi) is noise_phi (Var scales as sigma^2 once sigma / L >> delta, as in every real study)
         sigma *= a.noise_phi / sd
         U = universe(groups, sigma)
-    # a budget in GPU-hours becomes executed FLOPs by flops.py's convention (hours x 3600 x MFU x peak)
-    budget = a.budget_flops or (a.budget_gpu_hours or 0) * 3600 * a.mfu * a.peak_flops or math.inf
-    if a.reference and not (targets or a.next):          # the reference's total FLOPs, finished runs included
-        budget = float(U["runs"]["cost"][ref].sum() - U["runs"]["cost"][U["fixed"]].sum())
+    # a budget in GPU-hours becomes executed FLOPs by flops.py's convention (hours x 3600 x MFU x peak); a reference
+    # alone (no target, no --next) sets the budget to its total FLOPs, finished runs included
+    budget = a.budget_flops or (a.budget_gpu_hours or 0) * 3600 * a.mfu * a.peak_flops or (float(U["runs"]["cost"][
+        ref].sum() - U["runs"]["cost"][U["fixed"]].sum()) if a.reference and not (targets or a.next) else math.inf)
     # the search; with a target, choose stops at the first set that reaches it (greedy per FLOP, no swaps)
     S = choose(U, budget, a.next, target, a.min_per_r)
     new, runs, hw = np.flatnonzero(S & ~U["fixed"]), U["runs"], Z95 * math.sqrt(variance(U, S)[0])
@@ -357,9 +357,9 @@ def simulate(a):
     # sequential: the 12 cheapest grid runs, then rounds of K; the designed rounds depend only on what is finished,
     # the random ones are drawn per replicate
     # (a team's pilot: the 12 cheapest runs of the grid; both strategies start there and pay for it)
+    pilot = np.isin(np.arange(len(Ug["C"])), np.argsort(Ug["cost"])[:12])
     steps = list(itertools.accumulate(range(a.rounds), lambda done, _: choose(dict(
-        Ug, fixed=done, cand=~done, cost=np.where(done, 0, Ug["cost"])), k=a.next), initial=capped(
-        Ug, np.argsort(Ug["cost"])[:12], math.inf)))
+        Ug, fixed=done, cand=~done, cost=np.where(done, 0, Ug["cost"])), k=a.next), initial=pilot))
     grow = lambda S, rng: S | np.isin(np.arange(len(S)), rng.choice(np.flatnonzero(~S), a.next, replace=False))
     for name, pick in (("sequential, designed", lambda rng: steps), ("sequential, random", lambda rng: list(
             itertools.accumulate(range(a.rounds), lambda S, _: grow(S, rng), initial=steps[0])))):
