@@ -222,10 +222,9 @@ def plan(a):
         refuse("give one target (--target-halfwidth, --budget-flops or --budget-gpu-hours) or --next; --tpp LO,HI")
     if a.delta_phi is not None and a.runs:
         refuse("--delta-phi designs against Table 6's finished baseline grid; it takes no --runs")
-    if a.scales is None and any(c not in flops.GRID for c in a.budgets or ()):
-        refuse("--budgets outside Table 6 need --scales (the widths to sweep at them)")
     arch = {k: getattr(a, k) for k in ("n_layers_eff", "n_layers_prelude", "n_layers_coda", "seq_len", "vocab_size")}
-    cells = {c: (a.scales or flops.GRID[c]) for c in a.budgets or flops.GRID}
+    cells = {c: a.scales or flops.GRID.get(c) or refuse("--budgets outside Table 6 need --scales (the widths to sweep)")
+             for c in a.budgets or flops.GRID}
     pool = lambda cells, tpp, case=None: make_pool(cells, a.loops, arch, a.aspect_ratio, a.batch_tokens, tpp, case)
     theta, rmse = load_prior(a.prior) if a.prior else (np.array(PAPER_THETA), PAPER_RMSE)
     if a.delta_phi is not None and not fit.BOX_LO[5] <= theta[5] + a.delta_phi <= fit.BOX_HI[5]:
