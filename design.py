@@ -59,14 +59,14 @@ def make_pool(cells=None, loops=flops.LOOPS, arch=None, aspect=flops.ASPECT_RATI
               tpp=TPP, case=None):
     """Candidate runs {C: widths} x loops (default: Table 6, the 116-run grid) as a fit.py runs dict (built in code:
     fit.py's missing-key, duplicate and accounting checks apply, its range checks do not) plus "name" (the sweep
-    scripts' run folder, e.g. C4.64e17_r2_s8) and "cost" (executed FLOPs as train.py runs
-    it: steps = round(C / (F B))). Runs outside tokens-per-parameter tpp are left out (the law is not trusted far along
-    an iso-FLOP curve), and so are widths that cannot take one step at C."""
+    scripts' run folder, e.g. C4.64e17_r2_s8) and "cost" (executed FLOPs as train.py runs it: steps = round(C / (F B))).
+    A case's pool (a variant's candidates) holds its looped runs only. Runs outside tokens-per-parameter tpp are left
+    out (the law is not trusted far along an iso-FLOP curve), and so are widths that cannot take one step at C."""
     # every (C, r, s) cell costed as train.py will run it; its name is the folder the sweep scripts give the run, so
     # a list of names is a list runs/grid.sh --only can train
     arch, rows = arch or {}, []
     for budget, widths in (flops.GRID if cells is None else cells).items():
-        for r, s in itertools.product(loops, widths):
+        for r, s in itertools.product([r for r in loops if r > 1 or case is None], widths):
             (n_once, n_rec), f = flops.param_split(aspect * s, r, **arch), flops.flops_per_token(aspect * s, r, **arch)
             try:
                 tokens = flops.tokens_for_budget(budget, f, batch)[1]
@@ -96,10 +96,8 @@ def finished_runs(runs_dir):
                 cost=np.array([float(flop[src] or c) for src, c in zip(runs["source"], runs["flops_budget"])]))
 
 def load_prior(path):
-    """(theta, rmse): the joint fit of a fit.py fit.json, or the paper's law when path is None. Its numbers pass the
-    limits of what could have written them: theta inside fit.py's App. F box, the rmse those of --noise."""
-    if path is None:
-        return np.array(PAPER_THETA), PAPER_RMSE
+    """(theta, rmse): the joint fit of a fit.py fit.json (--prior). Its numbers pass the limits of what could have
+    written them: theta inside fit.py's App. F box, the rmse those of --noise."""
     # any fit.py fit.json: its joint block holds theta in PARAM_NAMES' order and the residual RMSE in nats
     joint = fit.read_json(path).get("joint")
     vals = [*joint["theta"], joint.get("rmse")] if isinstance(joint, dict) and type(joint.get("theta")) is list else []
@@ -117,20 +115,21 @@ def read_list(path):
     return [ln.split()[0] for ln in lines if ln.strip() and not ln.lstrip().startswith("#")] or refuse(
         f"{path}: lists no runs", argparse.ArgumentTypeError)
 
-def universe(groups):
-    """The search's table of runs from groups [(runs, theta, sigma, kind)]; kind "cand" (may be chosen), "fixed"
-    (finished runs, or a case study's baseline grid: always in, free) or "variant" (a case study's candidates).
+def universe(groups, sigma):
+    """The search's table of runs from groups [(runs, theta, kind)] with noise sigma nats per run; kind "cand" (may be
+    chosen), "fixed" (finished runs, or a case study's baseline grid: always in, free) or "variant" (a case study's
+    candidates).
 
     Per run: J = d ln L_hat / d theta (n, 6) by central differences of fit.predict (Eq. 3 lives there), the prior's
     loss, and the Huber weights of the log residual u ~ N(0, tau^2), tau = sigma / L (Eq. 4, delta = fit.DELTA):
     psi = clip(u, -delta, delta), so b = E[psi'] = P(|u| < delta) and m = E[psi^2] = E[min(u^2, delta^2)]."""
     parts = []
-    for runs, theta, sigma, kind in groups:
+    for runs, theta, kind in groups:
         # J by central differences of fit.predict, step 1e-6 (relative error ~1e-9): Eq. 3 stays in one function
         lnl = lambda th, prob=fit._pack(runs): np.log(fit.predict(th, prob))
         J = np.stack([(lnl(theta + 1e-6 * e) - lnl(theta - 1e-6 * e)) / 2e-6 for e in np.eye(6)], axis=1)
-        parts.append((J, fit.predict(theta, fit._pack(runs)), np.full(len(J), float(sigma)), np.full(len(J), kind)))
-    J, loss, sigma, kind = (np.concatenate(p) for p in zip(*parts))
+        parts.append((J, fit.predict(theta, fit._pack(runs)), np.full(len(J), kind)))
+    J, loss, kind = (np.concatenate(p) for p in zip(*parts))
     runs = {k: (np.concatenate([g[0][k] for g in groups]) if isinstance(v, np.ndarray)
                 else sum((list(g[0][k]) for g in groups), [])) for k, v in groups[0][0].items()}
     # Huber weights. With tau >> delta (any real study: 0.01 nats / 2.5 nats = 4e-3 > 1e-3) the fit is close to a
@@ -153,8 +152,7 @@ def variance(U, masks):
     (plus the ridge's pseudo-observation). For delta-phi the variant fit (its runs and the baseline's r = 1 runs at
     its budgets, as fit.run_case selects) and the baseline refitted on those budgets share their r = 1 runs, whose
     influences subtract: the paired comparison of fit.paired_delta_bootstrap."""
-    masks = np.atleast_2d(masks)
-    fits = [masks]
+    fits = [masks := np.atleast_2d(masks)]
     if U["variant"].any():
         # the baseline refit keeps the budgets the variant uses; the variant fit borrows the baseline's r = 1 runs there
         base = masks & ~U["variant"] & np.stack([np.isin(U["C"], U["C"][row & U["variant"]]) for row in masks])
@@ -173,24 +171,24 @@ def choose(U, budget=math.inf, k=None, target=None, min_per_r=5):
     or phi is not yet pinned (sd > 0.05), the gain in ln det of the information (D-optimal: every parameter at
     once); then the drop in ln Var(phi). It stops at k new runs or Var <= target; in budget mode, when no addition
     helps, the best single swap within the budget follows, and more additions, until neither helps."""
-    S, used, rs = U["fixed"].copy(), lambda S: float(U["cost"][S].sum()), np.unique(U["r"][U["cand"]])
+    # fixed runs cost nothing (universe): the budget is the new runs'
+    S, ar, rs = U["fixed"].copy(), np.arange(len(U["fixed"])), np.unique(U["r"][U["cand"]])
     # D-optimal first: until phi is pinned, Var(phi) is ridge-dominated and flat, and its gradient says nothing;
     # ln det of the information grows with every direction of theta a run identifies
     lndet = lambda M: np.linalg.slogdet(((M & U["own"]) * U["b"] @ U["JJ"]).reshape(-1, 6, 6) + np.eye(6) * U["lam"])[1]
     short = lambda T, r: max(0, min_per_r - int((T & U["own"] & (U["r"] == r)).sum()))   # runs r still lacks
     # FLOPs of the cheapest runs that would bring every r to min_per_r: kept in reserve while any r lacks runs
     fill = lambda T: sum(np.sort(U["cost"][U["cand"] & ~T & (U["r"] == r)])[:short(T, r)].sum() for r in rs)
-    if used(S) + fill(S) > budget * (1 + 1e-9):
+    if fill(S) > budget * (1 + 1e-9):
         refuse(f"{budget:.3g} FLOPs cannot pay for {min_per_r} runs of every r ({fill(S):.3g} at the cheapest)")
     while True:
-        cur, cand = variance(U, S)[0], np.flatnonzero(U["cand"] & ~S & (U["cost"] <= budget - used(S)))
+        cur, left, need = variance(U, S)[0], budget - float(U["cost"][S].sum()), [r for r in rs if short(S, r)]
         # while an r lacks runs: only runs of such an r, and only those that leave the reserve (fill) for the rest
-        need = [r for r in rs if short(S, r)]
-        cand = np.array([j for j in cand if not need or (U["r"][j] in need and
-                         U["cost"][j] + fill(S | (np.arange(len(S)) == j)) <= (budget - used(S)) * (1 + 1e-9))], int)
+        cand = np.array([j for j in np.flatnonzero(U["cand"] & ~S & (U["cost"] <= left)) if not need or (
+            U["r"][j] in need and U["cost"][j] + fill(S | (ar == j)) <= left * (1 + 1e-9))], int)
         if not need and ((k is not None and (S & ~U["fixed"]).sum() >= k) or (target and cur <= target)):
             return S
-        trial = S | (np.arange(len(S)) == cand[:, None])          # (candidates, n): S plus one candidate each
+        trial = S | (ar == cand[:, None])          # (candidates, n): S plus one candidate each
         # gain per FLOP: ln det while unpinned, then ln Var(phi)
         gain = (lndet(trial) - lndet(S[None]) if need or cur > 0.05 ** 2 else
                 math.log(cur) - np.log(variance(U, trial))) / U["cost"][cand] if cand.size else [0]
@@ -202,9 +200,9 @@ def choose(U, budget=math.inf, k=None, target=None, min_per_r=5):
         # the greedy pass buys the runs with the most information per FLOP; once the budget is spent, 1-for-1 swaps
         # trade a run for a better one (an expensive low-leverage run for a cheap informative one, say)
         # exchange: every (drop i, add j) pair at once; a run of an r at its minimum is swapped within its r only
-        ar, inn, out = np.arange(len(S)), np.flatnonzero(S & U["cand"]), np.flatnonzero(U["cand"] & ~S)
+        inn, out = np.flatnonzero(S & U["cand"]), np.flatnonzero(U["cand"] & ~S)
         free = np.array([not U["own"][i] or short(S & (ar != i), U["r"][i]) == 0 for i in inn], bool)[:, None]
-        ok = (U["cost"][out] - U["cost"][inn, None] <= budget - used(S)) & ((U["r"][inn, None] == U["r"][out]) | free)
+        ok = (U["cost"][out] - U["cost"][inn, None] <= left) & ((U["r"][inn, None] == U["r"][out]) | free)
         I, J = inn[np.nonzero(ok)[0]], out[np.nonzero(ok)[1]]                 # (pairs,) each, i outer
         swap = lambda c: (S | (ar == J[c:c + 2048, None])) & (ar != I[c:c + 2048, None])   # (<= 2048, n) masks
         v = np.concatenate([variance(U, swap(c)) for c in range(0, len(I), 2048)] or [[np.inf]])
@@ -224,25 +222,23 @@ def plan(a):
         refuse("give one target (--target-halfwidth, --budget-flops or --budget-gpu-hours) or --next; --tpp LO,HI")
     if a.delta_phi is not None and a.runs:
         refuse("--delta-phi designs against Table 6's finished baseline grid; it takes no --runs")
-    if a.scales is None and any(c not in flops.GRID for c in a.budgets or ()):
-        refuse("--budgets outside Table 6 need --scales (the widths to sweep at them)")
     arch = {k: getattr(a, k) for k in ("n_layers_eff", "n_layers_prelude", "n_layers_coda", "seq_len", "vocab_size")}
-    cells = {c: (a.scales or flops.GRID[c]) for c in a.budgets or flops.GRID}
+    cells = {c: a.scales or flops.GRID.get(c) or refuse("--budgets outside Table 6 need --scales (the widths to sweep)")
+             for c in a.budgets or flops.GRID}
     pool = lambda cells, tpp, case=None: make_pool(cells, a.loops, arch, a.aspect_ratio, a.batch_tokens, tpp, case)
-    theta, rmse = load_prior(a.prior)
+    theta, rmse = load_prior(a.prior) if a.prior else (np.array(PAPER_THETA), PAPER_RMSE)
     if a.delta_phi is not None and not fit.BOX_LO[5] <= theta[5] + a.delta_phi <= fit.BOX_HI[5]:
         refuse(f"--delta-phi {a.delta_phi:g} puts the variant's phi {theta[5] + a.delta_phi:.3f} outside the fit's box")
     sigma, target = a.noise or rmse, (a.target_halfwidth / Z95) ** 2 if a.target_halfwidth else None
     if a.delta_phi is not None:       # §5: the variant's looped runs beside the baseline grid (Table 6), done already
-        var = pool(cells, a.tpp, "design")
         groups = [(pool(None, (0, math.inf)), theta, "fixed"),
-                  (fit.subset(var, var["n_loops"] > 1), theta + np.eye(6)[5] * a.delta_phi, "variant")]
+                  (pool(cells, a.tpp, "design"), theta + np.eye(6)[5] * a.delta_phi, "variant")]
     else:                             # finished runs (--runs) are in for free; the pool loses their configurations
         key = lambda x: list(zip(x["flops_budget"], x["n_loops"], x["n_once"] + x["n_rec"], x["tokens"]))
         done, cand = finished_runs(a.runs) if a.runs else None, pool(cells, a.tpp)
         cand = fit.subset(cand, np.array([x not in set(key(done) if done else ()) for x in key(cand)]))
         groups = ([(done, theta, "fixed")] if done else []) + [(cand, theta, "cand")]
-    U = universe([(runs, th, sigma, kind) for runs, th, kind in groups])
+    U = universe(groups, sigma)
     # a name the pool lacks would silently shrink the reference
     if missing := sorted(set(a.reference or ()) - set(U["runs"]["name"])):
         refuse(f"--reference lists runs that are not in the pool: {', '.join(missing[:3])}")
@@ -251,11 +247,11 @@ def plan(a):
         # run-to-run noise (data order, seeds) a study's residuals understate: raise sigma until the reference
         # design's sd(phi) is noise_phi (Var scales as sigma^2 once sigma / L >> delta, as in every real study)
         sigma *= a.noise_phi / sd
-        U = universe([(runs, th, sigma, kind) for runs, th, kind in groups])
-    # a budget in GPU-hours becomes executed FLOPs by flops.py's convention (hours x 3600 x MFU x peak)
-    budget = a.budget_flops or (a.budget_gpu_hours or 0) * 3600 * a.mfu * a.peak_flops or math.inf
-    if a.reference and not (targets or a.next):          # the reference's total FLOPs, finished runs included
-        budget = float(U["runs"]["cost"][ref].sum() - U["runs"]["cost"][U["fixed"]].sum())
+        U = universe(groups, sigma)
+    # a budget in GPU-hours becomes executed FLOPs by flops.py's convention (hours x 3600 x MFU x peak); a reference
+    # alone (no target, no --next) sets the budget to its total FLOPs, finished runs included
+    budget = a.budget_flops or (a.budget_gpu_hours or 0) * 3600 * a.mfu * a.peak_flops or (float(U["runs"]["cost"][
+        ref].sum() - U["runs"]["cost"][U["fixed"]].sum()) if a.reference and not (targets or a.next) else math.inf)
     # the search; with a target, choose stops at the first set that reaches it (greedy per FLOP, no swaps)
     S = choose(U, budget, a.next, target, a.min_per_r)
     new, runs, hw = np.flatnonzero(S & ~U["fixed"]), U["runs"], Z95 * math.sqrt(variance(U, S)[0])
@@ -329,9 +325,9 @@ def simulate(a):
     """Equal-cost comparisons per share of the grid's FLOPs (designed from a wider pool and from the grid, random
     subsets, cheapest first, the lowest budgets only), a delta-phi case against the paper's case study, and the
     sequential mode against random additions. Returns the result rows by section."""
-    theta, sigma = load_prior(None)
+    theta, sigma = np.array(PAPER_THETA), PAPER_RMSE
     wide = lambda budgets, case=None: make_pool({c: a.scales for c in budgets}, case=case)
-    Ug, Uw = (universe([(p, theta, sigma, "cand")]) for p in (make_pool(), wide(a.extra_budgets + list(flops.GRID))))
+    Ug, Uw = (universe([(p, theta, "cand")], sigma) for p in (make_pool(), wide(a.extra_budgets + list(flops.GRID))))
     res = {"grid_flops": float(Ug["cost"].sum()), "phi": [], "case": [], "sequential": []}
     res["phi"] += replicate(Ug, lambda rng: [Ug["cand"]], theta[5], sigma, a, "full grid (116 runs)")[0]
     # equal cost: at each share of the grid's FLOPs every design gets the same cap; random subsets are redrawn per
@@ -345,13 +341,12 @@ def simulate(a):
                               ("cheapest first", Ug, lambda rng: [capped(Ug, np.argsort(Ug["cost"]), cap)]),
                               ("lowest budgets only", Ug, lambda rng: [Ug["C"] <= low])):
             row = replicate(U, pick, theta[5], sigma, a, f"{name} @ {frac:g} of the grid")[0][0]
-            pred = None if "random" in name else Z95 * math.sqrt(variance(U, pick(None)[0])[0])
-            res["phi"].append(dict(row, name=name, predicted=pred))
+            res["phi"].append(dict(row, name=name, predicted=None if "random" in name else Z95 * math.sqrt(
+                variance(U, pick(None)[0])[0])))
     # §5 case: the baseline grid is done; the variant's looped runs shift phi by delta_phi (hc: +0.19, Table 3)
-    var = wide(flops.GRID, "design")
     # its candidates: the looped runs of the wider widths at Table 6's budgets, so the baseline exists at each of them
-    Uc = universe([(make_pool(), theta, sigma, "fixed"),
-                   (fit.subset(var, var["n_loops"] > 1), theta + np.eye(6)[5] * a.delta_phi, sigma, "variant")])
+    Uc = universe([(make_pool(), theta, "fixed"),
+                   (wide(flops.GRID, "design"), theta + np.eye(6)[5] * a.delta_phi, "variant")], sigma)
     paper = Uc["fixed"] | (Uc["variant"] & (Uc["C"] < 5e18) & np.isin(Uc["runs"]["name"], make_pool()["name"]))
     res["case_flops"] = float(Uc["cost"][paper].sum())
     for name, S in [("the paper's case study (60 runs, 4 lower budgets)", paper)] + [
@@ -361,9 +356,9 @@ def simulate(a):
     # sequential: the 12 cheapest grid runs, then rounds of K; the designed rounds depend only on what is finished,
     # the random ones are drawn per replicate
     # (a team's pilot: the 12 cheapest runs of the grid; both strategies start there and pay for it)
+    pilot = np.isin(np.arange(len(Ug["C"])), np.argsort(Ug["cost"])[:12])
     steps = list(itertools.accumulate(range(a.rounds), lambda done, _: choose(dict(
-        Ug, fixed=done, cand=~done, cost=np.where(done, 0, Ug["cost"])), k=a.next), initial=capped(
-        Ug, np.argsort(Ug["cost"])[:12], math.inf)))
+        Ug, fixed=done, cand=~done, cost=np.where(done, 0, Ug["cost"])), k=a.next), initial=pilot))
     grow = lambda S, rng: S | np.isin(np.arange(len(S)), rng.choice(np.flatnonzero(~S), a.next, replace=False))
     for name, pick in (("sequential, designed", lambda rng: steps), ("sequential, random", lambda rng: list(
             itertools.accumulate(range(a.rounds), lambda S, _: grow(S, rng), initial=steps[0])))):

@@ -30,8 +30,8 @@ def cli(*args):
 
 
 def small_universe():
-    theta, sigma = design.load_prior(None)
-    return design.universe([(design.make_pool(SMALL), theta, sigma, "cand")])
+    theta, sigma = np.array(design.PAPER_THETA), design.PAPER_RMSE
+    return design.universe([(design.make_pool(SMALL), theta, "cand")], sigma)
 
 
 def test_pool_costs_are_flops_py_and_the_default_pool_is_table6():
@@ -62,7 +62,7 @@ def test_a_design_never_exceeds_its_budget(share):
 def test_predicted_variance_is_the_fits_sampling_variance():
     # the linearised sandwich of the Huber fit against the spread of fit_block's phi over noisy replicates
     U = small_universe()
-    theta, sigma = design.load_prior(None)
+    theta, sigma = np.array(design.PAPER_THETA), design.PAPER_RMSE
     phis = []
     for rep in range(24):
         rng = np.random.default_rng(rep)
@@ -158,7 +158,7 @@ def test_a_refused_fit_never_counts_as_covering():
     # a design of 3 runs cannot be fitted (6 parameters): every replicate fails, and none of them may count towards
     # coverage through its (-inf, inf) "interval"
     U = small_universe()
-    theta, sigma = design.load_prior(None)
+    theta, sigma = np.array(design.PAPER_THETA), design.PAPER_RMSE
     a = argparse.Namespace(reps=2, seed=0, restarts=5, bootstrap=4, boot_restarts=1)    # simulate's flags
     rows, hw, _ = design.replicate(U, lambda rng: [np.arange(len(U["r"])) < 3], theta[5], sigma, a, "3 runs")
     assert rows[0]["failed"] == 2 and rows[0]["coverage"] == 0.0 and np.isinf(hw).all()
