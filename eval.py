@@ -344,8 +344,7 @@ def score_examples(model, examples, *, batch_tokens=8192, n_loops=None, pad_id=0
     device = next(model.parameters()).device
     # empty spans are never forwarded
     order = [i for _, i in sorted((-len(e.tokens), i) for i, e in enumerate(examples) if e.start < len(e.tokens))]
-    nats, ntok, exact = [0.0] * len(examples), [0] * len(examples), [False] * len(examples)
-    i = 0
+    nats, ntok, exact, i = [0.0] * len(examples), [0] * len(examples), [False] * len(examples), 0
     while i < len(order):
         width = len(examples[order[i]].tokens) - 1           # longest input of this batch
         # --no-crop leaves long prompts whole: past the RoPE table (10 x seq_len positions) the model cannot score
@@ -447,9 +446,6 @@ def evaluate_suite(model, tokenizer, loaded, **kw):
 # Reasoning primitives (paper App. H.1; data.md §7.7, generated exactly as the release does)
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"             # sampled as a sequence: list or str, the same draws
-MATH_HEADER = "The following is a set of simple mathematical equations."
-CODE_HEADER = ("The following is a very short Python program. "
-               "Use the program to resolve the value of the variable in the question.")
 
 
 def var_assign_record(rng, depth, form):
@@ -470,8 +466,11 @@ def var_assign_record(rng, depth, form):
         lines += zip(names[5:], targets)
     env, query = dict(lines), rng.choice(names[5:] or names[:5])      # depth 1 queries an alias
     body = "\n".join(f"{v}{'=' if form == 'math' else ' = '}{x}" for v, x in lines)
-    ctx = (f"{MATH_HEADER}\n\n{body}\nWhat is the numerical value of {query}?\nAnswer:" if form == "math" else
-           f"{CODE_HEADER}\nProgram:\n{body}\n\nQuestion:\nWhat is the value of {query}?\nAnswer:")
+    # the release's two headers, word for word
+    ctx = (f"The following is a set of simple mathematical equations.\n\n{body}\nWhat is the numerical value of "
+           f"{query}?\nAnswer:" if form == "math" else "The following is a very short Python program. Use the program "
+           f"to resolve the value of the variable in the question.\nProgram:\n{body}\n\nQuestion:\nWhat is the value "
+           f"of {query}?\nAnswer:")
     return {"context": ctx, "continuation": env[env[query]] if depth else env[query]}
 
 
