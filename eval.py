@@ -488,12 +488,11 @@ def induction_head_record(rng, n_pairs=8):
 def primitive_tasks(n=1000, var_seed=42, induction_seed=1337) -> dict:
     """{task name: list of CORE LM records} for the five reasoning primitives, deterministic by seed.
     One Random(var_seed) serves the four VarAssign files in the order d0-math, d0-code, d1-math, d1-code."""
-    rng = random.Random(var_seed)
-    out = {f"var_assign_d{depth}_{form}": [dict(var_assign_record(rng, depth, form), kind="lm")
-                                           for _ in range(n)] for depth in (0, 1) for form in ("math", "code")}
-    rng = random.Random(induction_seed)                      # its own generator (the release's owned bundle)
-    out["induction_head"] = [dict(induction_head_record(rng), kind="lm") for _ in range(n)]
-    return out
+    # the induction head has its own generator (the release's owned bundle)
+    var, ind = random.Random(var_seed), random.Random(induction_seed)
+    return {**{f"var_assign_d{depth}_{form}": [dict(var_assign_record(var, depth, form), kind="lm") for _ in range(n)]
+               for depth in (0, 1) for form in ("math", "code")},
+            "induction_head": [dict(induction_head_record(ind), kind="lm") for _ in range(n)]}
 
 
 def write_primitives(out_dir, n=1000, overwrite=False) -> list:
