@@ -344,8 +344,7 @@ def score_examples(model, examples, *, batch_tokens=8192, n_loops=None, pad_id=0
     device = next(model.parameters()).device
     # empty spans are never forwarded
     order = [i for _, i in sorted((-len(e.tokens), i) for i, e in enumerate(examples) if e.start < len(e.tokens))]
-    nats, ntok, exact = [0.0] * len(examples), [0] * len(examples), [False] * len(examples)
-    i = 0
+    nats, ntok, exact, i = [0.0] * len(examples), [0] * len(examples), [False] * len(examples), 0
     while i < len(order):
         width = len(examples[order[i]].tokens) - 1           # longest input of this batch
         # --no-crop leaves long prompts whole: past the RoPE table (10 x seq_len positions) the model cannot score
@@ -432,10 +431,9 @@ def evaluate_suite(model, tokenizer, loaded, **kw):
     # Axis score = unweighted mean over its tasks (data.md §7.3), as in Table 10 / Fig. 11. An axis with a missing
     # task is still averaged over the tasks present, but says so (complete = False): compare such axes with care.
     axes = {}
-    for axis in [x for x in AXES if any(TASKS[n].axis == x for n in tasks)]:      # the axes asked for, in order
-        members = [n for n in tasks if TASKS[n].axis == axis]
-        ok = [n for n in members if tasks[n]["status"] == "ok"]
-        missing = [n for n in members if n not in ok]
+    for axis in sorted({TASKS[n].axis for n in tasks}, key=AXES.index):      # the axes asked for, in order
+        ok, missing = ([n for n in tasks if TASKS[n].axis == axis and (tasks[n]["status"] == "ok") == want]
+                       for want in (True, False))
         mean = {key: sum(tasks[n][key] for n in ok) / len(ok) if ok else None for key in ("loss", "bpb")}
         axes[axis] = dict(**mean, tasks=ok, missing=missing, complete=not missing)
         print0(f"axis {axis:<24s} | loss " + (f"{mean['loss']:.4f} nats" if ok else "n/a") + f" | {len(ok)} tasks"
@@ -448,9 +446,6 @@ def evaluate_suite(model, tokenizer, loaded, **kw):
 # Reasoning primitives (paper App. H.1; data.md §7.7, generated exactly as the release does)
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"             # sampled as a sequence: list or str, the same draws
-MATH_HEADER = "The following is a set of simple mathematical equations."
-CODE_HEADER = ("The following is a very short Python program. "
-               "Use the program to resolve the value of the variable in the question.")
 
 
 def var_assign_record(rng, depth, form):
@@ -471,8 +466,11 @@ def var_assign_record(rng, depth, form):
         lines += zip(names[5:], targets)
     env, query = dict(lines), rng.choice(names[5:] or names[:5])      # depth 1 queries an alias
     body = "\n".join(f"{v}{'=' if form == 'math' else ' = '}{x}" for v, x in lines)
-    ctx = (f"{MATH_HEADER}\n\n{body}\nWhat is the numerical value of {query}?\nAnswer:" if form == "math" else
-           f"{CODE_HEADER}\nProgram:\n{body}\n\nQuestion:\nWhat is the value of {query}?\nAnswer:")
+    # the release's two headers, word for word
+    ctx = (f"The following is a set of simple mathematical equations.\n\n{body}\nWhat is the numerical value of "
+           f"{query}?\nAnswer:" if form == "math" else "The following is a very short Python program. Use the program "
+           f"to resolve the value of the variable in the question.\nProgram:\n{body}\n\nQuestion:\nWhat is the value "
+           f"of {query}?\nAnswer:")
     return {"context": ctx, "continuation": env[env[query]] if depth else env[query]}
 
 
@@ -490,12 +488,11 @@ def induction_head_record(rng, n_pairs=8):
 def primitive_tasks(n=1000, var_seed=42, induction_seed=1337) -> dict:
     """{task name: list of CORE LM records} for the five reasoning primitives, deterministic by seed.
     One Random(var_seed) serves the four VarAssign files in the order d0-math, d0-code, d1-math, d1-code."""
-    rng = random.Random(var_seed)
-    out = {f"var_assign_d{depth}_{form}": [dict(var_assign_record(rng, depth, form), kind="lm")
-                                           for _ in range(n)] for depth in (0, 1) for form in ("math", "code")}
-    rng = random.Random(induction_seed)                      # its own generator (the release's owned bundle)
-    out["induction_head"] = [dict(induction_head_record(rng), kind="lm") for _ in range(n)]
-    return out
+    # the induction head has its own generator (the release's owned bundle)
+    var, ind = random.Random(var_seed), random.Random(induction_seed)
+    return {**{f"var_assign_d{depth}_{form}": [dict(var_assign_record(var, depth, form), kind="lm") for _ in range(n)]
+               for depth in (0, 1) for form in ("math", "code")},
+            "induction_head": [dict(induction_head_record(ind), kind="lm") for _ in range(n)]}
 
 
 def write_primitives(out_dir, n=1000, overwrite=False) -> list:
@@ -517,34 +514,30 @@ def write_primitives(out_dir, n=1000, overwrite=False) -> list:
 # -----------------------------------------------------------------------------
 # Eval identity: the tokenizer, the data and the checkpoint must belong together before anything is scored
 
-def tokenizer_for(ck, data_dir=None, spec=None):
-    """The run's tokenizer: --tokenizer SPEC, else train_config['tokenizer'] if set, else the copy recorded in the
-    prepared data dir (data.load_tokenizer(DIR)). Checked against the checkpoint's tokenizer_hash when it has one:
-    scoring with another tokenizer than the model was trained on gives meaningless losses."""
+def tokenizer_for(cfg, ck, data_dir=None, spec=None):
+    """README rule 1 for eval -> the run's tokenizer, every id the model will see an id of its own vocabulary and
+    tokenizer. The tokenizer: --tokenizer SPEC, else train_config['tokenizer'] if set, else the copy recorded in the
+    prepared data dir (data.load_tokenizer(DIR)), checked against the checkpoint's tokenizer_hash when it has one.
+    The data's tokenizer (its meta's tokenizer_hash) must be that same one, whatever --tokenizer said, and the
+    tokenizer's and the data's vocabularies must fit the model's. All before any scoring, one line naming both sides:
+    another tokenizer than the model was trained on gives meaningless losses."""
     spec = spec or (ck.get("train_config") or {}).get("tokenizer") or data_dir
     need(spec and (spec != data_dir or os.path.isdir(spec)), f"data dir {data_dir!r} not found: pass --data DIR or "
          "--tokenizer SPEC")
     tok = load_tokenizer(spec)                               # its errors name the spec
     need(ck.get("tokenizer_hash") in (None, tok.identity),
          f"tokenizer {spec!r} is {tok.identity}; the checkpoint's is {ck.get('tokenizer_hash')}")
-    return tok
-
-
-def check_inputs(cfg, ck, tokenizer, data_dir) -> None:
-    """README rule 1 for eval: the ids the model will see must be ids of its own vocabulary and tokenizer. The
-    data's tokenizer (its meta's tokenizer_hash) is compared with the checkpoint's, or with the tokenizer in use
-    when the checkpoint records none (a release), whatever --tokenizer said; the tokenizer's and the data's
-    vocabularies must fit the model's. All before any scoring, one line naming both sides."""
     # ids beyond the model's vocabulary would have no embedding (a wrong tokenizer or data of another one)
-    need(tokenizer.vocab_size <= cfg.vocab_size, f"tokenizer vocab {tokenizer.vocab_size:,} > model vocab "
-         f"{cfg.vocab_size:,}")
+    need(tok.vocab_size <= cfg.vocab_size, f"tokenizer vocab {tok.vocab_size:,} > model vocab {cfg.vocab_size:,}")
     if data_dir and os.path.isdir(data_dir):                 # absent: no val loss, checked where it is asked for
-        meta, want = read_meta(data_dir, "val"), ck.get("tokenizer_hash") or tokenizer.identity
-        if meta.get("tokenizer_hash") not in (None, want):   # its losses would be meaningless
-            raise ValueError(f"--data {data_dir} was tokenised with {meta['tokenizer_hash']}, but the "
-                             f"{'checkpoint was trained with' if ck.get('tokenizer_hash') else 'tokenizer is'} {want}")
+        # tok is the checkpoint's own tokenizer when it records one (checked above); a release records none
+        meta = read_meta(data_dir, "val")
+        need(meta.get("tokenizer_hash") in (None, tok.identity), f"--data {data_dir} was tokenised with "
+             f"{meta.get('tokenizer_hash')}, but the " + ("checkpoint was trained with " if ck.get("tokenizer_hash")
+                                                          else "tokenizer is ") + tok.identity)
         need(meta["vocab_size"] <= cfg.vocab_size, f"--data {data_dir} holds ids up to {meta['vocab_size']:,}, "
              f"beyond the model's vocabulary of {cfg.vocab_size:,}")
+    return tok
 
 
 @torch.no_grad()
@@ -647,8 +640,7 @@ def _main(argv):
     model, ck = load_checkpoint(a.checkpoint, device, a.step)
     cfg, step = model.cfg, ck.get("release", {}).get("step")
     data_dir = a.data or (ck.get("train_config") or {}).get("data")
-    tokenizer = tokenizer_for(ck, data_dir, a.tokenizer)
-    check_inputs(cfg, ck, tokenizer, data_dir)
+    tokenizer = tokenizer_for(cfg, ck, data_dir, a.tokenizer)
     r_eval = cfg.n_loops if a.n_loops is None else a.n_loops
     # The one place eval asks whether this model can run r' != r: the model says (cfg.loop_sweepable; hyper: its
     # alpha/M/beta exist for exactly the trained r), so runs/mini.sh needs no list of names, only this exit 2.
@@ -683,7 +675,7 @@ def _main(argv):
     if val_tokens:
         need(data_dir and os.path.isdir(data_dir),           # never skipped silently: the user says so
              f"the val loss needs the data dir {data_dir!r}, not there: pass --data DIR or --val-tokens 0")
-        # (the data's tokenizer was checked against the run's once, in check_inputs)
+        # (the data's tokenizer was checked against the run's once, in tokenizer_for)
         loader = PackedLoader(data_dir, "val", seq_len=cfg.seq_len, batch_rows=a.device_batch * world, rank=rank,
                               world=world, device=device, device_batch=a.device_batch)
         have = loader.total_rows * cfg.seq_len
@@ -695,13 +687,12 @@ def _main(argv):
         result["val_loss"] = val_loss(model, loader, val_tokens, n_loops=a.n_loops)
         result["val_tokens"] = (val_tokens // cfg.seq_len) * cfg.seq_len
         print0(f"val_loss {result['val_loss']:.4f} nats | n_loops {r_eval} | {result['val_tokens']:,} tokens")
-        if a.n_loops_sweep:
-            result["n_loops_sweep"] = curve = []
-            for r in a.n_loops_sweep:
-                # reseeded before each r', so a random state init draws the same noise at every r' and on every rerun
-                torch.manual_seed(a.seed)
-                curve.append({"n_loops": r, "val_loss": val_loss(model, loader, val_tokens, n_loops=r)})
-                print0(f"n_loops_sweep r'={r:<3d} | val_loss {curve[-1]['val_loss']:.4f} nats")
+        for r in a.n_loops_sweep or []:
+            # reseeded before each r', so a random state init draws the same noise at every r' and on every rerun
+            torch.manual_seed(a.seed)
+            point = {"n_loops": r, "val_loss": val_loss(model, loader, val_tokens, n_loops=r)}
+            result.setdefault("n_loops_sweep", []).append(point)
+            print0(f"n_loops_sweep r'={r:<3d} | val_loss {point['val_loss']:.4f} nats")
     # downstream continuation loss (App. H)
     suite = evaluate_suite(model, tokenizer, loaded, seq_len=cfg.seq_len, crop=not a.no_crop,
                            batch_tokens=a.batch_tokens, n_loops=a.n_loops, rank=rank, world=world)
