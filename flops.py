@@ -7,7 +7,8 @@ arXiv version (its App. D). Counting follows the authors' code: N includes every
 padded to a multiple of 64, attention costs 12·d·T per executed layer at the full T.
 Run:   python flops.py grid [--json] [--mfu 0.4 --peak-flops 989e12]
        python flops.py costs --scale 34 --context 4096 [--json]
-       python flops.py params --scale 10 --n-loops 4 [--injection linear] [--json]
+       one config's N_once, N_rec, F and tokens: python train.py --plan --scale 10 --n-loops 4 --flops-budget 1e18
+       (its CLI is generated from ModelConfig, so a forked field is counted there with no flag added here)
 Test:  pytest tests/test_flops.py
 Not here: the model (model.py builds what these formulas count), learning rates (optim.py), fits (fit.py).
 """
@@ -15,7 +16,7 @@ import argparse
 import json
 import math
 
-from common import Parser, fail, number
+from common import Parser, number
 
 V_LLAMA = 32001            # Llama-2's 32,000 pieces + <|assistant_end|> (architecture §1); padded to 32,064
 SEQ_LEN = 2048             # T, Table 4
@@ -63,7 +64,7 @@ def accounting_args(cfg) -> dict:
     (or sets to None: n_loops_bwd = None is full BPTT) are left out, so the paper's defaults apply.
 
     THE check of an architecture's counted fields, wherever it enters (ModelConfig.__post_init__, a record fit.py
-    reads, the flops.py CLI): each value against ACCOUNTING, then the rules across fields (a layout that exists, the
+    reads): each value against ACCOUNTING, then the rules across fields (a layout that exists, the
     BPTT window). A bad value is a ValueError naming the field; the formulas below trust their arguments."""
     get = cfg.get if isinstance(cfg, dict) else vars(cfg).get       # vars: fields, not ModelConfig's properties
     out = {k: get(k) for k in ("scale", "aspect_ratio", *ACCOUNTING) if get(k) is not None}
@@ -277,47 +278,21 @@ def main(argv=None):
     k = sub.add_parser("costs", help="inference costs, iso-depth vs iso-parameter")
     k.add_argument("--scale", type=number(int, "[1, 1e6]"), default=34)
     k.add_argument("--context", type=number(int, "[1, 1e9]"), default=4096)
-    q = sub.add_parser("params", help="N_once, N_rec, F per token for one config")
-    q.add_argument("--flops-budget", type=number(float, "(0, 1e30]"), default=1e18, help="training FLOPs C")
-    q.add_argument("--scale", type=number(int, "[1, 1e6]"), default=10)
-    q.add_argument("--injection", default="linear", choices=INJECTIONS)
-    # the other accounting arguments, one flag each, at the ModelConfig defaults (n_loops 4, the paper's layout)
-    for name, default in (("n_loops", 4), ("n_layers_eff", 20), ("n_layers_prelude", 2), ("n_layers_coda", 2),
-                          ("hc_lanes", 2), ("n_loops_bwd", None), ("seq_len", SEQ_LEN), ("vocab_size", V_LLAMA)):
-        q.add_argument("--" + name.replace("_", "-"), type=number(int, f"[{ACCOUNTING[name]}, {MAX_COUNT}]"),
-                       default=default, help="default: full BPTT" if default is None else None)
-    for sp in (g, k, q):
+    for sp in (g, k):
         sp.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    if a.cmd == "grid":
-        out = grid_runs(n_layers_eff=a.n_layers_eff)
-    elif a.cmd == "costs":
-        out = inference_costs(a.scale, a.context)
-    else:
-        try:        # the rules across flags (r | 16, the BPTT window, hc lanes) and a budget that buys one step
-            acc = accounting_args(vars(a))                   # the flags are named as the ModelConfig fields
-            (n_once, n_rec), f, fwd = param_split(**acc), flops_per_token(**acc), forward_flops_per_token(**acc)
-            steps, tokens = tokens_for_budget(a.flops_budget, f)
-        except ValueError as err:
-            fail("flops.py", err)
-        out = dict(scale=a.scale, d_model=acc["d_model"], n_loops=a.n_loops, injection=a.injection,
-                   layout=layout(a.n_loops, a.n_layers_eff, a.n_layers_prelude, a.n_layers_coda), n_once=n_once,
-                   n_rec=n_rec, n_params=n_once + n_rec, flops_per_token=f, fwd_flops_per_token=fwd,
-                   flops_budget=a.flops_budget, steps=steps, tokens=tokens)
+    out = grid_runs(n_layers_eff=a.n_layers_eff) if a.cmd == "grid" else inference_costs(a.scale, a.context)
     if a.json:
         print(json.dumps(out, indent=1))
     elif a.cmd == "grid":
         _print_grid(out, a.mfu, a.peak_flops)
-    elif a.cmd == "costs":
+    else:
         print(f"inference at s={a.scale} (d={ASPECT_RATIO * a.scale}), context {a.context}, bf16, V=32000")
         for r in out:
             print(f"{r['model']:>16} | layers {r['layers_exec']:3d} ({r['layers_exec_x']:.1f}x) | N "
                   f"{r['n_params'] / 1e6:7.1f}M | weights {r['weight_bytes'] / 1e9:.2f} GB | KV "
                   f"{r['kv_bytes'] / 1e6:6.0f} MB ({r['kv_bytes_x']:.1f}x) | fwd {r['fwd_flops'] / 1e9:.2f} "
                   f"GFLOP/token ({r['fwd_flops_x']:.3f}x)")
-    else:
-        for key, val in out.items():
-            print(f"{key:>20} {val:,}" if isinstance(val, int) else f"{key:>20} {val}")
     return 0
 
 

@@ -276,12 +276,7 @@ def test_cli(capsys):
     assert [x["layers_exec"] for x in costs] == [20, 20, 20, 20, 132]
     assert flops.main(["costs", "--scale", "34", "--context", "4096"]) == 0
     assert "2.55 GB" in capsys.readouterr().out
-    assert flops.main(["params", "--scale", "10", "--n-loops", "4", "--injection", "linear", "--json"]) == 0
-    p = json.loads(capsys.readouterr().out)
-    assert (p["n_params"], p["flops_per_token"], p["tokens"]) == (40_152_960, 1_047_336_960, 954_728_448)
-    assert flops.main(["params", "--scale", "10", "--n-loops", "4", "--injection", "hyper"]) == 0
-    assert "973,078,528" in capsys.readouterr().out
-    for argv in (["params", "--n-loops", "3"], ["grid", "--mfu", "2"], ["params", "--injection", "gated"]):
+    for argv in (["grid", "--mfu", "2"], ["costs", "--scale", "0"], ["params", "--scale", "10"]):
         with pytest.raises(SystemExit) as err:
             flops.main(argv)
         assert err.value.code != 0

@@ -325,6 +325,7 @@ def test_data_tokenizer_mismatch_fails_before_work(tiny_data, tmp_path, monkeypa
     (["--steps", "2", "--flops-budget", "1e18"], "exactly one horizon"),
     (["--scale", "10"], "exactly one horizon"),
     (["--steps", "2", "--n-loops", "4", "--n-loops-bwd", "5"], "n_loops_bwd=5"),
+    (["--steps", "2", "--injection", "hyper", "--hc-lanes", "1"], "argument --hc-lanes"),
     (["--steps", "2", "--resume", "maybe"], "expected true/false"),
 ])
 def test_bad_cli_exits_with_message(argv, message, capsys):
@@ -333,6 +334,15 @@ def test_bad_cli_exits_with_message(argv, message, capsys):
     err = capsys.readouterr().err
     print(f"\n{argv} -> {err.strip().splitlines()[-1]}")
     assert exc.value.code == 2 and message in err
+
+
+def test_plan_is_the_accounting_cli(capsys):
+    # one config's N, F and tokens (Table 6's s = 10, r = 4 cell at C = 1e18), from the CLI generated from ModelConfig
+    plan = lambda *a: train.main(*train.parse_args(["--plan", "--scale", "10", "--flops-budget", "1e18", *a]))
+    p = plan("--n-loops", "4")
+    assert (p["n_params"], p["flops_per_token"], p["tokens"]) == (40_152_960, 1_047_336_960, 954_728_448)
+    assert "1,047,336,960" in capsys.readouterr().out             # F, printed once with its rule
+    assert plan("--n-loops", "4", "--injection", "hyper")["tokens"] == 973_078_528
 
 
 # -----------------------------------------------------------------------------
