@@ -219,7 +219,7 @@ def load_checkpoint(path, device="cpu", step=None):
     root = os.path.dirname(os.path.abspath(path)) if m else path
     # a release: one of its files, or a folder of model_<digits>.pt (an alias such as model_pre_warmdown.pt is no
     # step) without a ckpt.pt
-    found = os.listdir(root) if m or os.path.isdir(path) and not os.path.isfile(os.path.join(path, CKPT_NAME)) else []
+    found = os.listdir(root) if m or (os.path.isdir(path) and not os.path.isfile(os.path.join(path, CKPT_NAME))) else []
     steps = {int(f[1]): os.path.join(root, f[0]) for f in map(re.compile(r"model_(\d+)\.pt").fullmatch, found) if f}
     if not steps:                                                 # a nanoloop run: its out_dir or a .pt file
         need(step is None, f"--step selects a step of a release directory (model_<step>.pt); {path} is a nanoloop run")

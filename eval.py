@@ -32,7 +32,9 @@ loader and tokenizers (data.py), the scorer benchmark (runs/bench_eval.py), the 
 """
 import argparse, collections, contextlib, importlib.util, json, math, os, random, re, sys, time
 
-import torch, torch.distributed as dist, torch.nn.functional as F
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 
 # checkpoint reading lives in checkpoint.py; these names stay importable from here (runs/bench_eval.py, tests)
 from checkpoint import load_checkpoint, model_bytes, need  # noqa: F401
